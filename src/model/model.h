@@ -1,0 +1,64 @@
+/* A model: hyperparameters read from GGUF metadata and the shard list built from the tensor
+ * table. Shards are the units the planner places (DESIGN.md): embed, then per layer attn and
+ * ffn or moe, then head. */
+#ifndef MODEL_MODEL_H
+#define MODEL_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gguf/gguf.h"
+
+enum model_arch { ARCH_UNKNOWN, ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_QWEN3MOE };
+
+struct model_hparams {
+    char arch_name[64];
+    enum model_arch arch;
+    uint32_t n_layers, n_embd, n_vocab, n_ctx_train;
+    uint32_t n_head, n_head_kv;
+    uint32_t head_dim_k, head_dim_v; /* per head; default n_embd / n_head */
+    uint32_t n_ff;                   /* dense FFN width (0 for MoE-only models) */
+    uint32_t n_expert, n_expert_used, n_ff_expert, n_ff_shared_expert;
+    uint32_t rope_dim;
+    float rope_freq_base, rms_eps;
+    bool tied_embeddings; /* no output.weight: the head reuses token_embd */
+};
+
+enum shard_kind { SHARD_EMBED, SHARD_ATTN, SHARD_FFN, SHARD_MOE, SHARD_HEAD, SHARD_KIND_COUNT };
+
+enum { SHARD_MAX_TENSORS = 16 };
+
+struct shard {
+    enum shard_kind kind;
+    int32_t layer; /* -1 for embed and head */
+    uint32_t n_tensors;
+    const struct gguf_tensor *tensors[SHARD_MAX_TENSORS];
+    uint64_t weight_bytes;
+    /* MoE: the expert tensors (3-D, last dimension = expert) and one expert's bytes across
+     * gate, up and down; weight_bytes - n_expert * expert_bytes is the always-used part. */
+    uint32_t n_expert;
+    uint64_t expert_bytes;
+    uint64_t kv_bytes_per_token; /* attn: K and V in f16 */
+};
+
+struct model {
+    struct gguf_file *file;
+    struct model_hparams hp;
+    uint32_t n_shards;
+    struct shard *shards;
+    /* Tensors that belong to no shard (reported by `pshard info`). */
+    uint32_t n_unplaced;
+};
+
+/* Read hyperparameters and build the shard list from an open GGUF. Unknown architectures still
+ * load (arch = ARCH_UNKNOWN) so they can be inspected; running them is refused later. */
+pshard_status model_load(struct gguf_file *file, struct model *out);
+void model_free(struct model *model);
+
+/* Only the hyperparameters (used by model_load; also by tools that need no shards). */
+pshard_status model_read_hparams(const struct gguf_file *file, struct model_hparams *hp);
+
+const char *shard_kind_name(enum shard_kind kind);
+const char *model_arch_name(enum model_arch arch);
+
+#endif

