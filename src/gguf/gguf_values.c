@@ -166,7 +166,8 @@ int64_t gguf_array_int(const struct gguf_array *array, uint64_t index) {
     bool is_unsigned;
     double f;
     if (read_integer(array->type, p, &s, &u, &is_unsigned)) return s;
-    if (read_float(array->type, p, &f)) return (int64_t)f;
+    /* Floats convert only when they fit (NaN and out-of-range values read as 0). */
+    if (read_float(array->type, p, &f)) return f > -9.2e18 && f < 9.2e18 ? (int64_t)f : 0;
     return 0;
 }
 

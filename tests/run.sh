@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs every test: C unit tests in a Release build and in an ASan+UBSan build, the Python
+# end-to-end and reference tests, and the GGUF fuzzer for a bounded time.
+# Environment: FUZZ_SECONDS (default 60), JOBS (default: all cores).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS=${JOBS:-$(nproc)}
+FUZZ_SECONDS=${FUZZ_SECONDS:-60}
+
+echo "== Release build and unit tests"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j "$JOBS"
+ctest --test-dir build --output-on-failure -j "$JOBS"
+
+echo "== ASan+UBSan build and unit tests"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPSHARD_SANITIZE=ON -DPSHARD_CUDA=OFF >/dev/null
+cmake --build build-asan -j "$JOBS"
+ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j "$JOBS"
+
+echo "== Python tests"
+PSHARD_BUILD_DIR="$PWD/build" python3 -m pytest -q tests/py
+
+echo "== GGUF fuzzer, ${FUZZ_SECONDS}s"
+CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPSHARD_FUZZ=ON >/dev/null
+cmake --build build-fuzz
+mkdir -p build-fuzz/corpus
+build-fuzz/tests/fuzz/fuzz_gguf -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -print_final_stats=1 \
+  -artifact_prefix=build-fuzz/ build-fuzz/corpus tests/data/gguf 2>&1 | tail -n 12
+
+echo "== all tests passed"
