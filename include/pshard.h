@@ -31,6 +31,86 @@ const char *pshard_last_error(void);
 /* Short name of a status code ("ok", "format error", ...). */
 const char *pshard_status_name(pshard_status status);
 
+/* ---- Loading a model and generating text. */
+
+typedef struct pshard_ctx pshard_ctx;
+
+/* Called while a model loads: done and total bytes (return nonzero to cancel). */
+typedef int (*pshard_progress_cb)(void *user, uint64_t done_bytes, uint64_t total_bytes);
+
+typedef struct pshard_params {
+    const char *model_path;
+    int32_t n_ctx;       /* positions per sequence; 0: 4096 or the model's training context if smaller */
+    int32_t n_batch;     /* most tokens per step (prompt micro-batch); 0: 512 */
+    int32_t n_threads;   /* 0: all cores */
+    int prefault;        /* read the weights into memory at load (with progress) rather than on first use */
+    pshard_progress_cb progress;
+    void *progress_user;
+} pshard_params;
+
+void pshard_params_default(pshard_params *params);
+pshard_status pshard_open(const pshard_params *params, pshard_ctx **out);
+void pshard_close(pshard_ctx *ctx);
+
+typedef struct pshard_sampling {
+    float temperature;       /* 0: greedy */
+    int32_t top_k;           /* 0: off */
+    float top_p, min_p;      /* 1 and 0: off */
+    float repeat_penalty;    /* 1: off */
+    float presence_penalty, frequency_penalty;
+    int32_t penalty_last_n;
+    uint64_t seed;
+} pshard_sampling;
+
+void pshard_sampling_default(pshard_sampling *sampling);
+
+typedef struct pshard_message {
+    const char *role; /* "system", "user" or "assistant" */
+    const char *content;
+} pshard_message;
+
+/* Receives generated text as it is produced, in whole UTF-8 characters; return nonzero to stop. */
+typedef int (*pshard_text_cb)(void *user, const char *text, size_t len);
+
+typedef struct pshard_gen_stats {
+    int32_t n_prompt;         /* prompt tokens processed (after reuse of a cached prefix) */
+    int32_t n_prompt_cached;  /* prompt tokens reused from the previous call */
+    int32_t n_generated;
+    double prefill_ms;        /* processing the prompt */
+    double ttft_ms;           /* start of the call to the first generated token */
+    double decode_ms;         /* the generated tokens after the first */
+    uint64_t decode_weight_bytes; /* weight bytes read per decode step (mean) */
+    int stopped_by_eog;       /* ended at an end-of-generation token */
+} pshard_gen_stats;
+
+typedef struct pshard_gen_opts {
+    int32_t n_predict;      /* most tokens to generate; < 0: until the context is full */
+    pshard_sampling sampling;
+    int parse_special;      /* recognize special-token text (e.g. <|im_start|>) in the prompt */
+    int32_t *out_tokens;    /* optional: the generated ids */
+    int32_t out_tokens_cap;
+} pshard_gen_opts;
+
+void pshard_gen_opts_default(pshard_gen_opts *opts);
+
+/* Generate a continuation of raw text (no chat formatting). The KV cache keeps the longest
+ * common prefix with the previous call, so a growing conversation is not recomputed. */
+pshard_status pshard_generate(pshard_ctx *ctx, const char *prompt, const pshard_gen_opts *opts,
+                              pshard_text_cb on_text, void *user, pshard_gen_stats *stats);
+
+/* Format messages with the model's chat template and generate the assistant's reply. */
+pshard_status pshard_chat(pshard_ctx *ctx, const pshard_message *messages, size_t n_messages,
+                          const pshard_gen_opts *opts, pshard_text_cb on_text, void *user, pshard_gen_stats *stats);
+
+/* Facts about the loaded model and context. */
+typedef struct pshard_info {
+    const char *arch;
+    const char *chat_format;
+    int32_t n_vocab, n_ctx, n_batch, n_threads, n_layers;
+    uint64_t weight_bytes, kv_bytes;
+} pshard_info;
+void pshard_get_info(const pshard_ctx *ctx, pshard_info *info);
+
 #ifdef __cplusplus
 }
 #endif

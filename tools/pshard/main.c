@@ -10,7 +10,10 @@ static const struct command {
     int (*run)(int argc, char **argv);
     const char *help;
 } commands[] = {
+    {"run", cmd_run, "generate a reply to one prompt"},
+    {"chat", cmd_chat, "talk with a model interactively"},
     {"info", cmd_info, "show a model's architecture, tensors and shard list"},
+    {"eval", cmd_eval, "write the logits of every position of a token sequence (for testing)"},
 };
 
 static void print_usage(FILE *out) {

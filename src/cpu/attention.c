@@ -1,0 +1,50 @@
+/* Online-softmax attention over f16 keys and values. Keys are scored a block at a time; the
+ * running maximum and sum rescale the output accumulator once per block. The query is rounded
+ * to f16 first, as the reference implementation does for its f16 dot products. */
+#include "cpu/attention.h"
+
+#include <math.h>
+
+#include "quant/half.h"
+
+enum { KEY_BLOCK = 64, MAX_HEAD = 512 };
+
+static float dot_f16(const float *q, const uint16_t *k, int n) {
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++) sum += q[i] * half_to_f32(k[i]);
+    return sum;
+}
+
+void cpu_attention_heads(const struct cpu_attn_shape *s, const float *q, const uint16_t *k, const uint16_t *v,
+                         int64_t n_cells, int head_begin, int head_end, float *out) {
+    const int group = s->n_head / s->n_head_kv;
+    const int64_t k_stride = (int64_t)s->n_head_kv * s->head_k, v_stride = (int64_t)s->n_head_kv * s->head_v;
+    float qh[MAX_HEAD], acc[MAX_HEAD], scores[KEY_BLOCK];
+    for (int h = head_begin; h < head_end; h++) {
+        const int kvh = h / group;
+        for (int i = 0; i < s->head_k; i++) qh[i] = half_to_f32(half_from_f32(q[(int64_t)h * s->head_k + i]));
+        for (int i = 0; i < s->head_v; i++) acc[i] = 0.0f;
+        float max = -INFINITY, sum = 0.0f;
+        for (int64_t c0 = 0; c0 < n_cells; c0 += KEY_BLOCK) {
+            const int64_t n = n_cells - c0 < KEY_BLOCK ? n_cells - c0 : KEY_BLOCK;
+            float block_max = -INFINITY;
+            for (int64_t j = 0; j < n; j++) {
+                scores[j] = dot_f16(qh, k + (c0 + j) * k_stride + (int64_t)kvh * s->head_k, s->head_k) * s->scale;
+                block_max = scores[j] > block_max ? scores[j] : block_max;
+            }
+            const float new_max = block_max > max ? block_max : max;
+            const float rescale = expf(max - new_max); /* 0 on the first block */
+            sum *= rescale;
+            for (int i = 0; i < s->head_v; i++) acc[i] *= rescale;
+            for (int64_t j = 0; j < n; j++) {
+                const float p = expf(scores[j] - new_max);
+                sum += p;
+                const uint16_t *vj = v + (c0 + j) * v_stride + (int64_t)kvh * s->head_v;
+                for (int i = 0; i < s->head_v; i++) acc[i] += p * half_to_f32(vj[i]);
+            }
+            max = new_max;
+        }
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        for (int i = 0; i < s->head_v; i++) out[(int64_t)h * s->head_v + i] = acc[i] * inv;
+    }
+}

@@ -1,0 +1,116 @@
+/* Matrix products of quantized weights with f32 activations. The activations are quantized
+ * once into the weight format's activation type (as llama.cpp's CPU backend does, so the
+ * integer products match); then every thread takes a slice of output rows. For one token this
+ * is a bandwidth-bound GEMV; for many, rows are visited in small blocks so each weight block
+ * stays in cache while every token's activations pass over it. */
+#include <string.h>
+
+#include "core/error.h"
+#include "cpu/cpu_ops.h"
+#include "gguf/gguf.h"
+
+enum {
+    ROW_BLOCK = 16,   /* weight rows kept hot while the tokens pass over them */
+    TOKEN_BLOCK = 64, /* activation rows per pass, sized to stay in L2 */
+};
+
+pshard_status cpu_matrix_from_tensor(const struct gguf_tensor *t, struct cpu_matrix *out) {
+    memset(out, 0, sizeof *out);
+    out->kernels = quant_kernels_get((enum quant_type)t->type);
+    if (!out->kernels)
+        return core_fail(PSHARD_ERR_UNSUPPORTED, "tensor '%.*s' has type %s, which pshard cannot compute with",
+                         (int)t->name.len, t->name.data, quant_type_name(t->type));
+    out->type = (enum quant_type)t->type;
+    out->data = t->data;
+    out->n_cols = t->ne[0];
+    out->n_rows = t->ne[1];
+    out->n_experts = t->ne[2];
+    out->row_bytes = quant_row_bytes(out->type, t->ne[0]);
+    return PSHARD_OK;
+}
+
+struct cpu_matrix cpu_matrix_expert(const struct cpu_matrix *all, int64_t expert) {
+    struct cpu_matrix m = *all;
+    m.data = (const uint8_t *)all->data + (size_t)expert * (size_t)all->n_rows * all->row_bytes;
+    m.n_experts = 1;
+    return m;
+}
+
+size_t cpu_acts_bytes(enum quant_type type, int64_t n_cols, int64_t n_tokens) {
+    const struct quant_kernels *k = quant_kernels_get(type);
+    return k ? quant_act_row_bytes(k, n_cols) * (size_t)n_tokens : 0;
+}
+
+struct quantize_job {
+    const struct quant_kernels *kernels;
+    const float *x;
+    struct cpu_acts *acts;
+};
+
+static void quantize_worker(void *p, int thread, int n_threads) {
+    struct quantize_job *job = p;
+    int64_t begin, end;
+    threadpool_range(job->acts->n_tokens, 1, thread, n_threads, &begin, &end);
+    for (int64_t t = begin; t < end; t++)
+        job->kernels->quantize_act(job->x + t * job->acts->n_cols, (uint8_t *)job->acts->data + t * job->acts->row_bytes,
+                                   job->acts->n_cols);
+}
+
+void cpu_quantize_acts(struct threadpool *pool, const struct cpu_matrix *like, const float *x, int64_t n_tokens,
+                       void *buf, struct cpu_acts *out) {
+    out->type = like->kernels->act_type;
+    out->n_cols = like->n_cols;
+    out->n_tokens = n_tokens;
+    out->row_bytes = quant_act_row_bytes(like->kernels, like->n_cols);
+    out->data = buf;
+    struct quantize_job job = {like->kernels, x, out};
+    if (n_tokens == 1 || !pool) quantize_worker(&job, 0, 1);
+    else threadpool_run(pool, quantize_worker, &job);
+}
+
+void cpu_matmul_rows(const struct cpu_matrix *m, const struct cpu_acts *acts, int64_t row_begin, int64_t row_end,
+                     float *y, int64_t y_stride) {
+    const uint8_t *w = m->data;
+    const uint8_t *a = acts->data;
+    for (int64_t t0 = 0; t0 < acts->n_tokens; t0 += TOKEN_BLOCK) {
+        int64_t t1 = t0 + TOKEN_BLOCK < acts->n_tokens ? t0 + TOKEN_BLOCK : acts->n_tokens;
+        for (int64_t r0 = row_begin; r0 < row_end; r0 += ROW_BLOCK) {
+            int64_t r1 = r0 + ROW_BLOCK < row_end ? r0 + ROW_BLOCK : row_end;
+            for (int64_t t = t0; t < t1; t++)
+                for (int64_t r = r0; r < r1; r++)
+                    y[t * y_stride + r] = m->kernels->vec_dot(m->n_cols, w + r * m->row_bytes, a + t * acts->row_bytes);
+        }
+    }
+}
+
+struct matmul_job {
+    const struct cpu_matrix *m;
+    const struct cpu_acts *acts;
+    float *y;
+    int64_t y_stride;
+};
+
+static void matmul_worker(void *p, int thread, int n_threads) {
+    struct matmul_job *job = p;
+    int64_t begin, end;
+    threadpool_range(job->m->n_rows, ROW_BLOCK, thread, n_threads, &begin, &end);
+    if (begin < end) cpu_matmul_rows(job->m, job->acts, begin, end, job->y, job->y_stride);
+}
+
+void cpu_matmul_acts(struct threadpool *pool, const struct cpu_matrix *m, const struct cpu_acts *acts, float *y,
+                     int64_t y_stride) {
+    struct matmul_job job = {m, acts, y, y_stride};
+    if (!pool) matmul_worker(&job, 0, 1);
+    else threadpool_run(pool, matmul_worker, &job);
+}
+
+void cpu_matmul(struct threadpool *pool, const struct cpu_matrix *m, const float *x, int64_t n_tokens, float *y,
+                void *act_buf) {
+    struct cpu_acts acts;
+    cpu_quantize_acts(pool, m, x, n_tokens, act_buf, &acts);
+    cpu_matmul_acts(pool, m, &acts, y, m->n_rows);
+}
+
+void cpu_get_row(const struct cpu_matrix *m, int64_t row, float *out) {
+    m->kernels->dequant_row((const uint8_t *)m->data + row * m->row_bytes, out, m->n_cols);
+}

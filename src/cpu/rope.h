@@ -1,0 +1,29 @@
+/* Rotary position embedding: per position a table of (cos, sin) pairs, applied to every head
+ * of q and k. Normal ordering rotates adjacent pairs (x[2i], x[2i+1]) (llama); neox ordering
+ * rotates x[i] with x[i + n_dims/2] (qwen2/qwen3). Linear, YaRN and per-dimension frequency
+ * factors (Llama 3 "rope_freqs") follow the metadata. */
+#ifndef CPU_ROPE_H
+#define CPU_ROPE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct rope_params {
+    int n_dims;          /* rotated dimensions per head (<= head size) */
+    bool neox;
+    float freq_base;
+    float freq_scale;    /* 1 / linear scaling factor */
+    float ext_factor;    /* YaRN extrapolation mix; 0 = off */
+    float attn_factor;   /* magnitude scale of cos/sin */
+    float beta_fast, beta_slow;
+    int n_ctx_orig;      /* training context, for YaRN's correction range */
+    const float *freq_factors; /* n_dims / 2 divisors of theta, or NULL */
+};
+
+/* cs[2*i], cs[2*i+1] = cos, sin of pair i at position pos (n_dims floats). */
+void cpu_rope_table(const struct rope_params *p, int32_t pos, float *cs);
+
+/* Rotate n_heads heads of head_size floats each, laid out back to back. */
+void cpu_rope_apply(const struct rope_params *p, const float *cs, float *x, int n_heads, int head_size);
+
+#endif

@@ -1,0 +1,104 @@
+/* Opening a model for generation: the file, the shard list, the tokenizer, the chat template,
+ * the executor; optionally reading the weights in with progress. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "engine/engine_internal.h"
+
+void pshard_params_default(pshard_params *p) {
+    memset(p, 0, sizeof *p);
+    p->prefault = 1;
+}
+
+/* Touch every page of the weights so the first token does not pay for disk reads, reporting
+ * progress as it goes. */
+static pshard_status prefault(pshard_ctx *ctx) {
+    const uint64_t total = gguf_file_bytes(ctx->file);
+    uint64_t done = 0;
+    volatile uint8_t sink = 0;
+    const long page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
+    for (uint64_t i = 0; i < gguf_tensor_count(ctx->file); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(ctx->file, i);
+        const uint8_t *p = t->data;
+        for (uint64_t off = 0; off < t->n_bytes; off += (uint64_t)page) sink ^= p[off];
+        done += t->n_bytes;
+        if (ctx->params.progress && ctx->params.progress(ctx->params.progress_user, done, total))
+            return core_fail(PSHARD_ERR_INVALID_ARG, "loading cancelled");
+    }
+    (void)sink;
+    return PSHARD_OK;
+}
+
+static pshard_status open_ctx(pshard_ctx *ctx) {
+    const pshard_params *p = &ctx->params;
+    CORE_TRY(gguf_open(p->model_path, &ctx->file));
+    CORE_TRY(model_load(ctx->file, &ctx->model));
+    CORE_TRY(tok_from_gguf(ctx->file, &ctx->tok));
+    struct gguf_str tpl = {NULL, 0};
+    if (gguf_find(ctx->file, "tokenizer.chat_template")) CORE_TRY(gguf_get_str(ctx->file, "tokenizer.chat_template", &tpl));
+    chat_template_detect(tpl.data, tpl.len, &ctx->chat);
+    struct exec_params ep = {p->n_ctx, p->n_batch, 1, p->n_threads};
+    if (ep.n_ctx <= 0) {
+        ep.n_ctx = 4096;
+        if (ctx->model.hp.n_ctx_train && ctx->model.hp.n_ctx_train < (uint32_t)ep.n_ctx) ep.n_ctx = (int32_t)ctx->model.hp.n_ctx_train;
+    }
+    if (ep.n_batch <= 0) ep.n_batch = 512;
+    if (ep.n_batch > ep.n_ctx) ep.n_batch = ep.n_ctx;
+    ctx->params.n_ctx = ep.n_ctx;
+    ctx->params.n_batch = ep.n_batch;
+    if (p->prefault) CORE_TRY(prefault(ctx));
+    CORE_TRY(exec_create(&ctx->model, &ep, &ctx->exec));
+    ctx->params.n_threads = exec_get_params(ctx->exec)->n_threads;
+    ctx->cached = malloc(sizeof(int32_t) * (size_t)ep.n_ctx);
+    ctx->prompt = malloc(sizeof(int32_t) * (size_t)ep.n_ctx);
+    ctx->batch_pos = malloc(sizeof(int32_t) * (size_t)ep.n_batch);
+    ctx->batch_seq = calloc((size_t)ep.n_batch, sizeof(int32_t));
+    ctx->batch_logits = calloc((size_t)ep.n_batch, 1);
+    if (!ctx->cached || !ctx->prompt || !ctx->batch_pos || !ctx->batch_seq || !ctx->batch_logits)
+        return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    return PSHARD_OK;
+}
+
+pshard_status pshard_open(const pshard_params *params, pshard_ctx **out) {
+    *out = NULL;
+    if (!params || !params->model_path) return core_fail(PSHARD_ERR_INVALID_ARG, "no model path given");
+    pshard_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    ctx->params = *params;
+    pshard_status st = open_ctx(ctx);
+    if (st != PSHARD_OK) {
+        pshard_close(ctx);
+        return st;
+    }
+    *out = ctx;
+    return PSHARD_OK;
+}
+
+void pshard_close(pshard_ctx *ctx) {
+    if (!ctx) return;
+    free(ctx->cached);
+    free(ctx->prompt);
+    free(ctx->batch_pos);
+    free(ctx->batch_seq);
+    free(ctx->batch_logits);
+    exec_free(ctx->exec);
+    tok_free(ctx->tok);
+    model_free(&ctx->model);
+    gguf_close(ctx->file);
+    free(ctx);
+}
+
+void pshard_get_info(const pshard_ctx *ctx, pshard_info *info) {
+    memset(info, 0, sizeof *info);
+    info->arch = ctx->model.hp.arch_name;
+    info->chat_format = chat_format_name(ctx->chat.format);
+    info->n_vocab = (int32_t)ctx->model.hp.n_vocab;
+    info->n_ctx = ctx->params.n_ctx;
+    info->n_batch = ctx->params.n_batch;
+    info->n_threads = ctx->params.n_threads;
+    info->n_layers = (int32_t)ctx->model.hp.n_layers;
+    for (uint64_t i = 0; i < gguf_tensor_count(ctx->file); i++) info->weight_bytes += gguf_tensor_at(ctx->file, i)->n_bytes;
+    info->kv_bytes = exec_kv_bytes(ctx->exec);
+}

@@ -1,0 +1,28 @@
+/* The state behind a pshard_ctx. */
+#ifndef ENGINE_INTERNAL_H
+#define ENGINE_INTERNAL_H
+
+#include "engine/sampler.h"
+#include "exec/exec.h"
+#include "gguf/gguf.h"
+#include "model/model.h"
+#include "pshard.h"
+#include "tok/chat.h"
+#include "tok/tok.h"
+
+struct pshard_ctx {
+    struct gguf_file *file;
+    struct model model;
+    struct tok *tok;
+    struct exec_ctx *exec;
+    struct chat_template chat;
+    pshard_params params;
+    /* Tokens whose K/V sit in sequence 0, for prefix reuse across calls. */
+    int32_t *cached;
+    int32_t n_cached;
+    int32_t *prompt; /* scratch for the prompt's tokens, n_ctx long */
+    int32_t *batch_pos, *batch_seq;
+    int8_t *batch_logits;
+};
+
+#endif

@@ -1,0 +1,171 @@
+/* The generation loop: tokenize, reuse the cached prefix, prefill the rest in micro-batches,
+ * then sample and decode one token per step until an end-of-generation token, the token limit
+ * or a full context; text is streamed in whole UTF-8 characters. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/timer.h"
+#include "engine/engine_internal.h"
+
+void pshard_sampling_default(pshard_sampling *s) {
+    struct sampler_params p;
+    sampler_default_params(&p);
+    *s = (pshard_sampling){p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty, p.presence_penalty,
+                           p.frequency_penalty, p.penalty_last_n, p.seed};
+}
+
+void pshard_gen_opts_default(pshard_gen_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->n_predict = 256;
+    o->parse_special = 1;
+    pshard_sampling_default(&o->sampling);
+}
+
+/* Tokens that end a turn in the families we support, beyond the tokenizer's EOS/EOT/EOM. */
+static bool is_end_of_turn(const struct tok *tok, int32_t id) {
+    if (tok_is_eog(tok, id)) return true;
+    if (tok_token_type(tok, id) != 3 /* CONTROL */) return false;
+    static const char *const names[] = {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<|end|>"};
+    size_t len;
+    const char *text = tok_token_text(tok, id, &len);
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (text && len == strlen(names[i]) && !memcmp(text, names[i], len)) return true;
+    return false;
+}
+
+/* Run tokens [from, to) of ctx->prompt through the model; logits for the last one. */
+static pshard_status prefill(pshard_ctx *ctx, int32_t from, int32_t to) {
+    const int32_t n_batch = ctx->params.n_batch;
+    for (int32_t start = from; start < to; start += n_batch) {
+        const int32_t n = to - start < n_batch ? to - start : n_batch;
+        for (int32_t i = 0; i < n; i++) {
+            ctx->batch_pos[i] = start + i;
+            ctx->batch_logits[i] = start + i == to - 1;
+        }
+        struct exec_batch b = {n, ctx->prompt + start, ctx->batch_pos, ctx->batch_seq, ctx->batch_logits};
+        CORE_TRY(exec_step(ctx->exec, &b));
+        memcpy(ctx->cached + start, ctx->prompt + start, sizeof(int32_t) * (size_t)n);
+        ctx->n_cached = start + n;
+    }
+    return PSHARD_OK;
+}
+
+static pshard_status tokenize_prompt(pshard_ctx *ctx, const char *prompt, int parse_special, int32_t *n_prompt) {
+    size_t n = 0;
+    const int flags = TOK_ADD_SPECIAL | (parse_special ? TOK_PARSE_SPECIAL : 0);
+    pshard_status st = tok_encode_into(ctx->tok, prompt, strlen(prompt), flags, ctx->prompt, (size_t)ctx->params.n_ctx, &n);
+    if (st == PSHARD_ERR_RANGE || (st == PSHARD_OK && n >= (size_t)ctx->params.n_ctx))
+        return core_fail(PSHARD_ERR_RANGE, "the prompt has %zu tokens but the context holds %d (raise -c)", n,
+                         ctx->params.n_ctx);
+    CORE_TRY(st);
+    if (n == 0) return core_fail(PSHARD_ERR_INVALID_ARG, "the prompt is empty");
+    *n_prompt = (int32_t)n;
+    return PSHARD_OK;
+}
+
+struct generation {
+    pshard_ctx *ctx;
+    const pshard_gen_opts *opts;
+    struct sampler *sampler;
+    struct tok_decoder *decoder;
+    pshard_text_cb on_text;
+    void *user;
+    pshard_gen_stats *stats;
+};
+
+/* Sample, stream and step until done. Ownership of sampler/decoder stays with the caller. */
+static pshard_status decode_loop(struct generation *g, double t_start) {
+    pshard_ctx *ctx = g->ctx;
+    const int32_t n_ctx = ctx->params.n_ctx;
+    double t_first = 0;
+    uint64_t bytes = 0;
+    for (;;) {
+        const int32_t token = sampler_sample(g->sampler, exec_logits(ctx->exec, 0));
+        if (g->stats->n_generated == 0) {
+            t_first = core_now_ms();
+            g->stats->ttft_ms = t_first - t_start;
+        }
+        if (is_end_of_turn(ctx->tok, token)) {
+            g->stats->stopped_by_eog = 1;
+            break;
+        }
+        sampler_accept(g->sampler, token);
+        if (g->opts->out_tokens && g->stats->n_generated < g->opts->out_tokens_cap)
+            g->opts->out_tokens[g->stats->n_generated] = token;
+        g->stats->n_generated++;
+        const char *text;
+        size_t len;
+        CORE_TRY(tok_decoder_push(g->decoder, token, &text, &len));
+        if (len && g->on_text && g->on_text(g->user, text, len)) break;
+        if ((g->opts->n_predict >= 0 && g->stats->n_generated >= g->opts->n_predict) || ctx->n_cached >= n_ctx) break;
+        const int32_t pos = ctx->n_cached;
+        struct exec_batch b = {1, &token, &pos, ctx->batch_seq, NULL};
+        CORE_TRY(exec_step(ctx->exec, &b));
+        bytes += exec_last_stats(ctx->exec)->weight_bytes_read;
+        ctx->cached[ctx->n_cached++] = token;
+    }
+    const char *text;
+    size_t len;
+    if (tok_decoder_flush(g->decoder, &text, &len) == PSHARD_OK && len && g->on_text) g->on_text(g->user, text, len);
+    if (g->stats->n_generated > 1) {
+        g->stats->decode_ms = core_now_ms() - t_first;
+        g->stats->decode_weight_bytes = bytes / (uint64_t)(g->stats->n_generated - 1);
+    }
+    return PSHARD_OK;
+}
+
+pshard_status pshard_generate(pshard_ctx *ctx, const char *prompt, const pshard_gen_opts *opts, pshard_text_cb on_text,
+                              void *user, pshard_gen_stats *stats) {
+    pshard_gen_stats local;
+    if (!stats) stats = &local;
+    memset(stats, 0, sizeof *stats);
+    pshard_gen_opts defaults;
+    if (!opts) pshard_gen_opts_default(&defaults), opts = &defaults;
+    if (!prompt) return core_fail(PSHARD_ERR_INVALID_ARG, "no prompt given");
+    const double t_start = core_now_ms();
+    int32_t n_prompt;
+    CORE_TRY(tokenize_prompt(ctx, prompt, opts->parse_special, &n_prompt));
+
+    /* Reuse the longest common prefix of the cache; at least one token must run for logits. */
+    int32_t keep = 0;
+    while (keep < ctx->n_cached && keep < n_prompt && ctx->cached[keep] == ctx->prompt[keep]) keep++;
+    if (keep == n_prompt) keep--;
+    exec_truncate_seq(ctx->exec, 0, keep);
+    ctx->n_cached = keep;
+    stats->n_prompt_cached = keep;
+    stats->n_prompt = n_prompt - keep;
+
+    const pshard_sampling *sp = &opts->sampling;
+    struct sampler_params params = {sp->temperature, sp->top_k, sp->top_p, sp->min_p, sp->repeat_penalty,
+                                    sp->presence_penalty, sp->frequency_penalty, sp->penalty_last_n, sp->seed};
+    struct generation g = {ctx, opts, NULL, NULL, on_text, user, stats};
+    pshard_status st = sampler_create(&params, exec_n_vocab(ctx->exec), &g.sampler);
+    if (st == PSHARD_OK) st = tok_decoder_create(ctx->tok, 0, &g.decoder);
+    if (st == PSHARD_OK) {
+        for (int32_t i = 0; i < n_prompt; i++) sampler_accept(g.sampler, ctx->prompt[i]);
+        st = prefill(ctx, keep, n_prompt);
+        stats->prefill_ms = core_now_ms() - t_start;
+    }
+    if (st != PSHARD_OK) exec_truncate_seq(ctx->exec, 0, ctx->n_cached = 0); /* a failed step leaves no stale cells */
+    else st = decode_loop(&g, t_start);
+    tok_decoder_free(g.decoder);
+    sampler_free(g.sampler);
+    return st;
+}
+
+pshard_status pshard_chat(pshard_ctx *ctx, const pshard_message *messages, size_t n_messages, const pshard_gen_opts *opts,
+                          pshard_text_cb on_text, void *user, pshard_gen_stats *stats) {
+    size_t needed = 0;
+    struct chat_message *msgs = malloc(sizeof *msgs * (n_messages ? n_messages : 1));
+    if (!msgs) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < n_messages; i++) msgs[i] = (struct chat_message){messages[i].role, messages[i].content};
+    chat_format_messages(&ctx->chat, msgs, n_messages, 1, NULL, 0, &needed);
+    char *text = malloc(needed + 1);
+    pshard_status st = text ? chat_format_messages(&ctx->chat, msgs, n_messages, 1, text, needed + 1, &needed)
+                            : core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    free(msgs);
+    if (st == PSHARD_OK) st = pshard_generate(ctx, text, opts, on_text, user, stats);
+    free(text);
+    return st;
+}

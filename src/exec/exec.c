@@ -1,0 +1,206 @@
+/* The executor: creation (weights bound, scratch and KV sized once) and the step loop, which
+ * walks the shard list in order. Nothing is allocated per step. */
+#include "exec/exec.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "exec/exec_internal.h"
+
+static pshard_status view(const struct gguf_tensor *t, struct cpu_matrix *m) {
+    if (!t) {
+        memset(m, 0, sizeof *m);
+        return PSHARD_OK;
+    }
+    return cpu_matrix_from_tensor(t, m);
+}
+
+static pshard_status check_f32(const struct gguf_tensor *t, const char *path) {
+    if (t && t->type != QUANT_F32)
+        return core_fail(PSHARD_ERR_UNSUPPORTED, "%s: tensor '%.*s' is %s; norms and biases must be F32", path,
+                         (int)t->name.len, t->name.data, quant_type_name(t->type));
+    return PSHARD_OK;
+}
+
+static pshard_status view_layers(struct exec_ctx *ctx) {
+    const char *path = gguf_path(ctx->model->file);
+    for (uint32_t il = 0; il < ctx->model->hp.n_layers; il++) {
+        const struct layer_weights *l = &ctx->w.layers[il];
+        struct layer_mats *m = &ctx->mats[il];
+        const struct gguf_tensor *vectors[] = {l->attn_norm, l->bq, l->bk, l->bv, l->bo, l->q_norm, l->k_norm,
+                                               l->ffn_norm, l->gate_inp_shexp};
+        for (size_t i = 0; i < sizeof vectors / sizeof vectors[0]; i++) CORE_TRY(check_f32(vectors[i], path));
+        CORE_TRY(view(l->wq, &m->wq));
+        CORE_TRY(view(l->wk, &m->wk));
+        CORE_TRY(view(l->wv, &m->wv));
+        CORE_TRY(view(l->wo, &m->wo));
+        CORE_TRY(view(l->ffn_gate, &m->ffn_gate));
+        CORE_TRY(view(l->ffn_up, &m->ffn_up));
+        CORE_TRY(view(l->ffn_down, &m->ffn_down));
+        CORE_TRY(view(l->gate_inp, &m->gate_inp));
+        CORE_TRY(view(l->gate_exps, &m->gate_exps));
+        CORE_TRY(view(l->up_exps, &m->up_exps));
+        CORE_TRY(view(l->down_exps, &m->down_exps));
+        CORE_TRY(view(l->gate_shexp, &m->gate_shexp));
+        CORE_TRY(view(l->up_shexp, &m->up_shexp));
+        CORE_TRY(view(l->down_shexp, &m->down_shexp));
+    }
+    CORE_TRY(check_f32(ctx->w.output_norm, path));
+    CORE_TRY(view(ctx->w.token_embd, &ctx->token_embd));
+    return view(ctx->w.output, &ctx->output);
+}
+
+static int64_t max3(int64_t a, int64_t b, int64_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
+
+/* Carve every per-step buffer from one allocation. */
+static pshard_status alloc_scratch(struct exec_ctx *ctx) {
+    const struct model_hparams *hp = &ctx->model->hp;
+    const int64_t B = ctx->params.n_batch, d = hp->n_embd;
+    const int64_t q_width = (int64_t)hp->n_head * hp->head_dim_k, o_width = (int64_t)hp->n_head * hp->head_dim_v;
+    const int64_t ff = hp->n_ff > hp->n_ff_shared_expert ? hp->n_ff : hp->n_ff_shared_expert;
+    const int64_t widest = max3(max3(d, q_width, o_width), ff, hp->n_ff_expert);
+    struct { void **ptr; size_t bytes; } parts[] = {
+        {(void **)&ctx->s.x, sizeof(float) * B * d},
+        {(void **)&ctx->s.xn, sizeof(float) * B * d},
+        {(void **)&ctx->s.q, sizeof(float) * B * q_width},
+        {(void **)&ctx->s.k, sizeof(float) * B * ctx->kv.k_width},
+        {(void **)&ctx->s.v, sizeof(float) * B * ctx->kv.v_width},
+        {(void **)&ctx->s.attn, sizeof(float) * B * o_width},
+        {(void **)&ctx->s.proj, sizeof(float) * B * d},
+        {(void **)&ctx->s.gate, sizeof(float) * B * (ff ? ff : 1)},
+        {(void **)&ctx->s.up, sizeof(float) * B * (ff ? ff : 1)},
+        {(void **)&ctx->s.router, sizeof(float) * B * (hp->n_expert ? hp->n_expert : 1)},
+        {(void **)&ctx->s.expert_ids, sizeof(int32_t) * B * (hp->n_expert_used ? hp->n_expert_used : 1)},
+        {(void **)&ctx->s.expert_weights, sizeof(float) * B * (hp->n_expert_used ? hp->n_expert_used : 1)},
+        /* F32 activations are the widest format (4 bytes per value); every other is smaller. */
+        {(void **)&ctx->s.acts, sizeof(float) * B * widest + 64},
+        {(void **)&ctx->s.rope, sizeof(float) * B * ctx->w.rope.n_dims},
+        {(void **)&ctx->s.logits, sizeof(float) * B * hp->n_vocab},
+        {(void **)&ctx->s.out_rows, sizeof(int32_t) * B},
+    };
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) total += (parts[i].bytes + 63) & ~(size_t)63;
+    ctx->scratch_mem = aligned_alloc(64, total);
+    if (!ctx->scratch_mem)
+        return core_fail(PSHARD_ERR_NOMEM, "cannot allocate %.1f MB of activation buffers (reduce the batch)", total / 1e6);
+    uint8_t *p = ctx->scratch_mem;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        *parts[i].ptr = p;
+        p += (parts[i].bytes + 63) & ~(size_t)63;
+    }
+    if (ctx->w.moe) {
+        /* Sized for F32 activations, the widest format, so any layer's down type fits. */
+        size_t bytes = cpu_moe_scratch_bytes(B, (int)hp->n_expert_used, hp->n_expert, d, hp->n_ff_expert, QUANT_F32);
+        ctx->moe_mem = malloc(bytes);
+        if (!ctx->moe_mem) return core_fail(PSHARD_ERR_NOMEM, "cannot allocate %.1f MB of expert buffers", bytes / 1e6);
+        cpu_moe_scratch_init(&ctx->s.moe, ctx->moe_mem, B, (int)hp->n_expert_used, hp->n_expert, d, hp->n_ff_expert,
+                             QUANT_F32);
+    }
+    return PSHARD_OK;
+}
+
+static pshard_status create(struct exec_ctx *ctx) {
+    const struct model_hparams *hp = &ctx->model->hp;
+    const struct exec_params *p = &ctx->params;
+    if (p->n_ctx <= 0 || p->n_batch <= 0 || p->n_seq <= 0 || p->n_threads < 0)
+        return core_fail(PSHARD_ERR_INVALID_ARG, "context, batch and sequence counts must be positive");
+    CORE_TRY(model_bind_weights(ctx->model, &ctx->w));
+    ctx->mats = calloc(hp->n_layers, sizeof *ctx->mats);
+    if (!ctx->mats) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    CORE_TRY(view_layers(ctx));
+    CORE_TRY(kv_cache_init(&ctx->kv, (int32_t)hp->n_layers, p->n_seq, p->n_ctx, (int64_t)hp->n_head_kv * hp->head_dim_k,
+                           (int64_t)hp->n_head_kv * hp->head_dim_v));
+    CORE_TRY(alloc_scratch(ctx));
+    return threadpool_create(p->n_threads, &ctx->pool);
+}
+
+pshard_status exec_create(const struct model *model, const struct exec_params *params, struct exec_ctx **out) {
+    *out = NULL;
+    struct exec_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    ctx->model = model;
+    ctx->params = *params;
+    pshard_status st = create(ctx);
+    if (st != PSHARD_OK) {
+        exec_free(ctx);
+        return st;
+    }
+    *out = ctx;
+    return PSHARD_OK;
+}
+
+void exec_free(struct exec_ctx *ctx) {
+    if (!ctx) return;
+    threadpool_free(ctx->pool);
+    free(ctx->scratch_mem);
+    free(ctx->moe_mem);
+    kv_cache_free(&ctx->kv);
+    free(ctx->mats);
+    model_weights_free(&ctx->w);
+    free(ctx);
+}
+
+/* Refuse a batch that would read or write outside the cache, before touching any state. */
+static pshard_status validate(const struct exec_ctx *ctx, const struct exec_batch *b) {
+    const struct exec_params *p = &ctx->params;
+    if (b->n_tokens <= 0 || b->n_tokens > p->n_batch)
+        return core_fail(PSHARD_ERR_INVALID_ARG, "a step carries 1 to %d tokens, not %d", p->n_batch, b->n_tokens);
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        if (b->tokens[t] < 0 || (uint32_t)b->tokens[t] >= ctx->model->hp.n_vocab)
+            return core_fail(PSHARD_ERR_INVALID_ARG, "token id %d is outside the vocabulary (%u)", b->tokens[t],
+                             ctx->model->hp.n_vocab);
+        if (b->seq[t] < 0 || b->seq[t] >= p->n_seq)
+            return core_fail(PSHARD_ERR_INVALID_ARG, "sequence %d is outside the %d slots", b->seq[t], p->n_seq);
+        /* Expected position: the sequence's length plus its earlier tokens in this batch. */
+        int32_t expect = ctx->kv.seq_len[b->seq[t]];
+        for (int32_t u = 0; u < t; u++) expect += b->seq[u] == b->seq[t];
+        if (b->pos[t] != expect)
+            return core_fail(PSHARD_ERR_INVALID_ARG, "token %d of sequence %d has position %d, expected %d", t, b->seq[t],
+                             b->pos[t], expect);
+        if (b->pos[t] >= p->n_ctx)
+            return core_fail(PSHARD_ERR_RANGE, "context full: sequence %d would need more than %d positions (raise -c)",
+                             b->seq[t], p->n_ctx);
+    }
+    return PSHARD_OK;
+}
+
+pshard_status exec_step(struct exec_ctx *ctx, const struct exec_batch *batch) {
+    CORE_TRY(validate(ctx, batch));
+    const struct model *model = ctx->model;
+    ctx->stats.weight_bytes_read = 0;
+    ctx->stats.n_outputs = 0;
+    for (int32_t t = 0; t < batch->n_tokens; t++)
+        if (batch->logits ? batch->logits[t] != 0 : t == batch->n_tokens - 1) ctx->s.out_rows[ctx->stats.n_outputs++] = t;
+
+    for (uint32_t i = 0; i < model->n_shards; i++) {
+        const struct shard *shard = &model->shards[i];
+        switch (shard->kind) {
+        case SHARD_EMBED: shard_embed_cpu(ctx, batch); break;
+        case SHARD_ATTN: shard_attn_cpu(ctx, shard->layer, batch); break;
+        case SHARD_FFN: shard_ffn_cpu(ctx, shard->layer, batch); break;
+        case SHARD_MOE: shard_moe_cpu(ctx, shard->layer, batch); break;
+        case SHARD_HEAD: if (ctx->stats.n_outputs) shard_head_cpu(ctx, batch); break;
+        case SHARD_KIND_COUNT: break;
+        }
+    }
+    for (int32_t t = 0; t < batch->n_tokens; t++)
+        if (batch->pos[t] + 1 > ctx->kv.seq_len[batch->seq[t]]) ctx->kv.seq_len[batch->seq[t]] = batch->pos[t] + 1;
+    return PSHARD_OK;
+}
+
+const float *exec_logits(const struct exec_ctx *ctx, int32_t i) {
+    if (i < 0 || i >= ctx->stats.n_outputs) return NULL;
+    return ctx->s.logits + (int64_t)i * ctx->model->hp.n_vocab;
+}
+
+int32_t exec_n_vocab(const struct exec_ctx *ctx) { return (int32_t)ctx->model->hp.n_vocab; }
+const struct exec_stats *exec_last_stats(const struct exec_ctx *ctx) { return &ctx->stats; }
+const struct exec_params *exec_get_params(const struct exec_ctx *ctx) { return &ctx->params; }
+uint64_t exec_kv_bytes(const struct exec_ctx *ctx) { return kv_cache_bytes(&ctx->kv); }
+
+int32_t exec_seq_len(const struct exec_ctx *ctx, int32_t seq) {
+    return seq >= 0 && seq < ctx->params.n_seq ? ctx->kv.seq_len[seq] : 0;
+}
+
+void exec_truncate_seq(struct exec_ctx *ctx, int32_t seq, int32_t len) { kv_cache_truncate(&ctx->kv, seq, len); }

@@ -1,0 +1,52 @@
+/* The executor: runs one step (a batch of new tokens of one or more sequences) through the
+ * shard list and leaves logits for the tokens that asked for them. This is the CPU reference
+ * every later placement is checked against. */
+#ifndef EXEC_EXEC_H
+#define EXEC_EXEC_H
+
+#include <stdint.h>
+
+#include "model/model.h"
+
+struct exec_params {
+    int32_t n_ctx;     /* cells per sequence */
+    int32_t n_batch;   /* most tokens one step may carry */
+    int32_t n_seq;     /* sequence slots */
+    int32_t n_threads; /* 0: all cores */
+};
+
+struct exec_batch {
+    int32_t n_tokens;
+    const int32_t *tokens;
+    const int32_t *pos;    /* position of each token within its sequence */
+    const int32_t *seq;    /* sequence slot of each token */
+    const int8_t *logits;  /* per token: nonzero = compute its logits; NULL = the last token only */
+};
+
+/* What the last step did. */
+struct exec_stats {
+    uint64_t weight_bytes_read; /* weight bytes the step touched (chosen experts only) */
+    int32_t n_outputs;
+};
+
+struct exec_ctx;
+
+pshard_status exec_create(const struct model *model, const struct exec_params *params, struct exec_ctx **out);
+void exec_free(struct exec_ctx *ctx);
+
+/* Run one step. Tokens of a sequence must continue it: positions len, len+1, ... in order.
+ * Fails without changing any state on bad input (token id, slot, position, context full). */
+pshard_status exec_step(struct exec_ctx *ctx, const struct exec_batch *batch);
+
+/* Logits of the i-th output of the last step (outputs in batch order), n_vocab floats. */
+const float *exec_logits(const struct exec_ctx *ctx, int32_t i);
+int32_t exec_n_vocab(const struct exec_ctx *ctx);
+const struct exec_stats *exec_last_stats(const struct exec_ctx *ctx);
+
+int32_t exec_seq_len(const struct exec_ctx *ctx, int32_t seq);
+/* Keep only the first len cells of a sequence (0 forgets it; the slot can be reused). */
+void exec_truncate_seq(struct exec_ctx *ctx, int32_t seq, int32_t len);
+const struct exec_params *exec_get_params(const struct exec_ctx *ctx);
+uint64_t exec_kv_bytes(const struct exec_ctx *ctx);
+
+#endif

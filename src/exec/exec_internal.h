@@ -1,0 +1,58 @@
+/* The executor's state, shared by its step loop and the shard implementations. */
+#ifndef EXEC_INTERNAL_H
+#define EXEC_INTERNAL_H
+
+#include "core/threadpool.h"
+#include "cpu/cpu_ops.h"
+#include "cpu/moe.h"
+#include "exec/exec.h"
+#include "exec/kv_cache.h"
+#include "model/weights.h"
+
+/* A layer's matrices, viewed once at creation. */
+struct layer_mats {
+    struct cpu_matrix wq, wk, wv, wo;
+    struct cpu_matrix ffn_gate, ffn_up, ffn_down;
+    struct cpu_matrix gate_inp, gate_exps, up_exps, down_exps;
+    struct cpu_matrix gate_inp_shexp, gate_shexp, up_shexp, down_shexp;
+};
+
+/* Per-step scratch, allocated once for n_batch tokens. */
+struct exec_scratch {
+    float *x;        /* [n_batch][n_embd] residual stream: activations in and out of every shard */
+    float *xn;       /* [n_batch][n_embd] normalized input of a shard */
+    float *q, *k, *v, *attn; /* [n_batch][widths] */
+    float *proj;     /* [n_batch][n_embd] a shard's output before the residual add */
+    float *gate, *up; /* [n_batch][n_ff] dense FFN (also shared expert) */
+    float *router;   /* [n_batch][n_expert] */
+    int32_t *expert_ids;
+    float *expert_weights;
+    void *acts;      /* quantized activations, the widest any matrix needs */
+    float *rope;     /* [n_batch][rope dims] cos/sin tables */
+    float *logits;   /* [n_batch][n_vocab] */
+    int32_t *out_rows; /* batch index of each output */
+    struct moe_scratch moe;
+};
+
+struct exec_ctx {
+    const struct model *model;
+    struct model_weights w;
+    struct exec_params params;
+    struct threadpool *pool;
+    struct kv_cache kv;
+    struct cpu_matrix token_embd, output;
+    struct layer_mats *mats;
+    struct exec_scratch s;
+    void *scratch_mem;
+    void *moe_mem;
+    struct exec_stats stats;
+};
+
+/* The shards, CPU placement. Each reads ctx->s.x (the batch's activations) and updates it. */
+void shard_embed_cpu(struct exec_ctx *ctx, const struct exec_batch *batch);
+void shard_attn_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *batch);
+void shard_ffn_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *batch);
+void shard_moe_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *batch);
+void shard_head_cpu(struct exec_ctx *ctx, const struct exec_batch *batch);
+
+#endif

@@ -1,0 +1,183 @@
+/* The shards computed on the CPU: embed, attn, ffn, moe, head. Each runs from its inputs
+ * alone: the residual stream ctx->s.x, its weights, and (attn) its layer's KV cache. */
+#include <math.h>
+#include <string.h>
+
+#include "cpu/attention.h"
+#include "cpu/rope.h"
+#include "exec/exec_internal.h"
+#include "quant/half.h"
+
+static const float *f32_data(const struct gguf_tensor *t) { return t ? (const float *)t->data : NULL; }
+
+static void rmsnorm_rows(const float *x, const struct gguf_tensor *w, float *out, int64_t n_tokens, int64_t n, float eps) {
+    for (int64_t t = 0; t < n_tokens; t++) cpu_rmsnorm(x + t * n, f32_data(w), out + t * n, n, eps);
+}
+
+static void count_bytes(struct exec_ctx *ctx, const struct cpu_matrix *m) {
+    ctx->stats.weight_bytes_read += (uint64_t)m->n_rows * m->row_bytes;
+}
+
+void shard_embed_cpu(struct exec_ctx *ctx, const struct exec_batch *batch) {
+    const int64_t d = ctx->model->hp.n_embd;
+    for (int32_t t = 0; t < batch->n_tokens; t++) {
+        cpu_get_row(&ctx->token_embd, batch->tokens[t], ctx->s.x + t * d);
+        ctx->stats.weight_bytes_read += ctx->token_embd.row_bytes;
+    }
+}
+
+/* ---- attention */
+
+struct attn_job {
+    struct exec_ctx *ctx;
+    int layer;
+    const struct exec_batch *batch;
+    struct cpu_attn_shape shape;
+};
+
+static void attn_worker(void *p, int thread, int n_threads) {
+    struct attn_job *job = p;
+    const struct exec_ctx *ctx = job->ctx;
+    const int n_head = job->shape.n_head;
+    int64_t begin, end;
+    threadpool_range((int64_t)job->batch->n_tokens * n_head, 1, thread, n_threads, &begin, &end);
+    const int64_t q_width = (int64_t)n_head * job->shape.head_k, o_width = (int64_t)n_head * job->shape.head_v;
+    for (int64_t unit = begin; unit < end;) {
+        const int64_t t = unit / n_head;
+        const int h0 = (int)(unit % n_head);
+        const int h1 = end - unit < n_head - h0 ? (int)(h0 + end - unit) : n_head;
+        const int32_t seq = job->batch->seq[t];
+        cpu_attention_heads(&job->shape, ctx->s.q + t * q_width, kv_cache_k(&ctx->kv, job->layer, seq),
+                            kv_cache_v(&ctx->kv, job->layer, seq), job->batch->pos[t] + 1, h0, h1,
+                            ctx->s.attn + t * o_width);
+        unit += h1 - h0;
+    }
+}
+
+/* Project xn with m into y, re-quantizing the input only when m wants another format than the
+ * previous projection did. */
+static void project(struct exec_ctx *ctx, const struct cpu_matrix *m, int64_t n_tokens, float *y, const float *x,
+                    struct cpu_acts *acts) {
+    if (!acts->data || acts->type != m->kernels->act_type || acts->n_cols != m->n_cols)
+        cpu_quantize_acts(ctx->pool, m, x, n_tokens, ctx->s.acts, acts);
+    cpu_matmul_acts(ctx->pool, m, acts, y, m->n_rows);
+    count_bytes(ctx, m);
+}
+
+void shard_attn_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *batch) {
+    const struct model_hparams *hp = &ctx->model->hp;
+    const struct layer_weights *lw = &ctx->w.layers[layer];
+    const struct layer_mats *lm = &ctx->mats[layer];
+    const int64_t n = batch->n_tokens, d = hp->n_embd;
+    const int64_t q_width = (int64_t)hp->n_head * hp->head_dim_k;
+    const int64_t k_width = ctx->kv.k_width, v_width = ctx->kv.v_width;
+    struct exec_scratch *s = &ctx->s;
+
+    rmsnorm_rows(s->x, lw->attn_norm, s->xn, n, d, hp->rms_eps);
+    struct cpu_acts acts = {0};
+    project(ctx, &lm->wq, n, s->q, s->xn, &acts);
+    project(ctx, &lm->wk, n, s->k, s->xn, &acts);
+    project(ctx, &lm->wv, n, s->v, s->xn, &acts);
+    if (lw->bq) cpu_add_bias(s->q, f32_data(lw->bq), n, q_width);
+    if (lw->bk) cpu_add_bias(s->k, f32_data(lw->bk), n, k_width);
+    if (lw->bv) cpu_add_bias(s->v, f32_data(lw->bv), n, v_width);
+    if (lw->q_norm) rmsnorm_rows(s->q, lw->q_norm, s->q, n * hp->n_head, hp->head_dim_k, hp->rms_eps);
+    if (lw->k_norm) rmsnorm_rows(s->k, lw->k_norm, s->k, n * hp->n_head_kv, hp->head_dim_k, hp->rms_eps);
+
+    const int rope_dims = ctx->w.rope.n_dims;
+    for (int64_t t = 0; t < n; t++) {
+        float *cs = s->rope + t * rope_dims;
+        cpu_rope_table(&ctx->w.rope, batch->pos[t], cs);
+        cpu_rope_apply(&ctx->w.rope, cs, s->q + t * q_width, (int)hp->n_head, (int)hp->head_dim_k);
+        cpu_rope_apply(&ctx->w.rope, cs, s->k + t * k_width, (int)hp->n_head_kv, (int)hp->head_dim_k);
+        /* Write this token's K and V into its sequence's cell before anyone attends. */
+        uint16_t *kc = kv_cache_k(&ctx->kv, layer, batch->seq[t]) + (int64_t)batch->pos[t] * k_width;
+        uint16_t *vc = kv_cache_v(&ctx->kv, layer, batch->seq[t]) + (int64_t)batch->pos[t] * v_width;
+        for (int64_t i = 0; i < k_width; i++) kc[i] = half_from_f32(s->k[t * k_width + i]);
+        for (int64_t i = 0; i < v_width; i++) vc[i] = half_from_f32(s->v[t * v_width + i]);
+    }
+    struct attn_job job = {ctx, layer, batch,
+                           {(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v,
+                            1.0f / sqrtf((float)hp->head_dim_k)}};
+    threadpool_run(ctx->pool, attn_worker, &job);
+
+    struct cpu_acts out_acts = {0};
+    project(ctx, &lm->wo, n, s->proj, s->attn, &out_acts);
+    if (lw->bo) cpu_add_bias(s->proj, f32_data(lw->bo), n, d);
+    cpu_add(s->x, s->proj, n * d);
+}
+
+/* ---- feed-forward */
+
+/* y = down(silu(gate(xn)) * up(xn)) for n tokens. */
+static void swiglu_ffn(struct exec_ctx *ctx, const struct cpu_matrix *gate, const struct cpu_matrix *up,
+                       const struct cpu_matrix *down, int64_t n, float *y) {
+    struct exec_scratch *s = &ctx->s;
+    const int64_t ff = gate->n_rows;
+    struct cpu_acts acts = {0};
+    project(ctx, gate, n, s->gate, s->xn, &acts);
+    project(ctx, up, n, s->up, s->xn, &acts);
+    cpu_swiglu(s->gate, s->up, s->gate, n * ff);
+    struct cpu_acts hidden = {0};
+    project(ctx, down, n, y, s->gate, &hidden);
+}
+
+void shard_ffn_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *batch) {
+    const struct model_hparams *hp = &ctx->model->hp;
+    const int64_t n = batch->n_tokens, d = hp->n_embd;
+    const struct layer_mats *lm = &ctx->mats[layer];
+    rmsnorm_rows(ctx->s.x, ctx->w.layers[layer].ffn_norm, ctx->s.xn, n, d, hp->rms_eps);
+    swiglu_ffn(ctx, &lm->ffn_gate, &lm->ffn_up, &lm->ffn_down, n, ctx->s.proj);
+    cpu_add(ctx->s.x, ctx->s.proj, n * d);
+}
+
+void shard_moe_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *batch) {
+    const struct model_hparams *hp = &ctx->model->hp;
+    const struct layer_weights *lw = &ctx->w.layers[layer];
+    const struct layer_mats *lm = &ctx->mats[layer];
+    struct exec_scratch *s = &ctx->s;
+    const int64_t n = batch->n_tokens, d = hp->n_embd;
+    const int k = (int)hp->n_expert_used;
+
+    rmsnorm_rows(s->x, lw->ffn_norm, s->xn, n, d, hp->rms_eps);
+    struct cpu_acts router_acts = {0};
+    project(ctx, &lm->gate_inp, n, s->router, s->xn, &router_acts);
+    cpu_moe_route(s->router, n, hp->n_expert, k, ctx->w.norm_expert_weights, s->expert_ids, s->expert_weights);
+
+    struct cpu_acts acts;
+    cpu_quantize_acts(ctx->pool, &lm->gate_exps, s->xn, n, s->acts, &acts);
+    struct moe_routing routing = {n, k, s->expert_ids, s->expert_weights};
+    cpu_moe(ctx->pool, &lm->gate_exps, &lm->up_exps, &lm->down_exps, &acts, &routing, &s->moe, s->proj);
+    /* Bytes: each distinct chosen expert once. */
+    for (int64_t e = 0; e < hp->n_expert; e++)
+        if (s->moe.expert_start[e + 1] > s->moe.expert_start[e])
+            ctx->stats.weight_bytes_read += (uint64_t)(lm->gate_exps.n_rows * lm->gate_exps.row_bytes +
+                                                       lm->up_exps.n_rows * lm->up_exps.row_bytes +
+                                                       lm->down_exps.n_rows * lm->down_exps.row_bytes);
+    cpu_add(s->x, s->proj, n * d);
+
+    if (lw->gate_shexp) {
+        swiglu_ffn(ctx, &lm->gate_shexp, &lm->up_shexp, &lm->down_shexp, n, s->proj);
+        if (lw->gate_inp_shexp) {
+            const float *g = f32_data(lw->gate_inp_shexp);
+            for (int64_t t = 0; t < n; t++) {
+                float logit = 0.0f;
+                for (int64_t i = 0; i < d; i++) logit += g[i] * s->xn[t * d + i];
+                const float gate = 1.0f / (1.0f + expf(-logit));
+                for (int64_t i = 0; i < d; i++) s->proj[t * d + i] *= gate;
+            }
+        }
+        cpu_add(s->x, s->proj, n * d);
+    }
+}
+
+void shard_head_cpu(struct exec_ctx *ctx, const struct exec_batch *batch) {
+    const struct model_hparams *hp = &ctx->model->hp;
+    const int64_t d = hp->n_embd;
+    struct exec_scratch *s = &ctx->s;
+    const int32_t n_out = ctx->stats.n_outputs;
+    for (int32_t i = 0; i < n_out; i++)
+        cpu_rmsnorm(s->x + (int64_t)s->out_rows[i] * d, f32_data(ctx->w.output_norm), s->xn + (int64_t)i * d, d, hp->rms_eps);
+    struct cpu_acts acts = {0};
+    project(ctx, &ctx->output, n_out, s->logits, s->xn, &acts);
+}

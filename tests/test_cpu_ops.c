@@ -1,0 +1,176 @@
+/* CPU operators against direct formulas: thread pool ranges, RoPE, online-softmax attention,
+ * top-k, router, matmul against dequantize-then-dot. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/threadpool.h"
+#include "cpu/attention.h"
+#include "cpu/cpu_ops.h"
+#include "cpu/moe.h"
+#include "cpu/rope.h"
+#include "quant/half.h"
+
+static float frand(uint32_t *state) {
+    *state = *state * 1664525u + 1013904223u;
+    return (float)((*state >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+struct count_job {
+    int64_t n;
+    int64_t *hits;
+};
+
+static void count_worker(void *p, int thread, int n_threads) {
+    struct count_job *job = p;
+    int64_t b, e;
+    threadpool_range(job->n, 7, thread, n_threads, &b, &e);
+    for (int64_t i = b; i < e; i++) __atomic_fetch_add(&job->hits[i], 1, __ATOMIC_RELAXED);
+}
+
+static void test_threadpool_covers_every_index_once(void **state) {
+    (void)state;
+    for (int threads = 1; threads <= 5; threads++) {
+        struct threadpool *pool;
+        assert_int_equal(threadpool_create(threads, &pool), PSHARD_OK);
+        assert_int_equal(threadpool_size(pool), threads);
+        for (int64_t n = 0; n < 100; n += 13) {
+            int64_t hits[100] = {0};
+            struct count_job job = {n, hits};
+            for (int rep = 0; rep < 50; rep++) threadpool_run(pool, count_worker, &job);
+            for (int64_t i = 0; i < 100; i++) assert_int_equal(hits[i], i < n ? 50 : 0);
+        }
+        threadpool_free(pool);
+    }
+}
+
+static void test_rope_matches_formula(void **state) {
+    (void)state;
+    for (int neox = 0; neox < 2; neox++) {
+        struct rope_params p = {.n_dims = 16, .neox = neox, .freq_base = 10000.0f, .freq_scale = 1.0f, .attn_factor = 1.0f};
+        float cs[16], x[2 * 24], ref[2 * 24];
+        uint32_t seed = 7;
+        for (int i = 0; i < 48; i++) x[i] = ref[i] = frand(&seed);
+        const int pos = 37;
+        cpu_rope_table(&p, pos, cs);
+        cpu_rope_apply(&p, cs, x, 2, 24);
+        for (int h = 0; h < 2; h++)
+            for (int i = 0; i < 8; i++) {
+                double theta = pos * pow(10000.0, -2.0 * i / 16);
+                int a = neox ? i : 2 * i, b = neox ? i + 8 : 2 * i + 1;
+                double x0 = ref[h * 24 + a], x1 = ref[h * 24 + b];
+                assert_float_equal(x[h * 24 + a], x0 * cos(theta) - x1 * sin(theta), 1e-4);
+                assert_float_equal(x[h * 24 + b], x0 * sin(theta) + x1 * cos(theta), 1e-4);
+            }
+        for (int h = 0; h < 2; h++) /* dimensions past n_dims pass through */
+            for (int i = 16; i < 24; i++) assert_true(x[h * 24 + i] == ref[h * 24 + i]);
+    }
+}
+
+static void test_attention_matches_naive_softmax(void **state) {
+    (void)state;
+    const struct cpu_attn_shape s = {4, 2, 32, 16, 1.0f / sqrtf(32.0f)};
+    const int64_t n_cells = 150; /* crosses several key blocks */
+    uint16_t *k = malloc(sizeof(uint16_t) * n_cells * 2 * 32), *v = malloc(sizeof(uint16_t) * n_cells * 2 * 16);
+    float q[4 * 32], out[4 * 16];
+    uint32_t seed = 11;
+    for (int64_t i = 0; i < n_cells * 64; i++) k[i] = half_from_f32(3 * frand(&seed));
+    for (int64_t i = 0; i < n_cells * 32; i++) v[i] = half_from_f32(frand(&seed));
+    for (int i = 0; i < 128; i++) q[i] = frand(&seed);
+    cpu_attention_heads(&s, q, k, v, n_cells, 0, 4, out);
+    for (int h = 0; h < 4; h++) {
+        const int kvh = h / 2;
+        double scores[150], max = -1e30, sum = 0;
+        for (int64_t c = 0; c < n_cells; c++) {
+            double d = 0;
+            for (int i = 0; i < 32; i++)
+                d += half_to_f32(half_from_f32(q[h * 32 + i])) * half_to_f32(k[c * 64 + kvh * 32 + i]);
+            scores[c] = d * s.scale;
+            max = scores[c] > max ? scores[c] : max;
+        }
+        for (int64_t c = 0; c < n_cells; c++) sum += scores[c] = exp(scores[c] - max);
+        for (int i = 0; i < 16; i++) {
+            double o = 0;
+            for (int64_t c = 0; c < n_cells; c++) o += scores[c] / sum * half_to_f32(v[c * 32 + kvh * 16 + i]);
+            assert_float_equal(out[h * 16 + i], o, 1e-5);
+        }
+    }
+    free(k);
+    free(v);
+}
+
+static void test_topk_and_router(void **state) {
+    (void)state;
+    const float x[8] = {0.1f, 0.9f, -1.0f, 0.9f, 0.5f, 2.0f, 0.0f, 0.3f};
+    int32_t idx[3];
+    cpu_topk(x, 8, 3, idx);
+    assert_int_equal(idx[0], 5);
+    assert_int_equal(idx[1], 1); /* ties: the lower index first */
+    assert_int_equal(idx[2], 3);
+    float logits[2 * 8];
+    memcpy(logits, x, sizeof x);
+    memcpy(logits + 8, x, sizeof x);
+    int32_t ids[4];
+    float w[4];
+    cpu_moe_route(logits, 2, 8, 2, true, ids, w);
+    assert_int_equal(ids[0], 5);
+    assert_int_equal(ids[1], 1);
+    assert_float_equal(w[0] + w[1], 1.0f, 1e-6);
+    assert_float_equal(w[0] / w[1], expf(2.0f - 0.9f), 1e-4);
+}
+
+/* matmul of every supported type equals dequantize-then-dot on the same quantized
+ * activations' dequantized values, within the activation rounding. */
+static void test_matmul_against_dequantized(void **state) {
+    (void)state;
+    const enum quant_type types[] = {QUANT_F32, QUANT_F16, QUANT_BF16, QUANT_Q4_0, QUANT_Q4_1, QUANT_Q5_0,
+                                     QUANT_Q5_1, QUANT_Q8_0, QUANT_Q4_K, QUANT_Q6_K};
+    struct threadpool *pool;
+    assert_int_equal(threadpool_create(3, &pool), PSHARD_OK);
+    const int64_t cols = 512, rows = 70, n_tok = 5;
+    float *wf = malloc(sizeof(float) * rows * cols), *x = malloc(sizeof(float) * n_tok * cols);
+    float *deq = malloc(sizeof(float) * rows * cols), *y = malloc(sizeof(float) * n_tok * rows);
+    uint8_t *wq = malloc(rows * cols * 4), *acts = malloc(n_tok * cols * 4 + 64);
+    uint32_t seed = 3;
+    for (int64_t i = 0; i < rows * cols; i++) wf[i] = frand(&seed) * 0.1f;
+    for (int64_t i = 0; i < n_tok * cols; i++) x[i] = frand(&seed);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const enum quant_type type = types[ti];
+        if (!quant_can_quantize(type)) continue;
+        const size_t row_bytes = quant_row_bytes(type, cols);
+        for (int64_t r = 0; r < rows; r++) {
+            assert_int_equal(quant_quantize_row(type, wf + r * cols, wq + r * row_bytes, cols), PSHARD_OK);
+            assert_int_equal(quant_dequantize_row(type, wq + r * row_bytes, deq + r * cols, cols), PSHARD_OK);
+        }
+        struct cpu_matrix m = {type, wq, cols, rows, 1, row_bytes, quant_kernels_get(type)};
+        cpu_matmul(pool, &m, x, n_tok, y, acts);
+        for (int64_t t = 0; t < n_tok; t++)
+            for (int64_t r = 0; r < rows; r++) {
+                double ref = 0, mag = 0;
+                for (int64_t c = 0; c < cols; c++) {
+                    ref += (double)deq[r * cols + c] * x[t * cols + c];
+                    mag += fabs((double)deq[r * cols + c] * x[t * cols + c]);
+                }
+                /* activations are rounded to 8 bits (or f16/bf16) for the integer kernels */
+                if (fabs(y[t * rows + r] - ref) > 0.02 * mag + 1e-5)
+                    fail_msg("%s row %ld token %ld: %f vs %f", quant_type_name(type), (long)r, (long)t, y[t * rows + r], ref);
+            }
+    }
+    threadpool_free(pool);
+    free(wf), free(x), free(deq), free(y), free(wq), free(acts);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_threadpool_covers_every_index_once), cmocka_unit_test(test_rope_matches_formula),
+        cmocka_unit_test(test_attention_matches_naive_softmax),   cmocka_unit_test(test_topk_and_router),
+        cmocka_unit_test(test_matmul_against_dequantized),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

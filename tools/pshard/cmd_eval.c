@@ -1,0 +1,120 @@
+/* `pshard eval`: run a given token sequence (or a tokenized text) through the model and write
+ * the logits of every position, for comparing engines and placements. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "engine/engine_internal.h"
+
+static void print_usage(FILE *out) {
+    fprintf(out, "usage: pshard eval [-m MODEL] (--tokens 1,2,3 | -p TEXT) -o LOGITS.f32 [-c N] [-b N] [-t N]\n"
+                 "  Writes float32 logits [n_tokens][n_vocab] of every position to the output file and prints\n"
+                 "  the argmax of each position. -p tokenizes TEXT as `run --raw` does.\n");
+}
+
+static int parse_tokens(const char *text, int32_t **out, int32_t *n) {
+    int32_t cap = 64, count = 0;
+    int32_t *ids = malloc(sizeof *ids * (size_t)cap);
+    for (const char *p = text; ids && *p;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v > 0x7fffffff) {
+            free(ids);
+            return -1;
+        }
+        if (count == cap) {
+            int32_t *grown = realloc(ids, sizeof *ids * (size_t)(cap *= 2));
+            if (!grown) break;
+            ids = grown;
+        }
+        ids[count++] = (int32_t)v;
+        p = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') {
+            free(ids);
+            return -1;
+        }
+    }
+    *out = ids;
+    *n = count;
+    return ids && count ? 0 : -1;
+}
+
+int cmd_eval(int argc, char **argv) {
+    const char *tokens_arg = NULL, *out_path = NULL, *prompt = NULL, *model = NULL;
+    pshard_params params;
+    pshard_params_default(&params);
+    params.prefault = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { print_usage(stdout); return 0; }
+        else if (!strcmp(argv[i], "--tokens") && v) tokens_arg = argv[++i];
+        else if (!strcmp(argv[i], "-p") && v) prompt = argv[++i];
+        else if (!strcmp(argv[i], "-o") && v) out_path = argv[++i];
+        else if (!strcmp(argv[i], "-m") && v) model = argv[++i];
+        else if (!strcmp(argv[i], "-c") && v) params.n_ctx = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-b") && v) params.n_batch = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-t") && v) params.n_threads = atoi(argv[++i]);
+        else { print_usage(stderr); return 2; }
+    }
+    if ((!tokens_arg && !prompt) || !out_path) { print_usage(stderr); return 2; }
+    char default_path[4096];
+    if (!model) {
+        if (cli_default_model(default_path, sizeof default_path) != 0) return 1;
+        model = default_path;
+    }
+    params.model_path = model;
+    pshard_ctx *ctx = NULL;
+    if (pshard_open(&params, &ctx) != PSHARD_OK) {
+        fprintf(stderr, "pshard eval: %s\n", pshard_last_error());
+        return 1;
+    }
+    int32_t *ids = NULL, n = 0;
+    int rc = 1;
+    if (tokens_arg && parse_tokens(tokens_arg, &ids, &n) != 0) {
+        fprintf(stderr, "pshard eval: --tokens expects comma-separated token ids\n");
+        goto done;
+    }
+    if (prompt) {
+        struct tok_ids t = {0};
+        if (tok_encode(ctx->tok, prompt, strlen(prompt), TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, &t) != PSHARD_OK) {
+            fprintf(stderr, "pshard eval: %s\n", pshard_last_error());
+            goto done;
+        }
+        ids = t.ids;
+        n = (int32_t)t.n;
+    }
+    FILE *out = fopen(out_path, "wb");
+    if (!out) {
+        perror(out_path);
+        goto done;
+    }
+    const int32_t n_batch = ctx->params.n_batch, n_vocab = exec_n_vocab(ctx->exec);
+    printf("argmax:");
+    for (int32_t start = 0; start < n; start += n_batch) {
+        const int32_t m = n - start < n_batch ? n - start : n_batch;
+        for (int32_t i = 0; i < m; i++) {
+            ctx->batch_pos[i] = start + i;
+            ctx->batch_logits[i] = 1;
+        }
+        struct exec_batch b = {m, ids + start, ctx->batch_pos, ctx->batch_seq, ctx->batch_logits};
+        if (exec_step(ctx->exec, &b) != PSHARD_OK) {
+            fprintf(stderr, "\npshard eval: %s\n", pshard_last_error());
+            fclose(out);
+            goto done;
+        }
+        for (int32_t i = 0; i < m; i++) {
+            const float *l = exec_logits(ctx->exec, i);
+            int32_t best = 0;
+            for (int32_t j = 1; j < n_vocab; j++) best = l[j] > l[best] ? j : best;
+            printf(" %d", best);
+            fwrite(l, sizeof(float), (size_t)n_vocab, out);
+        }
+    }
+    printf("\n");
+    rc = fclose(out) == 0 ? 0 : 1;
+done:
+    free(ids);
+    pshard_close(ctx);
+    return rc;
+}

@@ -1,0 +1,169 @@
+/* `pshard run` (one prompt) and `pshard chat` (an interactive conversation): options, the
+ * loading progress bar, streaming output and the speed report. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "pshard.h"
+
+static void print_usage(FILE *out, const char *cmd) {
+    fprintf(out,
+            "usage: pshard %s [-m MODEL] %s[options]\n"
+            "  -m, --model PATH        GGUF model (default: SmolLM2-135M-Instruct, or $PSHARD_MODEL)\n"
+            "%s"
+            "  -n, --n-predict N       most tokens to generate (default 256; -1: until the context is full)\n"
+            "  -c, --ctx-size N        context length (default 4096, at most the model's)\n"
+            "  -b, --batch-size N      prompt tokens per step (default 512)\n"
+            "  -t, --threads N         CPU threads (default: all cores)\n"
+            "  --temp T                temperature; 0 is greedy (default 0.8)\n"
+            "  --top-k K, --top-p P, --min-p P   filters (default 40, 0.95, 0.05; 0/1/0 turn them off)\n"
+            "  --repeat-penalty R, --presence-penalty P, --frequency-penalty F, --repeat-last-n N\n"
+            "  --seed S                random seed (same seed, same output)\n"
+            "  --system TEXT           system message\n"
+            "  --raw                   no chat template: continue the prompt text as it is\n"
+            "  --no-prefault           do not read the weights in at load (pages load on first use)\n"
+            "  --ids                   print the generated token ids after the text\n"
+            "  -q, --quiet             no load progress and no speed report\n",
+            cmd, strcmp(cmd, "run") ? "" : "-p PROMPT ",
+            strcmp(cmd, "run") ? "" : "  -p, --prompt TEXT       the prompt (required)\n");
+}
+
+static int parse_number(const char *flag, const char *text, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || end == text || *end || v < lo || v > hi) {
+        fprintf(stderr, "pshard: %s expects a number in [%g, %g], got '%s'\n", flag, lo, hi, text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Returns 0 on success, 1 when help was printed, -1 on a bad option. */
+int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
+    memset(o, 0, sizeof *o);
+    pshard_params_default(&o->params);
+    pshard_gen_opts_default(&o->gen);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        double x;
+#define NUM(lo, hi) (v ? (i++, parse_number(a, v, lo, hi, &x)) : (fprintf(stderr, "pshard: %s needs a value\n", a), -1))
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { print_usage(stdout, cmd); return 1; }
+        else if (!strcmp(a, "--raw")) o->raw = 1;
+        else if (!strcmp(a, "--ids")) o->print_ids = 1;
+        else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = 1;
+        else if (!strcmp(a, "--no-prefault")) o->params.prefault = 0;
+        else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) o->model = argv[++i];
+        else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && v) o->prompt = argv[++i];
+        else if (!strcmp(a, "--system") && v) o->system = argv[++i];
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) { if (NUM(-1, 1e9)) return -1; o->gen.n_predict = (int32_t)x; }
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { if (NUM(1, 1 << 24)) return -1; o->params.n_ctx = (int32_t)x; }
+        else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) { if (NUM(1, 65536)) return -1; o->params.n_batch = (int32_t)x; }
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (NUM(1, 1024)) return -1; o->params.n_threads = (int32_t)x; }
+        else if (!strcmp(a, "--temp")) { if (NUM(0, 100)) return -1; o->gen.sampling.temperature = (float)x; }
+        else if (!strcmp(a, "--top-k")) { if (NUM(0, 1e9)) return -1; o->gen.sampling.top_k = (int32_t)x; }
+        else if (!strcmp(a, "--top-p")) { if (NUM(1e-6, 1)) return -1; o->gen.sampling.top_p = (float)x; }
+        else if (!strcmp(a, "--min-p")) { if (NUM(0, 1)) return -1; o->gen.sampling.min_p = (float)x; }
+        else if (!strcmp(a, "--repeat-penalty")) { if (NUM(1e-3, 100)) return -1; o->gen.sampling.repeat_penalty = (float)x; }
+        else if (!strcmp(a, "--presence-penalty")) { if (NUM(-100, 100)) return -1; o->gen.sampling.presence_penalty = (float)x; }
+        else if (!strcmp(a, "--frequency-penalty")) { if (NUM(-100, 100)) return -1; o->gen.sampling.frequency_penalty = (float)x; }
+        else if (!strcmp(a, "--repeat-last-n")) { if (NUM(0, 1 << 20)) return -1; o->gen.sampling.penalty_last_n = (int32_t)x; }
+        else if (!strcmp(a, "--seed")) { if (NUM(0, 1.8e19)) return -1; o->gen.sampling.seed = (uint64_t)x; }
+        else {
+            fprintf(stderr, "pshard %s: unknown or incomplete option '%s'\n", cmd, a);
+            print_usage(stderr, cmd);
+            return -1;
+        }
+#undef NUM
+    }
+    return 0;
+}
+
+static int progress_bar(void *user, uint64_t done, uint64_t total) {
+    (void)user;
+    const int width = 30, filled = total ? (int)(width * done / total) : width;
+    fprintf(stderr, "\rloading [%.*s%*s] %3d%% %.2f/%.2f GB", filled, "##############################", width - filled, "",
+            total ? (int)(100 * done / total) : 100, done / 1e9, total / 1e9);
+    if (done >= total) fputc('\n', stderr);
+    return 0;
+}
+
+static int print_text(void *user, const char *text, size_t len) {
+    (void)user;
+    fwrite(text, 1, len, stdout);
+    fflush(stdout);
+    return 0;
+}
+
+void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *s) {
+    pshard_info info;
+    pshard_get_info(ctx, &info);
+    char bytes[32];
+    fprintf(stderr, "\nprompt: %d tokens (%d reused) in %.0f ms = %.1f tok/s; TTFT %.0f ms\n", s->n_prompt,
+            s->n_prompt_cached, s->prefill_ms, s->prefill_ms > 0 ? s->n_prompt * 1e3 / s->prefill_ms : 0.0, s->ttft_ms);
+    if (s->n_generated > 1 && s->decode_ms > 0) {
+        const double tps = (s->n_generated - 1) * 1e3 / s->decode_ms;
+        fprintf(stderr, "decode: %d tokens at %.1f tok/s; %s of weights read per token = %.1f GB/s (%d threads)\n",
+                s->n_generated, tps, cli_format_bytes(s->decode_weight_bytes, bytes, sizeof bytes),
+                s->decode_weight_bytes * tps / 1e9, info.n_threads);
+    }
+}
+
+pshard_ctx *run_open_model(struct run_opts *o) {
+    if (!o->model) {
+        if (cli_default_model(o->default_path, sizeof o->default_path) != 0) return NULL;
+        o->model = o->default_path;
+    }
+    o->params.model_path = o->model;
+    if (!o->quiet && isatty(2)) o->params.progress = progress_bar;
+    pshard_ctx *ctx = NULL;
+    if (pshard_open(&o->params, &ctx) != PSHARD_OK) {
+        fprintf(stderr, "pshard: %s\n", pshard_last_error());
+        return NULL;
+    }
+    return ctx;
+}
+
+int cmd_run(int argc, char **argv) {
+    struct run_opts o;
+    int rc = run_parse_args(argc, argv, "run", &o);
+    if (rc) return rc > 0 ? 0 : 2;
+    if (!o.prompt) {
+        fprintf(stderr, "pshard run: a prompt is required (-p TEXT)\n");
+        return 2;
+    }
+    int32_t ids[4096];
+    o.gen.out_tokens = ids;
+    o.gen.out_tokens_cap = 4096;
+    pshard_ctx *ctx = run_open_model(&o);
+    if (!ctx) return 1;
+    pshard_gen_stats stats;
+    pshard_status st;
+    if (o.raw) {
+        st = pshard_generate(ctx, o.prompt, &o.gen, print_text, NULL, &stats);
+    } else {
+        pshard_message msgs[2] = {{"system", o.system}, {"user", o.prompt}};
+        st = o.system ? pshard_chat(ctx, msgs, 2, &o.gen, print_text, NULL, &stats)
+                      : pshard_chat(ctx, msgs + 1, 1, &o.gen, print_text, NULL, &stats);
+    }
+    if (st != PSHARD_OK) {
+        fprintf(stderr, "pshard: %s\n", pshard_last_error());
+        pshard_close(ctx);
+        return 1;
+    }
+    printf("\n");
+    if (o.print_ids) {
+        printf("ids:");
+        for (int32_t i = 0; i < stats.n_generated && i < o.gen.out_tokens_cap; i++) printf(" %d", ids[i]);
+        printf("\n");
+    }
+    if (!o.quiet) run_print_stats(ctx, &stats);
+    pshard_close(ctx);
+    return 0;
+}
