@@ -87,6 +87,9 @@ typedef struct pshard_gen_opts {
     int32_t n_predict;      /* most tokens to generate; < 0: until the context is full */
     pshard_sampling sampling;
     int parse_special;      /* recognize special-token text (e.g. <|im_start|>) in the prompt */
+    int ignore_eos;         /* keep generating past end-of-generation tokens (benchmarks) */
+    int default_system;     /* chat: insert the template's own default system message when the
+                               conversation has none (off: small models often answer worse) */
     int32_t *out_tokens;    /* optional: the generated ids */
     int32_t out_tokens_cap;
 } pshard_gen_opts;

@@ -139,6 +139,7 @@ static void test_chat_formats(void **state) {
     chat_template_detect(smol, strlen(smol), &t);
     assert_int_equal(t.format, CHAT_CHATML);
     assert_string_equal(t.default_system, "You are SmolLM");
+    t.use_default_system = 1;
     struct chat_message msgs[] = {{"user", "Hi"}, {"assistant", "Hello!"}, {"user", "Bye"}};
     char out[512];
     size_t n;

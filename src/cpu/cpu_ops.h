@@ -48,6 +48,16 @@ void cpu_quantize_acts(struct threadpool *pool, const struct cpu_matrix *like, c
 void cpu_matmul_acts(struct threadpool *pool, const struct cpu_matrix *m, const struct cpu_acts *acts, float *y,
                      int64_t y_stride);
 
+/* Several products in one parallel job (one barrier instead of one per matrix), e.g. q/k/v
+ * or gate/up, which share their input. */
+struct cpu_matmul_task {
+    const struct cpu_matrix *m;
+    const struct cpu_acts *acts;
+    float *y;
+    int64_t y_stride;
+};
+void cpu_matmul_many(struct threadpool *pool, const struct cpu_matmul_task *tasks, int n_tasks);
+
 /* Both steps; act_buf holds cpu_acts_bytes(m->type, m->n_cols, n_tokens). */
 void cpu_matmul(struct threadpool *pool, const struct cpu_matrix *m, const float *x, int64_t n_tokens, float *y,
                 void *act_buf);

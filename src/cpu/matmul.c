@@ -83,25 +83,43 @@ void cpu_matmul_rows(const struct cpu_matrix *m, const struct cpu_acts *acts, in
     }
 }
 
+enum { MAX_TASKS = 8 };
+
 struct matmul_job {
-    const struct cpu_matrix *m;
-    const struct cpu_acts *acts;
-    float *y;
-    int64_t y_stride;
+    const struct cpu_matmul_task *tasks;
+    int n_tasks;
+    int64_t blocks[MAX_TASKS + 1]; /* prefix sums of row blocks per task */
 };
 
+/* The row blocks of all tasks form one range; each thread takes a contiguous slice of it. */
 static void matmul_worker(void *p, int thread, int n_threads) {
     struct matmul_job *job = p;
     int64_t begin, end;
-    threadpool_range(job->m->n_rows, ROW_BLOCK, thread, n_threads, &begin, &end);
-    if (begin < end) cpu_matmul_rows(job->m, job->acts, begin, end, job->y, job->y_stride);
+    threadpool_range(job->blocks[job->n_tasks], 1, thread, n_threads, &begin, &end);
+    for (int i = 0; i < job->n_tasks && begin < end; i++) {
+        if (begin >= job->blocks[i + 1]) continue;
+        const struct cpu_matmul_task *t = &job->tasks[i];
+        const int64_t b0 = begin - job->blocks[i], b1 = (end < job->blocks[i + 1] ? end : job->blocks[i + 1]) - job->blocks[i];
+        const int64_t r0 = b0 * ROW_BLOCK, r1 = b1 * ROW_BLOCK < t->m->n_rows ? b1 * ROW_BLOCK : t->m->n_rows;
+        cpu_matmul_rows(t->m, t->acts, r0, r1, t->y, t->y_stride);
+        begin = job->blocks[i + 1];
+    }
+}
+
+void cpu_matmul_many(struct threadpool *pool, const struct cpu_matmul_task *tasks, int n_tasks) {
+    for (int start = 0; start < n_tasks; start += MAX_TASKS) {
+        struct matmul_job job = {tasks + start, n_tasks - start < MAX_TASKS ? n_tasks - start : MAX_TASKS, {0}};
+        for (int i = 0; i < job.n_tasks; i++)
+            job.blocks[i + 1] = job.blocks[i] + (job.tasks[i].m->n_rows + ROW_BLOCK - 1) / ROW_BLOCK;
+        if (!pool) matmul_worker(&job, 0, 1);
+        else threadpool_run(pool, matmul_worker, &job);
+    }
 }
 
 void cpu_matmul_acts(struct threadpool *pool, const struct cpu_matrix *m, const struct cpu_acts *acts, float *y,
                      int64_t y_stride) {
-    struct matmul_job job = {m, acts, y, y_stride};
-    if (!pool) matmul_worker(&job, 0, 1);
-    else threadpool_run(pool, matmul_worker, &job);
+    const struct cpu_matmul_task task = {m, acts, y, y_stride};
+    cpu_matmul_many(pool, &task, 1);
 }
 
 void cpu_matmul(struct threadpool *pool, const struct cpu_matrix *m, const float *x, int64_t n_tokens, float *y,

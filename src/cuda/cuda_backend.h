@@ -1,12 +1,29 @@
 /* The CUDA backend as the rest of pshard sees it: plain C, no CUDA headers. Builds without
- * CUDA link src/cuda/none.c, where no device exists. */
+ * CUDA link src/cuda/none.c, where every function exists and fails with "no CUDA".
+ *
+ * Model of use (the executor): one cuda_ctx per device; one cuda_arena of exactly the budget,
+ * from which resident weights, staging slots, the KV cache, activations, per-step scratch and
+ * the cuBLAS workspace are all carved; nothing calls cudaMalloc after that. GPU work of a shard
+ * is enqueued on the compute stream by the kernel functions below, which take device pointers
+ * and return at once; weight copies go on the copy stream, ordered by events. Shapes and sizes
+ * are host values (the executor knows them); per-token data (positions, sequence ids, routing)
+ * lives on the device, so no kernel call needs to read device memory back. */
 #ifndef CUDA_CUDA_BACKEND_H
 #define CUDA_CUDA_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "core/error.h"
+#include "cpu/rope.h"
+#include "quant/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Devices ---------------------------------------------------------------------------- */
 
 struct cuda_device_info {
     char name[256];
@@ -20,5 +37,254 @@ struct cuda_device_info {
 int cuda_device_count(void);
 
 pshard_status cuda_device_describe(int device, struct cuda_device_info *info);
+
+/* Free and total device memory of the current device, now. */
+pshard_status cuda_device_memory(uint64_t *free_bytes, uint64_t *total_bytes);
+
+/* ---- Context: a device, its two streams, cuBLAS ------------------------------------------- */
+
+typedef struct cuda_stream_opaque *cuda_stream; /* a cudaStream_t */
+typedef struct cuda_event_opaque *cuda_event;   /* a cudaEvent_t */
+
+/* What creating the context cost in device memory. The context (and cuBLAS's handle) live
+ * outside the arena; the budget accounts for them separately. */
+struct cuda_ctx_info {
+    char name[256];
+    int sm_count;
+    uint64_t l2_bytes, total_bytes;
+    bool measured_before;         /* NVML gave the free memory before the context existed */
+    uint64_t free_before_bytes;   /* NVML, before the CUDA context (0 if not measured) */
+    uint64_t free_after_bytes;    /* cudaMemGetInfo right after the context was created */
+    uint64_t context_bytes;       /* free_before - free_after; else total - free_after */
+    uint64_t blas_bytes;          /* device memory cublasCreate took */
+};
+
+struct cuda_ctx;
+
+/* Make `device` current, create its primary context, a compute and a copy stream (both
+ * non-blocking) and a cuBLAS handle, measuring the memory each took. */
+pshard_status cuda_ctx_create(int device, struct cuda_ctx **out);
+void cuda_ctx_destroy(struct cuda_ctx *ctx);
+const struct cuda_ctx_info *cuda_ctx_info(const struct cuda_ctx *ctx);
+cuda_stream cuda_ctx_compute_stream(const struct cuda_ctx *ctx);
+cuda_stream cuda_ctx_copy_stream(const struct cuda_ctx *ctx);
+
+/* cuBLAS's workspace, carved from the arena (without it cuBLAS would cudaMalloc its own). */
+enum { CUDA_BLAS_WORKSPACE_BYTES = 32 << 20 };
+pshard_status cuda_ctx_set_blas_workspace(struct cuda_ctx *ctx, void *dev, size_t bytes);
+
+/* Which kernel multiplies many tokens (n_tokens > CUDA_MATVEC_MAX_TOKENS): AUTO picks the one
+ * measured faster on this class of GPU (bench/cuda_kernels.md). */
+enum cuda_gemm_path { CUDA_GEMM_AUTO, CUDA_GEMM_FUSED, CUDA_GEMM_CUBLAS };
+void cuda_ctx_set_gemm_path(struct cuda_ctx *ctx, enum cuda_gemm_path path);
+
+/* ---- Device memory: one allocation, carved by a bump allocator ---------------------------- */
+
+enum { CUDA_ARENA_ALIGN = 256, CUDA_ARENA_LOG = 128 };
+
+struct cuda_arena_entry {
+    size_t offset, bytes;
+    const char *what; /* a static string naming the use ("kv", "weights", "scratch") */
+};
+
+struct cuda_arena {
+    uint8_t *base; /* device memory */
+    size_t size, used, peak;
+    size_t n_allocs, n_log;
+    struct cuda_arena_entry log[CUDA_ARENA_LOG]; /* the first CUDA_ARENA_LOG live allocations */
+};
+
+/* One cudaMalloc of exactly `bytes` on the current device. */
+pshard_status cuda_arena_create(struct cuda_arena *a, size_t bytes);
+void cuda_arena_destroy(struct cuda_arena *a);
+
+/* `bytes` rounded up to CUDA_ARENA_ALIGN; fails (PSHARD_ERR_NOMEM, naming `what`) when full. */
+pshard_status cuda_arena_alloc(struct cuda_arena *a, size_t bytes, const char *what, void **out);
+
+/* Per-step scratch: take a mark, allocate, reset to the mark. */
+size_t cuda_arena_mark(const struct cuda_arena *a);
+void cuda_arena_reset(struct cuda_arena *a, size_t mark);
+
+/* A human-readable summary: size, used, peak, and the live allocations summed by `what`.
+ * Returns the length written (snprintf semantics). */
+int cuda_arena_report(const struct cuda_arena *a, char *buf, size_t len);
+
+/* ---- Streams, events, copies -------------------------------------------------------------- */
+
+pshard_status cuda_stream_create(cuda_stream *out);
+void cuda_stream_destroy(cuda_stream s);
+pshard_status cuda_stream_sync(cuda_stream s);
+
+/* timing = false makes the lighter event that ordering needs. */
+pshard_status cuda_event_create(bool timing, cuda_event *out);
+void cuda_event_destroy(cuda_event e);
+pshard_status cuda_event_record(cuda_event e, cuda_stream s);
+/* Work enqueued on s after this call waits for e (no host block). */
+pshard_status cuda_stream_wait(cuda_stream s, cuda_event e);
+pshard_status cuda_event_sync(cuda_event e);
+pshard_status cuda_event_done(cuda_event e, bool *done);
+pshard_status cuda_event_elapsed_ms(cuda_event start, cuda_event end, float *ms);
+
+/* Asynchronous copies on s. Host memory should be pinned (below) or the copy is slow and
+ * synchronous with the host. */
+pshard_status cuda_copy_h2d(void *dst_dev, const void *src_host, size_t bytes, cuda_stream s);
+pshard_status cuda_copy_d2h(void *dst_host, const void *src_dev, size_t bytes, cuda_stream s);
+pshard_status cuda_copy_d2d(void *dst_dev, const void *src_dev, size_t bytes, cuda_stream s);
+pshard_status cuda_memset(void *dst_dev, int value, size_t bytes, cuda_stream s);
+
+/* ---- Pinned host memory ------------------------------------------------------------------- */
+
+struct cuda_pinned {
+    void *ptr;       /* what the caller asked for */
+    size_t bytes;
+    void *base;      /* page-aligned range actually registered / allocated */
+    size_t base_bytes;
+    bool pinned;     /* false: registration failed and the range stayed pageable */
+    bool allocated;  /* from cuda_host_alloc */
+    bool read_only;  /* registered with cudaHostRegisterReadOnly */
+};
+
+/* Pin an existing range (e.g. part of an mmapped file), widened to whole pages. Tries a
+ * read-only registration first (needed for PROT_READ mappings), then a plain one. When both
+ * fail: with `required`, an error saying why and what it costs; without, PSHARD_OK with
+ * pinned = false (the caller may copy from pageable memory at a fifth of the speed). */
+pshard_status cuda_host_register(void *ptr, size_t bytes, bool required, struct cuda_pinned *out);
+/* Fresh pinned memory (cudaMallocHost). */
+pshard_status cuda_host_alloc(size_t bytes, struct cuda_pinned *out);
+/* Unregister or free, whichever applies; safe on a zeroed struct. */
+void cuda_pinned_release(struct cuda_pinned *p);
+
+/* ---- Weights and activations ---------------------------------------------------------------- */
+
+/* A weight matrix in device memory: n_rows rows of n_cols elements of `type`, rows row_bytes
+ * apart, in GGUF's block layout. For a 3-D expert tensor, n_experts matrices follow each other
+ * and `data` is expert 0. */
+struct cuda_matrix {
+    enum quant_type type;
+    const void *data;
+    int64_t n_cols, n_rows, n_experts;
+    size_t row_bytes;
+};
+
+/* Whether the kernels compute with `type` (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+ * Q2_K..Q6_K); rows must also have a multiple of 32 elements. */
+bool cuda_type_supported(enum quant_type type);
+
+/* Format of the activations cuda_matvec wants for weights of `type`: Q8_1 for the 32-element
+ * formats (its d and quants are those of Q8_0, byte for byte, but 4-byte aligned, so the
+ * Q8_0-based dots read them directly and compute exactly the CPU's integers), Q8_K for the K
+ * formats, F16/BF16/F32 for the float formats. */
+enum quant_type cuda_act_type(enum quant_type weight_type);
+size_t cuda_act_row_bytes(enum quant_type act_type, int64_t n_cols);
+
+/* x [n_rows][n_cols] f32 -> out [n_rows][cuda_act_row_bytes(act_type)], act_type one of F32,
+ * F16, BF16, Q8_0, Q8_1, Q8_K, byte-identical to quant_act_*_ref. */
+pshard_status cuda_quantize(enum quant_type act_type, const float *x, int64_t n_cols, int64_t n_rows, void *out,
+                            cuda_stream s);
+
+/* Most tokens one matrix-vector launch takes (more are done in passes of this many). */
+enum { CUDA_MATVEC_MAX_TOKENS = 8 };
+
+/* y[t][r] (y_stride floats per token) = row r of m . token t of acts, for n_tokens <= 8 token
+ * rows quantized by cuda_quantize(cuda_act_type(m->type)). Bandwidth-bound: every weight byte
+ * is read once per call. */
+pshard_status cuda_matvec(const struct cuda_matrix *m, const void *acts, int n_tokens, float *y, int64_t y_stride,
+                          cuda_stream s);
+
+/* y = x . m^T for any n_tokens: quantize + matvec up to 8 tokens, else the f16 tensor-core path
+ * (the fused dequantizing kernel, or dequantization into `work` + cuBLAS). `work` holds at
+ * least cuda_matmul_work_bytes(m, n_tokens); more lets the cuBLAS path dequantize more rows per
+ * call. */
+size_t cuda_matmul_work_bytes(const struct cuda_matrix *m, int64_t n_tokens);
+pshard_status cuda_matmul(struct cuda_ctx *ctx, const struct cuda_matrix *m, const float *x, int64_t n_tokens,
+                          float *y, int64_t y_stride, void *work, size_t work_bytes, cuda_stream s);
+
+/* Rows [row0, row0 + n_rows) of m as f16 (out [n_rows][n_cols]). */
+pshard_status cuda_dequantize_f16(const struct cuda_matrix *m, int64_t row0, int64_t n_rows, uint16_t *out,
+                                  cuda_stream s);
+
+/* Embedding lookup: out[i] = row rows[i] of m, dequantized to f32 exactly as the CPU does. */
+pshard_status cuda_get_rows(const struct cuda_matrix *m, const int32_t *rows, int64_t n, float *out, cuda_stream s);
+
+/* ---- Element-wise operators (f32 row-major activations) ---------------------------------- */
+
+/* out = x / rms(x) * w per row of n (w may be NULL); for q/k norms pass heads as rows. */
+pshard_status cuda_rmsnorm(const float *x, const float *w, float *out, int64_t n_rows, int64_t n, float eps,
+                           cuda_stream s);
+pshard_status cuda_add(float *acc, const float *x, int64_t n, cuda_stream s);
+pshard_status cuda_add_bias(float *x, const float *bias, int64_t n_rows, int64_t n, cuda_stream s);
+/* out[i] = silu(gate[i]) * up[i] (out may be gate). */
+pshard_status cuda_swiglu(const float *gate, const float *up, float *out, int64_t n, cuda_stream s);
+
+/* RoPE as src/cpu/rope.c: cs [n_tokens][p->n_dims] from device positions; p->freq_factors is
+ * ignored (a host pointer): pass the device copy as freq_factors (or NULL). */
+pshard_status cuda_rope_table(const struct rope_params *p, const float *freq_factors, const int32_t *pos,
+                              int64_t n_tokens, float *cs, cuda_stream s);
+/* Rotate x [n_tokens][n_heads * head_size] in place with cs [n_tokens][n_dims]. */
+pshard_status cuda_rope_apply(const struct rope_params *p, const float *cs, float *x, int64_t n_tokens, int n_heads,
+                              int head_size, cuda_stream s);
+
+/* ---- KV cache and attention ------------------------------------------------------------------ */
+
+/* One layer's f16 cache, laid out as src/exec/kv_cache.h: k + seq * seq_stride_k is sequence
+ * seq's cell 0; a cell holds n_head_kv * head_k (v: head_v) values. */
+struct cuda_kv_layer {
+    uint16_t *k, *v;
+    int64_t seq_stride_k, seq_stride_v; /* elements: n_ctx * width */
+};
+
+/* Round k [n_tokens][n_head_kv*head_k] and v to f16 into cell pos[t] of sequence seq[t]. */
+pshard_status cuda_kv_store(const struct cuda_kv_layer *kv, const float *k, const float *v, int64_t k_width,
+                            int64_t v_width, const int32_t *seq, const int32_t *pos, int64_t n_tokens, cuda_stream s);
+
+struct cuda_attn_shape {
+    int n_head, n_head_kv, head_k, head_v;
+    float scale;
+};
+
+/* Causal attention, token t over cells [0, pos[t]] of sequence seq[t]: q [n_tokens][n_head *
+ * head_k] f32 (rounded to f16 like the CPU), out [n_tokens][n_head * head_v]. Split over the KV
+ * length (flash-decoding); max_kv_len bounds pos[t] + 1 and sizes the split. Any batch. */
+size_t cuda_attention_decode_work_bytes(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len);
+pshard_status cuda_attention_decode(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv, const float *q,
+                                    const int32_t *seq, const int32_t *pos, int64_t n_tokens, int32_t max_kv_len,
+                                    float *out, void *work, size_t work_bytes, cuda_stream s);
+
+/* The same for many tokens of one sequence (a prompt), on tensor cores: tiles of 64 queries x
+ * 64 cells, f16 products with f32 accumulation and online softmax; head_k, head_v multiples of
+ * 16 up to 128. Probabilities are rounded to f16 for the P.V product. */
+bool cuda_attention_prefill_supported(const struct cuda_attn_shape *a);
+pshard_status cuda_attention_prefill(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv, const float *q,
+                                     int32_t seq, const int32_t *pos, int64_t n_tokens, float *out, cuda_stream s);
+
+/* ---- Mixture of experts ---------------------------------------------------------------------- */
+
+/* As cpu_moe_route: per token softmax over n_expert logits, top k (ties: lower index), weights
+ * renormalized to sum 1 when `normalize`. ids/weights [n_tokens][k] on the device. */
+pshard_status cuda_moe_route(const float *logits, int64_t n_tokens, int n_expert, int k, bool normalize, int32_t *ids,
+                             float *weights, cuda_stream s);
+
+struct cuda_moe {
+    struct cuda_matrix gate, up, down; /* 3-D expert tensors: [n_expert][rows][row_bytes] */
+    int n_expert, k;
+    /* Optional [n_expert] device tables of each expert's matrix (e.g. staging slots), used
+     * instead of the 3-D layout; rows must then be 16-byte aligned when row_bytes is. */
+    const void *const *gate_ptrs, *const *up_ptrs, *const *down_ptrs;
+    /* Optional [n_expert] device mask: only experts with a nonzero entry are computed here;
+     * the others' contributions are left out (for the caller to add from elsewhere). */
+    const uint8_t *expert_mask;
+};
+
+/* out [n_tokens][n_embd] (=, or += with accumulate) sum_j w[t][j] * down_e(silu(gate_e(x)) *
+ * up_e(x)), e = ids[t][j], over the experts computed here. Tokens are grouped by expert on the
+ * GPU, so each chosen expert's weights are read once per step. */
+size_t cuda_moe_work_bytes(const struct cuda_moe *m, int64_t n_tokens);
+pshard_status cuda_moe_ffn(const struct cuda_moe *m, const float *x, const int32_t *ids, const float *weights,
+                           int64_t n_tokens, float *out, bool accumulate, void *work, size_t work_bytes,
+                           cuda_stream s);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -1,10 +1,22 @@
-/* Device discovery through the CUDA runtime. */
-extern "C" {
-#include "cuda/cuda_backend.h"
+/* Device discovery, the per-device context (streams, cuBLAS), and what the context costs in
+ * device memory: the budget counts only the arena, so the context is measured and reported. */
+#include "cuda/cuda_internal.cuh"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+pshard_status cuda_fail(cudaError_t err, const char *expr, const char *file, int line) {
+    cudaGetLastError(); /* clear a non-sticky error so later calls are not blamed for it */
+    return core_fail(err == cudaErrorMemoryAllocation ? PSHARD_ERR_NOMEM : PSHARD_ERR_IO, "%s:%d: %s: %s (%s)",
+                     file, line, expr, cudaGetErrorString(err), cudaGetErrorName(err));
 }
 
-#include <cuda_runtime.h>
-#include <string.h>
+pshard_status cuda_fail_blas(cublasStatus_t err, const char *expr, const char *file, int line) {
+    return core_fail(err == CUBLAS_STATUS_ALLOC_FAILED ? PSHARD_ERR_NOMEM : PSHARD_ERR_IO, "%s:%d: %s: %s", file,
+                     line, expr, cublasGetStatusString(err));
+}
 
 extern "C" int cuda_device_count(void) {
     int n = 0;
@@ -21,7 +33,7 @@ extern "C" pshard_status cuda_device_describe(int device, struct cuda_device_inf
     if (err != cudaSuccess)
         return core_fail(PSHARD_ERR_IO, "CUDA device %d: %s", device, cudaGetErrorString(err));
     memset(info, 0, sizeof *info);
-    strncpy(info->name, prop.name, sizeof info->name - 1);
+    snprintf(info->name, sizeof info->name, "%s", prop.name);
     info->compute_major = prop.major;
     info->compute_minor = prop.minor;
     size_t free_bytes = 0, total_bytes = 0;
@@ -32,4 +44,170 @@ extern "C" pshard_status cuda_device_describe(int device, struct cuda_device_inf
     cudaDriverGetVersion(&info->driver_version);
     cudaRuntimeGetVersion(&info->runtime_version);
     return PSHARD_OK;
+}
+
+extern "C" pshard_status cuda_device_memory(uint64_t *free_bytes, uint64_t *total_bytes) {
+    size_t f = 0, t = 0;
+    CUDA_TRY(cudaMemGetInfo(&f, &t));
+    *free_bytes = f;
+    *total_bytes = t;
+    return PSHARD_OK;
+}
+
+/* Free device memory before any CUDA context exists: only NVML can see it (every runtime
+ * call that reports memory creates the context first). Loaded at run time so that pshard
+ * does not link against the driver's management library. */
+static bool nvml_free_bytes(const char *pci_bus_id, uint64_t *free_bytes) {
+    struct nvml_memory { unsigned long long total, free, used; } mem;
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return false;
+    typedef int (*init_fn)(void);
+    typedef int (*handle_fn)(const char *, void **);
+    typedef int (*mem_fn)(void *, struct nvml_memory *);
+    init_fn init = (init_fn)dlsym(lib, "nvmlInit_v2");
+    init_fn shutdown = (init_fn)dlsym(lib, "nvmlShutdown");
+    handle_fn by_bus = (handle_fn)dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2");
+    mem_fn get_mem = (mem_fn)dlsym(lib, "nvmlDeviceGetMemoryInfo");
+    bool ok = false;
+    if (init && shutdown && by_bus && get_mem && init() == 0) {
+        void *dev = NULL;
+        if (by_bus(pci_bus_id, &dev) == 0 && get_mem(dev, &mem) == 0) {
+            *free_bytes = mem.free;
+            ok = true;
+        }
+        shutdown();
+    }
+    dlclose(lib);
+    return ok;
+}
+
+extern "C" pshard_status cuda_ctx_create(int device, struct cuda_ctx **out) {
+    *out = NULL;
+    struct cuda_ctx *ctx = (struct cuda_ctx *)calloc(1, sizeof *ctx);
+    if (!ctx) return core_fail(PSHARD_ERR_NOMEM, "CUDA context: out of host memory");
+    ctx->device = device;
+    struct cuda_ctx_info *info = &ctx->info;
+
+    cudaDeviceProp prop;
+    pshard_status st = PSHARD_OK;
+    char bus_id[64] = "";
+#define CTX_TRY(expr)                                                                            \
+    do {                                                                                         \
+        cudaError_t e_ = (expr);                                                                 \
+        if (e_ != cudaSuccess) {                                                                 \
+            st = cuda_fail(e_, #expr, __FILE__, __LINE__);                                       \
+            goto fail;                                                                           \
+        }                                                                                        \
+    } while (0)
+    CTX_TRY(cudaGetDeviceProperties(&prop, device));
+    snprintf(info->name, sizeof info->name, "%s", prop.name);
+    info->sm_count = prop.multiProcessorCount;
+    info->l2_bytes = (uint64_t)prop.l2CacheSize;
+    if (cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device) == cudaSuccess)
+        info->measured_before = nvml_free_bytes(bus_id, &info->free_before_bytes);
+    else
+        cudaGetLastError();
+
+    CTX_TRY(cudaSetDevice(device));
+    CTX_TRY(cudaFree(0)); /* creates the primary context now, so it is measured here */
+    {
+        size_t f = 0, t = 0;
+        CTX_TRY(cudaMemGetInfo(&f, &t));
+        info->free_after_bytes = f;
+        info->total_bytes = t;
+        info->context_bytes = info->measured_before && info->free_before_bytes > f ? info->free_before_bytes - f
+                                                                                    : (uint64_t)(t - f);
+    }
+    CTX_TRY(cudaStreamCreateWithFlags(&ctx->compute, cudaStreamNonBlocking));
+    CTX_TRY(cudaStreamCreateWithFlags(&ctx->copy, cudaStreamNonBlocking));
+    {
+        size_t f0 = 0, f1 = 0, t = 0;
+        CTX_TRY(cudaMemGetInfo(&f0, &t));
+        cublasStatus_t bs = cublasCreate(&ctx->blas);
+        if (bs != CUBLAS_STATUS_SUCCESS) {
+            ctx->blas = NULL;
+            st = cuda_fail_blas(bs, "cublasCreate", __FILE__, __LINE__);
+            goto fail;
+        }
+        CTX_TRY(cudaMemGetInfo(&f1, &t));
+        info->blas_bytes = f0 > f1 ? f0 - f1 : 0;
+    }
+#undef CTX_TRY
+    ctx->gemm_path = CUDA_GEMM_AUTO;
+    *out = ctx;
+    return PSHARD_OK;
+fail:
+    cuda_ctx_destroy(ctx);
+    return st;
+}
+
+extern "C" void cuda_ctx_destroy(struct cuda_ctx *ctx) {
+    if (!ctx) return;
+    if (ctx->blas) cublasDestroy(ctx->blas);
+    if (ctx->copy) cudaStreamDestroy(ctx->copy);
+    if (ctx->compute) cudaStreamDestroy(ctx->compute);
+    free(ctx);
+}
+
+extern "C" const struct cuda_ctx_info *cuda_ctx_info(const struct cuda_ctx *ctx) { return &ctx->info; }
+extern "C" cuda_stream cuda_ctx_compute_stream(const struct cuda_ctx *ctx) { return (cuda_stream)ctx->compute; }
+extern "C" cuda_stream cuda_ctx_copy_stream(const struct cuda_ctx *ctx) { return (cuda_stream)ctx->copy; }
+
+extern "C" pshard_status cuda_ctx_set_blas_workspace(struct cuda_ctx *ctx, void *dev, size_t bytes) {
+    BLAS_TRY(cublasSetWorkspace(ctx->blas, dev, bytes));
+    return PSHARD_OK;
+}
+
+extern "C" void cuda_ctx_set_gemm_path(struct cuda_ctx *ctx, enum cuda_gemm_path path) { ctx->gemm_path = path; }
+
+/* ---- block geometry */
+
+int cuda_block_elems(enum quant_type type) {
+    switch (type) {
+    case QUANT_F32: case QUANT_F16: case QUANT_BF16:
+    case QUANT_Q4_0: case QUANT_Q4_1: case QUANT_Q5_0: case QUANT_Q5_1: case QUANT_Q8_0: return 32;
+    case QUANT_Q2_K: case QUANT_Q3_K: case QUANT_Q4_K: case QUANT_Q5_K: case QUANT_Q6_K: return 256;
+    default: return 0;
+    }
+}
+
+int cuda_block_bytes(enum quant_type type) {
+    switch (type) {
+    case QUANT_F32: return 128;
+    case QUANT_F16: case QUANT_BF16: return 64;
+    case QUANT_Q4_0: return 18;
+    case QUANT_Q4_1: return 20;
+    case QUANT_Q5_0: return 22;
+    case QUANT_Q5_1: return 24;
+    case QUANT_Q8_0: return 34;
+    case QUANT_Q2_K: return 84;
+    case QUANT_Q3_K: return 110;
+    case QUANT_Q4_K: return 144;
+    case QUANT_Q5_K: return 176;
+    case QUANT_Q6_K: return 210;
+    default: return 0;
+    }
+}
+
+extern "C" bool cuda_type_supported(enum quant_type type) { return cuda_block_elems(type) != 0; }
+
+extern "C" enum quant_type cuda_act_type(enum quant_type weight_type) {
+    switch (weight_type) {
+    case QUANT_F32: return QUANT_F32;
+    case QUANT_F16: return QUANT_F16;
+    case QUANT_BF16: return QUANT_BF16;
+    case QUANT_Q2_K: case QUANT_Q3_K: case QUANT_Q4_K: case QUANT_Q5_K: case QUANT_Q6_K: return QUANT_Q8_K;
+    default: return QUANT_Q8_1;
+    }
+}
+
+extern "C" size_t cuda_act_row_bytes(enum quant_type act_type, int64_t n_cols) {
+    switch (act_type) {
+    case QUANT_F32: return (size_t)n_cols * 4;
+    case QUANT_F16: case QUANT_BF16: return (size_t)n_cols * 2;
+    case QUANT_Q8_0: return (size_t)(n_cols / 32) * 34;
+    case QUANT_Q8_1: return (size_t)(n_cols / 32) * 36;
+    case QUANT_Q8_K: return (size_t)(n_cols / 256) * 292;
+    default: return 0;
+    }
 }

@@ -86,7 +86,7 @@ static pshard_status decode_loop(struct generation *g, double t_start) {
             t_first = core_now_ms();
             g->stats->ttft_ms = t_first - t_start;
         }
-        if (is_end_of_turn(ctx->tok, token)) {
+        if (!g->opts->ignore_eos && is_end_of_turn(ctx->tok, token)) {
             g->stats->stopped_by_eog = 1;
             break;
         }
@@ -157,6 +157,9 @@ pshard_status pshard_generate(pshard_ctx *ctx, const char *prompt, const pshard_
 pshard_status pshard_chat(pshard_ctx *ctx, const pshard_message *messages, size_t n_messages, const pshard_gen_opts *opts,
                           pshard_text_cb on_text, void *user, pshard_gen_stats *stats) {
     size_t needed = 0;
+    pshard_gen_opts defaults;
+    if (!opts) pshard_gen_opts_default(&defaults), opts = &defaults;
+    ctx->chat.use_default_system = opts->default_system;
     struct chat_message *msgs = malloc(sizeof *msgs * (n_messages ? n_messages : 1));
     if (!msgs) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < n_messages; i++) msgs[i] = (struct chat_message){messages[i].role, messages[i].content};

@@ -112,7 +112,9 @@ static pshard_status create(struct exec_ctx *ctx) {
     CORE_TRY(kv_cache_init(&ctx->kv, (int32_t)hp->n_layers, p->n_seq, p->n_ctx, (int64_t)hp->n_head_kv * hp->head_dim_k,
                            (int64_t)hp->n_head_kv * hp->head_dim_v));
     CORE_TRY(alloc_scratch(ctx));
-    return threadpool_create(p->n_threads, &ctx->pool);
+    CORE_TRY(threadpool_create(p->n_threads, &ctx->pool));
+    ctx->params.n_threads = threadpool_size(ctx->pool);
+    return PSHARD_OK;
 }
 
 pshard_status exec_create(const struct model *model, const struct exec_params *params, struct exec_ctx **out) {

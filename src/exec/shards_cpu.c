@@ -54,14 +54,29 @@ static void attn_worker(void *p, int thread, int n_threads) {
     }
 }
 
-/* Project xn with m into y, re-quantizing the input only when m wants another format than the
- * previous projection did. */
-static void project(struct exec_ctx *ctx, const struct cpu_matrix *m, int64_t n_tokens, float *y, const float *x,
-                    struct cpu_acts *acts) {
-    if (!acts->data || acts->type != m->kernels->act_type || acts->n_cols != m->n_cols)
-        cpu_quantize_acts(ctx->pool, m, x, n_tokens, ctx->s.acts, acts);
-    cpu_matmul_acts(ctx->pool, m, acts, y, m->n_rows);
-    count_bytes(ctx, m);
+/* y_i = x · m_i^T for matrices that share their input x (q/k/v, gate/up): the input is
+ * quantized once per activation format, and the products run as one parallel job when the
+ * formats agree. */
+static void project_many(struct exec_ctx *ctx, const struct cpu_matrix *const *mats, float *const *ys, int n,
+                         const float *x, int64_t n_tokens) {
+    struct cpu_acts acts = {0};
+    struct cpu_matmul_task tasks[4];
+    int n_tasks = 0;
+    for (int i = 0; i < n; i++) {
+        const struct cpu_matrix *m = mats[i];
+        if (!acts.data || acts.type != m->kernels->act_type || acts.n_cols != m->n_cols) {
+            cpu_matmul_many(ctx->pool, tasks, n_tasks); /* flush what used the previous format */
+            n_tasks = 0;
+            cpu_quantize_acts(ctx->pool, m, x, n_tokens, ctx->s.acts, &acts);
+        }
+        tasks[n_tasks++] = (struct cpu_matmul_task){m, &acts, ys[i], m->n_rows};
+        count_bytes(ctx, m);
+    }
+    cpu_matmul_many(ctx->pool, tasks, n_tasks);
+}
+
+static void project(struct exec_ctx *ctx, const struct cpu_matrix *m, int64_t n_tokens, float *y, const float *x) {
+    project_many(ctx, &m, &y, 1, x, n_tokens);
 }
 
 void shard_attn_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *batch) {
@@ -74,10 +89,9 @@ void shard_attn_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *ba
     struct exec_scratch *s = &ctx->s;
 
     rmsnorm_rows(s->x, lw->attn_norm, s->xn, n, d, hp->rms_eps);
-    struct cpu_acts acts = {0};
-    project(ctx, &lm->wq, n, s->q, s->xn, &acts);
-    project(ctx, &lm->wk, n, s->k, s->xn, &acts);
-    project(ctx, &lm->wv, n, s->v, s->xn, &acts);
+    const struct cpu_matrix *qkv[3] = {&lm->wq, &lm->wk, &lm->wv};
+    float *const qkv_out[3] = {s->q, s->k, s->v};
+    project_many(ctx, qkv, qkv_out, 3, s->xn, n);
     if (lw->bq) cpu_add_bias(s->q, f32_data(lw->bq), n, q_width);
     if (lw->bk) cpu_add_bias(s->k, f32_data(lw->bk), n, k_width);
     if (lw->bv) cpu_add_bias(s->v, f32_data(lw->bv), n, v_width);
@@ -101,8 +115,7 @@ void shard_attn_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *ba
                             1.0f / sqrtf((float)hp->head_dim_k)}};
     threadpool_run(ctx->pool, attn_worker, &job);
 
-    struct cpu_acts out_acts = {0};
-    project(ctx, &lm->wo, n, s->proj, s->attn, &out_acts);
+    project(ctx, &lm->wo, n, s->proj, s->attn);
     if (lw->bo) cpu_add_bias(s->proj, f32_data(lw->bo), n, d);
     cpu_add(s->x, s->proj, n * d);
 }
@@ -114,12 +127,11 @@ static void swiglu_ffn(struct exec_ctx *ctx, const struct cpu_matrix *gate, cons
                        const struct cpu_matrix *down, int64_t n, float *y) {
     struct exec_scratch *s = &ctx->s;
     const int64_t ff = gate->n_rows;
-    struct cpu_acts acts = {0};
-    project(ctx, gate, n, s->gate, s->xn, &acts);
-    project(ctx, up, n, s->up, s->xn, &acts);
+    const struct cpu_matrix *gate_up[2] = {gate, up};
+    float *const gate_up_out[2] = {s->gate, s->up};
+    project_many(ctx, gate_up, gate_up_out, 2, s->xn, n);
     cpu_swiglu(s->gate, s->up, s->gate, n * ff);
-    struct cpu_acts hidden = {0};
-    project(ctx, down, n, y, s->gate, &hidden);
+    project(ctx, down, n, y, s->gate);
 }
 
 void shard_ffn_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *batch) {
@@ -140,8 +152,7 @@ void shard_moe_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *bat
     const int k = (int)hp->n_expert_used;
 
     rmsnorm_rows(s->x, lw->ffn_norm, s->xn, n, d, hp->rms_eps);
-    struct cpu_acts router_acts = {0};
-    project(ctx, &lm->gate_inp, n, s->router, s->xn, &router_acts);
+    project(ctx, &lm->gate_inp, n, s->router, s->xn);
     cpu_moe_route(s->router, n, hp->n_expert, k, ctx->w.norm_expert_weights, s->expert_ids, s->expert_weights);
 
     struct cpu_acts acts;
@@ -178,6 +189,5 @@ void shard_head_cpu(struct exec_ctx *ctx, const struct exec_batch *batch) {
     const int32_t n_out = ctx->stats.n_outputs;
     for (int32_t i = 0; i < n_out; i++)
         cpu_rmsnorm(s->x + (int64_t)s->out_rows[i] * d, f32_data(ctx->w.output_norm), s->xn + (int64_t)i * d, d, hp->rms_eps);
-    struct cpu_acts acts = {0};
-    project(ctx, &ctx->output, n_out, s->logits, s->xn, &acts);
+    project(ctx, &ctx->output, n_out, s->logits, s->xn);
 }

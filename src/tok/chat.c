@@ -72,7 +72,7 @@ static void put(struct writer *w, const char *fmt, ...) {
 
 static void format_chatml(const struct chat_template *tpl, const struct chat_message *m, size_t n, int gen,
                           struct writer *w) {
-    if (tpl->default_system[0] && (n == 0 || strcmp(m[0].role, "system") != 0))
+    if (tpl->use_default_system && tpl->default_system[0] && (n == 0 || strcmp(m[0].role, "system") != 0))
         put(w, "<|im_start|>system\n%s<|im_end|>\n", tpl->default_system);
     for (size_t i = 0; i < n; i++) put(w, "<|im_start|>%s\n%s<|im_end|>\n", m[i].role, m[i].content);
     if (gen) put(w, "<|im_start|>assistant\n");

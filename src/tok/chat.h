@@ -18,6 +18,7 @@ enum chat_format {
 struct chat_template {
     enum chat_format format;
     char default_system[512]; /* a system prompt the template inserts when none is given */
+    int use_default_system;   /* insert it (off by default: small models answer worse with it) */
     int mistral_spaces;       /* "[INST] text [/INST]" (v1) rather than "[INST]text[/INST]" */
 };
 

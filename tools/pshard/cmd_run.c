@@ -23,10 +23,12 @@ static void print_usage(FILE *out, const char *cmd) {
             "  --top-k K, --top-p P, --min-p P   filters (default 40, 0.95, 0.05; 0/1/0 turn them off)\n"
             "  --repeat-penalty R, --presence-penalty P, --frequency-penalty F, --repeat-last-n N\n"
             "  --seed S                random seed (same seed, same output)\n"
-            "  --system TEXT           system message\n"
+            "  --system TEXT           system message ('default': the one the model's chat template\n"
+            "                          inserts on its own; without --system none is sent)\n"
             "  --raw                   no chat template: continue the prompt text as it is\n"
             "  --no-prefault           do not read the weights in at load (pages load on first use)\n"
             "  --ids                   print the generated token ids after the text\n"
+            "  --ignore-eos            do not stop at end-of-generation tokens (for benchmarks)\n"
             "  -q, --quiet             no load progress and no speed report\n",
             cmd, strcmp(cmd, "run") ? "" : "-p PROMPT ",
             strcmp(cmd, "run") ? "" : "  -p, --prompt TEXT       the prompt (required)\n");
@@ -57,11 +59,15 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { print_usage(stdout, cmd); return 1; }
         else if (!strcmp(a, "--raw")) o->raw = 1;
         else if (!strcmp(a, "--ids")) o->print_ids = 1;
+        else if (!strcmp(a, "--ignore-eos")) o->gen.ignore_eos = 1;
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = 1;
         else if (!strcmp(a, "--no-prefault")) o->params.prefault = 0;
         else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) o->model = argv[++i];
         else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && v) o->prompt = argv[++i];
-        else if (!strcmp(a, "--system") && v) o->system = argv[++i];
+        else if (!strcmp(a, "--system") && v) {
+            o->system = argv[++i];
+            if (!strcmp(o->system, "default")) o->system = NULL, o->gen.default_system = 1;
+        }
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) { if (NUM(-1, 1e9)) return -1; o->gen.n_predict = (int32_t)x; }
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { if (NUM(1, 1 << 24)) return -1; o->params.n_ctx = (int32_t)x; }
         else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) { if (NUM(1, 65536)) return -1; o->params.n_batch = (int32_t)x; }

@@ -1,0 +1,220 @@
+/* Decode attention over the f16 KV cache, split over the KV length (flash-decoding): a block
+ * takes one token, one KV head with all the query heads that share it (GQA: K and V are read
+ * once per group), and one slice of cells; it keeps a running max, sum and output per head
+ * (online softmax), and a second kernel merges the slices. Scores are q (rounded to f16, as
+ * the CPU does) . k in f32, times the scale; probabilities use expf. Any batch: each token
+ * has its own sequence and position. */
+#include "cuda/cuda_internal.cuh"
+
+#include <math.h>
+
+enum { AD_THREADS = 128, AD_WARPS = AD_THREADS / 32, AD_TILE = AD_THREADS, AD_MIN_SPLIT = 64, AD_MAX_GROUP = 16,
+       AD_TARGET_BLOCKS = 512 };
+
+struct ad_args {
+    const float *q;
+    const uint16_t *k, *v;
+    int64_t seq_stride_k, seq_stride_v;
+    const int32_t *seq, *pos;
+    int n_head, n_head_kv, head_k, head_v, group;
+    float scale;
+    int n_splits, split_len;
+    float *part_o;  /* [token][head][split][head_v]: unnormalized outputs */
+    float *part_ml; /* [token][head][split][2]: running max and sum */
+};
+
+template <int DPT> __global__ void __launch_bounds__(AD_THREADS) attn_decode_kernel(const ad_args a) {
+    extern __shared__ float sm[];
+    const int G = a.group;
+    float *qs = sm;                         /* [G][head_k] */
+    float *ps = qs + G * a.head_k;          /* [G][AD_TILE] scores, then probabilities */
+    float *wred = ps + G * AD_TILE;         /* [AD_WARPS][G] per-warp max / sum */
+    const int split = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
+    const int warp = tid / 32, lane = tid % 32;
+    const int64_t k_width = (int64_t)a.n_head_kv * a.head_k, v_width = (int64_t)a.n_head_kv * a.head_v;
+    const int c_begin = split * a.split_len, c_end = min(a.pos[t] + 1, c_begin + a.split_len);
+    for (int i = tid; i < G * a.head_k; i += AD_THREADS)
+        qs[i] = __half2float(__float2half_rn(a.q[((int64_t)t * a.n_head + kvh * G) * a.head_k + i]));
+    const uint16_t *kb = a.k + a.seq[t] * a.seq_stride_k + kvh * a.head_k;
+    const uint16_t *vb = a.v + a.seq[t] * a.seq_stride_v + kvh * a.head_v;
+    float m[AD_MAX_GROUP], l[AD_MAX_GROUP], acc[AD_MAX_GROUP][DPT];
+#pragma unroll
+    for (int g = 0; g < AD_MAX_GROUP; g++) {
+        m[g] = -INFINITY, l[g] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPT; i++) acc[g][i] = 0.0f;
+    }
+    __syncthreads();
+    for (int c0 = c_begin; c0 < c_end; c0 += AD_TILE) {
+        /* Scores of this thread's cell for every head of the group. */
+        const int c = c0 + tid;
+        float s[AD_MAX_GROUP];
+#pragma unroll
+        for (int g = 0; g < AD_MAX_GROUP; g++) s[g] = 0.0f;
+        if (c < c_end) {
+            const uint4 *kr = (const uint4 *)(kb + (int64_t)c * k_width);
+            for (int d8 = 0; d8 < a.head_k / 8; d8++) {
+                const uint4 kv = kr[d8];
+                const __half2 *kh = (const __half2 *)&kv;
+                float kf[8];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float2 f = __half22float2(kh[i]);
+                    kf[2 * i] = f.x, kf[2 * i + 1] = f.y;
+                }
+#pragma unroll
+                for (int g = 0; g < AD_MAX_GROUP; g++)
+                    if (g < G) {
+                        const float *qq = qs + g * a.head_k + d8 * 8;
+#pragma unroll
+                        for (int i = 0; i < 8; i++) s[g] += qq[i] * kf[i];
+                    }
+            }
+        }
+        /* Tile max per head: warp shuffles, then across the warps through shared memory. */
+#pragma unroll
+        for (int g = 0; g < AD_MAX_GROUP; g++) {
+            s[g] = c < c_end ? s[g] * a.scale : -INFINITY;
+            if (g < G) {
+                const float wm = warp_max(s[g]);
+                if (lane == 0) wred[warp * G + g] = wm;
+            }
+        }
+        __syncthreads();
+        float rescale[AD_MAX_GROUP];
+#pragma unroll
+        for (int g = 0; g < AD_MAX_GROUP; g++) {
+            if (g >= G) continue;
+            float tile_max = wred[g];
+            for (int w = 1; w < AD_WARPS; w++) tile_max = fmaxf(tile_max, wred[w * G + g]);
+            const float m_new = fmaxf(m[g], tile_max); /* finite: cell c0 is valid */
+            rescale[g] = expf(m[g] - m_new);           /* 0 on the first tile */
+            m[g] = m_new;
+            s[g] = c < c_end ? expf(s[g] - m_new) : 0.0f;
+            ps[g * AD_TILE + tid] = s[g];
+        }
+        __syncthreads(); /* wred reads done, ps written */
+#pragma unroll
+        for (int g = 0; g < AD_MAX_GROUP; g++)
+            if (g < G) {
+                const float ws = warp_sum(s[g]);
+                if (lane == 0) wred[warp * G + g] = ws;
+            }
+        __syncthreads();
+        const int n = min(AD_TILE, c_end - c0);
+#pragma unroll
+        for (int g = 0; g < AD_MAX_GROUP; g++) {
+            if (g >= G) continue;
+            float tile_sum = 0.0f;
+            for (int w = 0; w < AD_WARPS; w++) tile_sum += wred[w * G + g];
+            l[g] = l[g] * rescale[g] + tile_sum;
+#pragma unroll
+            for (int i = 0; i < DPT; i++) acc[g][i] *= rescale[g];
+        }
+        /* Output: this thread owns dimensions tid + 128 i of every head's V. */
+#pragma unroll
+        for (int i = 0; i < DPT; i++) {
+            const int d = tid + AD_THREADS * i;
+            if (d >= a.head_v) break;
+            for (int j = 0; j < n; j++) {
+                const float vf = __half2float(*(const __half *)(vb + (int64_t)(c0 + j) * v_width + d));
+#pragma unroll
+                for (int g = 0; g < AD_MAX_GROUP; g++)
+                    if (g < G) acc[g][i] += ps[g * AD_TILE + j] * vf;
+            }
+        }
+        __syncthreads(); /* ps and wred are rewritten by the next tile */
+    }
+    const int64_t base = ((int64_t)t * a.n_head + kvh * G) * a.n_splits + split;
+#pragma unroll
+    for (int g = 0; g < AD_MAX_GROUP; g++) {
+        if (g >= G) continue;
+        const int64_t slot = base + (int64_t)g * a.n_splits;
+#pragma unroll
+        for (int i = 0; i < DPT; i++) {
+            const int d = tid + AD_THREADS * i;
+            if (d < a.head_v) a.part_o[slot * a.head_v + d] = acc[g][i];
+        }
+        if (tid == 0) {
+            a.part_ml[slot * 2] = m[g];
+            a.part_ml[slot * 2 + 1] = l[g];
+        }
+    }
+}
+
+/* Merge the slices of one (token, head): out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M). */
+__global__ void attn_combine_kernel(const float *part_o, const float *part_ml, int n_splits, int head_v, float *out) {
+    const int h = blockIdx.x, t = blockIdx.y, n_head = gridDim.x;
+    const int64_t slot0 = ((int64_t)t * n_head + h) * n_splits;
+    float mx = -INFINITY;
+    for (int s = 0; s < n_splits; s++) mx = fmaxf(mx, part_ml[(slot0 + s) * 2]);
+    float sum = 0.0f;
+    for (int s = 0; s < n_splits; s++) {
+        const float ms = part_ml[(slot0 + s) * 2];
+        if (ms != -INFINITY) sum += part_ml[(slot0 + s) * 2 + 1] * expf(ms - mx);
+    }
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int d = threadIdx.x; d < head_v; d += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < n_splits; s++) {
+            const float ms = part_ml[(slot0 + s) * 2];
+            if (ms != -INFINITY) o += part_o[(slot0 + s) * head_v + d] * expf(ms - mx);
+        }
+        out[((int64_t)t * n_head + h) * head_v + d] = o * inv;
+    }
+}
+
+/* Slices: enough blocks to fill the GPU, none shorter than AD_MIN_SPLIT cells. */
+static void decode_split(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len, int *n_splits,
+                         int *split_len) {
+    const int64_t per_split = (int64_t)a->n_head_kv * n_tokens;
+    int64_t splits = ceil_div(AD_TARGET_BLOCKS, per_split);
+    const int64_t max_splits = ceil_div(max_kv_len > 0 ? max_kv_len : 1, AD_MIN_SPLIT);
+    if (splits > max_splits) splits = max_splits;
+    if (splits < 1) splits = 1;
+    *split_len = (int)(ceil_div(ceil_div(max_kv_len > 0 ? max_kv_len : 1, splits), AD_MIN_SPLIT) * AD_MIN_SPLIT);
+    *n_splits = (int)ceil_div(max_kv_len > 0 ? max_kv_len : 1, *split_len);
+}
+
+extern "C" size_t cuda_attention_decode_work_bytes(const struct cuda_attn_shape *a, int64_t n_tokens,
+                                                   int32_t max_kv_len) {
+    int n_splits, split_len;
+    decode_split(a, n_tokens, max_kv_len, &n_splits, &split_len);
+    return (size_t)n_tokens * (size_t)a->n_head * (size_t)n_splits * (size_t)(a->head_v + 2) * sizeof(float);
+}
+
+extern "C" pshard_status cuda_attention_decode(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv,
+                                               const float *q, const int32_t *seq, const int32_t *pos,
+                                               int64_t n_tokens, int32_t max_kv_len, float *out, void *work,
+                                               size_t work_bytes, cuda_stream s) {
+    CUDA_ARG(a->n_head_kv > 0 && a->n_head % a->n_head_kv == 0 && a->n_head / a->n_head_kv <= AD_MAX_GROUP,
+             "attention: %d query heads over %d KV heads (at most %d per KV head)", a->n_head, a->n_head_kv,
+             (int)AD_MAX_GROUP);
+    CUDA_ARG(a->head_k % 8 == 0 && a->head_k <= 512 && a->head_v <= 2 * AD_THREADS,
+             "attention: head sizes %d/%d (head_k a multiple of 8, head_v <= 256)", a->head_k, a->head_v);
+    CUDA_ARG(work_bytes >= cuda_attention_decode_work_bytes(a, n_tokens, max_kv_len),
+             "attention: work buffer too small");
+    CUDA_ARG(n_tokens < 65536, "attention: %lld tokens in one call", (long long)n_tokens);
+    if (n_tokens == 0) return PSHARD_OK;
+    ad_args p = {};
+    p.q = q;
+    p.k = kv->k, p.v = kv->v;
+    p.seq_stride_k = kv->seq_stride_k, p.seq_stride_v = kv->seq_stride_v;
+    p.seq = seq, p.pos = pos;
+    p.n_head = a->n_head, p.n_head_kv = a->n_head_kv, p.head_k = a->head_k, p.head_v = a->head_v;
+    p.group = a->n_head / a->n_head_kv;
+    p.scale = a->scale;
+    decode_split(a, n_tokens, max_kv_len, &p.n_splits, &p.split_len);
+    float *part = (float *)work;
+    p.part_o = part;
+    p.part_ml = part + (size_t)n_tokens * a->n_head * p.n_splits * a->head_v;
+    const size_t smem = sizeof(float) * ((size_t)p.group * a->head_k + (size_t)p.group * AD_TILE + AD_WARPS * p.group);
+    const dim3 grid((unsigned)p.n_splits, (unsigned)a->n_head_kv, (unsigned)n_tokens);
+    if (a->head_v <= AD_THREADS) attn_decode_kernel<1><<<grid, AD_THREADS, smem, raw_stream(s)>>>(p);
+    else attn_decode_kernel<2><<<grid, AD_THREADS, smem, raw_stream(s)>>>(p);
+    CUDA_TRY_LAUNCH("attention decode");
+    attn_combine_kernel<<<dim3((unsigned)a->n_head, (unsigned)n_tokens), 128, 0, raw_stream(s)>>>(
+        p.part_o, p.part_ml, p.n_splits, a->head_v, out);
+    CUDA_TRY_LAUNCH("attention combine");
+    return PSHARD_OK;
+}

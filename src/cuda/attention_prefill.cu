@@ -1,0 +1,181 @@
+/* Prefill attention on tensor cores (flash attention): a block takes 64 queries of one
+ * sequence and one head, walks the cache in tiles of 64 cells up to its last position, and
+ * keeps the output in shared memory. Each of its 4 warps owns 16 queries: S = Q K^T with WMMA
+ * (f16 in, f32 accumulate), then a causal mask, the online softmax in f32 (two lanes per row),
+ * P rounded to f16, O = O * rescale + P V with WMMA. The row sums add the same rounded P that
+ * multiplies V, so every output is an exact convex combination of the f16 values. */
+#include "cuda/cuda_internal.cuh"
+
+#include <math.h>
+#include <mma.h>
+
+using namespace nvcuda;
+
+enum { AP_Q = 64, AP_KV = 64, AP_THREADS = 128, AP_MAX_HEAD = 128, SP = AP_KV + 4, PP = AP_KV + 8 };
+
+struct ap_args {
+    const float *q;
+    const uint16_t *k, *v; /* the sequence's cell 0 */
+    int64_t k_width, v_width;
+    const int32_t *pos;
+    int n_tokens, n_head, group, head_k, head_v;
+    float scale;
+    float *out;
+};
+
+struct ap_layout {
+    size_t q, k, v, s, p, o, ml, bytes;
+};
+
+/* Carve `bytes` at `at`, keeping every region on 128 bytes (WMMA wants 32-byte pointers). */
+static __host__ __device__ size_t take(size_t &at, size_t bytes) {
+    const size_t here = at;
+    at = (at + bytes + 127) & ~(size_t)127;
+    return here;
+}
+
+static __host__ __device__ ap_layout ap_smem(int head_k, int head_v) {
+    ap_layout L;
+    size_t at = 0;
+    L.q = take(at, (size_t)AP_Q * (head_k + 8) * 2);
+    L.k = take(at, (size_t)AP_KV * (head_k + 8) * 2);
+    L.v = take(at, (size_t)AP_KV * (head_v + 8) * 2);
+    L.s = take(at, (size_t)AP_Q * SP * 4);
+    L.p = take(at, (size_t)AP_Q * PP * 2);
+    L.o = take(at, (size_t)AP_Q * (head_v + 4) * 4);
+    L.ml = take(at, (size_t)AP_Q * 3 * 4);
+    L.bytes = at;
+    return L;
+}
+
+__global__ void __launch_bounds__(AP_THREADS) attn_prefill_kernel(const ap_args a) {
+    extern __shared__ __align__(128) uint8_t smem[];
+    const int HK = a.head_k, HV = a.head_v, HKP = HK + 8, HVP = HV + 8, OP = HV + 4;
+    const ap_layout L = ap_smem(HK, HV);
+    __half *Qs = (__half *)(smem + L.q), *Ks = (__half *)(smem + L.k), *Vs = (__half *)(smem + L.v);
+    float *row_m = (float *)(smem + L.ml), *row_l = row_m + AP_Q;
+    int *row_pos = (int *)(row_l + AP_Q);
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    float *S = (float *)(smem + L.s) + warp * 16 * SP;
+    __half *P = (__half *)(smem + L.p) + warp * 16 * PP;
+    float *O = (float *)(smem + L.o) + warp * 16 * OP;
+    const int t0 = blockIdx.x * AP_Q, h = blockIdx.y, kvh = h / a.group;
+
+    if (tid < AP_Q) {
+        row_pos[tid] = t0 + tid < a.n_tokens ? a.pos[t0 + tid] : -1;
+        row_m[tid] = -INFINITY;
+        row_l[tid] = 0.0f;
+    }
+    for (int i = tid; i < AP_Q * HK; i += AP_THREADS) {
+        const int r = i / HK, d = i % HK, t = t0 + r;
+        Qs[r * HKP + d] = __float2half_rn(t < a.n_tokens ? a.q[((int64_t)t * a.n_head + h) * HK + d] : 0.0f);
+    }
+    for (int i = lane; i < 16 * OP; i += 32) O[i] = 0.0f;
+    __syncthreads();
+    int kv_end = 0;
+    for (int r = 0; r < AP_Q; r++) kv_end = max(kv_end, row_pos[r] + 1);
+
+    const uint16_t *kb = a.k + kvh * HK, *vb = a.v + kvh * HV;
+    for (int c0 = 0; c0 < kv_end; c0 += AP_KV) {
+        /* K and V tiles; cells past the last position are zeros (never garbage: 0 * NaN). */
+        for (int i = tid; i < AP_KV * (HK / 8); i += AP_THREADS) {
+            const int r = i / (HK / 8), d8 = i % (HK / 8), c = c0 + r;
+            *(uint4 *)(Ks + r * HKP + d8 * 8) = c < kv_end ? *(const uint4 *)(kb + (int64_t)c * a.k_width + d8 * 8) : make_uint4(0, 0, 0, 0);
+        }
+        for (int i = tid; i < AP_KV * (HV / 8); i += AP_THREADS) {
+            const int r = i / (HV / 8), d8 = i % (HV / 8), c = c0 + r;
+            *(uint4 *)(Vs + r * HVP + d8 * 8) = c < kv_end ? *(const uint4 *)(vb + (int64_t)c * a.v_width + d8 * 8) : make_uint4(0, 0, 0, 0);
+        }
+        __syncthreads();
+        /* S = Q K^T for this warp's 16 rows. */
+        for (int j = 0; j < AP_KV / 16; j++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> sf;
+            wmma::fill_fragment(sf, 0.0f);
+            for (int kk = 0; kk < HK; kk += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> qa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> kb_frag;
+                wmma::load_matrix_sync(qa, Qs + warp * 16 * HKP + kk, HKP);
+                wmma::load_matrix_sync(kb_frag, Ks + j * 16 * HKP + kk, HKP);
+                wmma::mma_sync(sf, qa, kb_frag, sf);
+            }
+            wmma::store_matrix_sync(S + j * 16, sf, SP, wmma::mem_row_major);
+        }
+        __syncwarp();
+        /* Online softmax: lanes 2r and 2r + 1 share row r, 32 columns each. */
+        const int r = lane / 2, R = warp * 16 + r, col0 = (lane % 2) * 32, pos_r = row_pos[R];
+        float mx = -INFINITY;
+        for (int c = col0; c < col0 + 32; c++) {
+            const float sv = c0 + c <= pos_r ? S[r * SP + c] * a.scale : -INFINITY;
+            S[r * SP + c] = sv;
+            mx = fmaxf(mx, sv);
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        const float m_old = row_m[R], m_new = fmaxf(m_old, mx);
+        float sum = 0.0f;
+        for (int c = col0; c < col0 + 32; c++) {
+            const __half p = __float2half_rn(m_new == -INFINITY ? 0.0f : expf(S[r * SP + c] - m_new));
+            P[r * PP + c] = p;
+            sum += __half2float(p);
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        const float rescale = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+        __syncwarp(); /* both lanes of the row have read row_m */
+        if (lane % 2 == 0) {
+            row_m[R] = m_new;
+            row_l[R] = row_l[R] * rescale + sum;
+        }
+        for (int d = lane % 2; d < HV; d += 2) O[r * OP + d] *= rescale;
+        __syncwarp();
+        /* O += P V. */
+        for (int n = 0; n < HV / 16; n++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> of;
+            wmma::load_matrix_sync(of, O + n * 16, OP, wmma::mem_row_major);
+            for (int kk = 0; kk < AP_KV; kk += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> pa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> vb_frag;
+                wmma::load_matrix_sync(pa, P + kk, PP);
+                wmma::load_matrix_sync(vb_frag, Vs + kk * HVP + n * 16, HVP);
+                wmma::mma_sync(of, pa, vb_frag, of);
+            }
+            wmma::store_matrix_sync(O + n * 16, of, OP, wmma::mem_row_major);
+        }
+        __syncthreads(); /* K/V tiles are replaced next */
+    }
+    __syncwarp();
+    for (int i = lane; i < 16 * HV; i += 32) {
+        const int r = i / HV, d = i % HV, R = warp * 16 + r, t = t0 + R;
+        if (t < a.n_tokens)
+            a.out[((int64_t)t * a.n_head + h) * HV + d] = row_l[R] > 0.0f ? O[r * OP + d] / row_l[R] : 0.0f;
+    }
+}
+
+extern "C" bool cuda_attention_prefill_supported(const struct cuda_attn_shape *a) {
+    return a->n_head_kv > 0 && a->n_head % a->n_head_kv == 0 && a->head_k % 16 == 0 && a->head_v % 16 == 0 &&
+           a->head_k <= AP_MAX_HEAD && a->head_v <= AP_MAX_HEAD;
+}
+
+extern "C" pshard_status cuda_attention_prefill(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv,
+                                                const float *q, int32_t seq, const int32_t *pos, int64_t n_tokens,
+                                                float *out, cuda_stream s) {
+    CUDA_ARG(cuda_attention_prefill_supported(a), "prefill attention: heads %d/%d of %d/%d not supported", a->n_head,
+             a->n_head_kv, a->head_k, a->head_v);
+    CUDA_ARG(n_tokens < (1 << 30), "prefill attention: %lld tokens", (long long)n_tokens);
+    if (n_tokens == 0) return PSHARD_OK;
+    ap_args p = {};
+    p.q = q;
+    p.k = kv->k + seq * kv->seq_stride_k;
+    p.v = kv->v + seq * kv->seq_stride_v;
+    p.k_width = (int64_t)a->n_head_kv * a->head_k;
+    p.v_width = (int64_t)a->n_head_kv * a->head_v;
+    p.pos = pos;
+    p.n_tokens = (int)n_tokens;
+    p.n_head = a->n_head, p.group = a->n_head / a->n_head_kv, p.head_k = a->head_k, p.head_v = a->head_v;
+    p.scale = a->scale;
+    p.out = out;
+    const size_t smem = ap_smem(a->head_k, a->head_v).bytes;
+    CUDA_TRY(cudaFuncSetAttribute(attn_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const dim3 grid((unsigned)ceil_div(n_tokens, AP_Q), (unsigned)a->n_head);
+    attn_prefill_kernel<<<grid, AP_THREADS, smem, raw_stream(s)>>>(p);
+    CUDA_TRY_LAUNCH("attention prefill");
+    return PSHARD_OK;
+}

@@ -1,0 +1,103 @@
+/* Inside the CUDA backend: the error-checking macros, the context struct, and small device
+ * helpers (loads of packed halves, dp4a, warp sums) that every kernel file shares. */
+#ifndef CUDA_CUDA_INTERNAL_CUH
+#define CUDA_CUDA_INTERNAL_CUH
+
+extern "C" {
+#include "cuda/cuda_backend.h"
+}
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+/* Turn a failed CUDA call into a pshard_status whose message names the call, file and line. */
+pshard_status cuda_fail(cudaError_t err, const char *expr, const char *file, int line);
+pshard_status cuda_fail_blas(cublasStatus_t err, const char *expr, const char *file, int line);
+
+#define CUDA_TRY(expr)                                                                           \
+    do {                                                                                         \
+        cudaError_t cuda_try_err_ = (expr);                                                      \
+        if (cuda_try_err_ != cudaSuccess) return cuda_fail(cuda_try_err_, #expr, __FILE__, __LINE__); \
+    } while (0)
+
+#define BLAS_TRY(expr)                                                                           \
+    do {                                                                                         \
+        cublasStatus_t blas_try_err_ = (expr);                                                   \
+        if (blas_try_err_ != CUBLAS_STATUS_SUCCESS)                                              \
+            return cuda_fail_blas(blas_try_err_, #expr, __FILE__, __LINE__);                     \
+    } while (0)
+
+/* After a kernel launch: launch errors (bad configuration) show up here, not at the launch. */
+#define CUDA_TRY_LAUNCH(what) CUDA_TRY(cudaGetLastError())
+
+#define CUDA_ARG(cond, ...)                                                                      \
+    do {                                                                                         \
+        if (!(cond)) return core_fail(PSHARD_ERR_INVALID_ARG, __VA_ARGS__);                      \
+    } while (0)
+
+static inline cudaStream_t raw_stream(cuda_stream s) { return (cudaStream_t)s; }
+
+struct cuda_ctx {
+    int device;
+    struct cuda_ctx_info info;
+    cudaStream_t compute, copy;
+    cublasHandle_t blas;
+    enum cuda_gemm_path gemm_path;
+};
+
+static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* ---- block geometry of the weight types, on the host side */
+
+/* Elements and bytes per block; the float types count as blocks of 32 elements, the unit the
+ * matrix kernels step in. 0 for unsupported types. */
+int cuda_block_elems(enum quant_type type);
+int cuda_block_bytes(enum quant_type type);
+
+/* ---- device helpers */
+
+/* A half stored at a 2-byte aligned address, as f32. */
+__device__ __forceinline__ float ld_half(const uint8_t *p) { return __half2float(*(const __half *)p); }
+
+/* A 32-bit word at an address aligned to ALIGN bytes (2 or >= 4): packed blocks put their
+ * quants at 2-byte offsets, where a 32-bit load would fault. */
+template <int ALIGN> __device__ __forceinline__ int ld_word(const uint8_t *p) {
+    if constexpr (ALIGN >= 4) {
+        return *(const int *)p;
+    } else {
+        const uint16_t *h = (const uint16_t *)p;
+        return (int)((uint32_t)h[0] | ((uint32_t)h[1] << 16));
+    }
+}
+
+/* Per-byte q - c for bytes q in [0, 128 + c) without borrows between bytes: set bit 7, subtract,
+ * flip bit 7 back. The result bytes are the signed values q - c. */
+template <int C> __device__ __forceinline__ int sub_bytes(int q) {
+    return (int)((((uint32_t)q | 0x80808080u) - (uint32_t)(C * 0x01010101u)) ^ 0x80808080u);
+}
+
+/* 4 bits (b0..b3) to bit 0 of 4 bytes: the shifted copies land in disjoint bit ranges. */
+__device__ __forceinline__ int spread_bits(uint32_t b) { return (int)((b * 0x00204081u) & 0x01010101u); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ int warp_sum_int(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+#endif

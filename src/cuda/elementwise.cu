@@ -1,0 +1,74 @@
+/* Element-wise operators and row reductions: RMSNorm (also per head, for q/k norms), residual
+ * and bias adds, SwiGLU. They follow src/cpu/elementwise.c operation for operation: RMSNorm
+ * sums squares in double, scales with an IEEE sqrt and division, so rows agree to the last
+ * bit unless the double sums round differently. */
+#include "cuda/cuda_internal.cuh"
+
+enum { NORM_THREADS = 256 };
+
+__global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float *x, const float *w, float *out, int64_t n,
+                                                               float eps) {
+    __shared__ double partial[NORM_THREADS / 32];
+    const float *xr = x + (int64_t)blockIdx.x * n;
+    float *o = out + (int64_t)blockIdx.x * n;
+    double sum = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += NORM_THREADS) sum += (double)xr[i] * xr[i];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = sum;
+    __syncthreads();
+    double total = 0.0;
+#pragma unroll
+    for (int i = 0; i < NORM_THREADS / 32; i++) total += partial[i];
+    const float scale = 1.0f / sqrtf((float)(total / (double)n) + eps);
+    for (int64_t i = threadIdx.x; i < n; i += NORM_THREADS) o[i] = w ? __fmul_rn(__fmul_rn(xr[i], scale), w[i]) : __fmul_rn(xr[i], scale);
+}
+
+__global__ void add_kernel(float *acc, const float *x, int64_t n) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) acc[i] += x[i];
+}
+
+__global__ void add_bias_kernel(float *x, const float *bias, int64_t total, int64_t n) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) x[i] += bias[i % n];
+}
+
+__global__ void swiglu_kernel(const float *gate, const float *up, float *out, int64_t n) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float g = gate[i];
+    out[i] = __fmul_rn(__fdiv_rn(g, 1.0f + expf(-g)), up[i]);
+}
+
+static unsigned blocks_for(int64_t n) { return (unsigned)ceil_div(n, 256); }
+
+extern "C" pshard_status cuda_rmsnorm(const float *x, const float *w, float *out, int64_t n_rows, int64_t n, float eps,
+                                      cuda_stream s) {
+    CUDA_ARG(n > 0 && n_rows >= 0 && n_rows < (1ll << 31), "rmsnorm: %lld rows of %lld", (long long)n_rows, (long long)n);
+    if (n_rows == 0) return PSHARD_OK;
+    rmsnorm_kernel<<<(unsigned)n_rows, NORM_THREADS, 0, raw_stream(s)>>>(x, w, out, n, eps);
+    CUDA_TRY_LAUNCH("rmsnorm");
+    return PSHARD_OK;
+}
+
+extern "C" pshard_status cuda_add(float *acc, const float *x, int64_t n, cuda_stream s) {
+    if (n == 0) return PSHARD_OK;
+    add_kernel<<<blocks_for(n), 256, 0, raw_stream(s)>>>(acc, x, n);
+    CUDA_TRY_LAUNCH("add");
+    return PSHARD_OK;
+}
+
+extern "C" pshard_status cuda_add_bias(float *x, const float *bias, int64_t n_rows, int64_t n, cuda_stream s) {
+    if (n_rows * n == 0) return PSHARD_OK;
+    add_bias_kernel<<<blocks_for(n_rows * n), 256, 0, raw_stream(s)>>>(x, bias, n_rows * n, n);
+    CUDA_TRY_LAUNCH("add_bias");
+    return PSHARD_OK;
+}
+
+extern "C" pshard_status cuda_swiglu(const float *gate, const float *up, float *out, int64_t n, cuda_stream s) {
+    if (n == 0) return PSHARD_OK;
+    swiglu_kernel<<<blocks_for(n), 256, 0, raw_stream(s)>>>(gate, up, out, n);
+    CUDA_TRY_LAUNCH("swiglu");
+    return PSHARD_OK;
+}

@@ -1,0 +1,83 @@
+/* cuda_matmul: the choice between the matrix-vector kernel (<= 8 tokens: quantize the
+ * activations as the CPU does, then dp4a dots) and the tensor-core paths for many tokens --
+ * the fused dequantizing GEMM (gemm.cu), or cuBLAS on f16 weights dequantized chunk by chunk
+ * into the caller's work buffer (F16/BF16/F32 weights go to cuBLAS as they are). */
+#include "cuda/gemm.cuh"
+
+enum { MIN_CHUNK_ROWS = 256 };
+
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* AUTO: cuBLAS measured faster than the fused kernel for dense prefill on the H200 at 512 and
+ * 1024 tokens (bench/cuda_kernels.md); the fused kernel needs no scratch. */
+static enum cuda_gemm_path pick_path(const struct cuda_ctx *ctx) {
+    return ctx->gemm_path == CUDA_GEMM_AUTO ? CUDA_GEMM_CUBLAS : ctx->gemm_path;
+}
+
+static bool float_weights(enum quant_type t) { return t == QUANT_F16 || t == QUANT_BF16 || t == QUANT_F32; }
+
+extern "C" size_t cuda_matmul_work_bytes(const struct cuda_matrix *m, int64_t n_tokens) {
+    if (n_tokens <= CUDA_MATVEC_MAX_TOKENS)
+        return align256(cuda_act_row_bytes(cuda_act_type(m->type), m->n_cols) * (size_t)n_tokens);
+    const size_t x16 = align256((size_t)n_tokens * (size_t)m->n_cols * 2);
+    if (float_weights(m->type)) return x16;
+    const int64_t rows = m->n_rows < (int64_t)MIN_CHUNK_ROWS ? m->n_rows : (int64_t)MIN_CHUNK_ROWS;
+    return x16 + align256((size_t)rows * (size_t)m->n_cols * 2);
+}
+
+static pshard_status blas_gemm(struct cuda_ctx *ctx, cudaDataType type, const void *w, const void *x, int rows,
+                               int n_tokens, int n_cols, float *y, int64_t y_stride, cudaStream_t st) {
+    /* Column-major view: W (rows x cols, row-major) is a cols x rows matrix, x likewise; y^T =
+     * W . x^T is rows x tokens with leading dimension y_stride. */
+    const float one = 1.0f, zero = 0.0f;
+    BLAS_TRY(cublasSetStream(ctx->blas, st));
+    BLAS_TRY(cublasGemmEx(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n_tokens, n_cols, &one, w, type, n_cols, x, type,
+                          n_cols, &zero, y, CUDA_R_32F, (int)y_stride, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return PSHARD_OK;
+}
+
+extern "C" pshard_status cuda_matmul(struct cuda_ctx *ctx, const struct cuda_matrix *m, const float *x,
+                                     int64_t n_tokens, float *y, int64_t y_stride, void *work, size_t work_bytes,
+                                     cuda_stream s) {
+    CUDA_ARG(cuda_type_supported(m->type), "matmul: no GPU kernel for %s", quant_type_name(m->type));
+    CUDA_ARG(work_bytes >= cuda_matmul_work_bytes(m, n_tokens), "matmul: work buffer of %zu bytes, %zu needed",
+             work_bytes, cuda_matmul_work_bytes(m, n_tokens));
+    CUDA_ARG(m->n_rows < (1 << 30) && m->n_cols < (1 << 30) && n_tokens < (1 << 30), "matmul: matrix too large");
+    if (n_tokens == 0) return PSHARD_OK;
+    cudaStream_t st = raw_stream(s);
+    if (n_tokens <= CUDA_MATVEC_MAX_TOKENS) {
+        CORE_TRY(cuda_quantize(cuda_act_type(m->type), x, m->n_cols, n_tokens, work, s));
+        return cuda_matvec(m, work, (int)n_tokens, y, y_stride, s);
+    }
+    const int rows = (int)m->n_rows, cols = (int)m->n_cols, nt = (int)n_tokens;
+    if (m->type == QUANT_F32) return blas_gemm(ctx, CUDA_R_32F, m->data, x, rows, nt, cols, y, y_stride, st);
+    /* Activations in the weights' 16-bit format (f16, or bf16 for BF16 weights). */
+    const size_t x16_bytes = align256((size_t)n_tokens * (size_t)m->n_cols * 2);
+    CORE_TRY(cuda_quantize(m->type == QUANT_BF16 ? QUANT_BF16 : QUANT_F16, x, m->n_cols, n_tokens, work, s));
+    if (m->type == QUANT_BF16) return blas_gemm(ctx, CUDA_R_16BF, m->data, work, rows, nt, cols, y, y_stride, st);
+    if (m->type == QUANT_F16 && pick_path(ctx) == CUDA_GEMM_CUBLAS)
+        return blas_gemm(ctx, CUDA_R_16F, m->data, work, rows, nt, cols, y, y_stride, st);
+    if (pick_path(ctx) == CUDA_GEMM_FUSED || m->type == QUANT_F16) {
+        gemm_args a = {};
+        a.w = (const uint8_t *)m->data;
+        a.row_bytes = m->row_bytes;
+        a.n_rows = rows;
+        a.n_cols = cols;
+        a.x = (const __half *)work;
+        a.x_stride = cols;
+        a.n_tokens = nt;
+        a.y = y;
+        a.y_stride = y_stride;
+        return gemm_fused_run(m->type, a, (unsigned)ceil_div(nt, GEMM_TILE_M), st);
+    }
+    /* Dequantize as many rows at a time as the work buffer holds, then multiply them. */
+    uint16_t *w16 = (uint16_t *)((uint8_t *)work + x16_bytes);
+    int64_t chunk = (int64_t)((work_bytes - x16_bytes) / ((size_t)cols * 2));
+    if (chunk > rows) chunk = rows;
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+        const int64_t n = rows - r0 < chunk ? rows - r0 : chunk;
+        CORE_TRY(cuda_dequantize_f16(m, r0, n, w16, s));
+        CORE_TRY(blas_gemm(ctx, CUDA_R_16F, w16, work, (int)n, nt, cols, y + r0, y_stride, st));
+    }
+    return PSHARD_OK;
+}

@@ -1,0 +1,58 @@
+/* cuda_matvec: checks, row chunking and the choice of format family for the shared
+ * matrix-vector kernel (matvec_kernel.cuh). */
+#include "cuda/matvec.cuh"
+
+static int gcd_int(int a, int b) {
+    while (b) {
+        const int t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+pshard_status mv_run(enum quant_type type, int64_t n_cols, mv_args a, int nt, unsigned grid_y, cudaStream_t st) {
+    const int elems = cuda_block_elems(type), bytes = cuda_block_bytes(type);
+    if (!elems) return core_fail(PSHARD_ERR_UNSUPPORTED, "matvec: no GPU kernel for %s", quant_type_name(type));
+    CUDA_ARG(n_cols % elems == 0 && n_cols / elems < (1 << 30),
+             "matvec: a %s row of %lld elements is not a whole number of %d-element blocks", quant_type_name(type),
+             (long long)n_cols, elems);
+    CUDA_ARG(a.n_rows > 0 && nt >= 1 && nt <= CUDA_MATVEC_MAX_TOKENS, "matvec: %d rows, %d tokens", a.n_rows, nt);
+    a.n_blocks = (int)(n_cols / elems);
+    a.aligned = a.row_bytes % 16 == 0 && (uintptr_t)a.w % 16 == 0;
+    /* Chunks hold whole blocks and, when aligned, a multiple of 16 bytes (groups of `unit`
+     * blocks); chunks of a row are made equal so the last one is not a sliver. */
+    const int unit = 16 / gcd_int(bytes, 16);
+    const int max_blocks = MV_CHUNK / bytes / unit * unit;
+    const int n_chunks = (int)ceil_div(a.n_blocks, max_blocks);
+    a.chunk_blocks = (int)(ceil_div(ceil_div(a.n_blocks, n_chunks), unit) * unit);
+    const dim3 grid((unsigned)ceil_div(a.n_rows, MV_WARPS), grid_y);
+    switch (type) {
+    case QUANT_F32: case QUANT_F16: case QUANT_BF16: return mv_launch_float(type, nt, a, grid, st);
+    case QUANT_Q2_K: case QUANT_Q3_K: case QUANT_Q4_K: case QUANT_Q5_K: case QUANT_Q6_K:
+        return mv_launch_kquants(type, nt, a, grid, st);
+    default: return mv_launch_legacy(type, nt, a, grid, st);
+    }
+}
+
+extern "C" pshard_status cuda_matvec(const struct cuda_matrix *m, const void *acts, int n_tokens, float *y,
+                                     int64_t y_stride, cuda_stream s) {
+    CUDA_ARG(m->n_rows < (1 << 30), "matvec: %lld rows", (long long)m->n_rows);
+    const size_t act_row = cuda_act_row_bytes(cuda_act_type(m->type), m->n_cols);
+    /* More than 8 tokens: passes of up to 8 (the GEMM paths are faster there; this keeps any
+     * count correct). */
+    for (int t0 = 0; t0 < n_tokens; t0 += CUDA_MATVEC_MAX_TOKENS) {
+        const int nt = n_tokens - t0 < CUDA_MATVEC_MAX_TOKENS ? n_tokens - t0 : CUDA_MATVEC_MAX_TOKENS;
+        mv_args a = {};
+        a.w = (const uint8_t *)m->data;
+        a.row_bytes = m->row_bytes;
+        a.n_rows = (int)m->n_rows;
+        a.act = (const uint8_t *)acts + (size_t)t0 * act_row;
+        a.act_row_bytes = act_row;
+        a.y = y + (int64_t)t0 * y_stride;
+        a.y_stride = y_stride;
+        a.act_div = 1;
+        CORE_TRY(mv_run(m->type, m->n_cols, a, nt, 1, raw_stream(s)));
+    }
+    return PSHARD_OK;
+}

@@ -1,0 +1,44 @@
+/* The matrix-vector kernels' launch interface inside the backend: the argument block shared by
+ * the dense and the expert-grouped (MoE) uses, and one launcher per family of formats. */
+#ifndef CUDA_MATVEC_CUH
+#define CUDA_MATVEC_CUH
+
+#include "cuda/cuda_internal.cuh"
+
+enum {
+    MV_WARPS = 4,
+    MV_THREADS = 32 * MV_WARPS,
+    MV_CHUNK = 2048,            /* bytes of a row staged per warp at a time */
+    MV_UNITS = MV_CHUNK / 512,  /* 16-byte loads per lane per chunk */
+};
+
+struct mv_args {
+    const uint8_t *w;        /* the matrix, or expert 0 of a 3-D expert tensor */
+    size_t row_bytes;
+    int n_rows;
+    int n_blocks;            /* blocks per row (float types: units of 32 elements) */
+    int chunk_blocks;        /* blocks staged per chunk */
+    bool aligned;            /* rows start on 16 bytes: stage with 16-byte loads */
+    const uint8_t *act;      /* quantized activations, act_row_bytes per row */
+    size_t act_row_bytes;
+    float *y;
+    int64_t y_stride;
+    /* Expert groups (NULL pairs: dense, tokens 0..NT-1). */
+    const int32_t *pairs;        /* token * k + slot, grouped by expert */
+    const int32_t *expert_start; /* [n_expert + 1] into pairs */
+    const int32_t *active;       /* experts with pairs, blockIdx.y indexes it */
+    const int32_t *n_active;
+    const void *const *expert_ptrs; /* optional per-expert matrices */
+    size_t expert_stride;        /* bytes between experts of the 3-D tensor */
+    int act_div;                 /* activation row of pair p is p / act_div */
+};
+
+/* Fill the geometry of `a` for a matrix of `type` (n_blocks, chunk_blocks, aligned) and launch
+ * with grid (rows / MV_WARPS, grid_y) for nt tokens per pass. */
+pshard_status mv_run(enum quant_type type, int64_t n_cols, mv_args a, int nt, unsigned grid_y, cudaStream_t st);
+
+pshard_status mv_launch_legacy(enum quant_type type, int nt, const mv_args &a, dim3 grid, cudaStream_t st);
+pshard_status mv_launch_kquants(enum quant_type type, int nt, const mv_args &a, dim3 grid, cudaStream_t st);
+pshard_status mv_launch_float(enum quant_type type, int nt, const mv_args &a, dim3 grid, cudaStream_t st);
+
+#endif

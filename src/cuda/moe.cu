@@ -1,0 +1,270 @@
+/* Mixture-of-experts on the GPU: routing (softmax, top-k, renormalization, as cpu_moe_route),
+ * grouping of the (token, slot) pairs by expert, and the expert FFN, which runs each chosen
+ * expert's gate/up/down once per step over all its tokens -- with the matrix-vector kernel up
+ * to 8 tokens, with the fused dequantizing GEMM beyond -- then the weighted sum. Experts can
+ * be restricted to a subset (a mask), leaving the others to the CPU or a later call. */
+#include "cuda/gemm.cuh"
+#include "cuda/matvec.cuh"
+
+#include <math.h>
+
+enum { ROUTE_THREADS = 128, GROUP_THREADS = 1024, MOE_MAX_EXPERTS = 2048, MOE_MAX_K = 64 };
+
+/* (value, index) argmax over the block, ties to the lower index. */
+__device__ void block_argmax(float v, int i, float *sv, int *si, float *out_v, int *out_i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+        const int i2 = __shfl_xor_sync(0xffffffffu, i, o);
+        if (v2 > v || (v2 == v && i2 < i)) v = v2, i = i2;
+    }
+    const int warp = threadIdx.x / 32;
+    if (threadIdx.x % 32 == 0) sv[warp] = v, si[warp] = i;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < ROUTE_THREADS / 32; w++)
+            if (sv[w] > sv[0] || (sv[w] == sv[0] && si[w] < si[0])) sv[0] = sv[w], si[0] = si[w];
+        *out_v = sv[0], *out_i = si[0];
+    }
+    __syncthreads();
+}
+
+/* One block per token. */
+__global__ void __launch_bounds__(ROUTE_THREADS) route_kernel(const float *logits, int n_expert, int k, bool normalize,
+                                                              int32_t *ids, float *weights) {
+    __shared__ float probs[MOE_MAX_EXPERTS], pick[MOE_MAX_EXPERTS];
+    __shared__ float sv[ROUTE_THREADS / 32], best_v, chosen_w[MOE_MAX_K];
+    __shared__ int si[ROUTE_THREADS / 32], best_i;
+    __shared__ double sd[ROUTE_THREADS / 32];
+    const int t = blockIdx.x, tid = threadIdx.x;
+    const float *x = logits + (int64_t)t * n_expert;
+    float mx = -INFINITY;
+    for (int e = tid; e < n_expert; e += ROUTE_THREADS) mx = fmaxf(mx, probs[e] = x[e]);
+    block_argmax(mx, 0, sv, si, &best_v, &best_i);
+    mx = best_v;
+    double sum = 0.0;
+    for (int e = tid; e < n_expert; e += ROUTE_THREADS) sum += probs[e] = expf(probs[e] - mx);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (tid % 32 == 0) sd[tid / 32] = sum;
+    __syncthreads();
+    double total = 0.0;
+    for (int w = 0; w < ROUTE_THREADS / 32; w++) total += sd[w];
+    const float inv = (float)(1.0 / total);
+    for (int e = tid; e < n_expert; e += ROUTE_THREADS) pick[e] = probs[e] = probs[e] * inv;
+    __syncthreads();
+    /* Top k by repeated argmax; probabilities are >= 0, so -1 marks a taken expert. */
+    for (int j = 0; j < k; j++) {
+        float v = -2.0f;
+        int i = 1 << 30;
+        for (int e = tid; e < n_expert; e += ROUTE_THREADS)
+            if (pick[e] > v) v = pick[e], i = e;
+        block_argmax(v, i, sv, si, &best_v, &best_i);
+        if (tid == 0) {
+            ids[t * k + j] = best_i;
+            chosen_w[j] = probs[best_i];
+            pick[best_i] = -1.0f;
+        }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        float wsum = 0.0f;
+        for (int j = 0; j < k; j++) wsum += chosen_w[j];
+        for (int j = 0; j < k; j++) weights[t * k + j] = normalize ? chosen_w[j] / wsum : chosen_w[j];
+    }
+}
+
+extern "C" pshard_status cuda_moe_route(const float *logits, int64_t n_tokens, int n_expert, int k, bool normalize,
+                                        int32_t *ids, float *weights, cuda_stream s) {
+    CUDA_ARG(n_expert > 0 && n_expert <= MOE_MAX_EXPERTS && k > 0 && k <= n_expert && k <= MOE_MAX_K,
+             "MoE routing: top %d of %d experts", k, n_expert);
+    if (n_tokens == 0) return PSHARD_OK;
+    route_kernel<<<(unsigned)n_tokens, ROUTE_THREADS, 0, raw_stream(s)>>>(logits, n_expert, k, normalize, ids, weights);
+    CUDA_TRY_LAUNCH("moe route");
+    return PSHARD_OK;
+}
+
+/* ---- grouping: a counting sort of the pairs by expert, in one block */
+
+struct moe_groups {
+    int32_t *expert_start; /* [n_expert + 1] */
+    int32_t *active, *n_active, *n_tiles;
+    int32_t *tile_expert, *tile_start;
+    int32_t *pairs;
+};
+
+__global__ void __launch_bounds__(GROUP_THREADS) group_kernel(const int32_t *ids, const uint8_t *mask, int n_pairs,
+                                                              int n_expert, moe_groups g) {
+    __shared__ int count[MOE_MAX_EXPERTS], cursor[MOE_MAX_EXPERTS];
+    const int tid = threadIdx.x;
+    for (int e = tid; e < n_expert; e += GROUP_THREADS) count[e] = 0;
+    __syncthreads();
+    for (int p = tid; p < n_pairs; p += GROUP_THREADS) {
+        const int e = ids[p];
+        if (!mask || mask[e]) atomicAdd(&count[e], 1);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int start = 0, n_active = 0, n_tiles = 0;
+        for (int e = 0; e < n_expert; e++) {
+            g.expert_start[e] = cursor[e] = start;
+            if (count[e]) g.active[n_active++] = e;
+            for (int s = 0; s < count[e]; s += GEMM_TILE_M) {
+                g.tile_expert[n_tiles] = e;
+                g.tile_start[n_tiles++] = start + s;
+            }
+            start += count[e];
+        }
+        g.expert_start[n_expert] = start;
+        *g.n_active = n_active;
+        *g.n_tiles = n_tiles;
+    }
+    __syncthreads();
+    /* Order inside an expert's group is arbitrary: every pair's result is computed alone. */
+    for (int p = tid; p < n_pairs; p += GROUP_THREADS) {
+        const int e = ids[p];
+        if (!mask || mask[e]) g.pairs[atomicAdd(&cursor[e], 1)] = p;
+    }
+}
+
+/* out[t] (=|+=) sum_j w[t][j] * down[t * k + j], over the experts computed here, unfused as
+ * the CPU sums. */
+__global__ void weighted_sum_kernel(const float *down, const int32_t *ids, const float *weights, const uint8_t *mask,
+                                    int64_t n_tokens, int k, int64_t n_embd, float *out, bool accumulate) {
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n_tokens * n_embd) return;
+    const int64_t t = idx / n_embd, i = idx % n_embd;
+    float o = 0.0f;
+    for (int j = 0; j < k; j++) {
+        const int64_t pair = t * k + j;
+        if (mask && !mask[ids[pair]]) continue;
+        o = __fadd_rn(o, __fmul_rn(weights[pair], down[pair * n_embd + i]));
+    }
+    out[idx] = accumulate ? out[idx] + o : o;
+}
+
+/* ---- the expert FFN */
+
+struct moe_work {
+    moe_groups g;
+    float *gate_out, *up_out, *down_out;
+    uint8_t *x_act, *x_act_up, *h_act;
+    size_t bytes;
+};
+
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* Carve the work buffer (or, with base NULL, just measure it). */
+static moe_work moe_layout(const struct cuda_moe *m, int64_t n_tokens, uint8_t *base) {
+    moe_work w = {};
+    const int64_t pairs = n_tokens * m->k, n_embd = m->gate.n_cols, n_ff = m->gate.n_rows, E = m->n_expert;
+    const int64_t tiles = ceil_div(pairs, GEMM_TILE_M) + (E < pairs ? E : pairs);
+    const bool gemm = n_tokens > CUDA_MATVEC_MAX_TOKENS;
+    size_t at = 0;
+    auto take = [&](size_t bytes) { uint8_t *p = base ? base + at : nullptr; at += align256(bytes); return p; };
+    w.g.expert_start = (int32_t *)take(4 * (size_t)(E + 1));
+    w.g.active = (int32_t *)take(4 * (size_t)E);
+    w.g.n_active = (int32_t *)take(4);
+    w.g.n_tiles = (int32_t *)take(4);
+    w.g.tile_expert = (int32_t *)take(4 * (size_t)tiles);
+    w.g.tile_start = (int32_t *)take(4 * (size_t)tiles);
+    w.g.pairs = (int32_t *)take(4 * (size_t)pairs);
+    w.gate_out = (float *)take(4 * (size_t)(pairs * n_ff));
+    w.up_out = (float *)take(4 * (size_t)(pairs * n_ff));
+    w.down_out = (float *)take(4 * (size_t)(pairs * m->down.n_rows));
+    if (gemm) {
+        w.x_act = take(2 * (size_t)(n_tokens * n_embd));
+        w.h_act = take(2 * (size_t)(pairs * n_ff));
+    } else {
+        w.x_act = take(cuda_act_row_bytes(cuda_act_type(m->gate.type), n_embd) * (size_t)n_tokens);
+        w.x_act_up = take(cuda_act_row_bytes(cuda_act_type(m->up.type), n_embd) * (size_t)n_tokens);
+        w.h_act = take(cuda_act_row_bytes(cuda_act_type(m->down.type), n_ff) * (size_t)pairs);
+    }
+    w.bytes = at;
+    return w;
+}
+
+extern "C" size_t cuda_moe_work_bytes(const struct cuda_moe *m, int64_t n_tokens) {
+    return moe_layout(m, n_tokens, NULL).bytes;
+}
+
+/* One projection of every active expert: matrix mat (3-D, or the pointer table) over the
+ * pairs, activations `act` (row = pair / act_div), into y [pairs][mat->n_rows]. */
+static pshard_status expert_matmul(const struct cuda_moe *m, const struct cuda_matrix *mat, const void *const *ptrs,
+                                   const moe_work &w, int64_t n_tokens, const uint8_t *act, int act_div, float *y,
+                                   cudaStream_t st) {
+    const int64_t pairs = n_tokens * m->k;
+    if (n_tokens <= CUDA_MATVEC_MAX_TOKENS) {
+        mv_args a = {};
+        a.w = (const uint8_t *)mat->data;
+        a.row_bytes = mat->row_bytes;
+        a.n_rows = (int)mat->n_rows;
+        a.act = act;
+        a.act_row_bytes = cuda_act_row_bytes(cuda_act_type(mat->type), mat->n_cols);
+        a.y = y;
+        a.y_stride = mat->n_rows;
+        a.pairs = w.g.pairs, a.expert_start = w.g.expert_start, a.active = w.g.active, a.n_active = w.g.n_active;
+        a.expert_ptrs = ptrs;
+        a.expert_stride = (size_t)mat->n_rows * mat->row_bytes;
+        a.act_div = act_div;
+        /* Each token picks an expert at most once, so a group never exceeds n_tokens pairs. */
+        return mv_run(mat->type, mat->n_cols, a, (int)n_tokens, (unsigned)(m->n_expert < pairs ? m->n_expert : pairs), st);
+    }
+    gemm_args a = {};
+    a.w = (const uint8_t *)mat->data;
+    a.row_bytes = mat->row_bytes;
+    a.n_rows = (int)mat->n_rows;
+    a.n_cols = (int)mat->n_cols;
+    a.x = (const __half *)act;
+    a.x_stride = mat->n_cols;
+    a.y = y;
+    a.y_stride = mat->n_rows;
+    a.pairs = w.g.pairs, a.expert_start = w.g.expert_start, a.tile_expert = w.g.tile_expert;
+    a.tile_start = w.g.tile_start, a.n_tiles = w.g.n_tiles;
+    a.expert_ptrs = ptrs;
+    a.expert_stride = (size_t)mat->n_rows * mat->row_bytes;
+    a.act_div = act_div;
+    const int64_t tiles = ceil_div(pairs, GEMM_TILE_M) + (m->n_expert < pairs ? m->n_expert : pairs);
+    return gemm_fused_run(mat->type, a, (unsigned)tiles, st);
+}
+
+extern "C" pshard_status cuda_moe_ffn(const struct cuda_moe *m, const float *x, const int32_t *ids,
+                                      const float *weights, int64_t n_tokens, float *out, bool accumulate, void *work,
+                                      size_t work_bytes, cuda_stream s) {
+    const int64_t n_embd = m->gate.n_cols, n_ff = m->gate.n_rows, pairs = n_tokens * m->k;
+    CUDA_ARG(m->n_expert > 0 && m->n_expert <= MOE_MAX_EXPERTS && m->k > 0 && m->k <= m->n_expert,
+             "MoE: top %d of %d experts", m->k, m->n_expert);
+    CUDA_ARG(m->up.n_rows == n_ff && m->up.n_cols == n_embd && m->down.n_cols == n_ff && m->down.n_rows == n_embd,
+             "MoE: gate/up/down shapes do not match");
+    CUDA_ARG(pairs < (1 << 30), "MoE: %lld tokens", (long long)n_tokens);
+    CUDA_ARG(work_bytes >= cuda_moe_work_bytes(m, n_tokens), "MoE: work buffer of %zu bytes, %zu needed", work_bytes,
+             cuda_moe_work_bytes(m, n_tokens));
+    if (n_tokens == 0) return PSHARD_OK;
+    cudaStream_t st = raw_stream(s);
+    const moe_work w = moe_layout(m, n_tokens, (uint8_t *)work);
+    group_kernel<<<1, GROUP_THREADS, 0, st>>>(ids, m->expert_mask, (int)pairs, m->n_expert, w.g);
+    CUDA_TRY_LAUNCH("moe group");
+    const bool gemm = n_tokens > CUDA_MATVEC_MAX_TOKENS;
+    if (gemm) {
+        CORE_TRY(cuda_quantize(QUANT_F16, x, n_embd, n_tokens, w.x_act, s));
+        CORE_TRY(expert_matmul(m, &m->gate, m->gate_ptrs, w, n_tokens, w.x_act, m->k, w.gate_out, st));
+        CORE_TRY(expert_matmul(m, &m->up, m->up_ptrs, w, n_tokens, w.x_act, m->k, w.up_out, st));
+    } else {
+        CORE_TRY(cuda_quantize(cuda_act_type(m->gate.type), x, n_embd, n_tokens, w.x_act, s));
+        const uint8_t *up_act = w.x_act;
+        if (cuda_act_type(m->up.type) != cuda_act_type(m->gate.type)) {
+            CORE_TRY(cuda_quantize(cuda_act_type(m->up.type), x, n_embd, n_tokens, w.x_act_up, s));
+            up_act = w.x_act_up;
+        }
+        CORE_TRY(expert_matmul(m, &m->gate, m->gate_ptrs, w, n_tokens, w.x_act, m->k, w.gate_out, st));
+        CORE_TRY(expert_matmul(m, &m->up, m->up_ptrs, w, n_tokens, up_act, m->k, w.up_out, st));
+    }
+    /* Rows of pairs not computed here hold stale values; nothing below reads them. */
+    CORE_TRY(cuda_swiglu(w.gate_out, w.up_out, w.gate_out, pairs * n_ff, s));
+    CORE_TRY(cuda_quantize(gemm ? QUANT_F16 : cuda_act_type(m->down.type), w.gate_out, n_ff, pairs, w.h_act, s));
+    CORE_TRY(expert_matmul(m, &m->down, m->down_ptrs, w, n_tokens, w.h_act, 1, w.down_out, st));
+    weighted_sum_kernel<<<(unsigned)ceil_div(n_tokens * n_embd, 256), 256, 0, st>>>(
+        w.down_out, ids, weights, m->expert_mask, n_tokens, m->k, n_embd, out, accumulate);
+    CUDA_TRY_LAUNCH("moe weighted sum");
+    return PSHARD_OK;
+}

@@ -1,0 +1,124 @@
+/* RoPE tables and rotation, and the f16 store of new K/V into the cache. The table follows
+ * src/cpu/rope.c exactly: theta advances by repeated f32 multiplication with a theta_scale
+ * computed on the host by the same powf, the YaRN constants come from the host too, and every
+ * product and sum is written unfused (__fmul_rn...) as the CPU compiles it, so only cosf/sinf
+ * may differ (by an ulp). */
+#include "cuda/cuda_internal.cuh"
+
+#include <math.h>
+
+struct rope_dev {
+    int n_dims;
+    bool neox;
+    float theta_scale, freq_scale, ext_factor, attn_factor, yarn_mscale, corr_lo, corr_hi;
+    const float *freq_factors;
+};
+
+/* Host: the same expressions as cpu_rope_table, evaluated by the same libm. */
+static float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
+    return (float)n_dims * logf((float)n_ctx_orig / (n_rot * 2.0f * (float)M_PI)) / (2.0f * logf(base));
+}
+
+static rope_dev rope_prepare(const struct rope_params *p, const float *freq_factors) {
+    rope_dev r = {};
+    r.n_dims = p->n_dims;
+    r.neox = p->neox;
+    r.theta_scale = powf(p->freq_base, -2.0f / (float)p->n_dims);
+    r.freq_scale = p->freq_scale;
+    r.ext_factor = p->ext_factor;
+    r.attn_factor = p->attn_factor;
+    if (p->ext_factor != 0.0f) {
+        r.corr_lo = fmaxf(0.0f, floorf(yarn_corr_dim(p->n_dims, p->n_ctx_orig, p->beta_fast, p->freq_base)));
+        r.corr_hi = fminf((float)(p->n_dims - 1), ceilf(yarn_corr_dim(p->n_dims, p->n_ctx_orig, p->beta_slow, p->freq_base)));
+        float mscale = p->attn_factor;
+        mscale *= 1.0f + 0.1f * logf(1.0f / p->freq_scale);
+        r.yarn_mscale = mscale;
+    }
+    r.freq_factors = freq_factors;
+    return r;
+}
+
+/* One thread per token: the multiplication chain is sequential by definition. */
+__global__ void rope_table_kernel(const rope_dev r, const int32_t *pos, int64_t n_tokens, float *cs) {
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n_tokens) return;
+    float *out = cs + t * r.n_dims;
+    float theta = (float)pos[t];
+    for (int i0 = 0; i0 < r.n_dims; i0 += 2) {
+        const float factor = r.freq_factors ? r.freq_factors[i0 / 2] : 1.0f;
+        const float theta_extrap = __fdiv_rn(theta, factor);
+        const float theta_interp = __fmul_rn(r.freq_scale, theta_extrap);
+        float angle = theta_interp, mscale = r.attn_factor;
+        if (r.ext_factor != 0.0f) {
+            const float y = __fdiv_rn(__fsub_rn((float)i0 / 2, r.corr_lo), fmaxf(0.001f, __fsub_rn(r.corr_hi, r.corr_lo)));
+            const float mix = __fmul_rn(1.0f - fminf(1.0f, fmaxf(0.0f, y)), r.ext_factor);
+            angle = __fadd_rn(__fmul_rn(theta_interp, __fsub_rn(1.0f, mix)), __fmul_rn(theta_extrap, mix));
+            mscale = r.yarn_mscale;
+        }
+        out[i0] = __fmul_rn(cosf(angle), mscale);
+        out[i0 + 1] = __fmul_rn(sinf(angle), mscale);
+        theta = __fmul_rn(theta, r.theta_scale);
+    }
+}
+
+/* One thread per rotated pair of one head of one token. */
+__global__ void rope_apply_kernel(const rope_dev r, const float *cs, float *x, int64_t n_tokens, int n_heads,
+                                  int head_size) {
+    const int half = r.n_dims / 2;
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n_tokens * n_heads * half) return;
+    const int i = (int)(idx % half);
+    const int64_t th = idx / half, t = th / n_heads;
+    float *v = x + th * head_size;
+    const float c = cs[t * r.n_dims + 2 * i], s = cs[t * r.n_dims + 2 * i + 1];
+    const int a = r.neox ? i : 2 * i, b = r.neox ? i + half : 2 * i + 1;
+    const float x0 = v[a], x1 = v[b];
+    v[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    v[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
+extern "C" pshard_status cuda_rope_table(const struct rope_params *p, const float *freq_factors, const int32_t *pos,
+                                         int64_t n_tokens, float *cs, cuda_stream s) {
+    CUDA_ARG(p->n_dims > 0 && p->n_dims % 2 == 0, "rope: %d rotated dimensions", p->n_dims);
+    if (n_tokens == 0) return PSHARD_OK;
+    rope_table_kernel<<<(unsigned)ceil_div(n_tokens, 64), 64, 0, raw_stream(s)>>>(rope_prepare(p, freq_factors), pos,
+                                                                                n_tokens, cs);
+    CUDA_TRY_LAUNCH("rope_table");
+    return PSHARD_OK;
+}
+
+extern "C" pshard_status cuda_rope_apply(const struct rope_params *p, const float *cs, float *x, int64_t n_tokens,
+                                         int n_heads, int head_size, cuda_stream s) {
+    CUDA_ARG(p->n_dims > 0 && p->n_dims % 2 == 0 && p->n_dims <= head_size, "rope: %d of %d dimensions", p->n_dims,
+             head_size);
+    const int64_t n = n_tokens * n_heads * (p->n_dims / 2);
+    if (n == 0) return PSHARD_OK;
+    rope_apply_kernel<<<(unsigned)ceil_div(n, 256), 256, 0, raw_stream(s)>>>(rope_prepare(p, NULL), cs, x, n_tokens,
+                                                                          n_heads, head_size);
+    CUDA_TRY_LAUNCH("rope_apply");
+    return PSHARD_OK;
+}
+
+/* ---- KV store: round to f16 (nearest even, as half_from_f32) into cell pos[t] of seq[t]. */
+
+__global__ void kv_store_kernel(uint16_t *cache, int64_t seq_stride, const float *x, int64_t width,
+                                const int32_t *seq, const int32_t *pos, int64_t n_tokens) {
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n_tokens * width) return;
+    const int64_t t = idx / width, i = idx % width;
+    const __half h = __float2half_rn(x[idx]);
+    cache[seq[t] * seq_stride + (int64_t)pos[t] * width + i] = *(const uint16_t *)&h;
+}
+
+extern "C" pshard_status cuda_kv_store(const struct cuda_kv_layer *kv, const float *k, const float *v, int64_t k_width,
+                                       int64_t v_width, const int32_t *seq, const int32_t *pos, int64_t n_tokens,
+                                       cuda_stream s) {
+    if (n_tokens == 0) return PSHARD_OK;
+    kv_store_kernel<<<(unsigned)ceil_div(n_tokens * k_width, 256), 256, 0, raw_stream(s)>>>(kv->k, kv->seq_stride_k, k,
+                                                                                        k_width, seq, pos, n_tokens);
+    CUDA_TRY_LAUNCH("kv_store");
+    kv_store_kernel<<<(unsigned)ceil_div(n_tokens * v_width, 256), 256, 0, raw_stream(s)>>>(kv->v, kv->seq_stride_v, v,
+                                                                                        v_width, seq, pos, n_tokens);
+    CUDA_TRY_LAUNCH("kv_store");
+    return PSHARD_OK;
+}

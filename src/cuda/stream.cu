@@ -1,0 +1,139 @@
+/* Streams, events, asynchronous copies and pinned host memory: the pieces the executor uses to
+ * overlap weight streaming (copy stream) with compute (compute stream). */
+#include "cuda/cuda_internal.cuh"
+
+#include <string.h>
+#include <unistd.h>
+
+extern "C" pshard_status cuda_stream_create(cuda_stream *out) {
+    cudaStream_t s;
+    CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    *out = (cuda_stream)s;
+    return PSHARD_OK;
+}
+
+extern "C" void cuda_stream_destroy(cuda_stream s) {
+    if (s) cudaStreamDestroy(raw_stream(s));
+}
+
+extern "C" pshard_status cuda_stream_sync(cuda_stream s) {
+    CUDA_TRY(cudaStreamSynchronize(raw_stream(s)));
+    return PSHARD_OK;
+}
+
+extern "C" pshard_status cuda_event_create(bool timing, cuda_event *out) {
+    cudaEvent_t e;
+    CUDA_TRY(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+    *out = (cuda_event)e;
+    return PSHARD_OK;
+}
+
+extern "C" void cuda_event_destroy(cuda_event e) {
+    if (e) cudaEventDestroy((cudaEvent_t)e);
+}
+
+extern "C" pshard_status cuda_event_record(cuda_event e, cuda_stream s) {
+    CUDA_TRY(cudaEventRecord((cudaEvent_t)e, raw_stream(s)));
+    return PSHARD_OK;
+}
+
+extern "C" pshard_status cuda_stream_wait(cuda_stream s, cuda_event e) {
+    CUDA_TRY(cudaStreamWaitEvent(raw_stream(s), (cudaEvent_t)e, 0));
+    return PSHARD_OK;
+}
+
+extern "C" pshard_status cuda_event_sync(cuda_event e) {
+    CUDA_TRY(cudaEventSynchronize((cudaEvent_t)e));
+    return PSHARD_OK;
+}
+
+extern "C" pshard_status cuda_event_done(cuda_event e, bool *done) {
+    cudaError_t err = cudaEventQuery((cudaEvent_t)e);
+    if (err == cudaErrorNotReady) {
+        *done = false;
+        return PSHARD_OK;
+    }
+    CUDA_TRY(err);
+    *done = true;
+    return PSHARD_OK;
+}
+
+extern "C" pshard_status cuda_event_elapsed_ms(cuda_event start, cuda_event end, float *ms) {
+    CUDA_TRY(cudaEventElapsedTime(ms, (cudaEvent_t)start, (cudaEvent_t)end));
+    return PSHARD_OK;
+}
+
+extern "C" pshard_status cuda_copy_h2d(void *dst_dev, const void *src_host, size_t bytes, cuda_stream s) {
+    CUDA_TRY(cudaMemcpyAsync(dst_dev, src_host, bytes, cudaMemcpyHostToDevice, raw_stream(s)));
+    return PSHARD_OK;
+}
+
+extern "C" pshard_status cuda_copy_d2h(void *dst_host, const void *src_dev, size_t bytes, cuda_stream s) {
+    CUDA_TRY(cudaMemcpyAsync(dst_host, src_dev, bytes, cudaMemcpyDeviceToHost, raw_stream(s)));
+    return PSHARD_OK;
+}
+
+extern "C" pshard_status cuda_copy_d2d(void *dst_dev, const void *src_dev, size_t bytes, cuda_stream s) {
+    CUDA_TRY(cudaMemcpyAsync(dst_dev, src_dev, bytes, cudaMemcpyDeviceToDevice, raw_stream(s)));
+    return PSHARD_OK;
+}
+
+extern "C" pshard_status cuda_memset(void *dst_dev, int value, size_t bytes, cuda_stream s) {
+    CUDA_TRY(cudaMemsetAsync(dst_dev, value, bytes, raw_stream(s)));
+    return PSHARD_OK;
+}
+
+/* ---- pinned host memory */
+
+extern "C" pshard_status cuda_host_register(void *ptr, size_t bytes, bool required, struct cuda_pinned *out) {
+    memset(out, 0, sizeof *out);
+    out->ptr = ptr;
+    out->bytes = bytes;
+    CUDA_ARG(ptr && bytes > 0, "cudaHostRegister: empty range");
+    /* Registration works on whole pages; an mmapped tensor rarely starts on one. */
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t begin = (uintptr_t)ptr & ~(page - 1);
+    const uintptr_t end = ((uintptr_t)ptr + bytes + page - 1) & ~(page - 1);
+    out->base = (void *)begin;
+    out->base_bytes = end - begin;
+    /* Read-only first: a PROT_READ file mapping can only be registered that way. */
+    cudaError_t err = cudaHostRegister(out->base, out->base_bytes, cudaHostRegisterReadOnly | cudaHostRegisterPortable);
+    if (err == cudaSuccess) {
+        out->pinned = out->read_only = true;
+        return PSHARD_OK;
+    }
+    cudaGetLastError();
+    cudaError_t err2 = cudaHostRegister(out->base, out->base_bytes, cudaHostRegisterPortable);
+    if (err2 == cudaSuccess) {
+        out->pinned = true;
+        return PSHARD_OK;
+    }
+    cudaGetLastError();
+    if (!required) return PSHARD_OK; /* stays pageable: correct, but copies run at ~1/5 speed */
+    return core_fail(PSHARD_ERR_IO,
+                     "cannot pin %.1f MiB of host memory at %p for GPU copies (read-only: %s; read-write: %s); "
+                     "check the locked-memory limit (ulimit -l) or that the range is mapped",
+                     out->base_bytes / 1048576.0, out->base, cudaGetErrorString(err), cudaGetErrorString(err2));
+}
+
+extern "C" pshard_status cuda_host_alloc(size_t bytes, struct cuda_pinned *out) {
+    memset(out, 0, sizeof *out);
+    CUDA_ARG(bytes > 0, "cudaMallocHost: size 0");
+    void *p = NULL;
+    cudaError_t err = cudaMallocHost(&p, bytes);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        return core_fail(PSHARD_ERR_NOMEM, "cannot allocate %.1f MiB of pinned host memory: %s", bytes / 1048576.0,
+                         cudaGetErrorString(err));
+    }
+    out->ptr = out->base = p;
+    out->bytes = out->base_bytes = bytes;
+    out->pinned = out->allocated = true;
+    return PSHARD_OK;
+}
+
+extern "C" void cuda_pinned_release(struct cuda_pinned *p) {
+    if (p->allocated) cudaFreeHost(p->base);
+    else if (p->pinned) cudaHostUnregister(p->base);
+    memset(p, 0, sizeof *p);
+}

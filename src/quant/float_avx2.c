@@ -1,0 +1,138 @@
+/* AVX2 kernels of the float formats (F32, F16, BF16) and the activation quantizers
+ * (F16, BF16, Q8_0, Q8_1, Q8_K). The quantizers write the same bytes as the reference. */
+#include "quant/quant_internal.h"
+#include "quant/simd_x86.h"
+
+/* ---- float rows */
+
+void quant_dequant_f16_avx2(const void *w, float *y, int64_t n) {
+    const uint8_t *p = w;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 2 * i))));
+    for (; i < n; i++) y[i] = half_load(p + 2 * i);
+}
+
+static inline __m256 bf16x8_load(const uint8_t *p) {
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+void quant_dequant_bf16_avx2(const void *w, float *y, int64_t n) {
+    const uint8_t *p = w;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, bf16x8_load(p + 2 * i));
+    quant_dequant_bf16_ref(p + 2 * i, y + i, n - i);
+}
+
+void quant_act_f16_avx2(const float *x, void *act, int64_t n) {
+    uint8_t *p = act;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(p + 2 * i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) half_store(p + 2 * i, x[i]);
+}
+
+/* f32 -> bf16 bits in 8 int32 lanes: round to nearest even, nan kept quiet. */
+static inline __m256i bf16x8_round(__m256 x) {
+    __m256i u = _mm256_castps_si256(x);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(64));
+    __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+    return _mm256_blendv_epi8(rounded, quiet, is_nan);
+}
+
+void quant_act_bf16_avx2(const float *x, void *act, int64_t n) {
+    uint8_t *p = act;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i a = bf16x8_round(_mm256_loadu_ps(x + i)), b = bf16x8_round(_mm256_loadu_ps(x + i + 8));
+        __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), _MM_SHUFFLE(3, 1, 2, 0));
+        _mm256_storeu_si256((__m256i *)(p + 2 * i), packed);
+    }
+    quant_act_bf16_ref(x + i, p + 2 * i, n - i);
+}
+
+/* ---- float dots: four accumulators hide the FMA latency */
+
+#define FLOAT_DOT_AVX2(name, elem_bytes, load, ref_tail)                                         \
+    float name(int64_t n, const void *w, const void *act) {                                      \
+        const uint8_t *a = w, *b = act;                                                          \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                           \
+        __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();                           \
+        int64_t i = 0;                                                                           \
+        for (; i + 32 <= n; i += 32) {                                                           \
+            const uint8_t *pa = a + i * elem_bytes, *pb = b + i * elem_bytes;                    \
+            acc0 = _mm256_fmadd_ps(load(pa), load(pb), acc0);                                    \
+            acc1 = _mm256_fmadd_ps(load(pa + 8 * elem_bytes), load(pb + 8 * elem_bytes), acc1);  \
+            acc2 = _mm256_fmadd_ps(load(pa + 16 * elem_bytes), load(pb + 16 * elem_bytes), acc2);\
+            acc3 = _mm256_fmadd_ps(load(pa + 24 * elem_bytes), load(pb + 24 * elem_bytes), acc3);\
+        }                                                                                        \
+        for (; i + 8 <= n; i += 8)                                                               \
+            acc0 = _mm256_fmadd_ps(load(a + i * elem_bytes), load(b + i * elem_bytes), acc0);    \
+        __m256 s = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));          \
+        return hsum_ps256(s) + ref_tail(n - i, a + i * elem_bytes, b + i * elem_bytes);           \
+    }
+
+static inline __m256 f32x8_load(const uint8_t *p) { return _mm256_loadu_ps((const float *)p); }
+static inline __m256 f16x8_load(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+FLOAT_DOT_AVX2(quant_dot_f32_avx2, 4, f32x8_load, quant_dot_f32_ref)
+FLOAT_DOT_AVX2(quant_dot_f16_avx2, 2, f16x8_load, quant_dot_f16_ref)
+FLOAT_DOT_AVX2(quant_dot_bf16_avx2, 2, bf16x8_load, quant_dot_bf16_ref)
+
+/* ---- activation quantizers */
+
+void quant_act_q8_0_avx2(const float *x, void *act, int64_t n) {
+    struct block_q8_0 *y = act;
+    for (int64_t i = 0; i < n / 32; i++, x += 32) {
+        float amax = abs_max_avx2(x, 32);
+        __m256i i32[4];
+        __m256i q = quantize_32_avx2(x, amax != 0.0f ? 127.0f / amax : 0.0f, i32);
+        _mm256_storeu_si256((__m256i *)y[i].qs, q);
+        y[i].d = half_from_f32(amax / 127.0f);
+    }
+}
+
+void quant_act_q8_1_avx2(const float *x, void *act, int64_t n) {
+    struct block_q8_1 *y = act;
+    for (int64_t i = 0; i < n / 32; i++, x += 32) {
+        float amax = abs_max_avx2(x, 32), d = amax / 127.0f;
+        __m256i i32[4];
+        __m256i q = quantize_32_avx2(x, amax != 0.0f ? 127.0f / amax : 0.0f, i32);
+        _mm256_storeu_si256((__m256i *)y[i].qs, q);
+        int sum = hsum_epi32_256(_mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3])));
+        y[i].d = half_from_f32(d);
+        y[i].s = half_from_f32(d * (float)sum);
+    }
+}
+
+/* The first element whose magnitude equals amax, with its sign. */
+static float first_with_magnitude(const float *x, int n, float amax) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), target = _mm256_set1_ps(amax);
+    for (int j = 0; j < n; j += 8) {
+        __m256 hit = _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), target, _CMP_EQ_OQ);
+        int mask = _mm256_movemask_ps(hit);
+        if (mask) return x[j + __builtin_ctz((unsigned)mask)];
+    }
+    return amax;
+}
+
+void quant_act_q8_K_avx2(const float *x, void *act, int64_t n) {
+    struct block_q8_K *y = act;
+    for (int64_t i = 0; i < n / QUANT_QK_K; i++, x += QUANT_QK_K) {
+        float amax = abs_max_avx2(x, QUANT_QK_K);
+        if (amax == 0) {
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        float iscale = -127.0f / first_with_magnitude(x, QUANT_QK_K, amax);
+        for (int g = 0; g < QUANT_QK_K / 32; g++) {
+            __m256i i32[4];
+            _mm256_storeu_si256((__m256i *)(y[i].qs + 32 * g), quantize_32_avx2(x + 32 * g, iscale, i32));
+            y[i].bsums[2 * g] = (int16_t)hsum_epi32_256(_mm256_add_epi32(i32[0], i32[1]));
+            y[i].bsums[2 * g + 1] = (int16_t)hsum_epi32_256(_mm256_add_epi32(i32[2], i32[3]));
+        }
+        y[i].d = 1.0f / iscale;
+    }
+}

@@ -1,0 +1,177 @@
+/* AVX-512 (VNNI) dot products of the K formats with Q8_K activations: 64 quants per 512-bit
+ * step, vpmaddubsw for code * activation pairs, then vpdpwssd to weight each pair by its
+ * sub-block scale and accumulate. As in the AVX2 version, Q3_K and Q6_K codes are offset to be
+ * unsigned and the offset, like the mins, comes back through the activation block sums. */
+#include "quant/quant_internal.h"
+#include "quant/simd_x86.h"
+
+/* vpermw indices spreading int16 scales over the 32 pair lanes of a step: for 16-element
+ * sub-blocks, step z (elements 64z..64z+63) uses scales 4z..4z+3, eight lanes each; for
+ * 32-element sub-blocks, step c uses scales 2c and 2c + 1, sixteen lanes each. */
+static inline __m512i spread16_index(int z) {
+    const __m512i base = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2,
+                                          1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * z)));
+}
+
+static inline __m512i spread32_index(int c) {
+    const __m512i base = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                          0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_add_epi16(base, _mm512_set1_epi16((short)(2 * c)));
+}
+
+/* Byte mask selecting bit 2z in the low 32 bytes and bit 2z + 1 in the high 32. */
+static inline __m512i bit_pair(int z) {
+    return _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * z))), _mm256_set1_epi8((char)(2 << (2 * z))), 1);
+}
+
+static inline __m256i load256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* [lo | hi] from two 256-bit halves. */
+static inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+
+/* Four 2-bit fields of 32 bytes as two steps of 64 codes: [q & 3 | q >> 2 & 3] and
+ * [q >> 4 & 3 | q >> 6 & 3] -- elements 0..63 and 64..127 of a Q2_K/Q3_K half. */
+static inline void crumbs_128(const uint8_t *qs, __m512i *c01, __m512i *c23) {
+    const __m512i m3 = _mm512_set1_epi8(3);
+    __m256i q = load256(qs);
+    *c01 = _mm512_and_si512(join(q, _mm256_srli_epi16(q, 2)), m3);
+    *c23 = _mm512_and_si512(join(_mm256_srli_epi16(q, 4), _mm256_srli_epi16(q, 6)), m3);
+}
+
+/* acc += sum over 64 elements of scale * code * act (codes unsigned, int16 scales per lane). */
+static inline __m512i scaled_dot(__m512i acc, __m512i codes, const int8_t *act, __m512i scales16) {
+    __m512i pairs = _mm512_maddubs_epi16(codes, _mm512_loadu_si512(act));
+    return _mm512_dpwssd_epi32(acc, pairs, scales16);
+}
+
+/* scale * bsum over the 16 sub-blocks, in 8 int32 lanes (scales as int16). */
+static inline __m256i scales_dot_bsums(__m256i scales16, const struct block_q8_K *a) {
+    return _mm256_madd_epi16(scales16, load256(a->bsums));
+}
+
+/* The 16-element-sub-block formats share their shape: per half of 128 elements, two steps of
+ * 64 codes. Q2_K and Q3_K read their codes the same way; Q3_K adds 4 where the fifth bit is. */
+static inline __m512i dot_crumbs(const uint8_t *qs, const __m512i *hmask, __m256i sc, const int8_t *act) {
+    const __m512i four = _mm512_set1_epi8(4);
+    __m512i sc512 = _mm512_zextsi256_si512(sc), s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        __m512i c01, c23;
+        crumbs_128(qs + 32 * h, &c01, &c23);
+        if (hmask) {
+            c01 = _mm512_mask_add_epi8(c01, _mm512_test_epi8_mask(*hmask, bit_pair(2 * h)), c01, four);
+            c23 = _mm512_mask_add_epi8(c23, _mm512_test_epi8_mask(*hmask, bit_pair(2 * h + 1)), c23, four);
+        }
+        s0 = scaled_dot(s0, c01, act + 128 * h, _mm512_permutexvar_epi16(spread16_index(2 * h), sc512));
+        s1 = scaled_dot(s1, c23, act + 128 * h + 64, _mm512_permutexvar_epi16(spread16_index(2 * h + 1), sc512));
+    }
+    return _mm512_add_epi32(s0, s1);
+}
+
+float quant_dot_q2_K_avx512(int64_t n, const void *w, const void *act) {
+    const struct block_q2_K *b = w;
+    const struct block_q8_K *a = act;
+    __m512 acc = _mm512_setzero_ps();
+    __m256 acc_min = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QUANT_QK_K; i++) {
+        __m128i raw = _mm_loadu_si128((const __m128i *)b[i].scales);
+        __m256i sc = _mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(0x0f)));
+        __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f)));
+        __m512i sumi = dot_crumbs(b[i].qs, NULL, sc, a[i].qs);
+        __m128 dd = d_dmin_times(&b[i].d, a[i].d);
+        acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(sumi), acc);
+        acc_min = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)),
+                                  _mm256_cvtepi32_ps(scales_dot_bsums(mins, &a[i])), acc_min);
+    }
+    return _mm512_reduce_add_ps(acc) - hsum_ps256(acc_min);
+}
+
+float quant_dot_q3_K_avx512(int64_t n, const void *w, const void *act) {
+    const struct block_q3_K *b = w;
+    const struct block_q8_K *a = act;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / QUANT_QK_K; i++) {
+        __m256i sc = _mm256_cvtepi8_epi16(q3_K_scales_sse(b[i].scales));
+        __m256i hm = load256(b[i].hmask); /* bit g of byte l: fifth bit of element 32g + l */
+        __m512i hmask = join(hm, hm);
+        __m512i sumi = dot_crumbs(b[i].qs, &hmask, sc, a[i].qs);
+        /* the codes were q + 4 */
+        __m256i offset = _mm256_slli_epi32(scales_dot_bsums(sc, &a[i]), 2);
+        sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(offset));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(a[i].d * _cvtsh_ss(b[i].d)), _mm512_cvtepi32_ps(sumi), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* One Q4_K or Q5_K super-block (qh == NULL for Q4_K): the scaled sum into *acc, the mins'
+ * sum into *acc_min. */
+static inline void k4_block(const void *d_dmin, const uint8_t *scales, const uint8_t *qs, const uint8_t *qh,
+                            const struct block_q8_K *a, __m512 *acc, __m128 *acc_min) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), sixteen = _mm512_set1_epi8(16);
+    uint8_t sc[8], m[8];
+    quant_k4_scales(scales, sc, m);
+    __m512i sc512 = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+    __m512i hbits = qh ? join(load256(qh), load256(qh)) : _mm512_setzero_si512();
+    __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+    _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
+        __m256i q = load256(qs + 32 * c);
+        __m512i codes = _mm512_and_si512(join(q, _mm256_srli_epi16(q, 4)), m4);
+        if (qh) codes = _mm512_mask_add_epi8(codes, _mm512_test_epi8_mask(hbits, bit_pair(c)), codes, sixteen);
+        __m512i scales16 = _mm512_permutexvar_epi16(spread32_index(c), sc512);
+        if (c % 2) s1 = scaled_dot(s1, codes, a->qs + 64 * c, scales16);
+        else s0 = scaled_dot(s0, codes, a->qs + 64 * c, scales16);
+    }
+    __m128 dd = d_dmin_times(d_dmin, a->d);
+    *acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), *acc);
+    /* mins: m[s] times the sum of sub-block s's 32 activations (two bsums) */
+    __m256i bs = load256(a->bsums);
+    __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    __m128i mins = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m)), pairs);
+    *acc_min = _mm_fmadd_ps(_mm_shuffle_ps(dd, dd, _MM_SHUFFLE(1, 1, 1, 1)), _mm_cvtepi32_ps(mins), *acc_min);
+}
+
+float quant_dot_q4_K_avx512(int64_t n, const void *w, const void *act) {
+    const struct block_q4_K *b = w;
+    const struct block_q8_K *a = act;
+    __m512 acc = _mm512_setzero_ps();
+    __m128 acc_min = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / QUANT_QK_K; i++) k4_block(&b[i].d, b[i].scales, b[i].qs, NULL, &a[i], &acc, &acc_min);
+    return _mm512_reduce_add_ps(acc) - hsum_ps256(_mm256_castps128_ps256(acc_min));
+}
+
+float quant_dot_q5_K_avx512(int64_t n, const void *w, const void *act) {
+    const struct block_q5_K *b = w;
+    const struct block_q8_K *a = act;
+    __m512 acc = _mm512_setzero_ps();
+    __m128 acc_min = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / QUANT_QK_K; i++) k4_block(&b[i].d, b[i].scales, b[i].qs, b[i].qh, &a[i], &acc, &acc_min);
+    return _mm512_reduce_add_ps(acc) - hsum_ps256(_mm256_castps128_ps256(acc_min));
+}
+
+float quant_dot_q6_K_avx512(int64_t n, const void *w, const void *act) {
+    const struct block_q6_K *b = w;
+    const struct block_q8_K *a = act;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m_hi = _mm512_set1_epi8(0x30);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / QUANT_QK_K; i++) {
+        __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b[i].scales));
+        __m512i sc512 = _mm512_zextsi256_si512(sc), s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            /* low nibbles of ql[0..63] are elements 0..63 of this half, high nibbles 64..127;
+             * qh[l] holds the top 2 bits of l, l + 32, l + 64, l + 96 */
+            __m512i ql = _mm512_loadu_si512(b[i].ql + 64 * h);
+            __m256i qh = load256(b[i].qh + 32 * h);
+            __m512i high_a = _mm512_and_si512(join(_mm256_slli_epi16(qh, 4), _mm256_slli_epi16(qh, 2)), m_hi);
+            __m512i high_b = _mm512_and_si512(join(qh, _mm256_srli_epi16(qh, 2)), m_hi);
+            __m512i codes_a = _mm512_or_si512(_mm512_and_si512(ql, m4), high_a);
+            __m512i codes_b = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), high_b);
+            s0 = scaled_dot(s0, codes_a, a[i].qs + 128 * h, _mm512_permutexvar_epi16(spread16_index(2 * h), sc512));
+            s1 = scaled_dot(s1, codes_b, a[i].qs + 128 * h + 64, _mm512_permutexvar_epi16(spread16_index(2 * h + 1), sc512));
+        }
+        /* the codes were q + 32 */
+        __m256i offset = _mm256_slli_epi32(scales_dot_bsums(sc, &a[i]), 5);
+        __m512i sumi = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_zextsi256_si512(offset));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(a[i].d * _cvtsh_ss(b[i].d)), _mm512_cvtepi32_ps(sumi), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}

@@ -1,0 +1,118 @@
+/* AVX2 dot products of the 32-element formats with Q8_0/Q8_1 activations, and the simple
+ * dequantizers (Q4_0, Q8_0). One block is one 256-bit vector of 32 int8 products. Blocks go in
+ * groups of 8 so their 16 f16 scales are converted in two instructions, not sixteen; two
+ * accumulators alternate so consecutive FMAs do not wait on each other. */
+#include "quant/quant_internal.h"
+#include "quant/simd_x86.h"
+
+/* Quants of one block as 32 signed bytes, in element order. */
+static inline __m256i q4_0_bytes(const struct block_q4_0 *b) {
+    return _mm256_sub_epi8(nibbles_32(b->qs), _mm256_set1_epi8(8));
+}
+
+/* Q5_0: a missing fifth bit means q - 16 < 0, i.e. the nibble with its top four bits set. */
+static inline __m256i q5_0_bytes(const struct block_q5_0 *b) {
+    __m256i high = bits_to_bytes_32(b->qh);
+    return _mm256_or_si256(nibbles_32(b->qs), _mm256_andnot_si256(high, _mm256_set1_epi8((char)0xf0)));
+}
+
+static inline __m256i q5_1_bytes(const struct block_q5_1 *b) {
+    __m256i high = bits_to_bytes_32(b->qh);
+    return _mm256_or_si256(nibbles_32(b->qs), _mm256_and_si256(high, _mm256_set1_epi8(0x10)));
+}
+
+static inline __m256i act_bytes(const int8_t *qs) { return _mm256_loadu_si256((const __m256i *)qs); }
+
+/* The loop all five share. BODY(i) is the int32 dot (8 lanes) of block i. Every block's
+ * scale dw * da comes from halves8 over the `d` fields. OFFSET(i, k) adds the Q8_1 term
+ * m * s of blocks i..i+k-1 (k = 8: all together) to acc_m, or nothing. A tail of fewer than 8
+ * blocks converts its scales one by one. */
+#define LEGACY_DOT_AVX2(BODY, OFFSET)                                                            \
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();  \
+    float tail_m = 0;                                                                            \
+    int64_t nb = n / 32, i = 0;                                                                  \
+    for (; i + 8 <= nb; i += 8) {                                                                \
+        __m256 scales = _mm256_mul_ps(halves8(&b[i].d, sizeof *b), halves8(&a[i].d, sizeof *a)); \
+        _Alignas(32) float s[8];                                                                 \
+        _mm256_store_ps(s, scales);                                                              \
+        _Pragma("GCC unroll 4") for (int k = 0; k < 8; k += 2) {                                 \
+            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(&s[k]), _mm256_cvtepi32_ps(BODY(i + k)), acc0); \
+            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(&s[k + 1]), _mm256_cvtepi32_ps(BODY(i + k + 1)), acc1); \
+        }                                                                                        \
+        OFFSET(i, 8);                                                                            \
+    }                                                                                            \
+    for (; i < nb; i++) {                                                                        \
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(half_product(b[i].d, a[i].d)), _mm256_cvtepi32_ps(BODY(i)), acc0); \
+        OFFSET(i, 1);                                                                            \
+    }                                                                                            \
+    return hsum_ps256(_mm256_add_ps(acc0, acc1)) + hsum_ps256(acc_m) + tail_m;
+
+#define NO_OFFSET(i, k) ((void)0)
+#define Q8_1_OFFSET(i, k)                                                                        \
+    do {                                                                                         \
+        if ((k) == 8)                                                                            \
+            acc_m = _mm256_fmadd_ps(halves8(&b[i].m, sizeof *b), halves8(&a[i].s, sizeof *a), acc_m); \
+        else                                                                                     \
+            tail_m += half_product(b[i].m, a[i].s);                                              \
+    } while (0)
+
+float quant_dot_q4_0_avx2(int64_t n, const void *w, const void *act) {
+    const struct block_q4_0 *b = w;
+    const struct block_q8_0 *a = act;
+#define BODY(i) dot_i8_avx2(q4_0_bytes(&b[i]), act_bytes(a[i].qs))
+    LEGACY_DOT_AVX2(BODY, NO_OFFSET)
+#undef BODY
+}
+
+float quant_dot_q4_1_avx2(int64_t n, const void *w, const void *act) {
+    const struct block_q4_1 *b = w;
+    const struct block_q8_1 *a = act;
+#define BODY(i) dot_u8i8_avx2(nibbles_32(b[i].qs), act_bytes(a[i].qs))
+    LEGACY_DOT_AVX2(BODY, Q8_1_OFFSET)
+#undef BODY
+}
+
+float quant_dot_q5_0_avx2(int64_t n, const void *w, const void *act) {
+    const struct block_q5_0 *b = w;
+    const struct block_q8_0 *a = act;
+#define BODY(i) dot_i8_avx2(q5_0_bytes(&b[i]), act_bytes(a[i].qs))
+    LEGACY_DOT_AVX2(BODY, NO_OFFSET)
+#undef BODY
+}
+
+float quant_dot_q5_1_avx2(int64_t n, const void *w, const void *act) {
+    const struct block_q5_1 *b = w;
+    const struct block_q8_1 *a = act;
+#define BODY(i) dot_u8i8_avx2(q5_1_bytes(&b[i]), act_bytes(a[i].qs))
+    LEGACY_DOT_AVX2(BODY, Q8_1_OFFSET)
+#undef BODY
+}
+
+float quant_dot_q8_0_avx2(int64_t n, const void *w, const void *act) {
+    const struct block_q8_0 *b = w;
+    const struct block_q8_0 *a = act;
+#define BODY(i) dot_i8_avx2(act_bytes(b[i].qs), act_bytes(a[i].qs))
+    LEGACY_DOT_AVX2(BODY, NO_OFFSET)
+#undef BODY
+}
+
+/* ---- dequantization */
+
+static inline void store_scaled(float *y, __m256i q8, float d) {
+    __m256 dv = _mm256_set1_ps(d);
+    __m128i lo = _mm256_castsi256_si128(q8), hi = _mm256_extracti128_si256(q8, 1);
+    _mm256_storeu_ps(y, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), dv));
+    _mm256_storeu_ps(y + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), dv));
+    _mm256_storeu_ps(y + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), dv));
+    _mm256_storeu_ps(y + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), dv));
+}
+
+void quant_dequant_q4_0_avx2(const void *w, float *y, int64_t n) {
+    const struct block_q4_0 *b = w;
+    for (int64_t i = 0; i < n / 32; i++) store_scaled(y + 32 * i, q4_0_bytes(&b[i]), _cvtsh_ss(b[i].d));
+}
+
+void quant_dequant_q8_0_avx2(const void *w, float *y, int64_t n) {
+    const struct block_q8_0 *b = w;
+    for (int64_t i = 0; i < n / 32; i++) store_scaled(y + 32 * i, act_bytes(b[i].qs), _cvtsh_ss(b[i].d));
+}

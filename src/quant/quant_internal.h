@@ -1,0 +1,96 @@
+/* Inside the quant module: every variant's kernels by name, and the small scalar helpers that
+ * the reference and SIMD files share (rounding, unpacking of K-format scales). */
+#ifndef QUANT_INTERNAL_H
+#define QUANT_INTERNAL_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "quant/quant.h"
+
+/* Round to nearest, ties to even, as the activation quantizers must; valid for |x| < 2^22.
+ * Adding 1.5 * 2^23 leaves the rounded integer in the low mantissa bits. */
+static inline int quant_round_even(float x) {
+    float v = x + 12582912.0f;
+    int32_t i;
+    memcpy(&i, &v, sizeof i);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+static inline uint32_t quant_load_u32(const void *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* The 8 six-bit scales and mins of a Q4_K/Q5_K block from its 12 packed bytes. Sub-blocks
+ * 0..3 sit whole in the low 6 bits of bytes 0..3 (scales) and 4..7 (mins); 4..7 keep their
+ * low 4 bits in the nibbles of bytes 8..11 and their top 2 bits in the top of bytes 0..7.
+ * Done on 32-bit words, four sub-blocks at a time. */
+static inline void quant_k4_scales(const uint8_t s[12], uint8_t sc[8], uint8_t m[8]) {
+    uint32_t w0 = quant_load_u32(s), w1 = quant_load_u32(s + 4), w2 = quant_load_u32(s + 8);
+    uint32_t sc_lo = w0 & 0x3f3f3f3fu, m_lo = w1 & 0x3f3f3f3fu;
+    uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
+    uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
+    memcpy(sc, &sc_lo, 4);
+    memcpy(sc + 4, &sc_hi, 4);
+    memcpy(m, &m_lo, 4);
+    memcpy(m + 4, &m_hi, 4);
+}
+
+/* The 16 signed scales (-32..31) of a Q3_K block from its 12 packed bytes: low nibbles of
+ * bytes 0..7 then their high nibbles give the low 4 bits; bits 2k..2k+1 of bytes 8..11 the
+ * top 2 bits of scales 4k..4k+3. */
+static inline void quant_q3_K_scales(const uint8_t s[12], int8_t out[16]) {
+    uint32_t w0 = quant_load_u32(s), w1 = quant_load_u32(s + 4), w2 = quant_load_u32(s + 8);
+    uint32_t v[4] = {
+        (w0 & 0x0f0f0f0fu) | ((w2 & 0x03030303u) << 4),
+        (w1 & 0x0f0f0f0fu) | (((w2 >> 2) & 0x03030303u) << 4),
+        ((w0 >> 4) & 0x0f0f0f0fu) | (((w2 >> 4) & 0x03030303u) << 4),
+        ((w1 >> 4) & 0x0f0f0f0fu) | (((w2 >> 6) & 0x03030303u) << 4),
+    };
+    uint8_t u[16];
+    memcpy(u, v, 16);
+    for (int i = 0; i < 16; i++) out[i] = (int8_t)(u[i] - 32);
+}
+
+/* Declare the kernels of one (type, variant): dequant_row and vec_dot. */
+#define QUANT_DECLARE(t, impl)                                                                   \
+    void quant_dequant_##t##_##impl(const void *w, float *y, int64_t n);                         \
+    float quant_dot_##t##_##impl(int64_t n, const void *w, const void *act);
+
+#define QUANT_DECLARE_ALL(impl)                                                                  \
+    QUANT_DECLARE(f32, impl)                                                                     \
+    QUANT_DECLARE(f16, impl)                                                                     \
+    QUANT_DECLARE(bf16, impl)                                                                    \
+    QUANT_DECLARE(q4_0, impl)                                                                    \
+    QUANT_DECLARE(q4_1, impl)                                                                    \
+    QUANT_DECLARE(q5_0, impl)                                                                    \
+    QUANT_DECLARE(q5_1, impl)                                                                    \
+    QUANT_DECLARE(q8_0, impl)                                                                    \
+    QUANT_DECLARE(q2_K, impl)                                                                    \
+    QUANT_DECLARE(q3_K, impl)                                                                    \
+    QUANT_DECLARE(q4_K, impl)                                                                    \
+    QUANT_DECLARE(q5_K, impl)                                                                    \
+    QUANT_DECLARE(q6_K, impl)                                                                    \
+    void quant_act_f32_##impl(const float *x, void *act, int64_t n);                             \
+    void quant_act_f16_##impl(const float *x, void *act, int64_t n);                             \
+    void quant_act_bf16_##impl(const float *x, void *act, int64_t n);                            \
+    void quant_act_q8_0_##impl(const float *x, void *act, int64_t n);                            \
+    void quant_act_q8_1_##impl(const float *x, void *act, int64_t n);                            \
+    void quant_act_q8_K_##impl(const float *x, void *act, int64_t n);
+
+QUANT_DECLARE_ALL(ref)
+QUANT_DECLARE_ALL(avx2)
+QUANT_DECLARE_ALL(avx512)
+
+/* Weight quantizers (quantize.c). */
+void quant_quantize_q8_0(const float *x, void *dst, int64_t n);
+void quant_quantize_q4_0(const float *x, void *dst, int64_t n);
+void quant_quantize_q4_1(const float *x, void *dst, int64_t n);
+void quant_quantize_q5_0(const float *x, void *dst, int64_t n);
+void quant_quantize_q5_1(const float *x, void *dst, int64_t n);
+void quant_quantize_q4_K(const float *x, void *dst, int64_t n);
+void quant_quantize_q6_K(const float *x, void *dst, int64_t n);
+
+#endif
