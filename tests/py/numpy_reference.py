@@ -1,13 +1,34 @@
 """An independent forward pass in numpy, built on the gguf package's reader and dequantizers:
 the reference the C engine's logits are checked against on synthetic models (and a second
-opinion on the default model). Plain and slow on purpose: every step reads as the math."""
+opinion on the default model). Plain and slow on purpose: every step reads as the math.
+
+With act_quant=True the input of every product with a Q8_0/Q4_0/Q5_0 weight is first rounded
+the way llama.cpp's x86 CPU backend rounds it (blocks of 32, scale amax/127 stored as f16,
+values times 127/amax rounded half to even), and inputs of F16 weights are rounded to f16, so
+the reference computes the same function as the engines rather than the unrounded one."""
 import numpy as np
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
+
+Q8_0_ACTS = {GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q5_0}
+
+
+def round_like_q8_0(x):
+    """x [..., n] -> the values a Q8_0 activation row represents."""
+    shape = x.shape
+    b = x.reshape(-1, 32).astype(np.float32)
+    amax = np.abs(b).max(axis=1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
+    q = np.rint((b * inv).astype(np.float32))  # rint: half to even
+    d = (amax / np.float32(127.0)).astype(np.float16).astype(np.float32)
+    return (q * d).reshape(shape)
 
 
 class Model:
-    def __init__(self, path):
+    def __init__(self, path, act_quant=False):
+        self.act_quant = act_quant
+        self.types = {}
         r = GGUFReader(path)
         self.f = {k: v for k, v in r.fields.items()}
         self.arch = self.get("general.architecture")
@@ -28,6 +49,7 @@ class Model:
         for t in r.tensors:
             shape = [int(x) for x in reversed(t.shape.tolist())]  # numpy order: slowest first
             self.t[t.name] = dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float32)
+            self.types[t.name] = t.tensor_type
 
     def get(self, key, default=None):
         f = self.f.get(key)
@@ -35,6 +57,23 @@ class Model:
 
     def w(self, name):
         return self.t.get(name)
+
+    def act(self, x, name):
+        """The input of a product with weight `name`, rounded as the engines round it."""
+        if not self.act_quant:
+            return x
+        wtype = self.types[name]
+        if wtype in Q8_0_ACTS:
+            return round_like_q8_0(x)
+        if wtype == GGMLQuantizationType.F16:
+            return x.astype(np.float16).astype(np.float32)
+        if wtype == GGMLQuantizationType.F32:
+            return x
+        raise NotImplementedError("activation rounding for %s" % wtype.name)
+
+    def mm(self, x, name, expert=None):
+        w = self.t[name] if expert is None else self.t[name][expert]
+        return (self.act(x, name).astype(np.float64) @ w.T.astype(np.float64)).astype(np.float32)
 
 
 def rmsnorm(x, w, eps):
@@ -73,9 +112,9 @@ def forward(m, tokens):
     for il in range(m.n_layer):
         p = "blk.%d." % il
         h = rmsnorm(x, m.w(p + "attn_norm.weight"), m.eps)
-        q = h @ m.w(p + "attn_q.weight").T
-        k = h @ m.w(p + "attn_k.weight").T
-        v = h @ m.w(p + "attn_v.weight").T
+        q = m.mm(h, p + "attn_q.weight")
+        k = m.mm(h, p + "attn_k.weight")
+        v = m.mm(h, p + "attn_v.weight")
         for name, arr in (("attn_q.bias", q), ("attn_k.bias", k), ("attn_v.bias", v)):
             if m.w(p + name) is not None:
                 arr += m.w(p + name)
@@ -87,7 +126,9 @@ def forward(m, tokens):
             k = rmsnorm(k, m.w(p + "attn_k_norm.weight"), m.eps)
         q = np.stack([rope(q[t], t, m) for t in range(n)])
         k = np.stack([rope(k[t], t, m) for t in range(n)])
-        # The cache holds f16, as every engine under test stores it.
+        # The cache holds f16, as every engine under test stores it; q meets it rounded to f16.
+        if m.act_quant:
+            q = q.astype(np.float16).astype(np.float32)
         k = k.astype(np.float16).astype(np.float32)
         v = v.astype(np.float16).astype(np.float32)
         out = np.zeros((n, m.n_head, m.head_v), np.float32)
@@ -98,10 +139,10 @@ def forward(m, tokens):
                 pr = np.exp(scores - scores.max())
                 pr /= pr.sum()
                 out[t, hh] = pr @ v[:t + 1, kv]
-        x = x + out.reshape(n, -1) @ m.w(p + "attn_output.weight").T
+        x = x + m.mm(out.reshape(n, -1), p + "attn_output.weight")
         h = rmsnorm(x, m.w(p + "ffn_norm.weight"), m.eps)
         if m.n_expert:
-            logits = h @ m.w(p + "ffn_gate_inp.weight").T
+            logits = m.mm(h, p + "ffn_gate_inp.weight")
             probs = np.exp(logits - logits.max(-1, keepdims=True))
             probs /= probs.sum(-1, keepdims=True)
             y = np.zeros_like(x)
@@ -109,16 +150,13 @@ def forward(m, tokens):
                 top = np.argsort(-probs[t], kind="stable")[:m.n_used]
                 wts = probs[t, top] / probs[t, top].sum()
                 for e, wgt in zip(top, wts):
-                    g = m.w(p + "ffn_gate_exps.weight")[e] @ h[t]
-                    u = m.w(p + "ffn_up_exps.weight")[e] @ h[t]
-                    y[t] += wgt * (m.w(p + "ffn_down_exps.weight")[e] @ (silu(g) * u))
+                    g = m.mm(h[t:t + 1], p + "ffn_gate_exps.weight", e)[0]
+                    u = m.mm(h[t:t + 1], p + "ffn_up_exps.weight", e)[0]
+                    y[t] += wgt * m.mm((silu(g) * u)[None], p + "ffn_down_exps.weight", e)[0]
             x = x + y
         else:
-            g = h @ m.w(p + "ffn_gate.weight").T
-            u = h @ m.w(p + "ffn_up.weight").T
-            x = x + (silu(g) * u) @ m.w(p + "ffn_down.weight").T
+            g = m.mm(h, p + "ffn_gate.weight")
+            u = m.mm(h, p + "ffn_up.weight")
+            x = x + m.mm(silu(g) * u, p + "ffn_down.weight")
     h = rmsnorm(x, m.w("output_norm.weight"), m.eps)
-    out_w = m.w("output.weight")
-    if out_w is None:
-        out_w = m.w("token_embd.weight")
-    return h @ out_w.T
+    return m.mm(h, "output.weight" if m.w("output.weight") is not None else "token_embd.weight")
