@@ -5,14 +5,20 @@
 
 #include <math.h>
 
+#include "core/cpu_features.h"
+#include "cpu/attention_kernels.h"
 #include "quant/half.h"
 
 enum { KEY_BLOCK = 64, MAX_HEAD = 512 };
 
-static float dot_f16(const float *q, const uint16_t *k, int n) {
+static float dot_f16_ref(const float *q, const uint16_t *k, int n) {
     float sum = 0.0f;
     for (int i = 0; i < n; i++) sum += q[i] * half_to_f32(k[i]);
     return sum;
+}
+
+static void axpy_f16_ref(float *acc, float a, const uint16_t *v, int n) {
+    for (int i = 0; i < n; i++) acc[i] += a * half_to_f32(v[i]);
 }
 
 void cpu_attention_heads(const struct cpu_attn_shape *s, const float *q, const uint16_t *k, const uint16_t *v,
@@ -20,6 +26,9 @@ void cpu_attention_heads(const struct cpu_attn_shape *s, const float *q, const u
     const int group = s->n_head / s->n_head_kv;
     const int64_t k_stride = (int64_t)s->n_head_kv * s->head_k, v_stride = (int64_t)s->n_head_kv * s->head_v;
     float qh[MAX_HEAD], acc[MAX_HEAD], scores[KEY_BLOCK];
+    const int simd = cpu_features()->avx2;
+    float (*dot_f16)(const float *, const uint16_t *, int) = simd ? attn_dot_f16_avx2 : dot_f16_ref;
+    void (*axpy_f16)(float *, float, const uint16_t *, int) = simd ? attn_axpy_f16_avx2 : axpy_f16_ref;
     for (int h = head_begin; h < head_end; h++) {
         const int kvh = h / group;
         for (int i = 0; i < s->head_k; i++) qh[i] = half_to_f32(half_from_f32(q[(int64_t)h * s->head_k + i]));
@@ -39,8 +48,7 @@ void cpu_attention_heads(const struct cpu_attn_shape *s, const float *q, const u
             for (int64_t j = 0; j < n; j++) {
                 const float p = expf(scores[j] - new_max);
                 sum += p;
-                const uint16_t *vj = v + (c0 + j) * v_stride + (int64_t)kvh * s->head_v;
-                for (int i = 0; i < s->head_v; i++) acc[i] += p * half_to_f32(vj[i]);
+                axpy_f16(acc, p, v + (c0 + j) * v_stride + (int64_t)kvh * s->head_v, s->head_v);
             }
             max = new_max;
         }

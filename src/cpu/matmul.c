@@ -3,6 +3,7 @@
  * integer products match); then every thread takes a slice of output rows. For one token this
  * is a bandwidth-bound GEMV; for many, rows are visited in small blocks so each weight block
  * stays in cache while every token's activations pass over it. */
+#include <stdatomic.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -89,26 +90,35 @@ struct matmul_job {
     const struct cpu_matmul_task *tasks;
     int n_tasks;
     int64_t blocks[MAX_TASKS + 1]; /* prefix sums of row blocks per task */
+    _Atomic int64_t next;          /* first unclaimed block */
 };
 
-/* The row blocks of all tasks form one range; each thread takes a contiguous slice of it. */
+/* The row blocks of all tasks form one range; threads claim a few blocks at a time, so a
+ * thread that was late or slow takes fewer and none waits long at the end. */
 static void matmul_worker(void *p, int thread, int n_threads) {
     struct matmul_job *job = p;
-    int64_t begin, end;
-    threadpool_range(job->blocks[job->n_tasks], 1, thread, n_threads, &begin, &end);
-    for (int i = 0; i < job->n_tasks && begin < end; i++) {
-        if (begin >= job->blocks[i + 1]) continue;
-        const struct cpu_matmul_task *t = &job->tasks[i];
-        const int64_t b0 = begin - job->blocks[i], b1 = (end < job->blocks[i + 1] ? end : job->blocks[i + 1]) - job->blocks[i];
-        const int64_t r0 = b0 * ROW_BLOCK, r1 = b1 * ROW_BLOCK < t->m->n_rows ? b1 * ROW_BLOCK : t->m->n_rows;
-        cpu_matmul_rows(t->m, t->acts, r0, r1, t->y, t->y_stride);
-        begin = job->blocks[i + 1];
+    (void)thread;
+    const int64_t total = job->blocks[job->n_tasks];
+    const int64_t claim = total >= 16 * n_threads ? 2 : 1;
+    int i = 0;
+    for (int64_t b = atomic_fetch_add(&job->next, claim); b < total; b = atomic_fetch_add(&job->next, claim)) {
+        const int64_t end = b + claim < total ? b + claim : total;
+        while (b < end) {
+            while (b >= job->blocks[i + 1]) i++;
+            const struct cpu_matmul_task *t = &job->tasks[i];
+            const int64_t stop = end < job->blocks[i + 1] ? end : job->blocks[i + 1];
+            const int64_t r0 = (b - job->blocks[i]) * ROW_BLOCK;
+            const int64_t r1 = (stop - job->blocks[i]) * ROW_BLOCK < t->m->n_rows ? (stop - job->blocks[i]) * ROW_BLOCK
+                                                                                  : t->m->n_rows;
+            cpu_matmul_rows(t->m, t->acts, r0, r1, t->y, t->y_stride);
+            b = stop;
+        }
     }
 }
 
 void cpu_matmul_many(struct threadpool *pool, const struct cpu_matmul_task *tasks, int n_tasks) {
     for (int start = 0; start < n_tasks; start += MAX_TASKS) {
-        struct matmul_job job = {tasks + start, n_tasks - start < MAX_TASKS ? n_tasks - start : MAX_TASKS, {0}};
+        struct matmul_job job = {tasks + start, n_tasks - start < MAX_TASKS ? n_tasks - start : MAX_TASKS, {0}, 0};
         for (int i = 0; i < job.n_tasks; i++)
             job.blocks[i + 1] = job.blocks[i] + (job.tasks[i].m->n_rows + ROW_BLOCK - 1) / ROW_BLOCK;
         if (!pool) matmul_worker(&job, 0, 1);
