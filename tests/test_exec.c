@@ -1,0 +1,122 @@
+/* The executor on the default model: batches mixing sequences give each sequence the logits it
+ * gets alone; bad batches are refused without changing any state; sequences are reused. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "exec/exec.h"
+
+struct fixture {
+    struct gguf_file *file;
+    struct model model;
+    struct exec_ctx *ctx;
+};
+
+static int setup(void **state) {
+    static struct fixture f;
+    const char *path = getenv("PSHARD_DEFAULT_MODEL");
+    if (!path || gguf_open(path, &f.file) != PSHARD_OK) {
+        fprintf(stderr, "PSHARD_DEFAULT_MODEL must name the default model (%s)\n", pshard_last_error());
+        return -1;
+    }
+    if (model_load(f.file, &f.model) != PSHARD_OK) return -1;
+    struct exec_params p = {64, 16, 3, 2};
+    if (exec_create(&f.model, &p, &f.ctx) != PSHARD_OK) return -1;
+    *state = &f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    struct fixture *f = *state;
+    exec_free(f->ctx);
+    model_free(&f->model);
+    gguf_close(f->file);
+    return 0;
+}
+
+static const int32_t seq_a[] = {1, 504, 3458, 282, 4649, 314};
+static const int32_t seq_b[] = {1, 2000, 300, 12, 5000};
+
+/* Run a whole sequence alone in slot `slot`; copy the logits of its last token. */
+static void run_alone(struct exec_ctx *ctx, int32_t slot, const int32_t *tokens, int32_t n, float *out) {
+    int32_t pos[16], seq[16];
+    for (int32_t i = 0; i < n; i++) pos[i] = i, seq[i] = slot;
+    exec_truncate_seq(ctx, slot, 0);
+    struct exec_batch b = {n, tokens, pos, seq, NULL};
+    assert_int_equal(exec_step(ctx, &b), PSHARD_OK);
+    memcpy(out, exec_logits(ctx, 0), sizeof(float) * (size_t)exec_n_vocab(ctx));
+}
+
+static void test_mixed_batch_equals_separate(void **state) {
+    struct fixture *f = *state;
+    const int32_t n_vocab = exec_n_vocab(f->ctx);
+    float *alone_a = malloc(sizeof(float) * n_vocab), *alone_b = malloc(sizeof(float) * n_vocab);
+    run_alone(f->ctx, 0, seq_a, 6, alone_a);
+    run_alone(f->ctx, 1, seq_b, 5, alone_b);
+    /* Prefix of both alone, then the rest interleaved in one batch. */
+    exec_truncate_seq(f->ctx, 0, 3);
+    exec_truncate_seq(f->ctx, 1, 2);
+    const int32_t tokens[] = {seq_a[3], seq_b[2], seq_a[4], seq_b[3], seq_a[5], seq_b[4]};
+    const int32_t pos[] = {3, 2, 4, 3, 5, 4}, seq[] = {0, 1, 0, 1, 0, 1};
+    const int8_t want[] = {0, 0, 0, 0, 1, 1};
+    struct exec_batch b = {6, tokens, pos, seq, want};
+    assert_int_equal(exec_step(f->ctx, &b), PSHARD_OK);
+    assert_int_equal(exec_last_stats(f->ctx)->n_outputs, 2);
+    const float *la = exec_logits(f->ctx, 0), *lb = exec_logits(f->ctx, 1);
+    double max_a = 0, max_b = 0;
+    for (int32_t i = 0; i < n_vocab; i++) {
+        max_a = fmax(max_a, fabs(la[i] - alone_a[i]));
+        max_b = fmax(max_b, fabs(lb[i] - alone_b[i]));
+    }
+    /* Same arithmetic per token whatever the batch: identical up to float rounding. */
+    assert_true(max_a < 1e-3);
+    assert_true(max_b < 1e-3);
+    assert_int_equal(exec_seq_len(f->ctx, 0), 6);
+    assert_int_equal(exec_seq_len(f->ctx, 1), 5);
+    free(alone_a);
+    free(alone_b);
+}
+
+static void test_bad_batches_change_nothing(void **state) {
+    struct fixture *f = *state;
+    exec_truncate_seq(f->ctx, 2, 0);
+    const int32_t one = 1, zero = 0, two = 2, bad_token = 1 << 30, bad_slot = 7, far = 5;
+    struct exec_batch bad[] = {
+        {1, &bad_token, &zero, &two, NULL}, /* token outside the vocabulary */
+        {1, &one, &zero, &bad_slot, NULL},  /* no such sequence slot */
+        {1, &one, &far, &two, NULL},        /* a gap in the positions */
+        {0, &one, &zero, &two, NULL},       /* empty */
+        {17, &one, &zero, &two, NULL},      /* larger than the batch */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_not_equal(exec_step(f->ctx, &bad[i]), PSHARD_OK);
+        assert_int_equal(exec_seq_len(f->ctx, 2), 0);
+    }
+    /* A full context is refused with a clear message. */
+    int32_t tokens[16], pos[16], seq[16];
+    for (int32_t start = 0; start < 64; start += 16) {
+        for (int i = 0; i < 16; i++) tokens[i] = 100 + i, pos[i] = start + i, seq[i] = 2;
+        struct exec_batch b = {16, tokens, pos, seq, NULL};
+        assert_int_equal(exec_step(f->ctx, &b), PSHARD_OK);
+    }
+    const int32_t p64 = 64;
+    struct exec_batch full = {1, &one, &p64, &two, NULL};
+    assert_int_equal(exec_step(f->ctx, &full), PSHARD_ERR_RANGE);
+    assert_non_null(strstr(pshard_last_error(), "context full"));
+    assert_int_equal(exec_seq_len(f->ctx, 2), 64);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mixed_batch_equals_separate),
+        cmocka_unit_test(test_bad_batches_change_nothing),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
