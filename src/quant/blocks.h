@@ -7,7 +7,7 @@
 
 #include <stdint.h>
 
-#define QUANT_QK 32   /* elements per block of the legacy formats */
+#define QUANT_QK 32    /* elements per block of the legacy formats */
 #define QUANT_QK_K 256 /* elements per super-block of the K formats */
 
 #define QUANT_PACKED __attribute__((packed))

@@ -38,7 +38,8 @@ static inline __m256i bf16x8_round(__m256 x) {
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
     __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
     __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(64));
-    __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+    __m256i is_nan =
+        _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
     return _mm256_blendv_epi8(rounded, quiet, is_nan);
 }
 
@@ -55,23 +56,22 @@ void quant_act_bf16_avx2(const float *x, void *act, int64_t n) {
 
 /* ---- float dots: four accumulators hide the FMA latency */
 
-#define FLOAT_DOT_AVX2(name, elem_bytes, load, ref_tail)                                         \
-    float name(int64_t n, const void *w, const void *act) {                                      \
-        const uint8_t *a = w, *b = act;                                                          \
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                           \
-        __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();                           \
-        int64_t i = 0;                                                                           \
-        for (; i + 32 <= n; i += 32) {                                                           \
-            const uint8_t *pa = a + i * elem_bytes, *pb = b + i * elem_bytes;                    \
-            acc0 = _mm256_fmadd_ps(load(pa), load(pb), acc0);                                    \
-            acc1 = _mm256_fmadd_ps(load(pa + 8 * elem_bytes), load(pb + 8 * elem_bytes), acc1);  \
-            acc2 = _mm256_fmadd_ps(load(pa + 16 * elem_bytes), load(pb + 16 * elem_bytes), acc2);\
-            acc3 = _mm256_fmadd_ps(load(pa + 24 * elem_bytes), load(pb + 24 * elem_bytes), acc3);\
-        }                                                                                        \
-        for (; i + 8 <= n; i += 8)                                                               \
-            acc0 = _mm256_fmadd_ps(load(a + i * elem_bytes), load(b + i * elem_bytes), acc0);    \
-        __m256 s = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));          \
-        return hsum_ps256(s) + ref_tail(n - i, a + i * elem_bytes, b + i * elem_bytes);           \
+#define FLOAT_DOT_AVX2(name, elem_bytes, load, ref_tail)                                                             \
+    float name(int64_t n, const void *w, const void *act) {                                                          \
+        const uint8_t *a = w, *b = act;                                                                              \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                                               \
+        __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();                                               \
+        int64_t i = 0;                                                                                               \
+        for (; i + 32 <= n; i += 32) {                                                                               \
+            const uint8_t *pa = a + i * elem_bytes, *pb = b + i * elem_bytes;                                        \
+            acc0 = _mm256_fmadd_ps(load(pa), load(pb), acc0);                                                        \
+            acc1 = _mm256_fmadd_ps(load(pa + 8 * elem_bytes), load(pb + 8 * elem_bytes), acc1);                      \
+            acc2 = _mm256_fmadd_ps(load(pa + 16 * elem_bytes), load(pb + 16 * elem_bytes), acc2);                    \
+            acc3 = _mm256_fmadd_ps(load(pa + 24 * elem_bytes), load(pb + 24 * elem_bytes), acc3);                    \
+        }                                                                                                            \
+        for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(load(a + i * elem_bytes), load(b + i * elem_bytes), acc0); \
+        __m256 s = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));                              \
+        return hsum_ps256(s) + ref_tail(n - i, a + i * elem_bytes, b + i * elem_bytes);                              \
     }
 
 static inline __m256 f32x8_load(const uint8_t *p) { return _mm256_loadu_ps((const float *)p); }
@@ -82,6 +82,31 @@ FLOAT_DOT_AVX2(quant_dot_f16_avx2, 2, f16x8_load, quant_dot_f16_ref)
 FLOAT_DOT_AVX2(quant_dot_bf16_avx2, 2, bf16x8_load, quant_dot_bf16_ref)
 
 /* ---- activation quantizers */
+
+/* Quantize 32 floats to int8 with multiplier id, rounding ties to even; returns the 4 int32
+ * vectors before packing through *i32 (for sums) and the 32 bytes in element order. */
+static inline __m256i quantize_32_avx2(const float *x, float id, __m256i i32[4]) {
+    __m256 mul = _mm256_set1_ps(id);
+    for (int k = 0; k < 4; k++) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), mul);
+        i32[k] = _mm256_cvtps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    __m256i i16a = _mm256_packs_epi32(i32[0], i32[1]), i16b = _mm256_packs_epi32(i32[2], i32[3]);
+    __m256i i8 = _mm256_packs_epi16(i16a, i16b);
+    /* the packs work per 128-bit lane; restore element order */
+    return _mm256_permutevar8x32_epi32(i8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* Largest |x| over n floats (n a multiple of 8). */
+static inline float abs_max_avx2(const float *x, int n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < n; j += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
 
 void quant_act_q8_0_avx2(const float *x, void *act, int64_t n) {
     struct block_q8_0 *y = act;

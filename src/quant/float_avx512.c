@@ -11,7 +11,8 @@ static inline __mmask16 tail_mask(int64_t left) { return (__mmask16)((1u << left
 void quant_dequant_f16_avx512(const void *w, float *y, int64_t n) {
     const uint8_t *p = w;
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 2 * i))));
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 2 * i))));
     if (i < n) {
         __mmask16 m = tail_mask(n - i);
         _mm512_mask_storeu_ps(y + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p + 2 * i)));
@@ -49,8 +50,8 @@ static inline __m256i bf16x16_round(__m512 x) {
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
     __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
     __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(64));
-    __mmask16 is_nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                               _mm512_set1_epi32(0x7f800000));
+    __mmask16 is_nan =
+        _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
     return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, quiet));
 }
 
@@ -66,32 +67,33 @@ void quant_act_bf16_avx512(const float *x, void *act, int64_t n) {
 
 /* ---- float dots: four accumulators of 16, masked tail */
 
-#define FLOAT_DOT_AVX512(name, elem_bytes, load, mask_load)                                      \
-    float name(int64_t n, const void *w, const void *act) {                                      \
-        const uint8_t *a = w, *b = act;                                                          \
-        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();                           \
-        __m512 acc2 = _mm512_setzero_ps(), acc3 = _mm512_setzero_ps();                           \
-        int64_t i = 0;                                                                           \
-        for (; i + 64 <= n; i += 64) {                                                           \
-            const uint8_t *pa = a + i * elem_bytes, *pb = b + i * elem_bytes;                    \
-            acc0 = _mm512_fmadd_ps(load(pa), load(pb), acc0);                                    \
-            acc1 = _mm512_fmadd_ps(load(pa + 16 * elem_bytes), load(pb + 16 * elem_bytes), acc1);\
-            acc2 = _mm512_fmadd_ps(load(pa + 32 * elem_bytes), load(pb + 32 * elem_bytes), acc2);\
-            acc3 = _mm512_fmadd_ps(load(pa + 48 * elem_bytes), load(pb + 48 * elem_bytes), acc3);\
-        }                                                                                        \
-        for (; i + 16 <= n; i += 16)                                                             \
-            acc0 = _mm512_fmadd_ps(load(a + i * elem_bytes), load(b + i * elem_bytes), acc0);    \
-        if (i < n) {                                                                             \
-            __mmask16 m = tail_mask(n - i);                                                      \
-            acc1 = _mm512_fmadd_ps(mask_load(m, a + i * elem_bytes), mask_load(m, b + i * elem_bytes), acc1); \
-        }                                                                                        \
-        return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3))); \
+#define FLOAT_DOT_AVX512(name, elem_bytes, load, mask_load)                                                            \
+    float name(int64_t n, const void *w, const void *act) {                                                            \
+        const uint8_t *a = w, *b = act;                                                                                \
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();                                                 \
+        __m512 acc2 = _mm512_setzero_ps(), acc3 = _mm512_setzero_ps();                                                 \
+        int64_t i = 0;                                                                                                 \
+        for (; i + 64 <= n; i += 64) {                                                                                 \
+            const uint8_t *pa = a + i * elem_bytes, *pb = b + i * elem_bytes;                                          \
+            acc0 = _mm512_fmadd_ps(load(pa), load(pb), acc0);                                                          \
+            acc1 = _mm512_fmadd_ps(load(pa + 16 * elem_bytes), load(pb + 16 * elem_bytes), acc1);                      \
+            acc2 = _mm512_fmadd_ps(load(pa + 32 * elem_bytes), load(pb + 32 * elem_bytes), acc2);                      \
+            acc3 = _mm512_fmadd_ps(load(pa + 48 * elem_bytes), load(pb + 48 * elem_bytes), acc3);                      \
+        }                                                                                                              \
+        for (; i + 16 <= n; i += 16) acc0 = _mm512_fmadd_ps(load(a + i * elem_bytes), load(b + i * elem_bytes), acc0); \
+        if (i < n) {                                                                                                   \
+            __mmask16 m = tail_mask(n - i);                                                                            \
+            acc1 = _mm512_fmadd_ps(mask_load(m, a + i * elem_bytes), mask_load(m, b + i * elem_bytes), acc1);          \
+        }                                                                                                              \
+        return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));              \
     }
 
 static inline __m512 f32x16(const uint8_t *p) { return _mm512_loadu_ps(p); }
 static inline __m512 f32x16_mask(__mmask16 m, const uint8_t *p) { return _mm512_maskz_loadu_ps(m, p); }
 static inline __m512 f16x16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
-static inline __m512 f16x16_mask(__mmask16 m, const uint8_t *p) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+static inline __m512 f16x16_mask(__mmask16 m, const uint8_t *p) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
 static inline __m512 bf16x16_load(const uint8_t *p) { return bf16x16(_mm256_loadu_si256((const __m256i *)p)); }
 static inline __m512 bf16x16_mask(__mmask16 m, const uint8_t *p) { return bf16x16(_mm256_maskz_loadu_epi16(m, p)); }
 
@@ -109,7 +111,8 @@ static inline __m512i round_16(const float *x, float id) {
 
 /* One block of 32 with scale amax / 127; returns the sum of the quants. */
 static inline int quantize_32(const float *x, int8_t *qs, float *d) {
-    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x)), _mm512_abs_ps(_mm512_loadu_ps(x + 16))));
+    float amax =
+        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x)), _mm512_abs_ps(_mm512_loadu_ps(x + 16))));
     float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     __m512i lo = round_16(x, id), hi = round_16(x + 16, id);
     _mm_storeu_si128((__m128i *)qs, _mm512_cvtsepi32_epi8(lo));

@@ -48,7 +48,7 @@ static inline uint16_t half_from_f32(float f) {
     uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
     uint32_t ax = x & 0x7fffffffu;
     if (ax > 0x7f800000u) return sign | 0x7e00 | (uint16_t)((ax >> 13) & 0x3ff); /* quiet nan */
-    if (ax >= 0x477ff000u) return sign | 0x7c00; /* >= 65520 rounds to infinity */
+    if (ax >= 0x477ff000u) return sign | 0x7c00;                                 /* >= 65520 rounds to infinity */
     if (ax < 0x38800000u) {
         /* below the smallest normal half (2^-14): result is a subnormal in units of 2^-24 */
         uint32_t e = ax >> 23;
@@ -60,7 +60,7 @@ static inline uint16_t half_from_f32(float f) {
         if (rem > halfway || (rem == halfway && (h & 1))) h++; /* may carry into the normal range */
         return sign | (uint16_t)h;
     }
-    uint32_t r = ax - 0x38000000u; /* rebias exponent 127 -> 15 */
+    uint32_t r = ax - 0x38000000u;  /* rebias exponent 127 -> 15 */
     r += 0x0fffu + ((r >> 13) & 1); /* round to nearest even on the 13 dropped bits */
     return sign | (uint16_t)(r >> 13);
 #endif

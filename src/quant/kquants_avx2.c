@@ -50,8 +50,10 @@ static inline __m256i dot_crumbs(const uint8_t *qs, const uint8_t *hmask, __m128
             __m256i codes = _mm256_and_si256(q, m3);
             if (hmask) codes = _mm256_or_si256(codes, _mm256_slli_epi16(_mm256_and_si256(hm, m1), 2));
             __m256i d = scaled_dot(codes, act + 128 * h + 32 * j, scale_pair(sc, 4 * h + j));
-            if (j % 2) s1 = _mm256_add_epi32(s1, d);
-            else s0 = _mm256_add_epi32(s0, d);
+            if (j % 2)
+                s1 = _mm256_add_epi32(s1, d);
+            else
+                s0 = _mm256_add_epi32(s0, d);
             q = _mm256_srli_epi16(q, 2);
             hm = _mm256_srli_epi16(hm, 1);
         }
@@ -133,7 +135,8 @@ float quant_dot_q5_K_avx2(int64_t n, const void *w, const void *act) {
     const struct block_q8_K *a = act;
     __m256 acc = _mm256_setzero_ps();
     __m128 acc_min = _mm_setzero_ps();
-    for (int64_t i = 0; i < n / QUANT_QK_K; i++) k4_block(&b[i].d, b[i].scales, b[i].qs, b[i].qh, &a[i], &acc, &acc_min);
+    for (int64_t i = 0; i < n / QUANT_QK_K; i++)
+        k4_block(&b[i].d, b[i].scales, b[i].qs, b[i].qh, &a[i], &acc, &acc_min);
     return hsum_ps256(acc) - hsum_ps256(_mm256_castps128_ps256(acc_min));
 }
 

@@ -9,14 +9,14 @@
  * sub-blocks, step z (elements 64z..64z+63) uses scales 4z..4z+3, eight lanes each; for
  * 32-element sub-blocks, step c uses scales 2c and 2c + 1, sixteen lanes each. */
 static inline __m512i spread16_index(int z) {
-    const __m512i base = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2,
-                                          1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i base = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0,
+                                          0, 0, 0, 0, 0, 0);
     return _mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * z)));
 }
 
 static inline __m512i spread32_index(int c) {
-    const __m512i base = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-                                          0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i base = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                          0, 0, 0, 0, 0, 0);
     return _mm512_add_epi16(base, _mm512_set1_epi16((short)(2 * c)));
 }
 
@@ -118,8 +118,10 @@ static inline void k4_block(const void *d_dmin, const uint8_t *scales, const uin
         __m512i codes = _mm512_and_si512(join(q, _mm256_srli_epi16(q, 4)), m4);
         if (qh) codes = _mm512_mask_add_epi8(codes, _mm512_test_epi8_mask(hbits, bit_pair(c)), codes, sixteen);
         __m512i scales16 = _mm512_permutexvar_epi16(spread32_index(c), sc512);
-        if (c % 2) s1 = scaled_dot(s1, codes, a->qs + 64 * c, scales16);
-        else s0 = scaled_dot(s0, codes, a->qs + 64 * c, scales16);
+        if (c % 2)
+            s1 = scaled_dot(s1, codes, a->qs + 64 * c, scales16);
+        else
+            s0 = scaled_dot(s0, codes, a->qs + 64 * c, scales16);
     }
     __m128 dd = d_dmin_times(d_dmin, a->d);
     *acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), *acc);
@@ -144,7 +146,8 @@ float quant_dot_q5_K_avx512(int64_t n, const void *w, const void *act) {
     const struct block_q8_K *a = act;
     __m512 acc = _mm512_setzero_ps();
     __m128 acc_min = _mm_setzero_ps();
-    for (int64_t i = 0; i < n / QUANT_QK_K; i++) k4_block(&b[i].d, b[i].scales, b[i].qs, b[i].qh, &a[i], &acc, &acc_min);
+    for (int64_t i = 0; i < n / QUANT_QK_K; i++)
+        k4_block(&b[i].d, b[i].scales, b[i].qs, b[i].qh, &a[i], &acc, &acc_min);
     return _mm512_reduce_add_ps(acc) - hsum_ps256(_mm256_castps128_ps256(acc_min));
 }
 
@@ -166,7 +169,8 @@ float quant_dot_q6_K_avx512(int64_t n, const void *w, const void *act) {
             __m512i codes_a = _mm512_or_si512(_mm512_and_si512(ql, m4), high_a);
             __m512i codes_b = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), high_b);
             s0 = scaled_dot(s0, codes_a, a[i].qs + 128 * h, _mm512_permutexvar_epi16(spread16_index(2 * h), sc512));
-            s1 = scaled_dot(s1, codes_b, a[i].qs + 128 * h + 64, _mm512_permutexvar_epi16(spread16_index(2 * h + 1), sc512));
+            s1 = scaled_dot(s1, codes_b, a[i].qs + 128 * h + 64,
+                            _mm512_permutexvar_epi16(spread16_index(2 * h + 1), sc512));
         }
         /* the codes were q + 32 */
         __m256i offset = _mm256_slli_epi32(scales_dot_bsums(sc, &a[i]), 5);

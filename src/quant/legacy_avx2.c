@@ -1,7 +1,9 @@
 /* AVX2 dot products of the 32-element formats with Q8_0/Q8_1 activations, and the simple
- * dequantizers (Q4_0, Q8_0). One block is one 256-bit vector of 32 int8 products. Blocks go in
- * groups of 8 so their 16 f16 scales are converted in two instructions, not sixteen; two
- * accumulators alternate so consecutive FMAs do not wait on each other. */
+ * dequantizers (Q4_0, Q5_0, Q8_0: one multiply per element, so identical to the reference;
+ * the others need a multiply-add the compiler may fuse, so they stay scalar). One block is
+ * one 256-bit vector of 32 int8 products. Blocks go in groups of 8 so their 16 f16 scales are
+ * converted in two instructions, not sixteen; two accumulators alternate so consecutive FMAs
+ * do not wait on each other. */
 #include "quant/quant_internal.h"
 #include "quant/simd_x86.h"
 
@@ -27,33 +29,33 @@ static inline __m256i act_bytes(const int8_t *qs) { return _mm256_loadu_si256((c
  * scale dw * da comes from halves8 over the `d` fields. OFFSET(i, k) adds the Q8_1 term
  * m * s of blocks i..i+k-1 (k = 8: all together) to acc_m, or nothing. A tail of fewer than 8
  * blocks converts its scales one by one. */
-#define LEGACY_DOT_AVX2(BODY, OFFSET)                                                            \
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();  \
-    float tail_m = 0;                                                                            \
-    int64_t nb = n / 32, i = 0;                                                                  \
-    for (; i + 8 <= nb; i += 8) {                                                                \
-        __m256 scales = _mm256_mul_ps(halves8(&b[i].d, sizeof *b), halves8(&a[i].d, sizeof *a)); \
-        _Alignas(32) float s[8];                                                                 \
-        _mm256_store_ps(s, scales);                                                              \
-        _Pragma("GCC unroll 4") for (int k = 0; k < 8; k += 2) {                                 \
-            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(&s[k]), _mm256_cvtepi32_ps(BODY(i + k)), acc0); \
-            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(&s[k + 1]), _mm256_cvtepi32_ps(BODY(i + k + 1)), acc1); \
-        }                                                                                        \
-        OFFSET(i, 8);                                                                            \
-    }                                                                                            \
-    for (; i < nb; i++) {                                                                        \
+#define LEGACY_DOT_AVX2(BODY, OFFSET)                                                                            \
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();                  \
+    float tail_m = 0;                                                                                            \
+    int64_t nb = n / 32, i = 0;                                                                                  \
+    for (; i + 8 <= nb; i += 8) {                                                                                \
+        __m256 scales = _mm256_mul_ps(halves8(&b[i].d, sizeof *b), halves8(&a[i].d, sizeof *a));                 \
+        _Alignas(32) float s[8];                                                                                 \
+        _mm256_store_ps(s, scales);                                                                              \
+        _Pragma("GCC unroll 4") for (int k = 0; k < 8; k += 2) {                                                 \
+            acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(&s[k]), _mm256_cvtepi32_ps(BODY(i + k)), acc0);           \
+            acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(&s[k + 1]), _mm256_cvtepi32_ps(BODY(i + k + 1)), acc1);   \
+        }                                                                                                        \
+        OFFSET(i, 8);                                                                                            \
+    }                                                                                                            \
+    for (; i < nb; i++) {                                                                                        \
         acc0 = _mm256_fmadd_ps(_mm256_set1_ps(half_product(b[i].d, a[i].d)), _mm256_cvtepi32_ps(BODY(i)), acc0); \
-        OFFSET(i, 1);                                                                            \
-    }                                                                                            \
+        OFFSET(i, 1);                                                                                            \
+    }                                                                                                            \
     return hsum_ps256(_mm256_add_ps(acc0, acc1)) + hsum_ps256(acc_m) + tail_m;
 
 #define NO_OFFSET(i, k) ((void)0)
-#define Q8_1_OFFSET(i, k)                                                                        \
-    do {                                                                                         \
-        if ((k) == 8)                                                                            \
+#define Q8_1_OFFSET(i, k)                                                                             \
+    do {                                                                                              \
+        if ((k) == 8)                                                                                 \
             acc_m = _mm256_fmadd_ps(halves8(&b[i].m, sizeof *b), halves8(&a[i].s, sizeof *a), acc_m); \
-        else                                                                                     \
-            tail_m += half_product(b[i].m, a[i].s);                                              \
+        else                                                                                          \
+            tail_m += half_product(b[i].m, a[i].s);                                                   \
     } while (0)
 
 float quant_dot_q4_0_avx2(int64_t n, const void *w, const void *act) {
@@ -110,6 +112,11 @@ static inline void store_scaled(float *y, __m256i q8, float d) {
 void quant_dequant_q4_0_avx2(const void *w, float *y, int64_t n) {
     const struct block_q4_0 *b = w;
     for (int64_t i = 0; i < n / 32; i++) store_scaled(y + 32 * i, q4_0_bytes(&b[i]), _cvtsh_ss(b[i].d));
+}
+
+void quant_dequant_q5_0_avx2(const void *w, float *y, int64_t n) {
+    const struct block_q5_0 *b = w;
+    for (int64_t i = 0; i < n / 32; i++) store_scaled(y + 32 * i, q5_0_bytes(&b[i]), _cvtsh_ss(b[i].d));
 }
 
 void quant_dequant_q8_0_avx2(const void *w, float *y, int64_t n) {

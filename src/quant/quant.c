@@ -8,13 +8,19 @@
 
 /* One table entry: type T (kernel suffix t, block size), activation format A (quantizer a),
  * the variant, and the variant that supplies dequantization (not every variant has its own). */
-#define ENTRY(T, t, elems, A, a, impl, dq)                                                       \
-    [QUANT_##T] = {QUANT_##T, QUANT_##A, IMPL_##impl, elems, quant_dequant_##t##_##dq,           \
-                   quant_act_##a##_##impl, quant_dot_##t##_##impl}
+#define ENTRY(T, t, elems, A, a, impl, dq)   \
+    [QUANT_##T] = {QUANT_##T,                \
+                   QUANT_##A,                \
+                   IMPL_##impl,              \
+                   elems,                    \
+                   quant_dequant_##t##_##dq, \
+                   quant_act_##a##_##impl,   \
+                   quant_dot_##t##_##impl}
 #define IMPL_ref QUANT_IMPL_REF
 #define IMPL_avx2 QUANT_IMPL_AVX2
 #define IMPL_avx512 QUANT_IMPL_AVX512
 
+/* clang-format off */
 static const struct quant_kernels ref_table[QUANT_TYPE_LIMIT] = {
     ENTRY(F32, f32, 1, F32, f32, ref, ref),
     ENTRY(F16, f16, 1, F16, f16, ref, ref),
@@ -41,7 +47,7 @@ static const struct quant_kernels avx2_table[QUANT_TYPE_LIMIT] = {
     ENTRY(BF16, bf16, 1, BF16, bf16, avx2, avx2),
     ENTRY(Q4_0, q4_0, 32, Q8_0, q8_0, avx2, avx2),
     ENTRY(Q4_1, q4_1, 32, Q8_1, q8_1, avx2, ref),
-    ENTRY(Q5_0, q5_0, 32, Q8_0, q8_0, avx2, ref),
+    ENTRY(Q5_0, q5_0, 32, Q8_0, q8_0, avx2, avx2),
     ENTRY(Q5_1, q5_1, 32, Q8_1, q8_1, avx2, ref),
     ENTRY(Q8_0, q8_0, 32, Q8_0, q8_0, avx2, avx2),
     ENTRY(Q2_K, q2_K, 256, Q8_K, q8_K, avx2, ref),
@@ -51,14 +57,15 @@ static const struct quant_kernels avx2_table[QUANT_TYPE_LIMIT] = {
     ENTRY(Q6_K, q6_K, 256, Q8_K, q8_K, avx2, ref),
 };
 
-/* AVX-512 machines run the AVX2 dequantizers of the legacy formats (store-bound anyway). */
+/* AVX-512 machines run the AVX2 dequantizers of the legacy formats (store-bound anyway). The
+ * K formats and offset formats dequantize with the reference everywhere: see legacy_avx2.c. */
 static const struct quant_kernels avx512_table[QUANT_TYPE_LIMIT] = {
     ENTRY(F32, f32, 1, F32, f32, avx512, ref),
     ENTRY(F16, f16, 1, F16, f16, avx512, avx512),
     ENTRY(BF16, bf16, 1, BF16, bf16, avx512, avx512),
     ENTRY(Q4_0, q4_0, 32, Q8_0, q8_0, avx512, avx2),
     ENTRY(Q4_1, q4_1, 32, Q8_1, q8_1, avx512, ref),
-    ENTRY(Q5_0, q5_0, 32, Q8_0, q8_0, avx512, ref),
+    ENTRY(Q5_0, q5_0, 32, Q8_0, q8_0, avx512, avx2),
     ENTRY(Q5_1, q5_1, 32, Q8_1, q8_1, avx512, ref),
     ENTRY(Q8_0, q8_0, 32, Q8_0, q8_0, avx512, avx2),
     ENTRY(Q2_K, q2_K, 256, Q8_K, q8_K, avx512, ref),
@@ -67,6 +74,8 @@ static const struct quant_kernels avx512_table[QUANT_TYPE_LIMIT] = {
     ENTRY(Q5_K, q5_K, 256, Q8_K, q8_K, avx512, ref),
     ENTRY(Q6_K, q6_K, 256, Q8_K, q8_K, avx512, ref),
 };
+
+/* clang-format on */
 
 const char *quant_impl_name(enum quant_impl impl) {
     switch (impl) {
@@ -125,11 +134,17 @@ size_t quant_act_row_bytes(const struct quant_kernels *kernels, int64_t n) {
 
 bool quant_can_quantize(enum quant_type type) {
     switch (type) {
-    case QUANT_F32: case QUANT_F16: case QUANT_BF16: case QUANT_Q4_0: case QUANT_Q4_1:
-    case QUANT_Q5_0: case QUANT_Q5_1: case QUANT_Q8_0: case QUANT_Q4_K: case QUANT_Q6_K:
-        return true;
-    default:
-        return false;
+    case QUANT_F32:
+    case QUANT_F16:
+    case QUANT_BF16:
+    case QUANT_Q4_0:
+    case QUANT_Q4_1:
+    case QUANT_Q5_0:
+    case QUANT_Q5_1:
+    case QUANT_Q8_0:
+    case QUANT_Q4_K:
+    case QUANT_Q6_K: return true;
+    default: return false;
     }
 }
 

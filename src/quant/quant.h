@@ -31,7 +31,7 @@ struct quant_kernels {
     enum quant_type type;     /* weight format */
     enum quant_type act_type; /* format vec_dot wants the activations in */
     enum quant_impl impl;
-    uint32_t block_elems;     /* of the weight format; the activation format divides it */
+    uint32_t block_elems; /* of the weight format; the activation format divides it */
     /* w (n elements) -> y, f32. */
     void (*dequant_row)(const void *w, float *y, int64_t n);
     /* x (n f32) -> act (quant_act_row_bytes(k, n) bytes). */

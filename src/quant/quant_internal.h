@@ -55,29 +55,29 @@ static inline void quant_q3_K_scales(const uint8_t s[12], int8_t out[16]) {
 }
 
 /* Declare the kernels of one (type, variant): dequant_row and vec_dot. */
-#define QUANT_DECLARE(t, impl)                                                                   \
-    void quant_dequant_##t##_##impl(const void *w, float *y, int64_t n);                         \
+#define QUANT_DECLARE(t, impl)                                           \
+    void quant_dequant_##t##_##impl(const void *w, float *y, int64_t n); \
     float quant_dot_##t##_##impl(int64_t n, const void *w, const void *act);
 
-#define QUANT_DECLARE_ALL(impl)                                                                  \
-    QUANT_DECLARE(f32, impl)                                                                     \
-    QUANT_DECLARE(f16, impl)                                                                     \
-    QUANT_DECLARE(bf16, impl)                                                                    \
-    QUANT_DECLARE(q4_0, impl)                                                                    \
-    QUANT_DECLARE(q4_1, impl)                                                                    \
-    QUANT_DECLARE(q5_0, impl)                                                                    \
-    QUANT_DECLARE(q5_1, impl)                                                                    \
-    QUANT_DECLARE(q8_0, impl)                                                                    \
-    QUANT_DECLARE(q2_K, impl)                                                                    \
-    QUANT_DECLARE(q3_K, impl)                                                                    \
-    QUANT_DECLARE(q4_K, impl)                                                                    \
-    QUANT_DECLARE(q5_K, impl)                                                                    \
-    QUANT_DECLARE(q6_K, impl)                                                                    \
-    void quant_act_f32_##impl(const float *x, void *act, int64_t n);                             \
-    void quant_act_f16_##impl(const float *x, void *act, int64_t n);                             \
-    void quant_act_bf16_##impl(const float *x, void *act, int64_t n);                            \
-    void quant_act_q8_0_##impl(const float *x, void *act, int64_t n);                            \
-    void quant_act_q8_1_##impl(const float *x, void *act, int64_t n);                            \
+#define QUANT_DECLARE_ALL(impl)                                       \
+    QUANT_DECLARE(f32, impl)                                          \
+    QUANT_DECLARE(f16, impl)                                          \
+    QUANT_DECLARE(bf16, impl)                                         \
+    QUANT_DECLARE(q4_0, impl)                                         \
+    QUANT_DECLARE(q4_1, impl)                                         \
+    QUANT_DECLARE(q5_0, impl)                                         \
+    QUANT_DECLARE(q5_1, impl)                                         \
+    QUANT_DECLARE(q8_0, impl)                                         \
+    QUANT_DECLARE(q2_K, impl)                                         \
+    QUANT_DECLARE(q3_K, impl)                                         \
+    QUANT_DECLARE(q4_K, impl)                                         \
+    QUANT_DECLARE(q5_K, impl)                                         \
+    QUANT_DECLARE(q6_K, impl)                                         \
+    void quant_act_f32_##impl(const float *x, void *act, int64_t n);  \
+    void quant_act_f16_##impl(const float *x, void *act, int64_t n);  \
+    void quant_act_bf16_##impl(const float *x, void *act, int64_t n); \
+    void quant_act_q8_0_##impl(const float *x, void *act, int64_t n); \
+    void quant_act_q8_1_##impl(const float *x, void *act, int64_t n); \
     void quant_act_q8_K_##impl(const float *x, void *act, int64_t n);
 
 QUANT_DECLARE_ALL(ref)

@@ -26,6 +26,13 @@ static int round_clamp(float v, int lo, int hi) {
     return clamp_int(quant_round_even(v), lo, hi);
 }
 
+/* A super-block scale as f16 bits, never rounded to zero when the scale is not: tiny weights
+ * then get coarse codes against the smallest half instead of all becoming zero. */
+static uint16_t half_scale(float scale) {
+    uint16_t h = half_from_f32(scale);
+    return scale > 0 && (h & 0x7fff) == 0 ? 1 : h;
+}
+
 /* The code of `value` in units of `step` (0 when the step is 0). */
 static int round_code(float value, float step, int lo, int hi) {
     return step > 0 ? round_clamp(value / step, lo, hi) : 0;
@@ -157,12 +164,16 @@ static void fit_scale_min(const float *x, int n, int max_code, float *scale, flo
             sx += x[j];
             sqx += q[j] * x[j];
         }
-        float det = (float)n * sq2 - sq * sq;
-        if (det <= 0) continue;
-        float a = ((float)n * sqx - sq * sx) / det, b = (sx - a * sq) / (float)n;
-        if (b > 0) { /* offset must be <= 0: refit the scale alone */
+        /* least squares for scale a and offset b; all codes equal (det 0) or a positive
+         * offset leave the scale alone to fit */
+        float det = (float)n * sq2 - sq * sq, a = 0, b = 1;
+        if (det > 0) {
+            a = ((float)n * sqx - sq * sx) / det;
+            b = (sx - a * sq) / (float)n;
+        }
+        if (b > 0) {
             b = 0;
-            a = sqx / sq2;
+            a = sq2 > 0 ? sqx / sq2 : 0;
         }
         if (a <= 0) continue;
         float err = 0;
@@ -216,8 +227,8 @@ void quant_quantize_q4_K(const float *x, void *dst, int64_t n) {
             max_scale = fmaxf(max_scale, scale[s]);
             max_min = fmaxf(max_min, min[s]);
         }
-        y[i].d = half_from_f32(max_scale / 63);
-        y[i].dmin = half_from_f32(max_min / 63);
+        y[i].d = half_scale(max_scale / 63);
+        y[i].dmin = half_scale(max_min / 63);
         float d = half_to_f32(y[i].d), dmin = half_to_f32(y[i].dmin);
         uint8_t ls[8], lm[8];
         for (int s = 0; s < 8; s++) {
@@ -238,8 +249,7 @@ void quant_quantize_q4_K(const float *x, void *dst, int64_t n) {
             for (int j = 32 * s; j < 32 * s + 32; j++) q[j] = (uint8_t)round_code(x[j] + ml, dl, 0, 15);
         }
         for (int c = 0; c < 4; c++)
-            for (int l = 0; l < 32; l++)
-                y[i].qs[32 * c + l] = (uint8_t)(q[64 * c + l] | (q[64 * c + 32 + l] << 4));
+            for (int l = 0; l < 32; l++) y[i].qs[32 * c + l] = (uint8_t)(q[64 * c + l] | (q[64 * c + 32 + l] << 4));
     }
 }
 
@@ -251,7 +261,7 @@ void quant_quantize_q6_K(const float *x, void *dst, int64_t n) {
             scale[s] = fit_scale_signed(x + 16 * s, 16);
             max_abs = fmaxf(max_abs, fabsf(scale[s]));
         }
-        y[i].d = half_from_f32(max_abs / 127);
+        y[i].d = half_scale(max_abs / 127);
         float d = half_to_f32(y[i].d);
         for (int s = 0; s < 16; s++) y[i].scales[s] = (int8_t)round_code(scale[s], d, -127, 127);
         uint8_t q[QUANT_QK_K]; /* codes 0..63 = value + 32 */

@@ -6,7 +6,7 @@
 
 struct kblock {
     float d, dmin;
-    int sub_len;          /* 16 or 32 elements per sub-block */
+    int sub_len; /* 16 or 32 elements per sub-block */
     int8_t q[QUANT_QK_K];
     int16_t sc[16], m[16]; /* per sub-block; m is 0 for the symmetric formats */
 };
@@ -21,8 +21,7 @@ static void unpack_q2_K(const struct block_q2_K *b, struct kblock *k) {
     }
     for (int h = 0; h < 2; h++)
         for (int j = 0; j < 4; j++)
-            for (int l = 0; l < 32; l++)
-                k->q[128 * h + 32 * j + l] = (int8_t)((b->qs[32 * h + l] >> (2 * j)) & 3);
+            for (int l = 0; l < 32; l++) k->q[128 * h + 32 * j + l] = (int8_t)((b->qs[32 * h + l] >> (2 * j)) & 3);
 }
 
 static void unpack_q3_K(const struct block_q3_K *b, struct kblock *k) {
@@ -122,25 +121,25 @@ static float kblock_dot(const struct kblock *k, const struct block_q8_K *a) {
 }
 
 /* One dequant and one dot function per format, all through the kblock shape. */
-#define KQUANT_REF(t)                                                                            \
-    void quant_dequant_##t##_ref(const void *w, float *y, int64_t n) {                           \
-        const struct block_##t *b = w;                                                           \
-        struct kblock k;                                                                         \
-        for (int64_t i = 0; i < n / QUANT_QK_K; i++) {                                           \
-            unpack_##t(&b[i], &k);                                                               \
-            kblock_dequant(&k, y + i * QUANT_QK_K);                                              \
-        }                                                                                        \
-    }                                                                                            \
-    float quant_dot_##t##_ref(int64_t n, const void *w, const void *act) {                       \
-        const struct block_##t *b = w;                                                           \
-        const struct block_q8_K *a = act;                                                        \
-        struct kblock k;                                                                         \
-        float sum = 0;                                                                           \
-        for (int64_t i = 0; i < n / QUANT_QK_K; i++) {                                           \
-            unpack_##t(&b[i], &k);                                                               \
-            sum += kblock_dot(&k, &a[i]);                                                        \
-        }                                                                                        \
-        return sum;                                                                              \
+#define KQUANT_REF(t)                                                      \
+    void quant_dequant_##t##_ref(const void *w, float *y, int64_t n) {     \
+        const struct block_##t *b = w;                                     \
+        struct kblock k;                                                   \
+        for (int64_t i = 0; i < n / QUANT_QK_K; i++) {                     \
+            unpack_##t(&b[i], &k);                                         \
+            kblock_dequant(&k, y + i * QUANT_QK_K);                        \
+        }                                                                  \
+    }                                                                      \
+    float quant_dot_##t##_ref(int64_t n, const void *w, const void *act) { \
+        const struct block_##t *b = w;                                     \
+        const struct block_q8_K *a = act;                                  \
+        struct kblock k;                                                   \
+        float sum = 0;                                                     \
+        for (int64_t i = 0; i < n / QUANT_QK_K; i++) {                     \
+            unpack_##t(&b[i], &k);                                         \
+            sum += kblock_dot(&k, &a[i]);                                  \
+        }                                                                  \
+        return sum;                                                        \
     }
 
 KQUANT_REF(q2_K)

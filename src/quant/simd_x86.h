@@ -8,6 +8,8 @@
 #endif
 
 #include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
 
 static inline float hsum_ps256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -37,14 +39,15 @@ static inline __m256i nibbles_32(const uint8_t *p) {
 static inline __m256i bits_to_bytes_32(const uint8_t *p) {
     uint32_t bits;
     memcpy(&bits, p, 4);
-    const __m256i byte_of_bit = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                                  2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i byte_of_bit = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2,
+                                                 3, 3, 3, 3, 3, 3, 3, 3);
     const __m256i bit_in_byte = _mm256_set1_epi64x(0x8040201008040201);
     __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), byte_of_bit);
     return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit_in_byte), bit_in_byte);
 }
 
-/* Signed int8 dot in pairs of 4 -> 8 int32, via |x| * sign(y, x) for maddubs. */
+/* Signed int8 dot in pairs of 4 -> 8 int32, via |x| * sign(y, x) for maddubs. Exact for any
+ * x (|-128| reads as unsigned 128) and y > -128, which activation quantizers guarantee. */
 static inline __m256i dot_i8_avx2(__m256i x, __m256i y) {
     __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
     return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
@@ -76,30 +79,6 @@ static inline __m256 halves8(const void *p, size_t stride) {
 /* Product of two stored halves. */
 static inline float half_product(uint16_t a, uint16_t b) { return _cvtsh_ss(a) * _cvtsh_ss(b); }
 
-/* Quantize 32 floats to int8 with multiplier id, rounding ties to even; returns the 4 int32
- * vectors before packing through *i32 (for sums) and the 32 bytes in element order. */
-static inline __m256i quantize_32_avx2(const float *x, float id, __m256i i32[4]) {
-    __m256 mul = _mm256_set1_ps(id);
-    for (int k = 0; k < 4; k++) {
-        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), mul);
-        i32[k] = _mm256_cvtps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    }
-    __m256i i16a = _mm256_packs_epi32(i32[0], i32[1]), i16b = _mm256_packs_epi32(i32[2], i32[3]);
-    __m256i i8 = _mm256_packs_epi16(i16a, i16b);
-    /* the packs work per 128-bit lane; restore element order */
-    return _mm256_permutevar8x32_epi32(i8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
-static inline float abs_max_avx2(const float *x, int n) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 m = _mm256_setzero_ps();
-    for (int j = 0; j < n; j += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_max_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* The 16 Q3_K scales (-32..31) from their 12 packed bytes, as 16 signed bytes: low nibbles of
  * bytes 0..7, then their high nibbles, give the low 4 bits; bits 2k..2k+1 of bytes 8..11 the
  * top 2 bits of scales 4k..4k+3. */
@@ -121,29 +100,5 @@ static inline __m128 d_dmin_times(const void *d_then_dmin, float act_d) {
     memcpy(&both, d_then_dmin, 4);
     return _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)both)), _mm_set1_ps(act_d));
 }
-
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-
-/* Two 32-byte block payloads side by side in one 512-bit vector. */
-static inline __m512i pair_512(const void *lo, const void *hi) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)lo)),
-                              _mm256_loadu_si256((const __m256i *)hi), 1);
-}
-
-/* Two blocks of 16 packed nibble bytes -> 64 bytes 0..15 in element order, block by block. */
-static inline __m512i nibbles_pair_512(const uint8_t *lo, const uint8_t *hi) {
-    __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)lo)),
-                                        _mm_loadu_si128((const __m128i *)hi), 1);
-    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
-    z = _mm512_and_si512(z, _mm512_set1_epi8(0x0f)); /* 128-bit lanes: lo0 lo1 hi0 hi1 */
-    return _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
-}
-
-/* 16 floats: lanes 0..7 = a, 8..15 = b. */
-static inline __m512 two_scales_512(float a, float b) {
-    return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1);
-}
-
-#endif
 
 #endif
