@@ -78,6 +78,8 @@ void cpu_add_bias(float *x, const float *bias, int64_t n_tokens, int64_t n);
 
 /* SwiGLU: out[i] = silu(gate[i]) * up[i]. */
 void cpu_swiglu(const float *gate, const float *up, float *out, int64_t n);
+/* The same split across the pool when n is large (prefill). */
+void cpu_swiglu_parallel(struct threadpool *pool, const float *gate, const float *up, float *out, int64_t n);
 
 /* In-place softmax over n values. */
 void cpu_softmax(float *x, int64_t n);

@@ -26,6 +26,25 @@ void cpu_swiglu(const float *gate, const float *up, float *out, int64_t n) {
     for (int64_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
+struct swiglu_job {
+    const float *gate, *up;
+    float *out;
+    int64_t n;
+};
+
+static void swiglu_worker(void *p, int thread, int n_threads) {
+    const struct swiglu_job *job = p;
+    int64_t begin, end;
+    threadpool_range(job->n, 64, thread, n_threads, &begin, &end);
+    if (begin < end) cpu_swiglu(job->gate + begin, job->up + begin, job->out + begin, end - begin);
+}
+
+void cpu_swiglu_parallel(struct threadpool *pool, const float *gate, const float *up, float *out, int64_t n) {
+    struct swiglu_job job = {gate, up, out, n};
+    if (!pool || n < 16384) swiglu_worker(&job, 0, 1); /* a pool round costs more than a short loop */
+    else threadpool_run(pool, swiglu_worker, &job);
+}
+
 void cpu_softmax(float *x, int64_t n) {
     float max = x[0];
     for (int64_t i = 1; i < n; i++) max = x[i] > max ? x[i] : max;

@@ -109,7 +109,7 @@ void cpu_moe(struct threadpool *pool, const struct cpu_matrix *gate_exps, const 
     int n_active = group_by_expert(routing, down_exps->n_experts, s);
     struct moe_job job = {gate_exps, up_exps, acts, false, routing, s, n_active, s->gate, s->up};
     threadpool_run(pool, moe_worker, &job);
-    for (int64_t p = 0; p < pairs; p++) cpu_swiglu(s->gate + p * n_ff, s->up + p * n_ff, s->gate + p * n_ff, n_ff);
+    cpu_swiglu_parallel(pool, s->gate, s->up, s->gate, pairs * n_ff); /* rows are contiguous */
     struct cpu_acts hidden;
     cpu_quantize_acts(pool, down_exps, s->gate, pairs, s->act_buf, &hidden);
     struct moe_job down_job = {down_exps, NULL, &hidden, true, routing, s, n_active, s->down, NULL};

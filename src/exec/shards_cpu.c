@@ -132,7 +132,7 @@ static void swiglu_ffn(struct exec_ctx *ctx, const struct cpu_matrix *gate, cons
     const struct cpu_matrix *gate_up[2] = {gate, up};
     float *const gate_up_out[2] = {s->gate, s->up};
     project_many(ctx, gate_up, gate_up_out, 2, s->xn, n);
-    cpu_swiglu(s->gate, s->up, s->gate, n * ff);
+    cpu_swiglu_parallel(ctx->pool, s->gate, s->up, s->gate, n * ff);
     project(ctx, down, n, y, s->gate);
 }
 

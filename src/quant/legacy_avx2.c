@@ -7,6 +7,11 @@
 #include "quant/quant_internal.h"
 #include "quant/simd_x86.h"
 
+/* legacy_vnni_avx512.c includes this file again with 256-bit VNNI enabled and its own names. */
+#ifndef LEGACY_DOT_NAME
+#define LEGACY_DOT_NAME(type) quant_dot_##type##_avx2
+#endif
+
 /* Quants of one block as 32 signed bytes, in element order. */
 static inline __m256i q4_0_bytes(const struct block_q4_0 *b) {
     return _mm256_sub_epi8(nibbles_32(b->qs), _mm256_set1_epi8(8));
@@ -58,7 +63,7 @@ static inline __m256i act_bytes(const int8_t *qs) { return _mm256_loadu_si256((c
             tail_m += half_product(b[i].m, a[i].s);                                                   \
     } while (0)
 
-float quant_dot_q4_0_avx2(int64_t n, const void *w, const void *act) {
+float LEGACY_DOT_NAME(q4_0)(int64_t n, const void *w, const void *act) {
     const struct block_q4_0 *b = w;
     const struct block_q8_0 *a = act;
 #define BODY(i) dot_i8_avx2(q4_0_bytes(&b[i]), act_bytes(a[i].qs))
@@ -66,7 +71,7 @@ float quant_dot_q4_0_avx2(int64_t n, const void *w, const void *act) {
 #undef BODY
 }
 
-float quant_dot_q4_1_avx2(int64_t n, const void *w, const void *act) {
+float LEGACY_DOT_NAME(q4_1)(int64_t n, const void *w, const void *act) {
     const struct block_q4_1 *b = w;
     const struct block_q8_1 *a = act;
 #define BODY(i) dot_u8i8_avx2(nibbles_32(b[i].qs), act_bytes(a[i].qs))
@@ -74,7 +79,7 @@ float quant_dot_q4_1_avx2(int64_t n, const void *w, const void *act) {
 #undef BODY
 }
 
-float quant_dot_q5_0_avx2(int64_t n, const void *w, const void *act) {
+float LEGACY_DOT_NAME(q5_0)(int64_t n, const void *w, const void *act) {
     const struct block_q5_0 *b = w;
     const struct block_q8_0 *a = act;
 #define BODY(i) dot_i8_avx2(q5_0_bytes(&b[i]), act_bytes(a[i].qs))
@@ -82,7 +87,7 @@ float quant_dot_q5_0_avx2(int64_t n, const void *w, const void *act) {
 #undef BODY
 }
 
-float quant_dot_q5_1_avx2(int64_t n, const void *w, const void *act) {
+float LEGACY_DOT_NAME(q5_1)(int64_t n, const void *w, const void *act) {
     const struct block_q5_1 *b = w;
     const struct block_q8_1 *a = act;
 #define BODY(i) dot_u8i8_avx2(q5_1_bytes(&b[i]), act_bytes(a[i].qs))
@@ -90,7 +95,7 @@ float quant_dot_q5_1_avx2(int64_t n, const void *w, const void *act) {
 #undef BODY
 }
 
-float quant_dot_q8_0_avx2(int64_t n, const void *w, const void *act) {
+float LEGACY_DOT_NAME(q8_0)(int64_t n, const void *w, const void *act) {
     const struct block_q8_0 *b = w;
     const struct block_q8_0 *a = act;
 #define BODY(i) dot_i8_avx2(act_bytes(b[i].qs), act_bytes(a[i].qs))
@@ -98,6 +103,7 @@ float quant_dot_q8_0_avx2(int64_t n, const void *w, const void *act) {
 #undef BODY
 }
 
+#ifndef LEGACY_DOTS_ONLY
 /* ---- dequantization */
 
 static inline void store_scaled(float *y, __m256i q8, float d) {
@@ -123,3 +129,4 @@ void quant_dequant_q8_0_avx2(const void *w, float *y, int64_t n) {
     const struct block_q8_0 *b = w;
     for (int64_t i = 0; i < n / 32; i++) store_scaled(y + 32 * i, act_bytes(b[i].qs), _cvtsh_ss(b[i].d));
 }
+#endif

@@ -82,15 +82,30 @@ const char *quant_impl_name(enum quant_impl impl) {
     case QUANT_IMPL_REF: return "ref";
     case QUANT_IMPL_AVX2: return "avx2";
     case QUANT_IMPL_AVX512: return "avx512";
+    case QUANT_IMPL_VNNI256: return "vnni256";
     default: return "unknown";
     }
 }
+
+/* For CPUs that run 512-bit ops at half rate: the legacy formats at 256 bits with VNNI, and the
+ * AVX-512 activation quantizers (same bytes as every variant). */
+#define IMPL_vnni256 QUANT_IMPL_VNNI256
+#define quant_act_q8_0_vnni256 quant_act_q8_0_avx512
+#define quant_act_q8_1_vnni256 quant_act_q8_1_avx512
+static const struct quant_kernels vnni256_table[QUANT_TYPE_LIMIT] = {
+    ENTRY(Q4_0, q4_0, 32, Q8_0, q8_0, vnni256, avx2),
+    ENTRY(Q4_1, q4_1, 32, Q8_1, q8_1, vnni256, ref),
+    ENTRY(Q5_0, q5_0, 32, Q8_0, q8_0, vnni256, avx2),
+    ENTRY(Q5_1, q5_1, 32, Q8_1, q8_1, vnni256, ref),
+    ENTRY(Q8_0, q8_0, 32, Q8_0, q8_0, vnni256, avx2),
+};
 
 static const struct quant_kernels *table_of(enum quant_impl impl) {
     switch (impl) {
     case QUANT_IMPL_REF: return ref_table;
     case QUANT_IMPL_AVX2: return avx2_table;
     case QUANT_IMPL_AVX512: return avx512_table;
+    case QUANT_IMPL_VNNI256: return vnni256_table;
     default: return NULL;
     }
 }
@@ -100,7 +115,8 @@ static bool impl_available(enum quant_impl impl) {
     switch (impl) {
     case QUANT_IMPL_REF: return true;
     case QUANT_IMPL_AVX2: return f->avx2;
-    case QUANT_IMPL_AVX512: return f->avx512 && f->avx512_vnni;
+    case QUANT_IMPL_AVX512:
+    case QUANT_IMPL_VNNI256: return f->avx512 && f->avx512_vnni;
     default: return false;
     }
 }
@@ -113,7 +129,11 @@ const struct quant_kernels *quant_kernels_variant(enum quant_type type, enum qua
 }
 
 const struct quant_kernels *quant_kernels_get(enum quant_type type) {
-    for (int impl = QUANT_IMPL_COUNT - 1; impl >= 0; impl--) {
+    /* Where 512-bit ops run at half rate, one block per 256-bit VNNI instruction beats the
+     * two-blocks-per-vector kernels (measured on Zen 4: prefill 0.88x -> see bench/RESULTS.md). */
+    const struct quant_kernels *narrow = quant_kernels_variant(type, QUANT_IMPL_VNNI256);
+    if (narrow && cpu_features()->avx512_half_rate) return narrow;
+    for (int impl = QUANT_IMPL_AVX512; impl >= 0; impl--) {
         const struct quant_kernels *k = quant_kernels_variant(type, (enum quant_impl)impl);
         if (k) return k;
     }

@@ -82,6 +82,13 @@ static inline void quant_q3_K_scales(const uint8_t s[12], int8_t out[16]) {
 
 QUANT_DECLARE_ALL(ref)
 QUANT_DECLARE_ALL(avx2)
+
+/* legacy_vnni_avx512.c: the AVX2 dot products of the 32-element formats with 256-bit VNNI. */
+float quant_dot_q4_0_vnni256(int64_t n, const void *w, const void *act);
+float quant_dot_q4_1_vnni256(int64_t n, const void *w, const void *act);
+float quant_dot_q5_0_vnni256(int64_t n, const void *w, const void *act);
+float quant_dot_q5_1_vnni256(int64_t n, const void *w, const void *act);
+float quant_dot_q8_0_vnni256(int64_t n, const void *w, const void *act);
 QUANT_DECLARE_ALL(avx512)
 
 /* Weight quantizers (quantize.c). */

@@ -49,13 +49,21 @@ static inline __m256i bits_to_bytes_32(const uint8_t *p) {
 /* Signed int8 dot in pairs of 4 -> 8 int32, via |x| * sign(y, x) for maddubs. Exact for any
  * x (|-128| reads as unsigned 128) and y > -128, which activation quantizers guarantee. */
 static inline __m256i dot_i8_avx2(__m256i x, __m256i y) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+#else
     __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
     return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+#endif
 }
 
 /* Unsigned (0..127) x signed int8 dot in pairs of 4 -> 8 int32. */
 static inline __m256i dot_u8i8_avx2(__m256i x, __m256i y) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), x, y); /* one instruction, same sums */
+#else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1));
+#endif
 }
 
 static inline uint64_t load_u16_at(const uint8_t *p) {
