@@ -147,7 +147,10 @@ struct cuda_pinned {
 /* Pin an existing range (e.g. part of an mmapped file), widened to whole pages. Tries a
  * read-only registration first (needed for PROT_READ mappings), then a plain one. When both
  * fail: with `required`, an error saying why and what it costs; without, PSHARD_OK with
- * pinned = false (the caller may copy from pageable memory at a fifth of the speed). */
+ * pinned = false (the caller may copy from pageable memory at a fifth of the speed).
+ * Caution: on the H200 test machine (Firecracker VM, driver 580) registering a PROT_READ,
+ * MAP_PRIVATE file mapping never returned, while anonymous memory registered at once; until that
+ * is understood, stream weights from anonymous memory (cuda_host_alloc, or malloc + register). */
 pshard_status cuda_host_register(void *ptr, size_t bytes, bool required, struct cuda_pinned *out);
 /* Fresh pinned memory (cudaMallocHost). */
 pshard_status cuda_host_alloc(size_t bytes, struct cuda_pinned *out);

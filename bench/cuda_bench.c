@@ -1,0 +1,291 @@
+/* Kernel benchmarks of the CUDA backend on the GPU at hand, printed as markdown tables for
+ * bench/cuda_kernels.md: the context's size, the HBM copy bandwidth (the ceiling), matvec GB/s
+ * per format at 1..8 tokens on 4096 x 14336 matrices, prefill GEMM TFLOP/s (fused kernel
+ * against dequantize + cuBLAS) at 512 and 1024 tokens, attention (decode at 4K context,
+ * prefill of 1K tokens) and one MoE layer of qwen30b's shape. Weights rotate through copies
+ * larger than the L2 cache so every number is an HBM number. Speed does not depend on the
+ * values, so weights are random bytes.
+ *
+ * Build: with the device tests (tests/device/CMakeLists.txt), as cuda_bench.
+ * Run:   build-dev/cuda_bench   (tests/device/run.sh runs it after the tests) */
+#include <time.h>
+
+#include "device_test.h"
+
+static const enum quant_type all_types[] = {QUANT_F32, QUANT_F16, QUANT_BF16, QUANT_Q4_0, QUANT_Q4_1, QUANT_Q5_0,
+                                            QUANT_Q5_1, QUANT_Q8_0, QUANT_Q2_K, QUANT_Q3_K, QUANT_Q4_K, QUANT_Q5_K,
+                                            QUANT_Q6_K};
+
+enum { ROTATE_BYTES = 512 << 20 }; /* weights cycled through per measurement: ~8x the L2 */
+
+static struct dt D;
+static cuda_event ev0, ev1;
+
+/* Fill device memory with random 64-bit words ANDed with `mask` (which keeps the exponents
+ * of the floats inside small in magnitude: no NaN or infinity), uploaded in 64 MiB pieces. */
+static void random_device(void *dev, size_t bytes, uint64_t mask) {
+    const size_t piece = 64 << 20;
+    uint64_t *h = dt_malloc(piece);
+    for (size_t i = 0; i < piece / 8; i++) h[i] = dt_next() & mask;
+    for (size_t at = 0; at < bytes; at += piece)
+        DT_CHECK(cuda_copy_h2d((uint8_t *)dev + at, h, bytes - at < piece ? bytes - at : piece, D.s));
+    DT_CHECK(cuda_stream_sync(D.s));
+    free(h);
+}
+
+#define MASK_F32 0xbf7fffffbf7fffffull  /* |x| < 2 */
+#define MASK_F16 0xbbffbbffbbffbbffull  /* |x| < 1 */
+#define MASK_BF16 0xbf7fbf7fbf7fbf7full /* |x| < 2 */
+
+/* `copies` copies of one random matrix (quantized formats: random quants and scales with sane
+ * multipliers, as the tests make them). */
+static void *random_weights(enum quant_type type, int64_t rows, int64_t cols, int copies) {
+    const size_t bytes = quant_row_bytes(type, cols) * (size_t)rows;
+    uint8_t *dev = dt_alloc(&D, bytes * (size_t)copies);
+    if (type == QUANT_F32 || type == QUANT_F16 || type == QUANT_BF16) {
+        random_device(dev, bytes, type == QUANT_F32 ? MASK_F32 : type == QUANT_F16 ? MASK_F16 : MASK_BF16);
+    } else {
+        uint8_t *host = dt_malloc(bytes);
+        dt_random_weights(type, host, rows, cols);
+        DT_CHECK(cuda_copy_h2d(dev, host, bytes, D.s));
+        DT_CHECK(cuda_stream_sync(D.s));
+        free(host);
+    }
+    for (int c = 1; c < copies; c++) DT_CHECK(cuda_copy_d2d(dev + bytes * (size_t)c, dev, bytes, D.s));
+    DT_CHECK(cuda_stream_sync(D.s));
+    return dev;
+}
+
+static float elapsed_ms(void) {
+    float ms;
+    DT_CHECK(cuda_event_sync(ev1));
+    DT_CHECK(cuda_event_elapsed_ms(ev0, ev1, &ms));
+    return ms;
+}
+
+static void bench_copy(void) {
+    const size_t bytes = 1u << 30, mark = cuda_arena_mark(&D.arena);
+    void *a = dt_alloc(&D, bytes), *b = dt_alloc(&D, bytes);
+    DT_CHECK(cuda_copy_d2d(b, a, bytes, D.s));
+    DT_CHECK(cuda_event_record(ev0, D.s));
+    for (int i = 0; i < 10; i++) DT_CHECK(cuda_copy_d2d(i % 2 ? a : b, i % 2 ? b : a, bytes, D.s));
+    DT_CHECK(cuda_event_record(ev1, D.s));
+    const float ms = elapsed_ms();
+    printf("\nHBM device-to-device copy of 1 GiB: %.0f GB/s counting read + write (%.0f GB/s each way)\n",
+           20.0 * bytes / (ms * 1e6), 10.0 * bytes / (ms * 1e6));
+    cuda_arena_reset(&D.arena, mark);
+}
+
+static void bench_matvec(void) {
+    printf("\n### matvec, weight GB/s (microseconds per product), weights cycled through %d MiB\n\n",
+           ROTATE_BYTES >> 20);
+    printf("| format | rows x cols | 1 token | 2 tokens | 4 tokens | 8 tokens |\n|---|---|---|---|---|---|\n");
+    const int64_t shapes[][2] = {{14336, 4096}, {4096, 14336}};
+    for (size_t t = 0; t < sizeof all_types / sizeof all_types[0]; t++)
+        for (int s = 0; s < 2; s++) {
+            const size_t mark = cuda_arena_mark(&D.arena);
+            const enum quant_type type = all_types[t];
+            const int64_t rows = shapes[s][0], cols = shapes[s][1];
+            const size_t bytes = quant_row_bytes(type, cols) * (size_t)rows;
+            const int copies = (int)(ROTATE_BYTES / bytes) + 1;
+            uint8_t *w = random_weights(type, rows, cols, copies);
+            float *x = dt_alloc(&D, sizeof(float) * (size_t)(8 * cols));
+            random_device(x, sizeof(float) * (size_t)(8 * cols), MASK_F32);
+            const enum quant_type at = cuda_act_type(type);
+            void *act = dt_alloc(&D, cuda_act_row_bytes(at, cols) * 8);
+            float *y = dt_alloc(&D, sizeof(float) * (size_t)(8 * rows));
+            DT_CHECK(cuda_quantize(at, x, cols, 8, act, D.s));
+            printf("| %s | %lld x %lld |", quant_type_name(type), (long long)rows, (long long)cols);
+            const int nts[] = {1, 2, 4, 8};
+            for (int i = 0; i < 4; i++) {
+                const int iters = copies * (copies < 20 ? 200 / copies : 1) + copies;
+                struct cuda_matrix m = {type, w, cols, rows, 1, quant_row_bytes(type, cols)};
+                DT_CHECK(cuda_matvec(&m, act, nts[i], y, rows, D.s)); /* warm-up */
+                DT_CHECK(cuda_event_record(ev0, D.s));
+                for (int it = 0; it < iters; it++) {
+                    m.data = w + bytes * (size_t)(it % copies);
+                    DT_CHECK(cuda_matvec(&m, act, nts[i], y, rows, D.s));
+                }
+                DT_CHECK(cuda_event_record(ev1, D.s));
+                const double us = elapsed_ms() * 1e3 / iters;
+                printf(" %.0f (%.1f) |", bytes / (us * 1e3), us);
+            }
+            printf("\n");
+            cuda_arena_reset(&D.arena, mark);
+        }
+}
+
+static void bench_gemm(void) {
+    printf("\n### prefill GEMM, TFLOP/s (ms per product); cuBLAS times include dequantizing to f16\n\n");
+    printf("| format | rows x cols | tokens | fused | dequant + cuBLAS |\n|---|---|---|---|---|\n");
+    const enum quant_type types[] = {QUANT_Q4_0, QUANT_Q4_K, QUANT_Q6_K, QUANT_Q8_0, QUANT_F16};
+    const int64_t shapes[][2] = {{14336, 4096}, {4096, 14336}};
+    const int64_t tokens[] = {512, 1024};
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
+        for (int s = 0; s < 2; s++)
+            for (int n = 0; n < 2; n++) {
+                const size_t mark = cuda_arena_mark(&D.arena);
+                const int64_t rows = shapes[s][0], cols = shapes[s][1], nt = tokens[n];
+                struct cuda_matrix m = {types[t], random_weights(types[t], rows, cols, 1), cols, rows, 1,
+                                        quant_row_bytes(types[t], cols)};
+                float *x = dt_alloc(&D, sizeof(float) * (size_t)(nt * cols)), *y = dt_alloc(&D, sizeof(float) * (size_t)(nt * rows));
+                float *hx = dt_malloc(sizeof(float) * (size_t)(nt * cols));
+                dt_fill(hx, nt * cols, -1.0f, 1.0f);
+                DT_CHECK(cuda_copy_h2d(x, hx, sizeof(float) * (size_t)(nt * cols), D.s));
+                free(hx);
+                const size_t work_bytes = (size_t)nt * (size_t)cols * 2 + (size_t)rows * (size_t)cols * 2 + 4096;
+                void *work = dt_alloc(&D, work_bytes);
+                printf("| %s | %lld x %lld | %lld |", quant_type_name(types[t]), (long long)rows, (long long)cols, (long long)nt);
+                const enum cuda_gemm_path paths[] = {CUDA_GEMM_FUSED, CUDA_GEMM_CUBLAS};
+                for (int p = 0; p < 2; p++) {
+                    cuda_ctx_set_gemm_path(D.ctx, paths[p]);
+                    DT_CHECK(cuda_matmul(D.ctx, &m, x, nt, y, rows, work, work_bytes, D.s));
+                    const int iters = 10;
+                    DT_CHECK(cuda_event_record(ev0, D.s));
+                    for (int it = 0; it < iters; it++) DT_CHECK(cuda_matmul(D.ctx, &m, x, nt, y, rows, work, work_bytes, D.s));
+                    DT_CHECK(cuda_event_record(ev1, D.s));
+                    const double ms = elapsed_ms() / iters;
+                    printf(" %.0f (%.3f) |", 2.0 * rows * cols * nt / (ms * 1e9), ms);
+                }
+                printf("\n");
+                cuda_ctx_set_gemm_path(D.ctx, CUDA_GEMM_AUTO);
+                cuda_arena_reset(&D.arena, mark);
+            }
+}
+
+static void bench_attention(void) {
+    printf("\n### attention over an f16 KV cache\n\n| case | time | rate |\n|---|---|---|\n");
+    const int shapes[][3] = {{32, 8, 128}, {32, 4, 128}};
+    const char *names[] = {"llama8b 32/8 x 128", "qwen30b 32/4 x 128"};
+    for (int s = 0; s < 2; s++) {
+        const struct cuda_attn_shape a = {shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][2],
+                                          1.0f / sqrtf((float)shapes[s][2])};
+        const int64_t n_ctx = 4096, n_seq = 8, width = (int64_t)a.n_head_kv * a.head_k;
+        const size_t layer_bytes = 2 * (size_t)(n_seq * n_ctx * width);
+        const int layers = 8; /* cycled, so the cache is read from HBM */
+        const size_t mark = cuda_arena_mark(&D.arena);
+        uint16_t *k = dt_alloc(&D, layer_bytes * layers), *v = dt_alloc(&D, layer_bytes * layers);
+        random_device(k, layer_bytes * layers, MASK_F16);
+        random_device(v, layer_bytes * layers, MASK_F16);
+        float *q = dt_alloc(&D, sizeof(float) * 1024 * (size_t)a.n_head * a.head_k);
+        float *hq = dt_malloc(sizeof(float) * 1024 * (size_t)a.n_head * a.head_k);
+        dt_fill(hq, 1024 * a.n_head * a.head_k, -1.0f, 1.0f);
+        DT_CHECK(cuda_copy_h2d(q, hq, sizeof(float) * 1024 * (size_t)a.n_head * a.head_k, D.s));
+        free(hq);
+        int32_t hseq[1024], hpos[1024];
+        float *out = dt_alloc(&D, sizeof(float) * 1024 * (size_t)a.n_head * a.head_v);
+        for (int nt = 1; nt <= 8; nt *= 8) {
+            for (int t = 0; t < nt; t++) hseq[t] = t, hpos[t] = (int32_t)n_ctx - 1;
+            int32_t *seq = dt_upload(&D, hseq, sizeof(int32_t) * (size_t)nt), *pos = dt_upload(&D, hpos, sizeof(int32_t) * (size_t)nt);
+            const size_t wb = cuda_attention_decode_work_bytes(&a, nt, (int32_t)n_ctx);
+            void *work = dt_alloc(&D, wb);
+            const int iters = 64;
+            for (int it = -1; it < iters; it++) {
+                if (it == 0) DT_CHECK(cuda_event_record(ev0, D.s));
+                const int l = (it + layers) % layers;
+                struct cuda_kv_layer kv = {(uint16_t *)((uint8_t *)k + layer_bytes * (size_t)l),
+                                           (uint16_t *)((uint8_t *)v + layer_bytes * (size_t)l), n_ctx * width, n_ctx * width};
+                DT_CHECK(cuda_attention_decode(&a, &kv, q, seq, pos, nt, (int32_t)n_ctx, out, work, wb, D.s));
+            }
+            DT_CHECK(cuda_event_record(ev1, D.s));
+            const double us = elapsed_ms() * 1e3 / iters;
+            const double kv_bytes = 2.0 * nt * n_ctx * width * 2;
+            printf("| %s, decode %d token%s x 4096 cells | %.1f us | %.0f GB/s of KV |\n", names[s], nt, nt > 1 ? "s (8 sequences)" : "",
+                   us, kv_bytes / (us * 1e3));
+        }
+        /* Prefill: 1024 tokens of sequence 0 at positions 0..1023. */
+        for (int t = 0; t < 1024; t++) hpos[t] = t;
+        int32_t *pos = dt_upload(&D, hpos, sizeof hpos);
+        struct cuda_kv_layer kv = {k, v, n_ctx * width, n_ctx * width};
+        DT_CHECK(cuda_attention_prefill(&a, &kv, q, 0, pos, 1024, out, D.s));
+        DT_CHECK(cuda_event_record(ev0, D.s));
+        for (int it = 0; it < 10; it++) DT_CHECK(cuda_attention_prefill(&a, &kv, q, 0, pos, 1024, out, D.s));
+        DT_CHECK(cuda_event_record(ev1, D.s));
+        const double ms = elapsed_ms() / 10;
+        const double flops = 4.0 * a.n_head * a.head_k * (1024.0 * 1025.0 / 2.0);
+        printf("| %s, prefill 1024 tokens (causal) | %.3f ms | %.1f TFLOP/s |\n", names[s], ms, flops / (ms * 1e9));
+        cuda_arena_reset(&D.arena, mark);
+    }
+}
+
+static void bench_moe(void) {
+    printf("\n### MoE layer, qwen30b shape (128 experts, top 8, 2048 x 768, Q4_0)\n\n| tokens | time | rate |\n|---|---|---|\n");
+    const int n_expert = 128, k = 8, layers = 4;
+    const int64_t d = 2048, ff = 768;
+    const size_t mark = cuda_arena_mark(&D.arena);
+    const size_t gb = quant_row_bytes(QUANT_Q4_0, d), db = quant_row_bytes(QUANT_Q4_0, ff);
+    uint8_t *gate = random_weights(QUANT_Q4_0, ff * n_expert, d, layers), *up = random_weights(QUANT_Q4_0, ff * n_expert, d, layers);
+    uint8_t *down = random_weights(QUANT_Q4_0, d * n_expert, ff, layers);
+    const size_t gate_layer = gb * (size_t)(ff * n_expert), down_layer = db * (size_t)(d * n_expert);
+    const int64_t max_tokens = 1024;
+    float *hx = dt_malloc(sizeof(float) * (size_t)(max_tokens * (d > n_expert ? d : n_expert)));
+    dt_fill(hx, max_tokens * d, -1.0f, 1.0f);
+    float *x = dt_upload(&D, hx, sizeof(float) * (size_t)(max_tokens * d));
+    dt_fill(hx, max_tokens * n_expert, -3.0f, 3.0f);
+    float *logits = dt_upload(&D, hx, sizeof(float) * (size_t)(max_tokens * n_expert));
+    free(hx);
+    int32_t *ids = dt_alloc(&D, sizeof(int32_t) * (size_t)(max_tokens * k));
+    float *w = dt_alloc(&D, sizeof(float) * (size_t)(max_tokens * k));
+    float *out = dt_alloc(&D, sizeof(float) * (size_t)(max_tokens * d));
+    const int64_t tokens[] = {1, 8, 64, 1024};
+    for (int i = 0; i < 4; i++) {
+        const int64_t nt = tokens[i];
+        struct cuda_moe m = {0};
+        m.n_expert = n_expert, m.k = k;
+        m.gate = (struct cuda_matrix){QUANT_Q4_0, gate, d, ff, n_expert, gb};
+        m.up = (struct cuda_matrix){QUANT_Q4_0, up, d, ff, n_expert, gb};
+        m.down = (struct cuda_matrix){QUANT_Q4_0, down, ff, d, n_expert, db};
+        const size_t wb = cuda_moe_work_bytes(&m, nt);
+        const size_t wmark = cuda_arena_mark(&D.arena);
+        void *work = dt_alloc(&D, wb);
+        DT_CHECK(cuda_moe_route(logits, nt, n_expert, k, true, ids, w, D.s));
+        const int iters = nt >= 64 ? 8 : 64;
+        for (int it = -1; it < iters; it++) {
+            if (it == 0) DT_CHECK(cuda_event_record(ev0, D.s));
+            const int l = (it + layers) % layers;
+            m.gate.data = gate + gate_layer * (size_t)l, m.up.data = up + gate_layer * (size_t)l;
+            m.down.data = down + down_layer * (size_t)l;
+            DT_CHECK(cuda_moe_route(logits, nt, n_expert, k, true, ids, w, D.s));
+            DT_CHECK(cuda_moe_ffn(&m, x, ids, w, nt, out, false, work, wb, D.s));
+        }
+        DT_CHECK(cuda_event_record(ev1, D.s));
+        const double us = elapsed_ms() * 1e3 / iters;
+        const double expert_bytes = 2.0 * ff * gb + (double)d * db;
+        const double touched = nt * k < n_expert ? nt * k : n_expert; /* expected distinct experts, roughly */
+        if (nt == 1)
+            printf("| 1 (routing + FFN) | %.1f us | %.0f GB/s of the 8 experts' weights |\n", us, k * expert_bytes / (us * 1e3));
+        else
+            printf("| %lld | %.1f us | %.1f TFLOP/s (%.0f experts of weights at most: %.0f GB/s) |\n", (long long)nt, us,
+                   6.0 * nt * k * d * ff / (us * 1e6), touched, touched * expert_bytes / (us * 1e3));
+        cuda_arena_reset(&D.arena, wmark);
+    }
+    cuda_arena_reset(&D.arena, mark);
+}
+
+int main(void) {
+    dt_init(&D, "cuda_bench", (size_t)6 << 30);
+    dt_seed(7);
+    DT_CHECK(cuda_event_create(true, &ev0));
+    DT_CHECK(cuda_event_create(true, &ev1));
+    const struct cuda_ctx_info *info = cuda_ctx_info(D.ctx);
+    printf("\nCUDA context: %.1f MiB of device memory (%s), cuBLAS handle %.1f MiB\n", info->context_bytes / 1048576.0,
+           info->measured_before ? "NVML free before - cudaMemGetInfo free after" : "total - free after; NVML absent",
+           info->blas_bytes / 1048576.0);
+    void *ws = dt_alloc(&D, CUDA_BLAS_WORKSPACE_BYTES);
+    DT_CHECK(cuda_ctx_set_blas_workspace(D.ctx, ws, CUDA_BLAS_WORKSPACE_BYTES));
+    bench_copy();
+    bench_matvec();
+    bench_gemm();
+    bench_attention();
+    bench_moe();
+    uint64_t free_b, total_b;
+    DT_CHECK(cuda_device_memory(&free_b, &total_b));
+    char report[2048];
+    cuda_arena_report(&D.arena, report, sizeof report);
+    printf("\n%s\n", report);
+    printf("device memory in use at the end, all kernels loaded: %.1f MiB outside the %.1f MiB arena\n",
+           (total_b - free_b - D.arena.size) / 1048576.0, D.arena.size / 1048576.0);
+    cuda_event_destroy(ev0);
+    cuda_event_destroy(ev1);
+    return dt_finish(&D);
+}

@@ -1,0 +1,102 @@
+/* GPU test: attention over an f16 KV cache laid out as src/exec/kv_cache.h, against
+ * cpu_attention_heads. Decode: any batch (tokens of different sequences and positions), GQA
+ * groups 1..16, head sizes 64..256, contexts from 1 cell to thousands (several KV splits).
+ * Prefill: a prompt of one sequence (causal inside the batch, continuing an existing prefix).
+ * Errors are relative to max |v|; prefill rounds probabilities to f16, so its tolerance is
+ * looser. */
+#include "cpu/attention.h"
+#include "device_test.h"
+
+struct cache {
+    int64_t n_seq, n_ctx, k_width, v_width;
+    uint16_t *k, *v; /* host */
+    struct cuda_kv_layer dev;
+};
+
+static void cache_init(struct dt *d, struct cache *c, const struct cuda_attn_shape *a, int64_t n_seq, int64_t n_ctx) {
+    c->n_seq = n_seq, c->n_ctx = n_ctx;
+    c->k_width = (int64_t)a->n_head_kv * a->head_k, c->v_width = (int64_t)a->n_head_kv * a->head_v;
+    const size_t kb = 2 * (size_t)(n_seq * n_ctx * c->k_width), vb = 2 * (size_t)(n_seq * n_ctx * c->v_width);
+    c->k = dt_malloc(kb), c->v = dt_malloc(vb);
+    for (size_t i = 0; i < kb / 2; i++) c->k[i] = half_from_f32(dt_uniform(-1.0f, 1.0f));
+    for (size_t i = 0; i < vb / 2; i++) c->v[i] = half_from_f32(dt_uniform(-1.0f, 1.0f));
+    c->dev = (struct cuda_kv_layer){dt_upload(d, c->k, kb), dt_upload(d, c->v, vb), n_ctx * c->k_width, n_ctx * c->v_width};
+}
+
+static void reference(const struct cuda_attn_shape *a, const struct cache *c, const float *q, const int32_t *seq,
+                      const int32_t *pos, int64_t n_tokens, float *out) {
+    const struct cpu_attn_shape s = {a->n_head, a->n_head_kv, a->head_k, a->head_v, a->scale};
+    for (int64_t t = 0; t < n_tokens; t++)
+        cpu_attention_heads(&s, q + t * a->n_head * a->head_k, c->k + seq[t] * c->n_ctx * c->k_width,
+                            c->v + seq[t] * c->n_ctx * c->v_width, pos[t] + 1, 0, a->n_head, out + t * a->n_head * a->head_v);
+}
+
+static void run_case(struct dt *d, const struct cuda_attn_shape *a, int64_t n_ctx, const int32_t *seq,
+                     const int32_t *pos, int64_t n_tokens, bool prefill) {
+    const size_t mark = cuda_arena_mark(&d->arena);
+    struct cache c;
+    cache_init(d, &c, a, 3, n_ctx);
+    const int64_t q_n = n_tokens * a->n_head * a->head_k, o_n = n_tokens * a->n_head * a->head_v;
+    float *q = dt_malloc(4 * (size_t)q_n), *want = dt_malloc(4 * (size_t)o_n), *got = dt_malloc(4 * (size_t)o_n);
+    dt_fill(q, q_n, -2.0f, 2.0f);
+    reference(a, &c, q, seq, pos, n_tokens, want);
+    float *dq = dt_upload(d, q, 4 * (size_t)q_n), *dout = dt_alloc(d, 4 * (size_t)o_n);
+    int32_t *dseq = dt_upload(d, seq, 4 * (size_t)n_tokens), *dpos = dt_upload(d, pos, 4 * (size_t)n_tokens);
+    int32_t max_len = 0;
+    for (int64_t t = 0; t < n_tokens; t++) max_len = pos[t] + 1 > max_len ? pos[t] + 1 : max_len;
+    if (prefill) {
+        DT_CHECK(cuda_attention_prefill(a, &c.dev, dq, seq[0], dpos, n_tokens, dout, d->s));
+    } else {
+        const size_t wb = cuda_attention_decode_work_bytes(a, n_tokens, max_len);
+        DT_CHECK(cuda_attention_decode(a, &c.dev, dq, dseq, dpos, n_tokens, max_len, dout, dt_alloc(d, wb), wb, d->s));
+    }
+    dt_download(d, got, dout, 4 * (size_t)o_n);
+    int64_t where;
+    const double tol = prefill ? 2e-3 : 2e-5;
+    const double e = dt_max_err(got, want, o_n, 1.0, &where); /* |v| <= 1 */
+    dt_case(d, e <= tol, "attention %-7s heads %2d/%2d x %3d/%3d, %3lld tokens, up to %5d cells: max err %.2e (tol %.0e)",
+            prefill ? "prefill" : "decode", a->n_head, a->n_head_kv, a->head_k, a->head_v, (long long)n_tokens, max_len, e,
+            tol);
+    if (!(e <= tol))
+        printf("    token %lld head %lld dim %lld: got %.7g want %.7g\n", (long long)(where / (a->n_head * a->head_v)),
+               (long long)(where / a->head_v % a->n_head), (long long)(where % a->head_v), got[where], want[where]);
+    cuda_arena_reset(&d->arena, mark);
+    free(c.k), free(c.v), free(q), free(want), free(got);
+}
+
+static void decode_batch(struct dt *d, int n_head, int n_head_kv, int head_k, int head_v, int64_t n_ctx) {
+    const struct cuda_attn_shape a = {n_head, n_head_kv, head_k, head_v, 1.0f / sqrtf((float)head_k)};
+    /* Mixed batch: first cell only, short, long, the last cell, other sequences. */
+    const int32_t seq[] = {0, 1, 2, 0, 1, 2, 0};
+    const int32_t pos[] = {0, 5, (int32_t)n_ctx - 1, (int32_t)n_ctx / 2, 63, 64, (int32_t)n_ctx - 2};
+    run_case(d, &a, n_ctx, seq, pos, 1, false);
+    run_case(d, &a, n_ctx, seq + 2, pos + 2, 1, false);
+    run_case(d, &a, n_ctx, seq, pos, 7, false);
+}
+
+static void prefill(struct dt *d, int n_head, int n_head_kv, int head, int64_t n_tokens, int32_t first_pos) {
+    const struct cuda_attn_shape a = {n_head, n_head_kv, head, head, 1.0f / sqrtf((float)head)};
+    const int64_t n_ctx = first_pos + n_tokens + 5;
+    int32_t *seq = dt_malloc(4 * (size_t)n_tokens), *pos = dt_malloc(4 * (size_t)n_tokens);
+    for (int64_t t = 0; t < n_tokens; t++) seq[t] = 1, pos[t] = first_pos + (int32_t)t;
+    run_case(d, &a, n_ctx, seq, pos, n_tokens, true);
+    run_case(d, &a, n_ctx, seq, pos, n_tokens < 40 ? n_tokens : 40, false); /* the decode kernel on a prompt */
+    free(seq), free(pos);
+}
+
+int main(void) {
+    struct dt d;
+    dt_init(&d, "test_cuda_attention", 1u << 30);
+    dt_seed(4);
+    decode_batch(&d, 8, 2, 64, 64, 300);
+    decode_batch(&d, 32, 8, 128, 128, 4096);
+    decode_batch(&d, 32, 4, 128, 128, 1000);
+    decode_batch(&d, 16, 1, 128, 128, 777);    /* group of 16 */
+    decode_batch(&d, 4, 4, 96, 96, 200);       /* no GQA, head 96 */
+    decode_batch(&d, 8, 2, 256, 256, 500);     /* head 256: two dims per thread */
+    prefill(&d, 8, 2, 64, 100, 0);
+    prefill(&d, 32, 8, 128, 300, 0);
+    prefill(&d, 16, 4, 128, 77, 150);          /* continuing a prefix */
+    prefill(&d, 4, 1, 96, 65, 3);
+    return dt_finish(&d);
+}

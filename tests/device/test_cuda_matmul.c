@@ -1,0 +1,161 @@
+/* GPU test: matrix-vector products for 1..8 tokens in every weight format against the CPU
+ * reference dots (the same quantized activations, so the same integer sums: only the float
+ * summation order differs), and the many-token GEMM paths (fused dequantizing kernel and
+ * dequantize + cuBLAS) against a double-precision product of the f16-rounded weights and
+ * activations they compute with. Errors are relative to sum |w_i x_i| of the row. */
+#include "device_test.h"
+
+static const enum quant_type types[] = {QUANT_F32, QUANT_F16, QUANT_BF16, QUANT_Q4_0, QUANT_Q4_1, QUANT_Q5_0, QUANT_Q5_1,
+                                        QUANT_Q8_0, QUANT_Q2_K, QUANT_Q3_K, QUANT_Q4_K, QUANT_Q5_K, QUANT_Q6_K};
+
+enum { MAX_NT = 8 };
+static const double MATVEC_TOL = 1e-5, GEMM_TOL = 2e-4;
+
+struct problem {
+    enum quant_type type;
+    int64_t n_rows, n_cols, n_tokens;
+    uint8_t *w;     /* host weights */
+    float *x;       /* [n_tokens][n_cols] */
+    float *wf;      /* dequantized weights [n_rows][n_cols] */
+    struct cuda_matrix m;
+};
+
+static void problem_init(struct dt *d, struct problem *p, enum quant_type type, int64_t n_rows, int64_t n_cols,
+                         int64_t n_tokens) {
+    p->type = type, p->n_rows = n_rows, p->n_cols = n_cols, p->n_tokens = n_tokens;
+    const size_t row_bytes = quant_row_bytes(type, n_cols);
+    p->w = dt_malloc(row_bytes * (size_t)n_rows);
+    dt_random_weights(type, p->w, n_rows, n_cols);
+    p->x = dt_malloc(sizeof(float) * (size_t)(n_tokens * n_cols));
+    dt_fill(p->x, n_tokens * n_cols, -1.0f, 1.0f);
+    p->wf = dt_malloc(sizeof(float) * (size_t)(n_rows * n_cols));
+    const struct quant_kernels *k = quant_kernels_variant(type, QUANT_IMPL_REF);
+    for (int64_t r = 0; r < n_rows; r++) k->dequant_row(p->w + (size_t)r * row_bytes, p->wf + r * n_cols, n_cols);
+    p->m = (struct cuda_matrix){type, dt_upload(d, p->w, row_bytes * (size_t)n_rows), n_cols, n_rows, 1, row_bytes};
+}
+
+static void problem_free(struct problem *p) { free(p->w), free(p->x), free(p->wf); }
+
+/* sum |w x| per (token, row): the scale errors are measured against. */
+static double abs_dot(const struct problem *p, int64_t t, int64_t r) {
+    double s = 0.0;
+    for (int64_t i = 0; i < p->n_cols; i++) s += fabs((double)p->wf[r * p->n_cols + i] * p->x[t * p->n_cols + i]);
+    return s > 1e-30 ? s : 1e-30;
+}
+
+/* Worst relative error of y [n_tokens][y_stride] against ref [n_tokens][n_rows]. */
+static double worst_error(const struct problem *p, const float *y, int64_t y_stride, const float *ref, int64_t *wt,
+                          int64_t *wr) {
+    double worst = 0.0;
+    for (int64_t t = 0; t < p->n_tokens; t++)
+        for (int64_t r = 0; r < p->n_rows; r++) {
+            const double e = fabs((double)y[t * y_stride + r] - ref[t * p->n_rows + r]) / abs_dot(p, t, r);
+            if (!(e <= worst)) worst = isnan(e) ? INFINITY : e, *wt = t, *wr = r;
+        }
+    return worst;
+}
+
+static void test_matvec(struct dt *d, enum quant_type type, int64_t n_rows, int64_t n_cols) {
+    const size_t mark = cuda_arena_mark(&d->arena);
+    struct problem p;
+    problem_init(d, &p, type, n_rows, n_cols, MAX_NT);
+    /* CPU reference: the type's activation quantizer and dot, reference variant. */
+    const struct quant_kernels *k = quant_kernels_variant(type, QUANT_IMPL_REF);
+    const size_t cpu_act_bytes = quant_act_row_bytes(k, n_cols), row_bytes = p.m.row_bytes;
+    uint8_t *acts = dt_malloc(cpu_act_bytes);
+    float *ref = dt_malloc(sizeof(float) * (size_t)(MAX_NT * n_rows));
+    for (int64_t t = 0; t < MAX_NT; t++) {
+        k->quantize_act(p.x + t * n_cols, acts, n_cols);
+        for (int64_t r = 0; r < n_rows; r++) ref[t * n_rows + r] = k->vec_dot(n_cols, p.w + (size_t)r * row_bytes, acts);
+    }
+    const enum quant_type act_type = cuda_act_type(type);
+    float *dx = dt_upload(d, p.x, sizeof(float) * (size_t)(MAX_NT * n_cols));
+    void *dact = dt_alloc(d, cuda_act_row_bytes(act_type, n_cols) * MAX_NT);
+    const int64_t y_stride = n_rows + 3; /* a stride wider than the row exercises y_stride */
+    float *dy = dt_alloc(d, sizeof(float) * (size_t)(MAX_NT * y_stride));
+    float *y = dt_malloc(sizeof(float) * (size_t)(MAX_NT * y_stride));
+    DT_CHECK(cuda_quantize(act_type, dx, n_cols, MAX_NT, dact, d->s));
+    double worst_all = 0.0;
+    bool ok = true;
+    for (int nt = 1; nt <= MAX_NT; nt++) {
+        DT_CHECK(cuda_memset(dy, 0xff, sizeof(float) * (size_t)(MAX_NT * y_stride), d->s));
+        DT_CHECK(cuda_matvec(&p.m, dact, nt, dy, y_stride, d->s));
+        dt_download(d, y, dy, sizeof(float) * (size_t)(MAX_NT * y_stride));
+        int64_t wt = 0, wr = 0;
+        struct problem sub = p;
+        sub.n_tokens = nt;
+        const double e = worst_error(&sub, y, y_stride, ref, &wt, &wr);
+        if (e > worst_all) worst_all = e;
+        if (!(e <= MATVEC_TOL)) {
+            ok = false;
+            printf("    %d tokens: token %lld row %lld: got %.9g want %.9g (rel %.3g)\n", nt, (long long)wt,
+                   (long long)wr, y[wt * y_stride + wr], ref[wt * n_rows + wr], e);
+        }
+    }
+    dt_case(d, ok, "matvec %-4s %5lld x %5lld (row %zu B%s), 1..8 tokens: max rel err %.2e (tol %.0e)",
+            quant_type_name(type), (long long)n_rows, (long long)n_cols, row_bytes,
+            row_bytes % 16 ? ", unaligned" : "", worst_all, MATVEC_TOL);
+    cuda_arena_reset(&d->arena, mark);
+    free(acts), free(ref), free(y);
+    problem_free(&p);
+}
+
+static void test_gemm(struct dt *d, enum quant_type type, int64_t n_rows, int64_t n_cols, int64_t n_tokens,
+                      enum cuda_gemm_path path) {
+    const size_t mark = cuda_arena_mark(&d->arena);
+    struct problem p;
+    problem_init(d, &p, type, n_rows, n_cols, n_tokens);
+    /* The operands as the GPU sees them: weights and activations rounded to f16 (bf16 for
+     * BF16 weights, unrounded for F32), products summed in double. */
+    float *ref = dt_malloc(sizeof(float) * (size_t)(n_tokens * n_rows));
+    float (*round)(float) = type == QUANT_BF16 ? dt_round_bf16 : dt_round_f16;
+    for (int64_t t = 0; t < n_tokens; t++)
+        for (int64_t r = 0; r < n_rows; r++) {
+            double s = 0.0;
+            for (int64_t i = 0; i < n_cols; i++) {
+                const float w = p.wf[r * n_cols + i], x = p.x[t * n_cols + i];
+                s += type == QUANT_F32 ? (double)w * x : (double)round(w) * round(x);
+            }
+            ref[t * n_rows + r] = (float)s;
+        }
+    cuda_ctx_set_gemm_path(d->ctx, path);
+    float *dx = dt_upload(d, p.x, sizeof(float) * (size_t)(n_tokens * n_cols));
+    /* The least work: the cuBLAS path then dequantizes 256 rows at a time and loops. */
+    const size_t work_bytes = cuda_matmul_work_bytes(&p.m, n_tokens);
+    void *work = dt_alloc(d, work_bytes);
+    float *dy = dt_alloc(d, sizeof(float) * (size_t)(n_tokens * n_rows));
+    DT_CHECK(cuda_matmul(d->ctx, &p.m, dx, n_tokens, dy, n_rows, work, work_bytes, d->s));
+    float *y = dt_malloc(sizeof(float) * (size_t)(n_tokens * n_rows));
+    dt_download(d, y, dy, sizeof(float) * (size_t)(n_tokens * n_rows));
+    int64_t wt = 0, wr = 0;
+    const double e = worst_error(&p, y, n_rows, ref, &wt, &wr);
+    dt_case(d, e <= GEMM_TOL, "gemm %-6s %-4s %4lld x %4lld, %3lld tokens: max rel err %.2e (tol %.0e)",
+            path == CUDA_GEMM_FUSED ? "fused" : "cublas", quant_type_name(type), (long long)n_rows, (long long)n_cols,
+            (long long)n_tokens, e, GEMM_TOL);
+    if (!(e <= GEMM_TOL))
+        printf("    token %lld row %lld: got %.9g want %.9g\n", (long long)wt, (long long)wr, y[wt * n_rows + wr],
+               ref[wt * n_rows + wr]);
+    cuda_ctx_set_gemm_path(d->ctx, CUDA_GEMM_AUTO);
+    cuda_arena_reset(&d->arena, mark);
+    free(ref), free(y);
+    problem_free(&p);
+}
+
+int main(void) {
+    struct dt d;
+    dt_init(&d, "test_cuda_matmul", 1u << 30);
+    void *ws = dt_alloc(&d, CUDA_BLAS_WORKSPACE_BYTES);
+    DT_CHECK(cuda_ctx_set_blas_workspace(d.ctx, ws, CUDA_BLAS_WORKSPACE_BYTES));
+    dt_seed(2);
+    /* (rows, cols): short rows, unaligned rows (2304 = 9 K-blocks), multi-chunk long rows. */
+    const int64_t shapes[][2] = {{67, 256}, {203, 2304}, {96, 4096}, {41, 14336}};
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) test_matvec(&d, types[t], shapes[s][0], shapes[s][1]);
+    const int64_t gemm_tokens[] = {9, 64, 130};
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
+        for (size_t n = 0; n < sizeof gemm_tokens / sizeof gemm_tokens[0]; n++) {
+            test_gemm(&d, types[t], 300, 512, gemm_tokens[n], CUDA_GEMM_FUSED);
+            test_gemm(&d, types[t], 300, 512, gemm_tokens[n], CUDA_GEMM_CUBLAS);
+        }
+    return dt_finish(&d);
+}

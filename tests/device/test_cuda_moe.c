@@ -1,0 +1,217 @@
+/* GPU test: MoE routing against cpu_moe_route (same experts, weights to float rounding), and the
+ * expert FFN: up to 8 tokens against cpu_moe (the same quantized activations); beyond, the
+ * f16 tensor-core path against a double-precision FFN on f16-rounded operands. Also a subset
+ * of experts (mask), accumulation into the output, and per-expert pointer tables. */
+#include "cpu/moe.h"
+#include "device_test.h"
+
+struct experts {
+    enum quant_type gate_type, down_type;
+    int n_expert, k;
+    int64_t n_embd, n_ff;
+    uint8_t *gate, *up, *down; /* host, 3-D */
+    float *gate_f, *up_f, *down_f; /* dequantized */
+    struct cuda_moe dev;
+};
+
+static void experts_init(struct dt *d, struct experts *e, enum quant_type gate_type, enum quant_type down_type,
+                         int n_expert, int k, int64_t n_embd, int64_t n_ff) {
+    e->gate_type = gate_type, e->down_type = down_type, e->n_expert = n_expert, e->k = k;
+    e->n_embd = n_embd, e->n_ff = n_ff;
+    const size_t gb = quant_row_bytes(gate_type, n_embd), db = quant_row_bytes(down_type, n_ff);
+    e->gate = dt_malloc(gb * (size_t)(n_ff * n_expert));
+    e->up = dt_malloc(gb * (size_t)(n_ff * n_expert));
+    e->down = dt_malloc(db * (size_t)(n_embd * n_expert));
+    dt_random_weights(gate_type, e->gate, n_ff * n_expert, n_embd);
+    dt_random_weights(gate_type, e->up, n_ff * n_expert, n_embd);
+    dt_random_weights(down_type, e->down, n_embd * n_expert, n_ff);
+    e->gate_f = dt_malloc(4 * (size_t)(n_ff * n_expert * n_embd));
+    e->up_f = dt_malloc(4 * (size_t)(n_ff * n_expert * n_embd));
+    e->down_f = dt_malloc(4 * (size_t)(n_embd * n_expert * n_ff));
+    const struct quant_kernels *kg = quant_kernels_variant(gate_type, QUANT_IMPL_REF);
+    const struct quant_kernels *kd = quant_kernels_variant(down_type, QUANT_IMPL_REF);
+    for (int64_t r = 0; r < n_ff * n_expert; r++) {
+        kg->dequant_row(e->gate + r * gb, e->gate_f + r * n_embd, n_embd);
+        kg->dequant_row(e->up + r * gb, e->up_f + r * n_embd, n_embd);
+    }
+    for (int64_t r = 0; r < n_embd * n_expert; r++) kd->dequant_row(e->down + r * db, e->down_f + r * n_ff, n_ff);
+    memset(&e->dev, 0, sizeof e->dev);
+    e->dev.gate = (struct cuda_matrix){gate_type, dt_upload(d, e->gate, gb * (size_t)(n_ff * n_expert)), n_embd, n_ff, n_expert, gb};
+    e->dev.up = (struct cuda_matrix){gate_type, dt_upload(d, e->up, gb * (size_t)(n_ff * n_expert)), n_embd, n_ff, n_expert, gb};
+    e->dev.down = (struct cuda_matrix){down_type, dt_upload(d, e->down, db * (size_t)(n_embd * n_expert)), n_ff, n_embd, n_expert, db};
+    e->dev.n_expert = n_expert, e->dev.k = k;
+}
+
+static void experts_free(struct experts *e) {
+    free(e->gate), free(e->up), free(e->down), free(e->gate_f), free(e->up_f), free(e->down_f);
+}
+
+static struct cpu_matrix cpu_view(enum quant_type type, const void *data, int64_t n_cols, int64_t n_rows, int n_expert) {
+    return (struct cpu_matrix){type, data, n_cols, n_rows, n_expert, quant_row_bytes(type, n_cols),
+                               quant_kernels_variant(type, QUANT_IMPL_REF)};
+}
+
+/* The CPU's expert FFN (quantized activations, as the matvec path computes). */
+static void reference_cpu(const struct experts *e, const float *x, const int32_t *ids, const float *w, int64_t n_tokens,
+                          float *out) {
+    const struct cpu_matrix g = cpu_view(e->gate_type, e->gate, e->n_embd, e->n_ff, e->n_expert);
+    const struct cpu_matrix u = cpu_view(e->gate_type, e->up, e->n_embd, e->n_ff, e->n_expert);
+    const struct cpu_matrix dn = cpu_view(e->down_type, e->down, e->n_ff, e->n_embd, e->n_expert);
+    struct threadpool *pool;
+    DT_CHECK(threadpool_create(1, &pool));
+    const size_t sb = cpu_moe_scratch_bytes(n_tokens, e->k, e->n_expert, e->n_embd, e->n_ff, e->down_type);
+    void *mem = dt_malloc(sb);
+    struct moe_scratch s;
+    cpu_moe_scratch_init(&s, mem, n_tokens, e->k, e->n_expert, e->n_embd, e->n_ff, e->down_type);
+    void *act_buf = dt_malloc(quant_act_row_bytes(g.kernels, e->n_embd) * (size_t)n_tokens);
+    struct cpu_acts acts;
+    cpu_quantize_acts(NULL, &g, x, n_tokens, act_buf, &acts);
+    const struct moe_routing r = {n_tokens, e->k, ids, w};
+    cpu_moe(pool, &g, &u, &dn, &acts, &r, &s, out);
+    threadpool_free(pool);
+    free(mem), free(act_buf);
+}
+
+/* The f16 path's function in double: operands rounded to f16 as the GPU rounds them. */
+static void reference_f16(const struct experts *e, const float *x, const int32_t *ids, const float *w, int64_t n_tokens,
+                          float *out) {
+    float *h = dt_malloc(4 * (size_t)e->n_ff);
+    for (int64_t t = 0; t < n_tokens; t++) {
+        double *o = calloc((size_t)e->n_embd, sizeof(double));
+        for (int j = 0; j < e->k; j++) {
+            const int32_t ex = ids[t * e->k + j];
+            for (int64_t f = 0; f < e->n_ff; f++) {
+                double g = 0, u = 0;
+                const float *gr = e->gate_f + ((int64_t)ex * e->n_ff + f) * e->n_embd, *ur = e->up_f + ((int64_t)ex * e->n_ff + f) * e->n_embd;
+                for (int64_t i = 0; i < e->n_embd; i++) {
+                    const double xi = dt_round_f16(x[t * e->n_embd + i]);
+                    g += dt_round_f16(gr[i]) * xi;
+                    u += dt_round_f16(ur[i]) * xi;
+                }
+                h[f] = (float)((g / (1.0 + exp(-g))) * u);
+            }
+            for (int64_t i = 0; i < e->n_embd; i++) {
+                const float *dr = e->down_f + ((int64_t)ex * e->n_embd + i) * e->n_ff;
+                double s = 0;
+                for (int64_t f = 0; f < e->n_ff; f++) s += (double)dt_round_f16(dr[f]) * dt_round_f16(h[f]);
+                o[i] += w[t * e->k + j] * s;
+            }
+        }
+        for (int64_t i = 0; i < e->n_embd; i++) out[t * e->n_embd + i] = (float)o[i];
+        free(o);
+    }
+    free(h);
+}
+
+static void test_route(struct dt *d, int64_t n_tokens, int n_expert, int k, bool normalize) {
+    const size_t mark = cuda_arena_mark(&d->arena);
+    float *logits = dt_malloc(4 * (size_t)(n_tokens * n_expert)), *wt = dt_malloc(4 * (size_t)(n_tokens * k));
+    float *wg = dt_malloc(4 * (size_t)(n_tokens * k));
+    int32_t *ids = dt_malloc(4 * (size_t)(n_tokens * k)), *ig = dt_malloc(4 * (size_t)(n_tokens * k));
+    dt_fill(logits, n_tokens * n_expert, -4.0f, 4.0f);
+    for (int64_t i = 0; i < n_tokens * n_expert; i += 13) logits[i] = logits[i - i % n_expert]; /* ties */
+    float *dl = dt_upload(d, logits, 4 * (size_t)(n_tokens * n_expert));
+    int32_t *dids = dt_alloc(d, 4 * (size_t)(n_tokens * k));
+    float *dw = dt_alloc(d, 4 * (size_t)(n_tokens * k));
+    DT_CHECK(cuda_moe_route(dl, n_tokens, n_expert, k, normalize, dids, dw, d->s));
+    dt_download(d, ig, dids, 4 * (size_t)(n_tokens * k));
+    dt_download(d, wg, dw, 4 * (size_t)(n_tokens * k));
+    cpu_moe_route(logits, n_tokens, n_expert, k, normalize, ids, wt);
+    int64_t where;
+    const double e = dt_max_err(wg, wt, n_tokens * k, 1.0, &where);
+    dt_case(d, memcmp(ids, ig, 4 * (size_t)(n_tokens * k)) == 0 && e <= 1e-6,
+            "route %lld tokens, top %d of %d%s: same experts, weights max err %.2e", (long long)n_tokens, k, n_expert,
+            normalize ? ", normalized" : "", e);
+    cuda_arena_reset(&d->arena, mark);
+    free(logits), free(wt), free(wg), free(ids), free(ig);
+}
+
+enum variant { PLAIN, MASKED, TABLES };
+
+static void test_ffn(struct dt *d, enum quant_type gate_type, enum quant_type down_type, int n_expert, int k,
+                     int64_t n_embd, int64_t n_ff, int64_t n_tokens, enum variant variant) {
+    const size_t mark = cuda_arena_mark(&d->arena);
+    struct experts e;
+    experts_init(d, &e, gate_type, down_type, n_expert, k, n_embd, n_ff);
+    float *x = dt_malloc(4 * (size_t)(n_tokens * n_embd)), *w = dt_malloc(4 * (size_t)(n_tokens * k));
+    int32_t *ids = dt_malloc(4 * (size_t)(n_tokens * k));
+    dt_fill(x, n_tokens * n_embd, -1.0f, 1.0f);
+    float *logits = dt_malloc(4 * (size_t)(n_tokens * n_expert));
+    dt_fill(logits, n_tokens * n_expert, -3.0f, 3.0f);
+    cpu_moe_route(logits, n_tokens, n_expert, k, true, ids, w);
+    uint8_t *mask = dt_malloc((size_t)n_expert);
+    for (int i = 0; i < n_expert; i++) mask[i] = variant != MASKED || i % 3 != 0;
+    /* Reference: masked-out experts weigh 0 (their products are then exactly 0 in the sum). */
+    float *wref = dt_malloc(4 * (size_t)(n_tokens * k));
+    for (int64_t i = 0; i < n_tokens * k; i++) wref[i] = mask[ids[i]] ? w[i] : 0.0f;
+    const bool gemm = n_tokens > CUDA_MATVEC_MAX_TOKENS;
+    float *want = dt_malloc(4 * (size_t)(n_tokens * n_embd)), *got = dt_malloc(4 * (size_t)(n_tokens * n_embd));
+    if (gemm) reference_f16(&e, x, ids, wref, n_tokens, want);
+    else reference_cpu(&e, x, ids, wref, n_tokens, want);
+    float *base = dt_malloc(4 * (size_t)(n_tokens * n_embd));
+    dt_fill(base, n_tokens * n_embd, -1.0f, 1.0f);
+    if (variant == MASKED)
+        for (int64_t i = 0; i < n_tokens * n_embd; i++) want[i] += base[i];
+
+    if (variant == MASKED) e.dev.expert_mask = dt_upload(d, mask, (size_t)n_expert);
+    if (variant == TABLES) {
+        /* Each expert copied to its own place, in reverse order, reached through tables. */
+        const void **tables[3];
+        const struct cuda_matrix *mats[3] = {&e.dev.gate, &e.dev.up, &e.dev.down};
+        for (int m = 0; m < 3; m++) {
+            const size_t bytes = (size_t)mats[m]->n_rows * mats[m]->row_bytes;
+            uint8_t *copies = dt_alloc(d, bytes * (size_t)n_expert);
+            tables[m] = dt_malloc(sizeof(void *) * (size_t)n_expert);
+            for (int ex = 0; ex < n_expert; ex++) {
+                tables[m][ex] = copies + bytes * (size_t)(n_expert - 1 - ex);
+                DT_CHECK(cuda_copy_d2d((void *)tables[m][ex], (const uint8_t *)mats[m]->data + bytes * (size_t)ex, bytes, d->s));
+            }
+        }
+        e.dev.gate_ptrs = dt_upload(d, tables[0], sizeof(void *) * (size_t)n_expert);
+        e.dev.up_ptrs = dt_upload(d, tables[1], sizeof(void *) * (size_t)n_expert);
+        e.dev.down_ptrs = dt_upload(d, tables[2], sizeof(void *) * (size_t)n_expert);
+        e.dev.gate.data = e.dev.up.data = e.dev.down.data = NULL;
+        for (int m = 0; m < 3; m++) free(tables[m]);
+    }
+    float *dout = dt_upload(d, base, 4 * (size_t)(n_tokens * n_embd));
+    const size_t wb = cuda_moe_work_bytes(&e.dev, n_tokens);
+    DT_CHECK(cuda_moe_ffn(&e.dev, dt_upload(d, x, 4 * (size_t)(n_tokens * n_embd)), dt_upload(d, ids, 4 * (size_t)(n_tokens * k)),
+                          dt_upload(d, w, 4 * (size_t)(n_tokens * k)), n_tokens, dout, variant == MASKED, dt_alloc(d, wb), wb,
+                          d->s));
+    dt_download(d, got, dout, 4 * (size_t)(n_tokens * n_embd));
+    double scale = 0.0;
+    for (int64_t i = 0; i < n_tokens * n_embd; i++) scale = fmax(scale, fabs(want[i]));
+    int64_t where;
+    /* Matvec path: the hidden activations are re-quantized to 8 bits after float sums that
+     * differ in order, so an element can land one quant step apart: 1e-3 of the scale. */
+    const double tol = gemm ? 5e-4 : 1e-3;
+    const double err = dt_max_err(got, want, n_tokens * n_embd, scale, &where);
+    static const char *names[] = {"", " masked+accumulate", " pointer tables"};
+    dt_case(d, err <= tol, "moe %-4s/%-4s %2d experts top %d, %lld x %lld, %3lld tokens (%s)%s: max err %.2e of %.3g (tol %.0e)",
+            quant_type_name(gate_type), quant_type_name(down_type), n_expert, k, (long long)n_embd, (long long)n_ff,
+            (long long)n_tokens, gemm ? "gemm" : "matvec", names[variant], err, scale, tol);
+    if (!(err <= tol))
+        printf("    token %lld dim %lld: got %.7g want %.7g\n", (long long)(where / n_embd), (long long)(where % n_embd),
+               got[where], want[where]);
+    cuda_arena_reset(&d->arena, mark);
+    experts_free(&e);
+    free(x), free(w), free(ids), free(logits), free(mask), free(wref), free(want), free(got), free(base);
+}
+
+int main(void) {
+    struct dt d;
+    dt_init(&d, "test_cuda_moe", 1u << 30);
+    dt_seed(5);
+    test_route(&d, 1, 128, 8, true);
+    test_route(&d, 37, 64, 4, false);
+    test_route(&d, 300, 128, 8, true);
+    test_route(&d, 5, 8, 2, true);
+    const int64_t tokens[] = {1, 3, 8, 20, 70};
+    for (size_t i = 0; i < sizeof tokens / sizeof tokens[0]; i++) {
+        test_ffn(&d, QUANT_Q4_0, QUANT_Q4_0, 16, 4, 256, 512, tokens[i], PLAIN);
+        test_ffn(&d, QUANT_Q4_K, QUANT_Q6_K, 16, 4, 256, 512, tokens[i], PLAIN);
+        test_ffn(&d, QUANT_Q8_0, QUANT_Q5_K, 8, 2, 512, 256, tokens[i], MASKED);
+        test_ffn(&d, QUANT_F16, QUANT_Q4_1, 8, 3, 256, 256, tokens[i], TABLES);
+    }
+    return dt_finish(&d);
+}

@@ -1,0 +1,152 @@
+/* GPU test: the element-wise operators against src/cpu -- RMSNorm (rows and per head), residual
+ * and bias adds and the f16 KV store (exact), SwiGLU (expf may differ by an ulp), RoPE tables
+ * in normal, neox, frequency-factor and YaRN settings up to long positions (only cosf/sinf may
+ * differ, by an ulp), and the rotation itself (exact given the same table). */
+#include "cpu/cpu_ops.h"
+#include "cpu/rope.h"
+#include "device_test.h"
+
+static void test_rmsnorm(struct dt *d, int64_t n_rows, int64_t n, bool weighted) {
+    const size_t mark = cuda_arena_mark(&d->arena);
+    float *x = dt_malloc(4 * (size_t)(n_rows * n)), *w = dt_malloc(4 * (size_t)n);
+    float *want = dt_malloc(4 * (size_t)(n_rows * n)), *got = dt_malloc(4 * (size_t)(n_rows * n));
+    dt_fill(x, n_rows * n, -3.0f, 3.0f);
+    dt_fill(w, n, 0.5f, 1.5f);
+    for (int64_t r = 0; r < n_rows; r++) cpu_rmsnorm(x + r * n, weighted ? w : NULL, want + r * n, n, 1e-6f);
+    float *dx = dt_upload(d, x, 4 * (size_t)(n_rows * n)), *dw = dt_upload(d, w, 4 * (size_t)n);
+    DT_CHECK(cuda_rmsnorm(dx, weighted ? dw : NULL, dx, n_rows, n, 1e-6f, d->s)); /* in place, as q/k norms run */
+    dt_download(d, got, dx, 4 * (size_t)(n_rows * n));
+    int64_t where;
+    const double e = dt_max_err(got, want, n_rows * n, 1.0, &where);
+    dt_case(d, e <= 1e-6, "rmsnorm %lld rows x %lld%s: max abs err %.2e", (long long)n_rows, (long long)n,
+            weighted ? " weighted" : "", e);
+    cuda_arena_reset(&d->arena, mark);
+    free(x), free(w), free(want), free(got);
+}
+
+static void test_pointwise(struct dt *d) {
+    const int64_t rows = 7, n = 3000;
+    const size_t bytes = 4 * (size_t)(rows * n);
+    const size_t mark = cuda_arena_mark(&d->arena);
+    float *a = dt_malloc(bytes), *b = dt_malloc(bytes), *bias = dt_malloc(4 * (size_t)n), *got = dt_malloc(bytes);
+    float *want = dt_malloc(bytes);
+    dt_fill(a, rows * n, -8.0f, 8.0f);
+    dt_fill(b, rows * n, -2.0f, 2.0f);
+    dt_fill(bias, n, -1.0f, 1.0f);
+    float *da = dt_upload(d, a, bytes), *db = dt_upload(d, b, bytes), *dbias = dt_upload(d, bias, 4 * (size_t)n);
+    int64_t where;
+
+    memcpy(want, a, bytes);
+    cpu_add(want, b, rows * n);
+    cpu_add_bias(want, bias, rows, n);
+    DT_CHECK(cuda_add(da, db, rows * n, d->s));
+    DT_CHECK(cuda_add_bias(da, dbias, rows, n, d->s));
+    dt_download(d, got, da, bytes);
+    dt_case(d, dt_max_err(got, want, rows * n, 1.0, &where) == 0.0, "add + add_bias: exact");
+
+    cpu_swiglu(want, b, want, rows * n);
+    DT_CHECK(cuda_swiglu(da, db, da, rows * n, d->s));
+    dt_download(d, got, da, bytes);
+    double worst = 0.0;
+    for (int64_t i = 0; i < rows * n; i++) {
+        const double e = fabs((double)got[i] - want[i]) / (fabs(want[i]) + 1e-30);
+        if (!(e <= worst)) worst = e, where = i;
+    }
+    dt_case(d, worst <= 5e-7, "swiglu: max rel err %.2e (tol 5e-7)", worst);
+    cuda_arena_reset(&d->arena, mark);
+    free(a), free(b), free(bias), free(got), free(want);
+}
+
+static void test_rope(struct dt *d, const char *name, struct rope_params p, int head_size, int n_heads) {
+    const size_t mark = cuda_arena_mark(&d->arena);
+    const int32_t pos[] = {0, 1, 2, 17, 1000, 4095, 32767, 131071};
+    const int64_t n_tokens = sizeof pos / sizeof pos[0];
+    float *ff = NULL, *dff = NULL;
+    if (p.freq_factors) {
+        ff = dt_malloc(4 * (size_t)(p.n_dims / 2));
+        for (int i = 0; i < p.n_dims / 2; i++) ff[i] = i < p.n_dims / 8 ? 1.0f : dt_uniform(1.0f, 8.0f);
+        p.freq_factors = ff;
+        dff = dt_upload(d, ff, 4 * (size_t)(p.n_dims / 2));
+    }
+    const int64_t width = (int64_t)n_heads * head_size;
+    float *cs = dt_malloc(4 * (size_t)(n_tokens * p.n_dims)), *cs_got = dt_malloc(4 * (size_t)(n_tokens * p.n_dims));
+    float *x = dt_malloc(4 * (size_t)(n_tokens * width)), *x_got = dt_malloc(4 * (size_t)(n_tokens * width));
+    dt_fill(x, n_tokens * width, -2.0f, 2.0f);
+    int32_t *dpos = dt_upload(d, pos, sizeof pos);
+    float *dcs = dt_alloc(d, 4 * (size_t)(n_tokens * p.n_dims));
+    DT_CHECK(cuda_rope_table(&p, dff, dpos, n_tokens, dcs, d->s));
+    dt_download(d, cs_got, dcs, 4 * (size_t)(n_tokens * p.n_dims));
+    for (int64_t t = 0; t < n_tokens; t++) cpu_rope_table(&p, pos[t], cs + t * p.n_dims);
+    int64_t where;
+    const double e = dt_max_err(cs_got, cs, n_tokens * p.n_dims, 1.0, &where);
+    int64_t bitwise = 0;
+    for (int64_t i = 0; i < n_tokens * p.n_dims; i++) bitwise += memcmp(&cs[i], &cs_got[i], 4) == 0;
+    dt_case(d, e <= 1e-6, "rope table %-8s: max abs err %.2e, %lld of %lld bit-identical", name, e,
+            (long long)bitwise, (long long)(n_tokens * p.n_dims));
+    if (e > 1e-6)
+        printf("    token %lld dim %lld: got %.9g want %.9g\n", (long long)(where / p.n_dims),
+               (long long)(where % p.n_dims), cs_got[where], cs[where]);
+
+    /* Rotation from the CPU's table: exact. */
+    float *dx = dt_upload(d, x, 4 * (size_t)(n_tokens * width));
+    DT_CHECK(cuda_copy_h2d(dcs, cs, 4 * (size_t)(n_tokens * p.n_dims), d->s));
+    DT_CHECK(cuda_rope_apply(&p, dcs, dx, n_tokens, n_heads, head_size, d->s));
+    dt_download(d, x_got, dx, 4 * (size_t)(n_tokens * width));
+    for (int64_t t = 0; t < n_tokens; t++) cpu_rope_apply(&p, cs + t * p.n_dims, x + t * width, n_heads, head_size);
+    dt_case(d, dt_max_err(x_got, x, n_tokens * width, 1.0, &where) == 0.0, "rope apply %-8s: exact", name);
+    cuda_arena_reset(&d->arena, mark);
+    free(ff), free(cs), free(cs_got), free(x), free(x_got);
+}
+
+static void test_kv_store(struct dt *d) {
+    const int64_t n_seq = 3, n_ctx = 50, k_width = 256, v_width = 192, n_tokens = 6;
+    const int32_t seq[] = {0, 2, 2, 1, 0, 2}, pos[] = {0, 7, 8, 49, 3, 9};
+    const size_t mark = cuda_arena_mark(&d->arena);
+    const size_t kb = 2 * (size_t)(n_seq * n_ctx * k_width), vb = 2 * (size_t)(n_seq * n_ctx * v_width);
+    uint16_t *kc = calloc(1, kb), *vc = calloc(1, vb), *kg = dt_malloc(kb), *vg = dt_malloc(vb);
+    float *k = dt_malloc(4 * (size_t)(n_tokens * k_width)), *v = dt_malloc(4 * (size_t)(n_tokens * v_width));
+    dt_fill(k, n_tokens * k_width, -100.0f, 100.0f);
+    dt_fill(v, n_tokens * v_width, -1e-5f, 1e-5f); /* subnormal halves */
+    for (int64_t t = 0; t < n_tokens; t++) {
+        for (int64_t i = 0; i < k_width; i++) kc[(seq[t] * n_ctx + pos[t]) * k_width + i] = half_from_f32(k[t * k_width + i]);
+        for (int64_t i = 0; i < v_width; i++) vc[(seq[t] * n_ctx + pos[t]) * v_width + i] = half_from_f32(v[t * v_width + i]);
+    }
+    struct cuda_kv_layer kv = {dt_alloc(d, kb), dt_alloc(d, vb), n_ctx * k_width, n_ctx * v_width};
+    DT_CHECK(cuda_memset(kv.k, 0, kb, d->s));
+    DT_CHECK(cuda_memset(kv.v, 0, vb, d->s));
+    DT_CHECK(cuda_kv_store(&kv, dt_upload(d, k, 4 * (size_t)(n_tokens * k_width)),
+                           dt_upload(d, v, 4 * (size_t)(n_tokens * v_width)), k_width, v_width, dt_upload(d, seq, sizeof seq),
+                           dt_upload(d, pos, sizeof pos), n_tokens, d->s));
+    dt_download(d, kg, kv.k, kb);
+    dt_download(d, vg, kv.v, vb);
+    dt_case(d, memcmp(kg, kc, kb) == 0 && memcmp(vg, vc, vb) == 0, "kv store: f16 bits at the right cells");
+    cuda_arena_reset(&d->arena, mark);
+    free(kc), free(vc), free(kg), free(vg), free(k), free(v);
+}
+
+int main(void) {
+    struct dt d;
+    dt_init(&d, "test_cuda_ops", 256 << 20);
+    dt_seed(3);
+    test_rmsnorm(&d, 5, 4096, true);
+    test_rmsnorm(&d, 1, 2048, false);
+    test_rmsnorm(&d, 5 * 32, 128, true); /* per-head q norm */
+    test_pointwise(&d);
+    struct rope_params normal = {.n_dims = 128, .neox = false, .freq_base = 500000.0f, .freq_scale = 1.0f,
+                                 .attn_factor = 1.0f, .beta_fast = 32.0f, .beta_slow = 1.0f, .n_ctx_orig = 8192};
+    test_rope(&d, "normal", normal, 128, 4);
+    struct rope_params neox = normal;
+    neox.neox = true, neox.freq_base = 1000000.0f;
+    test_rope(&d, "neox", neox, 128, 3);
+    struct rope_params partial = neox;
+    partial.n_dims = 64;
+    test_rope(&d, "partial", partial, 128, 2);
+    struct rope_params factors = normal;
+    factors.freq_factors = (const float *)1; /* replaced by random factors in the test */
+    test_rope(&d, "factors", factors, 128, 2);
+    struct rope_params yarn = neox;
+    yarn.ext_factor = 1.0f, yarn.freq_scale = 0.25f, yarn.n_ctx_orig = 4096;
+    test_rope(&d, "yarn", yarn, 128, 2);
+    test_kv_store(&d);
+    return dt_finish(&d);
+}
