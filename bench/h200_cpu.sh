@@ -5,15 +5,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-/tmp}
 threads=${THREADS:-16}
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build --target pshard_cli gguf-synth membw >/dev/null
+cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DPSHARD_TESTS=OFF >/dev/null
+cmake --build build-bench --target pshard_cli gguf-synth membw >/dev/null
 {
   echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(nproc) cpus"
-  build/membw "$threads" 8192
+  build-bench/membw "$threads" 8192
   for shape in qwen30b llama8b; do
-    build/gguf-synth --shape "$shape" -o "/dev/shm/$shape.gguf" --quiet
+    build-bench/gguf-synth --shape "$shape" -o "/dev/shm/$shape.gguf" --quiet
     echo "== $shape, CPU only, $threads threads"
-    build/pshard run -m "/dev/shm/$shape.gguf" --raw --temp 0 --ignore-eos -n 65 -t "$threads" -c 4096 \
+    build-bench/pshard run -m "/dev/shm/$shape.gguf" --raw --temp 0 --ignore-eos -n 65 -t "$threads" -c 4096 \
       -p "The history of the city begins with a small settlement on the river, where traders met." 2>&1 >/dev/null | tail -2
     rm -f "/dev/shm/$shape.gguf"
   done

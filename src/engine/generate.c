@@ -124,7 +124,7 @@ pshard_status pshard_generate(pshard_ctx *ctx, const char *prompt, const pshard_
     if (!opts) pshard_gen_opts_default(&defaults), opts = &defaults;
     if (!prompt) return core_fail(PSHARD_ERR_INVALID_ARG, "no prompt given");
     const double t_start = core_now_ms();
-    int32_t n_prompt;
+    int32_t n_prompt = 0;
     CORE_TRY(tokenize_prompt(ctx, prompt, opts->parse_special, &n_prompt));
 
     /* Reuse the longest common prefix of the cache; at least one token must run for logits. */
