@@ -44,6 +44,7 @@ typedef struct pshard_params {
     int32_t n_batch;     /* most tokens per step (prompt micro-batch); 0: 512 */
     int32_t n_threads;   /* 0: all cores */
     int prefault;        /* read the weights into memory at load (with progress) rather than on first use */
+    int gpu;             /* run every shard on the GPU, all weights resident in VRAM */
     pshard_progress_cb progress;
     void *progress_user;
 } pshard_params;
@@ -111,6 +112,10 @@ typedef struct pshard_info {
     const char *chat_format;
     int32_t n_vocab, n_ctx, n_batch, n_threads, n_layers;
     uint64_t weight_bytes, kv_bytes;
+    int on_gpu;
+    /* On the GPU: device memory outside the arena (CUDA context, cuBLAS) and the arena's parts. */
+    uint64_t vram_context_bytes, vram_arena_bytes, vram_weight_bytes, vram_kv_bytes, vram_activation_bytes,
+        vram_work_bytes;
 } pshard_info;
 void pshard_get_info(const pshard_ctx *ctx, pshard_info *info);
 

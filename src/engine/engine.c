@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "engine/engine_internal.h"
+#include "exec/exec_gpu.h"
 
 void pshard_params_default(pshard_params *p) {
     memset(p, 0, sizeof *p);
@@ -39,7 +40,7 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
     struct gguf_str tpl = {NULL, 0};
     if (gguf_find(ctx->file, "tokenizer.chat_template")) CORE_TRY(gguf_get_str(ctx->file, "tokenizer.chat_template", &tpl));
     chat_template_detect(tpl.data, tpl.len, &ctx->chat);
-    struct exec_params ep = {p->n_ctx, p->n_batch, 1, p->n_threads};
+    struct exec_params ep = {p->n_ctx, p->n_batch, 1, p->n_threads, p->gpu};
     if (ep.n_ctx <= 0) {
         ep.n_ctx = 4096;
         if (ctx->model.hp.n_ctx_train && ctx->model.hp.n_ctx_train < (uint32_t)ep.n_ctx) ep.n_ctx = (int32_t)ctx->model.hp.n_ctx_train;
@@ -101,4 +102,14 @@ void pshard_get_info(const pshard_ctx *ctx, pshard_info *info) {
     info->n_layers = (int32_t)ctx->model.hp.n_layers;
     for (uint64_t i = 0; i < gguf_tensor_count(ctx->file); i++) info->weight_bytes += gguf_tensor_at(ctx->file, i)->n_bytes;
     info->kv_bytes = exec_kv_bytes(ctx->exec);
+    const struct gpu_memory_report *vram = exec_gpu_memory(ctx->exec);
+    if (vram) {
+        info->on_gpu = 1;
+        info->vram_context_bytes = vram->context_bytes;
+        info->vram_arena_bytes = vram->arena_bytes;
+        info->vram_weight_bytes = vram->weight_bytes;
+        info->vram_kv_bytes = vram->kv_bytes;
+        info->vram_activation_bytes = vram->activation_bytes;
+        info->vram_work_bytes = vram->work_bytes;
+    }
 }

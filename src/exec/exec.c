@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "exec/exec_gpu.h"
 #include "exec/exec_internal.h"
 
 static pshard_status view(const struct gguf_tensor *t, struct cpu_matrix *m) {
@@ -110,8 +111,9 @@ static pshard_status create(struct exec_ctx *ctx) {
     if (!ctx->mats) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
     CORE_TRY(view_layers(ctx));
     CORE_TRY(kv_cache_init(&ctx->kv, (int32_t)hp->n_layers, p->n_seq, p->n_ctx, (int64_t)hp->n_head_kv * hp->head_dim_k,
-                           (int64_t)hp->n_head_kv * hp->head_dim_v));
+                           (int64_t)hp->n_head_kv * hp->head_dim_v, !p->gpu));
     CORE_TRY(alloc_scratch(ctx));
+    if (p->gpu) CORE_TRY(exec_gpu_create(ctx, &ctx->gpu));
     CORE_TRY(threadpool_create(p->n_threads, &ctx->pool));
     ctx->params.n_threads = threadpool_size(ctx->pool);
     return PSHARD_OK;
@@ -134,6 +136,7 @@ pshard_status exec_create(const struct model *model, const struct exec_params *p
 
 void exec_free(struct exec_ctx *ctx) {
     if (!ctx) return;
+    exec_gpu_free(ctx->gpu);
     threadpool_free(ctx->pool);
     free(ctx->scratch_mem);
     free(ctx->moe_mem);
@@ -175,15 +178,20 @@ pshard_status exec_step(struct exec_ctx *ctx, const struct exec_batch *batch) {
     for (int32_t t = 0; t < batch->n_tokens; t++)
         if (batch->logits ? batch->logits[t] != 0 : t == batch->n_tokens - 1) ctx->s.out_rows[ctx->stats.n_outputs++] = t;
 
-    for (uint32_t i = 0; i < model->n_shards; i++) {
-        const struct shard *shard = &model->shards[i];
-        switch (shard->kind) {
-        case SHARD_EMBED: shard_embed_cpu(ctx, batch); break;
-        case SHARD_ATTN: shard_attn_cpu(ctx, shard->layer, batch); break;
-        case SHARD_FFN: shard_ffn_cpu(ctx, shard->layer, batch); break;
-        case SHARD_MOE: shard_moe_cpu(ctx, shard->layer, batch); break;
-        case SHARD_HEAD: if (ctx->stats.n_outputs) shard_head_cpu(ctx, batch); break;
-        case SHARD_KIND_COUNT: break;
+    if (ctx->gpu) {
+        pshard_status st = exec_gpu_step(ctx, batch);
+        if (st != PSHARD_OK) return core_fail_context(st, "GPU step");
+    } else {
+        for (uint32_t i = 0; i < model->n_shards; i++) {
+            const struct shard *shard = &model->shards[i];
+            switch (shard->kind) {
+            case SHARD_EMBED: shard_embed_cpu(ctx, batch); break;
+            case SHARD_ATTN: shard_attn_cpu(ctx, shard->layer, batch); break;
+            case SHARD_FFN: shard_ffn_cpu(ctx, shard->layer, batch); break;
+            case SHARD_MOE: shard_moe_cpu(ctx, shard->layer, batch); break;
+            case SHARD_HEAD: if (ctx->stats.n_outputs) shard_head_cpu(ctx, batch); break;
+            case SHARD_KIND_COUNT: break;
+            }
         }
     }
     for (int32_t t = 0; t < batch->n_tokens; t++)
@@ -200,6 +208,10 @@ int32_t exec_n_vocab(const struct exec_ctx *ctx) { return (int32_t)ctx->model->h
 const struct exec_stats *exec_last_stats(const struct exec_ctx *ctx) { return &ctx->stats; }
 const struct exec_params *exec_get_params(const struct exec_ctx *ctx) { return &ctx->params; }
 uint64_t exec_kv_bytes(const struct exec_ctx *ctx) { return kv_cache_bytes(&ctx->kv); }
+
+const struct gpu_memory_report *exec_gpu_memory(const struct exec_ctx *ctx) {
+    return ctx->gpu ? exec_gpu_report(ctx->gpu) : NULL;
+}
 
 int32_t exec_seq_len(const struct exec_ctx *ctx, int32_t seq) {
     return seq >= 0 && seq < ctx->params.n_seq ? ctx->kv.seq_len[seq] : 0;

@@ -13,6 +13,7 @@ struct exec_params {
     int32_t n_batch;   /* most tokens one step may carry */
     int32_t n_seq;     /* sequence slots */
     int32_t n_threads; /* 0: all cores */
+    int gpu;           /* every shard resident on the GPU (the all-in-VRAM plan) */
 };
 
 struct exec_batch {
@@ -48,5 +49,9 @@ int32_t exec_seq_len(const struct exec_ctx *ctx, int32_t seq);
 void exec_truncate_seq(struct exec_ctx *ctx, int32_t seq, int32_t len);
 const struct exec_params *exec_get_params(const struct exec_ctx *ctx);
 uint64_t exec_kv_bytes(const struct exec_ctx *ctx);
+
+/* The GPU placement's device memory, or NULL when the step runs on the CPU. */
+struct gpu_memory_report;
+const struct gpu_memory_report *exec_gpu_memory(const struct exec_ctx *ctx);
 
 #endif

@@ -7,7 +7,7 @@
 #include "core/error.h"
 
 pshard_status kv_cache_init(struct kv_cache *kv, int32_t n_layers, int32_t n_seq, int32_t n_ctx, int64_t k_width,
-                            int64_t v_width) {
+                            int64_t v_width, bool host_storage) {
     memset(kv, 0, sizeof *kv);
     if (n_layers <= 0 || n_seq <= 0 || n_ctx <= 0 || k_width <= 0 || v_width <= 0)
         return core_fail(PSHARD_ERR_INVALID_ARG, "KV cache: bad size (%d layers, %d sequences, context %d)", n_layers,
@@ -18,10 +18,12 @@ pshard_status kv_cache_init(struct kv_cache *kv, int32_t n_layers, int32_t n_seq
     kv->k_width = k_width;
     kv->v_width = v_width;
     const size_t cells = (size_t)n_layers * (size_t)n_seq * (size_t)n_ctx;
-    kv->k = malloc(cells * (size_t)k_width * sizeof(uint16_t));
-    kv->v = malloc(cells * (size_t)v_width * sizeof(uint16_t));
     kv->seq_len = calloc((size_t)n_seq, sizeof *kv->seq_len);
-    if (!kv->k || !kv->v || !kv->seq_len) {
+    if (host_storage) {
+        kv->k = malloc(cells * (size_t)k_width * sizeof(uint16_t));
+        kv->v = malloc(cells * (size_t)v_width * sizeof(uint16_t));
+    }
+    if (!kv->seq_len || (host_storage && (!kv->k || !kv->v))) {
         uint64_t bytes = (uint64_t)cells * (uint64_t)(k_width + v_width) * 2;
         kv_cache_free(kv);
         return core_fail(PSHARD_ERR_NOMEM, "KV cache: cannot allocate %.1f MB (reduce the context with -c)", bytes / 1e6);

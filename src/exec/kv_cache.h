@@ -4,6 +4,7 @@
 #ifndef EXEC_KV_CACHE_H
 #define EXEC_KV_CACHE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "pshard.h"
@@ -15,8 +16,9 @@ struct kv_cache {
     int32_t *seq_len;         /* cells in use per sequence */
 };
 
+/* host_storage false: the shape and sequence lengths only (the cells live on the GPU). */
 pshard_status kv_cache_init(struct kv_cache *kv, int32_t n_layers, int32_t n_seq, int32_t n_ctx, int64_t k_width,
-                            int64_t v_width);
+                            int64_t v_width, bool host_storage);
 void kv_cache_free(struct kv_cache *kv);
 
 /* Bytes the cache holds. */

@@ -8,7 +8,7 @@
 #include "engine/engine_internal.h"
 
 static void print_usage(FILE *out) {
-    fprintf(out, "usage: pshard eval [-m MODEL] (--tokens 1,2,3 | -p TEXT) -o LOGITS.f32 [-c N] [-b N] [-t N]\n"
+    fprintf(out, "usage: pshard eval [-m MODEL] (--tokens 1,2,3 | -p TEXT) -o LOGITS.f32 [-c N] [-b N] [-t N] [--gpu]\n"
                  "  Writes float32 logits [n_tokens][n_vocab] of every position to the output file and prints\n"
                  "  the argmax of each position. -p tokenizes TEXT as `run --raw` does.\n");
 }
@@ -55,6 +55,7 @@ int cmd_eval(int argc, char **argv) {
         else if (!strcmp(argv[i], "-c") && v) params.n_ctx = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-b") && v) params.n_batch = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-t") && v) params.n_threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--gpu")) params.gpu = 1;
         else { print_usage(stderr); return 2; }
     }
     if ((!tokens_arg && !prompt) || !out_path) { print_usage(stderr); return 2; }

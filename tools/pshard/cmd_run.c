@@ -27,6 +27,7 @@ static void print_usage(FILE *out, const char *cmd) {
             "                          inserts on its own; without --system none is sent)\n"
             "  --raw                   no chat template: continue the prompt text as it is\n"
             "  --no-prefault           do not read the weights in at load (pages load on first use)\n"
+            "  --gpu                   run every shard on the GPU, all weights in VRAM\n"
             "  --ids                   print the generated token ids after the text\n"
             "  --ignore-eos            do not stop at end-of-generation tokens (for benchmarks)\n"
             "  -q, --quiet             no load progress and no speed report\n",
@@ -62,6 +63,7 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
         else if (!strcmp(a, "--ignore-eos")) o->gen.ignore_eos = 1;
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = 1;
         else if (!strcmp(a, "--no-prefault")) o->params.prefault = 0;
+        else if (!strcmp(a, "--gpu")) o->params.gpu = 1;
         else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) o->model = argv[++i];
         else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && v) o->prompt = argv[++i];
         else if (!strcmp(a, "--system") && v) {
@@ -132,6 +134,15 @@ pshard_ctx *run_open_model(struct run_opts *o) {
     if (pshard_open(&o->params, &ctx) != PSHARD_OK) {
         fprintf(stderr, "pshard: %s\n", pshard_last_error());
         return NULL;
+    }
+    pshard_info info;
+    pshard_get_info(ctx, &info);
+    if (!o->quiet && info.on_gpu) {
+        char a[32], b[32], c[32], d[32], e[32], f[32];
+        fprintf(stderr, "VRAM: arena %s = weights %s + KV %s + activations %s + work %s; CUDA context %s outside it\n",
+                cli_format_bytes(info.vram_arena_bytes, a, sizeof a), cli_format_bytes(info.vram_weight_bytes, b, sizeof b),
+                cli_format_bytes(info.vram_kv_bytes, c, sizeof c), cli_format_bytes(info.vram_activation_bytes, d, sizeof d),
+                cli_format_bytes(info.vram_work_bytes, e, sizeof e), cli_format_bytes(info.vram_context_bytes, f, sizeof f));
     }
     return ctx;
 }

@@ -13,6 +13,7 @@ static const struct command {
     {"run", cmd_run, "generate a reply to one prompt"},
     {"chat", cmd_chat, "talk with a model interactively"},
     {"info", cmd_info, "show a model's architecture, tensors and shard list"},
+    {"tokenize", cmd_tokenize, "show the token ids of a text"},
     {"eval", cmd_eval, "write the logits of every position of a token sequence (for testing)"},
 };
 
