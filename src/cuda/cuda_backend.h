@@ -132,6 +132,16 @@ pshard_status cuda_copy_d2h(void *dst_host, const void *src_dev, size_t bytes, c
 pshard_status cuda_copy_d2d(void *dst_dev, const void *src_dev, size_t bytes, cuda_stream s);
 pshard_status cuda_memset(void *dst_dev, int value, size_t bytes, cuda_stream s);
 
+/* Capture the work enqueued on s between begin and end into a graph, replayed with one launch
+ * (a decode step is hundreds of small kernels; a graph removes their launch gaps). Kernel
+ * arguments are frozen at capture: what changes per replay must live in device memory or in
+ * pinned host buffers the captured copies read. */
+typedef struct cuda_graph_opaque *cuda_graph; /* a cudaGraphExec_t */
+pshard_status cuda_graph_capture_begin(cuda_stream s);
+pshard_status cuda_graph_capture_end(cuda_stream s, cuda_graph *out);
+pshard_status cuda_graph_launch(cuda_graph g, cuda_stream s);
+void cuda_graph_destroy(cuda_graph g);
+
 /* ---- Pinned host memory ------------------------------------------------------------------- */
 
 struct cuda_pinned {

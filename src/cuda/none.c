@@ -58,6 +58,10 @@ int cuda_arena_report(const struct cuda_arena *a, char *buf, size_t len) {
 pshard_status cuda_stream_create(cuda_stream *out) { *out = NULL; return no_cuda(); }
 void cuda_stream_destroy(cuda_stream s) { (void)s; }
 pshard_status cuda_stream_sync(cuda_stream s) { (void)s; return no_cuda(); }
+pshard_status cuda_graph_capture_begin(cuda_stream s) { (void)s; return no_cuda(); }
+pshard_status cuda_graph_capture_end(cuda_stream s, cuda_graph *out) { (void)s; *out = NULL; return no_cuda(); }
+pshard_status cuda_graph_launch(cuda_graph g, cuda_stream s) { (void)g, (void)s; return no_cuda(); }
+void cuda_graph_destroy(cuda_graph g) { (void)g; }
 pshard_status cuda_event_create(bool timing, cuda_event *out) { (void)timing; *out = NULL; return no_cuda(); }
 void cuda_event_destroy(cuda_event e) { (void)e; }
 pshard_status cuda_event_record(cuda_event e, cuda_stream s) { (void)e, (void)s; return no_cuda(); }

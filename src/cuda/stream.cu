@@ -21,6 +21,34 @@ extern "C" pshard_status cuda_stream_sync(cuda_stream s) {
     return PSHARD_OK;
 }
 
+extern "C" pshard_status cuda_graph_capture_begin(cuda_stream s) {
+    /* Relaxed: cuBLAS and other libraries may make calls that are unsafe only for the
+     * other capture modes; nothing else runs on this thread meanwhile. */
+    CUDA_TRY(cudaStreamBeginCapture(raw_stream(s), cudaStreamCaptureModeRelaxed));
+    return PSHARD_OK;
+}
+
+extern "C" pshard_status cuda_graph_capture_end(cuda_stream s, cuda_graph *out) {
+    *out = NULL;
+    cudaGraph_t graph;
+    CUDA_TRY(cudaStreamEndCapture(raw_stream(s), &graph));
+    cudaGraphExec_t exec;
+    cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CUDA_TRY(err);
+    *out = (cuda_graph)exec;
+    return PSHARD_OK;
+}
+
+extern "C" pshard_status cuda_graph_launch(cuda_graph g, cuda_stream s) {
+    CUDA_TRY(cudaGraphLaunch((cudaGraphExec_t)g, raw_stream(s)));
+    return PSHARD_OK;
+}
+
+extern "C" void cuda_graph_destroy(cuda_graph g) {
+    if (g) cudaGraphExecDestroy((cudaGraphExec_t)g);
+}
+
 extern "C" pshard_status cuda_event_create(bool timing, cuda_event *out) {
     cudaEvent_t e;
     CUDA_TRY(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));

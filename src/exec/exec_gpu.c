@@ -183,6 +183,7 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
     if (cuda_device_count() == 0)
         return core_fail(PSHARD_ERR_UNSUPPORTED, "no CUDA device: run on the CPU (without --gpu)");
     CORE_TRY(cuda_ctx_create(0, &g->cuda));
+    g->no_graphs = getenv("PSHARD_NO_CUDA_GRAPHS") != NULL;
     g->stream = cuda_ctx_compute_stream(g->cuda);
     g->report.context_bytes = cuda_ctx_info(g->cuda)->context_bytes + cuda_ctx_info(g->cuda)->blas_bytes;
     g->attn_shape = (struct cuda_attn_shape){(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k,
@@ -260,6 +261,7 @@ void exec_gpu_free(struct exec_gpu *g) {
     cuda_pinned_release(&g->staging);
     cuda_pinned_release(&g->host_in);
     cuda_pinned_release(&g->host_logits);
+    cuda_graph_destroy(g->decode_graph);
     if (g->cuda) cuda_ctx_destroy(g->cuda);
     free(g->layers);
     free(g->kv);

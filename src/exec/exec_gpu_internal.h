@@ -38,6 +38,12 @@ struct exec_gpu {
     size_t work_bytes;
     /* pinned host buffers: uploads of the batch, the logits coming back, weight staging */
     struct cuda_pinned host_in, host_logits, staging;
+    /* The single-token, one-output step captured as a graph on first use and replayed after;
+     * weight bytes it reads, counted at capture. */
+    cuda_graph decode_graph;
+    uint64_t decode_graph_bytes;
+    bool no_graphs; /* PSHARD_NO_CUDA_GRAPHS set: launch kernel by kernel */
+    bool capturing; /* enqueueing into a graph: arguments must hold for every replay */
 };
 
 #endif

@@ -39,6 +39,7 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
         max_len = b->pos[t] + 1 > max_len ? b->pos[t] + 1 : max_len;
         one_seq = one_seq && b->seq[t] == b->seq[0];
     }
+    if (g->capturing) max_len = ctx->params.n_ctx; /* a replayed bound must not depend on the position */
     if (n > 1 && one_seq && cuda_attention_prefill_supported(&g->attn_shape))
         CORE_TRY(cuda_attention_prefill(&g->attn_shape, &g->kv[il], g->q, b->seq[0], g->pos, n, g->attn, s));
     else
@@ -106,13 +107,13 @@ static pshard_status upload_batch(struct exec_ctx *ctx, struct exec_gpu *g, cons
     memcpy(host + B, b->pos, n * sizeof(int32_t));
     memcpy(host + 2 * B, b->seq, n * sizeof(int32_t));
     memcpy(host + 3 * B, ctx->s.out_rows, (size_t)ctx->stats.n_outputs * sizeof(int32_t));
-    return cuda_copy_h2d(g->tokens, host, 4 * B * sizeof(int32_t), g->stream);
+    return PSHARD_OK;
 }
 
-pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
-    struct exec_gpu *g = ctx->gpu;
+/* Everything a step enqueues: the batch up, the shards, the logits down. */
+static pshard_status enqueue_step(struct exec_ctx *ctx, struct exec_gpu *g, const struct exec_batch *b) {
     const struct model *model = ctx->model;
-    CORE_TRY(upload_batch(ctx, g, b));
+    CORE_TRY(cuda_copy_h2d(g->tokens, g->host_in.ptr, 4 * (size_t)ctx->params.n_batch * sizeof(int32_t), g->stream));
     for (uint32_t i = 0; i < model->n_shards; i++) {
         const struct shard *shard = &model->shards[i];
         switch (shard->kind) {
@@ -129,7 +130,37 @@ pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
     }
     const size_t logit_bytes = sizeof(float) * (size_t)ctx->stats.n_outputs * model->hp.n_vocab;
     if (logit_bytes) CORE_TRY(cuda_copy_d2h(g->host_logits.ptr, g->logits, logit_bytes, g->stream));
+    return PSHARD_OK;
+}
+
+/* A decode step (one token, one output) is captured once and replayed: the per-token inputs
+ * travel through the pinned buffer its first copy reads. */
+static pshard_status replay_decode(struct exec_ctx *ctx, struct exec_gpu *g, const struct exec_batch *b) {
+    if (!g->decode_graph) {
+        const uint64_t before = ctx->stats.weight_bytes_read;
+        g->capturing = true;
+        CORE_TRY(cuda_graph_capture_begin(g->stream));
+        pshard_status st = enqueue_step(ctx, g, b);
+        cuda_graph end_graph = NULL;
+        pshard_status end = cuda_graph_capture_end(g->stream, &end_graph);
+        g->capturing = false;
+        CORE_TRY(st);
+        CORE_TRY(end);
+        g->decode_graph = end_graph;
+        g->decode_graph_bytes = ctx->stats.weight_bytes_read - before;
+        ctx->stats.weight_bytes_read = before;
+    }
+    ctx->stats.weight_bytes_read += g->decode_graph_bytes;
+    return cuda_graph_launch(g->decode_graph, g->stream);
+}
+
+pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
+    struct exec_gpu *g = ctx->gpu;
+    CORE_TRY(upload_batch(ctx, g, b));
+    if (b->n_tokens == 1 && ctx->stats.n_outputs == 1 && !g->no_graphs) CORE_TRY(replay_decode(ctx, g, b));
+    else CORE_TRY(enqueue_step(ctx, g, b));
     CORE_TRY(cuda_stream_sync(g->stream));
+    const size_t logit_bytes = sizeof(float) * (size_t)ctx->stats.n_outputs * ctx->model->hp.n_vocab;
     memcpy(ctx->s.logits, g->host_logits.ptr, logit_bytes);
     return PSHARD_OK;
 }

@@ -16,8 +16,11 @@ N_TOKENS = 256
 # weights the two compute the same function and differ only in float summation order: every
 # logit within 0.5% of the logits' spread, top-1 agreement >= 99%. With Q8_0 weights the 8-bit
 # rounding of activations makes both chaotic: a last-bit difference flips a rounding, which
-# spreads, so logits drift by about 1% of their spread (more after an MoE routing flip) and
-# top-1 may differ where the reference's two best logits are within 0.2 spreads of each other.
+# spreads, so logits drift by about 1% of their spread and top-1 may differ where the
+# reference's two best logits are within 0.2 spreads of each other. In the MoE model a drift can
+# also flip which experts a token takes (where the router's k-th and next choices are close);
+# such a position's logits move by up to a few spreads, so there only the share of such
+# positions is bounded.
 CASES = [
     ("tiny-llama", "F32"),
     ("tiny-moe", "F32"),
@@ -61,7 +64,10 @@ def test_logits_match_numpy_reference(model_dir, shape, wtype):
         assert disagree.mean() <= 0.01
     else:
         assert np.median(rel) < 0.03, "median error %.4f of a logit's spread" % np.median(rel)
-        top2 = np.sort(ref, axis=1)[:, -2:]
-        margin = (top2[:, 1] - top2[:, 0]) / spread[:, 0]
-        assert (margin[disagree] < 0.2).all(), "top-1 differs where the reference is not near a tie"
         assert disagree.mean() <= 0.05
+        if shape == "tiny-moe":
+            assert (rel.max(axis=1) > 0.5).mean() <= 0.05, "too many positions moved as by a routing flip"
+        else:
+            top2 = np.sort(ref, axis=1)[:, -2:]
+            margin = (top2[:, 1] - top2[:, 0]) / spread[:, 0]
+            assert (margin[disagree] < 0.2).all(), "top-1 differs where the reference is not near a tie"
