@@ -8,7 +8,16 @@
 static pshard_status project(struct exec_ctx *ctx, struct exec_gpu *g, const struct cuda_matrix *m, const float *x,
                              int64_t n, float *y) {
     ctx->stats.weight_bytes_read += (uint64_t)m->n_rows * m->row_bytes;
-    return cuda_matmul(g->cuda, m, x, n, y, m->n_rows, g->work, g->work_bytes, g->stream);
+    /* F32 weights (an MoE router, above all) stay in f32 for any number of tokens: the
+     * tensor-core path would round them to f16 and flip routing decisions near a tie. They are
+     * small, so a few matrix-vector passes cost little. */
+    const int64_t chunk = m->type == QUANT_F32 ? CUDA_MATVEC_MAX_TOKENS : n;
+    for (int64_t t = 0; t < n; t += chunk) {
+        const int64_t count = n - t < chunk ? n - t : chunk;
+        CORE_TRY(cuda_matmul(g->cuda, m, x + t * m->n_cols, count, y + t * m->n_rows, m->n_rows, g->work, g->work_bytes,
+                             g->stream));
+    }
+    return PSHARD_OK;
 }
 
 static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il, const struct exec_batch *b) {
