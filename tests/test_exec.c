@@ -35,6 +35,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     struct fixture *f = *state;
+    if (!f) return 0; /* setup failed and said why */
     exec_free(f->ctx);
     model_free(&f->model);
     gguf_close(f->file);

@@ -10,6 +10,7 @@
 /* legacy_vnni_avx512.c includes this file again with 256-bit VNNI enabled and its own names. */
 #ifndef LEGACY_DOT_NAME
 #define LEGACY_DOT_NAME(type) quant_dot_##type##_avx2
+#define LEGACY_DOT4_NAME(type) quant_dot4_##type##_avx2
 #endif
 
 /* Quants of one block as 32 signed bytes, in element order. */
@@ -101,6 +102,85 @@ float LEGACY_DOT_NAME(q8_0)(int64_t n, const void *w, const void *act) {
 #define BODY(i) dot_i8_avx2(act_bytes(b[i].qs), act_bytes(a[i].qs))
     LEGACY_DOT_AVX2(BODY, NO_OFFSET)
 #undef BODY
+}
+
+/* ---- four tokens at once (prompts): each weight block is unpacked once for four activation
+ * rows. Every token's arithmetic is the single-token kernel's, operation for operation, so the
+ * results are bit-identical to it and a token's logits do not depend on its batch. W(i) gives
+ * block i's weight codes, DOT(w, qs) their int32 dot with activation quants qs. */
+#define LEGACY_DOT4_AVX2(W, DOT, OFFSET)                                                                          \
+    const struct ACT_BLOCK *a4[4];                                                                                \
+    __m256 acc0[4], acc1[4], acc_m[4];                                                                            \
+    float tail_m[4];                                                                                              \
+    for (int j = 0; j < 4; j++) {                                                                                 \
+        a4[j] = (const struct ACT_BLOCK *)((const uint8_t *)act + (size_t)j * act_stride);                         \
+        acc0[j] = acc1[j] = acc_m[j] = _mm256_setzero_ps();                                                       \
+        tail_m[j] = 0;                                                                                            \
+    }                                                                                                             \
+    int64_t nb = n / 32, i = 0;                                                                                   \
+    for (; i + 8 <= nb; i += 8) {                                                                                 \
+        const __m256 wd = halves8(&b[i].d, sizeof *b);                                                            \
+        _Alignas(32) float s[4][8];                                                                               \
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)                                                       \
+            _mm256_store_ps(s[j], _mm256_mul_ps(wd, halves8(&a4[j][i].d, sizeof *a4[j])));                       \
+        _Pragma("GCC unroll 4") for (int k = 0; k < 8; k += 2) {                                                  \
+            const __m256i w0 = W(i + k), w1 = W(i + k + 1);                                                      \
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                                                 \
+                acc0[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(&s[j][k]),                                          \
+                                          _mm256_cvtepi32_ps(DOT(w0, a4[j][i + k].qs)), acc0[j]);                 \
+                acc1[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(&s[j][k + 1]),                                      \
+                                          _mm256_cvtepi32_ps(DOT(w1, a4[j][i + k + 1].qs)), acc1[j]);             \
+            }                                                                                                     \
+        }                                                                                                         \
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) OFFSET(i, 8, j);                                      \
+    }                                                                                                             \
+    for (; i < nb; i++) {                                                                                         \
+        const __m256i w0 = W(i);                                                                                  \
+        for (int j = 0; j < 4; j++) {                                                                             \
+            acc0[j] = _mm256_fmadd_ps(_mm256_set1_ps(half_product(b[i].d, a4[j][i].d)),                          \
+                                      _mm256_cvtepi32_ps(DOT(w0, a4[j][i].qs)), acc0[j]);                         \
+            OFFSET(i, 1, j);                                                                                      \
+        }                                                                                                         \
+    }                                                                                                             \
+    for (int j = 0; j < 4; j++) out[j] = hsum_ps256(_mm256_add_ps(acc0[j], acc1[j])) + hsum_ps256(acc_m[j]) + tail_m[j];
+
+#define NO_OFFSET4(i, k, j) ((void)0)
+#define Q8_1_OFFSET4(i, k, j)                                                                                    \
+    do {                                                                                                         \
+        if ((k) == 8)                                                                                            \
+            acc_m[j] = _mm256_fmadd_ps(halves8(&b[i].m, sizeof *b), halves8(&a4[j][i].s, sizeof *a4[j]), acc_m[j]); \
+        else                                                                                                     \
+            tail_m[j] += half_product(b[i].m, a4[j][i].s);                                                       \
+    } while (0)
+
+#define DOT_I8(w, qs) dot_i8_avx2(w, act_bytes(qs))
+#define DOT_U8I8(w, qs) dot_u8i8_avx2(w, act_bytes(qs))
+
+void LEGACY_DOT4_NAME(q4_0)(int64_t n, const void *w, const void *act, size_t act_stride, float *out) {
+    const struct block_q4_0 *b = w;
+#define ACT_BLOCK block_q8_0
+#define W(i) q4_0_bytes(&b[i])
+    LEGACY_DOT4_AVX2(W, DOT_I8, NO_OFFSET4)
+#undef W
+#undef ACT_BLOCK
+}
+
+void LEGACY_DOT4_NAME(q4_1)(int64_t n, const void *w, const void *act, size_t act_stride, float *out) {
+    const struct block_q4_1 *b = w;
+#define ACT_BLOCK block_q8_1
+#define W(i) nibbles_32(b[i].qs)
+    LEGACY_DOT4_AVX2(W, DOT_U8I8, Q8_1_OFFSET4)
+#undef W
+#undef ACT_BLOCK
+}
+
+void LEGACY_DOT4_NAME(q8_0)(int64_t n, const void *w, const void *act, size_t act_stride, float *out) {
+    const struct block_q8_0 *b = w;
+#define ACT_BLOCK block_q8_0
+#define W(i) act_bytes(b[i].qs)
+    LEGACY_DOT4_AVX2(W, DOT_I8, NO_OFFSET4)
+#undef W
+#undef ACT_BLOCK
 }
 
 #ifndef LEGACY_DOTS_ONLY

@@ -16,6 +16,16 @@
                    quant_dequant_##t##_##dq, \
                    quant_act_##a##_##impl,   \
                    quant_dot_##t##_##impl}
+/* An entry that also has a four-token dot product. */
+#define ENTRY4(T, t, elems, A, a, impl, dq)  \
+    [QUANT_##T] = {QUANT_##T,                \
+                   QUANT_##A,                \
+                   IMPL_##impl,              \
+                   elems,                    \
+                   quant_dequant_##t##_##dq, \
+                   quant_act_##a##_##impl,   \
+                   quant_dot_##t##_##impl,   \
+                   quant_dot4_##t##_##impl}
 #define IMPL_ref QUANT_IMPL_REF
 #define IMPL_avx2 QUANT_IMPL_AVX2
 #define IMPL_avx512 QUANT_IMPL_AVX512
@@ -45,11 +55,11 @@ static const struct quant_kernels avx2_table[QUANT_TYPE_LIMIT] = {
     ENTRY(F32, f32, 1, F32, f32, avx2, ref),
     ENTRY(F16, f16, 1, F16, f16, avx2, avx2),
     ENTRY(BF16, bf16, 1, BF16, bf16, avx2, avx2),
-    ENTRY(Q4_0, q4_0, 32, Q8_0, q8_0, avx2, avx2),
-    ENTRY(Q4_1, q4_1, 32, Q8_1, q8_1, avx2, ref),
+    ENTRY4(Q4_0, q4_0, 32, Q8_0, q8_0, avx2, avx2),
+    ENTRY4(Q4_1, q4_1, 32, Q8_1, q8_1, avx2, ref),
     ENTRY(Q5_0, q5_0, 32, Q8_0, q8_0, avx2, avx2),
     ENTRY(Q5_1, q5_1, 32, Q8_1, q8_1, avx2, ref),
-    ENTRY(Q8_0, q8_0, 32, Q8_0, q8_0, avx2, avx2),
+    ENTRY4(Q8_0, q8_0, 32, Q8_0, q8_0, avx2, avx2),
     ENTRY(Q2_K, q2_K, 256, Q8_K, q8_K, avx2, ref),
     ENTRY(Q3_K, q3_K, 256, Q8_K, q8_K, avx2, ref),
     ENTRY(Q4_K, q4_K, 256, Q8_K, q8_K, avx2, ref),
@@ -93,11 +103,11 @@ const char *quant_impl_name(enum quant_impl impl) {
 #define quant_act_q8_0_vnni256 quant_act_q8_0_avx512
 #define quant_act_q8_1_vnni256 quant_act_q8_1_avx512
 static const struct quant_kernels vnni256_table[QUANT_TYPE_LIMIT] = {
-    ENTRY(Q4_0, q4_0, 32, Q8_0, q8_0, vnni256, avx2),
-    ENTRY(Q4_1, q4_1, 32, Q8_1, q8_1, vnni256, ref),
+    ENTRY4(Q4_0, q4_0, 32, Q8_0, q8_0, vnni256, avx2),
+    ENTRY4(Q4_1, q4_1, 32, Q8_1, q8_1, vnni256, ref),
     ENTRY(Q5_0, q5_0, 32, Q8_0, q8_0, vnni256, avx2),
     ENTRY(Q5_1, q5_1, 32, Q8_1, q8_1, vnni256, ref),
-    ENTRY(Q8_0, q8_0, 32, Q8_0, q8_0, vnni256, avx2),
+    ENTRY4(Q8_0, q8_0, 32, Q8_0, q8_0, vnni256, avx2),
 };
 
 static const struct quant_kernels *table_of(enum quant_impl impl) {

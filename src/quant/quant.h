@@ -40,6 +40,9 @@ struct quant_kernels {
     void (*quantize_act)(const float *x, void *act, int64_t n);
     /* sum over i < n of w[i] * act[i]. */
     float (*vec_dot)(int64_t n, const void *w, const void *act);
+    /* The same for four activation rows act_stride bytes apart, bit-identical to four vec_dot
+     * calls (so a token's result never depends on its batch); NULL where not implemented. */
+    void (*vec_dot4)(int64_t n, const void *w, const void *act, size_t act_stride, float *out);
 };
 
 /* The fastest kernels for `type` on this CPU (honouring PSHARD_CPU_DISABLE); NULL if pshard

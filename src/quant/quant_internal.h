@@ -89,6 +89,14 @@ float quant_dot_q4_1_vnni256(int64_t n, const void *w, const void *act);
 float quant_dot_q5_0_vnni256(int64_t n, const void *w, const void *act);
 float quant_dot_q5_1_vnni256(int64_t n, const void *w, const void *act);
 float quant_dot_q8_0_vnni256(int64_t n, const void *w, const void *act);
+
+/* Four-token versions (legacy_avx2.c, built twice). */
+#define QUANT_DECLARE_DOT4(impl)                                                                                  \
+    void quant_dot4_q4_0_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out);        \
+    void quant_dot4_q4_1_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out);        \
+    void quant_dot4_q8_0_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out);
+QUANT_DECLARE_DOT4(avx2)
+QUANT_DECLARE_DOT4(vnni256)
 QUANT_DECLARE_ALL(avx512)
 
 /* Weight quantizers (quantize.c). */
