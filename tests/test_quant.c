@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "core/cpu_features.h"
 #include "quant/quant.h"
 
 /* ---- random numbers (fixed seeds: failures reproduce) */
@@ -393,6 +394,37 @@ static void test_half_conversions(void **state) {
     }
 }
 
+/* The four-token dot products give exactly the single-token results (a token's logits must not
+ * depend on which batch it is in), for odd sizes and unaligned rows. */
+static void test_dot4_equals_four_dots(void **state) {
+    (void)state;
+    int checked = 0;
+    for (int type = 0; type < QUANT_TYPE_LIMIT; type++)
+        for (int impl = 0; impl < QUANT_IMPL_COUNT; impl++) {
+            const struct quant_kernels *k = quant_kernels_variant((enum quant_type)type, (enum quant_impl)impl);
+            if (!k || !k->vec_dot4) continue;
+            for (int64_t n = 32; n <= 2048; n += 32 * 7) {
+                float *w = malloc(sizeof(float) * n), *x = malloc(sizeof(float) * 4 * n);
+                uint8_t *wq = malloc(quant_row_bytes((enum quant_type)type, n) + 1);
+                const size_t ab = quant_act_row_bytes(k, n);
+                uint8_t *acts = malloc(4 * ab + 1);
+                for (int64_t i = 0; i < n; i++) w[i] = sinf((float)i * 0.37f) * 0.1f;
+                for (int64_t i = 0; i < 4 * n; i++) x[i] = cosf((float)i * 0.11f) * (float)(i % 7);
+                assert_int_equal(quant_quantize_row((enum quant_type)type, w, wq + 1, n), PSHARD_OK);
+                for (int j = 0; j < 4; j++) k->quantize_act(x + j * n, acts + 1 + j * ab, n);
+                float out[4];
+                k->vec_dot4(n, wq + 1, acts + 1, ab, out);
+                for (int j = 0; j < 4; j++) {
+                    const float one = k->vec_dot(n, wq + 1, acts + 1 + j * ab);
+                    assert_memory_equal(&one, &out[j], sizeof one);
+                    checked++;
+                }
+                free(w), free(x), free(wq), free(acts);
+            }
+        }
+    if (cpu_features()->avx2) assert_true(checked > 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_half_conversions),
@@ -400,6 +432,7 @@ int main(void) {
         cmocka_unit_test(test_kernels_against_reference),
         cmocka_unit_test(test_quantize_round_trip),
         cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_dot4_equals_four_dots),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
