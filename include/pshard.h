@@ -44,7 +44,9 @@ typedef struct pshard_params {
     int32_t n_batch;     /* most tokens per step (prompt micro-batch); 0: 512 */
     int32_t n_threads;   /* 0: all cores */
     int prefault;        /* read the weights into memory at load (with progress) rather than on first use */
-    int gpu;             /* run every shard on the GPU, all weights resident in VRAM */
+    int gpu;             /* run every shard on the GPU, all weights resident in VRAM (plan gpu, no budget) */
+    int64_t vram_budget; /* bytes of VRAM pshard may use (CUDA context excluded); 0: CPU only */
+    int plan;            /* 0 auto, 1 cpu, 2 gpu, 3 static (see src/plan/plan.h) */
     pshard_progress_cb progress;
     void *progress_user;
 } pshard_params;

@@ -40,7 +40,8 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
     struct gguf_str tpl = {NULL, 0};
     if (gguf_find(ctx->file, "tokenizer.chat_template")) CORE_TRY(gguf_get_str(ctx->file, "tokenizer.chat_template", &tpl));
     chat_template_detect(tpl.data, tpl.len, &ctx->chat);
-    struct exec_params ep = {p->n_ctx, p->n_batch, 1, p->n_threads, p->gpu};
+    struct exec_params ep = {p->n_ctx, p->n_batch, 1, p->n_threads, (enum plan_family)p->plan, p->vram_budget};
+    if (p->gpu) ep.plan = PLAN_GPU, ep.vram_budget = -1;
     if (ep.n_ctx <= 0) {
         ep.n_ctx = 4096;
         if (ctx->model.hp.n_ctx_train && ctx->model.hp.n_ctx_train < (uint32_t)ep.n_ctx) ep.n_ctx = (int32_t)ctx->model.hp.n_ctx_train;

@@ -101,6 +101,34 @@ static pshard_status alloc_scratch(struct exec_ctx *ctx) {
     return PSHARD_OK;
 }
 
+static pshard_status build_plan(const struct model *model, const struct model_weights *w, const struct exec_params *p,
+                                struct plan *out) {
+    struct plan_gpu_costs costs = {0};
+    const bool gpu_wanted = p->plan != PLAN_CPU && p->vram_budget != 0;
+    if (gpu_wanted) {
+        if (cuda_device_count() == 0)
+            return core_fail(PSHARD_ERR_UNSUPPORTED, "no CUDA device: run on the CPU (budget 0 or --plan cpu)");
+        CORE_TRY(exec_gpu_costs(model, w, p, &costs));
+    }
+    struct plan_request req = {gpu_wanted ? p->plan : PLAN_CPU, p->vram_budget, p->n_ctx, p->n_batch, p->n_seq};
+    return plan_build(model, &req, &costs, out);
+}
+
+pshard_status exec_make_plan(const struct model *model, const struct exec_params *params, struct plan *out) {
+    struct model_weights w;
+    CORE_TRY(model_bind_weights(model, &w));
+    struct plan_gpu_costs costs = {0};
+    pshard_status st = PSHARD_OK;
+    if (params->plan != PLAN_CPU && params->vram_budget != 0) st = exec_gpu_costs(model, &w, params, &costs);
+    struct plan_request req = {params->vram_budget == 0 ? PLAN_CPU : params->plan, params->vram_budget, params->n_ctx,
+                               params->n_batch, params->n_seq};
+    if (st == PSHARD_OK) st = plan_build(model, &req, &costs, out);
+    model_weights_free(&w);
+    return st;
+}
+
+const struct plan *exec_get_plan(const struct exec_ctx *ctx) { return &ctx->plan; }
+
 static pshard_status create(struct exec_ctx *ctx) {
     const struct model_hparams *hp = &ctx->model->hp;
     const struct exec_params *p = &ctx->params;
@@ -110,10 +138,11 @@ static pshard_status create(struct exec_ctx *ctx) {
     ctx->mats = calloc(hp->n_layers, sizeof *ctx->mats);
     if (!ctx->mats) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
     CORE_TRY(view_layers(ctx));
+    CORE_TRY(build_plan(ctx->model, &ctx->w, p, &ctx->plan));
     CORE_TRY(kv_cache_init(&ctx->kv, (int32_t)hp->n_layers, p->n_seq, p->n_ctx, (int64_t)hp->n_head_kv * hp->head_dim_k,
-                           (int64_t)hp->n_head_kv * hp->head_dim_v, !p->gpu));
+                           (int64_t)hp->n_head_kv * hp->head_dim_v, ctx->plan.any_cpu_attention));
     CORE_TRY(alloc_scratch(ctx));
-    if (p->gpu) CORE_TRY(exec_gpu_create(ctx, &ctx->gpu));
+    if (ctx->plan.any_gpu) CORE_TRY(exec_gpu_create(ctx, &ctx->gpu));
     CORE_TRY(threadpool_create(p->n_threads, &ctx->pool));
     ctx->params.n_threads = threadpool_size(ctx->pool);
     return PSHARD_OK;
@@ -137,6 +166,7 @@ pshard_status exec_create(const struct model *model, const struct exec_params *p
 void exec_free(struct exec_ctx *ctx) {
     if (!ctx) return;
     exec_gpu_free(ctx->gpu);
+    plan_free(&ctx->plan);
     threadpool_free(ctx->pool);
     free(ctx->scratch_mem);
     free(ctx->moe_mem);
@@ -180,7 +210,7 @@ pshard_status exec_step(struct exec_ctx *ctx, const struct exec_batch *batch) {
 
     if (ctx->gpu) {
         pshard_status st = exec_gpu_step(ctx, batch);
-        if (st != PSHARD_OK) return core_fail_context(st, "GPU step");
+        if (st != PSHARD_OK) return core_fail_context(st, "step on the GPU");
     } else {
         for (uint32_t i = 0; i < model->n_shards; i++) {
             const struct shard *shard = &model->shards[i];

@@ -7,13 +7,15 @@
 #include <stdint.h>
 
 #include "model/model.h"
+#include "plan/plan.h"
 
 struct exec_params {
     int32_t n_ctx;     /* cells per sequence */
     int32_t n_batch;   /* most tokens one step may carry */
     int32_t n_seq;     /* sequence slots */
     int32_t n_threads; /* 0: all cores */
-    int gpu;           /* every shard resident on the GPU (the all-in-VRAM plan) */
+    enum plan_family plan;
+    int64_t vram_budget; /* bytes; 0: CPU only; < 0: what the plan needs (gpu) */
 };
 
 struct exec_batch {
@@ -49,6 +51,13 @@ int32_t exec_seq_len(const struct exec_ctx *ctx, int32_t seq);
 void exec_truncate_seq(struct exec_ctx *ctx, int32_t seq, int32_t len);
 const struct exec_params *exec_get_params(const struct exec_ctx *ctx);
 uint64_t exec_kv_bytes(const struct exec_ctx *ctx);
+
+/* The plan the executor follows. */
+const struct plan *exec_get_plan(const struct exec_ctx *ctx);
+
+/* Build the plan a context with these parameters would follow, without loading anything onto
+ * the GPU (for `pshard plan`). Free with plan_free. */
+pshard_status exec_make_plan(const struct model *model, const struct exec_params *params, struct plan *out);
 
 /* The GPU placement's device memory, or NULL when the step runs on the CPU. */
 struct gpu_memory_report;

@@ -65,21 +65,24 @@ static pshard_status vector(struct exec_gpu *g, const struct gguf_tensor *t, con
     return device_tensor(g, t, (const void **)out);
 }
 
-static pshard_status upload_layer(struct exec_gpu *g, const struct layer_weights *w, const struct model_hparams *hp,
-                                  struct gpu_layer *l) {
+static pshard_status upload_attn(struct exec_gpu *g, const struct layer_weights *w, struct gpu_layer *l) {
     CORE_TRY(vector(g, w->attn_norm, &l->attn_norm));
-    CORE_TRY(vector(g, w->ffn_norm, &l->ffn_norm));
     CORE_TRY(vector(g, w->bq, &l->bq));
     CORE_TRY(vector(g, w->bk, &l->bk));
     CORE_TRY(vector(g, w->bv, &l->bv));
     CORE_TRY(vector(g, w->bo, &l->bo));
     CORE_TRY(vector(g, w->q_norm, &l->q_norm));
     CORE_TRY(vector(g, w->k_norm, &l->k_norm));
-    CORE_TRY(vector(g, w->gate_inp_shexp, &l->gate_inp_shexp));
     CORE_TRY(matrix(g, w->wq, &l->wq));
     CORE_TRY(matrix(g, w->wk, &l->wk));
     CORE_TRY(matrix(g, w->wv, &l->wv));
-    CORE_TRY(matrix(g, w->wo, &l->wo));
+    return matrix(g, w->wo, &l->wo);
+}
+
+static pshard_status upload_ffn(struct exec_gpu *g, const struct layer_weights *w, const struct model_hparams *hp,
+                                struct gpu_layer *l) {
+    CORE_TRY(vector(g, w->ffn_norm, &l->ffn_norm));
+    CORE_TRY(vector(g, w->gate_inp_shexp, &l->gate_inp_shexp));
     CORE_TRY(matrix(g, w->ffn_gate, &l->ffn_gate));
     CORE_TRY(matrix(g, w->ffn_up, &l->ffn_up));
     CORE_TRY(matrix(g, w->ffn_down, &l->ffn_down));
@@ -98,22 +101,69 @@ static pshard_status upload_layer(struct exec_gpu *g, const struct layer_weights
 
 static void grow_work(size_t *work, size_t need) { *work = need > *work ? need : *work; }
 
+/* A matrix's shape without device data (for sizing work buffers before anything is uploaded). */
+static struct cuda_matrix shape_of(const struct gguf_tensor *t) {
+    struct cuda_matrix m = {0};
+    if (t)
+        m = (struct cuda_matrix){(enum quant_type)t->type, NULL, t->ne[0], t->ne[1], t->ne[2],
+                                 quant_row_bytes((enum quant_type)t->type, t->ne[0])};
+    return m;
+}
+
 /* The largest work buffer any kernel of a step needs: every product, attention, experts. */
-static size_t work_bytes_needed(const struct exec_gpu *g, const struct exec_ctx *ctx) {
-    const struct model_hparams *hp = &ctx->model->hp;
-    const int64_t B = ctx->params.n_batch;
+static size_t work_bytes_needed(const struct model *model, const struct model_weights *w, const struct exec_params *p) {
+    const struct model_hparams *hp = &model->hp;
+    const int64_t B = p->n_batch;
     size_t work = 0;
     for (uint32_t il = 0; il < hp->n_layers; il++) {
-        const struct gpu_layer *l = &g->layers[il];
-        const struct cuda_matrix *mats[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->ffn_gate, &l->ffn_up, &l->ffn_down,
-                                            &l->gate_inp, &l->gate_shexp, &l->up_shexp, &l->down_shexp};
-        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
-            if (mats[i]->data) grow_work(&work, cuda_matmul_work_bytes(mats[i], B));
-        if (l->moe.gate.data) grow_work(&work, cuda_moe_work_bytes(&l->moe, B));
+        const struct layer_weights *l = &w->layers[il];
+        const struct gguf_tensor *mats[] = {l->wq, l->wk, l->wv, l->wo, l->ffn_gate, l->ffn_up, l->ffn_down, l->gate_inp,
+                                            l->gate_shexp, l->up_shexp, l->down_shexp};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+            const struct cuda_matrix m = shape_of(mats[i]);
+            if (mats[i]) grow_work(&work, cuda_matmul_work_bytes(&m, B));
+        }
+        if (l->gate_exps) {
+            struct cuda_moe moe = {shape_of(l->gate_exps), shape_of(l->up_exps), shape_of(l->down_exps),
+                                   (int)hp->n_expert, (int)hp->n_expert_used, NULL, NULL, NULL, NULL};
+            grow_work(&work, cuda_moe_work_bytes(&moe, B));
+        }
     }
-    grow_work(&work, cuda_matmul_work_bytes(&g->output, B));
-    grow_work(&work, cuda_attention_decode_work_bytes(&g->attn_shape, B, ctx->params.n_ctx));
-    return work;
+    const struct cuda_matrix out = shape_of(w->output);
+    grow_work(&work, cuda_matmul_work_bytes(&out, B));
+    const struct cuda_attn_shape a = {(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v, 1};
+    grow_work(&work, cuda_attention_decode_work_bytes(&a, B, p->n_ctx));
+    return align_up(work);
+}
+
+/* One step's activations for n_batch tokens (the logits buffer separately). */
+static size_t activation_bytes(const struct model_hparams *hp, const struct exec_params *p, int64_t k_width,
+                               int64_t v_width, int rope_dims, size_t *logits) {
+    const size_t B = (size_t)p->n_batch, f = sizeof(float);
+    const size_t q_width = (size_t)hp->n_head * hp->head_dim_k, o_width = (size_t)hp->n_head * hp->head_dim_v;
+    const size_t ff = hp->n_ff > hp->n_ff_shared_expert ? hp->n_ff : hp->n_ff_shared_expert;
+    const size_t k_used = hp->n_expert_used ? hp->n_expert_used : 1, n_exp = hp->n_expert ? hp->n_expert : 1;
+    const size_t parts[] = {f * B * hp->n_embd * 3, f * B * q_width, f * B * (size_t)k_width, f * B * (size_t)v_width,
+                            f * B * o_width, 2 * f * B * (ff ? ff : 1), f * B * n_exp, f * B * k_used,
+                            sizeof(int32_t) * B * k_used, f * B * (size_t)rope_dims, sizeof(int32_t) * B * 4};
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) total += align_up(parts[i]) + 2 * CUDA_ARENA_ALIGN;
+    *logits = align_up(f * B * hp->n_vocab);
+    return total;
+}
+
+pshard_status exec_gpu_costs(const struct model *model, const struct model_weights *w, const struct exec_params *p,
+                             struct plan_gpu_costs *out) {
+    const struct model_hparams *hp = &model->hp;
+    size_t logits;
+    out->activations = activation_bytes(hp, p, (int64_t)hp->n_head_kv * hp->head_dim_k,
+                                        (int64_t)hp->n_head_kv * hp->head_dim_v, w->rope.n_dims, &logits);
+    out->logits = logits;
+    out->work = work_bytes_needed(model, w, p);
+    out->blas = CUDA_BLAS_WORKSPACE_BYTES;
+    /* Every tensor of a layer (and the KV cache) is carved on its own, each rounded up. */
+    out->activations += (uint64_t)hp->n_layers * 32 * CUDA_ARENA_ALIGN + (1 << 20);
+    return PSHARD_OK;
 }
 
 static pshard_status carve(struct exec_gpu *g, size_t bytes, const char *what, void **out) {
@@ -122,7 +172,7 @@ static pshard_status carve(struct exec_gpu *g, size_t bytes, const char *what, v
 }
 
 /* Activations of one step, for n_batch tokens; the same shapes as the CPU scratch. */
-static pshard_status carve_activations(struct exec_gpu *g, const struct exec_ctx *ctx) {
+static pshard_status carve_activations(struct exec_gpu *g, const struct exec_ctx *ctx, bool head_on_gpu) {
     const struct model_hparams *hp = &ctx->model->hp;
     const size_t B = (size_t)ctx->params.n_batch, d = hp->n_embd, f = sizeof(float);
     const size_t q_width = (size_t)hp->n_head * hp->head_dim_k, o_width = (size_t)hp->n_head * hp->head_dim_v;
@@ -142,7 +192,7 @@ static pshard_status carve_activations(struct exec_gpu *g, const struct exec_ctx
     CORE_TRY(carve(g, f * B * k_used, "activations", (void **)&g->expert_weights));
     CORE_TRY(carve(g, sizeof(int32_t) * B * k_used, "activations", (void **)&g->expert_ids));
     CORE_TRY(carve(g, f * B * (size_t)ctx->w.rope.n_dims, "activations", (void **)&g->rope_cs));
-    CORE_TRY(carve(g, f * B * hp->n_vocab, "activations", (void **)&g->logits));
+    if (head_on_gpu) CORE_TRY(carve(g, f * B * hp->n_vocab, "logits", (void **)&g->logits));
     CORE_TRY(carve(g, sizeof(int32_t) * B * 4, "activations", (void **)&g->tokens));
     g->pos = g->tokens + B, g->seq = g->pos + B, g->out_rows = g->seq + B;
     g->report.activation_bytes = g->arena.used - before;
@@ -153,6 +203,7 @@ static pshard_status carve_kv(struct exec_gpu *g, const struct exec_ctx *ctx) {
     const struct kv_cache *kv = &ctx->kv;
     const size_t before = g->arena.used;
     for (int32_t il = 0; il < kv->n_layers; il++) {
+        if (ctx->plan.shard[1 + 2 * il] == PLACE_CPU) continue; /* this layer's attention and KV stay on the host */
         struct cuda_kv_layer *l = &g->kv[il];
         l->seq_stride_k = (int64_t)kv->n_ctx * kv->k_width;
         l->seq_stride_v = (int64_t)kv->n_ctx * kv->v_width;
@@ -163,82 +214,54 @@ static pshard_status carve_kv(struct exec_gpu *g, const struct exec_ctx *ctx) {
     return PSHARD_OK;
 }
 
-/* Bytes the arena needs: weights + KV + activations + work + cuBLAS workspace. Computed before
- * allocating, from the same shapes the carving uses, plus a little alignment slack. */
-static size_t arena_bytes_needed(const struct exec_ctx *ctx, size_t work) {
-    const struct model_hparams *hp = &ctx->model->hp;
-    size_t bytes = 0;
-    for (uint64_t i = 0; i < gguf_tensor_count(ctx->model->file); i++)
-        bytes += align_up(gguf_tensor_at(ctx->model->file, i)->n_bytes);
-    const size_t B = (size_t)ctx->params.n_batch;
-    const size_t widest = hp->n_vocab + 8 * (size_t)hp->n_embd + (size_t)hp->n_head * (hp->head_dim_k + hp->head_dim_v) +
-                          2 * ((size_t)hp->n_ff + hp->n_ff_shared_expert) + hp->n_expert + 2 * hp->n_expert_used + 256;
-    bytes += sizeof(float) * B * widest + 64 * CUDA_ARENA_ALIGN;
-    bytes += kv_cache_bytes(&ctx->kv) + 2 * (size_t)ctx->kv.n_layers * CUDA_ARENA_ALIGN;
-    return bytes + align_up(work) + CUDA_BLAS_WORKSPACE_BYTES + (1 << 20);
-}
-
 static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
-    const struct model_hparams *hp = &ctx->model->hp;
-    if (cuda_device_count() == 0)
-        return core_fail(PSHARD_ERR_UNSUPPORTED, "no CUDA device: run on the CPU (without --gpu)");
+    const struct model *model = ctx->model;
+    const struct model_hparams *hp = &model->hp;
+    const struct plan *plan = &ctx->plan;
     CORE_TRY(cuda_ctx_create(0, &g->cuda));
-    g->no_graphs = getenv("PSHARD_NO_CUDA_GRAPHS") != NULL;
+    g->no_graphs = getenv("PSHARD_NO_CUDA_GRAPHS") != NULL || !plan->all_gpu;
     g->stream = cuda_ctx_compute_stream(g->cuda);
     g->report.context_bytes = cuda_ctx_info(g->cuda)->context_bytes + cuda_ctx_info(g->cuda)->blas_bytes;
     g->attn_shape = (struct cuda_attn_shape){(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k,
                                              (int)hp->head_dim_v, 1.0f / sqrtf((float)hp->head_dim_k)};
     g->layers = calloc(hp->n_layers, sizeof *g->layers);
     g->kv = calloc((size_t)ctx->kv.n_layers, sizeof *g->kv);
-    g->cap_uploaded = (uint32_t)gguf_tensor_count(ctx->model->file);
+    g->cap_uploaded = (uint32_t)gguf_tensor_count(model->file);
     g->uploaded = calloc(g->cap_uploaded ? g->cap_uploaded : 1, sizeof *g->uploaded);
     if (!g->layers || !g->kv || !g->uploaded) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    const size_t B = (size_t)ctx->params.n_batch, d = hp->n_embd;
     CORE_TRY(cuda_host_alloc(UPLOAD_CHUNK_BYTES, &g->staging));
-    const size_t B = (size_t)ctx->params.n_batch;
     CORE_TRY(cuda_host_alloc(sizeof(int32_t) * B * 4, &g->host_in));
     CORE_TRY(cuda_host_alloc(sizeof(float) * B * hp->n_vocab, &g->host_logits));
+    CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_x)); /* activations crossing PCIe */
 
-    /* Size the work buffer from host-side shapes first (views without device data), then make
-     * the arena exactly what the plan needs, then carve and upload. */
-    struct exec_gpu probe = *g;
-    for (uint32_t il = 0; il < hp->n_layers; il++) {
-        const struct layer_weights *w = &ctx->w.layers[il];
-        struct gpu_layer *l = &probe.layers[il];
-        const struct gguf_tensor *ts[] = {w->wq, w->wk, w->wv, w->wo, w->ffn_gate, w->ffn_up, w->ffn_down, w->gate_inp,
-                                          w->gate_shexp, w->up_shexp, w->down_shexp, w->gate_exps, w->up_exps, w->down_exps};
-        struct cuda_matrix *ms[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->ffn_gate, &l->ffn_up, &l->ffn_down, &l->gate_inp,
-                                    &l->gate_shexp, &l->up_shexp, &l->down_shexp, &l->moe.gate, &l->moe.up, &l->moe.down};
-        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
-            CORE_TRY(check_type(ts[i]));
-            if (ts[i])
-                *ms[i] = (struct cuda_matrix){(enum quant_type)ts[i]->type, (const void *)1, ts[i]->ne[0], ts[i]->ne[1],
-                                              ts[i]->ne[2], quant_row_bytes((enum quant_type)ts[i]->type, ts[i]->ne[0])};
-        }
-        l->moe.n_expert = (int)hp->n_expert;
-        l->moe.k = (int)hp->n_expert_used;
-    }
-    const struct gguf_tensor *out_t = ctx->w.output;
-    CORE_TRY(check_type(out_t));
-    probe.output = (struct cuda_matrix){(enum quant_type)out_t->type, (const void *)1, out_t->ne[0], out_t->ne[1], 1,
-                                        quant_row_bytes((enum quant_type)out_t->type, out_t->ne[0])};
-    const size_t work = work_bytes_needed(&probe, ctx);
-    memset(g->layers, 0, hp->n_layers * sizeof *g->layers);
-
-    CORE_TRY(cuda_arena_create(&g->arena, arena_bytes_needed(ctx, work)));
+    /* The arena is exactly the plan's budget; the plan made sure its parts fit. */
+    CORE_TRY(cuda_arena_create(&g->arena, plan->budget.total));
     g->report.arena_bytes = g->arena.size;
     void *blas;
     CORE_TRY(carve(g, CUDA_BLAS_WORKSPACE_BYTES, "cublas", &blas));
     CORE_TRY(cuda_ctx_set_blas_workspace(g->cuda, blas, CUDA_BLAS_WORKSPACE_BYTES));
-    CORE_TRY(carve(g, work, "work", &g->work));
-    g->work_bytes = work;
-    g->report.work_bytes = align_up(work) + CUDA_BLAS_WORKSPACE_BYTES;
+    g->work_bytes = plan->budget.work;
+    CORE_TRY(carve(g, g->work_bytes, "work", &g->work));
+    g->report.work_bytes = g->work_bytes + CUDA_BLAS_WORKSPACE_BYTES;
     CORE_TRY(carve_kv(g, ctx));
-    CORE_TRY(carve_activations(g, ctx));
-    for (uint32_t il = 0; il < hp->n_layers; il++) CORE_TRY(upload_layer(g, &ctx->w.layers[il], hp, &g->layers[il]));
-    CORE_TRY(matrix(g, ctx->w.token_embd, &g->token_embd));
-    CORE_TRY(matrix(g, ctx->w.output, &g->output));
-    CORE_TRY(vector(g, ctx->w.output_norm, &g->output_norm));
-    CORE_TRY(vector(g, ctx->w.rope_freqs, &g->rope_freqs));
+    CORE_TRY(carve_activations(g, ctx, plan->shard[model->n_shards - 1] != PLACE_CPU));
+    for (uint32_t i = 0; i < model->n_shards; i++) {
+        const struct shard *s = &model->shards[i];
+        if (plan->shard[i] == PLACE_CPU) continue;
+        switch (s->kind) {
+        case SHARD_EMBED: CORE_TRY(matrix(g, ctx->w.token_embd, &g->token_embd)); break;
+        case SHARD_ATTN: CORE_TRY(upload_attn(g, &ctx->w.layers[s->layer], &g->layers[s->layer])); break;
+        case SHARD_FFN:
+        case SHARD_MOE: CORE_TRY(upload_ffn(g, &ctx->w.layers[s->layer], hp, &g->layers[s->layer])); break;
+        case SHARD_HEAD:
+            CORE_TRY(matrix(g, ctx->w.output, &g->output));
+            CORE_TRY(vector(g, ctx->w.output_norm, &g->output_norm));
+            break;
+        case SHARD_KIND_COUNT: break;
+        }
+        if (s->kind == SHARD_ATTN && !g->rope_freqs) CORE_TRY(vector(g, ctx->w.rope_freqs, &g->rope_freqs));
+    }
     return cuda_stream_sync(g->stream);
 }
 
@@ -261,6 +284,7 @@ void exec_gpu_free(struct exec_gpu *g) {
     cuda_pinned_release(&g->staging);
     cuda_pinned_release(&g->host_in);
     cuda_pinned_release(&g->host_logits);
+    cuda_pinned_release(&g->host_x);
     cuda_graph_destroy(g->decode_graph);
     if (g->cuda) cuda_ctx_destroy(g->cuda);
     free(g->layers);

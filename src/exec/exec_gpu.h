@@ -22,12 +22,22 @@ struct gpu_memory_report {
 
 struct exec_gpu;
 
-/* Upload every weight and carve the arena for ctx's model and parameters. */
+struct model;
+struct model_weights;
+struct exec_params;
+struct plan_gpu_costs;
+
+/* What the GPU side needs besides weights and KV, for these shapes (the planner's input). */
+pshard_status exec_gpu_costs(const struct model *model, const struct model_weights *w, const struct exec_params *p,
+                             struct plan_gpu_costs *out);
+
+/* Carve an arena of exactly the plan's budget and upload the resident shards' weights. */
 pshard_status exec_gpu_create(struct exec_ctx *ctx, struct exec_gpu **out);
 void exec_gpu_free(struct exec_gpu *gpu);
 const struct gpu_memory_report *exec_gpu_report(const struct exec_gpu *gpu);
 
-/* One step with every shard on the GPU; leaves the logits of the outputs in ctx->s.logits. */
+/* One step following the plan: GPU shards on the GPU, CPU shards on the thread pool, the
+ * activations crossing PCIe where the placement changes; leaves the logits in ctx->s.logits. */
 pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *batch);
 
 #endif

@@ -37,7 +37,7 @@ struct exec_gpu {
     void *work;
     size_t work_bytes;
     /* pinned host buffers: uploads of the batch, the logits coming back, weight staging */
-    struct cuda_pinned host_in, host_logits, staging;
+    struct cuda_pinned host_in, host_logits, staging, host_x;
     /* The single-token, one-output step captured as a graph on first use and replayed after;
      * weight bytes it reads, counted at capture. */
     cuda_graph decode_graph;

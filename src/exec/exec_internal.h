@@ -46,7 +46,8 @@ struct exec_ctx {
     void *scratch_mem;
     void *moe_mem;
     struct exec_stats stats;
-    struct exec_gpu *gpu; /* non-NULL: every shard runs on the GPU */
+    struct plan plan;
+    struct exec_gpu *gpu; /* non-NULL: some shards run on the GPU */
 };
 
 /* The shards, CPU placement. Each reads ctx->s.x (the batch's activations) and updates it. */

@@ -119,26 +119,76 @@ static pshard_status upload_batch(struct exec_ctx *ctx, struct exec_gpu *g, cons
     return PSHARD_OK;
 }
 
-/* Everything a step enqueues: the batch up, the shards, the logits down. */
+static pshard_status gpu_shard(struct exec_ctx *ctx, struct exec_gpu *g, const struct shard *shard,
+                               const struct exec_batch *b) {
+    switch (shard->kind) {
+    case SHARD_EMBED:
+        ctx->stats.weight_bytes_read += (uint64_t)b->n_tokens * g->token_embd.row_bytes;
+        return cuda_get_rows(&g->token_embd, g->tokens, b->n_tokens, g->x, g->stream);
+    case SHARD_ATTN: return attn_shard(ctx, g, shard->layer, b);
+    case SHARD_FFN: return ffn_shard(ctx, g, shard->layer, b);
+    case SHARD_MOE: return moe_shard(ctx, g, shard->layer, b);
+    case SHARD_HEAD: return ctx->stats.n_outputs ? head_shard(ctx, g) : PSHARD_OK;
+    case SHARD_KIND_COUNT: break;
+    }
+    return PSHARD_OK;
+}
+
+static void cpu_shard(struct exec_ctx *ctx, const struct shard *shard, const struct exec_batch *b) {
+    switch (shard->kind) {
+    case SHARD_EMBED: shard_embed_cpu(ctx, b); break;
+    case SHARD_ATTN: shard_attn_cpu(ctx, shard->layer, b); break;
+    case SHARD_FFN: shard_ffn_cpu(ctx, shard->layer, b); break;
+    case SHARD_MOE: shard_moe_cpu(ctx, shard->layer, b); break;
+    case SHARD_HEAD: if (ctx->stats.n_outputs) shard_head_cpu(ctx, b); break;
+    case SHARD_KIND_COUNT: break;
+    }
+}
+
+/* Everything an all-GPU step enqueues: the batch up, the shards, the logits down. */
 static pshard_status enqueue_step(struct exec_ctx *ctx, struct exec_gpu *g, const struct exec_batch *b) {
     const struct model *model = ctx->model;
     CORE_TRY(cuda_copy_h2d(g->tokens, g->host_in.ptr, 4 * (size_t)ctx->params.n_batch * sizeof(int32_t), g->stream));
-    for (uint32_t i = 0; i < model->n_shards; i++) {
-        const struct shard *shard = &model->shards[i];
-        switch (shard->kind) {
-        case SHARD_EMBED:
-            CORE_TRY(cuda_get_rows(&g->token_embd, g->tokens, b->n_tokens, g->x, g->stream));
-            ctx->stats.weight_bytes_read += (uint64_t)b->n_tokens * g->token_embd.row_bytes;
-            break;
-        case SHARD_ATTN: CORE_TRY(attn_shard(ctx, g, shard->layer, b)); break;
-        case SHARD_FFN: CORE_TRY(ffn_shard(ctx, g, shard->layer, b)); break;
-        case SHARD_MOE: CORE_TRY(moe_shard(ctx, g, shard->layer, b)); break;
-        case SHARD_HEAD: if (ctx->stats.n_outputs) CORE_TRY(head_shard(ctx, g)); break;
-        case SHARD_KIND_COUNT: break;
-        }
-    }
+    for (uint32_t i = 0; i < model->n_shards; i++) CORE_TRY(gpu_shard(ctx, g, &model->shards[i], b));
     const size_t logit_bytes = sizeof(float) * (size_t)ctx->stats.n_outputs * model->hp.n_vocab;
     if (logit_bytes) CORE_TRY(cuda_copy_d2h(g->host_logits.ptr, g->logits, logit_bytes, g->stream));
+    return PSHARD_OK;
+}
+
+/* The residual stream [n_tokens][n_embd] crossing PCIe through the pinned buffer. */
+static pshard_status x_to_gpu(struct exec_ctx *ctx, struct exec_gpu *g, int64_t n) {
+    const size_t bytes = sizeof(float) * (size_t)n * ctx->model->hp.n_embd;
+    memcpy(g->host_x.ptr, ctx->s.x, bytes);
+    return cuda_copy_h2d(g->x, g->host_x.ptr, bytes, g->stream);
+}
+
+static pshard_status x_to_host(struct exec_ctx *ctx, struct exec_gpu *g, int64_t n) {
+    const size_t bytes = sizeof(float) * (size_t)n * ctx->model->hp.n_embd;
+    CORE_TRY(cuda_copy_d2h(g->host_x.ptr, g->x, bytes, g->stream));
+    CORE_TRY(cuda_stream_sync(g->stream));
+    memcpy(ctx->s.x, g->host_x.ptr, bytes);
+    return PSHARD_OK;
+}
+
+/* A plan that mixes places: each shard where the plan puts it, the activations following. */
+static pshard_status hybrid_step(struct exec_ctx *ctx, struct exec_gpu *g, const struct exec_batch *b) {
+    const struct model *model = ctx->model;
+    const struct plan *plan = &ctx->plan;
+    CORE_TRY(cuda_copy_h2d(g->tokens, g->host_in.ptr, 4 * (size_t)ctx->params.n_batch * sizeof(int32_t), g->stream));
+    bool x_on_gpu = false;
+    for (uint32_t i = 0; i < model->n_shards; i++) {
+        const struct shard *shard = &model->shards[i];
+        const bool on_gpu = plan->shard[i] != PLACE_CPU;
+        if (on_gpu && !x_on_gpu && shard->kind != SHARD_EMBED) CORE_TRY(x_to_gpu(ctx, g, b->n_tokens));
+        if (!on_gpu && x_on_gpu && shard->kind != SHARD_EMBED) CORE_TRY(x_to_host(ctx, g, b->n_tokens));
+        if (on_gpu) CORE_TRY(gpu_shard(ctx, g, shard, b));
+        else cpu_shard(ctx, shard, b);
+        x_on_gpu = on_gpu;
+    }
+    const size_t logit_bytes = sizeof(float) * (size_t)ctx->stats.n_outputs * model->hp.n_vocab;
+    if (x_on_gpu && logit_bytes) CORE_TRY(cuda_copy_d2h(g->host_logits.ptr, g->logits, logit_bytes, g->stream));
+    CORE_TRY(cuda_stream_sync(g->stream));
+    if (x_on_gpu) memcpy(ctx->s.logits, g->host_logits.ptr, logit_bytes);
     return PSHARD_OK;
 }
 
@@ -166,6 +216,7 @@ static pshard_status replay_decode(struct exec_ctx *ctx, struct exec_gpu *g, con
 pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
     struct exec_gpu *g = ctx->gpu;
     CORE_TRY(upload_batch(ctx, g, b));
+    if (!ctx->plan.all_gpu) return hybrid_step(ctx, g, b);
     if (b->n_tokens == 1 && ctx->stats.n_outputs == 1 && !g->no_graphs) CORE_TRY(replay_decode(ctx, g, b));
     else CORE_TRY(enqueue_step(ctx, g, b));
     CORE_TRY(cuda_stream_sync(g->stream));

@@ -13,6 +13,7 @@ int cmd_run(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 
 /* Options shared by run and chat. */
 struct run_opts {

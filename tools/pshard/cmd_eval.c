@@ -6,9 +6,11 @@
 
 #include "cli.h"
 #include "engine/engine_internal.h"
+#include "plan/plan.h"
 
 static void print_usage(FILE *out) {
-    fprintf(out, "usage: pshard eval [-m MODEL] (--tokens 1,2,3 | -p TEXT) -o LOGITS.f32 [-c N] [-b N] [-t N] [--gpu]\n"
+    fprintf(out, "usage: pshard eval [-m MODEL] (--tokens 1,2,3 | -p TEXT) -o LOGITS.f32 [-c N] [-b N] [-t N]\n"
+                 "       [--gpu | --vram-budget SIZE [--plan auto|cpu|gpu|static]]\n"
                  "  Writes float32 logits [n_tokens][n_vocab] of every position to the output file and prints\n"
                  "  the argmax of each position. -p tokenizes TEXT as `run --raw` does.\n");
 }
@@ -56,6 +58,19 @@ int cmd_eval(int argc, char **argv) {
         else if (!strcmp(argv[i], "-b") && v) params.n_batch = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-t") && v) params.n_threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--gpu")) params.gpu = 1;
+        else if (!strcmp(argv[i], "--vram-budget") && v) {
+            if (plan_parse_size(argv[++i], &params.vram_budget) != PSHARD_OK) {
+                fprintf(stderr, "pshard eval: %s\n", pshard_last_error());
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--plan") && v) {
+            enum plan_family f;
+            if (plan_parse_family(argv[++i], &f) != PSHARD_OK) {
+                fprintf(stderr, "pshard eval: %s\n", pshard_last_error());
+                return 2;
+            }
+            params.plan = (int)f;
+        }
         else { print_usage(stderr); return 2; }
     }
     if ((!tokens_arg && !prompt) || !out_path) { print_usage(stderr); return 2; }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "plan/plan.h"
 #include "pshard.h"
 
 static void print_usage(FILE *out, const char *cmd) {
@@ -28,6 +29,8 @@ static void print_usage(FILE *out, const char *cmd) {
             "  --raw                   no chat template: continue the prompt text as it is\n"
             "  --no-prefault           do not read the weights in at load (pages load on first use)\n"
             "  --gpu                   run every shard on the GPU, all weights in VRAM\n"
+            "  --vram-budget SIZE      VRAM pshard may use (2G, 2048M; 0: CPU only); the CUDA context is\n"
+            "                          outside it. Shards are placed by the plan (--plan auto|cpu|gpu|static)\n"
             "  --ids                   print the generated token ids after the text\n"
             "  --ignore-eos            do not stop at end-of-generation tokens (for benchmarks)\n"
             "  -q, --quiet             no load progress and no speed report\n",
@@ -64,6 +67,23 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = 1;
         else if (!strcmp(a, "--no-prefault")) o->params.prefault = 0;
         else if (!strcmp(a, "--gpu")) o->params.gpu = 1;
+        else if (!strcmp(a, "--vram-budget") && v) {
+            int64_t bytes;
+            if (plan_parse_size(argv[++i], &bytes) != PSHARD_OK) {
+                fprintf(stderr, "pshard: --vram-budget: %s\n", pshard_last_error());
+                return -1;
+            }
+            o->params.vram_budget = bytes;
+            if (!o->params.plan) o->params.plan = PLAN_AUTO;
+        } else if (!strcmp(a, "--plan") && v) {
+            enum plan_family f;
+            if (plan_parse_family(argv[++i], &f) != PSHARD_OK) {
+                fprintf(stderr, "pshard: --plan: %s\n", pshard_last_error());
+                return -1;
+            }
+            o->params.plan = (int)f;
+            if (f == PLAN_GPU && o->params.vram_budget == 0) o->params.vram_budget = -1;
+        }
         else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) o->model = argv[++i];
         else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && v) o->prompt = argv[++i];
         else if (!strcmp(a, "--system") && v) {

@@ -1,0 +1,71 @@
+/* `pshard plan`: where every shard would run under a VRAM budget, without loading weights. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "exec/exec.h"
+#include "gguf/gguf.h"
+
+static void print_usage(FILE *out) {
+    fprintf(out, "usage: pshard plan [-m MODEL] --vram-budget SIZE [--plan auto|cpu|gpu|static] [-c CTX] [-b BATCH]\n"
+                 "  Prints each shard's place (RESIDENT in VRAM, or CPU), the VRAM breakdown and the weight\n"
+                 "  bytes each side reads per decode token. Nothing is loaded onto the GPU.\n");
+}
+
+int cmd_plan(int argc, char **argv) {
+    const char *model_path = NULL;
+    struct exec_params p = {4096, 512, 1, 0, PLAN_AUTO, -1};
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            print_usage(stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "-m") && v) {
+            model_path = argv[++i];
+        } else if (!strcmp(argv[i], "--vram-budget") && v) {
+            if (plan_parse_size(argv[++i], &p.vram_budget) != PSHARD_OK) goto bad;
+        } else if (!strcmp(argv[i], "--plan") && v) {
+            if (plan_parse_family(argv[++i], &p.plan) != PSHARD_OK) goto bad;
+        } else if (!strcmp(argv[i], "-c") && v) {
+            p.n_ctx = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "-b") && v) {
+            p.n_batch = atoi(argv[++i]);
+        } else {
+            print_usage(stderr);
+            return 2;
+        }
+    }
+    if (p.n_ctx <= 0 || p.n_batch <= 0) {
+        fprintf(stderr, "pshard plan: -c and -b must be positive\n");
+        return 2;
+    }
+    char default_path[4096];
+    if (!model_path) {
+        if (cli_default_model(default_path, sizeof default_path) != 0) return 1;
+        model_path = default_path;
+    }
+    struct gguf_file *file;
+    struct model model;
+    struct plan plan;
+    if (gguf_open(model_path, &file) != PSHARD_OK) goto fail;
+    if (model_load(file, &model) != PSHARD_OK) {
+        gguf_close(file);
+        goto fail;
+    }
+    pshard_status st = exec_make_plan(&model, &p, &plan);
+    if (st == PSHARD_OK) {
+        plan_print(&plan, &model, stdout);
+        plan_free(&plan);
+    }
+    model_free(&model);
+    gguf_close(file);
+    if (st != PSHARD_OK) goto fail;
+    return 0;
+bad:
+    fprintf(stderr, "pshard plan: %s\n", pshard_last_error());
+    return 2;
+fail:
+    fprintf(stderr, "pshard plan: %s\n", pshard_last_error());
+    return 1;
+}
