@@ -43,9 +43,9 @@ def run(*args):
     return subprocess.run([PSHARD, *args], capture_output=True, text=True, timeout=600)
 
 
-def logits(model, tokens, gpu, batch, out):
+def logits(model, tokens, gpu, batch, out, placement=None):
     args = ["eval", "-m", model, "--tokens", ",".join(map(str, tokens)), "-b", str(batch), "-o", out]
-    proc = run(*args, *(["--gpu"] if gpu else []))
+    proc = run(*args, *(placement or (["--gpu"] if gpu else [])))
     if proc.returncode != 0:
         raise SystemExit("pshard eval failed: " + proc.stderr)
     return np.fromfile(out, dtype=np.float32).reshape(len(tokens), -1)
@@ -69,6 +69,36 @@ def unrounded_reference(path, tokens, gpu, shape, wtype):
     median_limit, top1_limit = (0.02, 0.95) if shape == "tiny-moe" else (0.005, 0.97)
     check(np.median(rel) < median_limit and agree >= top1_limit,
           "%s %s: GPU prefill computes the unrounded function" % (shape, wtype))
+
+
+def minimum_budget_mb(model):
+    """The smallest budget a static plan accepts, from the planner's own error message."""
+    proc = run("plan", "-m", model, "--vram-budget", "1M", "--plan", "static", "-c", "4096")
+    words = proc.stderr.split("minimum for this model and context is ")[1].split()
+    return int(float(words[0]))
+
+
+def hybrid_plans(tmp):
+    """Static plans that keep some attention shards in VRAM and run the rest on the CPU: the
+    activations cross PCIe at every change of place, and the result must stay the CPU's."""
+    rng = np.random.default_rng(7)
+    for shape in ("tiny-llama", "tiny-moe"):
+        path = os.path.join(tmp, "%s-Q8_0.gguf" % shape)
+        budget = "%dM" % (minimum_budget_mb(path) + 1)
+        plan = run("plan", "-m", path, "--vram-budget", budget, "--plan", "static", "-c", "4096").stdout
+        resident = plan.count("RESIDENT")
+        tokens = rng.integers(0, 1000, 128).tolist()
+        cpu = logits(path, tokens, False, 32, os.path.join(tmp, "c.f32"))
+        spread = cpu.std(axis=1, keepdims=True)
+        for batch in (1, 32):
+            mixed = logits(path, tokens, False, batch, os.path.join(tmp, "h.f32"),
+                           ["--vram-budget", budget, "--plan", "static", "-c", "4096"])
+            rel = np.abs(mixed - cpu) / spread
+            agree = (mixed.argmax(1) == cpu.argmax(1)).mean()
+            print("     %s static plan at %s (%d shards resident), batch %d: median %.2g, top-1 %.3f" %
+                  (shape, budget, resident, batch, np.median(rel), agree))
+            check(0 < resident < plan.count("\n") and np.median(rel) < 0.1 and agree >= 0.85,
+                  "%s: a static plan at %s computes the CPU's function (batch %d)" % (shape, budget, batch))
 
 
 def tiny_models(tmp):
@@ -144,6 +174,7 @@ def main():
             print("no CUDA device: skipped")
             return 0
         tiny_models(tmp)
+        hybrid_plans(tmp)
         for wtype in ("Q4_1", "Q8_0"):
             path = os.path.join(tmp, "tiny-llama-greedy-%s.gguf" % wtype)
             subprocess.run([os.path.join(BUILD, "gguf-synth"), "--shape", "tiny-llama", "--type", wtype, "--seed", "9",
