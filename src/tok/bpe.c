@@ -102,46 +102,6 @@ pshard_status bpe_load_merges(struct tok *tok, const struct tok_vocab_desc *desc
     return status;
 }
 
-struct bpe_cand {
-    uint32_t rank;
-    int32_t left;
-    int32_t left_id, right_id; /* ids when queued; a changed id means the entry is stale */
-    int32_t merged;
-};
-
-static bool cand_before(const struct bpe_cand *a, const struct bpe_cand *b) {
-    return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
-}
-
-static void heap_push(struct tok_scratch *s, struct bpe_cand c) {
-    struct bpe_cand *h = s->heap;
-    size_t i = s->heap_n++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!cand_before(&c, &h[parent])) break;
-        h[i] = h[parent];
-        i = parent;
-    }
-    h[i] = c;
-}
-
-static struct bpe_cand heap_pop(struct tok_scratch *s) {
-    struct bpe_cand *h = s->heap;
-    struct bpe_cand top = h[0];
-    struct bpe_cand last = h[--s->heap_n];
-    size_t n = s->heap_n, i = 0;
-    for (;;) {
-        size_t child = 2 * i + 1;
-        if (child >= n) break;
-        if (child + 1 < n && cand_before(&h[child + 1], &h[child])) child++;
-        if (!cand_before(&h[child], &last)) break;
-        h[i] = h[child];
-        i = child;
-    }
-    if (n > 0) h[i] = last;
-    return top;
-}
-
 static void try_pair(const struct tok *tok, struct tok_scratch *s, int32_t left) {
     if (left < 0) return;
     int32_t right = s->next[left];
@@ -150,7 +110,8 @@ static void try_pair(const struct tok *tok, struct tok_scratch *s, int32_t left)
     uint32_t rank;
     int32_t result;
     if (!tok_pair_map_get(&tok->merges, a, b, &rank, &result)) return;
-    heap_push(s, (struct bpe_cand){rank, left, a, b, result});
+    /* a, b: the ids when queued (a changed id means the entry is stale); c: the merged id */
+    tok_heap_push(s, (struct tok_merge_cand){(double)rank, left, a, b, result});
 }
 
 struct bpe_ctx {
@@ -178,7 +139,7 @@ static pshard_status bpe_word(void *vctx, const char *piece, size_t len) {
         if (id >= 0) return tok_ids_push(ctx->ids, id);
     }
 
-    CORE_TRY(tok_scratch_reserve(s, len, sizeof(struct bpe_cand)));
+    CORE_TRY(tok_scratch_reserve(s, len, sizeof(struct tok_merge_cand)));
     /* A byte with no token of its own is left out before merging, as HF's BPE does (its
      * neighbours may then merge): vocabularies such as SmolLM2's have no tokens for bytes
      * that never occur in UTF-8 (C0, F5..FF) and for some control characters. */
@@ -197,10 +158,10 @@ static pshard_status bpe_word(void *vctx, const char *piece, size_t len) {
     for (int32_t i = 0; i + 1 < n; i++) try_pair(tok, s, i);
 
     while (s->heap_n > 0) {
-        struct bpe_cand c = heap_pop(s);
+        struct tok_merge_cand c = tok_heap_pop(s);
         int32_t left = c.left, right = s->next[left];
-        if (s->sym_id[left] != c.left_id || right < 0 || s->sym_id[right] != c.right_id) continue;
-        s->sym_id[left] = c.merged;
+        if (s->sym_id[left] != c.a || right < 0 || s->sym_id[right] != c.b) continue;
+        s->sym_id[left] = c.c;
         s->sym_id[right] = -1; /* merged away */
         s->next[left] = s->next[right];
         if (s->next[right] >= 0) s->prev[s->next[right]] = left;

@@ -206,3 +206,38 @@ pshard_status tok_scratch_reserve(struct tok_scratch *s, size_t n_symbols, size_
 pshard_status tok_scratch_buf(struct tok_scratch *s, size_t bytes) {
     return grow((void **)&s->buf, &s->buf_cap, bytes, 1);
 }
+
+/* ---- the merge queue both model kinds use: a binary min-heap in the scratch */
+
+static bool cand_before(const struct tok_merge_cand *x, const struct tok_merge_cand *y) {
+    return x->key < y->key || (x->key == y->key && x->left < y->left);
+}
+
+void tok_heap_push(struct tok_scratch *s, struct tok_merge_cand c) {
+    struct tok_merge_cand *h = s->heap;
+    size_t i = s->heap_n++;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!cand_before(&c, &h[parent])) break;
+        h[i] = h[parent];
+        i = parent;
+    }
+    h[i] = c;
+}
+
+struct tok_merge_cand tok_heap_pop(struct tok_scratch *s) {
+    struct tok_merge_cand *h = s->heap;
+    struct tok_merge_cand top = h[0];
+    struct tok_merge_cand last = h[--s->heap_n];
+    size_t n = s->heap_n, i = 0;
+    for (;;) {
+        size_t child = 2 * i + 1;
+        if (child >= n) break;
+        if (child + 1 < n && cand_before(&h[child + 1], &h[child])) child++;
+        if (!cand_before(&h[child], &last)) break;
+        h[i] = h[child];
+        i = child;
+    }
+    if (n > 0) h[i] = last;
+    return top;
+}

@@ -10,45 +10,6 @@
 
 static const char space_marker[3] = {(char)0xE2, (char)0x96, (char)0x81}; /* U+2581 "▁" */
 
-struct spm_cand {
-    float score;
-    int32_t left, right;
-    int32_t size; /* bytes of the pair when queued; a different sum means it is stale */
-};
-
-static bool cand_before(const struct spm_cand *a, const struct spm_cand *b) {
-    return a->score > b->score || (a->score == b->score && a->left < b->left);
-}
-
-static void heap_push(struct tok_scratch *s, struct spm_cand c) {
-    struct spm_cand *h = s->heap;
-    size_t i = s->heap_n++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!cand_before(&c, &h[parent])) break;
-        h[i] = h[parent];
-        i = parent;
-    }
-    h[i] = c;
-}
-
-static struct spm_cand heap_pop(struct tok_scratch *s) {
-    struct spm_cand *h = s->heap;
-    struct spm_cand top = h[0];
-    struct spm_cand last = h[--s->heap_n];
-    size_t n = s->heap_n, i = 0;
-    for (;;) {
-        size_t child = 2 * i + 1;
-        if (child >= n) break;
-        if (child + 1 < n && cand_before(&h[child + 1], &h[child])) child++;
-        if (!cand_before(&h[child], &last)) break;
-        h[i] = h[child];
-        i = child;
-    }
-    if (n > 0) h[i] = last;
-    return top;
-}
-
 /* Tokens merges may produce: control, unknown, byte and unused pieces never come out of
  * merging in SentencePiece. */
 static int32_t find_piece(const struct tok *tok, const char *s, size_t n) {
@@ -66,7 +27,8 @@ static void try_pair(const struct tok *tok, struct tok_scratch *s, int32_t left)
     int32_t size = s->sym_len[left] + s->sym_len[right];
     int32_t id = find_piece(tok, s->buf + s->sym_id[left], (size_t)size);
     if (id < 0) return;
-    heap_push(s, (struct spm_cand){tok->entries[id].score, left, right, size});
+    /* a: the right neighbour when queued; b: the pair's bytes (a different sum means stale) */
+    tok_heap_push(s, (struct tok_merge_cand){-(double)tok->entries[id].score, left, right, size, 0});
 }
 
 static pshard_status emit_symbol(const struct tok *tok, const char *text, size_t n, struct tok_ids *ids) {
@@ -103,7 +65,7 @@ pshard_status spm_encode_fragment(const struct tok *tok, struct tok_scratch *s, 
 
     /* One symbol per character; sym_id holds each symbol's start in buf. The text was made
      * valid UTF-8 before, but the length is still clamped to what is left. */
-    CORE_TRY(tok_scratch_reserve(s, n_bytes, sizeof(struct spm_cand)));
+    CORE_TRY(tok_scratch_reserve(s, n_bytes, sizeof(struct tok_merge_cand)));
     int32_t n = 0;
     for (size_t at = 0; at < n_bytes;) {
         size_t char_len = utf8_len_from_lead((uint8_t)s->buf[at]);
@@ -120,10 +82,10 @@ pshard_status spm_encode_fragment(const struct tok *tok, struct tok_scratch *s, 
     for (int32_t i = 0; i + 1 < n; i++) try_pair(tok, s, i);
 
     while (s->heap_n > 0) {
-        struct spm_cand c = heap_pop(s);
-        int32_t left = c.left, right = c.right;
+        struct tok_merge_cand c = tok_heap_pop(s);
+        int32_t left = c.left, right = c.a;
         if (s->sym_len[left] == 0 || s->sym_len[right] == 0 || s->next[left] != right ||
-            s->sym_len[left] + s->sym_len[right] != c.size)
+            s->sym_len[left] + s->sym_len[right] != c.b)
             continue;
         s->sym_len[left] += s->sym_len[right];
         s->sym_len[right] = 0;

@@ -141,6 +141,16 @@ struct tok_scratch {
     size_t buf_cap;
 };
 pshard_status tok_scratch_reserve(struct tok_scratch *s, size_t n_symbols, size_t heap_entry_bytes);
+
+/* A queued merge of the symbol at `left` with its right neighbour, in the scratch's heap:
+ * lower key first (BPE: the merge rank; SentencePiece: minus the piece's score), then lower
+ * left. a, b, c are the model's to recognize stale entries and to carry the result. */
+struct tok_merge_cand {
+    double key;
+    int32_t left, a, b, c;
+};
+void tok_heap_push(struct tok_scratch *s, struct tok_merge_cand c);
+struct tok_merge_cand tok_heap_pop(struct tok_scratch *s);
 pshard_status tok_scratch_buf(struct tok_scratch *s, size_t bytes);
 void tok_scratch_free(struct tok_scratch *s);
 
