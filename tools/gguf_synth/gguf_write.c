@@ -4,18 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gguf/gguf.h" /* the value type ids the reader uses */
 #include "synth.h"
-
-/* GGUF metadata value types. */
-enum {
-    GGUF_TYPE_UINT32 = 4,
-    GGUF_TYPE_INT32 = 5,
-    GGUF_TYPE_FLOAT32 = 6,
-    GGUF_TYPE_BOOL = 7,
-    GGUF_TYPE_STRING = 8,
-    GGUF_TYPE_ARRAY = 9,
-    GGUF_TYPE_UINT64 = 10,
-};
 
 void synth_buf_free(struct synth_buf *buf) {
     free(buf->data);
