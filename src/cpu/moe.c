@@ -4,6 +4,7 @@
 #include "cpu/moe.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 enum { MOE_ROW_BLOCK = 32 };
@@ -19,7 +20,8 @@ size_t cpu_moe_scratch_bytes(int64_t n_tokens, int k, int64_t n_expert, int64_t 
     const int64_t pairs = n_tokens * k;
     return align64(sizeof(int32_t) * (size_t)n_expert) * 2 + align64(sizeof(int32_t) * (size_t)(n_expert + 1)) +
            align64(sizeof(int32_t) * (size_t)pairs) + 2 * align64(sizeof(float) * (size_t)(pairs * n_ff)) +
-           align64(sizeof(float) * (size_t)(pairs * n_embd)) + align64(down_act_bytes(down_type, n_ff, pairs)) + 64;
+           align64(sizeof(float) * (size_t)(pairs * n_embd)) + align64(down_act_bytes(down_type, n_ff, pairs)) +
+           align64(sizeof(float) * (size_t)(pairs * n_embd)) + 64;
 }
 
 void cpu_moe_scratch_init(struct moe_scratch *s, void *mem, int64_t n_tokens, int k, int64_t n_expert, int64_t n_embd,
@@ -33,6 +35,8 @@ void cpu_moe_scratch_init(struct moe_scratch *s, void *mem, int64_t n_tokens, in
     s->gate = (float *)p, p += align64(sizeof(float) * (size_t)(pairs * n_ff));
     s->up = (float *)p, p += align64(sizeof(float) * (size_t)(pairs * n_ff));
     s->down = (float *)p, p += align64(sizeof(float) * (size_t)(pairs * n_embd));
+    /* F32 activations are the widest format, so any gate/up activation rows fit. */
+    s->acts_grouped = p, p += align64(sizeof(float) * (size_t)(pairs * n_embd));
     s->act_buf = p;
 }
 
@@ -71,33 +75,47 @@ static int group_by_expert(const struct moe_routing *r, int64_t n_expert, struct
 
 struct moe_job {
     const struct cpu_matrix *a, *b; /* a: gate (or down), b: up (or NULL) */
-    const struct cpu_acts *acts;
-    bool acts_per_pair;             /* acts rows indexed by pair (down) or by token (gate/up) */
-    const struct moe_routing *routing;
+    const struct cpu_acts *acts;    /* one row per (token, slot) pair, in grouped order */
     struct moe_scratch *s;
     int n_active;
-    float *out_a, *out_b;           /* [pairs][a->n_rows] */
+    float *out_a, *out_b;           /* [pairs][a->n_rows], grouped order */
+    _Atomic int64_t next;           /* units claimed so far */
 };
 
+/* Rows r0..r1 of one expert for its grouped activation rows i0..i1: four rows at a time where
+ * the format has a four-token kernel (bit-identical to one at a time). */
+static void expert_rows(const struct cpu_matrix *m, const struct cpu_acts *acts, int32_t i0, int32_t i1, int64_t r0,
+                        int64_t r1, float *out) {
+    const uint8_t *w = m->data, *a = acts->data;
+    int32_t i = i0;
+    if (m->kernels->vec_dot4)
+        for (; i + 4 <= i1; i += 4)
+            for (int64_t r = r0; r < r1; r++) {
+                float four[4];
+                m->kernels->vec_dot4(m->n_cols, w + r * m->row_bytes, a + i * acts->row_bytes, acts->row_bytes, four);
+                for (int j = 0; j < 4; j++) out[(i + j) * m->n_rows + r] = four[j];
+            }
+    for (; i < i1; i++)
+        for (int64_t r = r0; r < r1; r++)
+            out[i * m->n_rows + r] = m->kernels->vec_dot(m->n_cols, w + r * m->row_bytes, a + i * acts->row_bytes);
+}
+
+/* Units of (expert, block of rows), claimed one at a time: experts with many tokens take
+ * longer, so a static split would leave threads idle. */
 static void moe_worker(void *p, int thread, int n_threads) {
     struct moe_job *job = p;
+    (void)thread, (void)n_threads;
     const int64_t n_rows = job->a->n_rows, blocks = (n_rows + MOE_ROW_BLOCK - 1) / MOE_ROW_BLOCK;
-    int64_t begin, end;
-    threadpool_range(job->n_active * blocks, 1, thread, n_threads, &begin, &end);
-    for (int64_t unit = begin; unit < end; unit++) {
+    const int64_t total = job->n_active * blocks;
+    for (int64_t unit = atomic_fetch_add(&job->next, 1); unit < total; unit = atomic_fetch_add(&job->next, 1)) {
         const int32_t e = job->s->work[unit / blocks];
         const int64_t r0 = unit % blocks * MOE_ROW_BLOCK, r1 = r0 + MOE_ROW_BLOCK < n_rows ? r0 + MOE_ROW_BLOCK : n_rows;
+        const int32_t i0 = job->s->expert_start[e], i1 = job->s->expert_start[e + 1];
         const struct cpu_matrix ma = cpu_matrix_expert(job->a, e);
-        const struct cpu_matrix mb = job->b ? cpu_matrix_expert(job->b, e) : ma;
-        for (int32_t i = job->s->expert_start[e]; i < job->s->expert_start[e + 1]; i++) {
-            const int32_t pair = job->s->pairs[i];
-            const int64_t act_row = job->acts_per_pair ? pair : pair / job->routing->k;
-            const uint8_t *act = (const uint8_t *)job->acts->data + act_row * job->acts->row_bytes;
-            for (int64_t r = r0; r < r1; r++) {
-                job->out_a[pair * n_rows + r] = ma.kernels->vec_dot(ma.n_cols, (const uint8_t *)ma.data + r * ma.row_bytes, act);
-                if (job->b)
-                    job->out_b[pair * n_rows + r] = mb.kernels->vec_dot(mb.n_cols, (const uint8_t *)mb.data + r * mb.row_bytes, act);
-            }
+        expert_rows(&ma, job->acts, i0, i1, r0, r1, job->out_a);
+        if (job->b) {
+            const struct cpu_matrix mb = cpu_matrix_expert(job->b, e);
+            expert_rows(&mb, job->acts, i0, i1, r0, r1, job->out_b);
         }
     }
 }
@@ -107,20 +125,27 @@ void cpu_moe(struct threadpool *pool, const struct cpu_matrix *gate_exps, const 
              struct moe_scratch *s, float *out) {
     const int64_t pairs = routing->n_tokens * routing->k, n_ff = gate_exps->n_rows, n_embd = down_exps->n_rows;
     int n_active = group_by_expert(routing, down_exps->n_experts, s);
-    struct moe_job job = {gate_exps, up_exps, acts, false, routing, s, n_active, s->gate, s->up};
+    /* Each pair's token row, copied into grouped order so an expert's rows are contiguous. */
+    struct cpu_acts grouped = *acts;
+    grouped.data = s->acts_grouped;
+    grouped.n_tokens = pairs;
+    for (int64_t i = 0; i < pairs; i++)
+        memcpy((uint8_t *)grouped.data + i * acts->row_bytes,
+               (const uint8_t *)acts->data + (s->pairs[i] / routing->k) * acts->row_bytes, acts->row_bytes);
+    struct moe_job job = {gate_exps, up_exps, &grouped, s, n_active, s->gate, s->up, 0};
     threadpool_run(pool, moe_worker, &job);
     cpu_swiglu_parallel(pool, s->gate, s->up, s->gate, pairs * n_ff); /* rows are contiguous */
-    struct cpu_acts hidden;
+    struct cpu_acts hidden; /* grouped order too */
     cpu_quantize_acts(pool, down_exps, s->gate, pairs, s->act_buf, &hidden);
-    struct moe_job down_job = {down_exps, NULL, &hidden, true, routing, s, n_active, s->down, NULL};
+    struct moe_job down_job = {down_exps, NULL, &hidden, s, n_active, s->down, NULL, 0};
     threadpool_run(pool, moe_worker, &down_job);
-    for (int64_t t = 0; t < routing->n_tokens; t++) {
-        float *o = out + t * n_embd;
-        memset(o, 0, sizeof(float) * (size_t)n_embd);
-        for (int j = 0; j < routing->k; j++) {
-            const float w = routing->weights[t * routing->k + j];
-            const float *d = s->down + (t * routing->k + j) * n_embd;
-            for (int64_t i = 0; i < n_embd; i++) o[i] += w * d[i];
-        }
+    /* Weighted sum; a token's experts are added in expert order, whatever its batch. */
+    memset(out, 0, sizeof(float) * (size_t)(routing->n_tokens * n_embd));
+    for (int64_t i = 0; i < pairs; i++) {
+        const int32_t pair = s->pairs[i];
+        const float w = routing->weights[pair];
+        const float *d = s->down + i * n_embd;
+        float *o = out + (pair / routing->k) * n_embd;
+        for (int64_t c = 0; c < n_embd; c++) o[c] += w * d[c];
     }
 }

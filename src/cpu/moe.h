@@ -22,8 +22,9 @@ struct moe_scratch {
     int32_t *expert_count;  /* [n_expert] */
     int32_t *expert_start;  /* [n_expert + 1] */
     int32_t *pairs;         /* [n_tokens * k]: (token * k + slot), grouped by expert */
-    float *gate, *up;       /* [n_tokens * k][n_ff] */
-    float *down;            /* [n_tokens * k][n_embd] */
+    float *gate, *up;       /* [n_tokens * k][n_ff], in grouped order (expert by expert) */
+    float *down;            /* [n_tokens * k][n_embd], grouped order */
+    void *acts_grouped;     /* [n_tokens * k] gate/up activation rows in grouped order */
     void *act_buf;          /* quantized hidden rows for the down projection */
     int32_t *work;          /* [n_expert * 2]: the expert/row units threads share */
 };
