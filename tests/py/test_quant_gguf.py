@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES
 
-LIB_PATH = Path(os.environ.get("PSHARD_BUILD_DIR", "/work/main/build")) / "libpshard.so"
+LIB_PATH = Path(os.environ.get("PSHARD_BUILD_DIR", Path(__file__).resolve().parents[2] / "build")) / "libpshard.so"
 
 # type -> (name of the C kernels, byte offsets of f16 scale fields inside a block)
 TYPES = {

@@ -13,7 +13,7 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-BUILD_DIR = os.environ.get("PSHARD_BUILD_DIR", "/work/main/build")
+BUILD_DIR = os.environ.get("PSHARD_BUILD_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build"))
 SYNTH = os.path.join(BUILD_DIR, "gguf-synth")
 
 # The shapes as llama.cpp's files of the real models have them (see docs/gguf-synth.md).

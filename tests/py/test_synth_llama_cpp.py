@@ -11,7 +11,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 tokenizers = pytest.importorskip("tokenizers")
 gguf = pytest.importorskip("gguf")
 
-SYNTH = os.path.join(os.environ.get("PSHARD_BUILD_DIR", "/work/main/build"), "gguf-synth")
+SYNTH = os.path.join(os.environ.get("PSHARD_BUILD_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build")), "gguf-synth")
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
