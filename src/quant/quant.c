@@ -8,24 +8,18 @@
 
 /* One table entry: type T (kernel suffix t, block size), activation format A (quantizer a),
  * the variant, and the variant that supplies dequantization (not every variant has its own). */
-#define ENTRY(T, t, elems, A, a, impl, dq)   \
-    [QUANT_##T] = {QUANT_##T,                \
-                   QUANT_##A,                \
-                   IMPL_##impl,              \
-                   elems,                    \
-                   quant_dequant_##t##_##dq, \
-                   quant_act_##a##_##impl,   \
-                   quant_dot_##t##_##impl}
+#define ENTRY_WITH_DOT4(T, t, elems, A, a, impl, dq, dot4) \
+    [QUANT_##T] = {QUANT_##T,                                \
+                   QUANT_##A,                                \
+                   IMPL_##impl,                              \
+                   elems,                                    \
+                   quant_dequant_##t##_##dq,                 \
+                   quant_act_##a##_##impl,                   \
+                   quant_dot_##t##_##impl,                   \
+                   dot4}
+#define ENTRY(T, t, elems, A, a, impl, dq) ENTRY_WITH_DOT4(T, t, elems, A, a, impl, dq, NULL)
 /* An entry that also has a four-token dot product. */
-#define ENTRY4(T, t, elems, A, a, impl, dq)  \
-    [QUANT_##T] = {QUANT_##T,                \
-                   QUANT_##A,                \
-                   IMPL_##impl,              \
-                   elems,                    \
-                   quant_dequant_##t##_##dq, \
-                   quant_act_##a##_##impl,   \
-                   quant_dot_##t##_##impl,   \
-                   quant_dot4_##t##_##impl}
+#define ENTRY4(T, t, elems, A, a, impl, dq) ENTRY_WITH_DOT4(T, t, elems, A, a, impl, dq, quant_dot4_##t##_##impl)
 #define IMPL_ref QUANT_IMPL_REF
 #define IMPL_avx2 QUANT_IMPL_AVX2
 #define IMPL_avx512 QUANT_IMPL_AVX512
