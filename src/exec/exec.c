@@ -142,6 +142,8 @@ static pshard_status create(struct exec_ctx *ctx) {
     CORE_TRY(kv_cache_init(&ctx->kv, (int32_t)hp->n_layers, p->n_seq, p->n_ctx, (int64_t)hp->n_head_kv * hp->head_dim_k,
                            (int64_t)hp->n_head_kv * hp->head_dim_v, ctx->plan.any_cpu_attention));
     CORE_TRY(alloc_scratch(ctx));
+    ctx->next_pos = malloc(sizeof(int32_t) * (size_t)p->n_seq);
+    if (!ctx->next_pos) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
     if (ctx->plan.any_gpu) CORE_TRY(exec_gpu_create(ctx, &ctx->gpu));
     CORE_TRY(threadpool_create(p->n_threads, &ctx->pool));
     ctx->params.n_threads = threadpool_size(ctx->pool);
@@ -167,6 +169,7 @@ void exec_free(struct exec_ctx *ctx) {
     if (!ctx) return;
     exec_gpu_free(ctx->gpu);
     plan_free(&ctx->plan);
+    free(ctx->next_pos);
     threadpool_free(ctx->pool);
     free(ctx->scratch_mem);
     free(ctx->moe_mem);
@@ -181,6 +184,7 @@ static pshard_status validate(const struct exec_ctx *ctx, const struct exec_batc
     const struct exec_params *p = &ctx->params;
     if (b->n_tokens <= 0 || b->n_tokens > p->n_batch)
         return core_fail(PSHARD_ERR_INVALID_ARG, "a step carries 1 to %d tokens, not %d", p->n_batch, b->n_tokens);
+    memcpy(ctx->next_pos, ctx->kv.seq_len, sizeof(int32_t) * (size_t)p->n_seq);
     for (int32_t t = 0; t < b->n_tokens; t++) {
         if (b->tokens[t] < 0 || (uint32_t)b->tokens[t] >= ctx->model->hp.n_vocab)
             return core_fail(PSHARD_ERR_INVALID_ARG, "token id %d is outside the vocabulary (%u)", b->tokens[t],
@@ -188,8 +192,7 @@ static pshard_status validate(const struct exec_ctx *ctx, const struct exec_batc
         if (b->seq[t] < 0 || b->seq[t] >= p->n_seq)
             return core_fail(PSHARD_ERR_INVALID_ARG, "sequence %d is outside the %d slots", b->seq[t], p->n_seq);
         /* Expected position: the sequence's length plus its earlier tokens in this batch. */
-        int32_t expect = ctx->kv.seq_len[b->seq[t]];
-        for (int32_t u = 0; u < t; u++) expect += b->seq[u] == b->seq[t];
+        const int32_t expect = ctx->next_pos[b->seq[t]]++;
         if (b->pos[t] != expect)
             return core_fail(PSHARD_ERR_INVALID_ARG, "token %d of sequence %d has position %d, expected %d", t, b->seq[t],
                              b->pos[t], expect);

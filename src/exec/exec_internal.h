@@ -47,6 +47,7 @@ struct exec_ctx {
     void *moe_mem;
     struct exec_stats stats;
     struct plan plan;
+    int32_t *next_pos; /* [n_seq] validation scratch: the next position each sequence expects */
     struct exec_gpu *gpu; /* non-NULL: some shards run on the GPU */
 };
 
