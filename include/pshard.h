@@ -46,7 +46,8 @@ typedef struct pshard_params {
     int prefault;        /* read the weights into memory at load (with progress) rather than on first use */
     int gpu;             /* run every shard on the GPU, all weights resident in VRAM (plan gpu, no budget) */
     int64_t vram_budget; /* bytes of VRAM pshard may use (CUDA context excluded); 0: CPU only */
-    int plan;            /* 0 auto, 1 cpu, 2 gpu, 3 static (see src/plan/plan.h) */
+    int plan;            /* 0 auto, 1 cpu, 2 gpu, 3 static, 4 dynamic (see src/plan/plan.h) */
+    float stream_share;  /* dynamic plans: share of the non-resident experts streamed to the GPU (0: default 0.5) */
     pshard_progress_cb progress;
     void *progress_user;
 } pshard_params;
@@ -83,6 +84,8 @@ typedef struct pshard_gen_stats {
     double ttft_ms;           /* start of the call to the first generated token */
     double decode_ms;         /* the generated tokens after the first */
     uint64_t decode_weight_bytes; /* weight bytes read per decode step (mean) */
+    uint64_t decode_streamed_bytes; /* of those, bytes that crossed PCIe */
+    uint64_t prefill_streamed_bytes; /* weight bytes the prompt's steps moved over PCIe */
     int stopped_by_eog;       /* ended at an end-of-generation token */
 } pshard_gen_stats;
 
@@ -117,7 +120,8 @@ typedef struct pshard_info {
     int on_gpu;
     /* On the GPU: device memory outside the arena (CUDA context, cuBLAS) and the arena's parts. */
     uint64_t vram_context_bytes, vram_arena_bytes, vram_weight_bytes, vram_kv_bytes, vram_activation_bytes,
-        vram_work_bytes;
+        vram_work_bytes, vram_staging_bytes;
+    char plan[64]; /* the plan's families: "decode/prompt", e.g. "dynamic/gpu" */
 } pshard_info;
 void pshard_get_info(const pshard_ctx *ctx, pshard_info *info);
 

@@ -1,26 +1,38 @@
-/* The planner on the default model's shard list: families, budgets, priorities, errors. */
+/* The planner on the default model's shard list (dense) and on a tiny synthetic MoE: families,
+ * budgets, priorities, token tiers, per-expert placement, errors. */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "plan/plan.h"
 
-static struct gguf_file *file;
-static struct model model;
+static struct gguf_file *file, *moe_file;
+static struct model model, moe;
+static char moe_path[256];
 static const struct plan_gpu_costs costs = {100 << 20, 20 << 20, 10 << 20, 32 << 20};
-static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1};
+static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f};
 
 static int setup(void **state) {
     (void)state;
-    const char *path = getenv("PSHARD_DEFAULT_MODEL");
+    const char *path = getenv("PSHARD_DEFAULT_MODEL"), *build = getenv("PSHARD_BUILD_DIR");
     if (!path || gguf_open(path, &file) != PSHARD_OK || model_load(file, &model) != PSHARD_OK) {
         fprintf(stderr, "PSHARD_DEFAULT_MODEL must name the default model (%s)\n", pshard_last_error());
+        return -1;
+    }
+    snprintf(moe_path, sizeof moe_path, "/tmp/pshard-test-plan-%d.gguf", (int)getpid());
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s/gguf-synth' --shape tiny-moe --layers 6 -o '%s' > /dev/null", build ? build : ".",
+             moe_path);
+    if (system(cmd) != 0 || gguf_open(moe_path, &moe_file) != PSHARD_OK || model_load(moe_file, &moe) != PSHARD_OK) {
+        fprintf(stderr, "cannot make the tiny MoE with gguf-synth (PSHARD_BUILD_DIR)\n");
         return -1;
     }
     return 0;
@@ -30,13 +42,25 @@ static int teardown(void **state) {
     (void)state;
     model_free(&model);
     gguf_close(file);
+    model_free(&moe);
+    gguf_close(moe_file);
+    unlink(moe_path);
     return 0;
 }
 
 static uint64_t used(const struct plan *p) {
     const struct plan_budget *b = &p->budget;
-    return b->weights + b->kv + b->activations + b->work + b->blas;
+    return b->weights + b->kv + b->activations + b->work + b->blas + b->staging;
 }
+
+static uint64_t attention_and_kv(const struct model *m, int32_t n_ctx) {
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < m->n_shards; i++)
+        if (m->shards[i].kind == SHARD_ATTN) n += m->shards[i].weight_bytes + m->shards[i].kv_bytes_per_token * n_ctx;
+    return n;
+}
+
+static uint64_t fixed(void) { return costs.activations + costs.logits + costs.work + costs.blas; }
 
 static void test_budget_zero_is_cpu(void **state) {
     (void)state;
@@ -46,7 +70,10 @@ static void test_budget_zero_is_cpu(void **state) {
     assert_int_equal(p.family, PLAN_CPU);
     assert_false(p.any_gpu);
     assert_int_equal(used(&p), 0);
-    assert_true(p.host_bytes_per_token > 80000000);
+    for (int t = 0; t < PLAN_TIERS; t++) {
+        assert_false(p.tier[t].any_gpu);
+        assert_true(p.tier[t].host_bytes_per_token > 80000000);
+    }
     plan_free(&p);
 }
 
@@ -57,10 +84,14 @@ static void test_everything_fits_is_gpu(void **state) {
     r.vram_budget = (int64_t)4 << 30;
     assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
     assert_int_equal(p.family, PLAN_GPU);
-    assert_true(p.all_gpu);
+    for (int t = 0; t < PLAN_TIERS; t++) {
+        assert_true(p.tier[t].all_gpu);
+        assert_false(p.tier[t].ring);
+        assert_int_equal(p.tier[t].host_bytes_per_token + p.tier[t].pcie_bytes_per_token, 0);
+    }
     assert_int_equal(p.budget.total, (uint64_t)4 << 30); /* the arena is exactly the budget */
+    assert_int_equal(p.budget.staging, 0);
     assert_true(used(&p) <= p.budget.total);
-    assert_int_equal(p.host_bytes_per_token, 0);
     plan_free(&p);
     r.vram_budget = -1; /* no budget: what the plan needs */
     assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
@@ -72,21 +103,128 @@ static void test_static_fills_by_priority(void **state) {
     (void)state;
     struct plan p;
     struct plan_request r = base;
+    r.family = PLAN_STATIC;
     /* Room for the fixed buffers, every attention shard with its KV, and a little more. */
-    uint64_t attn = 0;
-    for (uint32_t i = 0; i < model.n_shards; i++)
-        if (model.shards[i].kind == SHARD_ATTN)
-            attn += model.shards[i].weight_bytes + model.shards[i].kv_bytes_per_token * 2048;
-    r.vram_budget = (int64_t)(costs.activations + costs.work + costs.blas + attn + (4 << 20));
+    r.vram_budget = (int64_t)(fixed() + attention_and_kv(&model, 2048) + (4 << 20));
     assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
     assert_int_equal(p.family, PLAN_STATIC);
     assert_true(used(&p) <= p.budget.total);
-    for (uint32_t i = 0; i < model.n_shards; i++) {
-        if (model.shards[i].kind == SHARD_ATTN) assert_int_equal(p.shard[i], PLACE_RESIDENT);
-        if (model.shards[i].kind == SHARD_HEAD) assert_int_equal(p.shard[i], PLACE_CPU); /* 30 MB: no room */
+    assert_int_equal(p.budget.staging, 0); /* static never streams through slots */
+    for (int t = 0; t < PLAN_TIERS; t++) {
+        const struct plan_tier *tier = &p.tier[t];
+        assert_int_equal(tier->family, PLAN_STATIC);
+        for (uint32_t i = 0; i < model.n_shards; i++) {
+            if (model.shards[i].kind == SHARD_ATTN) assert_int_equal(tier->shard[i], PLACE_RESIDENT);
+            if (model.shards[i].kind == SHARD_HEAD) assert_int_equal(tier->shard[i], PLACE_CPU); /* 30 MB: no room */
+            if (model.shards[i].kind == SHARD_FFN) assert_int_not_equal(tier->shard[i], PLACE_STREAMED);
+        }
+        assert_true(tier->any_gpu && !tier->all_gpu);
+        assert_true(tier->host_bytes_per_token > 0 && tier->gpu_bytes_per_token > 0);
+        assert_int_equal(tier->pcie_bytes_per_token, 0);
     }
-    assert_true(p.any_gpu && !p.all_gpu && !p.any_cpu_attention);
-    assert_true(p.host_bytes_per_token > 0 && p.gpu_bytes_per_token > 0);
+    assert_false(p.any_cpu_attention);
+    plan_free(&p);
+}
+
+/* gpu under a budget: every shard on the GPU, the rest streamed, prompts through the ring. */
+static void test_gpu_streams_what_does_not_fit(void **state) {
+    (void)state;
+    struct plan p;
+    struct plan_request r = base;
+    r.family = PLAN_GPU;
+    r.vram_budget = (int64_t)(fixed() + attention_and_kv(&model, 2048) + (8 << 20));
+    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_true(used(&p) <= p.budget.total);
+    assert_int_equal(p.n_slots, PLAN_STAGING_SLOTS);
+    assert_int_equal(p.budget.staging, (uint64_t)p.n_slots * p.slot_bytes);
+    for (uint32_t i = 0; i < model.n_shards; i++) /* the largest unit fits a slot */
+        if (model.shards[i].kind == SHARD_FFN || model.shards[i].kind == SHARD_ATTN)
+            assert_true(plan_unit_bytes(&model.shards[i], 0) <= p.slot_bytes);
+    int streamed = 0;
+    for (int t = 0; t < PLAN_TIERS; t++) {
+        const struct plan_tier *tier = &p.tier[t];
+        assert_true(tier->all_gpu);
+        assert_int_equal(tier->host_bytes_per_token, 0);
+        assert_true(tier->pcie_bytes_per_token > 0);
+        for (uint32_t i = 0; i < model.n_shards; i++) streamed += tier->shard[i] == PLACE_STREAMED;
+    }
+    assert_true(streamed > 0);
+    assert_false(p.tier[PLAN_TIER_DECODE].ring); /* decode steps read streamed weights in place */
+    assert_true(p.tier[PLAN_TIER_PROMPT].ring);
+    assert_int_equal(plan_tier_for(&p, 1), &p.tier[PLAN_TIER_DECODE]);
+    assert_int_equal(plan_tier_for(&p, PLAN_PROMPT_MIN_TOKENS - 1), &p.tier[PLAN_TIER_DECODE]);
+    assert_int_equal(plan_tier_for(&p, PLAN_PROMPT_MIN_TOKENS), &p.tier[PLAN_TIER_PROMPT]);
+    plan_free(&p);
+}
+
+/* auto on a dense model under a budget: static decode, streamed prompts, one resident set. */
+static void test_auto_tiers_share_the_resident_set(void **state) {
+    (void)state;
+    struct plan p;
+    struct plan_request r = base;
+    r.vram_budget = (int64_t)(fixed() + attention_and_kv(&model, 2048) + (24 << 20));
+    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(p.tier[PLAN_TIER_DECODE].family, PLAN_STATIC);
+    assert_int_equal(p.tier[PLAN_TIER_PROMPT].family, PLAN_GPU);
+    for (uint32_t i = 0; i < model.n_shards; i++) {
+        const bool a = p.tier[0].shard[i] == PLACE_RESIDENT, b = p.tier[1].shard[i] == PLACE_RESIDENT;
+        assert_int_equal(a, b);
+        if (model.shards[i].kind == SHARD_ATTN) /* where its KV is, in every tier */
+            assert_int_equal(p.tier[0].shard[i] != PLACE_CPU, p.kv_gpu[model.shards[i].layer]);
+    }
+    plan_free(&p);
+}
+
+/* Experts: resident evenly over the layers, the rest split by the stream share (dynamic) or on
+ * the CPU (static); the router stays resident. */
+static void test_moe_experts_by_range(void **state) {
+    (void)state;
+    struct plan_request r = base;
+    struct plan p;
+    const struct shard *m0 = NULL;
+    uint64_t shared = 0;
+    for (uint32_t i = 0; i < moe.n_shards; i++)
+        if (moe.shards[i].kind == SHARD_MOE) {
+            m0 = &moe.shards[i];
+            shared += m0->weight_bytes - (uint64_t)m0->n_expert * m0->expert_bytes;
+        }
+    assert_non_null(m0);
+    uint64_t everything = 0;
+    for (uint32_t i = 0; i < moe.n_shards; i++)
+        if (moe.shards[i].kind != SHARD_MOE && moe.shards[i].kind != SHARD_EMBED)
+            everything += moe.shards[i].weight_bytes + moe.shards[i].kv_bytes_per_token * 2048;
+    /* Room for 20 experts beyond the dense part, the routers and the staging slots (a piece is
+     * every expert of this tiny model): 6 layers get 3 or 4 each. */
+    uint64_t slot = plan_unit_bytes(m0, m0->n_expert);
+    for (uint32_t i = 0; i < moe.n_shards; i++)
+        if (moe.shards[i].kind == SHARD_ATTN && plan_unit_bytes(&moe.shards[i], 0) > slot)
+            slot = plan_unit_bytes(&moe.shards[i], 0);
+    r.family = PLAN_DYNAMIC;
+    r.stream_share = 0.25f;
+    r.vram_budget = (int64_t)(fixed() + everything + shared + 20 * m0->expert_bytes + PLAN_STAGING_SLOTS * slot + 4096);
+    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+    assert_true(p.budget.staging > 0);
+    uint32_t total = 0;
+    for (uint32_t l = 0; l < moe.hp.n_layers; l++) {
+        const uint32_t res = p.experts_resident[l];
+        total += res;
+        assert_true(res == 3 || res == 4 || res == 0);
+        const uint32_t dec = p.tier[PLAN_TIER_DECODE].experts_gpu[l];
+        assert_int_equal(dec, res + (uint32_t)lroundf(0.25f * (float)(m0->n_expert - res)));
+        assert_int_equal(p.tier[PLAN_TIER_PROMPT].experts_gpu[l], m0->n_expert); /* prompts stream the rest */
+    }
+    assert_true(total == 20);
+    assert_int_equal(p.slot_bytes, slot);
+    assert_false(p.tier[PLAN_TIER_DECODE].all_gpu);
+    assert_true(p.tier[PLAN_TIER_DECODE].host_bytes_per_token > 0 && p.tier[PLAN_TIER_DECODE].pcie_bytes_per_token > 0);
+    assert_true(used(&p) <= p.budget.total);
+    plan_free(&p);
+
+    r.family = PLAN_STATIC;
+    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+    for (uint32_t l = 0; l < moe.hp.n_layers; l++)
+        assert_int_equal(p.tier[PLAN_TIER_DECODE].experts_gpu[l], p.experts_resident[l]);
+    assert_int_equal(p.tier[PLAN_TIER_DECODE].pcie_bytes_per_token, 0);
     plan_free(&p);
 }
 
@@ -98,9 +236,9 @@ static void test_too_small_names_the_minimum(void **state) {
     assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_ERR_RANGE);
     assert_non_null(strstr(pshard_last_error(), "minimum"));
     r.family = PLAN_GPU;
-    r.vram_budget = 300 << 20;
+    r.vram_budget = 200 << 20;
     assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_ERR_RANGE);
-    assert_non_null(strstr(pshard_last_error(), "gpu plan needs"));
+    assert_non_null(strstr(pshard_last_error(), "gpu plan needs at least"));
 }
 
 static void test_parse(void **state) {
@@ -119,15 +257,17 @@ static void test_parse(void **state) {
     enum plan_family f;
     assert_int_equal(plan_parse_family("static", &f), PSHARD_OK);
     assert_int_equal(f, PLAN_STATIC);
-    assert_int_equal(plan_parse_family("dynamic", &f), PSHARD_ERR_UNSUPPORTED);
+    assert_int_equal(plan_parse_family("dynamic", &f), PSHARD_OK);
+    assert_int_equal(f, PLAN_DYNAMIC);
     assert_int_equal(plan_parse_family("fast", &f), PSHARD_ERR_INVALID_ARG);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_budget_zero_is_cpu),       cmocka_unit_test(test_everything_fits_is_gpu),
-        cmocka_unit_test(test_static_fills_by_priority), cmocka_unit_test(test_too_small_names_the_minimum),
-        cmocka_unit_test(test_parse),
+        cmocka_unit_test(test_budget_zero_is_cpu),          cmocka_unit_test(test_everything_fits_is_gpu),
+        cmocka_unit_test(test_static_fills_by_priority),    cmocka_unit_test(test_gpu_streams_what_does_not_fit),
+        cmocka_unit_test(test_auto_tiers_share_the_resident_set), cmocka_unit_test(test_moe_experts_by_range),
+        cmocka_unit_test(test_too_small_names_the_minimum), cmocka_unit_test(test_parse),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

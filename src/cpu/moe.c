@@ -53,12 +53,15 @@ void cpu_moe_route(float *logits, int64_t n_tokens, int64_t n_expert, int k, boo
     }
 }
 
+static bool computed_here(const struct moe_routing *r, int32_t e) { return !r->end || (e >= r->first && e < r->end); }
+
 /* Group (token, slot) pairs by expert: a counting sort. Returns the number of active experts,
- * listed in s->work. */
-static int group_by_expert(const struct moe_routing *r, int64_t n_expert, struct moe_scratch *s) {
+ * listed in s->work; *n_pairs is the number of pairs they take. */
+static int group_by_expert(const struct moe_routing *r, int64_t n_expert, struct moe_scratch *s, int64_t *n_pairs) {
     memset(s->expert_count, 0, sizeof(int32_t) * (size_t)n_expert);
     const int64_t pairs = r->n_tokens * r->k;
-    for (int64_t p = 0; p < pairs; p++) s->expert_count[r->ids[p]]++;
+    for (int64_t p = 0; p < pairs; p++)
+        if (computed_here(r, r->ids[p])) s->expert_count[r->ids[p]]++;
     int active = 0;
     s->expert_start[0] = 0;
     for (int64_t e = 0; e < n_expert; e++) {
@@ -68,8 +71,9 @@ static int group_by_expert(const struct moe_routing *r, int64_t n_expert, struct
     }
     for (int64_t p = 0; p < pairs; p++) {
         int32_t e = r->ids[p];
-        s->pairs[s->expert_start[e] + s->expert_count[e]++] = (int32_t)p;
+        if (computed_here(r, e)) s->pairs[s->expert_start[e] + s->expert_count[e]++] = (int32_t)p;
     }
+    *n_pairs = s->expert_start[n_expert];
     return active;
 }
 
@@ -123,8 +127,9 @@ static void moe_worker(void *p, int thread, int n_threads) {
 void cpu_moe(struct threadpool *pool, const struct cpu_matrix *gate_exps, const struct cpu_matrix *up_exps,
              const struct cpu_matrix *down_exps, const struct cpu_acts *acts, const struct moe_routing *routing,
              struct moe_scratch *s, float *out) {
-    const int64_t pairs = routing->n_tokens * routing->k, n_ff = gate_exps->n_rows, n_embd = down_exps->n_rows;
-    int n_active = group_by_expert(routing, down_exps->n_experts, s);
+    const int64_t n_ff = gate_exps->n_rows, n_embd = down_exps->n_rows;
+    int64_t pairs;
+    int n_active = group_by_expert(routing, down_exps->n_experts, s, &pairs);
     /* Each pair's token row, copied into grouped order so an expert's rows are contiguous. */
     struct cpu_acts grouped = *acts;
     grouped.data = s->acts_grouped;

@@ -15,6 +15,9 @@ struct moe_routing {
     int k;
     const int32_t *ids;
     const float *weights;
+    /* Only experts in [first, end) are computed here (end 0: all); the others' pairs are left
+     * out of the sum, for another device to add. */
+    int32_t first, end;
 };
 
 /* Scratch for cpu_moe, sized for a step of up to n_tokens tokens. */

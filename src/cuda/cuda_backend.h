@@ -158,10 +158,12 @@ struct cuda_pinned {
  * read-only registration first (needed for PROT_READ mappings), then a plain one. When both
  * fail: with `required`, an error saying why and what it costs; without, PSHARD_OK with
  * pinned = false (the caller may copy from pageable memory at a fifth of the speed).
- * Caution: on the H200 test machine (Firecracker VM, driver 580) registering a PROT_READ,
- * MAP_PRIVATE file mapping never returned, while anonymous memory registered at once; until that
- * is understood, stream weights from anonymous memory (cuda_host_alloc, or malloc + register). */
+ * Registered with cudaHostRegisterMapped, so kernels can also read the range in place
+ * (cuda_host_device_pointer). */
 pshard_status cuda_host_register(void *ptr, size_t bytes, bool required, struct cuda_pinned *out);
+/* The address kernels read a pinned or registered host byte through (zero-copy: each read
+ * crosses PCIe, so a kernel that reads its weights once streams them at close to copy speed). */
+pshard_status cuda_host_device_pointer(const void *host, const void **dev);
 /* Fresh pinned memory (cudaMallocHost). */
 pshard_status cuda_host_alloc(size_t bytes, struct cuda_pinned *out);
 /* Unregister or free, whichever applies; safe on a zeroed struct. */

@@ -97,6 +97,11 @@ pshard_status cuda_host_register(void *ptr, size_t bytes, bool required, struct 
     out->bytes = bytes;
     return required ? no_cuda() : PSHARD_OK; /* pageable memory is all there is */
 }
+pshard_status cuda_host_device_pointer(const void *host, const void **dev) {
+    (void)host;
+    *dev = NULL;
+    return no_cuda();
+}
 pshard_status cuda_host_alloc(size_t bytes, struct cuda_pinned *out) {
     (void)bytes;
     memset(out, 0, sizeof *out);

@@ -125,13 +125,13 @@ extern "C" pshard_status cuda_host_register(void *ptr, size_t bytes, bool requir
     out->base = (void *)begin;
     out->base_bytes = end - begin;
     /* Read-only first: a PROT_READ file mapping can only be registered that way. */
-    cudaError_t err = cudaHostRegister(out->base, out->base_bytes, cudaHostRegisterReadOnly | cudaHostRegisterPortable);
+    cudaError_t err = cudaHostRegister(out->base, out->base_bytes, cudaHostRegisterReadOnly | cudaHostRegisterPortable | cudaHostRegisterMapped);
     if (err == cudaSuccess) {
         out->pinned = out->read_only = true;
         return PSHARD_OK;
     }
     cudaGetLastError();
-    cudaError_t err2 = cudaHostRegister(out->base, out->base_bytes, cudaHostRegisterPortable);
+    cudaError_t err2 = cudaHostRegister(out->base, out->base_bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
     if (err2 == cudaSuccess) {
         out->pinned = true;
         return PSHARD_OK;
@@ -142,6 +142,19 @@ extern "C" pshard_status cuda_host_register(void *ptr, size_t bytes, bool requir
                      "cannot pin %.1f MiB of host memory at %p for GPU copies (read-only: %s; read-write: %s); "
                      "check the locked-memory limit (ulimit -l) or that the range is mapped",
                      out->base_bytes / 1048576.0, out->base, cudaGetErrorString(err), cudaGetErrorString(err2));
+}
+
+extern "C" pshard_status cuda_host_device_pointer(const void *host, const void **dev) {
+    void *p = NULL;
+    cudaError_t err = cudaHostGetDevicePointer(&p, (void *)host, 0);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        *dev = NULL;
+        return core_fail(PSHARD_ERR_INTERNAL, "host address %p is not readable by the GPU: %s", host,
+                         cudaGetErrorString(err));
+    }
+    *dev = p;
+    return PSHARD_OK;
 }
 
 extern "C" pshard_status cuda_host_alloc(size_t bytes, struct cuda_pinned *out) {

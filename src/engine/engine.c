@@ -40,7 +40,8 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
     struct gguf_str tpl = {NULL, 0};
     if (gguf_find(ctx->file, "tokenizer.chat_template")) CORE_TRY(gguf_get_str(ctx->file, "tokenizer.chat_template", &tpl));
     chat_template_detect(tpl.data, tpl.len, &ctx->chat);
-    struct exec_params ep = {p->n_ctx, p->n_batch, 1, p->n_threads, (enum plan_family)p->plan, p->vram_budget};
+    struct exec_params ep = {p->n_ctx, p->n_batch, 1, p->n_threads, (enum plan_family)p->plan, p->vram_budget,
+                             p->stream_share};
     if (p->gpu) ep.plan = PLAN_GPU, ep.vram_budget = -1;
     if (ep.n_ctx <= 0) {
         ep.n_ctx = 4096;
@@ -103,6 +104,9 @@ void pshard_get_info(const pshard_ctx *ctx, pshard_info *info) {
     info->n_layers = (int32_t)ctx->model.hp.n_layers;
     for (uint64_t i = 0; i < gguf_tensor_count(ctx->file); i++) info->weight_bytes += gguf_tensor_at(ctx->file, i)->n_bytes;
     info->kv_bytes = exec_kv_bytes(ctx->exec);
+    const struct plan *plan = exec_get_plan(ctx->exec);
+    snprintf(info->plan, sizeof info->plan, "%s/%s", plan_family_name(plan->tier[PLAN_TIER_DECODE].family),
+             plan_family_name(plan->tier[PLAN_TIER_PROMPT].family));
     const struct gpu_memory_report *vram = exec_gpu_memory(ctx->exec);
     if (vram) {
         info->on_gpu = 1;
@@ -112,5 +116,6 @@ void pshard_get_info(const pshard_ctx *ctx, pshard_info *info) {
         info->vram_kv_bytes = vram->kv_bytes;
         info->vram_activation_bytes = vram->activation_bytes;
         info->vram_work_bytes = vram->work_bytes;
+        info->vram_staging_bytes = vram->staging_bytes;
     }
 }

@@ -20,6 +20,7 @@ struct pshard_ctx {
     /* Tokens whose K/V sit in sequence 0, for prefix reuse across calls. */
     int32_t *cached;
     int32_t n_cached;
+    uint64_t prefill_streamed; /* weight bytes the last prompt moved over PCIe */
     int32_t *prompt; /* scratch for the prompt's tokens, n_ctx long */
     int32_t *batch_pos, *batch_seq;
     int8_t *batch_logits;

@@ -45,6 +45,7 @@ static pshard_status prefill(pshard_ctx *ctx, int32_t from, int32_t to) {
         }
         struct exec_batch b = {n, ctx->prompt + start, ctx->batch_pos, ctx->batch_seq, ctx->batch_logits};
         CORE_TRY(exec_step(ctx->exec, &b));
+        ctx->prefill_streamed += exec_last_stats(ctx->exec)->streamed_bytes;
         memcpy(ctx->cached + start, ctx->prompt + start, sizeof(int32_t) * (size_t)n);
         ctx->n_cached = start + n;
     }
@@ -79,7 +80,7 @@ static pshard_status decode_loop(struct generation *g, double t_start) {
     pshard_ctx *ctx = g->ctx;
     const int32_t n_ctx = ctx->params.n_ctx;
     double t_first = 0;
-    uint64_t bytes = 0;
+    uint64_t bytes = 0, streamed = 0;
     for (;;) {
         const int32_t token = sampler_sample(g->sampler, exec_logits(ctx->exec, 0));
         if (g->stats->n_generated == 0) {
@@ -103,6 +104,7 @@ static pshard_status decode_loop(struct generation *g, double t_start) {
         struct exec_batch b = {1, &token, &pos, ctx->batch_seq, NULL};
         CORE_TRY(exec_step(ctx->exec, &b));
         bytes += exec_last_stats(ctx->exec)->weight_bytes_read;
+        streamed += exec_last_stats(ctx->exec)->streamed_bytes;
         ctx->cached[ctx->n_cached++] = token;
     }
     const char *text;
@@ -111,6 +113,7 @@ static pshard_status decode_loop(struct generation *g, double t_start) {
     if (g->stats->n_generated > 1) {
         g->stats->decode_ms = core_now_ms() - t_first;
         g->stats->decode_weight_bytes = bytes / (uint64_t)(g->stats->n_generated - 1);
+        g->stats->decode_streamed_bytes = streamed / (uint64_t)(g->stats->n_generated - 1);
     }
     return PSHARD_OK;
 }
@@ -144,8 +147,10 @@ pshard_status pshard_generate(pshard_ctx *ctx, const char *prompt, const pshard_
     if (st == PSHARD_OK) st = tok_decoder_create(ctx->tok, 0, &g.decoder);
     if (st == PSHARD_OK) {
         for (int32_t i = 0; i < n_prompt; i++) sampler_accept(g.sampler, ctx->prompt[i]);
+        ctx->prefill_streamed = 0;
         st = prefill(ctx, keep, n_prompt);
         stats->prefill_ms = core_now_ms() - t_start;
+        stats->prefill_streamed_bytes = ctx->prefill_streamed;
     }
     if (st != PSHARD_OK) exec_truncate_seq(ctx->exec, 0, ctx->n_cached = 0); /* a failed step leaves no stale cells */
     else st = decode_loop(&g, t_start);

@@ -110,7 +110,8 @@ static pshard_status build_plan(const struct model *model, const struct model_we
             return core_fail(PSHARD_ERR_UNSUPPORTED, "no CUDA device: run on the CPU (budget 0 or --plan cpu)");
         CORE_TRY(exec_gpu_costs(model, w, p, &costs));
     }
-    struct plan_request req = {gpu_wanted ? p->plan : PLAN_CPU, p->vram_budget, p->n_ctx, p->n_batch, p->n_seq};
+    struct plan_request req = {gpu_wanted ? p->plan : PLAN_CPU, p->vram_budget, p->n_ctx, p->n_batch, p->n_seq,
+                               p->stream_share};
     return plan_build(model, &req, &costs, out);
 }
 
@@ -121,7 +122,7 @@ pshard_status exec_make_plan(const struct model *model, const struct exec_params
     pshard_status st = PSHARD_OK;
     if (params->plan != PLAN_CPU && params->vram_budget != 0) st = exec_gpu_costs(model, &w, params, &costs);
     struct plan_request req = {params->vram_budget == 0 ? PLAN_CPU : params->plan, params->vram_budget, params->n_ctx,
-                               params->n_batch, params->n_seq};
+                               params->n_batch, params->n_seq, params->stream_share};
     if (st == PSHARD_OK) st = plan_build(model, &req, &costs, out);
     model_weights_free(&w);
     return st;
@@ -206,7 +207,7 @@ static pshard_status validate(const struct exec_ctx *ctx, const struct exec_batc
 pshard_status exec_step(struct exec_ctx *ctx, const struct exec_batch *batch) {
     CORE_TRY(validate(ctx, batch));
     const struct model *model = ctx->model;
-    ctx->stats.weight_bytes_read = 0;
+    ctx->stats.weight_bytes_read = ctx->stats.streamed_bytes = 0;
     ctx->stats.n_outputs = 0;
     for (int32_t t = 0; t < batch->n_tokens; t++)
         if (batch->logits ? batch->logits[t] != 0 : t == batch->n_tokens - 1) ctx->s.out_rows[ctx->stats.n_outputs++] = t;

@@ -16,6 +16,7 @@ struct exec_params {
     int32_t n_threads; /* 0: all cores */
     enum plan_family plan;
     int64_t vram_budget; /* bytes; 0: CPU only; < 0: what the plan needs (gpu) */
+    float stream_share;  /* dynamic plans: share of the non-resident experts streamed (0: default) */
 };
 
 struct exec_batch {
@@ -29,6 +30,7 @@ struct exec_batch {
 /* What the last step did. */
 struct exec_stats {
     uint64_t weight_bytes_read; /* weight bytes the step touched (chosen experts only) */
+    uint64_t streamed_bytes;    /* of those, bytes that crossed PCIe (copied to a slot or read in place) */
     int32_t n_outputs;
 };
 

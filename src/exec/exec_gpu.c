@@ -65,7 +65,24 @@ static pshard_status vector(struct exec_gpu *g, const struct gguf_tensor *t, con
     return device_tensor(g, t, (const void **)out);
 }
 
-static pshard_status upload_attn(struct exec_gpu *g, const struct layer_weights *w, struct gpu_layer *l) {
+/* A matrix the GPU reads in place from the registered host mapping (a streamed shard). */
+static pshard_status host_matrix(const struct gguf_tensor *t, struct cuda_matrix *m) {
+    memset(m, 0, sizeof *m);
+    if (!t) return PSHARD_OK;
+    CORE_TRY(check_type(t));
+    const void *dev;
+    CORE_TRY(cuda_host_device_pointer(t->data, &dev));
+    *m = (struct cuda_matrix){(enum quant_type)t->type, dev, t->ne[0], t->ne[1], t->ne[2],
+                              quant_row_bytes((enum quant_type)t->type, t->ne[0])};
+    return PSHARD_OK;
+}
+
+/* A resident matrix (uploaded) or a streamed one (read from host memory). */
+static pshard_status bind_matrix(struct exec_gpu *g, const struct gguf_tensor *t, bool resident, struct cuda_matrix *m) {
+    return resident ? matrix(g, t, m) : host_matrix(t, m);
+}
+
+static pshard_status upload_attn(struct exec_gpu *g, const struct layer_weights *w, bool resident, struct gpu_layer *l) {
     CORE_TRY(vector(g, w->attn_norm, &l->attn_norm));
     CORE_TRY(vector(g, w->bq, &l->bq));
     CORE_TRY(vector(g, w->bk, &l->bk));
@@ -73,28 +90,54 @@ static pshard_status upload_attn(struct exec_gpu *g, const struct layer_weights 
     CORE_TRY(vector(g, w->bo, &l->bo));
     CORE_TRY(vector(g, w->q_norm, &l->q_norm));
     CORE_TRY(vector(g, w->k_norm, &l->k_norm));
-    CORE_TRY(matrix(g, w->wq, &l->wq));
-    CORE_TRY(matrix(g, w->wk, &l->wk));
-    CORE_TRY(matrix(g, w->wv, &l->wv));
-    return matrix(g, w->wo, &l->wo);
+    CORE_TRY(bind_matrix(g, w->wq, resident, &l->wq));
+    CORE_TRY(bind_matrix(g, w->wk, resident, &l->wk));
+    CORE_TRY(bind_matrix(g, w->wv, resident, &l->wv));
+    return bind_matrix(g, w->wo, resident, &l->wo);
+}
+
+/* The first r experts of a 3-D expert tensor, uploaded as one range (a 3-D matrix of r). */
+static pshard_status upload_experts(struct exec_gpu *g, const struct gguf_tensor *t, uint32_t r, struct cuda_matrix *m) {
+    CORE_TRY(check_type(t));
+    const size_t per = t->n_bytes / (size_t)t->ne[2];
+    void *dev;
+    CORE_TRY(cuda_arena_alloc(&g->arena, per * r, "weights", &dev));
+    CORE_TRY(upload(g, dev, t->data, per * r));
+    g->report.weight_bytes += align_up(per * r);
+    *m = (struct cuda_matrix){(enum quant_type)t->type, dev, t->ne[0], t->ne[1], r,
+                              quant_row_bytes((enum quant_type)t->type, t->ne[0])};
+    return PSHARD_OK;
 }
 
 static pshard_status upload_ffn(struct exec_gpu *g, const struct layer_weights *w, const struct model_hparams *hp,
-                                struct gpu_layer *l) {
+                                bool resident, uint32_t experts_resident, bool experts_streamed, struct gpu_layer *l) {
     CORE_TRY(vector(g, w->ffn_norm, &l->ffn_norm));
     CORE_TRY(vector(g, w->gate_inp_shexp, &l->gate_inp_shexp));
-    CORE_TRY(matrix(g, w->ffn_gate, &l->ffn_gate));
-    CORE_TRY(matrix(g, w->ffn_up, &l->ffn_up));
-    CORE_TRY(matrix(g, w->ffn_down, &l->ffn_down));
+    CORE_TRY(bind_matrix(g, w->ffn_gate, resident, &l->ffn_gate));
+    CORE_TRY(bind_matrix(g, w->ffn_up, resident, &l->ffn_up));
+    CORE_TRY(bind_matrix(g, w->ffn_down, resident, &l->ffn_down));
+    /* An MoE shard's router and shared expert are resident whenever the shard is on the GPU. */
     CORE_TRY(matrix(g, w->gate_inp, &l->gate_inp));
     CORE_TRY(matrix(g, w->gate_shexp, &l->gate_shexp));
     CORE_TRY(matrix(g, w->up_shexp, &l->up_shexp));
     CORE_TRY(matrix(g, w->down_shexp, &l->down_shexp));
     if (w->gate_exps) {
-        l->moe = (struct cuda_moe){.n_expert = (int)hp->n_expert, .k = (int)hp->n_expert_used};
-        CORE_TRY(matrix(g, w->gate_exps, &l->moe.gate));
-        CORE_TRY(matrix(g, w->up_exps, &l->moe.up));
-        CORE_TRY(matrix(g, w->down_exps, &l->moe.down));
+        const struct cuda_moe base = {.n_expert = (int)hp->n_expert, .k = (int)hp->n_expert_used};
+        l->moe = l->moe_host = base;
+        if (experts_resident == hp->n_expert) {
+            CORE_TRY(matrix(g, w->gate_exps, &l->moe.gate));
+            CORE_TRY(matrix(g, w->up_exps, &l->moe.up));
+            CORE_TRY(matrix(g, w->down_exps, &l->moe.down));
+        } else if (experts_resident) {
+            CORE_TRY(upload_experts(g, w->gate_exps, experts_resident, &l->moe.gate));
+            CORE_TRY(upload_experts(g, w->up_exps, experts_resident, &l->moe.up));
+            CORE_TRY(upload_experts(g, w->down_exps, experts_resident, &l->moe.down));
+        }
+        if (experts_streamed) {
+            CORE_TRY(host_matrix(w->gate_exps, &l->moe_host.gate));
+            CORE_TRY(host_matrix(w->up_exps, &l->moe_host.up));
+            CORE_TRY(host_matrix(w->down_exps, &l->moe_host.down));
+        }
     }
     return PSHARD_OK;
 }
@@ -148,7 +191,7 @@ static size_t activation_bytes(const struct model_hparams *hp, const struct exec
                             sizeof(int32_t) * B * k_used, f * B * (size_t)rope_dims, sizeof(int32_t) * B * 4};
     size_t total = 0;
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) total += align_up(parts[i]) + 2 * CUDA_ARENA_ALIGN;
-    *logits = align_up(f * B * hp->n_vocab);
+    *logits = align_up(f * (B < GPU_LOGIT_ROWS ? B : GPU_LOGIT_ROWS) * hp->n_vocab);
     return total;
 }
 
@@ -192,7 +235,8 @@ static pshard_status carve_activations(struct exec_gpu *g, const struct exec_ctx
     CORE_TRY(carve(g, f * B * k_used, "activations", (void **)&g->expert_weights));
     CORE_TRY(carve(g, sizeof(int32_t) * B * k_used, "activations", (void **)&g->expert_ids));
     CORE_TRY(carve(g, f * B * (size_t)ctx->w.rope.n_dims, "activations", (void **)&g->rope_cs));
-    if (head_on_gpu) CORE_TRY(carve(g, f * B * hp->n_vocab, "logits", (void **)&g->logits));
+    const size_t logit_rows = B < GPU_LOGIT_ROWS ? B : GPU_LOGIT_ROWS;
+    if (head_on_gpu) CORE_TRY(carve(g, f * logit_rows * hp->n_vocab, "logits", (void **)&g->logits));
     CORE_TRY(carve(g, sizeof(int32_t) * B * 4, "activations", (void **)&g->tokens));
     g->pos = g->tokens + B, g->seq = g->pos + B, g->out_rows = g->seq + B;
     g->report.activation_bytes = g->arena.used - before;
@@ -203,7 +247,7 @@ static pshard_status carve_kv(struct exec_gpu *g, const struct exec_ctx *ctx) {
     const struct kv_cache *kv = &ctx->kv;
     const size_t before = g->arena.used;
     for (int32_t il = 0; il < kv->n_layers; il++) {
-        if (ctx->plan.shard[1 + 2 * il] == PLACE_CPU) continue; /* this layer's attention and KV stay on the host */
+        if (!ctx->plan.kv_gpu[il]) continue; /* this layer's attention and KV stay on the host */
         struct cuda_kv_layer *l = &g->kv[il];
         l->seq_stride_k = (int64_t)kv->n_ctx * kv->k_width;
         l->seq_stride_v = (int64_t)kv->n_ctx * kv->v_width;
@@ -214,12 +258,107 @@ static pshard_status carve_kv(struct exec_gpu *g, const struct exec_ctx *ctx) {
     return PSHARD_OK;
 }
 
+/* Where a shard lives across the tiers: RESIDENT, STREAMED (in some tier) or CPU. */
+static enum placement shard_place(const struct plan *plan, uint32_t i) {
+    enum placement place = PLACE_CPU;
+    for (int t = 0; t < PLAN_TIERS; t++)
+        if (plan->tier[t].shard[i] != PLACE_CPU) place = plan->tier[t].shard[i];
+    return place;
+}
+
+static bool streams_experts(const struct plan *plan, int layer) {
+    for (int t = 0; t < PLAN_TIERS; t++)
+        if (plan->tier[t].experts_gpu[layer] > plan->experts_resident[layer]) return true;
+    return false;
+}
+
+static bool streams_anything(const struct plan *plan) {
+    for (uint32_t i = 0; i < plan->n_shards; i++)
+        if (shard_place(plan, i) == PLACE_STREAMED) return true;
+    return false;
+}
+
+/* Register the model file's mappings, so copies from them run at full speed and kernels can
+ * read them in place. */
+static pshard_status register_file(struct exec_gpu *g, const struct gguf_file *file) {
+    const uint32_t n = gguf_part_count(file);
+    g->registered = calloc(n, sizeof *g->registered);
+    if (!g->registered) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    for (uint32_t p = 0; p < n; p++) {
+        size_t size;
+        const void *base = gguf_part_image(file, p, &size);
+        CORE_TRY(cuda_host_register((void *)base, size, true, &g->registered[p]));
+        g->n_registered = p + 1;
+    }
+    return PSHARD_OK;
+}
+
+/* Expert masks of every MoE layer: the resident range, each tier's streamed range, and the
+ * staged pieces of the prompt tier. */
+static pshard_status make_masks(struct exec_gpu *g, const struct exec_ctx *ctx) {
+    const struct plan *plan = &ctx->plan;
+    const uint32_t E = plan->n_expert, L = plan->n_layers;
+    if (!E) return PSHARD_OK;
+    const uint32_t P = plan->piece_experts ? (E + plan->piece_experts - 1) / plan->piece_experts : 0;
+    const size_t per_layer = (size_t)E * (1 + PLAN_TIERS + P), bytes = per_layer * L;
+    uint8_t *host = calloc(bytes, 1);
+    if (!host) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    for (uint32_t l = 0; l < L; l++) {
+        uint8_t *m = host + l * per_layer;
+        const uint32_t r = plan->experts_resident[l];
+        for (uint32_t e = 0; e < r; e++) m[e] = 1;
+        for (int t = 0; t < PLAN_TIERS; t++)
+            for (uint32_t e = r; e < plan->tier[t].experts_gpu[l]; e++) m[(size_t)E * (1 + t) + e] = 1;
+        for (uint32_t p = 0; p < P; p++)
+            for (uint32_t e = r + p * plan->piece_experts; e < r + (p + 1) * plan->piece_experts && e < E; e++)
+                m[(size_t)E * (1 + PLAN_TIERS + p) + e] = 1;
+    }
+    pshard_status st = carve(g, bytes, "activations", (void **)&g->masks);
+    if (st == PSHARD_OK) st = upload(g, g->masks, host, bytes);
+    free(host);
+    CORE_TRY(st);
+    for (uint32_t l = 0; l < L; l++) {
+        const uint8_t *m = g->masks + l * per_layer;
+        g->layers[l].mask_resident = m;
+        for (int t = 0; t < PLAN_TIERS; t++) g->layers[l].mask_streamed[t] = m + (size_t)E * (1 + t);
+        g->layers[l].mask_pieces = m + (size_t)E * (1 + PLAN_TIERS);
+    }
+    return PSHARD_OK;
+}
+
+/* The staging ring and the prompt tier's units, in the order its step uses them. */
+static pshard_status make_ring(struct exec_gpu *g, const struct exec_ctx *ctx) {
+    const struct plan *plan = &ctx->plan;
+    const struct plan_tier *t = &plan->tier[PLAN_TIER_PROMPT];
+    if (!t->ring) return PSHARD_OK;
+    const struct model *model = ctx->model;
+    g->copy = cuda_ctx_copy_stream(g->cuda);
+    for (uint32_t s = 0; s < plan->n_slots; s++) {
+        CORE_TRY(carve(g, plan->slot_bytes, "staging", (void **)&g->slot[s]));
+        CORE_TRY(cuda_event_create(false, &g->filled[s]));
+        CORE_TRY(cuda_event_create(false, &g->freed[s]));
+    }
+    const uint32_t piece = plan->piece_experts ? plan->piece_experts : 1;
+    g->units = calloc((size_t)model->n_shards * (plan->n_expert / piece + 2), sizeof *g->units);
+    if (!g->units) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    for (uint32_t i = 0; i < model->n_shards; i++) {
+        const struct shard *s = &model->shards[i];
+        if (t->shard[i] != PLACE_STREAMED) continue;
+        if (s->kind == SHARD_ATTN || s->kind == SHARD_FFN) g->units[g->n_units++] = (struct ring_unit){i, 0, 0};
+        if (s->kind == SHARD_MOE)
+            for (uint32_t e = plan->experts_resident[s->layer]; e < t->experts_gpu[s->layer]; e += piece)
+                g->units[g->n_units++] = (struct ring_unit){i, e, e + piece < t->experts_gpu[s->layer] ? e + piece
+                                                                                                       : t->experts_gpu[s->layer]};
+    }
+    return PSHARD_OK;
+}
+
 static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
     const struct model *model = ctx->model;
     const struct model_hparams *hp = &model->hp;
     const struct plan *plan = &ctx->plan;
     CORE_TRY(cuda_ctx_create(0, &g->cuda));
-    g->no_graphs = getenv("PSHARD_NO_CUDA_GRAPHS") != NULL || !plan->all_gpu;
+    g->no_graphs = getenv("PSHARD_NO_CUDA_GRAPHS") != NULL;
     g->stream = cuda_ctx_compute_stream(g->cuda);
     g->report.context_bytes = cuda_ctx_info(g->cuda)->context_bytes + cuda_ctx_info(g->cuda)->blas_bytes;
     g->attn_shape = (struct cuda_attn_shape){(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k,
@@ -229,11 +368,20 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
     g->cap_uploaded = (uint32_t)gguf_tensor_count(model->file);
     g->uploaded = calloc(g->cap_uploaded ? g->cap_uploaded : 1, sizeof *g->uploaded);
     if (!g->layers || !g->kv || !g->uploaded) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
-    const size_t B = (size_t)ctx->params.n_batch, d = hp->n_embd;
+    const size_t B = (size_t)ctx->params.n_batch, d = hp->n_embd, k = hp->n_expert_used ? hp->n_expert_used : 1;
     CORE_TRY(cuda_host_alloc(UPLOAD_CHUNK_BYTES, &g->staging));
     CORE_TRY(cuda_host_alloc(sizeof(int32_t) * B * 4, &g->host_in));
     CORE_TRY(cuda_host_alloc(sizeof(float) * B * hp->n_vocab, &g->host_logits));
     CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_x)); /* activations crossing PCIe */
+    if (hp->n_expert) {
+        CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_xn));
+        CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_moe));
+        CORE_TRY(cuda_host_alloc((sizeof(int32_t) + sizeof(float)) * B * k, &g->host_route));
+        CORE_TRY(cuda_event_create(false, &g->route_ready));
+    }
+    bool streams = streams_anything(plan);
+    for (uint32_t l = 0; l < hp->n_layers; l++) streams |= streams_experts(plan, (int)l);
+    if (streams) CORE_TRY(register_file(g, model->file));
 
     /* The arena is exactly the plan's budget; the plan made sure its parts fit. */
     CORE_TRY(cuda_arena_create(&g->arena, plan->budget.total));
@@ -245,17 +393,26 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
     CORE_TRY(carve(g, g->work_bytes, "work", &g->work));
     g->report.work_bytes = g->work_bytes + CUDA_BLAS_WORKSPACE_BYTES;
     CORE_TRY(carve_kv(g, ctx));
-    CORE_TRY(carve_activations(g, ctx, plan->shard[model->n_shards - 1] != PLACE_CPU));
+    CORE_TRY(carve_activations(g, ctx, shard_place(plan, model->n_shards - 1) != PLACE_CPU));
+    CORE_TRY(make_masks(g, ctx));
+    CORE_TRY(make_ring(g, ctx));
+    g->report.staging_bytes = (uint64_t)plan->n_slots * plan->slot_bytes * (g->n_units > 0);
     for (uint32_t i = 0; i < model->n_shards; i++) {
         const struct shard *s = &model->shards[i];
-        if (plan->shard[i] == PLACE_CPU) continue;
+        const enum placement place = shard_place(plan, i);
+        const bool resident = place == PLACE_RESIDENT;
+        if (place == PLACE_CPU) continue;
         switch (s->kind) {
-        case SHARD_EMBED: CORE_TRY(matrix(g, ctx->w.token_embd, &g->token_embd)); break;
-        case SHARD_ATTN: CORE_TRY(upload_attn(g, &ctx->w.layers[s->layer], &g->layers[s->layer])); break;
+        case SHARD_EMBED: CORE_TRY(bind_matrix(g, ctx->w.token_embd, resident, &g->token_embd)); break;
+        case SHARD_ATTN: CORE_TRY(upload_attn(g, &ctx->w.layers[s->layer], resident, &g->layers[s->layer])); break;
         case SHARD_FFN:
-        case SHARD_MOE: CORE_TRY(upload_ffn(g, &ctx->w.layers[s->layer], hp, &g->layers[s->layer])); break;
+        case SHARD_MOE:
+            CORE_TRY(upload_ffn(g, &ctx->w.layers[s->layer], hp, resident || s->kind == SHARD_MOE,
+                                s->kind == SHARD_MOE ? plan->experts_resident[s->layer] : 0,
+                                s->kind == SHARD_MOE && streams_experts(plan, s->layer), &g->layers[s->layer]));
+            break;
         case SHARD_HEAD:
-            CORE_TRY(matrix(g, ctx->w.output, &g->output));
+            CORE_TRY(bind_matrix(g, ctx->w.output, resident, &g->output));
             CORE_TRY(vector(g, ctx->w.output_norm, &g->output_norm));
             break;
         case SHARD_KIND_COUNT: break;
@@ -285,7 +442,18 @@ void exec_gpu_free(struct exec_gpu *g) {
     cuda_pinned_release(&g->host_in);
     cuda_pinned_release(&g->host_logits);
     cuda_pinned_release(&g->host_x);
+    cuda_pinned_release(&g->host_xn);
+    cuda_pinned_release(&g->host_moe);
+    cuda_pinned_release(&g->host_route);
+    if (g->route_ready) cuda_event_destroy(g->route_ready);
+    for (int s = 0; s < PLAN_STAGING_SLOTS; s++) {
+        if (g->filled[s]) cuda_event_destroy(g->filled[s]);
+        if (g->freed[s]) cuda_event_destroy(g->freed[s]);
+    }
+    free(g->units);
     cuda_graph_destroy(g->decode_graph);
+    for (uint32_t p = 0; p < g->n_registered; p++) cuda_pinned_release(&g->registered[p]);
+    free(g->registered);
     if (g->cuda) cuda_ctx_destroy(g->cuda);
     free(g->layers);
     free(g->kv);

@@ -17,7 +17,7 @@ struct exec_batch;
 struct gpu_memory_report {
     uint64_t context_bytes; /* CUDA context + cuBLAS handle, outside the arena */
     uint64_t arena_bytes;
-    uint64_t weight_bytes, kv_bytes, activation_bytes, work_bytes;
+    uint64_t weight_bytes, kv_bytes, activation_bytes, work_bytes, staging_bytes;
 };
 
 struct exec_gpu;

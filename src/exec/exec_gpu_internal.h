@@ -7,12 +7,27 @@
 #include "exec/exec_gpu.h"
 #include "exec/exec_internal.h"
 
-/* A layer's device tensors. */
+/* A layer's device tensors. The matrices of a streamed shard point at its host memory, read
+ * in place over PCIe (zero-copy); steps that stage it bind a copy of this to a slot instead. */
 struct gpu_layer {
     const float *attn_norm, *ffn_norm, *bq, *bk, *bv, *bo, *q_norm, *k_norm, *gate_inp_shexp;
     struct cuda_matrix wq, wk, wv, wo, ffn_gate, ffn_up, ffn_down, gate_inp, gate_shexp, up_shexp, down_shexp;
-    struct cuda_moe moe;
+    struct cuda_moe moe;      /* the resident experts [0, r): a VRAM copy of that range */
+    struct cuda_moe moe_host; /* every expert, read in place from host memory */
+    const uint8_t *mask_resident;           /* [n_expert]: experts [0, r) */
+    const uint8_t *mask_streamed[PLAN_TIERS]; /* [n_expert]: [r, experts_gpu) of the tier */
+    const uint8_t *mask_pieces;             /* [n_pieces][n_expert]: the staged pieces */
 };
+
+/* What one staging slot receives: a dense shard's matrices, or experts [first, end) of an MoE
+ * shard. The prompt tier's units, in the order its step uses them. */
+struct ring_unit {
+    uint32_t shard;
+    uint32_t first, end;
+};
+
+/* Rows of logits the head computes at a time (its device buffer holds this many). */
+enum { GPU_LOGIT_ROWS = 16 };
 
 struct gpu_tensor {
     const struct gguf_tensor *tensor;
@@ -36,12 +51,25 @@ struct exec_gpu {
     int32_t *expert_ids, *tokens, *pos, *seq, *out_rows;
     void *work;
     size_t work_bytes;
-    /* pinned host buffers: uploads of the batch, the logits coming back, weight staging */
-    struct cuda_pinned host_in, host_logits, staging, host_x;
+    /* pinned host buffers: uploads of the batch, the logits coming back, weight staging, the
+     * residual stream crossing PCIe, and what the CPU's experts need and return */
+    struct cuda_pinned host_in, host_logits, staging, host_x, host_xn, host_route, host_moe;
+    cuda_event route_ready; /* the routing of the current MoE shard has reached host_route */
+    /* the model file's mappings, registered for streaming */
+    struct cuda_pinned *registered;
+    uint32_t n_registered;
+    uint8_t *masks; /* device expert masks of every layer */
+    /* the staging ring: slots in the arena, filled on the copy stream ahead of use */
+    cuda_stream copy;
+    uint8_t *slot[PLAN_STAGING_SLOTS];
+    cuda_event filled[PLAN_STAGING_SLOTS], freed[PLAN_STAGING_SLOTS];
+    bool slot_used[PLAN_STAGING_SLOTS];
+    struct ring_unit *units;
+    uint32_t n_units, next_fill, next_use;
     /* The single-token, one-output step captured as a graph on first use and replayed after;
      * weight bytes it reads, counted at capture. */
     cuda_graph decode_graph;
-    uint64_t decode_graph_bytes;
+    uint64_t decode_graph_bytes, decode_graph_streamed;
     bool no_graphs; /* PSHARD_NO_CUDA_GRAPHS set: launch kernel by kernel */
     bool capturing; /* enqueueing into a graph: arguments must hold for every replay */
 };

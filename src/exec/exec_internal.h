@@ -57,5 +57,9 @@ void shard_attn_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *ba
 void shard_ffn_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *batch);
 void shard_moe_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *batch);
 void shard_head_cpu(struct exec_ctx *ctx, const struct exec_batch *batch);
+/* The experts [first, end) of an MoE shard for routing decided elsewhere (the GPU), input
+ * ctx->s.xn: out [n][n_embd] = their weighted sum (the GPU adds the other experts). */
+void shard_moe_cpu_experts(struct exec_ctx *ctx, int layer, int64_t n, const int32_t *ids, const float *weights,
+                           int32_t first, int32_t end, float *out);
 
 #endif

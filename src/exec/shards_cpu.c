@@ -159,7 +159,7 @@ void shard_moe_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *bat
 
     struct cpu_acts acts;
     cpu_quantize_acts(ctx->pool, &lm->gate_exps, s->xn, n, s->acts, &acts);
-    struct moe_routing routing = {n, k, s->expert_ids, s->expert_weights};
+    struct moe_routing routing = {n, k, s->expert_ids, s->expert_weights, 0, 0};
     cpu_moe(ctx->pool, &lm->gate_exps, &lm->up_exps, &lm->down_exps, &acts, &routing, &s->moe, s->proj);
     /* Bytes: each distinct chosen expert once. */
     for (int64_t e = 0; e < hp->n_expert; e++)
@@ -182,6 +182,16 @@ void shard_moe_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *bat
         }
         cpu_add(s->x, s->proj, n * d);
     }
+}
+
+void shard_moe_cpu_experts(struct exec_ctx *ctx, int layer, int64_t n, const int32_t *ids, const float *weights,
+                           int32_t first, int32_t end, float *out) {
+    const struct layer_mats *lm = &ctx->mats[layer];
+    struct exec_scratch *s = &ctx->s;
+    struct cpu_acts acts;
+    cpu_quantize_acts(ctx->pool, &lm->gate_exps, s->xn, n, s->acts, &acts);
+    struct moe_routing routing = {n, (int)ctx->model->hp.n_expert_used, ids, weights, first, end};
+    cpu_moe(ctx->pool, &lm->gate_exps, &lm->up_exps, &lm->down_exps, &acts, &routing, &s->moe, out);
 }
 
 void shard_head_cpu(struct exec_ctx *ctx, const struct exec_batch *batch) {

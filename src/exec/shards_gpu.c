@@ -1,6 +1,12 @@
-/* One step with every shard on the GPU: the batch goes up, the shards run on the compute
- * stream in order (each reads and updates the residual stream g->x, as on the CPU), and the
- * logits of the outputs come back. The host waits once per step, for the logits. */
+/* One step following the plan's tier for its size: the batch goes up, GPU shards run on the
+ * compute stream in order (each reads and updates the residual stream g->x, as on the CPU),
+ * CPU shards on the thread pool with the residual stream crossing PCIe where the place changes,
+ * and the logits of the outputs come back. Streamed shards are read in place from host memory
+ * (small steps) or staged through the slot ring (prompt steps): the copy stream fills slot j
+ * while the compute stream works on slot j-1, each slot refilled only after the event its last
+ * reader recorded. MoE shards split their experts between VRAM, the stream and the CPU, the
+ * CPU's share computed while the GPU computes its own. An all-GPU step waits once, for the
+ * logits. */
 #include <string.h>
 
 #include "exec/exec_gpu_internal.h"
@@ -20,9 +26,9 @@ static pshard_status project(struct exec_ctx *ctx, struct exec_gpu *g, const str
     return PSHARD_OK;
 }
 
-static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il, const struct exec_batch *b) {
+static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il, const struct gpu_layer *l,
+                               const struct exec_batch *b) {
     const struct model_hparams *hp = &ctx->model->hp;
-    const struct gpu_layer *l = &g->layers[il];
     const int64_t n = b->n_tokens, d = hp->n_embd, q_width = (int64_t)hp->n_head * hp->head_dim_k;
     const int64_t k_width = ctx->kv.k_width, v_width = ctx->kv.v_width;
     cuda_stream s = g->stream;
@@ -67,38 +73,203 @@ static pshard_status swiglu_ffn(struct exec_ctx *ctx, struct exec_gpu *g, const 
     return project(ctx, g, down, g->gate, n, y);
 }
 
-static pshard_status ffn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il, const struct exec_batch *b) {
+static pshard_status ffn_shard(struct exec_ctx *ctx, struct exec_gpu *g, const struct gpu_layer *l,
+                              const struct exec_batch *b) {
     const struct model_hparams *hp = &ctx->model->hp;
-    const struct gpu_layer *l = &g->layers[il];
     const int64_t n = b->n_tokens, d = hp->n_embd;
     CORE_TRY(cuda_rmsnorm(g->x, l->ffn_norm, g->xn, n, d, hp->rms_eps, g->stream));
     CORE_TRY(swiglu_ffn(ctx, g, &l->ffn_gate, &l->ffn_up, &l->ffn_down, n, g->proj));
     return cuda_add(g->x, g->proj, n * d, g->stream);
 }
 
-static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il, const struct exec_batch *b) {
+/* ---- the staging ring */
+
+/* Copy unit j into its slot on the copy stream, once the compute that read the slot before is done. */
+static pshard_status ring_fill(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t j) {
+    const struct ring_unit *u = &g->units[j];
+    const struct shard *s = &ctx->model->shards[u->shard];
+    const struct layer_weights *w = &ctx->w.layers[s->layer];
+    const uint32_t slot = j % ctx->plan.n_slots;
+    if (g->slot_used[slot]) CORE_TRY(cuda_stream_wait(g->copy, g->freed[slot]));
+    const struct gguf_tensor *dense[] = {w->wq, w->wk, w->wv, w->wo, w->ffn_gate, w->ffn_up, w->ffn_down};
+    const struct gguf_tensor *experts[] = {w->gate_exps, w->up_exps, w->down_exps};
+    size_t at = 0;
+    if (s->kind == SHARD_MOE) {
+        for (int m = 0; m < 3; m++) {
+            const size_t per = experts[m]->n_bytes / (size_t)experts[m]->ne[2], bytes = per * (u->end - u->first);
+            CORE_TRY(cuda_copy_h2d(g->slot[slot] + at, (const uint8_t *)experts[m]->data + per * u->first, bytes, g->copy));
+            at += (bytes + CUDA_ARENA_ALIGN - 1) / CUDA_ARENA_ALIGN * CUDA_ARENA_ALIGN;
+        }
+    } else {
+        for (int m = s->kind == SHARD_ATTN ? 0 : 4; m < (s->kind == SHARD_ATTN ? 4 : 7); m++) {
+            if (!dense[m]) continue;
+            CORE_TRY(cuda_copy_h2d(g->slot[slot] + at, dense[m]->data, dense[m]->n_bytes, g->copy));
+            at += (dense[m]->n_bytes + CUDA_ARENA_ALIGN - 1) / CUDA_ARENA_ALIGN * CUDA_ARENA_ALIGN;
+        }
+    }
+    ctx->stats.streamed_bytes += at;
+    return cuda_event_record(g->filled[slot], g->copy);
+}
+
+static pshard_status ring_start(struct exec_ctx *ctx, struct exec_gpu *g) {
+    g->next_use = 0;
+    for (g->next_fill = 0; g->next_fill < g->n_units && g->next_fill < ctx->plan.n_slots; g->next_fill++)
+        CORE_TRY(ring_fill(ctx, g, g->next_fill));
+    return PSHARD_OK;
+}
+
+/* The next unit's slot, for the compute stream (which waits until it is filled). */
+static pshard_status ring_acquire(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t shard, uint32_t first,
+                                  uint8_t **slot) {
+    if (g->next_use >= g->n_units || g->units[g->next_use].shard != shard || g->units[g->next_use].first != first)
+        return core_fail(PSHARD_ERR_INTERNAL, "staging ring out of step at shard %u", shard);
+    const uint32_t k = g->next_use % ctx->plan.n_slots;
+    CORE_TRY(cuda_stream_wait(g->stream, g->filled[k]));
+    *slot = g->slot[k];
+    return PSHARD_OK;
+}
+
+/* The compute that reads the current unit is enqueued: free its slot and refill it. */
+static pshard_status ring_release(struct exec_ctx *ctx, struct exec_gpu *g) {
+    const uint32_t k = g->next_use % ctx->plan.n_slots;
+    CORE_TRY(cuda_event_record(g->freed[k], g->stream));
+    g->slot_used[k] = true;
+    g->next_use++;
+    if (g->next_fill < g->n_units) CORE_TRY(ring_fill(ctx, g, g->next_fill++));
+    return PSHARD_OK;
+}
+
+/* A copy of a layer's matrices bound to a slot (in the order ring_fill copies them). */
+static void bind_to_slot(struct gpu_layer *view, enum shard_kind kind, uint8_t *slot) {
+    struct cuda_matrix *attn[] = {&view->wq, &view->wk, &view->wv, &view->wo};
+    struct cuda_matrix *ffn[] = {&view->ffn_gate, &view->ffn_up, &view->ffn_down};
+    struct cuda_matrix **mats = kind == SHARD_ATTN ? attn : ffn;
+    const int n = kind == SHARD_ATTN ? 4 : 3;
+    size_t at = 0;
+    for (int m = 0; m < n; m++) {
+        if (!mats[m]->data) continue;
+        mats[m]->data = slot + at;
+        const size_t bytes = (size_t)mats[m]->n_rows * mats[m]->row_bytes;
+        at += (bytes + CUDA_ARENA_ALIGN - 1) / CUDA_ARENA_ALIGN * CUDA_ARENA_ALIGN;
+    }
+}
+
+/* A dense shard (attention or FFN) whose matrices are staged. */
+static pshard_status staged_dense(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t index, const struct shard *shard,
+                                  const struct exec_batch *b) {
+    uint8_t *slot;
+    CORE_TRY(ring_acquire(ctx, g, index, 0, &slot));
+    struct gpu_layer view = g->layers[shard->layer];
+    bind_to_slot(&view, shard->kind, slot);
+    if (shard->kind == SHARD_ATTN) CORE_TRY(attn_shard(ctx, g, shard->layer, &view, b));
+    else CORE_TRY(ffn_shard(ctx, g, &view, b));
+    return ring_release(ctx, g);
+}
+
+/* ---- mixture of experts */
+
+/* Experts [first, end) staged in a slot: a 3-D view whose expert e lands in the slot (the
+ * experts outside the range are masked and never read). */
+static struct cuda_matrix slot_experts(const struct cuda_matrix *m, uint8_t *at, uint32_t first) {
+    struct cuda_matrix v = *m;
+    v.data = (const void *)((uintptr_t)at - (uintptr_t)first * (uintptr_t)(m->n_rows * m->row_bytes));
+    return v;
+}
+
+static pshard_status staged_experts(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t index, int il, int64_t n,
+                                    uint32_t end) {
+    const struct gpu_layer *l = &g->layers[il];
+    const uint32_t piece = ctx->plan.piece_experts, r = ctx->plan.experts_resident[il];
+    for (uint32_t first = r; first < end; first += piece) {
+        uint8_t *slot;
+        CORE_TRY(ring_acquire(ctx, g, index, first, &slot));
+        const uint32_t count = g->units[g->next_use].end - first;
+        struct cuda_moe view = l->moe_host;
+        const struct cuda_matrix *src[] = {&l->moe_host.gate, &l->moe_host.up, &l->moe_host.down};
+        struct cuda_matrix *dst[] = {&view.gate, &view.up, &view.down};
+        size_t at = 0;
+        for (int m = 0; m < 3; m++) {
+            *dst[m] = slot_experts(src[m], slot + at, first);
+            const size_t bytes = (size_t)src[m]->n_rows * src[m]->row_bytes * count;
+            at += (bytes + CUDA_ARENA_ALIGN - 1) / CUDA_ARENA_ALIGN * CUDA_ARENA_ALIGN;
+        }
+        view.expert_mask = l->mask_pieces + (size_t)((first - r) / piece) * ctx->plan.n_expert;
+        CORE_TRY(cuda_moe_ffn(&view, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work, g->work_bytes,
+                              g->stream));
+        CORE_TRY(ring_release(ctx, g));
+    }
+    return PSHARD_OK;
+}
+
+/* The CPU's experts [first, n_expert): the routing and normalized input come down, the
+ * thread pool computes while the GPU works on its own experts, the sum goes back up. */
+static pshard_status cpu_experts_begin(struct exec_ctx *ctx, struct exec_gpu *g, int64_t n) {
+    const size_t k = ctx->model->hp.n_expert_used;
+    CORE_TRY(cuda_copy_d2h(g->host_xn.ptr, g->xn, sizeof(float) * (size_t)n * ctx->model->hp.n_embd, g->stream));
+    CORE_TRY(cuda_copy_d2h(g->host_route.ptr, g->expert_ids, sizeof(int32_t) * (size_t)n * k, g->stream));
+    CORE_TRY(cuda_copy_d2h((int32_t *)g->host_route.ptr + (size_t)n * k, g->expert_weights,
+                           sizeof(float) * (size_t)n * k, g->stream));
+    return cuda_event_record(g->route_ready, g->stream);
+}
+
+static pshard_status cpu_experts_end(struct exec_ctx *ctx, struct exec_gpu *g, int il, int64_t n, uint32_t first) {
+    const size_t k = ctx->model->hp.n_expert_used, bytes = sizeof(float) * (size_t)n * ctx->model->hp.n_embd;
+    CORE_TRY(cuda_event_sync(g->route_ready));
+    memcpy(ctx->s.xn, g->host_xn.ptr, bytes);
+    const int32_t *ids = g->host_route.ptr;
+    const float *weights = (const float *)(ids + (size_t)n * k);
+    shard_moe_cpu_experts(ctx, il, n, ids, weights, (int32_t)first, (int32_t)ctx->model->hp.n_expert, g->host_moe.ptr);
+    const struct shard *s = &ctx->model->shards[2 + 2 * il];
+    ctx->stats.weight_bytes_read += (uint64_t)n * k * s->expert_bytes * (s->n_expert - first) / s->n_expert;
+    CORE_TRY(cuda_copy_h2d(g->proj, g->host_moe.ptr, bytes, g->stream));
+    return cuda_add(g->x, g->proj, n * ctx->model->hp.n_embd, g->stream);
+}
+
+static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t index, int il,
+                               const struct plan_tier *tier, const struct exec_batch *b) {
     const struct model_hparams *hp = &ctx->model->hp;
     const struct gpu_layer *l = &g->layers[il];
+    const struct shard *shard = &ctx->model->shards[index];
     const int64_t n = b->n_tokens, d = hp->n_embd;
+    const uint32_t r = ctx->plan.experts_resident[il], on_gpu = tier->experts_gpu[il], E = hp->n_expert;
     cuda_stream s = g->stream;
     CORE_TRY(cuda_rmsnorm(g->x, l->ffn_norm, g->xn, n, d, hp->rms_eps, s));
     CORE_TRY(project(ctx, g, &l->gate_inp, g->xn, n, g->router));
-    CORE_TRY(cuda_moe_route(g->router, n, (int)hp->n_expert, (int)hp->n_expert_used, ctx->w.norm_expert_weights,
-                            g->expert_ids, g->expert_weights, s));
-    /* Experts add straight into the residual stream. The host does not see the routing, so
-     * the bytes count every expert a batch of this size can touch. */
-    CORE_TRY(cuda_moe_ffn(&l->moe, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work, g->work_bytes, s));
-    const int64_t touched = n * hp->n_expert_used < hp->n_expert ? n * hp->n_expert_used : hp->n_expert;
-    ctx->stats.weight_bytes_read += (uint64_t)touched * ctx->model->shards[2 + 2 * il].expert_bytes;
+    CORE_TRY(cuda_moe_route(g->router, n, (int)E, (int)hp->n_expert_used, ctx->w.norm_expert_weights, g->expert_ids,
+                            g->expert_weights, s));
+    if (on_gpu < E) CORE_TRY(cpu_experts_begin(ctx, g, n));
+    /* Experts add straight into the residual stream. The host does not see the GPU's routing,
+     * so the bytes count the experts a batch of this size touches on average. */
+    const uint64_t touched = (uint64_t)(n * hp->n_expert_used < E ? n * hp->n_expert_used : E);
+    if (r) {
+        struct cuda_moe resident = l->moe;
+        resident.expert_mask = r < E ? l->mask_resident : NULL;
+        CORE_TRY(cuda_moe_ffn(&resident, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work, g->work_bytes, s));
+        ctx->stats.weight_bytes_read += touched * shard->expert_bytes * r / E;
+    }
+    if (on_gpu > r) {
+        if (tier->ring) {
+            CORE_TRY(staged_experts(ctx, g, index, il, n, on_gpu));
+        } else {
+            struct cuda_moe streamed = l->moe_host;
+            streamed.expert_mask = l->mask_streamed[tier - ctx->plan.tier];
+            CORE_TRY(cuda_moe_ffn(&streamed, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work,
+                                  g->work_bytes, s));
+            ctx->stats.streamed_bytes += touched * shard->expert_bytes * (on_gpu - r) / E;
+        }
+        ctx->stats.weight_bytes_read += touched * shard->expert_bytes * (on_gpu - r) / E;
+    }
     if (l->gate_shexp.data) {
         if (l->gate_inp_shexp)
             return core_fail(PSHARD_ERR_UNSUPPORTED, "a gated shared expert is not supported on the GPU yet");
         CORE_TRY(swiglu_ffn(ctx, g, &l->gate_shexp, &l->up_shexp, &l->down_shexp, n, g->proj));
         CORE_TRY(cuda_add(g->x, g->proj, n * d, s));
     }
+    if (on_gpu < E) CORE_TRY(cpu_experts_end(ctx, g, il, n, on_gpu));
     return PSHARD_OK;
 }
 
+/* The head in chunks of GPU_LOGIT_ROWS outputs, each chunk's logits copied down as it is done. */
 static pshard_status head_shard(struct exec_ctx *ctx, struct exec_gpu *g) {
     const struct model_hparams *hp = &ctx->model->hp;
     const int64_t n_out = ctx->stats.n_outputs, d = hp->n_embd;
@@ -106,7 +277,13 @@ static pshard_status head_shard(struct exec_ctx *ctx, struct exec_gpu *g) {
     const struct cuda_matrix rows = {QUANT_F32, g->x, d, ctx->params.n_batch, 1, sizeof(float) * (size_t)d};
     CORE_TRY(cuda_get_rows(&rows, g->out_rows, n_out, g->proj, g->stream));
     CORE_TRY(cuda_rmsnorm(g->proj, g->output_norm, g->xn, n_out, d, hp->rms_eps, g->stream));
-    return project(ctx, g, &g->output, g->xn, n_out, g->logits);
+    for (int64_t c = 0; c < n_out; c += GPU_LOGIT_ROWS) {
+        const int64_t count = n_out - c < GPU_LOGIT_ROWS ? n_out - c : GPU_LOGIT_ROWS;
+        CORE_TRY(project(ctx, g, &g->output, g->xn + c * d, count, g->logits));
+        CORE_TRY(cuda_copy_d2h((float *)g->host_logits.ptr + c * (int64_t)hp->n_vocab, g->logits,
+                               sizeof(float) * (size_t)count * hp->n_vocab, g->stream));
+    }
+    return PSHARD_OK;
 }
 
 static pshard_status upload_batch(struct exec_ctx *ctx, struct exec_gpu *g, const struct exec_batch *b) {
@@ -119,16 +296,27 @@ static pshard_status upload_batch(struct exec_ctx *ctx, struct exec_gpu *g, cons
     return PSHARD_OK;
 }
 
-static pshard_status gpu_shard(struct exec_ctx *ctx, struct exec_gpu *g, const struct shard *shard,
+static pshard_status gpu_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t index, const struct plan_tier *tier,
                                const struct exec_batch *b) {
+    const struct shard *shard = &ctx->model->shards[index];
+    const bool staged = tier->ring && tier->shard[index] == PLACE_STREAMED;
+    const bool streamed = tier->shard[index] == PLACE_STREAMED;
     switch (shard->kind) {
     case SHARD_EMBED:
         ctx->stats.weight_bytes_read += (uint64_t)b->n_tokens * g->token_embd.row_bytes;
+        if (streamed) ctx->stats.streamed_bytes += (uint64_t)b->n_tokens * g->token_embd.row_bytes;
         return cuda_get_rows(&g->token_embd, g->tokens, b->n_tokens, g->x, g->stream);
-    case SHARD_ATTN: return attn_shard(ctx, g, shard->layer, b);
-    case SHARD_FFN: return ffn_shard(ctx, g, shard->layer, b);
-    case SHARD_MOE: return moe_shard(ctx, g, shard->layer, b);
-    case SHARD_HEAD: return ctx->stats.n_outputs ? head_shard(ctx, g) : PSHARD_OK;
+    case SHARD_ATTN:
+    case SHARD_FFN:
+        if (staged) return staged_dense(ctx, g, index, shard, b);
+        if (streamed) ctx->stats.streamed_bytes += plan_unit_bytes(shard, 0);
+        return shard->kind == SHARD_ATTN ? attn_shard(ctx, g, shard->layer, &g->layers[shard->layer], b)
+                                         : ffn_shard(ctx, g, &g->layers[shard->layer], b);
+    case SHARD_MOE: return moe_shard(ctx, g, index, shard->layer, tier, b);
+    case SHARD_HEAD:
+        if (!ctx->stats.n_outputs) return PSHARD_OK;
+        if (streamed) ctx->stats.streamed_bytes += (uint64_t)g->output.n_rows * g->output.row_bytes;
+        return head_shard(ctx, g);
     case SHARD_KIND_COUNT: break;
     }
     return PSHARD_OK;
@@ -143,16 +331,6 @@ static void cpu_shard(struct exec_ctx *ctx, const struct shard *shard, const str
     case SHARD_HEAD: if (ctx->stats.n_outputs) shard_head_cpu(ctx, b); break;
     case SHARD_KIND_COUNT: break;
     }
-}
-
-/* Everything an all-GPU step enqueues: the batch up, the shards, the logits down. */
-static pshard_status enqueue_step(struct exec_ctx *ctx, struct exec_gpu *g, const struct exec_batch *b) {
-    const struct model *model = ctx->model;
-    CORE_TRY(cuda_copy_h2d(g->tokens, g->host_in.ptr, 4 * (size_t)ctx->params.n_batch * sizeof(int32_t), g->stream));
-    for (uint32_t i = 0; i < model->n_shards; i++) CORE_TRY(gpu_shard(ctx, g, &model->shards[i], b));
-    const size_t logit_bytes = sizeof(float) * (size_t)ctx->stats.n_outputs * model->hp.n_vocab;
-    if (logit_bytes) CORE_TRY(cuda_copy_d2h(g->host_logits.ptr, g->logits, logit_bytes, g->stream));
-    return PSHARD_OK;
 }
 
 /* The residual stream [n_tokens][n_embd] crossing PCIe through the pinned buffer. */
@@ -170,57 +348,60 @@ static pshard_status x_to_host(struct exec_ctx *ctx, struct exec_gpu *g, int64_t
     return PSHARD_OK;
 }
 
-/* A plan that mixes places: each shard where the plan puts it, the activations following. */
-static pshard_status hybrid_step(struct exec_ctx *ctx, struct exec_gpu *g, const struct exec_batch *b) {
+/* Every shard where the tier puts it, the activations following; the logits of a GPU head are
+ * copied down by the head itself. Returns without waiting for the stream. */
+static pshard_status enqueue_step(struct exec_ctx *ctx, struct exec_gpu *g, const struct plan_tier *tier,
+                                  const struct exec_batch *b) {
     const struct model *model = ctx->model;
-    const struct plan *plan = &ctx->plan;
     CORE_TRY(cuda_copy_h2d(g->tokens, g->host_in.ptr, 4 * (size_t)ctx->params.n_batch * sizeof(int32_t), g->stream));
+    if (tier->ring) CORE_TRY(ring_start(ctx, g));
     bool x_on_gpu = false;
     for (uint32_t i = 0; i < model->n_shards; i++) {
         const struct shard *shard = &model->shards[i];
-        const bool on_gpu = plan->shard[i] != PLACE_CPU;
+        const bool on_gpu = tier->shard[i] != PLACE_CPU;
         if (on_gpu && !x_on_gpu && shard->kind != SHARD_EMBED) CORE_TRY(x_to_gpu(ctx, g, b->n_tokens));
         if (!on_gpu && x_on_gpu && shard->kind != SHARD_EMBED) CORE_TRY(x_to_host(ctx, g, b->n_tokens));
-        if (on_gpu) CORE_TRY(gpu_shard(ctx, g, shard, b));
+        if (on_gpu) CORE_TRY(gpu_shard(ctx, g, i, tier, b));
         else cpu_shard(ctx, shard, b);
         x_on_gpu = on_gpu;
     }
-    const size_t logit_bytes = sizeof(float) * (size_t)ctx->stats.n_outputs * model->hp.n_vocab;
-    if (x_on_gpu && logit_bytes) CORE_TRY(cuda_copy_d2h(g->host_logits.ptr, g->logits, logit_bytes, g->stream));
-    CORE_TRY(cuda_stream_sync(g->stream));
-    if (x_on_gpu) memcpy(ctx->s.logits, g->host_logits.ptr, logit_bytes);
     return PSHARD_OK;
 }
 
-/* A decode step (one token, one output) is captured once and replayed: the per-token inputs
- * travel through the pinned buffer its first copy reads. */
-static pshard_status replay_decode(struct exec_ctx *ctx, struct exec_gpu *g, const struct exec_batch *b) {
+/* A decode step of an all-GPU tier (one token, one output) is captured once and replayed: the
+ * per-token inputs travel through the pinned buffer its first copy reads. */
+static pshard_status replay_decode(struct exec_ctx *ctx, struct exec_gpu *g, const struct plan_tier *tier,
+                                   const struct exec_batch *b) {
     if (!g->decode_graph) {
-        const uint64_t before = ctx->stats.weight_bytes_read;
+        const struct exec_stats before = ctx->stats;
         g->capturing = true;
         CORE_TRY(cuda_graph_capture_begin(g->stream));
-        pshard_status st = enqueue_step(ctx, g, b);
+        pshard_status st = enqueue_step(ctx, g, tier, b);
         cuda_graph end_graph = NULL;
         pshard_status end = cuda_graph_capture_end(g->stream, &end_graph);
         g->capturing = false;
         CORE_TRY(st);
         CORE_TRY(end);
         g->decode_graph = end_graph;
-        g->decode_graph_bytes = ctx->stats.weight_bytes_read - before;
-        ctx->stats.weight_bytes_read = before;
+        g->decode_graph_bytes = ctx->stats.weight_bytes_read - before.weight_bytes_read;
+        g->decode_graph_streamed = ctx->stats.streamed_bytes - before.streamed_bytes;
+        ctx->stats = before;
     }
     ctx->stats.weight_bytes_read += g->decode_graph_bytes;
+    ctx->stats.streamed_bytes += g->decode_graph_streamed;
     return cuda_graph_launch(g->decode_graph, g->stream);
 }
 
 pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
     struct exec_gpu *g = ctx->gpu;
+    const struct plan_tier *tier = plan_tier_for(&ctx->plan, b->n_tokens);
     CORE_TRY(upload_batch(ctx, g, b));
-    if (!ctx->plan.all_gpu) return hybrid_step(ctx, g, b);
-    if (b->n_tokens == 1 && ctx->stats.n_outputs == 1 && !g->no_graphs) CORE_TRY(replay_decode(ctx, g, b));
-    else CORE_TRY(enqueue_step(ctx, g, b));
+    if (tier->all_gpu && !tier->ring && b->n_tokens == 1 && ctx->stats.n_outputs == 1 && !g->no_graphs)
+        CORE_TRY(replay_decode(ctx, g, tier, b));
+    else
+        CORE_TRY(enqueue_step(ctx, g, tier, b));
     CORE_TRY(cuda_stream_sync(g->stream));
-    const size_t logit_bytes = sizeof(float) * (size_t)ctx->stats.n_outputs * ctx->model->hp.n_vocab;
-    memcpy(ctx->s.logits, g->host_logits.ptr, logit_bytes);
+    if (tier->shard[ctx->model->n_shards - 1] != PLACE_CPU)
+        memcpy(ctx->s.logits, g->host_logits.ptr, sizeof(float) * (size_t)ctx->stats.n_outputs * ctx->model->hp.n_vocab);
     return PSHARD_OK;
 }

@@ -232,6 +232,13 @@ static const struct gguf_image *first(const struct gguf_file *file) { return &fi
 uint32_t gguf_version(const struct gguf_file *file) { return first(file)->version; }
 uint32_t gguf_alignment(const struct gguf_file *file) { return first(file)->alignment; }
 uint32_t gguf_part_count(const struct gguf_file *file) { return file->n_parts; }
+
+const void *gguf_part_image(const struct gguf_file *file, uint32_t index, size_t *size) {
+    *size = 0;
+    if (index >= file->n_parts) return NULL;
+    *size = file->parts[index].image.size;
+    return file->parts[index].image.base;
+}
 const char *gguf_path(const struct gguf_file *file) { return file->path; }
 
 uint64_t gguf_file_bytes(const struct gguf_file *file) {

@@ -82,6 +82,8 @@ void gguf_close(struct gguf_file *file);
 uint32_t gguf_version(const struct gguf_file *file);
 uint32_t gguf_alignment(const struct gguf_file *file);
 uint32_t gguf_part_count(const struct gguf_file *file);
+/* The bytes of part `index` as they are mapped (NULL, 0 when out of range). */
+const void *gguf_part_image(const struct gguf_file *file, uint32_t index, size_t *size);
 const char *gguf_path(const struct gguf_file *file);
 uint64_t gguf_file_bytes(const struct gguf_file *file); /* all parts together */
 

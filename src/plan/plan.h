@@ -1,7 +1,14 @@
-/* Plans: where every shard runs and what the VRAM budget holds. A shard is RESIDENT (its
- * weights live in VRAM for the plan's life), STREAMED (copied into a staging slot before use)
- * or CPU (computed by the thread pool from host memory); every layer's KV cache lives where its
- * attention runs. The executor follows a plan; `pshard plan` prints one. */
+/* Plans: where every shard, every MoE expert and every layer's KV cache lives, under a VRAM
+ * budget, for each token tier (decode steps and prompt steps may run differently).
+ *
+ * A shard is RESIDENT (its weights live in VRAM for the plan's life), STREAMED (the GPU
+ * computes it from host memory: small steps read the weights in place over PCIe, large steps
+ * copy them through a ring of staging slots ahead of the compute) or CPU (the thread pool
+ * computes it from host memory). An MoE shard on the GPU keeps its router and shared parts
+ * resident and places its experts by range: [0, experts_resident) in VRAM, [experts_resident,
+ * experts_gpu) streamed, [experts_gpu, n_expert) on the CPU, which computes them while the GPU
+ * computes its own. A layer's KV cache lives in VRAM when its attention runs on the GPU, which
+ * every tier agrees on. The executor follows a plan; `pshard plan` prints one. */
 #ifndef PLAN_PLAN_H
 #define PLAN_PLAN_H
 
@@ -14,36 +21,59 @@
 enum placement { PLACE_CPU, PLACE_RESIDENT, PLACE_STREAMED };
 
 enum plan_family {
-    PLAN_AUTO,   /* gpu when everything fits the budget, else static */
-    PLAN_CPU,    /* every shard on the CPU */
-    PLAN_GPU,    /* every shard on the GPU (what is not resident is streamed: not yet) */
-    PLAN_STATIC, /* by priority, attention (with its KV), head, dense FFN resident; the rest on the CPU */
+    PLAN_AUTO,    /* gpu when everything fits; else dynamic (MoE) or static (dense) for decode and
+                     gpu for prompts, when the budget holds the staging slots */
+    PLAN_CPU,     /* every shard on the CPU */
+    PLAN_GPU,     /* every shard on the GPU: resident by priority, the rest streamed */
+    PLAN_STATIC,  /* resident by priority, the rest on the CPU (attention follows its KV) */
+    PLAN_DYNAMIC, /* resident by priority; of the rest, MoE experts split between streaming and
+                     the CPU so both finish together; prompts stream everything */
 };
+enum { PLAN_FAMILY_COUNT = PLAN_DYNAMIC + 1 };
+
+/* Token tiers: a step with n new tokens runs the last tier whose min_tokens <= n. */
+enum { PLAN_TIER_DECODE, PLAN_TIER_PROMPT, PLAN_TIERS };
+enum { PLAN_PROMPT_MIN_TOKENS = 32, PLAN_STAGING_SLOTS = 2, PLAN_PIECE_MAX_BYTES = 64 << 20 };
 
 /* What the device arena holds, in bytes. total is the budget. */
 struct plan_budget {
-    uint64_t total, weights, kv, activations, work, blas, free;
+    uint64_t total, weights, kv, activations, work, blas, staging, free;
 };
 
 struct plan_request {
     enum plan_family family;
     int64_t vram_budget;  /* bytes; < 0: as much as the plan needs (gpu) */
     int32_t n_ctx, n_batch, n_seq;
+    float stream_share;   /* dynamic: share of the non-resident experts streamed (0: default) */
+};
+
+struct plan_tier {
+    enum plan_family family;
+    int32_t min_tokens;
+    enum placement *shard;   /* per shard of the model */
+    uint32_t *experts_gpu;   /* per layer (MoE shards on the GPU): experts below this run on the GPU */
+    bool any_gpu, all_gpu;   /* all_gpu: no shard and no expert on the CPU */
+    bool ring;               /* streamed shards are copied through the staging slots */
+    uint64_t host_bytes_per_token; /* weight bytes the CPU reads from host memory per decode token */
+    uint64_t pcie_bytes_per_token; /* weight bytes streamed over PCIe per decode token */
+    uint64_t gpu_bytes_per_token;  /* weight bytes the GPU reads from VRAM per decode token */
 };
 
 struct plan {
-    enum plan_family family; /* the family that was built (AUTO resolved) */
-    uint32_t n_shards;
-    enum placement *shard;   /* per shard of the model */
-    bool any_gpu, all_gpu, any_cpu_attention;
+    enum plan_family family;  /* what was asked, AUTO resolved to the decode tier's family */
+    uint32_t n_shards, n_layers, n_expert;
+    struct plan_tier tier[PLAN_TIERS];
+    bool *kv_gpu;              /* per layer: KV in VRAM (attention on the GPU in every tier) */
+    uint32_t *experts_resident; /* per layer */
+    uint32_t piece_experts;    /* experts per staged piece of an MoE shard */
+    uint32_t n_slots;
+    uint64_t slot_bytes;
+    bool any_gpu, any_cpu_attention;
     struct plan_budget budget;
-    uint64_t host_bytes_per_token; /* weight bytes CPU shards read per decode token */
-    uint64_t gpu_bytes_per_token;  /* weight bytes GPU shards read per decode token */
 };
 
-/* Size of the GPU-side buffers a plan needs besides weights and KV, for these shapes: one
- * token's activations (for n_batch), work buffers, cuBLAS's workspace. Filled by the
- * executor's GPU code (it knows the kernels); see exec_gpu_fixed_bytes. */
+/* Size of the GPU-side buffers a plan needs besides weights and KV, for these shapes. Filled
+ * by the executor's GPU code (it knows the kernels); see exec_gpu_costs. */
 struct plan_gpu_costs {
     uint64_t activations, logits, work, blas; /* logits: only when the head is on the GPU */
 };
@@ -54,13 +84,21 @@ pshard_status plan_build(const struct model *model, const struct plan_request *r
                          struct plan *out);
 void plan_free(struct plan *plan);
 
+/* The tier a step of n new tokens runs. */
+static inline const struct plan_tier *plan_tier_for(const struct plan *p, int32_t n_tokens) {
+    return n_tokens >= p->tier[PLAN_TIER_PROMPT].min_tokens ? &p->tier[PLAN_TIER_PROMPT] : &p->tier[PLAN_TIER_DECODE];
+}
+
+/* Bytes of one staged unit: a dense shard's matrices, or a piece of an MoE shard's experts. */
+uint64_t plan_unit_bytes(const struct shard *s, uint32_t n_experts);
+
 /* Parse "2G", "2048M", "512K", "0", "1.5G" into bytes. */
 pshard_status plan_parse_size(const char *text, int64_t *bytes);
 pshard_status plan_parse_family(const char *text, enum plan_family *family);
 const char *plan_family_name(enum plan_family family);
 const char *placement_name(enum placement p);
 
-/* The plan as a table: per shard its place and bytes, then the budget. */
+/* The plan as a table: per shard its place in each tier and its bytes, then the budget. */
 void plan_print(const struct plan *plan, const struct model *model, FILE *out);
 
 #endif

@@ -66,7 +66,7 @@ static void reference_cpu(const struct experts *e, const float *x, const int32_t
     void *act_buf = dt_malloc(quant_act_row_bytes(g.kernels, e->n_embd) * (size_t)n_tokens);
     struct cpu_acts acts;
     cpu_quantize_acts(NULL, &g, x, n_tokens, act_buf, &acts);
-    const struct moe_routing r = {n_tokens, e->k, ids, w};
+    const struct moe_routing r = {n_tokens, e->k, ids, w, 0, 0};
     cpu_moe(pool, &g, &u, &dn, &acts, &r, &s, out);
     threadpool_free(pool);
     free(mem), free(act_buf);

@@ -10,7 +10,7 @@
 
 static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard eval [-m MODEL] (--tokens 1,2,3 | -p TEXT) -o LOGITS.f32 [-c N] [-b N] [-t N]\n"
-                 "       [--gpu | --vram-budget SIZE [--plan auto|cpu|gpu|static]]\n"
+                 "       [--gpu | --vram-budget SIZE [--plan auto|cpu|gpu|static|dynamic]]\n"
                  "  Writes float32 logits [n_tokens][n_vocab] of every position to the output file and prints\n"
                  "  the argmax of each position. -p tokenizes TEXT as `run --raw` does.\n");
 }

@@ -8,14 +8,17 @@
 #include "gguf/gguf.h"
 
 static void print_usage(FILE *out) {
-    fprintf(out, "usage: pshard plan [-m MODEL] --vram-budget SIZE [--plan auto|cpu|gpu|static] [-c CTX] [-b BATCH]\n"
-                 "  Prints each shard's place (RESIDENT in VRAM, or CPU), the VRAM breakdown and the weight\n"
-                 "  bytes each side reads per decode token. Nothing is loaded onto the GPU.\n");
+    fprintf(out, "usage: pshard plan [-m MODEL] --vram-budget SIZE [--plan auto|cpu|gpu|static|dynamic] [-c CTX]\n"
+                 "                   [-b BATCH] [--stream-share F]\n"
+                 "  Prints each shard's place in decode steps and in prompt steps (RESIDENT in VRAM,\n"
+                 "  STREAMED from host memory, or CPU; MoE experts per range), the VRAM breakdown and the\n"
+                 "  weight bytes read per decode token from host memory, over PCIe and from VRAM.\n"
+                 "  Nothing is loaded onto the GPU.\n");
 }
 
 int cmd_plan(int argc, char **argv) {
     const char *model_path = NULL;
-    struct exec_params p = {4096, 512, 1, 0, PLAN_AUTO, -1};
+    struct exec_params p = {4096, 512, 1, 0, PLAN_AUTO, -1, 0.0f};
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -27,6 +30,12 @@ int cmd_plan(int argc, char **argv) {
             if (plan_parse_size(argv[++i], &p.vram_budget) != PSHARD_OK) goto bad;
         } else if (!strcmp(argv[i], "--plan") && v) {
             if (plan_parse_family(argv[++i], &p.plan) != PSHARD_OK) goto bad;
+        } else if (!strcmp(argv[i], "--stream-share") && v) {
+            p.stream_share = (float)atof(argv[++i]);
+            if (!(p.stream_share >= 0 && p.stream_share <= 1)) {
+                fprintf(stderr, "pshard plan: --stream-share takes a number from 0 to 1\n");
+                return 2;
+            }
         } else if (!strcmp(argv[i], "-c") && v) {
             p.n_ctx = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "-b") && v) {

@@ -30,7 +30,11 @@ static void print_usage(FILE *out, const char *cmd) {
             "  --no-prefault           do not read the weights in at load (pages load on first use)\n"
             "  --gpu                   run every shard on the GPU, all weights in VRAM\n"
             "  --vram-budget SIZE      VRAM pshard may use (2G, 2048M; 0: CPU only); the CUDA context is\n"
-            "                          outside it. Shards are placed by the plan (--plan auto|cpu|gpu|static)\n"
+            "                          outside it. Shards are placed by the plan: --plan auto (default),\n"
+            "                          cpu, gpu (all on the GPU, streaming what is not resident), static\n"
+            "                          (the rest on the CPU), dynamic (MoE experts split between streaming\n"
+            "                          and the CPU)\n"
+            "  --stream-share F        dynamic plans: share of the non-resident experts streamed (0.5)\n"
             "  --ids                   print the generated token ids after the text\n"
             "  --ignore-eos            do not stop at end-of-generation tokens (for benchmarks)\n"
             "  -q, --quiet             no load progress and no speed report\n",
@@ -94,6 +98,7 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { if (NUM(1, 1 << 24)) return -1; o->params.n_ctx = (int32_t)x; }
         else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) { if (NUM(1, 65536)) return -1; o->params.n_batch = (int32_t)x; }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (NUM(1, 1024)) return -1; o->params.n_threads = (int32_t)x; }
+        else if (!strcmp(a, "--stream-share")) { if (NUM(0, 1)) return -1; o->params.stream_share = (float)x; }
         else if (!strcmp(a, "--temp")) { if (NUM(0, 100)) return -1; o->gen.sampling.temperature = (float)x; }
         else if (!strcmp(a, "--top-k")) { if (NUM(0, 1e9)) return -1; o->gen.sampling.top_k = (int32_t)x; }
         else if (!strcmp(a, "--top-p")) { if (NUM(1e-6, 1)) return -1; o->gen.sampling.top_p = (float)x; }
@@ -133,13 +138,18 @@ void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *s) {
     pshard_info info;
     pshard_get_info(ctx, &info);
     char bytes[32];
-    fprintf(stderr, "\nprompt: %d tokens (%d reused) in %.0f ms = %.1f tok/s; TTFT %.0f ms\n", s->n_prompt,
-            s->n_prompt_cached, s->prefill_ms, s->prefill_ms > 0 ? s->n_prompt * 1e3 / s->prefill_ms : 0.0, s->ttft_ms);
+    char streamed[32];
+    fprintf(stderr, "\nprompt: %d tokens (%d reused) in %.0f ms = %.1f tok/s; TTFT %.0f ms; %s of weights over PCIe\n",
+            s->n_prompt, s->n_prompt_cached, s->prefill_ms, s->prefill_ms > 0 ? s->n_prompt * 1e3 / s->prefill_ms : 0.0,
+            s->ttft_ms, cli_format_bytes(s->prefill_streamed_bytes, streamed, sizeof streamed));
     if (s->n_generated > 1 && s->decode_ms > 0) {
         const double tps = (s->n_generated - 1) * 1e3 / s->decode_ms;
-        fprintf(stderr, "decode: %d tokens at %.1f tok/s; %s of weights read per token = %.1f GB/s (%d threads)\n",
+        fprintf(stderr, "decode: %d tokens at %.1f tok/s; %s of weights read per token = %.1f GB/s (%d threads)",
                 s->n_generated, tps, cli_format_bytes(s->decode_weight_bytes, bytes, sizeof bytes),
                 s->decode_weight_bytes * tps / 1e9, info.n_threads);
+        if (s->decode_streamed_bytes)
+            fprintf(stderr, ", %s of them over PCIe", cli_format_bytes(s->decode_streamed_bytes, streamed, sizeof streamed));
+        fputc('\n', stderr);
     }
 }
 
@@ -158,11 +168,13 @@ pshard_ctx *run_open_model(struct run_opts *o) {
     pshard_info info;
     pshard_get_info(ctx, &info);
     if (!o->quiet && info.on_gpu) {
-        char a[32], b[32], c[32], d[32], e[32], f[32];
-        fprintf(stderr, "VRAM: arena %s = weights %s + KV %s + activations %s + work %s; CUDA context %s outside it\n",
+        char a[32], b[32], c[32], d[32], e[32], f[32], g[32];
+        fprintf(stderr, "VRAM: arena %s = weights %s + KV %s + activations %s + work %s + staging %s; CUDA context %s "
+                "outside it; plan %s\n",
                 cli_format_bytes(info.vram_arena_bytes, a, sizeof a), cli_format_bytes(info.vram_weight_bytes, b, sizeof b),
                 cli_format_bytes(info.vram_kv_bytes, c, sizeof c), cli_format_bytes(info.vram_activation_bytes, d, sizeof d),
-                cli_format_bytes(info.vram_work_bytes, e, sizeof e), cli_format_bytes(info.vram_context_bytes, f, sizeof f));
+                cli_format_bytes(info.vram_work_bytes, e, sizeof e), cli_format_bytes(info.vram_staging_bytes, g, sizeof g),
+                cli_format_bytes(info.vram_context_bytes, f, sizeof f), info.plan);
     }
     return ctx;
 }

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Every plan family at several VRAM budgets computes the CPU's function: on tiny synthetic dense
+and MoE models, logits at every position (decode steps of one token, which read streamed weights
+in place and split MoE experts between the GPU and the CPU; and prompt steps of 64 tokens, which
+stage streamed shards through the slot ring) stay within the CPU's rounding noise, and greedy
+continuations equal the CPU's up to numerical near-ties. The arena printed at load is exactly the
+budget. Exits 0 with a "skipped" line where no GPU exists.
+Usage: tests/device/test_plans.py BUILD_DIR"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_gpu_equivalence as eq  # noqa: E402  (shares BUILD, run, logits, check, near-tie rule)
+
+
+def minimum_mb(model, family):
+    proc = eq.run("plan", "-m", model, "--vram-budget", "1M", "--plan", family, "-c", "4096")
+    m = re.search(r"(?:minimum for this model and context is|needs at least) (\d+) MB", proc.stderr)
+    if not m:
+        raise SystemExit("no minimum in: " + proc.stderr)
+    return int(m.group(1))
+
+
+def plan_text(model, budget, family, extra):
+    return eq.run("plan", "-m", model, "--vram-budget", budget, "--plan", family, "-c", "4096", *extra).stdout
+
+
+def greedy(model, prompt, placement):
+    proc = eq.run("run", "-m", model, "--raw", "--temp", "0", "-n", "32", "--ignore-eos", "--ids", "-c", "4096",
+                  "-p", prompt, *placement)
+    if proc.returncode != 0:
+        raise SystemExit("pshard run failed: " + proc.stderr)
+    arena = re.search(r"VRAM: arena (\S+ \S+)", proc.stderr)
+    ids = [int(x) for x in [l for l in proc.stdout.splitlines() if l.startswith("ids:")][-1].split()[1:]]
+    return ids, arena.group(1) if arena else None
+
+
+def tokens_agree(model, label, placement, cpu_runs, tmp):
+    for prompt, cpu in cpu_runs.items():
+        ids, _ = greedy(model, prompt, placement)
+        step = next((i for i, (a, b) in enumerate(zip(cpu, ids)) if a != b), None)
+        if step is None:
+            eq.check(True, "%s, %r: greedy tokens equal the CPU's" % (label, prompt[:20]))
+            continue
+        l = eq.logits(model, eq.prompt_token_ids(model, prompt) + cpu[:step], False, 64, os.path.join(tmp, "b.f32"))[-1]
+        top2 = np.sort(l)[-2:]
+        eq.check(top2[1] - top2[0] < eq.NEAR_TIE, "%s, %r: parts from the CPU at step %d only at a near-tie (gap %.3f)"
+                 % (label, prompt[:20], step, top2[1] - top2[0]))
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        probe_model = os.path.join(tmp, "probe.gguf")
+        subprocess.run([os.path.join(eq.BUILD, "gguf-synth"), "--shape", "tiny-llama", "--layers", "1", "-o",
+                        probe_model, "--quiet"], check=True)
+        if "no CUDA device" in eq.run("run", "--raw", "-p", "x", "-n", "1", "--gpu", "-m", probe_model).stderr:
+            print("no CUDA device: skipped")
+            return 0
+        rng = np.random.default_rng(11)
+        prompts = ["The capital of France is", "1, 2, 3, 4, 5,"]
+        for shape, wtype in (("tiny-llama", "Q8_0"), ("tiny-moe", "Q8_0"), ("tiny-moe", "Q4_0")):
+            path = os.path.join(tmp, "%s-%s.gguf" % (shape, wtype))
+            subprocess.run([os.path.join(eq.BUILD, "gguf-synth"), "--shape", shape, "--type", wtype, "--seed", "4",
+                            "-o", path, "--quiet"], check=True)
+            tokens = rng.integers(0, 1000, 96).tolist()
+            cpu = eq.logits(path, tokens, False, 64, os.path.join(tmp, "c.f32"))
+            spread = cpu.std(axis=1, keepdims=True)
+            cpu_runs = {p: greedy(path, p, [])[0] for p in prompts}
+            configs = []
+            for family in ("gpu", "static", "dynamic", "auto"):
+                low = minimum_mb(path, family)
+                for budget in (low + 1, low + 3):
+                    configs.append((family, "%dM" % budget, []))
+            if shape == "tiny-moe":
+                low = minimum_mb(path, "dynamic")
+                configs += [("dynamic", "%dM" % (low + 1), ["--stream-share", share]) for share in ("0", "1")]
+            for family, budget, extra in configs:
+                label = "%s %s, plan %s at %s %s" % (shape, wtype, family, budget, " ".join(extra))
+                placement = ["--vram-budget", budget, "--plan", family, "-c", "4096", *extra]
+                text = plan_text(path, budget, family, extra)
+                print("     " + text.splitlines()[0] + " | " + text.splitlines()[-2][:150])
+                for batch in (1, 64):
+                    got = eq.logits(path, tokens, False, batch, os.path.join(tmp, "p.f32"), placement)
+                    rel = np.abs(got - cpu) / spread
+                    agree = (got.argmax(1) == cpu.argmax(1)).mean()
+                    print("     %s, batch %d: median %.2g, top-1 %.3f" % (label, batch, np.median(rel), agree))
+                    eq.check(np.isfinite(got).all() and np.median(rel) < 0.1 and agree >= 0.85,
+                             "%s: batch %d computes the CPU's function" % (label, batch))
+                tokens_agree(path, label, placement, cpu_runs, tmp)
+                _, arena = greedy(path, prompts[0], placement)
+                mb = float(budget[:-1]) * 1048576 / 1e6  # the load report prints decimal MB
+                eq.check(arena is not None and arena.split()[1] == "MB" and abs(float(arena.split()[0]) / mb - 1) < 0.01,
+                         "%s: the arena is the budget (%s)" % (label, arena))
+    print("%d failed" % len(eq.failures))
+    return 1 if eq.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
