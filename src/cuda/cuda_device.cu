@@ -18,7 +18,13 @@ pshard_status cuda_fail_blas(cublasStatus_t err, const char *expr, const char *f
                      line, expr, cublasGetStatusString(err));
 }
 
+/* Every kernel is loaded when the runtime starts, not at its first launch: lazily loaded
+ * modules would take device memory after the context was measured, outside the budget. A
+ * CUDA_MODULE_LOADING the user set is kept. */
+static void load_modules_eagerly(void) { setenv("CUDA_MODULE_LOADING", "EAGER", 0); }
+
 extern "C" int cuda_device_count(void) {
+    load_modules_eagerly();
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
         cudaGetLastError(); /* clear the sticky "no device" error */
@@ -108,6 +114,7 @@ extern "C" pshard_status cuda_ctx_create(int device, struct cuda_ctx **out) {
     else
         cudaGetLastError();
 
+    load_modules_eagerly();
     CTX_TRY(cudaSetDevice(device));
     CTX_TRY(cudaFree(0)); /* creates the primary context now, so it is measured here */
     {

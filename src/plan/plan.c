@@ -250,7 +250,8 @@ static pshard_status build(const struct model *m, const struct plan_request *req
     enum plan_family prompt = req->family == PLAN_AUTO ? PLAN_GPU : req->family;
     if (prompt == PLAN_DYNAMIC) prompt = PLAN_GPU;
     const bool wants_ring = prompt == PLAN_GPU;
-    uint64_t staging = wants_ring ? PLAN_STAGING_SLOTS * slot : 0;
+    const uint32_t n_slots = budget >= 16 * PLAN_STAGING_SLOTS * slot ? PLAN_STAGING_SLOTS : PLAN_MIN_SLOTS;
+    uint64_t staging = wants_ring ? n_slots * slot : 0;
     uint64_t kv_all = 0, attn_vectors = 0, moe_shared = 0, smallest_kv = UINT64_MAX;
     for (uint32_t i = 0; i < n; i++) {
         const struct shard *s = &m->shards[i];
@@ -266,7 +267,7 @@ static pshard_status build(const struct model *m, const struct plan_request *req
         if (budget < need)
             return core_fail(PSHARD_ERR_RANGE, "the gpu plan needs at least %.0f MB of VRAM for this model and context "
                              "(buffers, %u staging slots of %.0f MB, the KV cache); the budget is %.0f MB",
-                             need / 1048576.0 + 1, PLAN_STAGING_SLOTS, slot / 1048576.0, budget / 1048576.0);
+                             need / 1048576.0 + 1, n_slots, slot / 1048576.0, budget / 1048576.0);
     } else if (wants_ring && budget < fixed + staging + smallest_kv) {
         /* No room for the ring: prompts run like decode steps. */
         staging = 0;
@@ -279,7 +280,7 @@ static pshard_status build(const struct model *m, const struct plan_request *req
     set_tier(p, PLAN_TIER_DECODE, decode, 1);
     set_tier(p, PLAN_TIER_PROMPT, prompt, PLAN_PROMPT_MIN_TOKENS);
     p->family = decode;
-    if (staging) p->n_slots = PLAN_STAGING_SLOTS, p->slot_bytes = slot;
+    if (staging) p->n_slots = n_slots, p->slot_bytes = slot;
     p->budget.staging = staging;
 
     /* Resident set, by priority: every GPU shard's vectors (norms, biases: small), KV by layer,

@@ -33,7 +33,10 @@ enum { PLAN_FAMILY_COUNT = PLAN_DYNAMIC + 1 };
 
 /* Token tiers: a step with n new tokens runs the last tier whose min_tokens <= n. */
 enum { PLAN_TIER_DECODE, PLAN_TIER_PROMPT, PLAN_TIERS };
-enum { PLAN_PROMPT_MIN_TOKENS = 32, PLAN_STAGING_SLOTS = 2, PLAN_PIECE_MAX_BYTES = 64 << 20 };
+/* The staging ring: PLAN_STAGING_SLOTS slots where the budget is at least 16 slots' worth (a
+ * deeper ring absorbs uneven compute), else PLAN_MIN_SLOTS; an MoE shard is staged in pieces of
+ * at most PLAN_PIECE_MAX_BYTES of experts. */
+enum { PLAN_PROMPT_MIN_TOKENS = 32, PLAN_STAGING_SLOTS = 4, PLAN_MIN_SLOTS = 2, PLAN_PIECE_MAX_BYTES = 48 << 20 };
 
 /* What the device arena holds, in bytes. total is the budget. */
 struct plan_budget {

@@ -10,7 +10,8 @@
 
 static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard eval [-m MODEL] (--tokens 1,2,3 | -p TEXT) -o LOGITS.f32 [-c N] [-b N] [-t N]\n"
-                 "       [--gpu | --vram-budget SIZE [--plan auto|cpu|gpu|static|dynamic]]\n"
+                 "       [--gpu | --vram-budget SIZE [--plan auto|cpu|gpu|static|dynamic]\n"
+                 "       [--stream-share F]]\n"
                  "  Writes float32 logits [n_tokens][n_vocab] of every position to the output file and prints\n"
                  "  the argmax of each position. -p tokenizes TEXT as `run --raw` does.\n");
 }
@@ -70,6 +71,12 @@ int cmd_eval(int argc, char **argv) {
                 return 2;
             }
             params.plan = (int)f;
+        } else if (!strcmp(argv[i], "--stream-share") && v) {
+            params.stream_share = (float)atof(argv[++i]);
+            if (!(params.stream_share >= 0 && params.stream_share <= 1)) {
+                fprintf(stderr, "pshard eval: --stream-share takes a number from 0 to 1\n");
+                return 2;
+            }
         }
         else { print_usage(stderr); return 2; }
     }
