@@ -193,15 +193,15 @@ static void test_moe_experts_by_range(void **state) {
     for (uint32_t i = 0; i < moe.n_shards; i++)
         if (moe.shards[i].kind != SHARD_MOE && moe.shards[i].kind != SHARD_EMBED)
             everything += moe.shards[i].weight_bytes + moe.shards[i].kv_bytes_per_token * 2048;
-    /* Room for 20 experts beyond the dense part, the routers and the staging slots (a piece is
-     * every expert of this tiny model): 6 layers get 3 or 4 each. */
+    /* Room for 15 experts beyond the dense part, the routers and the staging slots (a piece is
+     * every expert of this tiny model): 6 layers get 2 or 3 each. */
     uint64_t slot = plan_unit_bytes(m0, m0->n_expert);
     for (uint32_t i = 0; i < moe.n_shards; i++)
         if (moe.shards[i].kind == SHARD_ATTN && plan_unit_bytes(&moe.shards[i], 0) > slot)
             slot = plan_unit_bytes(&moe.shards[i], 0);
     r.family = PLAN_DYNAMIC;
     r.stream_share = 0.25f;
-    r.vram_budget = (int64_t)(fixed() + everything + shared + 20 * m0->expert_bytes + PLAN_MIN_SLOTS * slot + 4096);
+    r.vram_budget = (int64_t)(fixed() + everything + shared + 15 * m0->expert_bytes + PLAN_MIN_SLOTS * slot + 4096);
     assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
     if (p.n_slots > PLAN_MIN_SLOTS) { /* a budget this size gets the deeper ring: give it the room */
         r.vram_budget += (int64_t)((p.n_slots - PLAN_MIN_SLOTS) * slot);
@@ -213,12 +213,12 @@ static void test_moe_experts_by_range(void **state) {
     for (uint32_t l = 0; l < moe.hp.n_layers; l++) {
         const uint32_t res = p.experts_resident[l];
         total += res;
-        assert_true(res == 3 || res == 4 || res == 0);
+        assert_true(res == 2 || res == 3);
         const uint32_t dec = p.tier[PLAN_TIER_DECODE].experts_gpu[l];
         assert_int_equal(dec, res + (uint32_t)lroundf(0.25f * (float)(m0->n_expert - res)));
         assert_int_equal(p.tier[PLAN_TIER_PROMPT].experts_gpu[l], m0->n_expert); /* prompts stream the rest */
     }
-    assert_true(total == 20);
+    assert_true(total == 15);
     assert_int_equal(p.slot_bytes, slot);
     assert_false(p.tier[PLAN_TIER_DECODE].all_gpu);
     assert_true(p.tier[PLAN_TIER_DECODE].host_bytes_per_token > 0 && p.tier[PLAN_TIER_DECODE].pcie_bytes_per_token > 0);
