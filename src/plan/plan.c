@@ -250,7 +250,7 @@ static pshard_status build(const struct model *m, const struct plan_request *req
     enum plan_family prompt = req->family == PLAN_AUTO ? PLAN_GPU : req->family;
     if (prompt == PLAN_DYNAMIC) prompt = PLAN_GPU;
     const bool wants_ring = prompt == PLAN_GPU;
-    const uint32_t n_slots = budget >= 16 * PLAN_STAGING_SLOTS * slot ? PLAN_STAGING_SLOTS : PLAN_MIN_SLOTS;
+    const uint32_t n_slots = budget >= 32 * PLAN_STAGING_SLOTS * slot ? PLAN_STAGING_SLOTS : PLAN_MIN_SLOTS;
     uint64_t staging = wants_ring ? n_slots * slot : 0;
     uint64_t kv_all = 0, attn_vectors = 0, moe_shared = 0, smallest_kv = UINT64_MAX;
     for (uint32_t i = 0; i < n; i++) {
@@ -325,6 +325,17 @@ static pshard_status build(const struct model *m, const struct plan_request *req
             p->experts_resident[s->layer] = (uint32_t)r;
             room.left -= r * s->expert_bytes;
         }
+    }
+    if (req->family == PLAN_AUTO && decode == PLAN_DYNAMIC) {
+        uint64_t streamed = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            const struct shard *s = &m->shards[i];
+            if (s->kind == SHARD_MOE && p->tier[0].shard[i] != PLACE_CPU)
+                streamed += (uint64_t)m->hp.n_expert_used * s->expert_bytes * (s->n_expert - p->experts_resident[s->layer]) /
+                            s->n_expert;
+            else if (s->kind == SHARD_MOE) streamed = UINT64_MAX / 2;
+        }
+        if (streamed <= PLAN_AUTO_STREAM_BYTES) set_tier(p, PLAN_TIER_DECODE, PLAN_GPU, 1), p->family = PLAN_GPU;
     }
     const struct shard *embed = &m->shards[0];
     if (embed->kind == SHARD_EMBED && take(&room, embed->weight_bytes))
