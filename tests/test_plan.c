@@ -265,6 +265,12 @@ static void test_parse(void **state) {
     assert_int_equal(plan_parse_family("dynamic", &f), PSHARD_OK);
     assert_int_equal(f, PLAN_DYNAMIC);
     assert_int_equal(plan_parse_family("fast", &f), PSHARD_ERR_INVALID_ARG);
+    float share;
+    assert_int_equal(plan_parse_share("0.25", &share), PSHARD_OK);
+    assert_true(share == 0.25f);
+    const char *bad_share[] = {"", "abc", "1.5", "-0.1", "0.5x", "nan"};
+    for (size_t i = 0; i < sizeof bad_share / sizeof bad_share[0]; i++)
+        assert_int_equal(plan_parse_share(bad_share[i], &share), PSHARD_ERR_INVALID_ARG);
 }
 
 int main(void) {

@@ -82,6 +82,9 @@ void cuda_ctx_set_gemm_path(struct cuda_ctx *ctx, enum cuda_gemm_path path);
 
 enum { CUDA_ARENA_ALIGN = 256, CUDA_ARENA_LOG = 128 };
 
+/* bytes rounded up to CUDA_ARENA_ALIGN (what an arena allocation or a slot entry takes). */
+static inline size_t cuda_align(size_t bytes) { return (bytes + CUDA_ARENA_ALIGN - 1) / CUDA_ARENA_ALIGN * CUDA_ARENA_ALIGN; }
+
 struct cuda_arena_entry {
     size_t offset, bytes;
     const char *what; /* a static string naming the use ("kv", "weights", "scratch") */

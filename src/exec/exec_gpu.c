@@ -9,7 +9,7 @@
 
 enum { UPLOAD_CHUNK_BYTES = 64 << 20 };
 
-static size_t align_up(size_t n) { return (n + CUDA_ARENA_ALIGN - 1) / CUDA_ARENA_ALIGN * CUDA_ARENA_ALIGN; }
+static size_t align_up(size_t n) { return cuda_align(n); }
 
 static pshard_status check_type(const struct gguf_tensor *t) {
     if (t && !cuda_type_supported((enum quant_type)t->type))
@@ -191,7 +191,7 @@ static size_t activation_bytes(const struct model_hparams *hp, const struct exec
                             sizeof(int32_t) * B * k_used, f * B * (size_t)rope_dims, sizeof(int32_t) * B * 4};
     size_t total = 0;
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) total += align_up(parts[i]) + 2 * CUDA_ARENA_ALIGN;
-    *logits = align_up(f * (B < GPU_LOGIT_ROWS ? B : GPU_LOGIT_ROWS) * hp->n_vocab);
+    *logits = align_up(f * gpu_logit_rows(p->n_batch) * hp->n_vocab);
     return total;
 }
 
@@ -235,8 +235,7 @@ static pshard_status carve_activations(struct exec_gpu *g, const struct exec_ctx
     CORE_TRY(carve(g, f * B * k_used, "activations", (void **)&g->expert_weights));
     CORE_TRY(carve(g, sizeof(int32_t) * B * k_used, "activations", (void **)&g->expert_ids));
     CORE_TRY(carve(g, f * B * (size_t)ctx->w.rope.n_dims, "activations", (void **)&g->rope_cs));
-    const size_t logit_rows = B < GPU_LOGIT_ROWS ? B : GPU_LOGIT_ROWS;
-    if (head_on_gpu) CORE_TRY(carve(g, f * logit_rows * hp->n_vocab, "logits", (void **)&g->logits));
+    if (head_on_gpu) CORE_TRY(carve(g, f * gpu_logit_rows(ctx->params.n_batch) * hp->n_vocab, "logits", (void **)&g->logits));
     CORE_TRY(carve(g, sizeof(int32_t) * B * 4, "activations", (void **)&g->tokens));
     g->pos = g->tokens + B, g->seq = g->pos + B, g->out_rows = g->seq + B;
     g->report.activation_bytes = g->arena.used - before;
@@ -258,23 +257,9 @@ static pshard_status carve_kv(struct exec_gpu *g, const struct exec_ctx *ctx) {
     return PSHARD_OK;
 }
 
-/* Where a shard lives across the tiers: RESIDENT, STREAMED (in some tier) or CPU. */
-static enum placement shard_place(const struct plan *plan, uint32_t i) {
-    enum placement place = PLACE_CPU;
-    for (int t = 0; t < PLAN_TIERS; t++)
-        if (plan->tier[t].shard[i] != PLACE_CPU) place = plan->tier[t].shard[i];
-    return place;
-}
-
-static bool streams_experts(const struct plan *plan, int layer) {
+static bool experts_streamed(const struct plan *plan, int layer) {
     for (int t = 0; t < PLAN_TIERS; t++)
         if (plan->tier[t].experts_gpu[layer] > plan->experts_resident[layer]) return true;
-    return false;
-}
-
-static bool streams_anything(const struct plan *plan) {
-    for (uint32_t i = 0; i < plan->n_shards; i++)
-        if (shard_place(plan, i) == PLACE_STREAMED) return true;
     return false;
 }
 
@@ -379,9 +364,7 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
         CORE_TRY(cuda_host_alloc((sizeof(int32_t) + sizeof(float)) * B * k, &g->host_route));
         CORE_TRY(cuda_event_create(false, &g->route_ready));
     }
-    bool streams = streams_anything(plan);
-    for (uint32_t l = 0; l < hp->n_layers; l++) streams |= streams_experts(plan, (int)l);
-    if (streams) CORE_TRY(register_file(g, model->file));
+    if (plan_streams(plan)) CORE_TRY(register_file(g, model->file));
 
     /* The arena is exactly the plan's budget; the plan made sure its parts fit. */
     CORE_TRY(cuda_arena_create(&g->arena, plan->budget.total));
@@ -393,13 +376,13 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
     CORE_TRY(carve(g, g->work_bytes, "work", &g->work));
     g->report.work_bytes = g->work_bytes + CUDA_BLAS_WORKSPACE_BYTES;
     CORE_TRY(carve_kv(g, ctx));
-    CORE_TRY(carve_activations(g, ctx, shard_place(plan, model->n_shards - 1) != PLACE_CPU));
+    CORE_TRY(carve_activations(g, ctx, plan_shard_place(plan, model->n_shards - 1) != PLACE_CPU));
     CORE_TRY(make_masks(g, ctx));
     CORE_TRY(make_ring(g, ctx));
     g->report.staging_bytes = (uint64_t)plan->n_slots * plan->slot_bytes * (g->n_units > 0);
     for (uint32_t i = 0; i < model->n_shards; i++) {
         const struct shard *s = &model->shards[i];
-        const enum placement place = shard_place(plan, i);
+        const enum placement place = plan_shard_place(plan, i);
         const bool resident = place == PLACE_RESIDENT;
         if (place == PLACE_CPU) continue;
         switch (s->kind) {
@@ -409,7 +392,7 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
         case SHARD_MOE:
             CORE_TRY(upload_ffn(g, &ctx->w.layers[s->layer], hp, resident || s->kind == SHARD_MOE,
                                 s->kind == SHARD_MOE ? plan->experts_resident[s->layer] : 0,
-                                s->kind == SHARD_MOE && streams_experts(plan, s->layer), &g->layers[s->layer]));
+                                s->kind == SHARD_MOE && experts_streamed(plan, s->layer), &g->layers[s->layer]));
             break;
         case SHARD_HEAD:
             CORE_TRY(bind_matrix(g, ctx->w.output, resident, &g->output));

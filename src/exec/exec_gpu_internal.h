@@ -28,6 +28,7 @@ struct ring_unit {
 
 /* Rows of logits the head computes at a time (its device buffer holds this many). */
 enum { GPU_LOGIT_ROWS = 16 };
+static inline size_t gpu_logit_rows(int32_t n_batch) { return n_batch < GPU_LOGIT_ROWS ? (size_t)n_batch : GPU_LOGIT_ROWS; }
 
 struct gpu_tensor {
     const struct gguf_tensor *tensor;

@@ -84,6 +84,34 @@ static pshard_status ffn_shard(struct exec_ctx *ctx, struct exec_gpu *g, const s
 
 /* ---- the staging ring */
 
+/* A staged dense shard's matrices in slot order, each at the next aligned offset: the layer's
+ * device views (to bind; mats may be NULL) and the tensors they come from (to copy). */
+static int dense_unit(struct gpu_layer *l, const struct layer_weights *w, enum shard_kind kind,
+                      struct cuda_matrix **mats, const struct gguf_tensor **tensors) {
+    struct cuda_matrix *attn[] = {&l->wq, &l->wk, &l->wv, &l->wo}, *ffn[] = {&l->ffn_gate, &l->ffn_up, &l->ffn_down};
+    const struct gguf_tensor *attn_t[] = {w->wq, w->wk, w->wv, w->wo}, *ffn_t[] = {w->ffn_gate, w->ffn_up, w->ffn_down};
+    const bool is_attn = kind == SHARD_ATTN;
+    int n = 0;
+    for (int m = 0; m < (is_attn ? 4 : 3); m++) {
+        if (!(is_attn ? attn_t : ffn_t)[m]) continue;
+        if (mats) mats[n] = (is_attn ? attn : ffn)[m];
+        tensors[n++] = (is_attn ? attn_t : ffn_t)[m];
+    }
+    return n;
+}
+
+/* An MoE piece's three expert tensors and the bytes of experts [first, end) of each. */
+static void expert_unit(const struct layer_weights *w, uint32_t first, uint32_t end, const struct gguf_tensor **tensors,
+                        size_t *offset, size_t *bytes) {
+    const struct gguf_tensor *t[] = {w->gate_exps, w->up_exps, w->down_exps};
+    for (int m = 0; m < 3; m++) {
+        const size_t per = t[m]->n_bytes / (size_t)t[m]->ne[2];
+        tensors[m] = t[m];
+        offset[m] = per * first;
+        bytes[m] = per * (end - first);
+    }
+}
+
 /* Copy unit j into its slot on the copy stream, once the compute that read the slot before is done. */
 static pshard_status ring_fill(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t j) {
     const struct ring_unit *u = &g->units[j];
@@ -91,21 +119,19 @@ static pshard_status ring_fill(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
     const struct layer_weights *w = &ctx->w.layers[s->layer];
     const uint32_t slot = j % ctx->plan.n_slots;
     if (g->slot_used[slot]) CORE_TRY(cuda_stream_wait(g->copy, g->freed[slot]));
-    const struct gguf_tensor *dense[] = {w->wq, w->wk, w->wv, w->wo, w->ffn_gate, w->ffn_up, w->ffn_down};
-    const struct gguf_tensor *experts[] = {w->gate_exps, w->up_exps, w->down_exps};
-    size_t at = 0;
+    const struct gguf_tensor *tensors[4];
+    size_t offset[4] = {0}, bytes[4];
+    int n = 3;
     if (s->kind == SHARD_MOE) {
-        for (int m = 0; m < 3; m++) {
-            const size_t per = experts[m]->n_bytes / (size_t)experts[m]->ne[2], bytes = per * (u->end - u->first);
-            CORE_TRY(cuda_copy_h2d(g->slot[slot] + at, (const uint8_t *)experts[m]->data + per * u->first, bytes, g->copy));
-            at += (bytes + CUDA_ARENA_ALIGN - 1) / CUDA_ARENA_ALIGN * CUDA_ARENA_ALIGN;
-        }
+        expert_unit(w, u->first, u->end, tensors, offset, bytes);
     } else {
-        for (int m = s->kind == SHARD_ATTN ? 0 : 4; m < (s->kind == SHARD_ATTN ? 4 : 7); m++) {
-            if (!dense[m]) continue;
-            CORE_TRY(cuda_copy_h2d(g->slot[slot] + at, dense[m]->data, dense[m]->n_bytes, g->copy));
-            at += (dense[m]->n_bytes + CUDA_ARENA_ALIGN - 1) / CUDA_ARENA_ALIGN * CUDA_ARENA_ALIGN;
-        }
+        n = dense_unit(&g->layers[s->layer], w, s->kind, NULL, tensors);
+        for (int m = 0; m < n; m++) bytes[m] = tensors[m]->n_bytes;
+    }
+    size_t at = 0;
+    for (int m = 0; m < n; m++) {
+        CORE_TRY(cuda_copy_h2d(g->slot[slot] + at, (const uint8_t *)tensors[m]->data + offset[m], bytes[m], g->copy));
+        at += cuda_align(bytes[m]);
     }
     ctx->stats.streamed_bytes += at;
     return cuda_event_record(g->filled[slot], g->copy);
@@ -139,28 +165,17 @@ static pshard_status ring_release(struct exec_ctx *ctx, struct exec_gpu *g) {
     return PSHARD_OK;
 }
 
-/* A copy of a layer's matrices bound to a slot (in the order ring_fill copies them). */
-static void bind_to_slot(struct gpu_layer *view, enum shard_kind kind, uint8_t *slot) {
-    struct cuda_matrix *attn[] = {&view->wq, &view->wk, &view->wv, &view->wo};
-    struct cuda_matrix *ffn[] = {&view->ffn_gate, &view->ffn_up, &view->ffn_down};
-    struct cuda_matrix **mats = kind == SHARD_ATTN ? attn : ffn;
-    const int n = kind == SHARD_ATTN ? 4 : 3;
-    size_t at = 0;
-    for (int m = 0; m < n; m++) {
-        if (!mats[m]->data) continue;
-        mats[m]->data = slot + at;
-        const size_t bytes = (size_t)mats[m]->n_rows * mats[m]->row_bytes;
-        at += (bytes + CUDA_ARENA_ALIGN - 1) / CUDA_ARENA_ALIGN * CUDA_ARENA_ALIGN;
-    }
-}
-
 /* A dense shard (attention or FFN) whose matrices are staged. */
 static pshard_status staged_dense(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t index, const struct shard *shard,
                                   const struct exec_batch *b) {
     uint8_t *slot;
     CORE_TRY(ring_acquire(ctx, g, index, 0, &slot));
     struct gpu_layer view = g->layers[shard->layer];
-    bind_to_slot(&view, shard->kind, slot);
+    struct cuda_matrix *mats[4];
+    const struct gguf_tensor *tensors[4];
+    const int n = dense_unit(&view, &ctx->w.layers[shard->layer], shard->kind, mats, tensors);
+    size_t at = 0;
+    for (int m = 0; m < n; at += cuda_align(tensors[m]->n_bytes), m++) mats[m]->data = slot + at;
     if (shard->kind == SHARD_ATTN) CORE_TRY(attn_shard(ctx, g, shard->layer, &view, b));
     else CORE_TRY(ffn_shard(ctx, g, &view, b));
     return ring_release(ctx, g);
@@ -168,14 +183,8 @@ static pshard_status staged_dense(struct exec_ctx *ctx, struct exec_gpu *g, uint
 
 /* ---- mixture of experts */
 
-/* Experts [first, end) staged in a slot: a 3-D view whose expert e lands in the slot (the
+/* Experts [first, end) staged in a slot: 3-D views whose expert e lands in the slot (the
  * experts outside the range are masked and never read). */
-static struct cuda_matrix slot_experts(const struct cuda_matrix *m, uint8_t *at, uint32_t first) {
-    struct cuda_matrix v = *m;
-    v.data = (const void *)((uintptr_t)at - (uintptr_t)first * (uintptr_t)(m->n_rows * m->row_bytes));
-    return v;
-}
-
 static pshard_status staged_experts(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t index, int il, int64_t n,
                                     uint32_t end) {
     const struct gpu_layer *l = &g->layers[il];
@@ -183,16 +192,14 @@ static pshard_status staged_experts(struct exec_ctx *ctx, struct exec_gpu *g, ui
     for (uint32_t first = r; first < end; first += piece) {
         uint8_t *slot;
         CORE_TRY(ring_acquire(ctx, g, index, first, &slot));
-        const uint32_t count = g->units[g->next_use].end - first;
+        const struct gguf_tensor *tensors[3];
+        size_t offset[3], bytes[3];
+        expert_unit(&ctx->w.layers[il], first, g->units[g->next_use].end, tensors, offset, bytes);
         struct cuda_moe view = l->moe_host;
-        const struct cuda_matrix *src[] = {&l->moe_host.gate, &l->moe_host.up, &l->moe_host.down};
-        struct cuda_matrix *dst[] = {&view.gate, &view.up, &view.down};
+        struct cuda_matrix *mats[] = {&view.gate, &view.up, &view.down};
         size_t at = 0;
-        for (int m = 0; m < 3; m++) {
-            *dst[m] = slot_experts(src[m], slot + at, first);
-            const size_t bytes = (size_t)src[m]->n_rows * src[m]->row_bytes * count;
-            at += (bytes + CUDA_ARENA_ALIGN - 1) / CUDA_ARENA_ALIGN * CUDA_ARENA_ALIGN;
-        }
+        for (int m = 0; m < 3; at += cuda_align(bytes[m]), m++)
+            mats[m]->data = (const void *)((uintptr_t)(slot + at) - (uintptr_t)offset[m]);
         view.expert_mask = l->mask_pieces + (size_t)((first - r) / piece) * ctx->plan.n_expert;
         CORE_TRY(cuda_moe_ffn(&view, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work, g->work_bytes,
                               g->stream));
@@ -212,14 +219,14 @@ static pshard_status cpu_experts_begin(struct exec_ctx *ctx, struct exec_gpu *g,
     return cuda_event_record(g->route_ready, g->stream);
 }
 
-static pshard_status cpu_experts_end(struct exec_ctx *ctx, struct exec_gpu *g, int il, int64_t n, uint32_t first) {
+static pshard_status cpu_experts_end(struct exec_ctx *ctx, struct exec_gpu *g, const struct shard *s, int64_t n,
+                                     uint32_t first) {
     const size_t k = ctx->model->hp.n_expert_used, bytes = sizeof(float) * (size_t)n * ctx->model->hp.n_embd;
     CORE_TRY(cuda_event_sync(g->route_ready));
     memcpy(ctx->s.xn, g->host_xn.ptr, bytes);
     const int32_t *ids = g->host_route.ptr;
     const float *weights = (const float *)(ids + (size_t)n * k);
-    shard_moe_cpu_experts(ctx, il, n, ids, weights, (int32_t)first, (int32_t)ctx->model->hp.n_expert, g->host_moe.ptr);
-    const struct shard *s = &ctx->model->shards[2 + 2 * il];
+    shard_moe_cpu_experts(ctx, s->layer, n, ids, weights, (int32_t)first, (int32_t)s->n_expert, g->host_moe.ptr);
     ctx->stats.weight_bytes_read += (uint64_t)n * k * s->expert_bytes * (s->n_expert - first) / s->n_expert;
     CORE_TRY(cuda_copy_h2d(g->proj, g->host_moe.ptr, bytes, g->stream));
     return cuda_add(g->x, g->proj, n * ctx->model->hp.n_embd, g->stream);
@@ -265,7 +272,7 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
         CORE_TRY(swiglu_ffn(ctx, g, &l->gate_shexp, &l->up_shexp, &l->down_shexp, n, g->proj));
         CORE_TRY(cuda_add(g->x, g->proj, n * d, s));
     }
-    if (on_gpu < E) CORE_TRY(cpu_experts_end(ctx, g, il, n, on_gpu));
+    if (on_gpu < E) CORE_TRY(cpu_experts_end(ctx, g, shard, n, on_gpu));
     return PSHARD_OK;
 }
 

@@ -41,6 +41,16 @@ pshard_status plan_parse_family(const char *text, enum plan_family *family) {
     return core_fail(PSHARD_ERR_INVALID_ARG, "unknown plan '%s' (cpu, gpu, static, dynamic or auto)", text);
 }
 
+pshard_status plan_parse_share(const char *text, float *share) {
+    char *end;
+    errno = 0;
+    const double value = strtod(text, &end);
+    if (end == text || *end || errno || !(value >= 0 && value <= 1))
+        return core_fail(PSHARD_ERR_INVALID_ARG, "'%s' is not a share (a number from 0 to 1)", text);
+    *share = (float)value;
+    return PSHARD_OK;
+}
+
 pshard_status plan_parse_size(const char *text, int64_t *bytes) {
     char *end;
     errno = 0;
@@ -122,6 +132,22 @@ static void tier_account(const struct model *m, const struct plan *p, struct pla
     }
 }
 
+enum placement plan_shard_place(const struct plan *p, uint32_t i) {
+    enum placement place = PLACE_CPU;
+    for (int t = 0; t < PLAN_TIERS; t++)
+        if (p->tier[t].shard[i] != PLACE_CPU) place = p->tier[t].shard[i];
+    return place;
+}
+
+bool plan_streams(const struct plan *p) {
+    for (uint32_t i = 0; i < p->n_shards; i++)
+        if (plan_shard_place(p, i) == PLACE_STREAMED) return true;
+    for (int t = 0; t < PLAN_TIERS; t++)
+        for (uint32_t l = 0; l < p->n_layers; l++)
+            if (p->tier[t].experts_gpu[l] > p->experts_resident[l]) return true;
+    return false;
+}
+
 /* Resident weights and KV of the plan (what its tiers keep in VRAM), then the rest. */
 static void account(const struct model *m, const struct plan_request *req, const struct plan_gpu_costs *costs,
                     struct plan *p) {
@@ -133,9 +159,7 @@ static void account(const struct model *m, const struct plan_request *req, const
     p->any_gpu = p->any_cpu_attention = false;
     for (uint32_t i = 0; i < m->n_shards; i++) {
         const struct shard *s = &m->shards[i];
-        enum placement place = PLACE_CPU;
-        for (int t = 0; t < PLAN_TIERS; t++)
-            if (p->tier[t].shard[i] != PLACE_CPU) place = p->tier[t].shard[i];
+        const enum placement place = plan_shard_place(p, i);
         const bool gpu = place != PLACE_CPU;
         p->any_gpu |= gpu;
         p->any_cpu_attention |= s->kind == SHARD_ATTN && !gpu;
@@ -174,6 +198,7 @@ static void place_tier(const struct model *m, const struct plan_request *req, st
     const bool stream_all = t->family == PLAN_GPU || (t->family == PLAN_DYNAMIC && ti == PLAN_TIER_PROMPT && ring);
     float share = req->stream_share > 0 ? req->stream_share : 0.5f;
     if (share > 1) share = 1;
+    const bool staged = ring && ti == PLAN_TIER_PROMPT; /* this tier copies streamed shards through the slots */
     t->ring = false;
     for (uint32_t i = 0; i < m->n_shards; i++) {
         const struct shard *s = &m->shards[i];
@@ -188,13 +213,13 @@ static void place_tier(const struct model *m, const struct plan_request *req, st
             else if (t->family == PLAN_DYNAMIC) g = r + (uint32_t)lroundf(share * (float)(E - r));
             t->experts_gpu[s->layer] = g;
             *place = r == E ? PLACE_RESIDENT : PLACE_STREAMED;
-            t->ring |= ring && ti == PLAN_TIER_PROMPT && g > r;
+            t->ring |= staged && g > r;
         } else if (s->kind == SHARD_ATTN) {
             *place = p->kv_gpu[s->layer] ? PLACE_STREAMED : PLACE_CPU;
-            t->ring |= ring && ti == PLAN_TIER_PROMPT && *place == PLACE_STREAMED;
+            t->ring |= staged && *place == PLACE_STREAMED;
         } else {
             *place = stream_all ? PLACE_STREAMED : PLACE_CPU;
-            t->ring |= ring && ti == PLAN_TIER_PROMPT && *place == PLACE_STREAMED && s->kind == SHARD_FFN;
+            t->ring |= staged && *place == PLACE_STREAMED && s->kind == SHARD_FFN;
         }
     }
 }

@@ -99,12 +99,20 @@ static inline const struct plan_tier *plan_tier_for(const struct plan *p, int32_
     return n_tokens >= p->tier[PLAN_TIER_PROMPT].min_tokens ? &p->tier[PLAN_TIER_PROMPT] : &p->tier[PLAN_TIER_DECODE];
 }
 
+/* Where shard i lives across the tiers: RESIDENT, STREAMED (in some tier) or CPU. */
+enum placement plan_shard_place(const struct plan *p, uint32_t i);
+
+/* Whether some tier reads weights from host memory on the GPU (streamed shards or experts). */
+bool plan_streams(const struct plan *p);
+
 /* Bytes of one staged unit: a dense shard's matrices, or a piece of an MoE shard's experts. */
 uint64_t plan_unit_bytes(const struct shard *s, uint32_t n_experts);
 
 /* Parse "2G", "2048M", "512K", "0", "1.5G" into bytes. */
 pshard_status plan_parse_size(const char *text, int64_t *bytes);
 pshard_status plan_parse_family(const char *text, enum plan_family *family);
+/* A stream share: a number from 0 to 1. */
+pshard_status plan_parse_share(const char *text, float *share);
 const char *plan_family_name(enum plan_family family);
 const char *placement_name(enum placement p);
 

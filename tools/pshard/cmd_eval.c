@@ -72,9 +72,8 @@ int cmd_eval(int argc, char **argv) {
             }
             params.plan = (int)f;
         } else if (!strcmp(argv[i], "--stream-share") && v) {
-            params.stream_share = (float)atof(argv[++i]);
-            if (!(params.stream_share >= 0 && params.stream_share <= 1)) {
-                fprintf(stderr, "pshard eval: --stream-share takes a number from 0 to 1\n");
+            if (plan_parse_share(argv[++i], &params.stream_share) != PSHARD_OK) {
+                fprintf(stderr, "pshard eval: --stream-share: %s\n", pshard_last_error());
                 return 2;
             }
         }

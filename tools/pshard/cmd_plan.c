@@ -31,9 +31,8 @@ int cmd_plan(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--plan") && v) {
             if (plan_parse_family(argv[++i], &p.plan) != PSHARD_OK) goto bad;
         } else if (!strcmp(argv[i], "--stream-share") && v) {
-            p.stream_share = (float)atof(argv[++i]);
-            if (!(p.stream_share >= 0 && p.stream_share <= 1)) {
-                fprintf(stderr, "pshard plan: --stream-share takes a number from 0 to 1\n");
+            if (plan_parse_share(argv[++i], &p.stream_share) != PSHARD_OK) {
+                fprintf(stderr, "pshard plan: --stream-share: %s\n", pshard_last_error());
                 return 2;
             }
         } else if (!strcmp(argv[i], "-c") && v) {
