@@ -120,7 +120,7 @@ typedef struct pshard_info {
     int on_gpu;
     /* On the GPU: device memory outside the arena (CUDA context, cuBLAS) and the arena's parts. */
     uint64_t vram_context_bytes, vram_arena_bytes, vram_weight_bytes, vram_kv_bytes, vram_activation_bytes,
-        vram_work_bytes, vram_staging_bytes;
+        vram_work_bytes, vram_staging_bytes, vram_mapping_bytes;
     char plan[64]; /* the plan's families: "decode/prompt", e.g. "dynamic/gpu" */
 } pshard_info;
 void pshard_get_info(const pshard_ctx *ctx, pshard_info *info);

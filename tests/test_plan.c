@@ -17,7 +17,7 @@
 static struct gguf_file *file, *moe_file;
 static struct model model, moe;
 static char moe_path[256];
-static const struct plan_gpu_costs costs = {100 << 20, 20 << 20, 10 << 20, 32 << 20};
+static const struct plan_gpu_costs costs = {100 << 20, 20 << 20, 10 << 20, 32 << 20, 256 << 10};
 static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f};
 
 static int setup(void **state) {
@@ -29,7 +29,7 @@ static int setup(void **state) {
     }
     snprintf(moe_path, sizeof moe_path, "/tmp/pshard-test-plan-%d.gguf", (int)getpid());
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "'%s/gguf-synth' --shape tiny-moe --layers 6 -o '%s' > /dev/null", build ? build : ".",
+    snprintf(cmd, sizeof cmd, "'%s/gguf-synth' --shape tiny-moe --layers 8 -o '%s' > /dev/null", build ? build : ".",
              moe_path);
     if (system(cmd) != 0 || gguf_open(moe_path, &moe_file) != PSHARD_OK || model_load(moe_file, &moe) != PSHARD_OK) {
         fprintf(stderr, "cannot make the tiny MoE with gguf-synth (PSHARD_BUILD_DIR)\n");
@@ -50,7 +50,7 @@ static int teardown(void **state) {
 
 static uint64_t used(const struct plan *p) {
     const struct plan_budget *b = &p->budget;
-    return b->weights + b->kv + b->activations + b->work + b->blas + b->staging;
+    return b->weights + b->kv + b->activations + b->work + b->blas + b->staging + b->mapping;
 }
 
 static uint64_t attention_and_kv(const struct model *m, int32_t n_ctx) {
@@ -61,6 +61,8 @@ static uint64_t attention_and_kv(const struct model *m, int32_t n_ctx) {
 }
 
 static uint64_t fixed(void) { return costs.activations + costs.logits + costs.work + costs.blas; }
+/* Below everything resident the plan reserves the file mapping too. */
+static uint64_t fixed_streaming(void) { return fixed() + costs.host_mapping; }
 
 static void test_budget_zero_is_cpu(void **state) {
     (void)state;
@@ -194,14 +196,14 @@ static void test_moe_experts_by_range(void **state) {
         if (moe.shards[i].kind != SHARD_MOE && moe.shards[i].kind != SHARD_EMBED)
             everything += moe.shards[i].weight_bytes + moe.shards[i].kv_bytes_per_token * 2048;
     /* Room for 15 experts beyond the dense part, the routers and the staging slots (a piece is
-     * every expert of this tiny model): 6 layers get 2 or 3 each. */
+     * every expert of this tiny model): 8 layers get 1 or 2 each. */
     uint64_t slot = plan_unit_bytes(m0, m0->n_expert);
     for (uint32_t i = 0; i < moe.n_shards; i++)
         if (moe.shards[i].kind == SHARD_ATTN && plan_unit_bytes(&moe.shards[i], 0) > slot)
             slot = plan_unit_bytes(&moe.shards[i], 0);
     r.family = PLAN_DYNAMIC;
     r.stream_share = 0.25f;
-    r.vram_budget = (int64_t)(fixed() + everything + shared + 15 * m0->expert_bytes + PLAN_MIN_SLOTS * slot + 4096);
+    r.vram_budget = (int64_t)(fixed_streaming() + everything + shared + 15 * m0->expert_bytes + PLAN_MIN_SLOTS * slot + 4096);
     assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
     if (p.n_slots > PLAN_MIN_SLOTS) { /* a budget this size gets the deeper ring: give it the room */
         r.vram_budget += (int64_t)((p.n_slots - PLAN_MIN_SLOTS) * slot);
@@ -213,7 +215,7 @@ static void test_moe_experts_by_range(void **state) {
     for (uint32_t l = 0; l < moe.hp.n_layers; l++) {
         const uint32_t res = p.experts_resident[l];
         total += res;
-        assert_true(res == 2 || res == 3);
+        assert_true(res == 1 || res == 2);
         const uint32_t dec = p.tier[PLAN_TIER_DECODE].experts_gpu[l];
         assert_int_equal(dec, res + (uint32_t)lroundf(0.25f * (float)(m0->n_expert - res)));
         assert_int_equal(p.tier[PLAN_TIER_PROMPT].experts_gpu[l], m0->n_expert); /* prompts stream the rest */

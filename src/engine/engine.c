@@ -117,5 +117,6 @@ void pshard_get_info(const pshard_ctx *ctx, pshard_info *info) {
         info->vram_activation_bytes = vram->activation_bytes;
         info->vram_work_bytes = vram->work_bytes;
         info->vram_staging_bytes = vram->staging_bytes;
+        info->vram_mapping_bytes = vram->mapping_bytes;
     }
 }

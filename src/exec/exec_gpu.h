@@ -18,6 +18,7 @@ struct gpu_memory_report {
     uint64_t context_bytes; /* CUDA context + cuBLAS handle, outside the arena */
     uint64_t arena_bytes;
     uint64_t weight_bytes, kv_bytes, activation_bytes, work_bytes, staging_bytes;
+    uint64_t mapping_bytes; /* measured: what registering the model file took, inside the budget */
 };
 
 struct exec_gpu;

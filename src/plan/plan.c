@@ -171,7 +171,8 @@ static void account(const struct model *m, const struct plan_request *req, const
     }
     if (p->any_gpu) b->activations += costs->activations + costs->logits, b->work = costs->work, b->blas = costs->blas;
     else b->staging = 0;
-    const uint64_t used = b->weights + b->kv + b->activations + b->work + b->blas + b->staging;
+    b->mapping = plan_streams(p) ? costs->host_mapping : 0;
+    const uint64_t used = b->weights + b->kv + b->activations + b->work + b->blas + b->staging + b->mapping;
     b->free = b->total > used ? b->total - used : 0;
     for (int t = 0; t < PLAN_TIERS; t++) tier_account(m, p, &p->tier[t]);
 }
@@ -236,7 +237,7 @@ static pshard_status build(const struct model *m, const struct plan_request *req
         account(m, req, costs, p);
         return PSHARD_OK;
     }
-    const uint64_t fixed = costs->activations + costs->logits + costs->work + costs->blas;
+    uint64_t fixed = costs->activations + costs->logits + costs->work + costs->blas;
     uint64_t all = fixed;
     for (uint32_t i = 0; i < n; i++) all += m->shards[i].weight_bytes + kv_bytes(&m->shards[i], req);
     const uint64_t budget = req->vram_budget < 0 ? all : (uint64_t)req->vram_budget;
@@ -257,6 +258,9 @@ static pshard_status build(const struct model *m, const struct plan_request *req
         account(m, req, costs, p);
         return PSHARD_OK;
     }
+
+    /* Below everything resident, shards may stream: reserve the file's mapping. */
+    fixed += costs->host_mapping;
 
     /* The staging ring, sized for the largest unit any shard may stream. */
     uint64_t slot = 0;
@@ -437,9 +441,9 @@ void plan_print(const struct plan *p, const struct model *m, FILE *out) {
     }
     const struct plan_budget *b = &p->budget;
     fprintf(out, "VRAM: weights %.1f MB + KV %.1f MB + activations %.1f MB + work %.1f MB + cuBLAS %.1f MB + staging "
-                 "%.1f MB (%u slots of %.1f MB); %.1f MB of the budget unused\n",
+                 "%.1f MB (%u slots of %.1f MB) + file mapping %.1f MB; %.1f MB of the budget unused\n",
             mb(b->weights), mb(b->kv), mb(b->activations), mb(b->work), mb(b->blas), mb(b->staging), p->n_slots,
-            mb(p->slot_bytes), mb(b->free));
+            mb(p->slot_bytes), mb(b->mapping), mb(b->free));
     fprintf(out, "per decode token: %.1f MB of weights read by the CPU from host memory, %.1f MB streamed over PCIe, "
                  "%.1f MB read by the GPU from VRAM\n",
             mb(d->host_bytes_per_token), mb(d->pcie_bytes_per_token), mb(d->gpu_bytes_per_token));

@@ -45,9 +45,11 @@ enum { PLAN_PROMPT_MIN_TOKENS = 32, PLAN_STAGING_SLOTS = 4, PLAN_MIN_SLOTS = 2, 
  * near-constant ~24 ms per token, streaming at ~33 GB/s effective. */
 #define PLAN_AUTO_STREAM_BYTES (600ull << 20)
 
-/* What the device arena holds, in bytes. total is the budget. */
+/* What the budget holds, in bytes: total is the budget; the device arena is all of it but
+ * `mapping`, the device memory the driver takes to map the model file for the GPU's reads of
+ * host memory (its page tables), reserved only when the plan streams. */
 struct plan_budget {
-    uint64_t total, weights, kv, activations, work, blas, staging, free;
+    uint64_t total, weights, kv, activations, work, blas, staging, mapping, free;
 };
 
 struct plan_request {
@@ -86,6 +88,7 @@ struct plan {
  * by the executor's GPU code (it knows the kernels); see exec_gpu_costs. */
 struct plan_gpu_costs {
     uint64_t activations, logits, work, blas; /* logits: only when the head is on the GPU */
+    uint64_t host_mapping; /* device memory for mapping the model file, when anything streams */
 };
 
 /* Build a plan for `model` under the request. Fails with a clear message when the budget

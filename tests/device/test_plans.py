@@ -35,9 +35,9 @@ def greedy(model, prompt, placement):
                   "-p", prompt, *placement)
     if proc.returncode != 0:
         raise SystemExit("pshard run failed: " + proc.stderr)
-    arena = re.search(r"VRAM: arena (\S+ \S+)", proc.stderr)
+    arena = re.search(r"VRAM: arena (\S+ \S+).*; file mapping (\S+ \S+);", proc.stderr)
     ids = [int(x) for x in [l for l in proc.stdout.splitlines() if l.startswith("ids:")][-1].split()[1:]]
-    return ids, arena.group(1) if arena else None
+    return ids, arena.groups() if arena else None
 
 
 def tokens_agree(model, label, placement, cpu_runs, tmp):
@@ -95,9 +95,16 @@ def main():
                     eq.check(np.isfinite(got).all() and np.median(rel) < 0.1 and agree >= 0.85,
                              "%s: batch %d computes the CPU's function" % (label, batch))
                 arena = tokens_agree(path, label, placement, cpu_runs, tmp)
-                mb = float(budget[:-1]) * 1048576 / 1e6  # the load report prints decimal MB
-                eq.check(arena is not None and arena.split()[1] == "MB" and abs(float(arena.split()[0]) / mb - 1) < 0.01,
-                         "%s: the arena is the budget (%s)" % (label, arena))
+                # The arena is the budget less the file mapping's reserve (both MiB in the plan; the
+                # load report prints decimal units), and the mapping took no more than its reserve.
+                reserve = float(re.search(r"file mapping ([\d.]+) MB", text).group(1))
+                mb = (float(budget[:-1]) - reserve) * 1048576 / 1e6
+                def decimal_mb(size):
+                    value, unit = size.split()
+                    return float(value) * {"B": 1e-6, "KB": 1e-3, "MB": 1, "GB": 1e3}[unit]
+                eq.check(arena is not None and abs(decimal_mb(arena[0]) / mb - 1) < 0.01
+                         and decimal_mb(arena[1]) <= reserve * 1.048576 + 0.01,
+                         "%s: the arena and the file mapping fit the budget (%s)" % (label, arena))
     print("%d failed" % len(eq.failures))
     return 1 if eq.failures else 0
 

@@ -168,12 +168,13 @@ pshard_ctx *run_open_model(struct run_opts *o) {
     pshard_info info;
     pshard_get_info(ctx, &info);
     if (!o->quiet && info.on_gpu) {
-        char a[32], b[32], c[32], d[32], e[32], f[32], g[32];
-        fprintf(stderr, "VRAM: arena %s = weights %s + KV %s + activations %s + work %s + staging %s; CUDA context %s "
-                "outside it; plan %s\n",
+        char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32];
+        fprintf(stderr, "VRAM: arena %s = weights %s + KV %s + activations %s + work %s + staging %s; file mapping %s; "
+                "CUDA context %s outside the budget; plan %s\n",
                 cli_format_bytes(info.vram_arena_bytes, a, sizeof a), cli_format_bytes(info.vram_weight_bytes, b, sizeof b),
                 cli_format_bytes(info.vram_kv_bytes, c, sizeof c), cli_format_bytes(info.vram_activation_bytes, d, sizeof d),
                 cli_format_bytes(info.vram_work_bytes, e, sizeof e), cli_format_bytes(info.vram_staging_bytes, g, sizeof g),
+                cli_format_bytes(info.vram_mapping_bytes, h, sizeof h),
                 cli_format_bytes(info.vram_context_bytes, f, sizeof f), info.plan);
     }
     return ctx;
