@@ -4,13 +4,15 @@ and MoE models, logits at every position (decode steps of one token, which read 
 in place and split MoE experts between the GPU and the CPU; and prompt steps of 64 tokens, which
 stage streamed shards through the slot ring) stay within the CPU's rounding noise, and greedy
 continuations equal the CPU's up to numerical near-ties. The arena printed at load is exactly the
-budget. Exits 0 with a "skipped" line where no GPU exists.
+budget. The configurations run side by side (each is its own process on the one GPU); their
+reports print in order. Exits 0 with a "skipped" line where no GPU exists.
 Usage: tests/device/test_plans.py BUILD_DIR"""
 import os
 import re
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -40,20 +42,52 @@ def greedy(model, prompt, placement):
     return ids, arena.groups() if arena else None
 
 
-def tokens_agree(model, label, placement, cpu_runs, tmp):
+def tokens_agree(model, label, placement, cpu_runs, tmp, report):
     """Greedy tokens against the CPU's; returns the arena the load report printed."""
     arena = None
     for prompt, cpu in cpu_runs.items():
         ids, arena = greedy(model, prompt, placement)
         step = next((i for i, (a, b) in enumerate(zip(cpu, ids)) if a != b), None)
         if step is None:
-            eq.check(True, "%s, %r: greedy tokens equal the CPU's" % (label, prompt[:20]))
+            report.append((True, "%s, %r: greedy tokens equal the CPU's" % (label, prompt[:20])))
             continue
         l = eq.logits(model, eq.prompt_token_ids(model, prompt) + cpu[:step], False, 64, os.path.join(tmp, "b.f32"))[-1]
         top2 = np.sort(l)[-2:]
-        eq.check(top2[1] - top2[0] < eq.NEAR_TIE, "%s, %r: parts from the CPU at step %d only at a near-tie (gap %.3f)"
-                 % (label, prompt[:20], step, top2[1] - top2[0]))
+        report.append((top2[1] - top2[0] < eq.NEAR_TIE, "%s, %r: parts from the CPU at step %d only at a near-tie "
+                       "(gap %.3f)" % (label, prompt[:20], step, top2[1] - top2[0])))
     return arena
+
+
+def decimal_mb(size):
+    value, unit = size.split()
+    return float(value) * {"B": 1e-6, "KB": 1e-3, "MB": 1, "GB": 1e3}[unit]
+
+
+def run_config(path, shape, wtype, family, budget, extra, tokens, cpu, cpu_runs, tmp):
+    """One plan at one budget against the CPU; returns [(ok or None for a note, text)]."""
+    report = []
+    tmp = tempfile.mkdtemp(dir=tmp)
+    label = "%s %s, plan %s at %s %s" % (shape, wtype, family, budget, " ".join(extra))
+    placement = ["--vram-budget", budget, "--plan", family, "-c", "4096", *extra]
+    text = plan_text(path, budget, family, extra)
+    report.append((None, text.splitlines()[0] + " | " + text.splitlines()[-2][:150]))
+    spread = cpu.std(axis=1, keepdims=True)
+    for batch in (1, 64):
+        got = eq.logits(path, tokens, False, batch, os.path.join(tmp, "p.f32"), placement)
+        rel = np.abs(got - cpu) / spread
+        agree = (got.argmax(1) == cpu.argmax(1)).mean()
+        report.append((None, "%s, batch %d: median %.2g, top-1 %.3f" % (label, batch, np.median(rel), agree)))
+        report.append((np.isfinite(got).all() and np.median(rel) < 0.1 and agree >= 0.85,
+                       "%s: batch %d computes the CPU's function" % (label, batch)))
+    arena = tokens_agree(path, label, placement, cpu_runs, tmp, report)
+    # The arena is the budget less the file mapping's reserve (both MiB in the plan; the load
+    # report prints decimal units), and the mapping took no more than its reserve.
+    reserve = float(re.search(r"file mapping ([\d.]+) MB", text).group(1))
+    mb = (float(budget[:-1]) - reserve) * 1048576 / 1e6
+    report.append((arena is not None and abs(decimal_mb(arena[0]) / mb - 1) < 0.01
+                   and decimal_mb(arena[1]) <= reserve * 1.048576 + 0.01,
+                   "%s: the arena and the file mapping fit the budget (%s)" % (label, arena)))
+    return report
 
 
 def main():
@@ -66,13 +100,13 @@ def main():
             return 0
         rng = np.random.default_rng(11)
         prompts = ["The capital of France is", "1, 2, 3, 4, 5,"]
+        jobs = []
         for shape, wtype in (("tiny-llama", "Q8_0"), ("tiny-moe", "Q8_0"), ("tiny-moe", "Q4_0")):
             path = os.path.join(tmp, "%s-%s.gguf" % (shape, wtype))
             subprocess.run([os.path.join(eq.BUILD, "gguf-synth"), "--shape", shape, "--type", wtype, "--seed", "4",
                             "-o", path, "--quiet"], check=True)
             tokens = rng.integers(0, 1000, 96).tolist()
             cpu = eq.logits(path, tokens, False, 64, os.path.join(tmp, "c.f32"))
-            spread = cpu.std(axis=1, keepdims=True)
             cpu_runs = {p: greedy(path, p, [])[0] for p in prompts}
             configs = []
             for family in ("gpu", "static", "dynamic", "auto") if wtype == "Q8_0" else ("gpu", "dynamic"):
@@ -82,29 +116,15 @@ def main():
             if shape == "tiny-moe":
                 low = minimum_mb(path, "dynamic")
                 configs += [("dynamic", "%dM" % (low + 1), ["--stream-share", share]) for share in ("0", "1")]
-            for family, budget, extra in configs:
-                label = "%s %s, plan %s at %s %s" % (shape, wtype, family, budget, " ".join(extra))
-                placement = ["--vram-budget", budget, "--plan", family, "-c", "4096", *extra]
-                text = plan_text(path, budget, family, extra)
-                print("     " + text.splitlines()[0] + " | " + text.splitlines()[-2][:150])
-                for batch in (1, 64):
-                    got = eq.logits(path, tokens, False, batch, os.path.join(tmp, "p.f32"), placement)
-                    rel = np.abs(got - cpu) / spread
-                    agree = (got.argmax(1) == cpu.argmax(1)).mean()
-                    print("     %s, batch %d: median %.2g, top-1 %.3f" % (label, batch, np.median(rel), agree))
-                    eq.check(np.isfinite(got).all() and np.median(rel) < 0.1 and agree >= 0.85,
-                             "%s: batch %d computes the CPU's function" % (label, batch))
-                arena = tokens_agree(path, label, placement, cpu_runs, tmp)
-                # The arena is the budget less the file mapping's reserve (both MiB in the plan; the
-                # load report prints decimal units), and the mapping took no more than its reserve.
-                reserve = float(re.search(r"file mapping ([\d.]+) MB", text).group(1))
-                mb = (float(budget[:-1]) - reserve) * 1048576 / 1e6
-                def decimal_mb(size):
-                    value, unit = size.split()
-                    return float(value) * {"B": 1e-6, "KB": 1e-3, "MB": 1, "GB": 1e3}[unit]
-                eq.check(arena is not None and abs(decimal_mb(arena[0]) / mb - 1) < 0.01
-                         and decimal_mb(arena[1]) <= reserve * 1.048576 + 0.01,
-                         "%s: the arena and the file mapping fit the budget (%s)" % (label, arena))
+            jobs += [(path, shape, wtype, family, budget, extra, tokens, cpu, cpu_runs, tmp)
+                     for family, budget, extra in configs]
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            for report in pool.map(lambda job: run_config(*job), jobs):
+                for ok, text in report:
+                    if ok is None:
+                        print("     " + text)
+                    else:
+                        eq.check(ok, text)
     print("%d failed" % len(eq.failures))
     return 1 if eq.failures else 0
 
