@@ -48,8 +48,12 @@ typedef struct pshard_params {
     int64_t vram_budget; /* bytes of VRAM pshard may use (CUDA context excluded); 0: CPU only */
     int plan;            /* 0 auto, 1 cpu, 2 gpu, 3 static, 4 dynamic (see src/plan/plan.h) */
     float stream_share;  /* dynamic plans: share of the non-resident experts streamed to the GPU (0: default 0.5) */
+    int no_profile;      /* automatic plans: use conservative defaults rather than measuring this
+                            machine on first use (the measured profile is cached per machine) */
     pshard_progress_cb progress;
     void *progress_user;
+    /* Called while this machine is measured for planning (first use): what, and the fraction done. */
+    void (*profile_progress)(void *user, const char *what, double done);
 } pshard_params;
 
 void pshard_params_default(pshard_params *params);
@@ -122,6 +126,8 @@ typedef struct pshard_info {
     uint64_t vram_context_bytes, vram_arena_bytes, vram_weight_bytes, vram_kv_bytes, vram_activation_bytes,
         vram_work_bytes, vram_staging_bytes, vram_mapping_bytes;
     char plan[64]; /* the plan's families: "decode/prompt", e.g. "dynamic/gpu" */
+    int profile_measured; /* the machine profile: 1 measured (cached or now), 0 defaults */
+    double predicted_ttft_s, predicted_decode_s; /* the cost model's prediction for the plan */
 } pshard_info;
 void pshard_get_info(const pshard_ctx *ctx, pshard_info *info);
 

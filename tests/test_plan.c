@@ -18,7 +18,7 @@ static struct gguf_file *file, *moe_file;
 static struct model model, moe;
 static char moe_path[256];
 static const struct plan_gpu_costs costs = {100 << 20, 20 << 20, 10 << 20, 32 << 20, 256 << 10};
-static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f};
+static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL};
 
 static int setup(void **state) {
     (void)state;
@@ -151,29 +151,43 @@ static void test_gpu_streams_what_does_not_fit(void **state) {
         for (uint32_t i = 0; i < model.n_shards; i++) streamed += tier->shard[i] == PLACE_STREAMED;
     }
     assert_true(streamed > 0);
-    assert_false(p.tier[PLAN_TIER_DECODE].ring); /* decode steps read streamed weights in place */
-    assert_true(p.tier[PLAN_TIER_PROMPT].ring);
+    for (int t = 0; t < PLAN_TIERS; t++) /* small steps read streamed weights in place, large ones stage them */
+        assert_int_equal(p.tier[t].ring, p.tier[t].min_tokens >= PLAN_RING_MIN_TOKENS);
     assert_int_equal(plan_tier_for(&p, 1), &p.tier[PLAN_TIER_DECODE]);
-    assert_int_equal(plan_tier_for(&p, PLAN_PROMPT_MIN_TOKENS - 1), &p.tier[PLAN_TIER_DECODE]);
-    assert_int_equal(plan_tier_for(&p, PLAN_PROMPT_MIN_TOKENS), &p.tier[PLAN_TIER_PROMPT]);
+    assert_int_equal(plan_tier_for(&p, 3), &p.tier[PLAN_TIER_DECODE]);
+    assert_int_equal(plan_tier_for(&p, 4), &p.tier[1]);
+    assert_int_equal(plan_tier_for(&p, PLAN_RING_MIN_TOKENS - 1), &p.tier[2]);
+    assert_true(plan_tier_for(&p, PLAN_RING_MIN_TOKENS)->ring);
+    assert_int_equal(plan_tier_for(&p, 100000), &p.tier[PLAN_TIERS - 1]);
+    assert_int_equal(plan_prompt_tier(&p), 4); /* -b 512: steps of 256-1023 tokens */
     plan_free(&p);
 }
 
-/* auto on a dense model under a budget: static decode, streamed prompts, one resident set. */
-static void test_auto_tiers_share_the_resident_set(void **state) {
+/* auto on a dense model under a budget: each tier runs the candidate the cost model predicts
+ * fastest among those it weighed, all over one resident set. */
+static void test_auto_picks_the_fastest_per_tier(void **state) {
     (void)state;
     struct plan p;
     struct plan_request r = base;
     r.vram_budget = (int64_t)(fixed() + attention_and_kv(&model, 2048) + (24 << 20));
     assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
-    assert_int_equal(p.tier[PLAN_TIER_DECODE].family, PLAN_STATIC);
-    assert_int_equal(p.tier[PLAN_TIER_PROMPT].family, PLAN_GPU);
+    assert_true(p.n_candidates >= 4); /* static, gpu, dynamic at shares, cpu */
+    for (int t = 0; t < PLAN_TIERS; t++) {
+        assert_true(p.chosen[t] >= 0 && p.chosen[t] < (int)p.n_candidates);
+        const struct plan_candidate *c = &p.candidates[p.chosen[t]];
+        assert_int_equal(c->family, p.tier[t].family);
+        assert_true(p.predicted[t] > 0 && isfinite(p.predicted[t]));
+        for (uint32_t k = 0; k < p.n_candidates; k++) /* nothing weighed for its resident set was faster */
+            if (p.candidates[k].staging == c->staging && p.candidates[k].family != PLAN_CPU)
+                assert_true(c->seconds[t] <= p.candidates[k].seconds[t]);
+    }
     for (uint32_t i = 0; i < model.n_shards; i++) {
-        const bool a = p.tier[0].shard[i] == PLACE_RESIDENT, b = p.tier[1].shard[i] == PLACE_RESIDENT;
-        assert_int_equal(a, b);
+        for (int t = 1; t < PLAN_TIERS; t++)
+            assert_int_equal(p.tier[0].shard[i] == PLACE_RESIDENT, p.tier[t].shard[i] == PLACE_RESIDENT);
         if (model.shards[i].kind == SHARD_ATTN) /* where its KV is, in every tier */
             assert_int_equal(p.tier[0].shard[i] != PLACE_CPU, p.kv_gpu[model.shards[i].layer]);
     }
+    assert_true(p.predicted_ttft > 0 && p.predicted_decode > 0);
     plan_free(&p);
 }
 
@@ -218,7 +232,7 @@ static void test_moe_experts_by_range(void **state) {
         assert_true(res == 1 || res == 2);
         const uint32_t dec = p.tier[PLAN_TIER_DECODE].experts_gpu[l];
         assert_int_equal(dec, res + (uint32_t)lroundf(0.25f * (float)(m0->n_expert - res)));
-        assert_int_equal(p.tier[PLAN_TIER_PROMPT].experts_gpu[l], m0->n_expert); /* prompts stream the rest */
+        assert_int_equal(p.tier[plan_prompt_tier(&p)].experts_gpu[l], m0->n_expert); /* prompts stream the rest */
     }
     assert_true(total == 15);
     assert_int_equal(p.slot_bytes, slot);
@@ -279,7 +293,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_budget_zero_is_cpu),          cmocka_unit_test(test_everything_fits_is_gpu),
         cmocka_unit_test(test_static_fills_by_priority),    cmocka_unit_test(test_gpu_streams_what_does_not_fit),
-        cmocka_unit_test(test_auto_tiers_share_the_resident_set), cmocka_unit_test(test_moe_experts_by_range),
+        cmocka_unit_test(test_auto_picks_the_fastest_per_tier), cmocka_unit_test(test_moe_experts_by_range),
         cmocka_unit_test(test_too_small_names_the_minimum), cmocka_unit_test(test_parse),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -6,7 +6,9 @@
 
 #include "core/error.h"
 #include "engine/engine_internal.h"
+#include "cuda/cuda_backend.h"
 #include "exec/exec_gpu.h"
+#include "exec/measure.h"
 
 void pshard_params_default(pshard_params *p) {
     memset(p, 0, sizeof *p);
@@ -41,8 +43,16 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
     if (gguf_find(ctx->file, "tokenizer.chat_template")) CORE_TRY(gguf_get_str(ctx->file, "tokenizer.chat_template", &tpl));
     chat_template_detect(tpl.data, tpl.len, &ctx->chat);
     struct exec_params ep = {p->n_ctx, p->n_batch, 1, p->n_threads, (enum plan_family)p->plan, p->vram_budget,
-                             p->stream_share};
+                             p->stream_share, -1, NULL};
     if (p->gpu) ep.plan = PLAN_GPU, ep.vram_budget = -1;
+    /* An automatic plan under a budget is chosen by the cost model from this machine's profile. */
+    if (ep.plan == PLAN_AUTO && ep.vram_budget > 0 && cuda_device_count() > 0) {
+        bool measured_now;
+        CORE_TRY(exec_machine_profile(&ctx->model, p->n_threads, p->no_profile ? PROFILE_DEFAULTS : PROFILE_MEASURE,
+                                      p->profile_progress, p->progress_user,
+                                      &ctx->profile, &measured_now));
+        ep.profile = &ctx->profile;
+    }
     if (ep.n_ctx <= 0) {
         ep.n_ctx = 4096;
         if (ctx->model.hp.n_ctx_train && ctx->model.hp.n_ctx_train < (uint32_t)ep.n_ctx) ep.n_ctx = (int32_t)ctx->model.hp.n_ctx_train;
@@ -106,7 +116,10 @@ void pshard_get_info(const pshard_ctx *ctx, pshard_info *info) {
     info->kv_bytes = exec_kv_bytes(ctx->exec);
     const struct plan *plan = exec_get_plan(ctx->exec);
     snprintf(info->plan, sizeof info->plan, "%s/%s", plan_family_name(plan->tier[PLAN_TIER_DECODE].family),
-             plan_family_name(plan->tier[PLAN_TIER_PROMPT].family));
+             plan_family_name(plan->tier[plan_prompt_tier(plan)].family));
+    info->profile_measured = ctx->profile.measured;
+    info->predicted_ttft_s = plan->predicted_ttft;
+    info->predicted_decode_s = plan->predicted_decode;
     const struct gpu_memory_report *vram = exec_gpu_memory(ctx->exec);
     if (vram) {
         info->on_gpu = 1;

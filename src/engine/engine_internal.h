@@ -6,6 +6,7 @@
 #include "exec/exec.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
+#include "plan/profile.h"
 #include "pshard.h"
 #include "tok/chat.h"
 #include "tok/tok.h"
@@ -17,6 +18,7 @@ struct pshard_ctx {
     struct exec_ctx *exec;
     struct chat_template chat;
     pshard_params params;
+    struct profile profile; /* what automatic plans were chosen with */
     /* Tokens whose K/V sit in sequence 0, for prefix reuse across calls. */
     int32_t *cached;
     int32_t n_cached;

@@ -111,7 +111,7 @@ static pshard_status build_plan(const struct model *model, const struct model_we
         CORE_TRY(exec_gpu_costs(model, w, p, &costs));
     }
     struct plan_request req = {gpu_wanted ? p->plan : PLAN_CPU, p->vram_budget, p->n_ctx, p->n_batch, p->n_seq,
-                               p->stream_share};
+                               p->stream_share, p->staging, p->profile};
     return plan_build(model, &req, &costs, out);
 }
 
@@ -122,7 +122,7 @@ pshard_status exec_make_plan(const struct model *model, const struct exec_params
     pshard_status st = PSHARD_OK;
     if (params->plan != PLAN_CPU && params->vram_budget != 0) st = exec_gpu_costs(model, &w, params, &costs);
     struct plan_request req = {params->vram_budget == 0 ? PLAN_CPU : params->plan, params->vram_budget, params->n_ctx,
-                               params->n_batch, params->n_seq, params->stream_share};
+                               params->n_batch, params->n_seq, params->stream_share, params->staging, params->profile};
     if (st == PSHARD_OK) st = plan_build(model, &req, &costs, out);
     model_weights_free(&w);
     return st;
@@ -249,6 +249,19 @@ const struct gpu_memory_report *exec_gpu_memory(const struct exec_ctx *ctx) {
 
 int32_t exec_seq_len(const struct exec_ctx *ctx, int32_t seq) {
     return seq >= 0 && seq < ctx->params.n_seq ? ctx->kv.seq_len[seq] : 0;
+}
+
+pshard_status exec_fill_seq(struct exec_ctx *ctx, int32_t seq, int32_t len) {
+    struct kv_cache *kv = &ctx->kv;
+    if (seq < 0 || seq >= kv->n_seq || len < 0 || len >= kv->n_ctx)
+        return core_fail(PSHARD_ERR_INVALID_ARG, "cannot fill sequence %d to %d cells (context %d)", seq, len, kv->n_ctx);
+    if (kv->k) {
+        memset(kv->k, 0, (size_t)kv->n_layers * kv->n_seq * kv->n_ctx * kv->k_width * sizeof(uint16_t));
+        memset(kv->v, 0, (size_t)kv->n_layers * kv->n_seq * kv->n_ctx * kv->v_width * sizeof(uint16_t));
+    }
+    if (ctx->gpu) CORE_TRY(exec_gpu_clear_kv(ctx));
+    kv->seq_len[seq] = len;
+    return PSHARD_OK;
 }
 
 void exec_truncate_seq(struct exec_ctx *ctx, int32_t seq, int32_t len) { kv_cache_truncate(&ctx->kv, seq, len); }

@@ -17,6 +17,8 @@ struct exec_params {
     enum plan_family plan;
     int64_t vram_budget; /* bytes; 0: CPU only; < 0: what the plan needs (gpu) */
     float stream_share;  /* dynamic plans: share of the non-resident experts streamed (0: default) */
+    int32_t staging;     /* reserve the staging ring: 1 yes, 0 no, -1 as the plan's family wants */
+    const struct profile *profile; /* auto plans: the machine's profile (NULL: conservative defaults) */
 };
 
 struct exec_batch {
@@ -51,6 +53,9 @@ const struct exec_stats *exec_last_stats(const struct exec_ctx *ctx);
 int32_t exec_seq_len(const struct exec_ctx *ctx, int32_t seq);
 /* Keep only the first len cells of a sequence (0 forgets it; the slot can be reused). */
 void exec_truncate_seq(struct exec_ctx *ctx, int32_t seq, int32_t len);
+/* Benchmarks: make sequence `seq` `len` cells long without computing them (K and V zero), so a
+ * step can be timed at any context length. */
+pshard_status exec_fill_seq(struct exec_ctx *ctx, int32_t seq, int32_t len);
 const struct exec_params *exec_get_params(const struct exec_ctx *ctx);
 uint64_t exec_kv_bytes(const struct exec_ctx *ctx);
 

@@ -261,6 +261,18 @@ static pshard_status carve_kv(struct exec_gpu *g, const struct exec_ctx *ctx) {
     return PSHARD_OK;
 }
 
+pshard_status exec_gpu_clear_kv(struct exec_ctx *ctx) {
+    struct exec_gpu *g = ctx->gpu;
+    const struct kv_cache *kv = &ctx->kv;
+    for (int32_t il = 0; il < kv->n_layers; il++) {
+        const struct cuda_kv_layer *l = &g->kv[il];
+        if (!l->k) continue;
+        CORE_TRY(cuda_memset(l->k, 0, sizeof(uint16_t) * (size_t)(l->seq_stride_k * kv->n_seq), g->stream));
+        CORE_TRY(cuda_memset(l->v, 0, sizeof(uint16_t) * (size_t)(l->seq_stride_v * kv->n_seq), g->stream));
+    }
+    return cuda_stream_sync(g->stream);
+}
+
 static bool experts_streamed(const struct plan *plan, int layer) {
     for (int t = 0; t < PLAN_TIERS; t++)
         if (plan->tier[t].experts_gpu[layer] > plan->experts_resident[layer]) return true;
@@ -315,11 +327,14 @@ static pshard_status make_masks(struct exec_gpu *g, const struct exec_ctx *ctx) 
     return PSHARD_OK;
 }
 
-/* The staging ring and the prompt tier's units, in the order its step uses them. */
+/* The staging ring and the units of the tiers that use it (they all stream everything not
+ * resident, so they share one list), in the order a step uses them. */
 static pshard_status make_ring(struct exec_gpu *g, const struct exec_ctx *ctx) {
     const struct plan *plan = &ctx->plan;
-    const struct plan_tier *t = &plan->tier[PLAN_TIER_PROMPT];
-    if (!t->ring) return PSHARD_OK;
+    int ring = 0;
+    while (ring < PLAN_TIERS && !plan->tier[ring].ring) ring++;
+    if (ring == PLAN_TIERS) return PSHARD_OK;
+    const struct plan_tier *t = &plan->tier[ring];
     const struct model *model = ctx->model;
     g->copy = cuda_ctx_copy_stream(g->cuda);
     for (uint32_t s = 0; s < plan->n_slots; s++) {

@@ -35,6 +35,8 @@ pshard_status exec_gpu_costs(const struct model *model, const struct model_weigh
 /* Carve an arena of exactly the plan's budget and upload the resident shards' weights. */
 pshard_status exec_gpu_create(struct exec_ctx *ctx, struct exec_gpu **out);
 void exec_gpu_free(struct exec_gpu *gpu);
+/* Zero the KV cells in VRAM (benchmarks that time steps at a context they did not compute). */
+pshard_status exec_gpu_clear_kv(struct exec_ctx *ctx);
 const struct gpu_memory_report *exec_gpu_report(const struct exec_gpu *gpu);
 
 /* One step following the plan: GPU shards on the GPU, CPU shards on the thread pool, the

@@ -9,6 +9,11 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "plan/cost.h"
+#include "plan/profile.h"
+#include "quant/types.h"
+
+const int32_t plan_tier_tokens[PLAN_TIERS] = {1, 4, 16, 64, 256, 1024};
 
 enum { ALIGN = 256 };
 
@@ -188,18 +193,21 @@ static bool take(struct room *r, uint64_t bytes) {
     return true;
 }
 
-static void set_tier(struct plan *p, int t, enum plan_family family, int32_t min_tokens) {
-    p->tier[t].family = family;
-    p->tier[t].min_tokens = min_tokens;
-}
-
-/* Every tier's places from the resident set and the tier's family. */
-static void place_tier(const struct model *m, const struct plan_request *req, struct plan *p, int ti, bool ring) {
+/* Every tier's places from the resident set and the tier's family. Dynamic streams a share of
+ * what is not resident: MoE experts by range, dense FFN shards by layer (the first ones);
+ * ring tiers (staged copies) stream everything. */
+static void place_tier(const struct model *m, const struct plan_request *req, struct plan *p, int ti, float share,
+                       bool staging) {
     struct plan_tier *t = &p->tier[ti];
-    const bool stream_all = t->family == PLAN_GPU || (t->family == PLAN_DYNAMIC && ti == PLAN_TIER_PROMPT && ring);
-    float share = req->stream_share > 0 ? req->stream_share : 0.5f;
+    /* Ring tiers stream everything not resident, so they all stage the same units. */
+    const bool ring_ok = staging && t->min_tokens >= PLAN_RING_MIN_TOKENS &&
+                         (t->family == PLAN_GPU || t->family == PLAN_DYNAMIC);
+    const bool stream_all = t->family == PLAN_GPU || (t->family == PLAN_DYNAMIC && ring_ok);
+    if (share <= 0) share = req->stream_share > 0 ? req->stream_share : 0.5f;
     if (share > 1) share = 1;
-    const bool staged = ring && ti == PLAN_TIER_PROMPT; /* this tier copies streamed shards through the slots */
+    uint32_t n_ffn = 0, ffn_seen = 0;
+    for (uint32_t i = 0; i < m->n_shards; i++)
+        n_ffn += m->shards[i].kind == SHARD_FFN && t->shard[i] != PLACE_RESIDENT;
     t->ring = false;
     for (uint32_t i = 0; i < m->n_shards; i++) {
         const struct shard *s = &m->shards[i];
@@ -214,24 +222,297 @@ static void place_tier(const struct model *m, const struct plan_request *req, st
             else if (t->family == PLAN_DYNAMIC) g = r + (uint32_t)lroundf(share * (float)(E - r));
             t->experts_gpu[s->layer] = g;
             *place = r == E ? PLACE_RESIDENT : PLACE_STREAMED;
-            t->ring |= staged && g > r;
+            t->ring |= ring_ok && g > r;
         } else if (s->kind == SHARD_ATTN) {
             *place = p->kv_gpu[s->layer] ? PLACE_STREAMED : PLACE_CPU;
-            t->ring |= staged && *place == PLACE_STREAMED;
+            t->ring |= ring_ok && *place == PLACE_STREAMED;
         } else {
-            *place = stream_all ? PLACE_STREAMED : PLACE_CPU;
-            t->ring |= staged && *place == PLACE_STREAMED && s->kind == SHARD_FFN;
+            bool stream = stream_all;
+            if (s->kind == SHARD_FFN && t->family == PLAN_DYNAMIC) stream = ffn_seen++ < lroundf(share * (float)n_ffn);
+            *place = stream ? PLACE_STREAMED : PLACE_CPU;
+            t->ring |= ring_ok && *place == PLACE_STREAMED && s->kind == SHARD_FFN;
         }
     }
+}
+
+/* A unit of the resident set: a shard's matrices (with its layer's KV, for attention) or an
+ * MoE shard's shared part, and how much a decode step saves per byte of VRAM it takes. */
+struct unit {
+    uint32_t shard;
+    uint64_t bytes;
+    double benefit; /* seconds saved per decode token per byte */
+    int rank;       /* the kind's priority, breaking near-ties */
+};
+
+static void unit_benefit(const struct model *m, const struct plan_request *req, const struct profile *prof, bool kv_separate,
+                         struct unit *u) {
+    const struct shard *s = &m->shards[u->shard];
+    double saved = 0;
+    for (uint32_t i = 0; i < s->n_tensors; i++) {
+        const struct gguf_tensor *t = s->tensors[i];
+        if (is_matrix(t) && !is_experts(t))
+            saved += t->n_bytes * (cost_rate(prof->cpu_matmul, t->type, 1) - cost_rate(prof->gpu_matmul, t->type, 1));
+    }
+    if (s->kind == SHARD_ATTN) saved += (double)kv_bytes(s, req) / req->n_seq * (prof->cpu_attn[0] - prof->gpu_attn[0]);
+    u->benefit = saved / (double)(u->bytes ? u->bytes : 1);
+    (void)kv_separate;
+}
+
+static int unit_order(const void *a, const void *b) {
+    const struct unit *x = a, *y = b;
+    const double hi = x->benefit > y->benefit ? x->benefit : y->benefit;
+    if (fabs(x->benefit - y->benefit) > 0.05 * hi) return x->benefit > y->benefit ? -1 : 1;
+    if (x->rank != y->rank) return x->rank - y->rank;
+    return x->shard < y->shard ? -1 : x->shard > y->shard;
+}
+
+/* The resident set under a budget: every GPU shard's vectors (norms, biases: small), then units
+ * by benefit per byte (a layer's attention with its KV; the head; MoE shared parts; dense
+ * FFNs), then experts (the same count per layer), then the embedding. When every attention must
+ * run on the GPU (the gpu family), all KV comes first. */
+static pshard_status choose_resident(const struct model *m, const struct plan_request *req, const struct profile *prof,
+                                     uint64_t room_bytes, bool kv_first, struct plan *p) {
+    const uint32_t n = m->n_shards;
+    struct room room = {room_bytes};
+    uint64_t vectors = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (m->shards[i].kind != SHARD_MOE && m->shards[i].kind != SHARD_EMBED)
+            vectors += m->shards[i].weight_bytes - matrix_bytes(&m->shards[i]);
+    if (!take(&room, vectors)) room.left = 0;
+    if (kv_first)
+        for (uint32_t i = 0; i < n; i++) {
+            const struct shard *s = &m->shards[i];
+            if (s->kind == SHARD_ATTN && take(&room, kv_bytes(s, req))) p->kv_gpu[s->layer] = true;
+        }
+    struct unit *units = calloc(n, sizeof *units);
+    if (!units) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    uint32_t n_units = 0;
+    static const int rank[SHARD_KIND_COUNT] = {9, 0, 3, 2, 1};
+    for (uint32_t i = 0; i < n; i++) {
+        const struct shard *s = &m->shards[i];
+        if (s->kind == SHARD_EMBED) continue;
+        struct unit *u = &units[n_units++];
+        u->shard = i;
+        u->rank = rank[s->kind];
+        u->bytes = s->kind == SHARD_MOE ? shared_bytes(s) : matrix_bytes(s);
+        if (s->kind == SHARD_ATTN && !kv_first) u->bytes += kv_bytes(s, req);
+        unit_benefit(m, req, prof, kv_first, u);
+    }
+    qsort(units, n_units, sizeof *units, unit_order);
+    uint32_t n_moe_gpu = 0;
+    for (uint32_t k = 0; k < n_units; k++) {
+        const struct shard *s = &m->shards[units[k].shard];
+        enum placement place = PLACE_CPU;
+        if (s->kind == SHARD_ATTN) {
+            if (kv_first ? p->kv_gpu[s->layer] && take(&room, units[k].bytes) : take(&room, units[k].bytes))
+                place = PLACE_RESIDENT, p->kv_gpu[s->layer] = true;
+        } else if (take(&room, units[k].bytes)) {
+            place = s->kind == SHARD_MOE ? PLACE_STREAMED : PLACE_RESIDENT;
+            n_moe_gpu += s->kind == SHARD_MOE;
+        }
+        for (int t = 0; t < PLAN_TIERS; t++) p->tier[t].shard[units[k].shard] = place;
+    }
+    free(units);
+    /* Attention whose matrices did not fit still runs on the GPU where its KV is (kv_first). */
+    /* Experts: the same count per layer, the remainder to the first layers. */
+    uint64_t expert_bytes = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (m->shards[i].kind == SHARD_MOE) expert_bytes = m->shards[i].expert_bytes;
+    if (n_moe_gpu && expert_bytes) {
+        const uint64_t fit = room.left / expert_bytes, per = fit / n_moe_gpu;
+        uint64_t extra = fit % n_moe_gpu;
+        for (uint32_t i = 0; i < n; i++) {
+            const struct shard *s = &m->shards[i];
+            if (s->kind != SHARD_MOE || p->tier[0].shard[i] == PLACE_CPU) continue;
+            uint64_t r = per + (extra ? 1 : 0);
+            if (extra) extra--;
+            if (r > s->n_expert) r = s->n_expert;
+            p->experts_resident[s->layer] = (uint32_t)r;
+            room.left -= r * s->expert_bytes;
+        }
+    }
+    const struct shard *embed = &m->shards[0];
+    if (embed->kind == SHARD_EMBED && take(&room, embed->weight_bytes))
+        for (int t = 0; t < PLAN_TIERS; t++) p->tier[t].shard[0] = PLACE_RESIDENT;
+    return PSHARD_OK;
+}
+
+/* The largest unit any shard may stream (a slot's size), and experts per staged piece. */
+static uint64_t slot_size(const struct model *m, struct plan *p) {
+    uint64_t slot = 0;
+    for (uint32_t i = 0; i < m->n_shards; i++) {
+        const struct shard *s = &m->shards[i];
+        if (s->kind == SHARD_ATTN || s->kind == SHARD_FFN) slot = plan_unit_bytes(s, 0) > slot ? plan_unit_bytes(s, 0) : slot;
+        if (s->kind == SHARD_MOE && s->expert_bytes) {
+            uint64_t per = PLAN_PIECE_MAX_BYTES / s->expert_bytes;
+            per = per < 1 ? 1 : per > s->n_expert ? s->n_expert : per;
+            p->piece_experts = (uint32_t)per;
+            slot = plan_unit_bytes(s, (uint32_t)per) > slot ? plan_unit_bytes(s, (uint32_t)per) : slot;
+        }
+    }
+    return slot;
+}
+
+static void reset_places(struct plan *p) {
+    for (int t = 0; t < PLAN_TIERS; t++) {
+        p->tier[t].family = PLAN_CPU;
+        p->tier[t].min_tokens = plan_tier_tokens[t];
+        for (uint32_t i = 0; i < p->n_shards; i++) p->tier[t].shard[i] = PLACE_CPU;
+        for (uint32_t l = 0; l < p->n_layers; l++) p->tier[t].experts_gpu[l] = 0;
+    }
+    for (uint32_t l = 0; l < p->n_layers; l++) p->kv_gpu[l] = false, p->experts_resident[l] = 0;
+    p->n_slots = 0;
+    p->slot_bytes = 0;
+    p->budget.staging = 0;
+}
+
+/* The resident set of a budget with or without the staging ring; every tier starts from it. */
+static pshard_status resident_set(const struct model *m, const struct plan_request *req, const struct plan_gpu_costs *costs,
+                                  const struct profile *prof, uint64_t budget, bool staging, bool kv_first, struct plan *p) {
+    reset_places(p);
+    p->budget.total = budget;
+    const uint64_t fixed = costs->activations + costs->logits + costs->work + costs->blas + costs->host_mapping;
+    const uint64_t slot = slot_size(m, p);
+    const uint32_t n_slots = budget >= 32 * PLAN_STAGING_SLOTS * slot ? PLAN_STAGING_SLOTS : PLAN_MIN_SLOTS;
+    const uint64_t ring = staging ? n_slots * slot : 0;
+    uint64_t smallest_kv = UINT64_MAX;
+    for (uint32_t i = 0; i < m->n_shards; i++)
+        if (m->shards[i].kind == SHARD_ATTN && kv_bytes(&m->shards[i], req) < smallest_kv) smallest_kv = kv_bytes(&m->shards[i], req);
+    if (budget < fixed + ring + smallest_kv)
+        return core_fail(PSHARD_ERR_RANGE, "a VRAM budget of %.0f MB cannot hold even one layer's KV cache besides the "
+                         "GPU's buffers; the minimum for this model and context is %.0f MB (or use 0 to run on the CPU)",
+                         budget / 1048576.0, (fixed + ring + smallest_kv) / 1048576.0 + 1);
+    if (staging) p->n_slots = n_slots, p->slot_bytes = slot, p->budget.staging = ring;
+    return choose_resident(m, req, prof, budget - fixed - ring, kv_first, p);
+}
+
+/* Set tier t to a family (and dynamic share) over the resident set, and account for it. */
+static void set_tier(const struct model *m, const struct plan_request *req, struct plan *p, int t, enum plan_family family,
+                     float share) {
+    struct plan_tier *tier = &p->tier[t];
+    tier->family = family;
+    tier->min_tokens = plan_tier_tokens[t];
+    for (uint32_t i = 0; i < p->n_shards; i++)
+        if (tier->shard[i] != PLACE_RESIDENT && m->shards[i].kind != SHARD_MOE) tier->shard[i] = PLACE_CPU;
+    if (family == PLAN_CPU) {
+        for (uint32_t i = 0; i < p->n_shards; i++) tier->shard[i] = PLACE_CPU;
+        for (uint32_t l = 0; l < p->n_layers; l++) tier->experts_gpu[l] = 0;
+        tier->ring = false;
+        return;
+    }
+    place_tier(m, req, p, t, share, p->n_slots > 0);
+}
+
+/* The step a tier is judged by: its largest steps (capped by the micro-batch) at the end of
+ * the context. */
+static int32_t tier_eval_tokens(const struct plan_request *req, int t) {
+    int32_t n = t + 1 < PLAN_TIERS ? plan_tier_tokens[t + 1] - 1 : plan_tier_tokens[t];
+    if (t == PLAN_TIER_DECODE) n = 1;
+    return n < req->n_batch ? n : req->n_batch;
+}
+
+static bool family_applies(const struct model *m, const struct plan *p, enum plan_family f) {
+    if (f != PLAN_DYNAMIC) return true;
+    if (m->hp.n_expert) return true;
+    for (uint32_t i = 0; i < m->n_shards; i++)
+        if (m->shards[i].kind == SHARD_FFN && p->tier[0].shard[i] != PLACE_RESIDENT) return true;
+    return false;
+}
+
+/* auto: for each resident set (with and without room for the staging ring), every tier weighs
+ * static, gpu and dynamic at several shares by the cost model and keeps the fastest; the
+ * resident set whose tiers serve a typical request (a prompt of up to 1K tokens, then decode)
+ * soonest wins. A plan with everything on the CPU is weighed too. */
+static pshard_status search(const struct model *m, const struct plan_request *req, const struct plan_gpu_costs *costs,
+                            const struct profile *prof, uint64_t budget, struct plan *p) {
+    static const struct { enum plan_family family; float share; } menu[] = {
+        {PLAN_STATIC, 0}, {PLAN_GPU, 0}, {PLAN_DYNAMIC, 0.25f}, {PLAN_DYNAMIC, 0.5f}, {PLAN_DYNAMIC, 0.75f}};
+    const int32_t n_prompt = req->n_ctx / 2 < 1024 ? req->n_ctx / 2 : 1024;
+    double best_total = INFINITY;
+    int best_set = -1;
+    struct plan_candidate cands[PLAN_MAX_CANDIDATES];
+    uint32_t n_cands = 0;
+    int8_t chosen[2][PLAN_TIERS];
+    struct { enum plan_family family; float share; } pick[2][PLAN_TIERS];
+    pshard_status fits = PSHARD_OK;
+    bool any_fits = false;
+    for (int set = 0; set < 2; set++) {
+        const bool staging = set == 0;
+        fits = resident_set(m, req, costs, prof, budget, staging, false, p);
+        if (fits != PSHARD_OK) continue;
+        any_fits = true;
+        account(m, req, costs, p);
+        for (int t = 0; t < PLAN_TIERS; t++) chosen[set][t] = -1;
+        for (size_t c = 0; c < sizeof menu / sizeof menu[0] && n_cands < PLAN_MAX_CANDIDATES; c++) {
+            if (!family_applies(m, p, menu[c].family)) continue;
+            struct plan_candidate *cand = &cands[n_cands];
+            memset(cand, 0, sizeof *cand);
+            cand->family = menu[c].family, cand->share = menu[c].share, cand->staging = staging;
+            for (int t = 0; t < PLAN_TIERS; t++) set_tier(m, req, p, t, menu[c].family, menu[c].share);
+            account(m, req, costs, p);
+            cand->vram_weights = p->budget.weights, cand->vram_kv = p->budget.kv, cand->vram_staging = p->budget.staging;
+            cand->host_bytes_per_token = p->tier[0].host_bytes_per_token;
+            cand->pcie_bytes_per_token = p->tier[0].pcie_bytes_per_token;
+            for (int t = 0; t < PLAN_TIERS; t++) {
+                struct cost_step cs;
+                const int32_t n = tier_eval_tokens(req, t);
+                cost_step(prof, m, p, &p->tier[t], n, req->n_ctx > n ? req->n_ctx - n : 0, &cs);
+                cand->seconds[t] = cs.seconds;
+                if (chosen[set][t] < 0 || cs.seconds < cands[chosen[set][t]].seconds[t]) {
+                    chosen[set][t] = (int8_t)n_cands;
+                    pick[set][t].family = menu[c].family, pick[set][t].share = menu[c].share;
+                }
+            }
+            n_cands++;
+        }
+        if (chosen[set][0] < 0) continue;
+        for (int t = 0; t < PLAN_TIERS; t++) set_tier(m, req, p, t, pick[set][t].family, pick[set][t].share);
+        double ttft, decode;
+        cost_request(prof, m, p, n_prompt, req->n_batch, 128, &ttft, &decode);
+        if (ttft + 128 * decode < best_total) best_total = ttft + 128 * decode, best_set = set;
+    }
+    if (!any_fits) return fits; /* not even without the ring: the message names the minimum */
+    /* Everything on the CPU. */
+    reset_places(p);
+    account(m, req, costs, p);
+    double cpu_ttft, cpu_decode;
+    cost_request(prof, m, p, n_prompt, req->n_batch, 128, &cpu_ttft, &cpu_decode);
+    if (n_cands < PLAN_MAX_CANDIDATES) {
+        struct plan_candidate *cand = &cands[n_cands];
+        memset(cand, 0, sizeof *cand);
+        cand->family = PLAN_CPU;
+        cand->host_bytes_per_token = p->tier[0].host_bytes_per_token;
+        for (int t = 0; t < PLAN_TIERS; t++) {
+            struct cost_step cs;
+            const int32_t n = tier_eval_tokens(req, t);
+            cost_step(prof, m, p, &p->tier[t], n, req->n_ctx > n ? req->n_ctx - n : 0, &cs);
+            cand->seconds[t] = cs.seconds;
+        }
+        n_cands++;
+    }
+    memcpy(p->candidates, cands, sizeof cands[0] * n_cands);
+    p->n_candidates = n_cands;
+    if (best_set < 0 || cpu_ttft + 128 * cpu_decode < best_total) {
+        for (int t = 0; t < PLAN_TIERS; t++) p->chosen[t] = (int8_t)(n_cands - 1);
+        p->family = PLAN_CPU;
+        p->budget.total = budget;
+    } else {
+        CORE_TRY(resident_set(m, req, costs, prof, budget, best_set == 0, false, p));
+        for (int t = 0; t < PLAN_TIERS; t++) {
+            set_tier(m, req, p, t, pick[best_set][t].family, pick[best_set][t].share);
+            p->chosen[t] = chosen[best_set][t];
+        }
+        p->family = p->tier[0].family;
+    }
+    account(m, req, costs, p);
+    return PSHARD_OK;
 }
 
 static pshard_status build(const struct model *m, const struct plan_request *req, const struct plan_gpu_costs *costs,
                            struct plan *p) {
     const uint32_t n = m->n_shards;
-    for (int t = 0; t < PLAN_TIERS; t++)
-        for (uint32_t i = 0; i < n; i++) p->tier[t].shard[i] = PLACE_CPU;
-    set_tier(p, PLAN_TIER_DECODE, PLAN_CPU, 1);
-    set_tier(p, PLAN_TIER_PROMPT, PLAN_CPU, PLAN_PROMPT_MIN_TOKENS);
+    for (int t = 0; t < PLAN_TIERS; t++) p->chosen[t] = -1;
+    reset_places(p);
     if (req->family == PLAN_CPU || req->vram_budget == 0) {
         p->family = PLAN_CPU;
         account(m, req, costs, p);
@@ -247,129 +528,53 @@ static pshard_status build(const struct model *m, const struct plan_request *req
     /* Everything fits: all resident, one plan for every tier. */
     if (budget >= all) {
         for (int t = 0; t < PLAN_TIERS; t++) {
-            set_tier(p, t, req->family == PLAN_AUTO ? PLAN_GPU : req->family, p->tier[t].min_tokens);
+            p->tier[t].family = req->family == PLAN_AUTO ? PLAN_GPU : req->family;
             for (uint32_t i = 0; i < n; i++) p->tier[t].shard[i] = PLACE_RESIDENT;
         }
         for (uint32_t l = 0; l < p->n_layers; l++) {
             p->kv_gpu[l] = true;
-            p->experts_resident[l] = p->tier[0].experts_gpu[l] = p->tier[1].experts_gpu[l] = p->n_expert;
+            p->experts_resident[l] = p->n_expert;
+            for (int t = 0; t < PLAN_TIERS; t++) p->tier[t].experts_gpu[l] = p->n_expert;
         }
         if (p->family == PLAN_AUTO) p->family = PLAN_GPU;
         account(m, req, costs, p);
         return PSHARD_OK;
     }
+    struct profile defaults;
+    const struct profile *prof = req->profile;
+    if (!prof) profile_defaults(&defaults), defaults.has_gpu = true, prof = &defaults;
+    if (req->family == PLAN_AUTO) return search(m, req, costs, prof, budget, p);
 
-    /* Below everything resident, shards may stream: reserve the file's mapping. */
-    fixed += costs->host_mapping;
-
-    /* The staging ring, sized for the largest unit any shard may stream. */
-    uint64_t slot = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        const struct shard *s = &m->shards[i];
-        if (s->kind == SHARD_ATTN || s->kind == SHARD_FFN) slot = plan_unit_bytes(s, 0) > slot ? plan_unit_bytes(s, 0) : slot;
-        if (s->kind == SHARD_MOE && s->expert_bytes) {
-            uint64_t per = PLAN_PIECE_MAX_BYTES / s->expert_bytes;
-            per = per < 1 ? 1 : per > s->n_expert ? s->n_expert : per;
-            p->piece_experts = (uint32_t)per;
-            slot = plan_unit_bytes(s, (uint32_t)per) > slot ? plan_unit_bytes(s, (uint32_t)per) : slot;
-        }
+    /* One family in every tier. gpu and dynamic stream their largest steps through the ring. */
+    const enum plan_family family = req->family;
+    /* With the ring asked for or refused, this is a candidate as the planner weighs it: its
+     * resident set by benefit alone. Otherwise gpu keeps every layer's KV in VRAM first, so
+     * every attention runs on the GPU. */
+    const bool candidate = req->staging >= 0, all_attention = family == PLAN_GPU && !candidate;
+    bool staging = candidate ? req->staging > 0 : family == PLAN_GPU || family == PLAN_DYNAMIC;
+    pshard_status st = resident_set(m, req, costs, prof, budget, staging, all_attention, p);
+    if (st != PSHARD_OK && staging && family != PLAN_GPU && !candidate) {
+        staging = false; /* no room for the ring: large steps run like small ones */
+        st = resident_set(m, req, costs, prof, budget, false, false, p);
     }
-    const bool moe = m->hp.n_expert > 0;
-    enum plan_family decode = req->family == PLAN_AUTO ? (moe ? PLAN_DYNAMIC : PLAN_STATIC) : req->family;
-    enum plan_family prompt = req->family == PLAN_AUTO ? PLAN_GPU : req->family;
-    if (prompt == PLAN_DYNAMIC) prompt = PLAN_GPU;
-    const bool wants_ring = prompt == PLAN_GPU;
-    const uint32_t n_slots = budget >= 32 * PLAN_STAGING_SLOTS * slot ? PLAN_STAGING_SLOTS : PLAN_MIN_SLOTS;
-    uint64_t staging = wants_ring ? n_slots * slot : 0;
-    uint64_t kv_all = 0, attn_vectors = 0, moe_shared = 0, smallest_kv = UINT64_MAX;
-    for (uint32_t i = 0; i < n; i++) {
-        const struct shard *s = &m->shards[i];
-        kv_all += kv_bytes(s, req);
-        if (s->kind == SHARD_ATTN) {
-            attn_vectors += s->weight_bytes - matrix_bytes(s);
-            smallest_kv = kv_bytes(s, req) < smallest_kv ? kv_bytes(s, req) : smallest_kv;
-        }
-        if (s->kind == SHARD_MOE) moe_shared += shared_bytes(s);
-    }
-    if (req->family == PLAN_GPU) {
-        const uint64_t need = fixed + staging + kv_all + attn_vectors + moe_shared;
-        if (budget < need)
-            return core_fail(PSHARD_ERR_RANGE, "the gpu plan needs at least %.0f MB of VRAM for this model and context "
-                             "(buffers, %u staging slots of %.0f MB, the KV cache); the budget is %.0f MB",
-                             need / 1048576.0 + 1, n_slots, slot / 1048576.0, budget / 1048576.0);
-    } else if (wants_ring && budget < fixed + staging + smallest_kv) {
-        /* No room for the ring: prompts run like decode steps. */
-        staging = 0;
-        prompt = decode == PLAN_DYNAMIC ? PLAN_STATIC : decode;
-    }
-    if (budget < fixed + staging + smallest_kv)
-        return core_fail(PSHARD_ERR_RANGE, "a VRAM budget of %.0f MB cannot hold even one layer's KV cache besides the "
-                         "GPU's buffers; the minimum for this model and context is %.0f MB (or use 0 to run on the CPU)",
-                         budget / 1048576.0, (fixed + staging + smallest_kv) / 1048576.0 + 1);
-    set_tier(p, PLAN_TIER_DECODE, decode, 1);
-    set_tier(p, PLAN_TIER_PROMPT, prompt, PLAN_PROMPT_MIN_TOKENS);
-    p->family = decode;
-    if (staging) p->n_slots = n_slots, p->slot_bytes = slot;
-    p->budget.staging = staging;
-
-    /* Resident set, by priority: every GPU shard's vectors (norms, biases: small), KV by layer,
-     * attention matrices, head, MoE shared parts, dense FFN, experts (evenly over the layers),
-     * the embedding. */
-    struct room room = {budget - fixed - staging};
-    uint64_t vectors = 0;
-    for (uint32_t i = 0; i < n; i++)
-        if (m->shards[i].kind != SHARD_MOE && m->shards[i].kind != SHARD_EMBED)
-            vectors += m->shards[i].weight_bytes - matrix_bytes(&m->shards[i]);
-    if (!take(&room, vectors)) room.left = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        const struct shard *s = &m->shards[i];
-        if (s->kind == SHARD_ATTN && take(&room, kv_bytes(s, req))) p->kv_gpu[s->layer] = true;
-    }
-    uint32_t n_moe_gpu = 0;
-    static const enum shard_kind priority[] = {SHARD_ATTN, SHARD_HEAD, SHARD_MOE, SHARD_FFN};
-    for (size_t k = 0; k < sizeof priority / sizeof priority[0]; k++)
+    CORE_TRY(st);
+    if (all_attention) {
         for (uint32_t i = 0; i < n; i++) {
             const struct shard *s = &m->shards[i];
-            if (s->kind != priority[k]) continue;
-            enum placement place = PLACE_CPU;
-            if (s->kind == SHARD_ATTN && p->kv_gpu[s->layer] && take(&room, matrix_bytes(s))) place = PLACE_RESIDENT;
-            if ((s->kind == SHARD_HEAD || s->kind == SHARD_FFN) && take(&room, matrix_bytes(s))) place = PLACE_RESIDENT;
-            if (s->kind == SHARD_MOE && take(&room, shared_bytes(s))) place = PLACE_STREAMED, n_moe_gpu++;
-            for (int t = 0; t < PLAN_TIERS; t++) p->tier[t].shard[i] = place;
-        }
-    /* Experts: the same count per layer, the remainder to the first layers. */
-    uint64_t expert_bytes = 0;
-    for (uint32_t i = 0; i < n; i++)
-        if (m->shards[i].kind == SHARD_MOE) expert_bytes = m->shards[i].expert_bytes;
-    if (n_moe_gpu && expert_bytes) {
-        uint64_t fit = room.left / expert_bytes;
-        const uint64_t per = fit / n_moe_gpu;
-        uint64_t extra = fit % n_moe_gpu;
-        for (uint32_t i = 0; i < n; i++) {
-            const struct shard *s = &m->shards[i];
-            if (s->kind != SHARD_MOE || p->tier[0].shard[i] == PLACE_CPU) continue;
-            uint64_t r = per + (extra ? 1 : 0);
-            if (extra) extra--;
-            if (r > s->n_expert) r = s->n_expert;
-            p->experts_resident[s->layer] = (uint32_t)r;
-            room.left -= r * s->expert_bytes;
+            if ((s->kind == SHARD_ATTN && !p->kv_gpu[s->layer]) || (s->kind == SHARD_MOE && p->tier[0].shard[i] == PLACE_CPU)) {
+                uint64_t need = fixed + costs->host_mapping + p->budget.staging;
+                for (uint32_t j = 0; j < n; j++) {
+                    const struct shard *q = &m->shards[j];
+                    need += kv_bytes(q, req) + (q->kind == SHARD_MOE ? shared_bytes(q) : 0) +
+                            (q->kind != SHARD_MOE && q->kind != SHARD_EMBED ? q->weight_bytes - matrix_bytes(q) : 0);
+                }
+                return core_fail(PSHARD_ERR_RANGE, "the gpu plan needs at least %.0f MB of VRAM for this model and "
+                                 "context (buffers, %u staging slots of %.0f MB, the KV cache); the budget is %.0f MB",
+                                 need / 1048576.0 + 1, p->n_slots, p->slot_bytes / 1048576.0, budget / 1048576.0);
+            }
         }
     }
-    if (req->family == PLAN_AUTO && decode == PLAN_DYNAMIC) {
-        uint64_t streamed = 0;
-        for (uint32_t i = 0; i < n; i++) {
-            const struct shard *s = &m->shards[i];
-            if (s->kind == SHARD_MOE && p->tier[0].shard[i] != PLACE_CPU)
-                streamed += (uint64_t)m->hp.n_expert_used * s->expert_bytes * (s->n_expert - p->experts_resident[s->layer]) /
-                            s->n_expert;
-            else if (s->kind == SHARD_MOE) streamed = UINT64_MAX / 2;
-        }
-        if (streamed <= PLAN_AUTO_STREAM_BYTES) set_tier(p, PLAN_TIER_DECODE, PLAN_GPU, 1), p->family = PLAN_GPU;
-    }
-    const struct shard *embed = &m->shards[0];
-    if (embed->kind == SHARD_EMBED && take(&room, embed->weight_bytes))
-        for (int t = 0; t < PLAN_TIERS; t++) p->tier[t].shard[0] = PLACE_RESIDENT;
-    for (int t = 0; t < PLAN_TIERS; t++) place_tier(m, req, p, t, staging > 0);
+    for (int t = 0; t < PLAN_TIERS; t++) set_tier(m, req, p, t, family, 0);
     account(m, req, costs, p);
     return PSHARD_OK;
 }
@@ -389,9 +594,26 @@ pshard_status plan_build(const struct model *model, const struct plan_request *r
         out->tier[t].experts_gpu = calloc(nl, sizeof *out->tier[t].experts_gpu);
         ok = ok && out->tier[t].shard && out->tier[t].experts_gpu;
     }
+    out->n_batch = req->n_batch;
+    out->n_ctx = req->n_ctx;
     pshard_status st = ok ? build(model, req, costs, out) : core_fail(PSHARD_ERR_NOMEM, "out of memory");
-    if (st != PSHARD_OK) plan_free(out);
-    return st;
+    if (st != PSHARD_OK) {
+        plan_free(out);
+        return st;
+    }
+    /* What the cost model predicts for the plan as built. */
+    struct profile defaults;
+    const struct profile *prof = req->profile;
+    if (!prof) profile_defaults(&defaults), defaults.has_gpu = true, prof = &defaults;
+    for (int t = 0; t < PLAN_TIERS; t++) {
+        struct cost_step cs;
+        const int32_t n = tier_eval_tokens(req, t);
+        cost_step(prof, model, out, &out->tier[t], n, req->n_ctx > n ? req->n_ctx - n : 0, &cs);
+        out->predicted[t] = cs.seconds;
+    }
+    cost_request(prof, model, out, req->n_ctx / 2 < 1024 ? req->n_ctx / 2 : 1024, req->n_batch, 128, &out->predicted_ttft,
+                 &out->predicted_decode);
+    return PSHARD_OK;
 }
 
 void plan_free(struct plan *plan) {
@@ -420,11 +642,59 @@ static void print_place(const struct plan *p, const struct plan_tier *t, const s
     }
 }
 
+static void tier_label(const struct plan *p, int t, char *buf, size_t size) {
+    const int32_t lo = p->tier[t].min_tokens;
+    const int32_t hi = t + 1 < PLAN_TIERS ? p->tier[t + 1].min_tokens - 1 : 0;
+    if (lo == hi) snprintf(buf, size, "%d", lo);
+    else if (hi) snprintf(buf, size, "%d-%d", lo, hi);
+    else snprintf(buf, size, "%d+", lo);
+}
+
+static void candidate_name(const struct plan_candidate *c, char *buf, size_t size) {
+    if (c->family == PLAN_DYNAMIC) snprintf(buf, size, "dynamic %.2f%s", c->share, c->staging ? "" : " (no ring)");
+    else snprintf(buf, size, "%s%s", plan_family_name(c->family), c->family != PLAN_CPU && !c->staging ? " (no ring)" : "");
+}
+
+/* auto: what each tier weighed, predicted times, and the choice. */
+static void print_candidates(const struct plan *p, FILE *out) {
+    const int last = plan_prompt_tier(p);
+    fprintf(out, "candidates (predicted seconds per step; tokens per step in the header; * = chosen):\n");
+    fprintf(out, "  %-26s", "plan");
+    for (int t = 0; t <= last; t++) {
+        char label[24];
+        tier_label(p, t, label, sizeof label);
+        fprintf(out, " %11s", label);
+    }
+    fprintf(out, " %9s %8s %9s %10s %10s\n", "VRAM wts", "KV", "staging", "host B/tok", "PCIe B/tok");
+    for (uint32_t c = 0; c < p->n_candidates; c++) {
+        const struct plan_candidate *k = &p->candidates[c];
+        char name[40];
+        candidate_name(k, name, sizeof name);
+        fprintf(out, "  %-26s", name);
+        for (int t = 0; t <= last; t++) {
+            char cell[24];
+            snprintf(cell, sizeof cell, "%.4g%s", k->seconds[t], p->chosen[t] == (int)c ? "*" : "");
+            fprintf(out, " %11s", cell);
+        }
+        fprintf(out, " %8.0fM %7.0fM %8.0fM %9.1fM %9.1fM\n", mb(k->vram_weights), mb(k->vram_kv), mb(k->vram_staging),
+                mb(k->host_bytes_per_token), mb(k->pcie_bytes_per_token));
+    }
+    fprintf(out, "predicted: %.3f s to the first token of a %d-token prompt, then %.1f tokens/s\n", p->predicted_ttft,
+            p->n_ctx / 2 < 1024 ? p->n_ctx / 2 : 1024, p->predicted_decode > 0 ? 1 / p->predicted_decode : 0);
+}
+
 void plan_print(const struct plan *p, const struct model *m, FILE *out) {
-    const struct plan_tier *d = &p->tier[PLAN_TIER_DECODE], *pr = &p->tier[PLAN_TIER_PROMPT];
-    fprintf(out, "plan %s: VRAM budget %.0f MB; steps of 1-%d tokens run '%s', of %d or more '%s'\n",
-            plan_family_name(p->family), mb(p->budget.total), pr->min_tokens - 1, plan_family_name(d->family),
-            pr->min_tokens, plan_family_name(pr->family));
+    const int last = plan_prompt_tier(p);
+    const struct plan_tier *d = &p->tier[PLAN_TIER_DECODE], *pr = &p->tier[last];
+    fprintf(out, "plan %s: VRAM budget %.0f MB; per tier (tokens per step):", plan_family_name(p->family),
+            mb(p->budget.total));
+    for (int t = 0; t <= last; t++) {
+        char label[24];
+        tier_label(p, t, label, sizeof label);
+        fprintf(out, " %s '%s'%s", label, plan_family_name(p->tier[t].family), p->tier[t].ring ? " (ring)" : "");
+    }
+    fputc('\n', out);
+    if (p->n_candidates) print_candidates(p, out);
     if (p->n_expert)
         fprintf(out, "(MoE shards on the GPU: experts resident/streamed/on the CPU; router and shared parts resident)\n");
     fprintf(out, "  %-5s %-6s %5s %-12s %-12s %12s %6s\n", "#", "shard", "layer", "decode", "prompt", "weights MB", "KV");

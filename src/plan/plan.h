@@ -18,33 +18,35 @@
 
 #include "model/model.h"
 
+struct profile;
+
 enum placement { PLACE_CPU, PLACE_RESIDENT, PLACE_STREAMED };
 
 enum plan_family {
-    PLAN_AUTO,    /* gpu when everything fits; else dynamic (MoE) or static (dense) for decode and
-                     gpu for prompts, when the budget holds the staging slots */
+    PLAN_AUTO,    /* per tier, the candidate the cost model predicts fastest (see plan_build) */
     PLAN_CPU,     /* every shard on the CPU */
     PLAN_GPU,     /* every shard on the GPU: resident by priority, the rest streamed */
     PLAN_STATIC,  /* resident by priority, the rest on the CPU (attention follows its KV) */
-    PLAN_DYNAMIC, /* resident by priority; of the rest, MoE experts split between streaming and
-                     the CPU so both finish together; prompts stream everything */
+    PLAN_DYNAMIC, /* resident by priority; of the rest, a share (MoE experts, or dense FFN shards)
+                     streamed and the rest on the CPU, both working at once; ring tiers stream
+                     everything */
 };
 enum { PLAN_FAMILY_COUNT = PLAN_DYNAMIC + 1 };
 
-/* Token tiers: a step with n new tokens runs the last tier whose min_tokens <= n. */
-enum { PLAN_TIER_DECODE, PLAN_TIER_PROMPT, PLAN_TIERS };
-/* The staging ring: PLAN_STAGING_SLOTS slots where the budget is at least 32 slots' worth (a
- * deeper ring absorbs uneven compute), else PLAN_MIN_SLOTS; an MoE shard is staged in pieces of
- * at most PLAN_PIECE_MAX_BYTES of experts (each piece is one grouped-expert launch, so fewer,
- * larger pieces waste less; measured on the H200: 48 MB pieces made a 929-token prompt 20%
- * slower than 64 MB ones). */
-enum { PLAN_PROMPT_MIN_TOKENS = 32, PLAN_STAGING_SLOTS = 4, PLAN_MIN_SLOTS = 2, PLAN_PIECE_MAX_BYTES = 128 << 20 };
-/* auto, MoE decode: stream every non-resident expert (an all-GPU step, replayed as a CUDA graph)
- * when that moves at most this many bytes per token; above it, split them with the CPU, whose
- * share costs a host round trip per layer. Measured on the H200 (qwen30b): the split runs at a
- * near-constant ~24 ms per token, streaming at ~33 GB/s effective. */
-#define PLAN_AUTO_STREAM_BYTES (600ull << 20)
-
+/* Token tiers: a step of n new tokens runs the last tier whose min_tokens <= n (tiers past the
+ * micro-batch size never run). Each tier has its own plan over one shared resident set, so
+ * switching between tiers copies nothing. */
+enum { PLAN_TIERS = 6, PLAN_TIER_DECODE = 0 };
+extern const int32_t plan_tier_tokens[PLAN_TIERS]; /* 1, 4, 16, 64, 256, 1024 */
+/* The staging ring: tiers of at least PLAN_RING_MIN_TOKENS tokens that stream copy their
+ * weights through it (smaller steps read them in place). PLAN_STAGING_SLOTS slots where the
+ * budget is at least 32 slots' worth (a deeper ring absorbs uneven compute), else
+ * PLAN_MIN_SLOTS; an MoE shard is staged in pieces of at most PLAN_PIECE_MAX_BYTES of experts
+ * (each piece is one grouped-expert launch, so fewer, larger pieces waste less; measured on the
+ * H200: 48 MB pieces made a 929-token prompt 20% slower than 64 MB ones). */
+enum { PLAN_RING_MIN_TOKENS = 64, PLAN_STAGING_SLOTS = 4, PLAN_MIN_SLOTS = 2, PLAN_PIECE_MAX_BYTES = 128 << 20 };
+/* Candidates the planner weighs for a tier (auto): families, with dynamic at several shares. */
+enum { PLAN_MAX_CANDIDATES = 16 };
 /* What the budget holds, in bytes: total is the budget; the device arena is all of it but
  * `mapping`, the device memory the driver takes to map the model file for the GPU's reads of
  * host memory (its page tables), reserved only when the plan streams. */
@@ -57,6 +59,8 @@ struct plan_request {
     int64_t vram_budget;  /* bytes; < 0: as much as the plan needs (gpu) */
     int32_t n_ctx, n_batch, n_seq;
     float stream_share;   /* dynamic: share of the non-resident experts streamed (0: default) */
+    int32_t staging;      /* reserve the staging ring: 1 yes, 0 no, -1 as the family wants */
+    const struct profile *profile; /* auto: the machine's profile (NULL: conservative defaults) */
 };
 
 struct plan_tier {
@@ -71,6 +75,16 @@ struct plan_tier {
     uint64_t gpu_bytes_per_token;  /* weight bytes the GPU reads from VRAM per decode token */
 };
 
+/* A plan the planner weighed (auto), with its predicted step time in every tier. */
+struct plan_candidate {
+    enum plan_family family;
+    float share;            /* dynamic */
+    bool staging;           /* its resident set leaves room for the staging ring */
+    double seconds[PLAN_TIERS];
+    uint64_t vram_weights, vram_kv, vram_staging;
+    uint64_t host_bytes_per_token, pcie_bytes_per_token;
+};
+
 struct plan {
     enum plan_family family;  /* what was asked, AUTO resolved to the decode tier's family */
     uint32_t n_shards, n_layers, n_expert;
@@ -82,6 +96,13 @@ struct plan {
     uint64_t slot_bytes;
     bool any_gpu, any_cpu_attention;
     struct plan_budget budget;
+    /* auto: what was weighed and what each tier was predicted to take (seconds per step) */
+    uint32_t n_candidates;
+    struct plan_candidate candidates[PLAN_MAX_CANDIDATES];
+    int8_t chosen[PLAN_TIERS];   /* index into candidates, -1 when not searched */
+    double predicted[PLAN_TIERS];
+    double predicted_ttft, predicted_decode; /* a 1K-token prompt (or half the context) */
+    int32_t n_batch, n_ctx;
 };
 
 /* Size of the GPU-side buffers a plan needs besides weights and KV, for these shapes. Filled
@@ -99,7 +120,14 @@ void plan_free(struct plan *plan);
 
 /* The tier a step of n new tokens runs. */
 static inline const struct plan_tier *plan_tier_for(const struct plan *p, int32_t n_tokens) {
-    return n_tokens >= p->tier[PLAN_TIER_PROMPT].min_tokens ? &p->tier[PLAN_TIER_PROMPT] : &p->tier[PLAN_TIER_DECODE];
+    int t = PLAN_TIERS - 1;
+    while (t > 0 && n_tokens < p->tier[t].min_tokens) t--;
+    return &p->tier[t];
+}
+
+/* The tier of the plan's largest steps (a full micro-batch of a prompt). */
+static inline int plan_prompt_tier(const struct plan *p) {
+    return (int)(plan_tier_for(p, p->n_batch > 0 ? p->n_batch : 1) - p->tier);
 }
 
 /* Where shard i lives across the tiers: RESIDENT, STREAMED (in some tier) or CPU. */

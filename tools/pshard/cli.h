@@ -14,6 +14,8 @@ int cmd_chat(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
+int cmd_profile(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 
 /* Options shared by run and chat. */
 struct run_opts {

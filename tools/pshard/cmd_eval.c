@@ -59,6 +59,7 @@ int cmd_eval(int argc, char **argv) {
         else if (!strcmp(argv[i], "-b") && v) params.n_batch = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-t") && v) params.n_threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--gpu")) params.gpu = 1;
+        else if (!strcmp(argv[i], "--no-profile")) params.no_profile = 1;
         else if (!strcmp(argv[i], "--vram-budget") && v) {
             if (plan_parse_size(argv[++i], &params.vram_budget) != PSHARD_OK) {
                 fprintf(stderr, "pshard eval: %s\n", pshard_last_error());

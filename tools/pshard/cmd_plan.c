@@ -1,24 +1,30 @@
 /* `pshard plan`: where every shard would run under a VRAM budget, without loading weights. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
 #include "exec/exec.h"
+#include "exec/measure.h"
 #include "gguf/gguf.h"
 
 static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard plan [-m MODEL] --vram-budget SIZE [--plan auto|cpu|gpu|static|dynamic] [-c CTX]\n"
-                 "                   [-b BATCH] [--stream-share F]\n"
-                 "  Prints each shard's place in decode steps and in prompt steps (RESIDENT in VRAM,\n"
+                 "                   [-b BATCH] [--parallel N] [-t THREADS] [--stream-share F] [--no-profile]\n"
+                 "  Prints the plan of every token tier (steps of 1-3, 4-15, ... tokens) and, for auto, every\n"
+                 "  candidate the planner weighed with its predicted seconds per step, VRAM and bytes moved\n"
+                 "  per token; then each shard's place in decode and in full prompt steps (RESIDENT in VRAM,\n"
                  "  STREAMED from host memory, or CPU; MoE experts per range), the VRAM breakdown and the\n"
                  "  weight bytes read per decode token from host memory, over PCIe and from VRAM.\n"
-                 "  Nothing is loaded onto the GPU.\n");
+                 "  Predictions use this machine's profile (`pshard profile`) when one is cached, else\n"
+                 "  conservative defaults (always with --no-profile). Nothing is loaded onto the GPU.\n");
 }
 
 int cmd_plan(int argc, char **argv) {
     const char *model_path = NULL;
-    struct exec_params p = {4096, 512, 1, 0, PLAN_AUTO, -1, 0.0f};
+    bool no_profile = false;
+    struct exec_params p = {4096, 512, 1, 0, PLAN_AUTO, -1, 0.0f, -1, NULL};
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -35,6 +41,12 @@ int cmd_plan(int argc, char **argv) {
                 fprintf(stderr, "pshard plan: --stream-share: %s\n", pshard_last_error());
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--no-profile")) {
+            no_profile = true;
+        } else if (!strcmp(argv[i], "--parallel") && v) {
+            p.n_seq = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "-t") && v) {
+            p.n_threads = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "-c") && v) {
             p.n_ctx = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "-b") && v) {
@@ -44,8 +56,8 @@ int cmd_plan(int argc, char **argv) {
             return 2;
         }
     }
-    if (p.n_ctx <= 0 || p.n_batch <= 0) {
-        fprintf(stderr, "pshard plan: -c and -b must be positive\n");
+    if (p.n_ctx <= 0 || p.n_batch <= 0 || p.n_seq <= 0 || p.n_threads < 0) {
+        fprintf(stderr, "pshard plan: -c, -b and --parallel must be positive\n");
         return 2;
     }
     char default_path[4096];
@@ -61,7 +73,20 @@ int cmd_plan(int argc, char **argv) {
         gguf_close(file);
         goto fail;
     }
-    pshard_status st = exec_make_plan(&model, &p, &plan);
+    struct profile profile;
+    bool measured_now;
+    pshard_status st = exec_machine_profile(&model, p.n_threads, no_profile ? PROFILE_DEFAULTS : PROFILE_CACHED, NULL,
+                                            NULL, &profile, &measured_now);
+    if (st == PSHARD_OK && p.vram_budget != 0 && p.plan != PLAN_CPU) {
+        p.profile = &profile;
+        if (profile.measured)
+            printf("profile: measured in %.0f s on %s, %d threads%s%s\n", profile.seconds, profile.fp.cpu, profile.fp.threads,
+                   profile.fp.gpu[0] ? ", " : "", profile.fp.gpu);
+        else
+            printf("profile: %s; predictions use conservative defaults\n",
+                   no_profile ? "not used (--no-profile)" : "none cached for this machine (run `pshard profile`)");
+    }
+    if (st == PSHARD_OK) st = exec_make_plan(&model, &p, &plan);
     if (st == PSHARD_OK) {
         plan_print(&plan, &model, stdout);
         plan_free(&plan);

@@ -35,6 +35,8 @@ static void print_usage(FILE *out, const char *cmd) {
             "                          (the rest on the CPU), dynamic (MoE experts split between streaming\n"
             "                          and the CPU)\n"
             "  --stream-share F        dynamic plans: share of the non-resident experts streamed (0.5)\n"
+            "  --no-profile            auto plans: choose with conservative defaults rather than this\n"
+            "                          machine's measured profile (measured once, on first use)\n"
             "  --ids                   print the generated token ids after the text\n"
             "  --ignore-eos            do not stop at end-of-generation tokens (for benchmarks)\n"
             "  -q, --quiet             no load progress and no speed report\n",
@@ -70,6 +72,7 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
         else if (!strcmp(a, "--ignore-eos")) o->gen.ignore_eos = 1;
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = 1;
         else if (!strcmp(a, "--no-prefault")) o->params.prefault = 0;
+        else if (!strcmp(a, "--no-profile")) o->params.no_profile = 1;
         else if (!strcmp(a, "--gpu")) o->params.gpu = 1;
         else if (!strcmp(a, "--vram-budget") && v) {
             int64_t bytes;
@@ -153,6 +156,12 @@ void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *s) {
     }
 }
 
+static void profile_progress(void *user, const char *what, double done) {
+    (void)user;
+    fprintf(stderr, "\rmeasuring this machine for the planner (once, under a minute): %3d%% %-30s", (int)(100 * done), what);
+    if (done >= 1) fputc('\n', stderr);
+}
+
 pshard_ctx *run_open_model(struct run_opts *o) {
     if (!o->model) {
         if (cli_default_model(o->default_path, sizeof o->default_path) != 0) return NULL;
@@ -160,6 +169,7 @@ pshard_ctx *run_open_model(struct run_opts *o) {
     }
     o->params.model_path = o->model;
     if (!o->quiet && isatty(2)) o->params.progress = progress_bar;
+    if (!o->quiet) o->params.profile_progress = profile_progress;
     pshard_ctx *ctx = NULL;
     if (pshard_open(&o->params, &ctx) != PSHARD_OK) {
         fprintf(stderr, "pshard: %s\n", pshard_last_error());
@@ -170,12 +180,14 @@ pshard_ctx *run_open_model(struct run_opts *o) {
     if (!o->quiet && info.on_gpu) {
         char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32];
         fprintf(stderr, "VRAM: arena %s = weights %s + KV %s + activations %s + work %s + staging %s; file mapping %s; "
-                "CUDA context %s outside the budget; plan %s\n",
+                "CUDA context %s outside the budget; plan %s (predicted: TTFT %.2f s for 1K tokens, %.1f tok/s%s)\n",
                 cli_format_bytes(info.vram_arena_bytes, a, sizeof a), cli_format_bytes(info.vram_weight_bytes, b, sizeof b),
                 cli_format_bytes(info.vram_kv_bytes, c, sizeof c), cli_format_bytes(info.vram_activation_bytes, d, sizeof d),
                 cli_format_bytes(info.vram_work_bytes, e, sizeof e), cli_format_bytes(info.vram_staging_bytes, g, sizeof g),
                 cli_format_bytes(info.vram_mapping_bytes, h, sizeof h),
-                cli_format_bytes(info.vram_context_bytes, f, sizeof f), info.plan);
+                cli_format_bytes(info.vram_context_bytes, f, sizeof f), info.plan, info.predicted_ttft_s,
+                info.predicted_decode_s > 0 ? 1 / info.predicted_decode_s : 0.0,
+                info.profile_measured ? "" : "; from default costs, not a measured profile");
     }
     return ctx;
 }

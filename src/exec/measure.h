@@ -1,0 +1,38 @@
+/* Measuring this machine for the cost model (`pshard profile`): the CPU's and the GPU's kernels
+ * on matrices of the model's shapes and formats, host memory, PCIe copies by size, reading host
+ * memory in place, launch and hand-off latencies, and copies and CPU work run together. Each
+ * figure is a short timed loop on buffers larger than the caches; the whole run stays within a
+ * time limit (the GPU part is skipped without a GPU). */
+#ifndef EXEC_MEASURE_H
+#define EXEC_MEASURE_H
+
+#include <stdbool.h>
+
+#include "model/model.h"
+#include "plan/profile.h"
+
+/* Called as measuring moves on: what is being measured and the fraction done (0..1). */
+typedef void (*measure_progress_fn)(void *user, const char *what, double done);
+
+struct measure_request {
+    const struct model *model; /* shapes and formats to measure; NULL: a generic 4096-wide model */
+    int n_threads;             /* 0: all cores */
+    bool gpu;                  /* measure the GPU too (when one exists) */
+    measure_progress_fn progress;
+    void *user;
+};
+
+/* Measure into *p. Formats already in *p (a profile being extended with a new model's
+ * formats) are measured again only when the model uses them. */
+pshard_status exec_measure(const struct measure_request *req, struct profile *p);
+
+/* The profile to plan `model` with on this machine. MEASURE: the cached one when it fits this
+ * machine and holds the model's formats, else measured now (the model's missing formats added
+ * to a usable cached profile) and saved. CACHED: the cached one if usable (formats it lacks
+ * are priced as its slowest), else the defaults. DEFAULTS: the conservative defaults.
+ * *measured_now tells whether it measured (for the caller's messages). */
+enum profile_use { PROFILE_MEASURE, PROFILE_CACHED, PROFILE_DEFAULTS };
+pshard_status exec_machine_profile(const struct model *model, int n_threads, enum profile_use use,
+                                   measure_progress_fn progress, void *user, struct profile *out, bool *measured_now);
+
+#endif

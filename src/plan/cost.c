@@ -1,0 +1,221 @@
+/* The cost model (see cost.h). */
+#include "plan/cost.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "quant/types.h"
+
+/* Kernels a shard launches on the GPU besides one per matrix (norms, rope, KV store, attention,
+ * routing, adds), and jobs it hands the CPU's thread pool besides one per matrix. */
+static const int extra_kernels[SHARD_KIND_COUNT] = {1, 7, 3, 6, 2};
+static const int extra_jobs[SHARD_KIND_COUNT] = {0, 3, 2, 3, 1};
+
+static bool is_matrix(const struct gguf_tensor *t) { return t->n_dims >= 2 && t->ne[1] > 1; }
+static bool is_experts(const struct gguf_tensor *t) { return t->n_dims >= 3 && t->ne[2] > 1; }
+
+double cost_rate(const struct profile_rate table[PROFILE_FORMATS], uint32_t type, double n) {
+    const struct profile_rate *r = profile_rate_find(table, quant_type_name(type));
+    if (r && r->s_per_byte[0] > 0) return profile_at_tokens(r->s_per_byte, n);
+    double worst = 0;
+    for (int i = 0; i < PROFILE_FORMATS; i++)
+        if (table[i].format[0] && profile_at_tokens(table[i].s_per_byte, n) > worst)
+            worst = profile_at_tokens(table[i].s_per_byte, n);
+    return worst > 0 ? worst : 1e-9;
+}
+
+static double gbps_s(double bytes, double gbps) { return gbps > 0 ? bytes / (gbps * 1e9) : 0; }
+
+/* Where a step's work stands as the walk goes on. */
+struct walk {
+    const struct profile *prof;
+    const struct model *m;
+    const struct plan *p;
+    const struct plan_tier *t;
+    double n, n_out, ctx; /* tokens, output rows of the head, mean attended cells */
+    bool graph, on_gpu;
+    struct cost_step *out;
+};
+
+static void gpu_busy(struct walk *w, double compute_s, int kernels) {
+    const double launch = w->graph ? w->prof->graph_node_s : w->prof->launch_s;
+    const double busy = compute_s > kernels * launch ? compute_s : kernels * launch;
+    w->out->gpu_s += busy;
+    w->out->overhead_s += busy - compute_s;
+    w->out->seconds += busy;
+}
+
+static void cpu_busy(struct walk *w, double compute_s, int jobs) {
+    const double busy = compute_s + jobs * w->prof->cpu_step_s;
+    w->out->cpu_s += busy;
+    w->out->overhead_s += jobs * w->prof->cpu_step_s;
+    w->out->seconds += busy;
+}
+
+/* The activations move to the side the next shard runs on. */
+static void move_to(struct walk *w, bool gpu) {
+    if (w->on_gpu == gpu) return;
+    const double bytes = w->n * w->m->hp.n_embd * 4.0;
+    const double copy = gbps_s(bytes, profile_at_size(gpu ? w->prof->h2d_gbps : w->prof->d2h_gbps, bytes));
+    const double wait = gpu ? w->prof->launch_s : w->prof->sync_s;
+    w->out->pcie_s += copy;
+    w->out->overhead_s += wait;
+    w->out->seconds += copy + wait;
+    w->on_gpu = gpu;
+}
+
+/* Attention over the cache: seconds for n tokens attending ctx cells each. */
+static double attention_s(const struct walk *w, const struct shard *s, bool gpu) {
+    const double per_cell = (double)s->kv_bytes_per_token;
+    const double *r = gpu ? w->prof->gpu_attn : w->prof->cpu_attn;
+    return w->n * w->ctx * per_cell * profile_at_tokens(r, w->n);
+}
+
+/* A dense shard's matrices (not experts): compute time on one side, and their bytes. */
+static double matrices_s(const struct walk *w, const struct shard *s, bool gpu, double n, uint64_t *bytes, int *count) {
+    double sec = 0;
+    *bytes = 0;
+    *count = 0;
+    for (uint32_t i = 0; i < s->n_tensors; i++) {
+        const struct gguf_tensor *t = s->tensors[i];
+        if (!is_matrix(t) || is_experts(t)) continue;
+        uint64_t b = t->n_bytes;
+        if (s->kind == SHARD_EMBED) b = t->ne[1] ? t->n_bytes / t->ne[1] * (uint64_t)n : 0; /* rows looked up */
+        sec += b * cost_rate(gpu ? w->prof->gpu_matmul : w->prof->cpu_matmul, t->type, n);
+        *bytes += b;
+        (*count)++;
+    }
+    return sec;
+}
+
+static uint32_t expert_type(const struct shard *s) {
+    for (uint32_t i = 0; i < s->n_tensors; i++)
+        if (is_experts(s->tensors[i])) return s->tensors[i]->type;
+    return 0;
+}
+
+/* Expected distinct experts a step of n tokens touches among `range` of E, each token choosing k. */
+static double touched(double range, double E, double k, double n) {
+    return E > 0 ? range * (1 - pow(1 - k / E, n)) : 0;
+}
+
+static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
+    const enum placement place = w->t->shard[i];
+    const double n = s->kind == SHARD_HEAD ? w->n_out : w->n;
+    uint64_t bytes;
+    int count;
+    if (place == PLACE_CPU) {
+        move_to(w, false);
+        double sec = matrices_s(w, s, false, n, &bytes, &count);
+        if (s->kind == SHARD_ATTN) sec += attention_s(w, s, false);
+        cpu_busy(w, sec, count + extra_jobs[s->kind]);
+        return;
+    }
+    move_to(w, true);
+    double sec = matrices_s(w, s, true, n, &bytes, &count);
+    if (place == PLACE_STREAMED && s->kind != SHARD_EMBED) {
+        const struct profile *pr = w->prof;
+        const double stream = w->t->ring ? gbps_s((double)bytes, profile_at_size(pr->h2d_gbps, (double)bytes))
+                                         : gbps_s((double)bytes, pr->zero_copy_gbps);
+        w->out->pcie_s += stream;
+        /* In place: the kernel waits on the reads. Ring: copies run ahead of compute. */
+        sec = sec > stream ? sec : stream;
+    }
+    if (s->kind == SHARD_ATTN) sec += attention_s(w, s, true);
+    gpu_busy(w, sec, count + extra_kernels[s->kind]);
+}
+
+static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
+    const struct profile *pr = w->prof;
+    const double E = s->n_expert, k = w->m->hp.n_expert_used, eb = (double)s->expert_bytes, n = w->n;
+    const uint32_t type = expert_type(s);
+    uint64_t shared_bytes;
+    int count;
+    if (w->t->shard[i] == PLACE_CPU) {
+        move_to(w, false);
+        const double sec = matrices_s(w, s, false, n, &shared_bytes, &count) +
+                           touched(E, E, k, n) * eb * cost_rate(pr->cpu_experts, type, n);
+        cpu_busy(w, sec, count + 3 + extra_jobs[SHARD_MOE]);
+        return;
+    }
+    move_to(w, true);
+    const double r = w->p->experts_resident[s->layer], g = w->t->experts_gpu[s->layer];
+    const double gpu_rate = cost_rate(pr->gpu_experts, type, n);
+    double gpu = matrices_s(w, s, true, n, &shared_bytes, &count) + touched(r, E, k, n) * eb * gpu_rate;
+    double stream = 0;
+    if (g > r) {
+        /* In place: only the touched experts' bytes cross PCIe. Ring: every piece is copied. */
+        const double moved = w->t->ring ? (g - r) * eb : touched(g - r, E, k, n) * eb;
+        const double gbps = w->t->ring ? profile_at_size(pr->h2d_gbps, eb * (w->p->piece_experts ? w->p->piece_experts : 1))
+                                       : pr->zero_copy_gbps;
+        stream = gbps_s(moved, gbps);
+        const double compute = touched(g - r, E, k, n) * eb * gpu_rate;
+        gpu += compute > stream ? compute : stream;
+    }
+    const int kernels = count + extra_kernels[SHARD_MOE] + (g > r ? 3 : 0) +
+                        (w->t->ring ? 3 * (int)ceil((g - r) / (w->p->piece_experts ? w->p->piece_experts : 1)) : 0);
+    if (g >= E) {
+        w->out->pcie_s += stream;
+        gpu_busy(w, gpu, kernels);
+        return;
+    }
+    /* Split: the CPU computes [g, E) while the GPU computes its share; each slows the other's
+     * use of host memory as measured together. */
+    double cpu = touched(E - g, E, k, n) * eb * cost_rate(pr->cpu_experts, type, n) + 3 * pr->cpu_step_s;
+    if (stream > 0) {
+        const double cs = pr->cpu_share_under_h2d > 0 ? pr->cpu_share_under_h2d : 1;
+        const double hs = pr->h2d_share_under_cpu > 0 ? pr->h2d_share_under_cpu : 1;
+        const double overlap = cpu < stream ? cpu : stream;
+        cpu += overlap * (1 / cs - 1);
+        gpu += overlap * (1 / hs - 1);
+    }
+    const double hand_off = pr->round_trip_s + gbps_s(n * w->m->hp.n_embd * 4.0 * 2, profile_at_size(pr->d2h_gbps, 65536));
+    const double launch = kernels * pr->launch_s;
+    const double side = (gpu > launch ? gpu : launch) > cpu + hand_off ? (gpu > launch ? gpu : launch) : cpu + hand_off;
+    w->out->gpu_s += gpu;
+    w->out->cpu_s += cpu;
+    w->out->pcie_s += stream;
+    w->out->overhead_s += hand_off;
+    w->out->seconds += side;
+}
+
+void cost_step(const struct profile *prof, const struct model *m, const struct plan *p, const struct plan_tier *t,
+               int32_t n_tokens, int32_t n_past, struct cost_step *out) {
+    memset(out, 0, sizeof *out);
+    const double n = n_tokens > 0 ? n_tokens : 1;
+    struct walk w = {prof, m, p, t, n, 1, n_past + (n + 1) / 2, false, false, out};
+    /* Replayed as a CUDA graph: one-token steps with every shard on the GPU, no ring. */
+    w.graph = t->all_gpu && !t->ring && n_tokens == 1;
+    if (!prof->has_gpu && t->any_gpu) {
+        out->seconds = INFINITY;
+        return;
+    }
+    for (uint32_t i = 0; i < m->n_shards; i++) {
+        const struct shard *s = &m->shards[i];
+        if (s->kind == SHARD_MOE) moe_shard(&w, s, i);
+        else dense_shard(&w, s, i);
+    }
+    move_to(&w, false); /* logits back to the host */
+    if (t->ring) {
+        /* The first slot's fill is not hidden behind compute. */
+        const double fill = gbps_s((double)p->slot_bytes, profile_at_size(prof->h2d_gbps, (double)p->slot_bytes));
+        out->seconds += fill;
+        out->pcie_s += fill;
+    }
+    if (t->any_gpu && !w.graph) out->overhead_s += prof->sync_s, out->seconds += prof->sync_s;
+}
+
+void cost_request(const struct profile *prof, const struct model *m, const struct plan *p, int32_t n_prompt,
+                  int32_t n_batch, int32_t n_gen, double *ttft_s, double *decode_s) {
+    struct cost_step c;
+    double ttft = 0;
+    for (int32_t done = 0; done < n_prompt;) {
+        const int32_t n = n_prompt - done < n_batch ? n_prompt - done : n_batch;
+        cost_step(prof, m, p, plan_tier_for(p, n), n, done, &c);
+        ttft += c.seconds;
+        done += n;
+    }
+    cost_step(prof, m, p, plan_tier_for(p, 1), 1, n_prompt + n_gen / 2, &c);
+    *ttft_s = ttft;
+    *decode_s = c.seconds;
+}

@@ -1,0 +1,39 @@
+/* The cost model: how long one step of a plan's tier takes on this machine, predicted from the
+ * machine profile without running anything.
+ *
+ * A step walks the shards in order, as the executor does. Each shard's time is a roofline over
+ * the profile's measured rates (seconds per weight or KV byte at the step's token count,
+ * interpolated in log n): on the GPU from VRAM, from host memory read in place, or through the
+ * staging ring (copies overlapped with compute, so the slower of the two plus the first fill);
+ * on the CPU through the thread pool. Activations cross PCIe where placement changes (a copy and
+ * a host wait). An MoE layer split between the GPU and the CPU takes the longer of the two sides
+ * plus a hand-off, each side slowed by the other's use of host memory as measured together.
+ * Kernel launches cost their measured latency (graph nodes for replayed decode steps). */
+#ifndef PLAN_COST_H
+#define PLAN_COST_H
+
+#include "model/model.h"
+#include "plan/plan.h"
+#include "plan/profile.h"
+
+struct cost_step {
+    double seconds;      /* the step */
+    double gpu_s, cpu_s; /* busy time of each side (they overlap in split MoE layers) */
+    double pcie_s;       /* weight streaming and activation transfers */
+    double overhead_s;   /* launches, host waits, hand-offs */
+};
+
+/* Seconds per byte of an op from a rate table at n tokens: the format's row, or the slowest
+ * row when the format was not measured (a conservative guess). */
+double cost_rate(const struct profile_rate table[PROFILE_FORMATS], uint32_t type, double n);
+
+/* One step of `n_tokens` new tokens after `n_past` cached positions, under tier t of plan p. */
+void cost_step(const struct profile *prof, const struct model *m, const struct plan *p, const struct plan_tier *t,
+               int32_t n_tokens, int32_t n_past, struct cost_step *out);
+
+/* A request: a prompt of n_prompt tokens in steps of at most n_batch, then n_gen decode steps;
+ * seconds to the first token and per generated token. */
+void cost_request(const struct profile *prof, const struct model *m, const struct plan *p, int32_t n_prompt,
+                  int32_t n_batch, int32_t n_gen, double *ttft_s, double *decode_s);
+
+#endif

@@ -1,0 +1,101 @@
+/* The machine profile: what `pshard profile` measured on this machine, the numbers the cost
+ * model predicts from. Stored as JSON in the user's cache directory, one file per hardware
+ * fingerprint (CPU model and threads, GPU and driver); a profile measured on other hardware,
+ * by another pshard version or format version, or too old, is not used.
+ *
+ * Rates are seconds per byte of weights (or of KV cache) for a step of n new tokens, measured
+ * at the token counts of profile_tokens[]; the cost model interpolates between them in log n.
+ * A profile holds the tensor formats it was measured for; the formats of a model about to run
+ * are added to it when missing. */
+#ifndef PLAN_PROFILE_H
+#define PLAN_PROFILE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pshard.h"
+
+#define PROFILE_VERSION 1
+enum {
+    PROFILE_TOKENS = 6,   /* token counts: 1, 4, 16, 64, 256, 1024 */
+    PROFILE_SIZES = 5,    /* transfer sizes: 64 KiB, 512 KiB, 4 MiB, 32 MiB, 128 MiB */
+    PROFILE_FORMATS = 8,  /* tensor formats per profile */
+    PROFILE_MAX_AGE_DAYS = 90,
+};
+extern const int32_t profile_tokens[PROFILE_TOKENS];
+extern const uint64_t profile_sizes[PROFILE_SIZES];
+
+/* One operation on one tensor format: seconds per weight byte at each token count. */
+struct profile_rate {
+    char format[16]; /* the type's name as quant_type_name() gives it, e.g. "Q4_0"; "" = unused slot */
+    double s_per_byte[PROFILE_TOKENS];
+};
+
+struct profile_fingerprint {
+    char cpu[128];   /* the CPU's model name */
+    int32_t threads; /* threads the CPU rates were measured with */
+    char gpu[128];   /* the GPU's name, "" without one */
+    int32_t driver;  /* the CUDA driver's version, 0 without a GPU */
+};
+
+struct profile {
+    int32_t version;  /* PROFILE_VERSION */
+    char pshard[16];  /* PSHARD_VERSION that measured it */
+    struct profile_fingerprint fp;
+    int64_t created;  /* seconds since the epoch */
+    bool measured;    /* false: the conservative defaults (nothing measured) */
+    double seconds;   /* how long measuring took */
+
+    /* Host memory and the CPU (at fp.threads threads). */
+    double host_read_gbps;                           /* streaming read of host memory, GB/s */
+    struct profile_rate cpu_matmul[PROFILE_FORMATS]; /* dense matrix times n tokens */
+    struct profile_rate cpu_experts[PROFILE_FORMATS];/* one expert's matrices times its tokens */
+    double cpu_attn[PROFILE_TOKENS];                 /* seconds per KV byte read per new token */
+    double cpu_step_s;                               /* fixed cost of a CPU shard (thread pool wake) */
+
+    /* The GPU (zero in a measured profile without one; the defaults fill it, has_gpu false). */
+    bool has_gpu;
+    struct profile_rate gpu_matmul[PROFILE_FORMATS];   /* weights resident in VRAM */
+    struct profile_rate gpu_experts[PROFILE_FORMATS];
+    double gpu_attn[PROFILE_TOKENS];                   /* seconds per KV byte read per new token */
+    double h2d_gbps[PROFILE_SIZES], d2h_gbps[PROFILE_SIZES]; /* pinned copies by size */
+    double zero_copy_gbps;    /* kernels reading registered host memory in place */
+    double launch_s;          /* one kernel launch, queued */
+    double graph_node_s;      /* one kernel of a replayed CUDA graph */
+    double sync_s;            /* host waits for an idle stream */
+    double round_trip_s;      /* small D2H, host wakes, small H2D: a CPU/GPU hand-off */
+    /* Measured together: a pinned copy while the CPU runs matmuls, and those matmuls while
+     * the copy runs, each as a fraction of its rate alone (1: no interference). */
+    double h2d_share_under_cpu, cpu_share_under_h2d;
+};
+
+/* The conservative defaults used when nothing was measured (`--no-profile`): a slow CPU, PCIe
+ * 3 x16, a mid-range GPU. Formats are filled for common types (pshard knows more than a table holds). */
+void profile_defaults(struct profile *p);
+
+/* The fingerprint of this machine: the CPU from /proc/cpuinfo, `threads`, and the GPU's name and
+ * driver version as given (empty/0 without a GPU). */
+void profile_fingerprint_here(int32_t threads, const char *gpu, int32_t driver, struct profile_fingerprint *fp);
+
+/* Where this fingerprint's profile lives: $PSHARD_CACHE_DIR, else $XDG_CACHE_HOME/pshard, else
+ * ~/.cache/pshard; the file is profile-<16 hex digits of a hash of the fingerprint>.json. */
+pshard_status profile_path(const struct profile_fingerprint *fp, char *out, size_t out_size);
+
+/* Read a profile. PSHARD_ERR_NOT_FOUND: no file; PSHARD_ERR_FORMAT: malformed (the message
+ * says what); PSHARD_ERR_RANGE: well-formed but not usable here -- another machine's
+ * fingerprint, another version, or older than PROFILE_MAX_AGE_DAYS (the message says which). */
+pshard_status profile_load(const char *path, const struct profile_fingerprint *here, struct profile *out);
+/* Write a profile (atomically: a temporary file renamed over the old one), creating the folder. */
+pshard_status profile_save(const char *path, const struct profile *p);
+
+/* The rate slot of a format in a table, or NULL; profile_rate_add returns a free slot named
+ * `format` (NULL when the table is full or the name is longer than 15 characters). */
+const struct profile_rate *profile_rate_find(const struct profile_rate table[PROFILE_FORMATS], const char *format);
+struct profile_rate *profile_rate_add(struct profile_rate table[PROFILE_FORMATS], const char *format);
+
+/* Interpolations in log n (token counts) or log size, clamped at the measured ends. */
+double profile_at_tokens(const double values[PROFILE_TOKENS], double n_tokens);
+double profile_at_size(const double values[PROFILE_SIZES], double bytes);
+
+#endif

@@ -1,0 +1,410 @@
+/* The machine profile: defaults, the JSON file's round trip, where it lives, what load refuses
+ * (another machine, too old, malformed, missing), interpolation, and the rate tables. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "plan/profile.h"
+#include "test_helpers.h"
+
+static char cache_dir[64];
+static char path[512];
+static struct profile_fingerprint here;
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(cache_dir, sizeof cache_dir, "/tmp/pshard-test-profile-XXXXXX");
+    if (!mkdtemp(cache_dir)) return -1;
+    /* A folder below the temporary one, so that save has to create it. */
+    char dir[128];
+    snprintf(dir, sizeof dir, "%s/cache/pshard", cache_dir);
+    setenv("PSHARD_CACHE_DIR", dir, 1);
+    profile_fingerprint_here(8, "NVIDIA H200", 12040, &here);
+    return profile_path(&here, path, sizeof path) == PSHARD_OK ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", cache_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* A measured-looking profile of this machine, with distinct numbers everywhere. */
+static struct profile sample(void) {
+    struct profile p;
+    profile_defaults(&p);
+    p.fp = here;
+    p.measured = true;
+    p.has_gpu = true;
+    p.seconds = 12.345;
+    p.host_read_gbps = 1.0 / 3.0;
+    p.cpu_matmul[0].s_per_byte[3] = 0.1 + 0.2; /* not a short decimal */
+    p.h2d_gbps[2] = 24.6789012345678;
+    p.round_trip_s = 5.4321e-5;
+    return p;
+}
+
+static void write_text(const char *file, const char *text) {
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    assert_int_equal(fputs(text, f) >= 0, 1);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Replace the first `from` in the saved file by `to`. */
+static void edit_file(const char *from, const char *to) {
+    size_t size = 0;
+    char *text = (char *)test_read_file(path, &size);
+    assert_non_null(text);
+    char *copy = malloc(size + strlen(to) + 1);
+    assert_non_null(copy);
+    memcpy(copy, text, size);
+    copy[size] = '\0';
+    char *at = strstr(copy, from);
+    assert_non_null(at);
+    char *rest = strdup(at + strlen(from));
+    strcpy(at, to);
+    strcat(at, rest);
+    write_text(path, copy);
+    free(rest);
+    free(copy);
+    free(text);
+}
+
+static void assert_rates_equal(const struct profile_rate *a, const struct profile_rate *b) {
+    for (int i = 0; i < PROFILE_FORMATS; i++) {
+        assert_string_equal(a[i].format, b[i].format);
+        for (int t = 0; t < PROFILE_TOKENS; t++) assert_true(a[i].s_per_byte[t] == b[i].s_per_byte[t]);
+    }
+}
+
+static void assert_reals_equal(const double *a, const double *b, int n) {
+    for (int i = 0; i < n; i++) assert_true(a[i] == b[i]);
+}
+
+static void assert_profiles_equal(const struct profile *a, const struct profile *b) {
+    assert_int_equal(a->version, b->version);
+    assert_string_equal(a->pshard, b->pshard);
+    assert_string_equal(a->fp.cpu, b->fp.cpu);
+    assert_int_equal(a->fp.threads, b->fp.threads);
+    assert_string_equal(a->fp.gpu, b->fp.gpu);
+    assert_int_equal(a->fp.driver, b->fp.driver);
+    assert_int_equal(a->created, b->created);
+    assert_int_equal(a->measured, b->measured);
+    assert_true(a->seconds == b->seconds);
+    assert_true(a->host_read_gbps == b->host_read_gbps);
+    assert_rates_equal(a->cpu_matmul, b->cpu_matmul);
+    assert_rates_equal(a->cpu_experts, b->cpu_experts);
+    assert_reals_equal(a->cpu_attn, b->cpu_attn, PROFILE_TOKENS);
+    assert_true(a->cpu_step_s == b->cpu_step_s);
+    assert_int_equal(a->has_gpu, b->has_gpu);
+    assert_rates_equal(a->gpu_matmul, b->gpu_matmul);
+    assert_rates_equal(a->gpu_experts, b->gpu_experts);
+    assert_reals_equal(a->gpu_attn, b->gpu_attn, PROFILE_TOKENS);
+    assert_reals_equal(a->h2d_gbps, b->h2d_gbps, PROFILE_SIZES);
+    assert_reals_equal(a->d2h_gbps, b->d2h_gbps, PROFILE_SIZES);
+    assert_true(a->zero_copy_gbps == b->zero_copy_gbps);
+    assert_true(a->launch_s == b->launch_s);
+    assert_true(a->graph_node_s == b->graph_node_s);
+    assert_true(a->sync_s == b->sync_s);
+    assert_true(a->round_trip_s == b->round_trip_s);
+    assert_true(a->h2d_share_under_cpu == b->h2d_share_under_cpu);
+    assert_true(a->cpu_share_under_h2d == b->cpu_share_under_h2d);
+}
+
+static void test_defaults(void **state) {
+    (void)state;
+    struct profile p;
+    memset(&p, 0xff, sizeof p);
+    profile_defaults(&p);
+    assert_int_equal(p.version, PROFILE_VERSION);
+    assert_string_equal(p.pshard, PSHARD_VERSION);
+    assert_false(p.measured);
+    assert_false(p.has_gpu);
+    assert_true(llabs(p.created - (int64_t)time(NULL)) <= 2);
+    assert_true(p.host_read_gbps == 20);
+    const char *formats[] = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q6_K", "Q2_K"};
+    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
+        const struct profile_rate *cpu = profile_rate_find(p.cpu_matmul, formats[i]);
+        const struct profile_rate *gpu = profile_rate_find(p.gpu_experts, formats[i]);
+        assert_non_null(cpu);
+        assert_non_null(gpu);
+        assert_true(cpu->s_per_byte[0] == 1 / 20e9);
+        assert_true(cpu->s_per_byte[5] == 1 / 20e9 * (1024 / 8.0)); /* compute-bound at 1024 tokens */
+        assert_true(gpu->s_per_byte[0] == 1 / 1000e9 * 1.5);
+    }
+    assert_true(p.h2d_gbps[0] == 6 && p.h2d_gbps[1] == 12 && p.d2h_gbps[4] == 12);
+    assert_true(p.launch_s == 5e-6 && p.h2d_share_under_cpu == 0.8);
+}
+
+static void test_round_trip(void **state) {
+    (void)state;
+    struct profile saved = sample(), loaded;
+    memset(&loaded, 0, sizeof loaded);
+    assert_int_equal(profile_save(path, &saved), PSHARD_OK);
+    assert_int_equal(profile_load(path, &here, &loaded), PSHARD_OK);
+    assert_profiles_equal(&saved, &loaded);
+    /* The defaults too (has_gpu false, measured false). */
+    profile_defaults(&saved);
+    saved.fp = here;
+    assert_int_equal(profile_save(path, &saved), PSHARD_OK);
+    assert_int_equal(profile_load(path, &here, &loaded), PSHARD_OK);
+    assert_profiles_equal(&saved, &loaded);
+
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_true(st.st_size > 1000 && st.st_size < 200 * 1000);
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    assert_int_equal(access(tmp, F_OK), -1); /* renamed away */
+}
+
+static void test_path(void **state) {
+    (void)state;
+    const char *dir = getenv("PSHARD_CACHE_DIR");
+    char again[512], other_path[512];
+    assert_int_equal(strncmp(path, dir, strlen(dir)), 0);
+    assert_true(strlen(path) == strlen(dir) + strlen("/profile-0123456789abcdef.json"));
+    assert_int_equal(strncmp(path + strlen(dir), "/profile-", 9), 0);
+    assert_int_equal(strspn(path + strlen(dir) + 9, "0123456789abcdef"), 16);
+    assert_string_equal(path + strlen(path) - 5, ".json");
+
+    struct profile_fingerprint same;
+    profile_fingerprint_here(8, "NVIDIA H200", 12040, &same);
+    assert_int_equal(profile_path(&same, again, sizeof again), PSHARD_OK);
+    assert_string_equal(again, path);
+    struct profile_fingerprint other = here;
+    snprintf(other.cpu, sizeof other.cpu, "Another CPU");
+    assert_int_equal(profile_path(&other, other_path, sizeof other_path), PSHARD_OK);
+    assert_string_not_equal(other_path, path);
+
+    /* Without PSHARD_CACHE_DIR: XDG_CACHE_HOME, then HOME, then nothing. */
+    char *saved_home = getenv("HOME") ? strdup(getenv("HOME")) : NULL;
+    char *saved_xdg = getenv("XDG_CACHE_HOME") ? strdup(getenv("XDG_CACHE_HOME")) : NULL;
+    char *saved_dir = strdup(dir);
+    unsetenv("PSHARD_CACHE_DIR");
+    setenv("XDG_CACHE_HOME", "/x/cache", 1);
+    assert_int_equal(profile_path(&here, again, sizeof again), PSHARD_OK);
+    assert_int_equal(strncmp(again, "/x/cache/pshard/profile-", 24), 0);
+    unsetenv("XDG_CACHE_HOME");
+    setenv("HOME", "/home/someone", 1);
+    assert_int_equal(profile_path(&here, again, sizeof again), PSHARD_OK);
+    assert_int_equal(strncmp(again, "/home/someone/.cache/pshard/profile-", 36), 0);
+    unsetenv("HOME");
+    assert_int_equal(profile_path(&here, again, sizeof again), PSHARD_ERR_NOT_FOUND);
+    assert_int_equal(profile_path(&here, again, 20), PSHARD_ERR_NOT_FOUND);
+    setenv("PSHARD_CACHE_DIR", saved_dir, 1);
+    assert_int_equal(profile_path(&here, again, 20), PSHARD_ERR_RANGE); /* too small for the path */
+    if (saved_home) setenv("HOME", saved_home, 1);
+    if (saved_xdg) setenv("XDG_CACHE_HOME", saved_xdg, 1);
+    free(saved_home);
+    free(saved_xdg);
+    free(saved_dir);
+}
+
+static void test_fingerprint(void **state) {
+    (void)state;
+    struct profile_fingerprint fp;
+    profile_fingerprint_here(3, NULL, 0, &fp);
+    assert_true(strlen(fp.cpu) > 0);
+    assert_null(strchr(fp.cpu, '\n'));
+    assert_int_equal(fp.threads, 3);
+    assert_string_equal(fp.gpu, "");
+    assert_int_equal(fp.driver, 0);
+}
+
+/* A refused load leaves *out as it was. */
+static void assert_load_fails(const struct profile_fingerprint *fp, pshard_status expected, const char *message) {
+    struct profile out, before;
+    memset(&out, 0x5a, sizeof out);
+    before = out;
+    assert_int_equal(profile_load(path, fp, &out), expected);
+    assert_memory_equal(&out, &before, sizeof out);
+    if (message && !strstr(pshard_last_error(), message))
+        fail_msg("message '%s' lacks '%s'", pshard_last_error(), message);
+}
+
+static void test_refuses_another_machine(void **state) {
+    (void)state;
+    struct profile p = sample();
+    assert_int_equal(profile_save(path, &p), PSHARD_OK);
+    struct profile_fingerprint other = here;
+    snprintf(other.cpu, sizeof other.cpu, "Another CPU");
+    assert_load_fails(&other, PSHARD_ERR_RANGE, "another machine");
+    other = here;
+    other.threads = 9;
+    assert_load_fails(&other, PSHARD_ERR_RANGE, "another machine");
+    other = here;
+    snprintf(other.gpu, sizeof other.gpu, "NVIDIA A100");
+    assert_load_fails(&other, PSHARD_ERR_RANGE, "GPU NVIDIA H200");
+    other = here;
+    other.driver = 12020;
+    assert_load_fails(&other, PSHARD_ERR_RANGE, "another machine");
+    /* Without a fingerprint to compare, it loads. */
+    struct profile out;
+    assert_int_equal(profile_load(path, NULL, &out), PSHARD_OK);
+    assert_string_equal(out.fp.gpu, "NVIDIA H200");
+}
+
+static void test_refuses_old_and_other_versions(void **state) {
+    (void)state;
+    struct profile p = sample();
+    p.created = (int64_t)time(NULL) - (PROFILE_MAX_AGE_DAYS + 30) * 86400LL;
+    assert_int_equal(profile_save(path, &p), PSHARD_OK);
+    assert_load_fails(&here, PSHARD_ERR_RANGE, "measured 120 days ago");
+    assert_load_fails(NULL, PSHARD_ERR_RANGE, "days ago");
+    p.created = (int64_t)time(NULL) - (PROFILE_MAX_AGE_DAYS - 1) * 86400LL;
+    struct profile out;
+    assert_int_equal(profile_save(path, &p), PSHARD_OK);
+    assert_int_equal(profile_load(path, &here, &out), PSHARD_OK);
+    p.created = (int64_t)time(NULL) + 3 * 86400LL;
+    assert_int_equal(profile_save(path, &p), PSHARD_OK);
+    assert_load_fails(&here, PSHARD_ERR_RANGE, "future");
+
+    p = sample();
+    snprintf(p.pshard, sizeof p.pshard, "0.0.9");
+    assert_int_equal(profile_save(path, &p), PSHARD_OK);
+    assert_load_fails(NULL, PSHARD_ERR_RANGE, "measured by pshard 0.0.9");
+    p = sample();
+    p.version = PROFILE_VERSION + 1;
+    assert_int_equal(profile_save(path, &p), PSHARD_OK);
+    assert_load_fails(NULL, PSHARD_ERR_RANGE, "version");
+}
+
+static void test_refuses_malformed(void **state) {
+    (void)state;
+    struct profile p = sample();
+    assert_int_equal(profile_save(path, &p), PSHARD_OK);
+    size_t size = 0;
+    unsigned char *bytes = test_read_file(path, &size);
+    assert_non_null(bytes);
+    char *good = strndup((const char *)bytes, size); /* test_read_file does not end it with '\0' */
+    free(bytes);
+    char *text = strndup(good, size / 2); /* truncated */
+    write_text(path, text);
+    free(text);
+    assert_load_fails(&here, PSHARD_ERR_FORMAT, "not JSON");
+    write_text(path, "\x7f" "ELF garbage");
+    assert_load_fails(&here, PSHARD_ERR_FORMAT, path);
+    write_text(path, "");
+    assert_load_fails(&here, PSHARD_ERR_FORMAT, "not JSON");
+    write_text(path, "[1, 2]");
+    assert_load_fails(&here, PSHARD_ERR_FORMAT, "\"version\"");
+
+    /* Each edit of a good file: the key the message must name. */
+    const struct {
+        const char *from, *to, *key;
+    } edits[] = {
+        {"\"cpu_attn\": [", "\"cpu_attn\": [1.0, ", "\"cpu_attn\""},              /* 7 numbers */
+        {"\"h2d_gbps\": [", "\"h2d_gbps\": [-1.0, ", "\"h2d_gbps\""},              /* 6, one negative */
+        {"\"launch_s\": ", "\"launch_s\": -", "\"launch_s\""},                     /* negative */
+        {"\"sync_s\": ", "\"sync_s\": \"fast\", \"x\": ", "\"sync_s\""},           /* not a number */
+        {"\"Q4_0\": [", "\"Q4_0_and_a_long_tail\": [", "Q4_0_and_a_long_tail"},   /* name too long */
+        {"\"cpu_matmul\": {", "\"cpu_matmul\": {\"X\": [1,1,1,1,1,1], ", "\"cpu_matmul\""}, /* 9 formats */
+        {"\"gpu_matmul\": {", "\"gpu_matmul\": {\"Q4_0\": [1,1,1,1,1,1], ", "duplicate"},
+        {"\"measured\": ", "\"measured\": 1, \"x\": ", "\"measured\""},
+        {"\"threads\": ", "\"threads\": 1.5, \"x\": ", "\"fingerprint.threads\""},
+        {"\"cpu_step_s\"", "\"cpu_step\"", "\"cpu_step_s\""},                      /* missing */
+        {"\"created\": ", "\"created\": -", "\"created\""},
+    };
+    for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+        write_text(path, good);
+        edit_file(edits[i].from, edits[i].to);
+        assert_load_fails(&here, PSHARD_ERR_FORMAT, edits[i].key);
+    }
+    write_text(path, good);
+    struct profile out;
+    assert_int_equal(profile_load(path, &here, &out), PSHARD_OK); /* the edits above broke it, not the file */
+    free(good);
+}
+
+static void test_missing_file(void **state) {
+    (void)state;
+    assert_int_equal(unlink(path) == 0 || access(path, F_OK) != 0, 1);
+    assert_load_fails(&here, PSHARD_ERR_NOT_FOUND, NULL);
+}
+
+static void test_save_refuses_nan(void **state) {
+    (void)state;
+    struct profile p = sample();
+    p.sync_s = NAN;
+    assert_int_equal(profile_save(path, &p), PSHARD_ERR_INVALID_ARG);
+}
+
+static void test_interpolation(void **state) {
+    (void)state;
+    const double tokens[PROFILE_TOKENS] = {10, 20, 40, 30, 30, 5};
+    for (int i = 0; i < PROFILE_TOKENS; i++) assert_true(profile_at_tokens(tokens, profile_tokens[i]) == tokens[i]);
+    assert_float_equal(profile_at_tokens(tokens, 2), 15, 1e-12);   /* midway between 1 and 4 in log n */
+    assert_float_equal(profile_at_tokens(tokens, 8), 30, 1e-12);   /* between 4 and 16 */
+    assert_float_equal(profile_at_tokens(tokens, 512), 17.5, 1e-12);
+    assert_float_equal(profile_at_tokens(tokens, 10), 20 + 20 * log(2.5) / log(4), 1e-12);
+    assert_true(profile_at_tokens(tokens, 0) == 10);
+    assert_true(profile_at_tokens(tokens, -5) == 10);
+    assert_true(profile_at_tokens(tokens, 0.5) == 10);
+    assert_true(profile_at_tokens(tokens, 1e6) == 5);
+    assert_true(profile_at_tokens(tokens, NAN) == 10);
+
+    const double sizes[PROFILE_SIZES] = {1, 2, 4, 8, 16};
+    for (int i = 0; i < PROFILE_SIZES; i++) assert_true(profile_at_size(sizes, (double)profile_sizes[i]) == sizes[i]);
+    assert_float_equal(profile_at_size(sizes, sqrt(4.0 * (1 << 20) * 32.0 * (1 << 20))), 6, 1e-12);
+    assert_true(profile_at_size(sizes, 100) == 1);
+    assert_true(profile_at_size(sizes, 1e12) == 16);
+}
+
+static void test_rate_tables(void **state) {
+    (void)state;
+    struct profile_rate table[PROFILE_FORMATS];
+    memset(table, 0, sizeof table);
+    assert_null(profile_rate_find(table, "Q4_0"));
+    struct profile_rate *q4 = profile_rate_add(table, "Q4_0");
+    assert_non_null(q4);
+    assert_string_equal(q4->format, "Q4_0");
+    q4->s_per_byte[2] = 7;
+    assert_ptr_equal(profile_rate_find(table, "Q4_0"), q4);
+    assert_ptr_equal(profile_rate_add(table, "Q4_0"), q4); /* the existing slot */
+    assert_true(q4->s_per_byte[2] == 7);
+    assert_null(profile_rate_add(table, "a_name_of_16_chr"));
+    assert_null(profile_rate_add(table, ""));
+
+    char name[16];
+    for (int i = 1; i < PROFILE_FORMATS; i++) {
+        snprintf(name, sizeof name, "T%d", i);
+        struct profile_rate *slot = profile_rate_add(table, name);
+        assert_ptr_equal(slot, &table[i]);
+        assert_true(slot->s_per_byte[0] == 0);
+    }
+    assert_null(profile_rate_add(table, "ONE_TOO_MANY"));
+    assert_ptr_equal(profile_rate_add(table, "T3"), &table[3]); /* a full table still finds */
+    assert_ptr_equal(profile_rate_find(table, "T7"), &table[7]);
+    assert_null(profile_rate_find(table, "T8"));
+    /* A freed slot is reused. */
+    table[2].format[0] = '\0';
+    table[2].s_per_byte[0] = 99;
+    struct profile_rate *reused = profile_rate_add(table, "NEW");
+    assert_ptr_equal(reused, &table[2]);
+    assert_true(reused->s_per_byte[0] == 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),          cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_path),              cmocka_unit_test(test_fingerprint),
+        cmocka_unit_test(test_refuses_another_machine), cmocka_unit_test(test_refuses_old_and_other_versions),
+        cmocka_unit_test(test_refuses_malformed), cmocka_unit_test(test_missing_file),
+        cmocka_unit_test(test_save_refuses_nan),  cmocka_unit_test(test_interpolation),
+        cmocka_unit_test(test_rate_tables),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,334 @@
+/* `pshard bench --oracle`: does the planner choose the plan that really is fastest? For each
+ * configuration (model, VRAM budget, context length, tokens per step) it runs every candidate
+ * the planner weighed, times its steps, and compares: how often the planner's choice was the
+ * measured best, how much slower it was when not, and how far the cost model's predictions
+ * were from the measured times.
+ *
+ * A step of n tokens at context c runs at positions c-n .. c-1 over a cache filled to c-n
+ * without being computed (zero K and V: attention costs the same), and is timed several times
+ * (the cache truncated back between runs); the median counts. A candidate slower than three
+ * times the best so far is cut short after one run: it is not the best, and its time is known. */
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "core/error.h"
+#include "core/timer.h"
+#include "exec/exec.h"
+#include "exec/measure.h"
+#include "gguf/gguf.h"
+#include "plan/cost.h"
+
+enum { MAX_LIST = 16, MAX_MODELS = 4 };
+
+struct oracle_opts {
+    const char *models[MAX_MODELS];
+    int n_models;
+    int64_t budgets[MAX_LIST];
+    int32_t contexts[MAX_LIST], tiers[MAX_LIST];
+    int n_budgets, n_contexts, n_tiers;
+    int32_t n_batch, n_threads, reps;
+    const char *json;
+};
+
+/* One configuration's results. */
+struct oracle_row {
+    int32_t n_tokens;
+    double measured[PLAN_MAX_CANDIDATES], predicted[PLAN_MAX_CANDIDATES];
+    bool cut[PLAN_MAX_CANDIDATES]; /* stopped after one run */
+    int chosen;
+};
+
+static void print_usage(FILE *out) {
+    fprintf(out, "usage: pshard bench --oracle -m MODEL [-m MODEL ...] [--budgets 2G,4G,8G,16G]\n"
+                 "                    [--contexts 1024,4096,16384] [--tiers 1,16,256,1024] [-b BATCH] [-t THREADS]\n"
+                 "                    [--reps N] [--json FILE]\n"
+                 "  For every model, budget, context and tokens per step: runs every candidate plan the\n"
+                 "  planner weighs, times a step of each, and reports whether the planner chose the fastest,\n"
+                 "  how much slower its choice was when not, and the cost model's prediction error. Uses\n"
+                 "  this machine's profile (measured first when none is cached).\n");
+}
+
+static int parse_list(const char *text, bool sizes, int64_t *out, int *n) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", text);
+    *n = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (*n == MAX_LIST) return -1;
+        int64_t v;
+        if (sizes) {
+            if (plan_parse_size(tok, &v) != PSHARD_OK || v <= 0) return -1;
+        } else {
+            char *end;
+            v = strtoll(tok, &end, 10);
+            if (*end || v <= 0 || v > (1 << 24)) return -1;
+        }
+        out[(*n)++] = v;
+    }
+    return *n ? 0 : -1;
+}
+
+static int parse_opts(int argc, char **argv, struct oracle_opts *o) {
+    static const int64_t budgets[] = {2ll << 30, 4ll << 30, 8ll << 30, 16ll << 30};
+    static const int32_t contexts[] = {1024, 4096, 16384}, tiers[] = {1, 16, 256, 1024};
+    memset(o, 0, sizeof *o);
+    o->n_budgets = 4, o->n_contexts = 3, o->n_tiers = 4;
+    memcpy(o->budgets, budgets, sizeof budgets);
+    memcpy(o->contexts, contexts, sizeof contexts);
+    memcpy(o->tiers, tiers, sizeof tiers);
+    o->n_batch = 1024, o->reps = 5;
+    bool oracle = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t list[MAX_LIST];
+        int n;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            print_usage(stdout);
+            return 1;
+        } else if (!strcmp(a, "--oracle")) {
+            oracle = true;
+        } else if (!strcmp(a, "-m") && v && o->n_models < MAX_MODELS) {
+            o->models[o->n_models++] = argv[++i];
+        } else if (!strcmp(a, "--budgets") && v && !parse_list(argv[++i], true, o->budgets, &o->n_budgets)) {
+        } else if (!strcmp(a, "--contexts") && v && !parse_list(argv[++i], false, list, &n)) {
+            o->n_contexts = n;
+            for (int k = 0; k < n; k++) o->contexts[k] = (int32_t)list[k];
+        } else if (!strcmp(a, "--tiers") && v && !parse_list(argv[++i], false, list, &n)) {
+            o->n_tiers = n;
+            for (int k = 0; k < n; k++) o->tiers[k] = (int32_t)list[k];
+        } else if (!strcmp(a, "-b") && v && atoi(v) > 0) {
+            o->n_batch = atoi(argv[++i]);
+        } else if (!strcmp(a, "-t") && v && atoi(v) > 0) {
+            o->n_threads = atoi(argv[++i]);
+        } else if (!strcmp(a, "--reps") && v && atoi(v) > 0) {
+            o->reps = atoi(argv[++i]);
+        } else if (!strcmp(a, "--json") && v) {
+            o->json = argv[++i];
+        } else {
+            fprintf(stderr, "pshard bench: bad or incomplete option '%s'\n", a);
+            print_usage(stderr);
+            return -1;
+        }
+    }
+    if (!oracle || !o->n_models) {
+        fprintf(stderr, "pshard bench: give --oracle and at least one -m MODEL\n");
+        return -1;
+    }
+    for (int k = 0; k < o->n_tiers; k++)
+        if (o->tiers[k] > o->n_batch) o->n_batch = o->tiers[k];
+    return 0;
+}
+
+static double median(double *v, int n) {
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            const double t = v[j];
+            v[j] = v[j - 1], v[j - 1] = t;
+        }
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* Seconds of a step of n tokens at context ctx (median of reps), or one run when it is
+ * slower than `cut_above`. */
+static pshard_status time_step(struct exec_ctx *ex, const struct model *m, int32_t n, int32_t ctx, int reps,
+                               double cut_above, double *seconds, bool *cut) {
+    int32_t *tokens = malloc(sizeof *tokens * n), *pos = malloc(sizeof *pos * n), *seq = calloc((size_t)n, sizeof *seq);
+    pshard_status st = tokens && pos && seq ? PSHARD_OK : PSHARD_ERR_NOMEM;
+    for (int32_t i = 0; st == PSHARD_OK && i < n; i++) {
+        tokens[i] = (int32_t)((i * 7919u + 17u) % m->hp.n_vocab);
+        pos[i] = ctx - n + i;
+    }
+    double runs[32];
+    int done = 0;
+    *cut = false;
+    for (int r = -1; st == PSHARD_OK && r < reps && r < 32; r++) {
+        exec_truncate_seq(ex, 0, ctx - n);
+        struct exec_batch b = {n, tokens, pos, seq, NULL};
+        const double t0 = core_now_ms();
+        st = exec_step(ex, &b);
+        const double s = (core_now_ms() - t0) / 1e3;
+        if (r < 0) { /* warm-up (graph capture, first touches) */
+            if (s > cut_above) runs[done++] = s, *cut = true;
+            if (*cut) break;
+            continue;
+        }
+        runs[done++] = s;
+        if (s > cut_above) {
+            *cut = true;
+            break;
+        }
+    }
+    *seconds = done ? median(runs, done) : INFINITY;
+    free(tokens), free(pos), free(seq);
+    return st;
+}
+
+static void candidate_label(const struct plan_candidate *c, char *buf, size_t size) {
+    if (c->family == PLAN_DYNAMIC) snprintf(buf, size, "dynamic %.2f%s", c->share, c->staging ? "" : " noring");
+    else snprintf(buf, size, "%s%s", plan_family_name(c->family), c->family != PLAN_CPU && !c->staging ? " noring" : "");
+}
+
+/* Every candidate of one model, budget and context, at every tokens-per-step. */
+static pshard_status oracle_config(const struct oracle_opts *o, const struct model *m, const struct profile *prof,
+                                   int64_t budget, int32_t ctx, struct oracle_row *rows, int *n_rows,
+                                   struct plan *weighed, double cpu_cache[MAX_LIST]) {
+    struct exec_params params = {ctx, o->n_batch, 1, o->n_threads, PLAN_AUTO, budget, 0, -1, prof};
+    CORE_TRY(exec_make_plan(m, &params, weighed));
+    *n_rows = 0;
+    for (int k = 0; k < o->n_tiers; k++)
+        if (o->tiers[k] < ctx) {
+            struct oracle_row *r = &rows[(*n_rows)++];
+            memset(r, 0, sizeof *r);
+            r->n_tokens = o->tiers[k];
+            r->chosen = weighed->chosen[plan_tier_for(weighed, r->n_tokens) - weighed->tier];
+            for (uint32_t c = 0; c < PLAN_MAX_CANDIDATES; c++) r->measured[c] = r->predicted[c] = INFINITY;
+        }
+    if (!weighed->n_candidates) { /* everything fits: one plan, nothing to choose */
+        *n_rows = 0;
+        return PSHARD_OK;
+    }
+    for (uint32_t c = 0; c < weighed->n_candidates; c++) {
+        const struct plan_candidate *cand = &weighed->candidates[c];
+        struct exec_params cp = params;
+        cp.plan = cand->family;
+        cp.stream_share = cand->share;
+        cp.staging = cand->staging;
+        if (cand->family == PLAN_CPU) cp.vram_budget = 0;
+        char label[48];
+        candidate_label(cand, label, sizeof label);
+        fprintf(stderr, "  %-22s", label);
+        struct exec_ctx *ex = NULL;
+        pshard_status st = exec_create(m, &cp, &ex);
+        if (st == PSHARD_OK) st = exec_fill_seq(ex, 0, 0);
+        for (int k = 0; st == PSHARD_OK && k < *n_rows; k++) {
+            struct oracle_row *r = &rows[k];
+            const struct plan *plan = exec_get_plan(ex);
+            struct cost_step cs;
+            cost_step(prof, m, plan, plan_tier_for(plan, r->n_tokens), r->n_tokens, ctx - r->n_tokens, &cs);
+            r->predicted[c] = cs.seconds;
+            if (cand->family == PLAN_CPU && cpu_cache[k] > 0) { /* the CPU's plan does not depend on the budget */
+                r->measured[c] = cpu_cache[k];
+                continue;
+            }
+            double best = INFINITY;
+            for (uint32_t j = 0; j < c; j++) best = r->measured[j] < best ? r->measured[j] : best;
+            st = exec_fill_seq(ex, 0, ctx - r->n_tokens);
+            if (st == PSHARD_OK)
+                st = time_step(ex, m, r->n_tokens, ctx, o->reps, isfinite(best) ? 3 * best : INFINITY, &r->measured[c],
+                               &r->cut[c]);
+            if (cand->family == PLAN_CPU && !r->cut[c]) cpu_cache[k] = r->measured[c];
+            fprintf(stderr, " %d:%.4g", r->n_tokens, r->measured[c]);
+        }
+        fputc('\n', stderr);
+        exec_free(ex);
+        if (st != PSHARD_OK) { /* a candidate that cannot run here is not a choice */
+            fprintf(stderr, "  (%s: %s)\n", label, pshard_last_error());
+            for (int k = 0; k < *n_rows; k++) rows[k].measured[c] = INFINITY;
+        }
+    }
+    return PSHARD_OK;
+}
+
+struct summary {
+    int configs, best, within10;
+    double worst_slowdown;
+    double errors[4096], all_errors[16384];
+    int n_errors, n_all;
+};
+
+static void summarize_row(const struct plan *weighed, const struct oracle_row *r, struct summary *s, FILE *json,
+                          const char *model, int64_t budget, int32_t ctx) {
+    int best = -1;
+    for (uint32_t c = 0; c < weighed->n_candidates; c++)
+        if (isfinite(r->measured[c]) && (best < 0 || r->measured[c] < r->measured[best])) best = (int)c;
+    if (best < 0 || r->chosen < 0) return;
+    const double chosen = r->measured[r->chosen], slowdown = chosen / r->measured[best] - 1;
+    s->configs++;
+    s->best += r->chosen == best || slowdown <= 0.0;
+    s->within10 += slowdown <= 0.10;
+    if (slowdown > s->worst_slowdown) s->worst_slowdown = slowdown;
+    if (isfinite(chosen) && s->n_errors < 4096) s->errors[s->n_errors++] = fabs(r->predicted[r->chosen] / chosen - 1);
+    for (uint32_t c = 0; c < weighed->n_candidates; c++)
+        if (isfinite(r->measured[c]) && !r->cut[c] && s->n_all < 16384)
+            s->all_errors[s->n_all++] = fabs(r->predicted[c] / r->measured[c] - 1);
+    char chosen_label[48], best_label[48];
+    candidate_label(&weighed->candidates[r->chosen], chosen_label, sizeof chosen_label);
+    candidate_label(&weighed->candidates[best], best_label, sizeof best_label);
+    printf("%-28s %6.0fG %6d %6d  %-20s %-20s %9.4f %9.4f %+7.1f%% %+7.1f%%\n", model, budget / 1073741824.0, ctx,
+           r->n_tokens, chosen_label, best_label, chosen, r->measured[best], 100 * slowdown,
+           100 * (r->predicted[r->chosen] / chosen - 1));
+    if (json) {
+        fprintf(json, "{\"model\": \"%s\", \"budget_gb\": %.0f, \"context\": %d, \"tokens\": %d, \"chosen\": \"%s\", "
+                      "\"best\": \"%s\", \"candidates\": [",
+                model, budget / 1073741824.0, ctx, r->n_tokens, chosen_label, best_label);
+        for (uint32_t c = 0; c < weighed->n_candidates; c++) {
+            char label[48];
+            candidate_label(&weighed->candidates[c], label, sizeof label);
+            fprintf(json, "%s{\"plan\": \"%s\", \"measured_s\": %.6g, \"predicted_s\": %.6g, \"cut\": %s}", c ? ", " : "",
+                    label, isfinite(r->measured[c]) ? r->measured[c] : -1, r->predicted[c], r->cut[c] ? "true" : "false");
+        }
+        fprintf(json, "]}\n");
+    }
+}
+
+int cmd_bench(int argc, char **argv) {
+    struct oracle_opts o;
+    const int rc = parse_opts(argc, argv, &o);
+    if (rc) return rc > 0 ? 0 : 2;
+    FILE *json = o.json ? fopen(o.json, "w") : NULL;
+    if (o.json && !json) {
+        perror(o.json);
+        return 1;
+    }
+    static struct summary s;
+    memset(&s, 0, sizeof s);
+    const double t0 = core_now_ms();
+    printf("%-28s %7s %6s %6s  %-20s %-20s %9s %9s %8s %8s\n", "model", "budget", "ctx", "tokens", "chosen", "best",
+           "chosen s", "best s", "slower", "pred err");
+    for (int mi = 0; mi < o.n_models; mi++) {
+        struct gguf_file *file;
+        struct model m;
+        if (gguf_open(o.models[mi], &file) != PSHARD_OK) goto fail;
+        if (model_load(file, &m) != PSHARD_OK) {
+            gguf_close(file);
+            goto fail;
+        }
+        struct profile prof;
+        bool measured_now;
+        pshard_status st = exec_machine_profile(&m, o.n_threads, PROFILE_MEASURE, NULL, NULL, &prof, &measured_now);
+        const char *name = strrchr(o.models[mi], '/') ? strrchr(o.models[mi], '/') + 1 : o.models[mi];
+        for (int ci = 0; st == PSHARD_OK && ci < o.n_contexts; ci++) {
+            double cpu_cache[MAX_LIST] = {0};
+            for (int bi = 0; st == PSHARD_OK && bi < o.n_budgets; bi++) {
+                fprintf(stderr, "%s, %.0f GB, context %d:\n", name, o.budgets[bi] / 1073741824.0, o.contexts[ci]);
+                struct oracle_row rows[MAX_LIST];
+                int n_rows;
+                struct plan weighed;
+                st = oracle_config(&o, &m, &prof, o.budgets[bi], o.contexts[ci], rows, &n_rows, &weighed, cpu_cache);
+                if (st != PSHARD_OK) break;
+                for (int k = 0; k < n_rows; k++) summarize_row(&weighed, &rows[k], &s, json, name, o.budgets[bi], o.contexts[ci]);
+                fflush(stdout);
+                plan_free(&weighed);
+            }
+        }
+        model_free(&m);
+        gguf_close(file);
+        if (st != PSHARD_OK) goto fail;
+    }
+    if (json) fclose(json);
+    printf("\n%d configurations in %.0f s: the planner chose the measured best in %d (%.0f%%), within 10%% of it in %d; "
+           "at worst %.1f%% slower\n",
+           s.configs, (core_now_ms() - t0) / 1e3, s.best, s.configs ? 100.0 * s.best / s.configs : 0, s.within10,
+           100 * s.worst_slowdown);
+    printf("prediction error (|predicted/measured - 1|): median %.1f%% for the chosen plans, %.1f%% over all %d "
+           "candidates measured in full\n",
+           s.n_errors ? 100 * median(s.errors, s.n_errors) : 0, s.n_all ? 100 * median(s.all_errors, s.n_all) : 0, s.n_all);
+    return 0;
+fail:
+    if (json) fclose(json);
+    fprintf(stderr, "pshard bench: %s\n", pshard_last_error());
+    return 1;
+}

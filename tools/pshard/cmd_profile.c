@@ -1,0 +1,144 @@
+/* `pshard profile`: measure this machine for the planner (under a minute), save the profile in
+ * the user's cache directory, and print what was measured. */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+#include "cuda/cuda_backend.h"
+#include "exec/measure.h"
+#include "gguf/gguf.h"
+#include "plan/profile.h"
+
+static void print_usage(FILE *out) {
+    fprintf(out, "usage: pshard profile [-m MODEL] [-t THREADS] [--cpu-only] [--show]\n"
+                 "  Measures what the planner's cost model needs -- CPU and GPU kernels on the model's shapes\n"
+                 "  and formats at 1 to 1024 tokens, host memory, PCIe copies by size, reads of host memory\n"
+                 "  in place, launch and hand-off latencies, and copies and CPU work run together -- in\n"
+                 "  under a minute, and saves it in the cache directory ($PSHARD_CACHE_DIR, else\n"
+                 "  $XDG_CACHE_HOME/pshard or ~/.cache/pshard), one file per CPU, thread count, GPU and\n"
+                 "  driver. `pshard run` does this on first use of an automatic plan under a budget.\n"
+                 "  --show prints the cached profile without measuring.\n");
+}
+
+static void progress(void *user, const char *what, double done) {
+    (void)user;
+    fprintf(stderr, "\rmeasuring: %3d%% %-34s", (int)(100 * done), what);
+    if (done >= 1) fputc('\n', stderr);
+}
+
+/* Weight bytes per second of a rate table's rows at each token count. */
+static void print_rates(const char *title, const struct profile_rate table[PROFILE_FORMATS]) {
+    for (int f = 0; f < PROFILE_FORMATS; f++) {
+        if (!table[f].format[0] || table[f].s_per_byte[0] <= 0) continue;
+        printf("  %-12s %-6s", title, table[f].format);
+        for (int i = 0; i < PROFILE_TOKENS; i++) printf(" %9.3g", 1e-9 / table[f].s_per_byte[i]);
+        printf("\n");
+    }
+}
+
+static void print_profile(const struct profile *p, const char *path) {
+    printf("profile %s\n  CPU %s, %d threads; GPU %s (driver %d); pshard %s; %s in %.1f s\n", path, p->fp.cpu, p->fp.threads,
+           p->fp.gpu[0] ? p->fp.gpu : "none", p->fp.driver, p->pshard, p->measured ? "measured" : "defaults", p->seconds);
+    printf("  host memory read %.1f GB/s; a CPU job costs %.1f us\n", p->host_read_gbps, p->cpu_step_s * 1e6);
+    printf("  weight GB/s at tokens per step:");
+    for (int i = 0; i < PROFILE_TOKENS; i++) printf(" %9d", profile_tokens[i]);
+    printf("\n");
+    print_rates("CPU matmul", p->cpu_matmul);
+    print_rates("CPU experts", p->cpu_experts);
+    if (p->has_gpu) {
+        print_rates("GPU matmul", p->gpu_matmul);
+        print_rates("GPU experts", p->gpu_experts);
+    }
+    printf("  %-19s", "KV GB/s: CPU attn");
+    for (int i = 0; i < PROFILE_TOKENS; i++) printf(" %9.1f", p->cpu_attn[i] > 0 ? 1e-9 / p->cpu_attn[i] : 0);
+    printf("\n");
+    if (!p->has_gpu) return;
+    printf("  %-19s", "KV GB/s: GPU attn");
+    for (int i = 0; i < PROFILE_TOKENS; i++) printf(" %9.1f", p->gpu_attn[i] > 0 ? 1e-9 / p->gpu_attn[i] : 0);
+    printf("\n  pinned copies GB/s by size:");
+    for (int i = 0; i < PROFILE_SIZES; i++) printf(" %.0fK %.1f/%.1f", profile_sizes[i] / 1024.0, p->h2d_gbps[i], p->d2h_gbps[i]);
+    printf(" (H2D/D2H)\n  reading host memory in place %.1f GB/s; launch %.1f us, graph node %.2f us, sync %.1f us, "
+           "hand-off %.1f us\n",
+           p->zero_copy_gbps, p->launch_s * 1e6, p->graph_node_s * 1e6, p->sync_s * 1e6, p->round_trip_s * 1e6);
+    printf("  together: a copy keeps %.0f%% of its speed while the CPU computes; the CPU keeps %.0f%% while a copy "
+           "runs\n",
+           100 * p->h2d_share_under_cpu, 100 * p->cpu_share_under_h2d);
+}
+
+int cmd_profile(int argc, char **argv) {
+    const char *model_path = NULL;
+    int threads = 0;
+    bool cpu_only = false, show = false;
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            print_usage(stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "-m") && v) {
+            model_path = argv[++i];
+        } else if (!strcmp(argv[i], "-t") && v) {
+            threads = atoi(argv[++i]);
+            if (threads <= 0) {
+                fprintf(stderr, "pshard profile: -t needs a positive thread count\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--cpu-only")) {
+            cpu_only = true;
+        } else if (!strcmp(argv[i], "--show")) {
+            show = true;
+        } else {
+            print_usage(stderr);
+            return 2;
+        }
+    }
+    struct gguf_file *file = NULL;
+    struct model model;
+    const struct model *m = NULL;
+    if (model_path) {
+        if (gguf_open(model_path, &file) != PSHARD_OK || model_load(file, &model) != PSHARD_OK) {
+            fprintf(stderr, "pshard profile: %s\n", pshard_last_error());
+            if (file) gguf_close(file);
+            return 1;
+        }
+        m = &model;
+    }
+    const int n_threads = threads > 0 ? threads : 0;
+    struct profile p;
+    bool measured_now = false;
+    pshard_status st;
+    if (show) {
+        st = exec_machine_profile(m, n_threads, PROFILE_CACHED, NULL, NULL, &p, &measured_now);
+        if (st == PSHARD_OK && !p.measured) {
+            fprintf(stderr, "pshard profile: no profile is cached for this machine; run `pshard profile`\n");
+            st = PSHARD_ERR_NOT_FOUND;
+        }
+    } else {
+        profile_defaults(&p);
+        struct measure_request req = {m, n_threads, !cpu_only, progress, NULL};
+        st = exec_measure(&req, &p);
+        if (st == PSHARD_OK) {
+            /* The fingerprint the cache is keyed by: this GPU as the driver names it. */
+            struct cuda_device_info dev = {0};
+            const bool gpu = !cpu_only && cuda_device_count() > 0 && cuda_device_describe(0, &dev) == PSHARD_OK;
+            profile_fingerprint_here(p.fp.threads, gpu ? dev.name : NULL, gpu ? dev.driver_version : 0, &p.fp);
+        }
+    }
+    char path[4096] = "";
+    if (st == PSHARD_OK) st = profile_path(&p.fp, path, sizeof path);
+    if (st == PSHARD_OK && !show) st = profile_save(path, &p);
+    if (file) {
+        model_free(&model);
+        gguf_close(file);
+    }
+    if (st != PSHARD_OK) {
+        if (!show || p.measured) fprintf(stderr, "pshard profile: %s\n", pshard_last_error());
+        return 1;
+    }
+    print_profile(&p, path);
+    struct stat sb;
+    if (!show && stat(path, &sb) == 0) printf("saved %s (%lld bytes)\n", path, (long long)sb.st_size);
+    return 0;
+}
