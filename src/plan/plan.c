@@ -552,28 +552,26 @@ static pshard_status build(const struct model *m, const struct plan_request *req
      * every attention runs on the GPU. */
     const bool candidate = req->staging >= 0, all_attention = family == PLAN_GPU && !candidate;
     bool staging = candidate ? req->staging > 0 : family == PLAN_GPU || family == PLAN_DYNAMIC;
+    if (all_attention) {
+        /* Every attention on the GPU: its KV, every shard's vectors and every MoE router resident. */
+        const uint64_t slot = slot_size(m, p);
+        uint64_t need = fixed + costs->host_mapping + (budget >= 32 * PLAN_STAGING_SLOTS * slot ? PLAN_STAGING_SLOTS : PLAN_MIN_SLOTS) * slot;
+        for (uint32_t j = 0; j < n; j++) {
+            const struct shard *q = &m->shards[j];
+            need += kv_bytes(q, req) + (q->kind == SHARD_MOE ? shared_bytes(q) : 0) +
+                    (q->kind != SHARD_MOE && q->kind != SHARD_EMBED ? q->weight_bytes - matrix_bytes(q) : 0);
+        }
+        if (budget < need)
+            return core_fail(PSHARD_ERR_RANGE, "the gpu plan needs at least %.0f MB of VRAM for this model and context "
+                             "(buffers, the staging slots of %.1f MB, the KV cache); the budget is %.0f MB",
+                             need / 1048576.0 + 1, slot / 1048576.0, budget / 1048576.0);
+    }
     pshard_status st = resident_set(m, req, costs, prof, budget, staging, all_attention, p);
     if (st != PSHARD_OK && staging && family != PLAN_GPU && !candidate) {
         staging = false; /* no room for the ring: large steps run like small ones */
         st = resident_set(m, req, costs, prof, budget, false, false, p);
     }
     CORE_TRY(st);
-    if (all_attention) {
-        for (uint32_t i = 0; i < n; i++) {
-            const struct shard *s = &m->shards[i];
-            if ((s->kind == SHARD_ATTN && !p->kv_gpu[s->layer]) || (s->kind == SHARD_MOE && p->tier[0].shard[i] == PLACE_CPU)) {
-                uint64_t need = fixed + costs->host_mapping + p->budget.staging;
-                for (uint32_t j = 0; j < n; j++) {
-                    const struct shard *q = &m->shards[j];
-                    need += kv_bytes(q, req) + (q->kind == SHARD_MOE ? shared_bytes(q) : 0) +
-                            (q->kind != SHARD_MOE && q->kind != SHARD_EMBED ? q->weight_bytes - matrix_bytes(q) : 0);
-                }
-                return core_fail(PSHARD_ERR_RANGE, "the gpu plan needs at least %.0f MB of VRAM for this model and "
-                                 "context (buffers, %u staging slots of %.0f MB, the KV cache); the budget is %.0f MB",
-                                 need / 1048576.0 + 1, p->n_slots, p->slot_bytes / 1048576.0, budget / 1048576.0);
-            }
-        }
-    }
     for (int t = 0; t < PLAN_TIERS; t++) set_tier(m, req, p, t, family, 0);
     account(m, req, costs, p);
     return PSHARD_OK;
