@@ -163,6 +163,7 @@ struct cpu_bench {
     const uint64_t *mem;
     size_t mem_words;
     uint64_t sums[256];
+    double call_s; /* cpu_moe's fixed cost */
 };
 
 static void cpu_matmul_step(void *arg, int rep) {
@@ -196,6 +197,17 @@ static void cpu_experts_step(void *arg, int rep) {
     cpu_quantize_acts(b->pool, &g, b->x, b->n_tokens, b->acts, &acts);
     struct moe_routing routing = {b->n_tokens, b->k, b->ids, b->weights, 0, 0};
     cpu_moe(b->pool, &g, &u, &d, &acts, &routing, &b->scratch, b->y);
+}
+
+/* One token's experts limited to the last expert: the fixed cost of a call that computes few. */
+static void cpu_experts_call_step(void *arg, int rep) {
+    struct cpu_bench *b = arg;
+    route_random(b, (int)b->gate.m.n_experts, rep);
+    struct cpu_acts acts;
+    cpu_quantize_acts(b->pool, &b->gate.m, b->x, 1, b->acts, &acts);
+    const int32_t last = (int32_t)b->gate.m.n_experts - 1;
+    struct moe_routing routing = {1, b->k, b->ids, b->weights, last, last + 1};
+    cpu_moe(b->pool, &b->gate.m, &b->up.m, &b->down.m, &acts, &routing, &b->scratch, b->y);
 }
 
 static void cpu_attn_job(void *arg, int thread, int n_threads) {
@@ -271,6 +283,10 @@ static pshard_status measure_cpu_experts(struct cpu_bench *b, const struct shape
             const double touched = E * (1 - pow(1 - (double)sh->k / E, (double)b->n_tokens));
             const double expert = (double)(b->gate.bytes + b->up.bytes + b->down.bytes) / E;
             rate->s_per_byte[i] = time_steps(cpu_experts_step, b) / (touched * expert);
+            if (i == 0) {
+                b->n_tokens = 1;
+                b->call_s = time_steps(cpu_experts_call_step, b);
+            }
         }
         free(b->gate.data), free(b->up.data), free(b->down.data);
         b->gate.data = b->up.data = b->down.data = NULL;
@@ -324,6 +340,7 @@ static pshard_status measure_cpu(const struct measure_request *req, const struct
         report(req, "CPU experts", 0.3 + 0.15 * f / sh->n_moe);
         struct profile_rate *r = profile_rate_add(p->cpu_experts, quant_type_name(sh->gate[f]));
         if (r) st = measure_cpu_experts(&b, sh, f, r);
+        if (f == 0) p->cpu_moe_call_s = b.call_s;
     }
     if (st == PSHARD_OK) {
         report(req, "CPU attention", 0.45);
@@ -370,6 +387,8 @@ struct gpu_bench {
     int n_copies;
     bool d2h;
     struct cuda_pinned pinned;
+    cuda_event ready;
+    struct threadpool *pool;
     pshard_status st;
 };
 
@@ -432,15 +451,21 @@ static void sync_step(void *arg, int rep) {
     for (int i = 0; i < 200; i++) gpu_sync_step(b);
 }
 
+/* The executor's hand-off of a split MoE layer: GPU work, the routing copied down and an event;
+ * the host waits on it, runs its thread-pool jobs, copies the result up; the GPU adds it. */
 static void round_trip_step(void *arg, int rep) {
     struct gpu_bench *b = arg;
     (void)rep;
     for (int i = 0; i < 50; i++) {
+        keep(b, cuda_add(b->y, b->x, 4096, b->s));
         keep(b, cuda_copy_d2h(b->host, b->x, 16384, b->s));
-        gpu_sync_step(b);
+        keep(b, cuda_event_record(b->ready, b->s));
+        keep(b, cuda_event_sync(b->ready));
+        for (int j = 0; j < 3; j++) threadpool_run(b->pool, empty_job, NULL);
         keep(b, cuda_copy_h2d(b->x, b->host, 16384, b->s));
-        gpu_sync_step(b);
+        keep(b, cuda_add(b->y, b->x, 4096, b->s));
     }
+    gpu_sync_step(b);
 }
 
 static pshard_status carve(struct gpu_bench *b, size_t bytes, void **out) {
@@ -473,6 +498,45 @@ static pshard_status gpu_matrix(struct gpu_bench *b, enum quant_type t, int64_t 
     free(host);
     b->m_base = dev;
     b->m.data = dev;
+    return st;
+}
+
+static pshard_status zero_copy_experts(struct gpu_bench *b, const struct shapes *sh, struct profile *p) {
+    const int64_t E = sh->n_expert, ff = sh->n_ff_exp, d = sh->n_embd;
+    const size_t gate = cuda_align(quant_row_bytes(sh->gate[0], d) * (size_t)ff * E);
+    const size_t down = cuda_align(quant_row_bytes(sh->down[0], ff) * (size_t)d * E);
+    struct cuda_pinned host = {0};
+    CORE_TRY(cuda_host_alloc(2 * gate + down, &host));
+    fill_pattern(host.ptr, 2 * gate + down, 13);
+    const uint8_t *dev = NULL;
+    pshard_status st = cuda_host_device_pointer(host.ptr, (const void **)&dev);
+    b->moe.gate = (struct cuda_matrix){sh->gate[0], dev, d, ff, E, quant_row_bytes(sh->gate[0], d)};
+    b->moe.up = (struct cuda_matrix){sh->gate[0], dev + gate, d, ff, E, quant_row_bytes(sh->gate[0], d)};
+    b->moe.down = (struct cuda_matrix){sh->down[0], dev + 2 * gate, ff, d, E, quant_row_bytes(sh->down[0], ff)};
+    b->moe.n_expert = (int)E, b->moe.k = sh->k;
+    int32_t ids[64];
+    float w[64];
+    struct cpu_bench route = {.ids = ids, .weights = w, .n_tokens = 1, .k = sh->k < 64 ? sh->k : 64};
+    route_random(&route, (int)E, 3);
+    b->n_tokens = 1;
+    if (st == PSHARD_OK) st = cuda_copy_h2d(b->ids, ids, sizeof(int32_t) * route.k, b->s);
+    if (st == PSHARD_OK) st = cuda_copy_h2d(b->weights, w, sizeof(float) * route.k, b->s);
+    if (st == PSHARD_OK) st = cuda_stream_sync(b->s);
+    /* Each step reads the same chosen experts: time the first read of each set only. */
+    double total = 0;
+    for (int r = 0; st == PSHARD_OK && r < 8; r++) {
+        route_random(&route, (int)E, 100 + r);
+        st = cuda_copy_h2d(b->ids, ids, sizeof(int32_t) * route.k, b->s);
+        if (st == PSHARD_OK) st = cuda_stream_sync(b->s);
+        const double t0 = core_now_ms();
+        if (st == PSHARD_OK)
+            st = cuda_moe_ffn(&b->moe, b->x, b->ids, b->weights, 1, b->y, false, b->work, b->work_bytes, b->s);
+        if (st == PSHARD_OK) st = cuda_stream_sync(b->s);
+        total += (core_now_ms() - t0) / 1e3;
+    }
+    const double expert = (double)(2 * gate + down) / E;
+    if (st == PSHARD_OK) p->zero_copy_experts_gbps = 8 * route.k * expert / total / 1e9;
+    cuda_pinned_release(&host);
     return st;
 }
 
@@ -582,7 +646,10 @@ static pshard_status measure_transfers(const struct measure_request *req, const 
         report(req, "latencies", 0.85);
         p->launch_s = time_steps(launch_step, b) / 200;
         p->sync_s = time_steps(sync_step, b) / 200;
-        p->round_trip_s = time_steps(round_trip_step, b) / 50;
+        b->pool = pool;
+        st = cuda_event_create(false, &b->ready);
+        if (st == PSHARD_OK) p->round_trip_s = time_steps(round_trip_step, b) / 50;
+        if (b->ready) cuda_event_destroy(b->ready);
         cuda_graph graph = NULL;
         st = cuda_graph_capture_begin(b->s);
         for (int i = 0; i < 200 && st == PSHARD_OK; i++) st = cuda_add(b->y, b->x, 32, b->s);
@@ -607,6 +674,11 @@ static pshard_status measure_transfers(const struct measure_request *req, const 
             p->zero_copy_gbps = 4 * (double)b->m_bytes / time_steps(gpu_matmul_step, b) / 1e9;
         }
         cuda_pinned_release(&b->pinned);
+    }
+    /* The expert kernel reading the experts a token chose from host memory in place. */
+    if (st == PSHARD_OK && sh->n_moe && cuda_type_supported(sh->gate[0]) && cuda_type_supported(sh->down[0])) {
+        report(req, "reading experts in place", 0.92);
+        st = zero_copy_experts(b, sh, p);
     }
     /* A copy and CPU matmuls at the same time: each one's rate against its rate alone. */
     if (st == PSHARD_OK && sh->n_dense) {

@@ -133,7 +133,7 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
     int count;
     if (w->t->shard[i] == PLACE_CPU) {
         move_to(w, false);
-        const double sec = matrices_s(w, s, false, n, &shared_bytes, &count) +
+        const double sec = matrices_s(w, s, false, n, &shared_bytes, &count) + pr->cpu_moe_call_s +
                            touched(E, E, k, n) * eb * cost_rate(pr->cpu_experts, type, n);
         cpu_busy(w, sec, count + 3 + extra_jobs[SHARD_MOE]);
         return;
@@ -147,7 +147,7 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
         /* In place: only the touched experts' bytes cross PCIe. Ring: every piece is copied. */
         const double moved = w->t->ring ? (g - r) * eb : touched(g - r, E, k, n) * eb;
         const double gbps = w->t->ring ? profile_at_size(pr->h2d_gbps, eb * (w->p->piece_experts ? w->p->piece_experts : 1))
-                                       : pr->zero_copy_gbps;
+                            : pr->zero_copy_experts_gbps > 0 ? pr->zero_copy_experts_gbps : pr->zero_copy_gbps;
         stream = gbps_s(moved, gbps);
         const double compute = touched(g - r, E, k, n) * eb * gpu_rate;
         gpu += compute > stream ? compute : stream;
@@ -161,7 +161,7 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
     }
     /* Split: the CPU computes [g, E) while the GPU computes its share; each slows the other's
      * use of host memory as measured together. */
-    double cpu = touched(E - g, E, k, n) * eb * cost_rate(pr->cpu_experts, type, n) + 3 * pr->cpu_step_s;
+    double cpu = pr->cpu_moe_call_s + touched(E - g, E, k, n) * eb * cost_rate(pr->cpu_experts, type, n);
     if (stream > 0) {
         const double cs = pr->cpu_share_under_h2d > 0 ? pr->cpu_share_under_h2d : 1;
         const double hs = pr->h2d_share_under_cpu > 0 ? pr->h2d_share_under_cpu : 1;

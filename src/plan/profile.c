@@ -73,6 +73,8 @@ void profile_defaults(struct profile *p) {
         p->h2d_gbps[i] = p->d2h_gbps[i] = profile_sizes[i] <= 64 << 10 ? 6 : 12;
     }
     p->zero_copy_gbps = 10;
+    p->zero_copy_experts_gbps = 8;
+    p->cpu_moe_call_s = 60e-6;
     p->launch_s = 5e-6;
     p->graph_node_s = 2e-6;
     p->sync_s = 10e-6;
@@ -259,6 +261,8 @@ static json_t *profile_json(const struct profile *p) {
     ok &= put(root, "h2d_gbps", reals_json(p->h2d_gbps, PROFILE_SIZES));
     ok &= put(root, "d2h_gbps", reals_json(p->d2h_gbps, PROFILE_SIZES));
     ok &= put(root, "zero_copy_gbps", json_real(p->zero_copy_gbps));
+    ok &= put(root, "zero_copy_experts_gbps", json_real(p->zero_copy_experts_gbps));
+    ok &= put(root, "cpu_moe_call_s", json_real(p->cpu_moe_call_s));
     ok &= put(root, "launch_s", json_real(p->launch_s));
     ok &= put(root, "graph_node_s", json_real(p->graph_node_s));
     ok &= put(root, "sync_s", json_real(p->sync_s));
@@ -435,6 +439,8 @@ static pshard_status profile_from_json(const char *path, json_t *root, struct pr
     CORE_TRY(read_reals(path, root, "h2d_gbps", p->h2d_gbps, PROFILE_SIZES));
     CORE_TRY(read_reals(path, root, "d2h_gbps", p->d2h_gbps, PROFILE_SIZES));
     CORE_TRY(read_real(path, root, "zero_copy_gbps", &p->zero_copy_gbps));
+    CORE_TRY(read_real(path, root, "zero_copy_experts_gbps", &p->zero_copy_experts_gbps));
+    CORE_TRY(read_real(path, root, "cpu_moe_call_s", &p->cpu_moe_call_s));
     CORE_TRY(read_real(path, root, "launch_s", &p->launch_s));
     CORE_TRY(read_real(path, root, "graph_node_s", &p->graph_node_s));
     CORE_TRY(read_real(path, root, "sync_s", &p->sync_s));

@@ -16,7 +16,7 @@
 
 #include "pshard.h"
 
-#define PROFILE_VERSION 1
+#define PROFILE_VERSION 2
 enum {
     PROFILE_TOKENS = 6,   /* token counts: 1, 4, 16, 64, 256, 1024 */
     PROFILE_SIZES = 5,    /* transfer sizes: 64 KiB, 512 KiB, 4 MiB, 32 MiB, 128 MiB */
@@ -53,6 +53,7 @@ struct profile {
     struct profile_rate cpu_experts[PROFILE_FORMATS];/* one expert's matrices times its tokens */
     double cpu_attn[PROFILE_TOKENS];                 /* seconds per KV byte read per new token */
     double cpu_step_s;                               /* fixed cost of a CPU shard (thread pool wake) */
+    double cpu_moe_call_s;                           /* fixed cost of computing some experts on the CPU */
 
     /* The GPU (zero in a measured profile without one; the defaults fill it, has_gpu false). */
     bool has_gpu;
@@ -61,10 +62,12 @@ struct profile {
     double gpu_attn[PROFILE_TOKENS];                   /* seconds per KV byte read per new token */
     double h2d_gbps[PROFILE_SIZES], d2h_gbps[PROFILE_SIZES]; /* pinned copies by size */
     double zero_copy_gbps;    /* kernels reading registered host memory in place */
+    double zero_copy_experts_gbps; /* the expert kernel reading the experts a token chose in place */
     double launch_s;          /* one kernel launch, queued */
     double graph_node_s;      /* one kernel of a replayed CUDA graph */
     double sync_s;            /* host waits for an idle stream */
-    double round_trip_s;      /* small D2H, host wakes, small H2D: a CPU/GPU hand-off */
+    double round_trip_s;      /* a CPU/GPU hand-off as the executor makes it: the host waits on an event
+                                 after GPU work, runs thread-pool jobs, copies back, the GPU goes on */
     /* Measured together: a pinned copy while the CPU runs matmuls, and those matmuls while
      * the copy runs, each as a fraction of its rate alone (1: no interference). */
     double h2d_share_under_cpu, cpu_share_under_h2d;

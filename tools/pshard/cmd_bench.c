@@ -6,8 +6,11 @@
  *
  * A step of n tokens at context c runs at positions c-n .. c-1 over a cache filled to c-n
  * without being computed (zero K and V: attention costs the same), and is timed several times
- * (the cache truncated back between runs); the median counts. A candidate slower than three
- * times the best so far is cut short after one run: it is not the best, and its time is known. */
+ * (the cache truncated back between runs); the median counts. The planner's choices run first;
+ * a candidate slower than three times the best so far is cut short after one run (it is not the
+ * best, and its time is known), and one the cost model predicts at over SKIP_FACTOR times the
+ * best measured time is not run at all -- it could be the best only if the prediction were off
+ * by that factor; the summary counts these. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -22,7 +25,7 @@
 #include "gguf/gguf.h"
 #include "plan/cost.h"
 
-enum { MAX_LIST = 16, MAX_MODELS = 4 };
+enum { MAX_LIST = 16, MAX_MODELS = 4, SKIP_FACTOR = 4 };
 
 struct oracle_opts {
     const char *models[MAX_MODELS];
@@ -39,6 +42,7 @@ struct oracle_row {
     int32_t n_tokens;
     double measured[PLAN_MAX_CANDIDATES], predicted[PLAN_MAX_CANDIDATES];
     bool cut[PLAN_MAX_CANDIDATES]; /* stopped after one run */
+    bool skipped[PLAN_MAX_CANDIDATES]; /* predicted over SKIP_FACTOR times a measured time: not run */
     int chosen;
 };
 
@@ -190,7 +194,20 @@ static pshard_status oracle_config(const struct oracle_opts *o, const struct mod
         *n_rows = 0;
         return PSHARD_OK;
     }
+    /* The planner's choices first: the best time so far lets slow candidates be cut short. */
+    int order[PLAN_MAX_CANDIDATES], n_order = 0;
+    for (int k = 0; k < *n_rows; k++) {
+        bool seen = false;
+        for (int j = 0; j < n_order; j++) seen |= order[j] == rows[k].chosen;
+        if (!seen && rows[k].chosen >= 0) order[n_order++] = rows[k].chosen;
+    }
     for (uint32_t c = 0; c < weighed->n_candidates; c++) {
+        bool seen = false;
+        for (int j = 0; j < n_order; j++) seen |= order[j] == (int)c;
+        if (!seen) order[n_order++] = (int)c;
+    }
+    for (int oi = 0; oi < n_order; oi++) {
+        const int c = order[oi];
         const struct plan_candidate *cand = &weighed->candidates[c];
         struct exec_params cp = params;
         cp.plan = cand->family;
@@ -200,9 +217,11 @@ static pshard_status oracle_config(const struct oracle_opts *o, const struct mod
         char label[48];
         candidate_label(cand, label, sizeof label);
         fprintf(stderr, "  %-22s", label);
+        const double t0 = core_now_ms();
         struct exec_ctx *ex = NULL;
         pshard_status st = exec_create(m, &cp, &ex);
         if (st == PSHARD_OK) st = exec_fill_seq(ex, 0, 0);
+        fprintf(stderr, " load %.1f s", (core_now_ms() - t0) / 1e3);
         for (int k = 0; st == PSHARD_OK && k < *n_rows; k++) {
             struct oracle_row *r = &rows[k];
             const struct plan *plan = exec_get_plan(ex);
@@ -214,11 +233,17 @@ static pshard_status oracle_config(const struct oracle_opts *o, const struct mod
                 continue;
             }
             double best = INFINITY;
-            for (uint32_t j = 0; j < c; j++) best = r->measured[j] < best ? r->measured[j] : best;
+            for (uint32_t j = 0; j < weighed->n_candidates; j++) best = r->measured[j] < best ? r->measured[j] : best;
+            /* Predicted far slower than a time already measured: not run (counted as skipped). */
+            if (isfinite(best) && r->predicted[c] > SKIP_FACTOR * best) {
+                r->skipped[c] = true;
+                fprintf(stderr, " %d:skip", r->n_tokens);
+                continue;
+            }
             st = exec_fill_seq(ex, 0, ctx - r->n_tokens);
             if (st == PSHARD_OK)
-                st = time_step(ex, m, r->n_tokens, ctx, o->reps, isfinite(best) ? 3 * best : INFINITY, &r->measured[c],
-                               &r->cut[c]);
+                st = time_step(ex, m, r->n_tokens, ctx, r->n_tokens >= 256 ? 1 : o->reps,
+                               isfinite(best) ? 3 * best : INFINITY, &r->measured[c], &r->cut[c]);
             if (cand->family == PLAN_CPU && !r->cut[c]) cpu_cache[k] = r->measured[c];
             fprintf(stderr, " %d:%.4g", r->n_tokens, r->measured[c]);
         }
@@ -233,7 +258,7 @@ static pshard_status oracle_config(const struct oracle_opts *o, const struct mod
 }
 
 struct summary {
-    int configs, best, within10;
+    int configs, best, within10, skipped, runs;
     double worst_slowdown;
     double errors[4096], all_errors[16384];
     int n_errors, n_all;
@@ -251,6 +276,7 @@ static void summarize_row(const struct plan *weighed, const struct oracle_row *r
     s->within10 += slowdown <= 0.10;
     if (slowdown > s->worst_slowdown) s->worst_slowdown = slowdown;
     if (isfinite(chosen) && s->n_errors < 4096) s->errors[s->n_errors++] = fabs(r->predicted[r->chosen] / chosen - 1);
+    for (uint32_t c = 0; c < weighed->n_candidates; c++) s->skipped += r->skipped[c], s->runs += isfinite(r->measured[c]);
     for (uint32_t c = 0; c < weighed->n_candidates; c++)
         if (isfinite(r->measured[c]) && !r->cut[c] && s->n_all < 16384)
             s->all_errors[s->n_all++] = fabs(r->predicted[c] / r->measured[c] - 1);
@@ -267,8 +293,9 @@ static void summarize_row(const struct plan *weighed, const struct oracle_row *r
         for (uint32_t c = 0; c < weighed->n_candidates; c++) {
             char label[48];
             candidate_label(&weighed->candidates[c], label, sizeof label);
-            fprintf(json, "%s{\"plan\": \"%s\", \"measured_s\": %.6g, \"predicted_s\": %.6g, \"cut\": %s}", c ? ", " : "",
-                    label, isfinite(r->measured[c]) ? r->measured[c] : -1, r->predicted[c], r->cut[c] ? "true" : "false");
+            fprintf(json, "%s{\"plan\": \"%s\", \"measured_s\": %.6g, \"predicted_s\": %.6g, \"cut\": %s, \"skipped\": %s}",
+                    c ? ", " : "", label, isfinite(r->measured[c]) ? r->measured[c] : -1, r->predicted[c],
+                    r->cut[c] ? "true" : "false", r->skipped[c] ? "true" : "false");
         }
         fprintf(json, "]}\n");
     }
@@ -326,6 +353,8 @@ int cmd_bench(int argc, char **argv) {
     printf("prediction error (|predicted/measured - 1|): median %.1f%% for the chosen plans, %.1f%% over all %d "
            "candidates measured in full\n",
            s.n_errors ? 100 * median(s.errors, s.n_errors) : 0, s.n_all ? 100 * median(s.all_errors, s.n_all) : 0, s.n_all);
+    printf("candidate steps timed: %d; not run, predicted over %dx slower than one measured: %d\n", s.runs, SKIP_FACTOR,
+           s.skipped);
     return 0;
 fail:
     if (json) fclose(json);

@@ -116,7 +116,10 @@ int cmd_profile(int argc, char **argv) {
             st = PSHARD_ERR_NOT_FOUND;
         }
     } else {
-        profile_defaults(&p);
+        /* A usable cached profile is extended (this model's formats added); else a fresh one. */
+        if (cpu_only || exec_machine_profile(m, n_threads, PROFILE_CACHED, NULL, NULL, &p, &measured_now) != PSHARD_OK ||
+            !p.measured)
+            profile_defaults(&p);
         struct measure_request req = {m, n_threads, !cpu_only, progress, NULL};
         st = exec_measure(&req, &p);
         if (st == PSHARD_OK) {
