@@ -52,7 +52,7 @@ static struct profile sample(void) {
     p.cpu_matmul[0].s_per_byte[3] = 0.1 + 0.2; /* not a short decimal */
     p.h2d_gbps[2] = 24.6789012345678;
     p.round_trip_s = 5.4321e-5;
-    p.zero_copy_experts_gbps = 31.25;
+    p.zero_copy_experts[4] = 1.0 / 31.25e9;
     p.cpu_moe_call_s = 7.5e-5;
     return p;
 }
@@ -116,8 +116,8 @@ static void assert_profiles_equal(const struct profile *a, const struct profile 
     assert_reals_equal(a->gpu_attn, b->gpu_attn, PROFILE_TOKENS);
     assert_reals_equal(a->h2d_gbps, b->h2d_gbps, PROFILE_SIZES);
     assert_reals_equal(a->d2h_gbps, b->d2h_gbps, PROFILE_SIZES);
-    assert_true(a->zero_copy_gbps == b->zero_copy_gbps);
-    assert_true(a->zero_copy_experts_gbps == b->zero_copy_experts_gbps);
+    assert_true(!memcmp(a->zero_copy, b->zero_copy, sizeof a->zero_copy));
+    assert_true(!memcmp(a->zero_copy_experts, b->zero_copy_experts, sizeof a->zero_copy_experts));
     assert_true(a->cpu_moe_call_s == b->cpu_moe_call_s);
     assert_true(a->launch_s == b->launch_s);
     assert_true(a->graph_node_s == b->graph_node_s);

@@ -514,28 +514,32 @@ static pshard_status zero_copy_experts(struct gpu_bench *b, const struct shapes 
     b->moe.up = (struct cuda_matrix){sh->gate[0], dev + gate, d, ff, E, quant_row_bytes(sh->gate[0], d)};
     b->moe.down = (struct cuda_matrix){sh->down[0], dev + 2 * gate, ff, d, E, quant_row_bytes(sh->down[0], ff)};
     b->moe.n_expert = (int)E, b->moe.k = sh->k;
-    int32_t ids[64];
-    float w[64];
-    struct cpu_bench route = {.ids = ids, .weights = w, .n_tokens = 1, .k = sh->k < 64 ? sh->k : 64};
-    route_random(&route, (int)E, 3);
-    b->n_tokens = 1;
-    if (st == PSHARD_OK) st = cuda_copy_h2d(b->ids, ids, sizeof(int32_t) * route.k, b->s);
-    if (st == PSHARD_OK) st = cuda_copy_h2d(b->weights, w, sizeof(float) * route.k, b->s);
-    if (st == PSHARD_OK) st = cuda_stream_sync(b->s);
-    /* Each step reads the same chosen experts: time the first read of each set only. */
-    double total = 0;
-    for (int r = 0; st == PSHARD_OK && r < 8; r++) {
-        route_random(&route, (int)E, 100 + r);
-        st = cuda_copy_h2d(b->ids, ids, sizeof(int32_t) * route.k, b->s);
-        if (st == PSHARD_OK) st = cuda_stream_sync(b->s);
-        const double t0 = core_now_ms();
-        if (st == PSHARD_OK)
-            st = cuda_moe_ffn(&b->moe, b->x, b->ids, b->weights, 1, b->y, false, b->work, b->work_bytes, b->s);
-        if (st == PSHARD_OK) st = cuda_stream_sync(b->s);
-        total += (core_now_ms() - t0) / 1e3;
-    }
+    const int64_t B = profile_tokens[PROFILE_TOKENS - 1];
+    int32_t *ids = malloc(sizeof *ids * B * sh->k);
+    float *w = malloc(sizeof *w * B * sh->k);
+    if (!ids || !w) st = core_fail(PSHARD_ERR_NOMEM, "out of memory while measuring");
     const double expert = (double)(2 * gate + down) / E;
-    if (st == PSHARD_OK) p->zero_copy_experts_gbps = 8 * route.k * expert / total / 1e9;
+    /* Each routing's first read: 4 routings per token count, each timed once. */
+    for (int i = 0; st == PSHARD_OK && i < PROFILE_TOKENS; i++) {
+        b->n_tokens = profile_tokens[i];
+        if (cuda_moe_work_bytes(&b->moe, b->n_tokens) > b->work_bytes) continue;
+        struct cpu_bench route = {.ids = ids, .weights = w, .n_tokens = b->n_tokens, .k = sh->k};
+        double total = 0;
+        for (int r = 0; st == PSHARD_OK && r < 4; r++) {
+            route_random(&route, (int)E, 100 * i + r);
+            st = cuda_copy_h2d(b->ids, ids, sizeof *ids * b->n_tokens * sh->k, b->s);
+            if (st == PSHARD_OK) st = cuda_copy_h2d(b->weights, w, sizeof *w * b->n_tokens * sh->k, b->s);
+            if (st == PSHARD_OK) st = cuda_stream_sync(b->s);
+            const double t0 = core_now_ms();
+            if (st == PSHARD_OK)
+                st = cuda_moe_ffn(&b->moe, b->x, b->ids, b->weights, b->n_tokens, b->y, false, b->work, b->work_bytes, b->s);
+            if (st == PSHARD_OK) st = cuda_stream_sync(b->s);
+            total += (core_now_ms() - t0) / 1e3;
+        }
+        const double touched = E * (1 - pow(1 - (double)sh->k / E, (double)b->n_tokens));
+        p->zero_copy_experts[i] = total / 4 / (touched * expert);
+    }
+    free(ids), free(w);
     cuda_pinned_release(&host);
     return st;
 }
@@ -669,9 +673,9 @@ static pshard_status measure_transfers(const struct measure_request *req, const 
     if (st == PSHARD_OK && sh->n_dense) {
         report(req, "reading host memory in place", 0.9);
         st = gpu_matrix(b, sh->dense[0], sh->rows, sh->n_embd, 1, BIG_BYTES / 2, true);
-        if (st == PSHARD_OK) {
-            b->n_tokens = 1;
-            p->zero_copy_gbps = 4 * (double)b->m_bytes / time_steps(gpu_matmul_step, b) / 1e9;
+        for (int i = 0; st == PSHARD_OK && i < PROFILE_TOKENS; i++) {
+            b->n_tokens = profile_tokens[i];
+            p->zero_copy[i] = time_steps(gpu_matmul_step, b) / 4 / (double)b->m_bytes;
         }
         cuda_pinned_release(&b->pinned);
     }

@@ -116,7 +116,7 @@ static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
     if (place == PLACE_STREAMED && s->kind != SHARD_EMBED) {
         const struct profile *pr = w->prof;
         const double stream = w->t->ring ? gbps_s((double)bytes, profile_at_size(pr->h2d_gbps, (double)bytes))
-                                         : gbps_s((double)bytes, pr->zero_copy_gbps);
+                                         : (double)bytes * profile_at_tokens(pr->zero_copy, n);
         w->out->pcie_s += stream;
         /* In place: the kernel waits on the reads. Ring: copies run ahead of compute. */
         sec = sec > stream ? sec : stream;
@@ -146,9 +146,8 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
     if (g > r) {
         /* In place: only the touched experts' bytes cross PCIe. Ring: every piece is copied. */
         const double moved = w->t->ring ? (g - r) * eb : touched(g - r, E, k, n) * eb;
-        const double gbps = w->t->ring ? profile_at_size(pr->h2d_gbps, eb * (w->p->piece_experts ? w->p->piece_experts : 1))
-                            : pr->zero_copy_experts_gbps > 0 ? pr->zero_copy_experts_gbps : pr->zero_copy_gbps;
-        stream = gbps_s(moved, gbps);
+        stream = w->t->ring ? gbps_s(moved, profile_at_size(pr->h2d_gbps, eb * (w->p->piece_experts ? w->p->piece_experts : 1)))
+                            : moved * profile_at_tokens(pr->zero_copy_experts, n);
         const double compute = touched(g - r, E, k, n) * eb * gpu_rate;
         gpu += compute > stream ? compute : stream;
     }

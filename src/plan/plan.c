@@ -403,12 +403,10 @@ static void set_tier(const struct model *m, const struct plan_request *req, stru
     place_tier(m, req, p, t, share, p->n_slots > 0);
 }
 
-/* The step a tier is judged by: its largest steps (capped by the micro-batch) at the end of
- * the context. */
+/* The step a tier is judged by: its smallest (capped by the micro-batch), at the end of the
+ * context. */
 static int32_t tier_eval_tokens(const struct plan_request *req, int t) {
-    int32_t n = t + 1 < PLAN_TIERS ? plan_tier_tokens[t + 1] - 1 : plan_tier_tokens[t];
-    if (t == PLAN_TIER_DECODE) n = 1;
-    return n < req->n_batch ? n : req->n_batch;
+    return plan_tier_tokens[t] < req->n_batch ? plan_tier_tokens[t] : req->n_batch;
 }
 
 static bool family_applies(const struct model *m, const struct plan *p, enum plan_family f) {
@@ -656,7 +654,8 @@ static void candidate_name(const struct plan_candidate *c, char *buf, size_t siz
 /* auto: what each tier weighed, predicted times, and the choice. */
 static void print_candidates(const struct plan *p, FILE *out) {
     const int last = plan_prompt_tier(p);
-    fprintf(out, "candidates (predicted seconds per step; tokens per step in the header; * = chosen):\n");
+    fprintf(out, "candidates (predicted seconds per step of the tier's fewest tokens at the end of the context; "
+                 "* = chosen):\n");
     fprintf(out, "  %-26s", "plan");
     for (int t = 0; t <= last; t++) {
         char label[24];
@@ -692,7 +691,14 @@ void plan_print(const struct plan *p, const struct model *m, FILE *out) {
         fprintf(out, " %s '%s'%s", label, plan_family_name(p->tier[t].family), p->tier[t].ring ? " (ring)" : "");
     }
     fputc('\n', out);
-    if (p->n_candidates) print_candidates(p, out);
+    if (p->n_candidates) {
+        print_candidates(p, out);
+    } else if (p->any_gpu) {
+        fprintf(out, "predicted seconds per step:");
+        for (int t = 0; t <= last; t++) fprintf(out, " %d tokens %.4g;", plan_tier_tokens[t], p->predicted[t]);
+        fprintf(out, " %.3f s to the first token, then %.1f tokens/s\n", p->predicted_ttft,
+                p->predicted_decode > 0 ? 1 / p->predicted_decode : 0);
+    }
     if (p->n_expert)
         fprintf(out, "(MoE shards on the GPU: experts resident/streamed/on the CPU; router and shared parts resident)\n");
     fprintf(out, "  %-5s %-6s %5s %-12s %-12s %12s %6s\n", "#", "shard", "layer", "decode", "prompt", "weights MB", "KV");

@@ -72,8 +72,10 @@ void profile_defaults(struct profile *p) {
         /* Small copies pay the fixed cost of a DMA transfer. */
         p->h2d_gbps[i] = p->d2h_gbps[i] = profile_sizes[i] <= 64 << 10 ? 6 : 12;
     }
-    p->zero_copy_gbps = 10;
-    p->zero_copy_experts_gbps = 8;
+    for (int i = 0; i < PROFILE_TOKENS; i++) {
+        p->zero_copy[i] = 1 / 10e9 * (profile_tokens[i] > 8 ? profile_tokens[i] / 8.0 : 1);
+        p->zero_copy_experts[i] = 1 / 8e9 * (profile_tokens[i] > 8 ? profile_tokens[i] / 8.0 : 1);
+    }
     p->cpu_moe_call_s = 60e-6;
     p->launch_s = 5e-6;
     p->graph_node_s = 2e-6;
@@ -260,8 +262,8 @@ static json_t *profile_json(const struct profile *p) {
     ok &= put(root, "gpu_attn", reals_json(p->gpu_attn, PROFILE_TOKENS));
     ok &= put(root, "h2d_gbps", reals_json(p->h2d_gbps, PROFILE_SIZES));
     ok &= put(root, "d2h_gbps", reals_json(p->d2h_gbps, PROFILE_SIZES));
-    ok &= put(root, "zero_copy_gbps", json_real(p->zero_copy_gbps));
-    ok &= put(root, "zero_copy_experts_gbps", json_real(p->zero_copy_experts_gbps));
+    ok &= put(root, "zero_copy", reals_json(p->zero_copy, PROFILE_TOKENS));
+    ok &= put(root, "zero_copy_experts", reals_json(p->zero_copy_experts, PROFILE_TOKENS));
     ok &= put(root, "cpu_moe_call_s", json_real(p->cpu_moe_call_s));
     ok &= put(root, "launch_s", json_real(p->launch_s));
     ok &= put(root, "graph_node_s", json_real(p->graph_node_s));
@@ -438,8 +440,8 @@ static pshard_status profile_from_json(const char *path, json_t *root, struct pr
     CORE_TRY(read_reals(path, root, "gpu_attn", p->gpu_attn, PROFILE_TOKENS));
     CORE_TRY(read_reals(path, root, "h2d_gbps", p->h2d_gbps, PROFILE_SIZES));
     CORE_TRY(read_reals(path, root, "d2h_gbps", p->d2h_gbps, PROFILE_SIZES));
-    CORE_TRY(read_real(path, root, "zero_copy_gbps", &p->zero_copy_gbps));
-    CORE_TRY(read_real(path, root, "zero_copy_experts_gbps", &p->zero_copy_experts_gbps));
+    CORE_TRY(read_reals(path, root, "zero_copy", p->zero_copy, PROFILE_TOKENS));
+    CORE_TRY(read_reals(path, root, "zero_copy_experts", p->zero_copy_experts, PROFILE_TOKENS));
     CORE_TRY(read_real(path, root, "cpu_moe_call_s", &p->cpu_moe_call_s));
     CORE_TRY(read_real(path, root, "launch_s", &p->launch_s));
     CORE_TRY(read_real(path, root, "graph_node_s", &p->graph_node_s));

@@ -16,7 +16,7 @@
 
 #include "pshard.h"
 
-#define PROFILE_VERSION 2
+#define PROFILE_VERSION 3
 enum {
     PROFILE_TOKENS = 6,   /* token counts: 1, 4, 16, 64, 256, 1024 */
     PROFILE_SIZES = 5,    /* transfer sizes: 64 KiB, 512 KiB, 4 MiB, 32 MiB, 128 MiB */
@@ -61,8 +61,10 @@ struct profile {
     struct profile_rate gpu_experts[PROFILE_FORMATS];
     double gpu_attn[PROFILE_TOKENS];                   /* seconds per KV byte read per new token */
     double h2d_gbps[PROFILE_SIZES], d2h_gbps[PROFILE_SIZES]; /* pinned copies by size */
-    double zero_copy_gbps;    /* kernels reading registered host memory in place */
-    double zero_copy_experts_gbps; /* the expert kernel reading the experts a token chose in place */
+    /* Kernels reading registered host memory in place, seconds per weight byte at each token
+     * count (a kernel may read its weights more than once when it takes many tokens): a dense
+     * matmul, and the expert kernel per byte of the experts the tokens chose. */
+    double zero_copy[PROFILE_TOKENS], zero_copy_experts[PROFILE_TOKENS];
     double launch_s;          /* one kernel launch, queued */
     double graph_node_s;      /* one kernel of a replayed CUDA graph */
     double sync_s;            /* host waits for an idle stream */

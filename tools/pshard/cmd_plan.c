@@ -7,23 +7,29 @@
 #include "cli.h"
 #include "exec/exec.h"
 #include "exec/measure.h"
+#include "plan/profile.h"
 #include "gguf/gguf.h"
 
 static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard plan [-m MODEL] --vram-budget SIZE [--plan auto|cpu|gpu|static|dynamic] [-c CTX]\n"
-                 "                   [-b BATCH] [--parallel N] [-t THREADS] [--stream-share F] [--no-profile]\n"
+                 "                   [-b BATCH] [--parallel N] [-t THREADS] [--stream-share F] [--ring on|off]\n"
+                 "                   [--no-profile | --profile FILE]\n"
                  "  Prints the plan of every token tier (steps of 1-3, 4-15, ... tokens) and, for auto, every\n"
                  "  candidate the planner weighed with its predicted seconds per step, VRAM and bytes moved\n"
                  "  per token; then each shard's place in decode and in full prompt steps (RESIDENT in VRAM,\n"
                  "  STREAMED from host memory, or CPU; MoE experts per range), the VRAM breakdown and the\n"
                  "  weight bytes read per decode token from host memory, over PCIe and from VRAM.\n"
                  "  Predictions use this machine's profile (`pshard profile`) when one is cached, else\n"
-                 "  conservative defaults (always with --no-profile). Nothing is loaded onto the GPU.\n");
+                 "  conservative defaults (always with --no-profile); --profile FILE plans with a profile\n"
+                 "  saved elsewhere (another machine's). --ring on|off fixes whether the budget keeps room\n"
+                 "  for the staging ring (for gpu, static and dynamic: then placed as auto weighs them).\n"
+                 "  Nothing is loaded onto the GPU.\n");
 }
 
 int cmd_plan(int argc, char **argv) {
     const char *model_path = NULL;
     bool no_profile = false;
+    const char *profile_file = NULL;
     struct exec_params p = {4096, 512, 1, 0, PLAN_AUTO, -1, 0.0f, -1, NULL};
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -43,6 +49,10 @@ int cmd_plan(int argc, char **argv) {
             }
         } else if (!strcmp(argv[i], "--no-profile")) {
             no_profile = true;
+        } else if (!strcmp(argv[i], "--profile") && v) {
+            profile_file = argv[++i];
+        } else if (!strcmp(argv[i], "--ring") && v && (!strcmp(v, "on") || !strcmp(v, "off"))) {
+            p.staging = !strcmp(argv[++i], "on");
         } else if (!strcmp(argv[i], "--parallel") && v) {
             p.n_seq = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "-t") && v) {
@@ -75,8 +85,9 @@ int cmd_plan(int argc, char **argv) {
     }
     struct profile profile;
     bool measured_now;
-    pshard_status st = exec_machine_profile(&model, p.n_threads, no_profile ? PROFILE_DEFAULTS : PROFILE_CACHED, NULL,
-                                            NULL, &profile, &measured_now);
+    pshard_status st = profile_file ? profile_load(profile_file, NULL, &profile)
+                                    : exec_machine_profile(&model, p.n_threads, no_profile ? PROFILE_DEFAULTS : PROFILE_CACHED,
+                                                           NULL, NULL, &profile, &measured_now);
     if (st == PSHARD_OK && p.vram_budget != 0 && p.plan != PLAN_CPU) {
         p.profile = &profile;
         if (profile.measured)
