@@ -38,6 +38,10 @@ int cuda_device_count(void);
 
 pshard_status cuda_device_describe(int device, struct cuda_device_info *info);
 
+/* The device's name and the driver's version only: no context is created (a context made
+ * before cuda_ctx_create would hide part of its size from the measurement there). */
+pshard_status cuda_device_identify(int device, char *name, size_t name_size, int *driver_version);
+
 /* Free and total device memory of the current device, now. */
 pshard_status cuda_device_memory(uint64_t *free_bytes, uint64_t *total_bytes);
 

@@ -52,6 +52,16 @@ extern "C" pshard_status cuda_device_describe(int device, struct cuda_device_inf
     return PSHARD_OK;
 }
 
+extern "C" pshard_status cuda_device_identify(int device, char *name, size_t name_size, int *driver_version) {
+    cudaDeviceProp prop;
+    cudaError_t err = cudaGetDeviceProperties(&prop, device);
+    if (err != cudaSuccess)
+        return core_fail(PSHARD_ERR_IO, "CUDA device %d: %s", device, cudaGetErrorString(err));
+    snprintf(name, name_size, "%s", prop.name);
+    cudaDriverGetVersion(driver_version);
+    return PSHARD_OK;
+}
+
 extern "C" pshard_status cuda_device_memory(uint64_t *free_bytes, uint64_t *total_bytes) {
     size_t f = 0, t = 0;
     CUDA_TRY(cudaMemGetInfo(&f, &t));

@@ -17,6 +17,13 @@ pshard_status cuda_device_describe(int device, struct cuda_device_info *info) {
     return no_cuda();
 }
 
+pshard_status cuda_device_identify(int device, char *name, size_t name_size, int *driver_version) {
+    (void)device;
+    if (name_size) name[0] = 0;
+    *driver_version = 0;
+    return no_cuda();
+}
+
 pshard_status cuda_device_memory(uint64_t *free_bytes, uint64_t *total_bytes) {
     *free_bytes = *total_bytes = 0;
     return no_cuda();

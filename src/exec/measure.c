@@ -730,12 +730,10 @@ static pshard_status measure_gpu(const struct measure_request *req, const struct
                                  struct profile *p) {
     struct gpu_bench b = {0};
     CORE_TRY(cuda_ctx_create(0, &b.cuda));
-    const struct cuda_ctx_info *info = cuda_ctx_info(b.cuda);
-    struct cuda_device_info dev;
-    pshard_status st = cuda_device_describe(0, &dev);
+    char name[256];
+    pshard_status st = cuda_device_identify(0, name, sizeof name, &p->fp.driver);
     if (st == PSHARD_OK) {
-        snprintf(p->fp.gpu, sizeof p->fp.gpu, "%.127s", info->name);
-        p->fp.driver = dev.driver_version;
+        snprintf(p->fp.gpu, sizeof p->fp.gpu, "%.127s", name);
         p->has_gpu = true;
     }
     b.s = cuda_ctx_compute_stream(b.cuda);
@@ -809,10 +807,11 @@ pshard_status exec_machine_profile(const struct model *model, int n_threads, enu
                                    measure_progress_fn progress, void *user, struct profile *out, bool *measured_now) {
     *measured_now = false;
     const int threads = n_threads > 0 ? n_threads : threadpool_cpu_count();
-    struct cuda_device_info dev = {0};
-    const bool gpu = cuda_device_count() > 0 && cuda_device_describe(0, &dev) == PSHARD_OK;
+    char gpu_name[256] = "";
+    int driver = 0;
+    const bool gpu = cuda_device_count() > 0 && cuda_device_identify(0, gpu_name, sizeof gpu_name, &driver) == PSHARD_OK;
     struct profile_fingerprint here;
-    profile_fingerprint_here(threads, gpu ? dev.name : NULL, gpu ? dev.driver_version : 0, &here);
+    profile_fingerprint_here(threads, gpu ? gpu_name : NULL, gpu ? driver : 0, &here);
     char path[4096];
     const bool have_path = profile_path(&here, path, sizeof path) == PSHARD_OK;
     struct shapes sh;

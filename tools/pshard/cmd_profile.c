@@ -128,9 +128,11 @@ int cmd_profile(int argc, char **argv) {
         st = exec_measure(&req, &p);
         if (st == PSHARD_OK) {
             /* The fingerprint the cache is keyed by: this GPU as the driver names it. */
-            struct cuda_device_info dev = {0};
-            const bool gpu = !cpu_only && cuda_device_count() > 0 && cuda_device_describe(0, &dev) == PSHARD_OK;
-            profile_fingerprint_here(p.fp.threads, gpu ? dev.name : NULL, gpu ? dev.driver_version : 0, &p.fp);
+            char name[256] = "";
+            int driver = 0;
+            const bool gpu = !cpu_only && cuda_device_count() > 0 &&
+                             cuda_device_identify(0, name, sizeof name, &driver) == PSHARD_OK;
+            profile_fingerprint_here(p.fp.threads, gpu ? name : NULL, gpu ? driver : 0, &p.fp);
         }
     }
     char path[4096] = "";
