@@ -417,6 +417,17 @@ static bool family_applies(const struct model *m, const struct plan *p, enum pla
     return false;
 }
 
+/* A tier's placement as a number: two candidates that place everything alike in a tier (gpu and
+ * dynamic in ring tiers) are one plan there. */
+static uint64_t tier_key(const struct plan *p, int t, bool staging) {
+    uint64_t h = 1469598103934665603ull ^ staging;
+    const struct plan_tier *tier = &p->tier[t];
+    for (uint32_t i = 0; i < p->n_shards; i++) h = (h ^ (uint64_t)tier->shard[i]) * 1099511628211ull;
+    for (uint32_t l = 0; l < p->n_layers; l++)
+        h = (h ^ tier->experts_gpu[l] ^ (uint64_t)p->experts_resident[l] << 20 ^ (uint64_t)p->kv_gpu[l] << 40) * 1099511628211ull;
+    return (h ^ tier->ring) * 1099511628211ull;
+}
+
 /* auto: for each resident set (with and without room for the staging ring), every tier weighs
  * static, gpu and dynamic at several shares by the cost model and keeps the fastest; the
  * resident set whose tiers serve a typical request (a prompt of up to 1K tokens, then decode)
@@ -456,6 +467,7 @@ static pshard_status search(const struct model *m, const struct plan_request *re
                 const int32_t n = tier_eval_tokens(req, t);
                 cost_step(prof, m, p, &p->tier[t], n, req->n_ctx > n ? req->n_ctx - n : 0, &cs);
                 cand->seconds[t] = cs.seconds;
+                cand->key[t] = tier_key(p, t, staging);
                 if (chosen[set][t] < 0 || cs.seconds < cands[chosen[set][t]].seconds[t]) {
                     chosen[set][t] = (int8_t)n_cands;
                     pick[set][t].family = menu[c].family, pick[set][t].share = menu[c].share;
@@ -485,6 +497,7 @@ static pshard_status search(const struct model *m, const struct plan_request *re
             const int32_t n = tier_eval_tokens(req, t);
             cost_step(prof, m, p, &p->tier[t], n, req->n_ctx > n ? req->n_ctx - n : 0, &cs);
             cand->seconds[t] = cs.seconds;
+            cand->key[t] = tier_key(p, t, false);
         }
         n_cands++;
     }
@@ -655,7 +668,7 @@ static void candidate_name(const struct plan_candidate *c, char *buf, size_t siz
 static void print_candidates(const struct plan *p, FILE *out) {
     const int last = plan_prompt_tier(p);
     fprintf(out, "candidates (predicted seconds per step of the tier's fewest tokens at the end of the context; "
-                 "* = chosen):\n");
+                 "* = chosen, = the same placement as a candidate above):\n");
     fprintf(out, "  %-26s", "plan");
     for (int t = 0; t <= last; t++) {
         char label[24];
@@ -670,7 +683,9 @@ static void print_candidates(const struct plan *p, FILE *out) {
         fprintf(out, "  %-26s", name);
         for (int t = 0; t <= last; t++) {
             char cell[24];
-            snprintf(cell, sizeof cell, "%.4g%s", k->seconds[t], p->chosen[t] == (int)c ? "*" : "");
+            bool same = false;
+            for (uint32_t e = 0; e < c; e++) same |= p->candidates[e].key[t] == k->key[t];
+            snprintf(cell, sizeof cell, "%.4g%s", k->seconds[t], p->chosen[t] == (int)c ? "*" : same ? "=" : "");
             fprintf(out, " %11s", cell);
         }
         fprintf(out, " %8.0fM %7.0fM %8.0fM %9.1fM %9.1fM\n", mb(k->vram_weights), mb(k->vram_kv), mb(k->vram_staging),

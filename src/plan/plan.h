@@ -81,6 +81,7 @@ struct plan_candidate {
     float share;            /* dynamic */
     bool staging;           /* its resident set leaves room for the staging ring */
     double seconds[PLAN_TIERS];
+    uint64_t key[PLAN_TIERS]; /* the tier's placement (resident set included): equal keys, same plan */
     uint64_t vram_weights, vram_kv, vram_staging;
     uint64_t host_bytes_per_token, pcie_bytes_per_token;
 };

@@ -43,7 +43,7 @@ struct oracle_row {
     double measured[PLAN_MAX_CANDIDATES], predicted[PLAN_MAX_CANDIDATES];
     bool cut[PLAN_MAX_CANDIDATES]; /* stopped after one run */
     bool skipped[PLAN_MAX_CANDIDATES]; /* predicted over SKIP_FACTOR times a measured time: not run */
-    int chosen;
+    int chosen, tier;
 };
 
 static void print_usage(FILE *out) {
@@ -187,7 +187,8 @@ static pshard_status oracle_config(const struct oracle_opts *o, const struct mod
             struct oracle_row *r = &rows[(*n_rows)++];
             memset(r, 0, sizeof *r);
             r->n_tokens = o->tiers[k];
-            r->chosen = weighed->chosen[plan_tier_for(weighed, r->n_tokens) - weighed->tier];
+            r->tier = (int)(plan_tier_for(weighed, r->n_tokens) - weighed->tier);
+            r->chosen = weighed->chosen[r->tier];
             for (uint32_t c = 0; c < PLAN_MAX_CANDIDATES; c++) r->measured[c] = r->predicted[c] = INFINITY;
         }
     if (!weighed->n_candidates) { /* everything fits: one plan, nothing to choose */
@@ -264,13 +265,25 @@ struct summary {
     int n_errors, n_all;
 };
 
+/* A plan's measured time in a tier: the mean over the candidates that place everything alike
+ * there (they are one plan; their runs differ only by noise). */
+static double plan_time(const struct plan *weighed, const struct oracle_row *r, int c) {
+    double sum = 0;
+    int n = 0;
+    for (uint32_t e = 0; e < weighed->n_candidates; e++)
+        if (weighed->candidates[e].key[r->tier] == weighed->candidates[c].key[r->tier] && isfinite(r->measured[e]))
+            sum += r->measured[e], n++;
+    return n ? sum / n : INFINITY;
+}
+
 static void summarize_row(const struct plan *weighed, const struct oracle_row *r, struct summary *s, FILE *json,
                           const char *model, int64_t budget, int32_t ctx) {
     int best = -1;
     for (uint32_t c = 0; c < weighed->n_candidates; c++)
-        if (isfinite(r->measured[c]) && (best < 0 || r->measured[c] < r->measured[best])) best = (int)c;
+        if (isfinite(plan_time(weighed, r, (int)c)) && (best < 0 || plan_time(weighed, r, (int)c) < plan_time(weighed, r, best)))
+            best = (int)c;
     if (best < 0 || r->chosen < 0) return;
-    const double chosen = r->measured[r->chosen], slowdown = chosen / r->measured[best] - 1;
+    const double chosen = plan_time(weighed, r, r->chosen), slowdown = chosen / plan_time(weighed, r, best) - 1;
     s->configs++;
     s->best += r->chosen == best || slowdown <= 0.0;
     s->within10 += slowdown <= 0.10;
@@ -284,7 +297,7 @@ static void summarize_row(const struct plan *weighed, const struct oracle_row *r
     candidate_label(&weighed->candidates[r->chosen], chosen_label, sizeof chosen_label);
     candidate_label(&weighed->candidates[best], best_label, sizeof best_label);
     printf("%-28s %6.0fG %6d %6d  %-20s %-20s %9.4f %9.4f %+7.1f%% %+7.1f%%\n", model, budget / 1073741824.0, ctx,
-           r->n_tokens, chosen_label, best_label, chosen, r->measured[best], 100 * slowdown,
+           r->n_tokens, chosen_label, best_label, chosen, plan_time(weighed, r, best), 100 * slowdown,
            100 * (r->predicted[r->chosen] / chosen - 1));
     if (json) {
         fprintf(json, "{\"model\": \"%s\", \"budget_gb\": %.0f, \"context\": %d, \"tokens\": %d, \"chosen\": \"%s\", "
@@ -293,9 +306,11 @@ static void summarize_row(const struct plan *weighed, const struct oracle_row *r
         for (uint32_t c = 0; c < weighed->n_candidates; c++) {
             char label[48];
             candidate_label(&weighed->candidates[c], label, sizeof label);
-            fprintf(json, "%s{\"plan\": \"%s\", \"measured_s\": %.6g, \"predicted_s\": %.6g, \"cut\": %s, \"skipped\": %s}",
-                    c ? ", " : "", label, isfinite(r->measured[c]) ? r->measured[c] : -1, r->predicted[c],
-                    r->cut[c] ? "true" : "false", r->skipped[c] ? "true" : "false");
+            fprintf(json, "%s{\"plan\": \"%s\", \"measured_s\": %.6g, \"predicted_s\": %.6g, \"cut\": %s, \"skipped\": %s, "
+                          "\"placement\": \"%016llx\"}",
+                    c ? ", " : "", label, isfinite(r->measured[c]) ? r->measured[c] : -1,
+                    isfinite(r->predicted[c]) ? r->predicted[c] : -1, r->cut[c] ? "true" : "false",
+                    r->skipped[c] ? "true" : "false", (unsigned long long)weighed->candidates[c].key[r->tier]);
         }
         fprintf(json, "]}\n");
     }

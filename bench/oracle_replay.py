@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Score the planner against step times measured by `pshard bench --oracle` (its --json output),
+without a GPU: for each configuration, `pshard plan --profile PROFILE` (the profile measured on
+the machine that ran the oracle) gives every candidate's predicted time and the planner's choice;
+the measured times say which candidate really was fastest.
+
+Usage: bench/oracle_replay.py PSHARD PROFILE MODEL_DIR ORACLE.json [ORACLE.json ...]
+Prints one line per configuration and the summary `pshard bench --oracle` prints: how often the
+choice was the measured best, how much slower when not, and the median prediction error."""
+import json
+import re
+import statistics
+import subprocess
+import sys
+
+
+def plan_table(pshard, profile, model, budget_gb, ctx, batch):
+    out = subprocess.run([pshard, "plan", "-m", model, "--profile", profile, "--vram-budget", "%dG" % budget_gb,
+                          "-c", str(ctx), "-b", str(batch)], capture_output=True, text=True, check=True).stdout
+    lines = out.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("candidates"))
+    header = lines[start + 1].split()
+    tiers = [int(h.split("-")[0].rstrip("+")) for h in header[1:] if re.match(r"^\d", h)]
+    table = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("  ") or line.startswith("  #"):
+            break
+        m = re.match(r"^  (\S+(?: [\d.]+)?(?: \(no ring\))?)\s+(.*)$", line)
+        name = m.group(1).replace(" (no ring)", " noring")
+        if name.startswith("dynamic"):
+            parts = name.split()
+            name = "dynamic %.2f" % float(parts[1]) + (" noring" if "noring" in parts else "")
+        cells = m.group(2).split()[:len(tiers)]
+        table[name] = {t: (float(c.rstrip("*=")), c.endswith("*")) for t, c in zip(tiers, cells)}
+    return tiers, table
+
+
+def main():
+    pshard, profile, model_dir, files = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+    rows = []
+    for f in files:
+        for line in open(f):
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass  # a line cut short (the run was stopped while writing it)
+    cache = {}
+    best_n = within = configs = 0
+    worst = 0.0
+    errors, all_errors = [], []
+    for r in rows:
+        key = (r["model"], r["budget_gb"], r["context"])
+        if key not in cache:
+            cache[key] = plan_table(pshard, profile, "%s/%s" % (model_dir, r["model"]), r["budget_gb"], r["context"], 1024)
+        tiers, table = cache[key]
+        tier = max(t for t in tiers if t <= r["tokens"])
+        # Candidates that place everything alike in this tier (equal predictions) are one plan:
+        # its time is the mean of their runs.
+        runs = {}
+        for c in r["candidates"]:
+            if c["measured_s"] > 0 and c["plan"] in table:
+                runs.setdefault(table[c["plan"]][tier][0], []).append(c["measured_s"])
+        plan_time = {name: statistics.mean(runs[cells[tier][0]]) for name, cells in table.items() if cells[tier][0] in runs}
+        measured = {c["plan"]: c["measured_s"] for c in r["candidates"] if c["measured_s"] > 0 and not c["cut"]}
+        if not plan_time:
+            continue
+        chosen = next((name for name, cells in table.items() if cells[tier][1]), None)
+        if chosen not in plan_time:
+            print("%-14s %3dG %6d %5d  chosen %-20s was not measured" % (r["model"][:14], r["budget_gb"], r["context"],
+                                                                         r["tokens"], chosen))
+            continue
+        best = min(plan_time, key=plan_time.get)
+        lower = plan_time
+        slower = lower[chosen] / lower[best] - 1
+        configs += 1
+        best_n += slower <= 0
+        within += slower <= 0.10
+        worst = max(worst, slower)
+        pred = table[chosen][tier][0]
+        errors.append(abs(pred / lower[chosen] - 1))
+        for name, t in measured.items():
+            if name in table:
+                all_errors.append(abs(table[name][tier][0] / t - 1))
+        print("%-14s %3dG %6d %5d  %-20s %-20s %8.4f %8.4f %+7.1f%% pred %+7.1f%%" % (
+            r["model"][:14], r["budget_gb"], r["context"], r["tokens"], chosen, best, lower[chosen], lower[best],
+            100 * slower, 100 * (pred / lower[chosen] - 1)))
+    print("\n%d configurations: the choice was the measured best in %d (%.0f%%), within 10%% in %d; at worst %.1f%% "
+          "slower" % (configs, best_n, 100.0 * best_n / max(configs, 1), within, 100 * worst))
+    print("prediction error: median %.1f%% for the chosen plans, %.1f%% over %d measured candidates" % (
+        100 * statistics.median(errors) if errors else 0, 100 * statistics.median(all_errors) if all_errors else 0,
+        len(all_errors)))
+
+
+if __name__ == "__main__":
+    main()
