@@ -14,6 +14,16 @@ import subprocess
 import sys
 
 
+def canonical(label):
+    """One name for a candidate, from `pshard plan`'s table or an oracle's JSON of any version:
+    "dynamic 0.50 (no ring)", "dynamic 0.5 noring" -> "dynamic 0.50 (no ring)"."""
+    label = label.replace(" noring", " (no ring)")
+    m = re.match(r"^(\w+)(?: ([\d.]+))?(?: \((.*)\))?$", label.strip())
+    family, share, resident = m.groups()
+    name = family + (" %.2f" % float(share) if share else "")
+    return name + (" (%s)" % resident if resident else "")
+
+
 def plan_table(pshard, profile, model, budget_gb, ctx, batch):
     out = subprocess.run([pshard, "plan", "-m", model, "--profile", profile, "--vram-budget", "%dG" % budget_gb,
                           "-c", str(ctx), "-b", str(batch)], capture_output=True, text=True, check=True).stdout
@@ -25,11 +35,8 @@ def plan_table(pshard, profile, model, budget_gb, ctx, batch):
     for line in lines[start + 2:]:
         if not line.startswith("  ") or line.startswith("  #"):
             break
-        m = re.match(r"^  (\S+(?: [\d.]+)?(?: \(no ring\))?)\s+(.*)$", line)
-        name = m.group(1).replace(" (no ring)", " noring")
-        if name.startswith("dynamic"):
-            parts = name.split()
-            name = "dynamic %.2f" % float(parts[1]) + (" noring" if "noring" in parts else "")
+        m = re.match(r"^  (.+?)\s{2,}(\d.*)$", line)
+        name = canonical(m.group(1))
         cells = m.group(2).split()[:len(tiers)]
         table[name] = {t: (float(c.rstrip("*=")), c.endswith("*")) for t, c in zip(tiers, cells)}
     return tiers, table
@@ -58,10 +65,11 @@ def main():
         # its time is the mean of their runs.
         runs = {}
         for c in r["candidates"]:
-            if c["measured_s"] > 0 and c["plan"] in table:
-                runs.setdefault(table[c["plan"]][tier][0], []).append(c["measured_s"])
+            name = canonical(c["plan"])
+            if c["measured_s"] > 0 and name in table:
+                runs.setdefault(table[name][tier][0], []).append(c["measured_s"])
         plan_time = {name: statistics.mean(runs[cells[tier][0]]) for name, cells in table.items() if cells[tier][0] in runs}
-        measured = {c["plan"]: c["measured_s"] for c in r["candidates"] if c["measured_s"] > 0 and not c["cut"]}
+        measured = {canonical(c["plan"]): c["measured_s"] for c in r["candidates"] if c["measured_s"] > 0 and not c["cut"]}
         if not plan_time:
             continue
         chosen = next((name for name, cells in table.items() if cells[tier][1]), None)

@@ -91,6 +91,9 @@ typedef struct pshard_gen_stats {
     uint64_t decode_streamed_bytes; /* of those, bytes that crossed PCIe */
     uint64_t prefill_streamed_bytes; /* weight bytes the prompt's steps moved over PCIe */
     int stopped_by_eog;       /* ended at an end-of-generation token */
+    /* What the planner's cost model predicted for this call (0 when the plan was not chosen by
+     * it): the prompt's steps, and one decode step. */
+    double predicted_prefill_ms, predicted_decode_step_ms;
 } pshard_gen_stats;
 
 typedef struct pshard_gen_opts {

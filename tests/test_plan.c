@@ -12,7 +12,9 @@
 
 #include <cmocka.h>
 
+#include "plan/cost.h"
 #include "plan/plan.h"
+#include "plan/profile.h"
 
 static struct gguf_file *file, *moe_file;
 static struct model model, moe;
@@ -178,7 +180,7 @@ static void test_auto_picks_the_fastest_per_tier(void **state) {
         assert_int_equal(c->family, p.tier[t].family);
         assert_true(p.predicted[t] > 0 && isfinite(p.predicted[t]));
         for (uint32_t k = 0; k < p.n_candidates; k++) /* nothing weighed for its resident set was faster */
-            if (p.candidates[k].staging == c->staging && p.candidates[k].family != PLAN_CPU)
+            if (p.candidates[k].set == c->set && p.candidates[k].family != PLAN_CPU)
                 assert_true(c->seconds[t] <= p.candidates[k].seconds[t]);
     }
     for (uint32_t i = 0; i < model.n_shards; i++) {
@@ -262,6 +264,44 @@ static void test_too_small_names_the_minimum(void **state) {
     assert_non_null(strstr(pshard_last_error(), "gpu plan needs at least"));
 }
 
+/* The cost model: more VRAM never predicts a slower gpu plan; learning from measured steps
+ * scales later predictions by measured over predicted, within bounds. */
+static void test_cost_model_and_learning(void **state) {
+    (void)state;
+    struct profile prof;
+    profile_defaults(&prof);
+    prof.has_gpu = true;
+    struct plan_request r = base;
+    r.family = PLAN_GPU;
+    r.profile = &prof;
+    struct plan small, large;
+    r.vram_budget = (int64_t)(fixed() + attention_and_kv(&model, 2048) + (8 << 20));
+    assert_int_equal(plan_build(&model, &r, &costs, &small), PSHARD_OK);
+    r.vram_budget = (int64_t)(fixed() + attention_and_kv(&model, 2048) + (64 << 20));
+    assert_int_equal(plan_build(&model, &r, &costs, &large), PSHARD_OK);
+    struct cost_step a, b;
+    cost_step(&prof, &model, &small, &small.tier[0], 1, 1000, &a);
+    cost_step(&prof, &model, &large, &large.tier[0], 1, 1000, &b);
+    assert_true(a.seconds > 0 && b.seconds > 0 && b.seconds < a.seconds); /* less streamed */
+    assert_true(a.pcie_s > b.pcie_s);
+    assert_true(a.seconds == a.raw_seconds);
+
+    cost_learn(&prof, PLAN_GPU, false, a.raw_seconds, 2 * a.raw_seconds);
+    struct cost_step c;
+    cost_step(&prof, &model, &small, &small.tier[0], 1, 1000, &c);
+    assert_true(fabs(c.seconds / (2 * a.raw_seconds) - 1) < 1e-9 && c.raw_seconds == a.raw_seconds);
+    cost_learn(&prof, PLAN_GPU, false, a.raw_seconds, a.raw_seconds); /* a running mean: (2 + 1) / 2 */
+    assert_true(fabs(prof.refine[PLAN_GPU][0] - 1.5) < 1e-12);
+    cost_learn(&prof, PLAN_GPU, true, 1.0, 1000.0); /* bounded */
+    assert_true(prof.refine[PLAN_GPU][1] == 4);
+    cost_step(&prof, &model, &small, &small.tier[PLAN_TIERS - 1], 512, 0, &c); /* prompt steps scale by their own */
+    assert_true(fabs(c.seconds / c.raw_seconds - 4) < 1e-9);
+    cost_learn(&prof, PLAN_STATIC, false, 0, 1.0); /* nothing to learn from */
+    assert_true(prof.refine[PLAN_STATIC][0] == 0);
+    plan_free(&small);
+    plan_free(&large);
+}
+
 static void test_parse(void **state) {
     (void)state;
     int64_t b;
@@ -295,6 +335,7 @@ int main(void) {
         cmocka_unit_test(test_static_fills_by_priority),    cmocka_unit_test(test_gpu_streams_what_does_not_fit),
         cmocka_unit_test(test_auto_picks_the_fastest_per_tier), cmocka_unit_test(test_moe_experts_by_range),
         cmocka_unit_test(test_too_small_names_the_minimum), cmocka_unit_test(test_parse),
+        cmocka_unit_test(test_cost_model_and_learning),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

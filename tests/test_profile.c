@@ -54,6 +54,8 @@ static struct profile sample(void) {
     p.round_trip_s = 5.4321e-5;
     p.zero_copy_experts[4] = 1.0 / 31.25e9;
     p.cpu_moe_call_s = 7.5e-5;
+    p.kernel_s = 4.25e-6;
+    p.refine[3][0] = 1.375;
     return p;
 }
 
@@ -119,6 +121,8 @@ static void assert_profiles_equal(const struct profile *a, const struct profile 
     assert_true(!memcmp(a->zero_copy, b->zero_copy, sizeof a->zero_copy));
     assert_true(!memcmp(a->zero_copy_experts, b->zero_copy_experts, sizeof a->zero_copy_experts));
     assert_true(a->cpu_moe_call_s == b->cpu_moe_call_s);
+    assert_true(a->kernel_s == b->kernel_s);
+    assert_true(!memcmp(a->refine, b->refine, sizeof a->refine));
     assert_true(a->launch_s == b->launch_s);
     assert_true(a->graph_node_s == b->graph_node_s);
     assert_true(a->sync_s == b->sync_s);

@@ -52,6 +52,7 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
                                       p->profile_progress, p->progress_user,
                                       &ctx->profile, &measured_now));
         ep.profile = &ctx->profile;
+        ctx->learn = ctx->profile.measured;
     }
     if (ep.n_ctx <= 0) {
         ep.n_ctx = 4096;

@@ -19,6 +19,7 @@ struct pshard_ctx {
     struct chat_template chat;
     pshard_params params;
     struct profile profile; /* what automatic plans were chosen with */
+    bool learn;             /* the plan is automatic and the profile measured: running refines it */
     /* Tokens whose K/V sit in sequence 0, for prefix reuse across calls. */
     int32_t *cached;
     int32_t n_cached;

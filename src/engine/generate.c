@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/timer.h"
 #include "engine/engine_internal.h"
+#include "plan/cost.h"
 
 void pshard_sampling_default(pshard_sampling *s) {
     struct sampler_params p;
@@ -118,6 +119,37 @@ static pshard_status decode_loop(struct generation *g, double t_start) {
     return PSHARD_OK;
 }
 
+/* What the cost model predicts for this call's steps (scaled and raw), and what running taught it:
+ * measured over predicted folds into the profile, saved for the next plan. */
+static void predict_and_learn(pshard_ctx *ctx, int32_t from, int32_t n_prompt, pshard_gen_stats *s) {
+    const struct plan *plan = exec_get_plan(ctx->exec);
+    if (!ctx->learn || !plan->any_gpu) return;
+    const int32_t n_batch = ctx->params.n_batch;
+    struct cost_step c;
+    double prefill = 0, prefill_raw = 0;
+    for (int32_t done = from; done < n_prompt; done += n_batch) {
+        const int32_t n = n_prompt - done < n_batch ? n_prompt - done : n_batch;
+        cost_step(&ctx->profile, &ctx->model, plan, plan_tier_for(plan, n), n, done, &c);
+        prefill += c.seconds, prefill_raw += c.raw_seconds;
+    }
+    cost_step(&ctx->profile, &ctx->model, plan, plan_tier_for(plan, 1), 1, n_prompt + s->n_generated / 2, &c);
+    s->predicted_prefill_ms = prefill * 1e3;
+    s->predicted_decode_step_ms = c.seconds * 1e3;
+    bool learned = false;
+    if (s->n_prompt >= PLAN_RING_MIN_TOKENS) {
+        const int32_t first = n_prompt - from < n_batch ? n_prompt - from : n_batch;
+        cost_learn(&ctx->profile, plan_tier_for(plan, first)->family, true, prefill_raw, s->prefill_ms / 1e3);
+        learned = true;
+    }
+    if (s->n_generated > 8 && s->decode_ms > 0) {
+        cost_learn(&ctx->profile, plan_tier_for(plan, 1)->family, false, c.raw_seconds,
+                   s->decode_ms / 1e3 / (s->n_generated - 1));
+        learned = true;
+    }
+    char path[4096];
+    if (learned && profile_path(&ctx->profile.fp, path, sizeof path) == PSHARD_OK) profile_save(path, &ctx->profile);
+}
+
 pshard_status pshard_generate(pshard_ctx *ctx, const char *prompt, const pshard_gen_opts *opts, pshard_text_cb on_text,
                               void *user, pshard_gen_stats *stats) {
     pshard_gen_stats local;
@@ -154,6 +186,7 @@ pshard_status pshard_generate(pshard_ctx *ctx, const char *prompt, const pshard_
     }
     if (st != PSHARD_OK) exec_truncate_seq(ctx->exec, 0, ctx->n_cached = 0); /* a failed step leaves no stale cells */
     else st = decode_loop(&g, t_start);
+    if (st == PSHARD_OK) predict_and_learn(ctx, keep, n_prompt, stats);
     tok_decoder_free(g.decoder);
     sampler_free(g.sampler);
     return st;

@@ -37,9 +37,20 @@ struct walk {
     struct cost_step *out;
 };
 
-static void gpu_busy(struct walk *w, double compute_s, int kernels) {
-    const double launch = w->graph ? w->prof->graph_node_s : w->prof->launch_s;
-    const double busy = compute_s > kernels * launch ? compute_s : kernels * launch;
+/* The least a small kernel (a norm, rope, routing, an add) costs the GPU's time line: its
+ * launch, or a node of a replayed graph, or its own shortest run, whichever is longest. */
+static double kernel_floor(const struct walk *w) {
+    const double issue = w->graph ? w->prof->graph_node_s : w->prof->launch_s;
+    return issue > w->prof->kernel_s ? issue : w->prof->kernel_s;
+}
+
+/* The GPU's busy time for a shard: its matrices' and attention's compute, plus its small kernels. */
+static double gpu_time(const struct walk *w, double compute_s, int small_kernels) {
+    return compute_s + small_kernels * kernel_floor(w);
+}
+
+static void gpu_busy(struct walk *w, double compute_s, int small_kernels) {
+    const double busy = gpu_time(w, compute_s, small_kernels);
     w->out->gpu_s += busy;
     w->out->overhead_s += busy - compute_s;
     w->out->seconds += busy;
@@ -122,7 +133,7 @@ static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
         sec = sec > stream ? sec : stream;
     }
     if (s->kind == SHARD_ATTN) sec += attention_s(w, s, true);
-    gpu_busy(w, sec, count + extra_kernels[s->kind]);
+    gpu_busy(w, sec, extra_kernels[s->kind]);
 }
 
 static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
@@ -151,7 +162,9 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
         const double compute = touched(g - r, E, k, n) * eb * gpu_rate;
         gpu += compute > stream ? compute : stream;
     }
-    const int kernels = count + extra_kernels[SHARD_MOE] + (g > r ? 3 : 0) +
+    /* Small kernels: routing, norms, adds; the experts of each range (and staged piece) are
+     * launches of their own. */
+    const int kernels = extra_kernels[SHARD_MOE] + (g > r ? 3 : 0) +
                         (w->t->ring ? 3 * (int)ceil((g - r) / (w->p->piece_experts ? w->p->piece_experts : 1)) : 0);
     if (g >= E) {
         w->out->pcie_s += stream;
@@ -169,8 +182,8 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
         gpu += overlap * (1 / hs - 1);
     }
     const double hand_off = pr->round_trip_s + gbps_s(n * w->m->hp.n_embd * 4.0 * 2, profile_at_size(pr->d2h_gbps, 65536));
-    const double launch = kernels * pr->launch_s;
-    const double side = (gpu > launch ? gpu : launch) > cpu + hand_off ? (gpu > launch ? gpu : launch) : cpu + hand_off;
+    gpu = gpu_time(w, gpu, kernels);
+    const double side = gpu > cpu + hand_off ? gpu : cpu + hand_off;
     w->out->gpu_s += gpu;
     w->out->cpu_s += cpu;
     w->out->pcie_s += stream;
@@ -202,6 +215,17 @@ void cost_step(const struct profile *prof, const struct model *m, const struct p
         out->pcie_s += fill;
     }
     if (t->any_gpu && !w.graph) out->overhead_s += prof->sync_s, out->seconds += prof->sync_s;
+    out->raw_seconds = out->seconds;
+    const double scale = (int)t->family < (int)PROFILE_FAMILIES ? prof->refine[t->family][n_tokens > 1] : 0;
+    if (scale > 0) out->seconds *= scale;
+}
+
+void cost_learn(struct profile *prof, enum plan_family family, bool prompt, double raw_predicted_s, double measured_s) {
+    if ((int)family >= (int)PROFILE_FAMILIES || !(raw_predicted_s > 0) || !(measured_s > 0) || !isfinite(measured_s)) return;
+    double ratio = measured_s / raw_predicted_s;
+    ratio = ratio < 0.25 ? 0.25 : ratio > 4 ? 4 : ratio;
+    double *r = &prof->refine[family][prompt];
+    *r = *r > 0 ? (*r + ratio) / 2 : ratio;
 }
 
 void cost_request(const struct profile *prof, const struct model *m, const struct plan *p, int32_t n_prompt,

@@ -17,7 +17,8 @@
 #include "plan/profile.h"
 
 struct cost_step {
-    double seconds;      /* the step */
+    double seconds;      /* the step, scaled by what running has taught (profile refine) */
+    double raw_seconds;  /* the step as the profile's measurements alone predict it */
     double gpu_s, cpu_s; /* busy time of each side (they overlap in split MoE layers) */
     double pcie_s;       /* weight streaming and activation transfers */
     double overhead_s;   /* launches, host waits, hand-offs */
@@ -30,6 +31,10 @@ double cost_rate(const struct profile_rate table[PROFILE_FORMATS], uint32_t type
 /* One step of `n_tokens` new tokens after `n_past` cached positions, under tier t of plan p. */
 void cost_step(const struct profile *prof, const struct model *m, const struct plan *p, const struct plan_tier *t,
                int32_t n_tokens, int32_t n_past, struct cost_step *out);
+
+/* Learn from a measured run: measured over raw predicted seconds of steps of this family and
+ * kind folds into prof->refine (an even running mean, kept within 1/4 .. 4). */
+void cost_learn(struct profile *prof, enum plan_family family, bool prompt, double raw_predicted_s, double measured_s);
 
 /* A request: a prompt of n_prompt tokens in steps of at most n_batch, then n_gen decode steps;
  * seconds to the first token and per generated token. */

@@ -419,8 +419,8 @@ static bool family_applies(const struct model *m, const struct plan *p, enum pla
 
 /* A tier's placement as a number: two candidates that place everything alike in a tier (gpu and
  * dynamic in ring tiers) are one plan there. */
-static uint64_t tier_key(const struct plan *p, int t, bool staging) {
-    uint64_t h = 1469598103934665603ull ^ staging;
+static uint64_t tier_key(const struct plan *p, int t) {
+    uint64_t h = 1469598103934665603ull;
     const struct plan_tier *tier = &p->tier[t];
     for (uint32_t i = 0; i < p->n_shards; i++) h = (h ^ (uint64_t)tier->shard[i]) * 1099511628211ull;
     for (uint32_t l = 0; l < p->n_layers; l++)
@@ -441,22 +441,29 @@ static pshard_status search(const struct model *m, const struct plan_request *re
     int best_set = -1;
     struct plan_candidate cands[PLAN_MAX_CANDIDATES];
     uint32_t n_cands = 0;
-    int8_t chosen[2][PLAN_TIERS];
-    struct { enum plan_family family; float share; } pick[2][PLAN_TIERS];
+    int8_t chosen[PLAN_SETS][PLAN_TIERS];
+    struct { enum plan_family family; float share; } pick[PLAN_SETS][PLAN_TIERS];
+    static const enum plan_set sets[] = {PLAN_SET_RING, PLAN_SET_NO_RING, PLAN_SET_ALL_KV};
     pshard_status fits = PSHARD_OK;
-    bool any_fits = false;
-    for (int set = 0; set < 2; set++) {
-        const bool staging = set == 0;
-        fits = resident_set(m, req, costs, prof, budget, staging, false, p);
+    bool any_fits = false, ring_has_all_kv = false;
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+        const enum plan_set set = sets[si];
+        fits = resident_set(m, req, costs, prof, budget, set != PLAN_SET_NO_RING, set == PLAN_SET_ALL_KV, p);
         if (fits != PSHARD_OK) continue;
         any_fits = true;
-        account(m, req, costs, p);
         for (int t = 0; t < PLAN_TIERS; t++) chosen[set][t] = -1;
+        bool all_kv = true;
+        for (uint32_t l = 0; l < p->n_layers; l++) all_kv &= p->kv_gpu[l];
+        if (set == PLAN_SET_RING) ring_has_all_kv = all_kv;
+        /* The all-KV set is weighed when it differs from the ring's: every layer's KV fits only
+         * when it comes first. */
+        if (set == PLAN_SET_ALL_KV && (!all_kv || ring_has_all_kv)) continue;
+        account(m, req, costs, p);
         for (size_t c = 0; c < sizeof menu / sizeof menu[0] && n_cands < PLAN_MAX_CANDIDATES; c++) {
             if (!family_applies(m, p, menu[c].family)) continue;
             struct plan_candidate *cand = &cands[n_cands];
             memset(cand, 0, sizeof *cand);
-            cand->family = menu[c].family, cand->share = menu[c].share, cand->staging = staging;
+            cand->family = menu[c].family, cand->share = menu[c].share, cand->set = set;
             for (int t = 0; t < PLAN_TIERS; t++) set_tier(m, req, p, t, menu[c].family, menu[c].share);
             account(m, req, costs, p);
             cand->vram_weights = p->budget.weights, cand->vram_kv = p->budget.kv, cand->vram_staging = p->budget.staging;
@@ -467,7 +474,7 @@ static pshard_status search(const struct model *m, const struct plan_request *re
                 const int32_t n = tier_eval_tokens(req, t);
                 cost_step(prof, m, p, &p->tier[t], n, req->n_ctx > n ? req->n_ctx - n : 0, &cs);
                 cand->seconds[t] = cs.seconds;
-                cand->key[t] = tier_key(p, t, staging);
+                cand->key[t] = tier_key(p, t);
                 if (chosen[set][t] < 0 || cs.seconds < cands[chosen[set][t]].seconds[t]) {
                     chosen[set][t] = (int8_t)n_cands;
                     pick[set][t].family = menu[c].family, pick[set][t].share = menu[c].share;
@@ -479,7 +486,7 @@ static pshard_status search(const struct model *m, const struct plan_request *re
         for (int t = 0; t < PLAN_TIERS; t++) set_tier(m, req, p, t, pick[set][t].family, pick[set][t].share);
         double ttft, decode;
         cost_request(prof, m, p, n_prompt, req->n_batch, 128, &ttft, &decode);
-        if (ttft + 128 * decode < best_total) best_total = ttft + 128 * decode, best_set = set;
+        if (ttft + 128 * decode < best_total) best_total = ttft + 128 * decode, best_set = (int)set;
     }
     if (!any_fits) return fits; /* not even without the ring: the message names the minimum */
     /* Everything on the CPU. */
@@ -497,7 +504,7 @@ static pshard_status search(const struct model *m, const struct plan_request *re
             const int32_t n = tier_eval_tokens(req, t);
             cost_step(prof, m, p, &p->tier[t], n, req->n_ctx > n ? req->n_ctx - n : 0, &cs);
             cand->seconds[t] = cs.seconds;
-            cand->key[t] = tier_key(p, t, false);
+            cand->key[t] = tier_key(p, t);
         }
         n_cands++;
     }
@@ -508,7 +515,7 @@ static pshard_status search(const struct model *m, const struct plan_request *re
         p->family = PLAN_CPU;
         p->budget.total = budget;
     } else {
-        CORE_TRY(resident_set(m, req, costs, prof, budget, best_set == 0, false, p));
+        CORE_TRY(resident_set(m, req, costs, prof, budget, best_set != PLAN_SET_NO_RING, best_set == PLAN_SET_ALL_KV, p));
         for (int t = 0; t < PLAN_TIERS; t++) {
             set_tier(m, req, p, t, pick[best_set][t].family, pick[best_set][t].share);
             p->chosen[t] = chosen[best_set][t];
@@ -561,8 +568,9 @@ static pshard_status build(const struct model *m, const struct plan_request *req
     /* With the ring asked for or refused, this is a candidate as the planner weighs it: its
      * resident set by benefit alone. Otherwise gpu keeps every layer's KV in VRAM first, so
      * every attention runs on the GPU. */
-    const bool candidate = req->staging >= 0, all_attention = family == PLAN_GPU && !candidate;
-    bool staging = candidate ? req->staging > 0 : family == PLAN_GPU || family == PLAN_DYNAMIC;
+    const bool candidate = req->staging >= 0;
+    const bool all_attention = candidate ? req->staging == PLAN_SET_ALL_KV : family == PLAN_GPU;
+    bool staging = candidate ? req->staging != PLAN_SET_NO_RING : family == PLAN_GPU || family == PLAN_DYNAMIC;
     if (all_attention) {
         /* Every attention on the GPU: its KV, every shard's vectors and every MoE router resident. */
         const uint64_t slot = slot_size(m, p);
@@ -659,9 +667,21 @@ static void tier_label(const struct plan *p, int t, char *buf, size_t size) {
     else snprintf(buf, size, "%d+", lo);
 }
 
-static void candidate_name(const struct plan_candidate *c, char *buf, size_t size) {
-    if (c->family == PLAN_DYNAMIC) snprintf(buf, size, "dynamic %.2f%s", c->share, c->staging ? "" : " (no ring)");
-    else snprintf(buf, size, "%s%s", plan_family_name(c->family), c->family != PLAN_CPU && !c->staging ? " (no ring)" : "");
+const char *plan_set_name(enum plan_set set) {
+    switch (set) {
+    case PLAN_SET_NO_RING: return "no ring";
+    case PLAN_SET_RING: return "ring";
+    case PLAN_SET_ALL_KV: return "all KV";
+    default: return "?";
+    }
+}
+
+void plan_candidate_name(const struct plan_candidate *c, char *buf, size_t size) {
+    char family[32];
+    if (c->family == PLAN_DYNAMIC) snprintf(family, sizeof family, "dynamic %.2f", c->share);
+    else snprintf(family, sizeof family, "%s", plan_family_name(c->family));
+    if (c->family == PLAN_CPU || c->set == PLAN_SET_RING) snprintf(buf, size, "%s", family);
+    else snprintf(buf, size, "%s (%s)", family, plan_set_name(c->set));
 }
 
 /* auto: what each tier weighed, predicted times, and the choice. */
@@ -679,7 +699,7 @@ static void print_candidates(const struct plan *p, FILE *out) {
     for (uint32_t c = 0; c < p->n_candidates; c++) {
         const struct plan_candidate *k = &p->candidates[c];
         char name[40];
-        candidate_name(k, name, sizeof name);
+        plan_candidate_name(k, name, sizeof name);
         fprintf(out, "  %-26s", name);
         for (int t = 0; t <= last; t++) {
             char cell[24];

@@ -59,7 +59,8 @@ struct plan_request {
     int64_t vram_budget;  /* bytes; < 0: as much as the plan needs (gpu) */
     int32_t n_ctx, n_batch, n_seq;
     float stream_share;   /* dynamic: share of the non-resident experts streamed (0: default) */
-    int32_t staging;      /* reserve the staging ring: 1 yes, 0 no, -1 as the family wants */
+    int32_t staging;      /* the resident set: -1 as the family wants; else as the planner weighs a
+                             candidate: PLAN_SET_NO_RING, PLAN_SET_RING or PLAN_SET_ALL_KV */
     const struct profile *profile; /* auto: the machine's profile (NULL: conservative defaults) */
 };
 
@@ -75,11 +76,15 @@ struct plan_tier {
     uint64_t gpu_bytes_per_token;  /* weight bytes the GPU reads from VRAM per decode token */
 };
 
+/* The resident sets the planner weighs: by benefit per byte, without or with room for the
+ * staging ring; or with the ring and every layer's KV first (every attention on the GPU). */
+enum plan_set { PLAN_SET_NO_RING, PLAN_SET_RING, PLAN_SET_ALL_KV, PLAN_SETS };
+
 /* A plan the planner weighed (auto), with its predicted step time in every tier. */
 struct plan_candidate {
     enum plan_family family;
     float share;            /* dynamic */
-    bool staging;           /* its resident set leaves room for the staging ring */
+    enum plan_set set;      /* its resident set */
     double seconds[PLAN_TIERS];
     uint64_t key[PLAN_TIERS]; /* the tier's placement (resident set included): equal keys, same plan */
     uint64_t vram_weights, vram_kv, vram_staging;
@@ -147,6 +152,9 @@ pshard_status plan_parse_family(const char *text, enum plan_family *family);
 pshard_status plan_parse_share(const char *text, float *share);
 const char *plan_family_name(enum plan_family family);
 const char *placement_name(enum placement p);
+const char *plan_set_name(enum plan_set set);
+/* "gpu", "dynamic 0.50 (no ring)", "static (all KV)": a candidate as `pshard plan` names it. */
+void plan_candidate_name(const struct plan_candidate *c, char *buf, size_t size);
 
 /* The plan as a table: per shard its place in each tier and its bytes, then the budget. */
 void plan_print(const struct plan *plan, const struct model *model, FILE *out);

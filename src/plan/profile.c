@@ -79,6 +79,7 @@ void profile_defaults(struct profile *p) {
     p->cpu_moe_call_s = 60e-6;
     p->launch_s = 5e-6;
     p->graph_node_s = 2e-6;
+    p->kernel_s = 5e-6;
     p->sync_s = 10e-6;
     p->round_trip_s = 60e-6;
     p->h2d_share_under_cpu = 0.8;
@@ -263,6 +264,10 @@ static json_t *profile_json(const struct profile *p) {
     ok &= put(root, "h2d_gbps", reals_json(p->h2d_gbps, PROFILE_SIZES));
     ok &= put(root, "d2h_gbps", reals_json(p->d2h_gbps, PROFILE_SIZES));
     ok &= put(root, "zero_copy", reals_json(p->zero_copy, PROFILE_TOKENS));
+    ok &= put(root, "kernel_s", json_real(p->kernel_s));
+    json_t *refine = json_array();
+    for (int f = 0; refine && f < PROFILE_FAMILIES; f++) ok &= json_array_append_new(refine, reals_json(p->refine[f], 2)) == 0;
+    ok &= refine && put(root, "refine", refine);
     ok &= put(root, "zero_copy_experts", reals_json(p->zero_copy_experts, PROFILE_TOKENS));
     ok &= put(root, "cpu_moe_call_s", json_real(p->cpu_moe_call_s));
     ok &= put(root, "launch_s", json_real(p->launch_s));
@@ -441,6 +446,20 @@ static pshard_status profile_from_json(const char *path, json_t *root, struct pr
     CORE_TRY(read_reals(path, root, "h2d_gbps", p->h2d_gbps, PROFILE_SIZES));
     CORE_TRY(read_reals(path, root, "d2h_gbps", p->d2h_gbps, PROFILE_SIZES));
     CORE_TRY(read_reals(path, root, "zero_copy", p->zero_copy, PROFILE_TOKENS));
+    CORE_TRY(read_real(path, root, "kernel_s", &p->kernel_s));
+    const json_t *refine = json_object_get(root, "refine");
+    if (!json_is_array(refine) || json_array_size(refine) != PROFILE_FAMILIES)
+        return core_fail(PSHARD_ERR_FORMAT, "%s: \"refine\" must be an array of %d pairs", path, PROFILE_FAMILIES);
+    for (int f = 0; f < PROFILE_FAMILIES; f++) {
+        const json_t *pair = json_array_get(refine, (size_t)f);
+        for (int k = 0; k < 2; k++) {
+            const json_t *v = json_array_get(pair, (size_t)k);
+            if (!json_is_array(pair) || json_array_size(pair) != 2 || !json_is_number(v) || !(json_number_value(v) >= 0) ||
+                !isfinite(json_number_value(v)))
+                return core_fail(PSHARD_ERR_FORMAT, "%s: \"refine\" must hold pairs of non-negative numbers", path);
+            p->refine[f][k] = json_number_value(v);
+        }
+    }
     CORE_TRY(read_reals(path, root, "zero_copy_experts", p->zero_copy_experts, PROFILE_TOKENS));
     CORE_TRY(read_real(path, root, "cpu_moe_call_s", &p->cpu_moe_call_s));
     CORE_TRY(read_real(path, root, "launch_s", &p->launch_s));

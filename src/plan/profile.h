@@ -16,12 +16,13 @@
 
 #include "pshard.h"
 
-#define PROFILE_VERSION 3
+#define PROFILE_VERSION 5
 enum {
     PROFILE_TOKENS = 6,   /* token counts: 1, 4, 16, 64, 256, 1024 */
     PROFILE_SIZES = 5,    /* transfer sizes: 64 KiB, 512 KiB, 4 MiB, 32 MiB, 128 MiB */
     PROFILE_FORMATS = 8,  /* tensor formats per profile */
     PROFILE_MAX_AGE_DAYS = 90,
+    PROFILE_FAMILIES = 5, /* auto, cpu, gpu, static, dynamic */
 };
 extern const int32_t profile_tokens[PROFILE_TOKENS];
 extern const uint64_t profile_sizes[PROFILE_SIZES];
@@ -67,12 +68,18 @@ struct profile {
     double zero_copy[PROFILE_TOKENS], zero_copy_experts[PROFILE_TOKENS];
     double launch_s;          /* one kernel launch, queued */
     double graph_node_s;      /* one kernel of a replayed CUDA graph */
+    double kernel_s;          /* a small kernel's shortest run (a matvec of a few rows, in a graph) */
     double sync_s;            /* host waits for an idle stream */
     double round_trip_s;      /* a CPU/GPU hand-off as the executor makes it: the host waits on an event
                                  after GPU work, runs thread-pool jobs, copies back, the GPU goes on */
     /* Measured together: a pinned copy while the CPU runs matmuls, and those matmuls while
      * the copy runs, each as a fraction of its rate alone (1: no interference). */
     double h2d_share_under_cpu, cpu_share_under_h2d;
+
+    /* Learned while running: measured over predicted step time, per plan family (in enum
+     * plan_family's order) and step kind (0: decode steps, 1: prompt steps); 0 = nothing learned
+     * yet. The cost model scales its predictions by these (see cost_learn). */
+    double refine[PROFILE_FAMILIES][2];
 };
 
 /* The conservative defaults used when nothing was measured (`--no-profile`): a slow CPU, PCIe

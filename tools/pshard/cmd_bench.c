@@ -171,8 +171,7 @@ static pshard_status time_step(struct exec_ctx *ex, const struct model *m, int32
 }
 
 static void candidate_label(const struct plan_candidate *c, char *buf, size_t size) {
-    if (c->family == PLAN_DYNAMIC) snprintf(buf, size, "dynamic %.2f%s", c->share, c->staging ? "" : " noring");
-    else snprintf(buf, size, "%s%s", plan_family_name(c->family), c->family != PLAN_CPU && !c->staging ? " noring" : "");
+    plan_candidate_name(c, buf, size);
 }
 
 /* Every candidate of one model, budget and context, at every tokens-per-step. */
@@ -213,7 +212,7 @@ static pshard_status oracle_config(const struct oracle_opts *o, const struct mod
         struct exec_params cp = params;
         cp.plan = cand->family;
         cp.stream_share = cand->share;
-        cp.staging = cand->staging;
+        cp.staging = (int32_t)cand->set;
         if (cand->family == PLAN_CPU) cp.vram_budget = 0;
         char label[48];
         candidate_label(cand, label, sizeof label);
@@ -296,7 +295,7 @@ static void summarize_row(const struct plan *weighed, const struct oracle_row *r
     char chosen_label[48], best_label[48];
     candidate_label(&weighed->candidates[r->chosen], chosen_label, sizeof chosen_label);
     candidate_label(&weighed->candidates[best], best_label, sizeof best_label);
-    printf("%-28s %6.0fG %6d %6d  %-20s %-20s %9.4f %9.4f %+7.1f%% %+7.1f%%\n", model, budget / 1073741824.0, ctx,
+    printf("%-28s %6.0fG %6d %6d  %-24s %-24s %9.4f %9.4f %+7.1f%% %+7.1f%%\n", model, budget / 1073741824.0, ctx,
            r->n_tokens, chosen_label, best_label, chosen, plan_time(weighed, r, best), 100 * slowdown,
            100 * (r->predicted[r->chosen] / chosen - 1));
     if (json) {
@@ -328,7 +327,7 @@ int cmd_bench(int argc, char **argv) {
     static struct summary s;
     memset(&s, 0, sizeof s);
     const double t0 = core_now_ms();
-    printf("%-28s %7s %6s %6s  %-20s %-20s %9s %9s %8s %8s\n", "model", "budget", "ctx", "tokens", "chosen", "best",
+    printf("%-28s %7s %6s %6s  %-24s %-24s %9s %9s %8s %8s\n", "model", "budget", "ctx", "tokens", "chosen", "best",
            "chosen s", "best s", "slower", "pred err");
     for (int mi = 0; mi < o.n_models; mi++) {
         struct gguf_file *file;

@@ -12,7 +12,8 @@
 
 static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard plan [-m MODEL] --vram-budget SIZE [--plan auto|cpu|gpu|static|dynamic] [-c CTX]\n"
-                 "                   [-b BATCH] [--parallel N] [-t THREADS] [--stream-share F] [--ring on|off]\n"
+                 "                   [-b BATCH] [--parallel N] [-t THREADS] [--stream-share F]\n"
+                 "                   [--set ring|no-ring|all-kv]\n"
                  "                   [--no-profile | --profile FILE]\n"
                  "  Prints the plan of every token tier (steps of 1-3, 4-15, ... tokens) and, for auto, every\n"
                  "  candidate the planner weighed with its predicted seconds per step, VRAM and bytes moved\n"
@@ -21,8 +22,9 @@ static void print_usage(FILE *out) {
                  "  weight bytes read per decode token from host memory, over PCIe and from VRAM.\n"
                  "  Predictions use this machine's profile (`pshard profile`) when one is cached, else\n"
                  "  conservative defaults (always with --no-profile); --profile FILE plans with a profile\n"
-                 "  saved elsewhere (another machine's). --ring on|off fixes whether the budget keeps room\n"
-                 "  for the staging ring (for gpu, static and dynamic: then placed as auto weighs them).\n"
+                 "  saved elsewhere (another machine's). --set places gpu, static or dynamic over one of the\n"
+                 "  resident sets auto weighs: room for the staging ring or not, or the ring and every\n"
+                 "  layer's KV cache first.\n"
                  "  Nothing is loaded onto the GPU.\n");
 }
 
@@ -51,8 +53,9 @@ int cmd_plan(int argc, char **argv) {
             no_profile = true;
         } else if (!strcmp(argv[i], "--profile") && v) {
             profile_file = argv[++i];
-        } else if (!strcmp(argv[i], "--ring") && v && (!strcmp(v, "on") || !strcmp(v, "off"))) {
-            p.staging = !strcmp(argv[++i], "on");
+        } else if (!strcmp(argv[i], "--set") && v && (!strcmp(v, "ring") || !strcmp(v, "no-ring") || !strcmp(v, "all-kv"))) {
+            i++;
+            p.staging = !strcmp(v, "ring") ? PLAN_SET_RING : !strcmp(v, "no-ring") ? PLAN_SET_NO_RING : PLAN_SET_ALL_KV;
         } else if (!strcmp(argv[i], "--parallel") && v) {
             p.n_seq = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "-t") && v) {

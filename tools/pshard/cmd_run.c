@@ -154,6 +154,10 @@ void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *s) {
             fprintf(stderr, ", %s of them over PCIe", cli_format_bytes(s->decode_streamed_bytes, streamed, sizeof streamed));
         fputc('\n', stderr);
     }
+    if (s->predicted_decode_step_ms > 0)
+        fprintf(stderr, "planner's prediction: prompt %.0f ms, decode %.1f tok/s (measured/predicted is learned into "
+                        "this machine's profile)\n",
+                s->predicted_prefill_ms, 1e3 / s->predicted_decode_step_ms);
 }
 
 static void profile_progress(void *user, const char *what, double done) {
