@@ -719,15 +719,24 @@ static pshard_status measure_transfers(const struct measure_request *req, const 
         }
         if (graph) cuda_graph_destroy(graph);
     }
-    /* Kernels reading pinned host memory in place (how small steps stream weights). */
+    /* Kernels reading pinned host memory in place (how small steps stream weights), over the
+     * model's three matrix shapes -- wide, tall and square -- since a many-token product may
+     * read its weights more than once, depending on the shape. */
     if (st == PSHARD_OK && sh->n_dense) {
         report(req, "reading host memory in place", 0.9);
-        st = gpu_matrix(b, sh->dense[0], sh->rows, sh->n_embd, 1, BIG_BYTES / 2, true);
-        for (int i = 0; st == PSHARD_OK && i < PROFILE_TOKENS; i++) {
-            b->n_tokens = profile_tokens[i];
-            p->zero_copy[i] = time_steps(gpu_matmul_step, b) / 4 / (double)b->m_bytes;
+        const int64_t shapes[3][2] = {{sh->rows, sh->n_embd}, {sh->n_embd, sh->rows}, {sh->n_embd, sh->n_embd}};
+        double seconds[PROFILE_TOKENS] = {0}, bytes = 0;
+        for (int k = 0; k < 3 && st == PSHARD_OK; k++) {
+            st = gpu_matrix(b, sh->dense[0], shapes[k][0], shapes[k][1], 1, BIG_BYTES / 6, true);
+            for (int i = 0; st == PSHARD_OK && i < PROFILE_TOKENS; i++) {
+                b->n_tokens = profile_tokens[i];
+                if (cuda_matmul_work_bytes(&b->m, b->n_tokens) > b->work_bytes) continue;
+                seconds[i] += time_steps(gpu_matmul_step, b) / 4;
+            }
+            bytes += (double)b->m_bytes;
+            cuda_pinned_release(&b->pinned);
         }
-        cuda_pinned_release(&b->pinned);
+        for (int i = 0; st == PSHARD_OK && i < PROFILE_TOKENS; i++) p->zero_copy[i] = seconds[i] / bytes;
     }
     /* The expert kernel reading the experts a token chose from host memory in place. */
     if (st == PSHARD_OK && sh->n_moe && cuda_type_supported(sh->gate[0]) && cuda_type_supported(sh->down[0])) {
