@@ -27,6 +27,12 @@ enum {
     ATTN_CTX_PROMPT = 1024,  /* cells each prompt token attends (prompt steps) */
 };
 static const double TARGET_S = 0.03; /* time per measured point */
+/* Measuring stops adding formats and optional figures past this (what is left keeps the
+ * defaults, or the slowest measured format's rates), so a run stays under a minute. */
+static const double BUDGET_S = 50;
+static double deadline_ms;
+
+static bool out_of_time(void) { return core_now_ms() > deadline_ms; }
 
 /* ---- shapes to measure */
 
@@ -347,12 +353,12 @@ static pshard_status measure_cpu(const struct measure_request *req, const struct
         }
         p->cpu_step_s = time_steps(empty_step, &b) / 100;
     }
-    for (int f = 0; f < sh->n_dense && st == PSHARD_OK; f++) {
+    for (int f = 0; f < sh->n_dense && st == PSHARD_OK && !out_of_time(); f++) {
         report(req, "CPU matmul", 0.05 + 0.25 * f / sh->n_dense);
         struct profile_rate *r = profile_rate_add(p->cpu_matmul, quant_type_name(sh->dense[f]));
         if (r) st = measure_cpu_matmul(&b, sh, sh->dense[f], r);
     }
-    for (int f = 0; f < sh->n_moe && st == PSHARD_OK; f++) {
+    for (int f = 0; f < sh->n_moe && st == PSHARD_OK && !out_of_time(); f++) {
         report(req, "CPU experts", 0.3 + 0.15 * f / sh->n_moe);
         struct profile_rate *r = profile_rate_add(p->cpu_experts, quant_type_name(sh->gate[f]));
         if (r) st = measure_cpu_experts(&b, sh, f, r);
@@ -576,7 +582,7 @@ static pshard_status zero_copy_experts(struct gpu_bench *b, const struct shapes 
 static pshard_status measure_gpu_tables(const struct measure_request *req, const struct shapes *sh, struct gpu_bench *b,
                                         struct profile *p) {
     const size_t mark = cuda_arena_mark(&b->arena);
-    for (int f = 0; f < sh->n_dense; f++) {
+    for (int f = 0; f < sh->n_dense && !out_of_time(); f++) {
         report(req, "GPU matmul", 0.5 + 0.15 * f / sh->n_dense);
         struct profile_rate *r = profile_rate_add(p->gpu_matmul, quant_type_name(sh->dense[f]));
         if (!r || !cuda_type_supported(sh->dense[f])) continue;
@@ -588,7 +594,7 @@ static pshard_status measure_gpu_tables(const struct measure_request *req, const
             cuda_arena_reset(&b->arena, mark);
         }
     }
-    for (int f = 0; f < sh->n_moe; f++) {
+    for (int f = 0; f < sh->n_moe && !out_of_time(); f++) {
         report(req, "GPU experts", 0.65 + 0.1 * f / sh->n_moe);
         struct profile_rate *r = profile_rate_add(p->gpu_experts, quant_type_name(sh->gate[f]));
         if (!r || !cuda_type_supported(sh->gate[f]) || !cuda_type_supported(sh->down[f])) continue;
@@ -739,12 +745,13 @@ static pshard_status measure_transfers(const struct measure_request *req, const 
         for (int i = 0; st == PSHARD_OK && i < PROFILE_TOKENS; i++) p->zero_copy[i] = seconds[i] / bytes;
     }
     /* The expert kernel reading the experts a token chose from host memory in place. */
-    if (st == PSHARD_OK && sh->n_moe && cuda_type_supported(sh->gate[0]) && cuda_type_supported(sh->down[0])) {
+    if (st == PSHARD_OK && sh->n_moe && cuda_type_supported(sh->gate[0]) && cuda_type_supported(sh->down[0]) &&
+        !out_of_time()) {
         report(req, "reading experts in place", 0.92);
         st = zero_copy_experts(b, sh, p);
     }
     /* A copy and CPU matmuls at the same time: each one's rate against its rate alone. */
-    if (st == PSHARD_OK && sh->n_dense) {
+    if (st == PSHARD_OK && sh->n_dense && !out_of_time()) {
         report(req, "copies and the CPU together", 0.95);
         struct cpu_bench c = {.pool = pool, .n_tokens = 1};
         c.x = calloc((size_t)sh->n_embd, sizeof(float));
@@ -826,6 +833,7 @@ static pshard_status measure_gpu(const struct measure_request *req, const struct
 
 pshard_status exec_measure(const struct measure_request *req, struct profile *p) {
     const double t0 = core_now_ms();
+    deadline_ms = t0 + BUDGET_S * 1e3;
     struct shapes sh;
     shapes_of(req->model, &sh);
     const int threads = req->n_threads > 0 ? req->n_threads : threadpool_cpu_count();
