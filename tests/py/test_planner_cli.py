@@ -1,0 +1,94 @@
+"""`pshard profile` and `pshard plan` as a user meets them: the profile cache (written, shown,
+refused when it belongs to another machine, read from a file on request) and the planner's
+table of candidates with one choice per token tier. Runs without a GPU: the profile is measured
+with --cpu-only, and plans are made without loading anything onto a GPU."""
+import json
+import os
+import re
+import subprocess
+
+from conftest import BUILD
+
+
+def pshard(*args, env=None):
+    proc = subprocess.run([os.path.join(BUILD, "pshard"), *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})})
+    return proc
+
+
+def resident_set(candidate):
+    """"dynamic 0.50 (no ring)" -> "(no ring)"; "gpu" -> "" (the ring set)."""
+    return candidate[candidate.find("("):] if "(" in candidate else ""
+
+
+def test_plan_prints_every_candidate_and_one_choice_per_tier(default_model):
+    proc = pshard("plan", "-m", default_model, "--vram-budget", "150M", "-c", "2048", "-b", "512", "--no-profile")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("profile: not used (--no-profile)")
+    head = lines[1]
+    families = re.findall(r"(\d+(?:-\d+|\+)) '(\w+)'", head)
+    assert [t for t, _ in families] == ["1-3", "4-15", "16-63", "64-255", "256-1023"]  # -b 512: no 1024+ tier
+    start = next(i for i, l in enumerate(lines) if l.startswith("candidates"))
+    rows = []
+    for line in lines[start + 2:]:
+        m = re.match(r"^  (.+?)\s{2,}(\d.*)$", line)
+        if not m:
+            break
+        rows.append((m.group(1), m.group(2).split()[:len(families)]))
+    names = [name for name, _ in rows]
+    for family in ("static", "gpu", "dynamic 0.25", "dynamic 0.50", "dynamic 0.75", "cpu"):
+        assert any(n == family or n.startswith(family + " (") for n in names), (family, names)
+    for column, (tier, family) in enumerate(families):
+        starred = [(name, cells[column]) for name, cells in rows if cells[column].endswith("*")]
+        assert len(starred) == 1, (tier, starred)
+        name, cell = starred[0]
+        assert name.split()[0] == family  # the table's choice is the tier's plan
+        # The choice is the fastest prediction among the candidates of its resident set.
+        chosen = float(cell.rstrip("*="))
+        same_set = [float(cells[column].rstrip("*=")) for n, cells in rows
+                    if n != "cpu" and resident_set(n) == resident_set(name)]
+        assert chosen <= min(same_set) + 1e-12, (tier, name, same_set)
+    vram = next(l for l in lines if l.startswith("VRAM:"))
+    parts = [float(x) for x in re.findall(r"([\d.]+) MB", vram.split(";")[0])]
+    assert sum(parts) <= 150 * 1.048576 + 0.5  # everything in the budget (MiB printed as MB)
+
+
+def test_plan_names_the_minimum_budget(default_model):
+    proc = pshard("plan", "-m", default_model, "--vram-budget", "8M", "--no-profile")
+    assert proc.returncode == 1
+    assert re.search(r"minimum for this model and context is \d+ MB", proc.stderr), proc.stderr
+
+
+def test_profile_cache_written_shown_and_refused_elsewhere(default_model, tmp_path):
+    env = {"PSHARD_CACHE_DIR": str(tmp_path)}
+    proc = pshard("profile", "--cpu-only", "-t", "2", "-m", default_model, env=env)
+    assert proc.returncode == 0, proc.stderr
+    m = re.search(r"^saved (\S+) \((\d+) bytes\)$", proc.stdout, re.M)
+    assert m, proc.stdout
+    path, size = m.group(1), int(m.group(2))
+    assert os.path.dirname(path) == str(tmp_path) and os.path.basename(path).startswith("profile-")
+    assert 0 < size == os.path.getsize(path) <= 200 * 1024
+    data = json.load(open(path))
+    assert data["fingerprint"]["threads"] == 2 and data["measured"] is True
+    assert "Q4_1" in data["cpu_matmul"]  # the model's own format was measured
+    rates = data["cpu_matmul"]["Q4_1"]
+    assert len(rates) == 6 and all(r > 0 for r in rates)
+    assert rates[-1] / 1024 < rates[0]  # per token, many tokens cost less than one each
+
+    shown = pshard("profile", "--show", "-t", "2", "-m", default_model, env=env)
+    assert shown.returncode == 0 and "measured" in shown.stdout and path in shown.stdout, shown.stderr
+
+    # The same file read as another machine's: refused from the cache, usable when named.
+    data["fingerprint"]["cpu"] = "Another CPU"
+    json.dump(data, open(path, "w"))
+    refused = pshard("profile", "--show", "-t", "2", "-m", default_model, env=env)
+    assert refused.returncode == 1 and "no profile is cached for this machine" in refused.stderr
+    named = pshard("plan", "-m", default_model, "--vram-budget", "150M", "-c", "2048", "--profile", path)
+    assert named.returncode == 0, named.stderr
+    assert named.stdout.startswith("profile: measured in")
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"version": 5, "pshard": ')
+    proc = pshard("plan", "-m", default_model, "--vram-budget", "150M", "--profile", str(bad))
+    assert proc.returncode == 1 and str(bad) in proc.stderr
