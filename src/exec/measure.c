@@ -884,10 +884,17 @@ pshard_status exec_machine_profile(const struct model *model, int n_threads, enu
     struct shapes sh;
     shapes_of(model, &sh);
     struct profile p;
-    const bool cached = use != PROFILE_DEFAULTS && have_path && profile_load(path, &here, &p) == PSHARD_OK;
+    const pshard_status loaded = use != PROFILE_DEFAULTS && have_path ? profile_load(path, &here, &p) : PSHARD_ERR_NOT_FOUND;
+    const bool cached = loaded == PSHARD_OK;
     if (cached && (has_formats(&p, &sh) || use == PROFILE_CACHED)) {
         *out = p;
         return PSHARD_OK;
+    }
+    /* Say why a cached file is not used (stale, another machine's, damaged). */
+    if (loaded != PSHARD_OK && loaded != PSHARD_ERR_NOT_FOUND && progress) {
+        char why[600];
+        snprintf(why, sizeof why, "the cached profile is not used: %s", pshard_last_error());
+        progress(user, why, -1);
     }
     if (use != PROFILE_MEASURE) {
         profile_defaults(out);

@@ -11,7 +11,8 @@
 #include "model/model.h"
 #include "plan/profile.h"
 
-/* Called as measuring moves on: what is being measured and the fraction done (0..1). */
+/* Called as measuring moves on: what is being measured and the fraction done (0..1); a
+ * negative fraction makes `what` a note to show on its own (why a cached profile is not used). */
 typedef void (*measure_progress_fn)(void *user, const char *what, double done);
 
 struct measure_request {

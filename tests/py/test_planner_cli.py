@@ -84,6 +84,7 @@ def test_profile_cache_written_shown_and_refused_elsewhere(default_model, tmp_pa
     json.dump(data, open(path, "w"))
     refused = pshard("profile", "--show", "-t", "2", "-m", default_model, env=env)
     assert refused.returncode == 1 and "no profile is cached for this machine" in refused.stderr
+    assert "not used" in refused.stderr and "Another CPU" in refused.stderr  # and says why
     named = pshard("plan", "-m", default_model, "--vram-budget", "150M", "-c", "2048", "--profile", path)
     assert named.returncode == 0, named.stderr
     assert named.stdout.startswith("profile: measured in")

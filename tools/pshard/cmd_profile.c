@@ -25,6 +25,10 @@ static void print_usage(FILE *out) {
 
 static void progress(void *user, const char *what, double done) {
     (void)user;
+    if (done < 0) {
+        fprintf(stderr, "pshard profile: %s\n", what);
+        return;
+    }
     fprintf(stderr, "\rmeasuring: %3d%% %-34s", (int)(100 * done), what);
     if (done >= 1) fputc('\n', stderr);
 }
@@ -114,7 +118,7 @@ int cmd_profile(int argc, char **argv) {
     bool measured_now = false;
     pshard_status st;
     if (show) {
-        st = exec_machine_profile(m, n_threads, PROFILE_CACHED, NULL, NULL, &p, &measured_now);
+        st = exec_machine_profile(m, n_threads, PROFILE_CACHED, progress, NULL, &p, &measured_now);
         if (st == PSHARD_OK && !p.measured) {
             fprintf(stderr, "pshard profile: no profile is cached for this machine; run `pshard profile`\n");
             st = PSHARD_ERR_NOT_FOUND;

@@ -162,6 +162,10 @@ void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *s) {
 
 static void profile_progress(void *user, const char *what, double done) {
     (void)user;
+    if (done < 0) {
+        fprintf(stderr, "pshard: %s\n", what);
+        return;
+    }
     fprintf(stderr, "\rmeasuring this machine for the planner (once, under a minute): %3d%% %-30s", (int)(100 * done), what);
     if (done >= 1) fputc('\n', stderr);
 }
