@@ -1,0 +1,198 @@
+/* Measuring the CPU: matmuls and expert matmuls of the model's shapes and formats at every
+ * token count, attention per KV byte, host reads, the thread pool's job cost. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "exec/measure_internal.h"
+#include "quant/types.h"
+
+void measure_cpu_matmul_step(void *arg, int rep) {
+    struct cpu_bench *b = arg;
+    const struct cpu_matrix m = measure_synth_copy(&b->gate, rep);
+    cpu_matmul(b->pool, &m, b->x, b->n_tokens, b->y, b->acts);
+}
+
+void measure_route_random(struct cpu_bench *b, int n_expert, int rep) {
+    uint32_t seed = 12345u + 7919u * (uint32_t)rep;
+    for (int64_t t = 0; t < b->n_tokens; t++)
+        for (int j = 0; j < b->k; j++) {
+            int32_t e;
+            bool again;
+            do {
+                seed = seed * 1664525u + 1013904223u;
+                e = (int32_t)((seed >> 8) % (uint32_t)n_expert);
+                again = false;
+                for (int i = 0; i < j; i++) again |= b->ids[t * b->k + i] == e;
+            } while (again);
+            b->ids[t * b->k + j] = e;
+            b->weights[t * b->k + j] = 1.0f / (float)b->k;
+        }
+}
+
+static void cpu_experts_step(void *arg, int rep) {
+    struct cpu_bench *b = arg;
+    measure_route_random(b, (int)b->gate.m.n_experts, rep);
+    const struct cpu_matrix g = measure_synth_copy(&b->gate, rep), u = measure_synth_copy(&b->up, rep), d = measure_synth_copy(&b->down, rep);
+    struct cpu_acts acts;
+    cpu_quantize_acts(b->pool, &g, b->x, b->n_tokens, b->acts, &acts);
+    struct moe_routing routing = {b->n_tokens, b->k, b->ids, b->weights, 0, 0};
+    cpu_moe(b->pool, &g, &u, &d, &acts, &routing, &b->scratch, b->y);
+}
+
+/* One token's experts limited to the last expert: the fixed cost of a call that computes few. */
+static void cpu_experts_call_step(void *arg, int rep) {
+    struct cpu_bench *b = arg;
+    measure_route_random(b, (int)b->gate.m.n_experts, rep);
+    struct cpu_acts acts;
+    cpu_quantize_acts(b->pool, &b->gate.m, b->x, 1, b->acts, &acts);
+    const int32_t last = (int32_t)b->gate.m.n_experts - 1;
+    struct moe_routing routing = {1, b->k, b->ids, b->weights, last, last + 1};
+    cpu_moe(b->pool, &b->gate.m, &b->up.m, &b->down.m, &acts, &routing, &b->scratch, b->y);
+}
+
+static void cpu_attn_job(void *arg, int thread, int n_threads) {
+    struct cpu_bench *b = arg;
+    const struct cpu_attn_shape *a = b->attn;
+    const int64_t units = b->n_tokens * a->n_head;
+    int64_t begin, end;
+    threadpool_range(units, 1, thread, n_threads, &begin, &end);
+    const uint16_t *k = b->kv, *v = b->kv + b->cells * a->n_head_kv * a->head_k;
+    for (int64_t u = begin; u < end; u++) {
+        const int64_t t = u / a->n_head, h = u % a->n_head;
+        cpu_attention_heads(a, b->q + t * a->n_head * a->head_k, k, v, b->cells, (int)h, (int)h + 1,
+                            b->out + t * a->n_head * a->head_v);
+    }
+}
+
+static void cpu_attn_step(void *arg, int rep) {
+    (void)rep;
+    threadpool_run(((struct cpu_bench *)arg)->pool, cpu_attn_job, arg);
+}
+
+static void read_job(void *arg, int thread, int n_threads) {
+    struct cpu_bench *b = arg;
+    int64_t begin, end;
+    threadpool_range((int64_t)b->mem_words, 512, thread, n_threads, &begin, &end);
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (int64_t i = begin; i + 4 <= end; i += 4) s0 += b->mem[i], s1 += b->mem[i + 1], s2 += b->mem[i + 2], s3 += b->mem[i + 3];
+    b->sums[thread & 255] += s0 ^ s1 ^ s2 ^ s3;
+}
+
+static void read_step(void *arg, int rep) {
+    (void)rep;
+    threadpool_run(((struct cpu_bench *)arg)->pool, read_job, arg);
+}
+
+void measure_empty_job(void *arg, int thread, int n_threads) { (void)arg, (void)thread, (void)n_threads; }
+
+static void empty_step(void *arg, int rep) {
+    (void)rep;
+    for (int i = 0; i < 100; i++) threadpool_run(((struct cpu_bench *)arg)->pool, measure_empty_job, arg);
+}
+
+
+/* Seconds per weight byte of a dense matmul of format t at every token count. */
+static pshard_status measure_cpu_matmul(struct cpu_bench *b, const struct shapes *sh, enum quant_type t,
+                                        struct profile_rate *rate) {
+    for (int i = 0; i < PROFILE_TOKENS; i++) {
+        b->n_tokens = profile_tokens[i];
+        CORE_TRY(measure_synth_make(t, sh->rows, sh->n_embd, 1, b->n_tokens <= 4 ? BIG_BYTES : SMALL_BYTES, &b->gate));
+        const double s = b->n_tokens <= 16 ? measure_time_best(measure_cpu_matmul_step, b) : measure_time_steps(measure_cpu_matmul_step, b);
+        rate->s_per_byte[i] = s / (double)b->gate.bytes;
+        free(b->gate.data);
+        b->gate.data = NULL;
+    }
+    return PSHARD_OK;
+}
+
+/* Seconds per byte of the experts a step touches, for MoE FFNs of these formats. */
+static pshard_status measure_cpu_experts(struct cpu_bench *b, const struct shapes *sh, int f, struct profile_rate *rate) {
+    const int64_t E = sh->n_expert, ff = sh->n_ff_exp, d = sh->n_embd;
+    pshard_status st = PSHARD_OK;
+    for (int i = 0; i < PROFILE_TOKENS && st == PSHARD_OK; i++) {
+        b->n_tokens = profile_tokens[i];
+        b->k = sh->k;
+        st = measure_synth_make(sh->gate[f], ff, d, E, BIG_BYTES / 3, &b->gate);
+        if (st == PSHARD_OK) st = measure_synth_make(sh->gate[f], ff, d, E, BIG_BYTES / 3, &b->up);
+        if (st == PSHARD_OK) st = measure_synth_make(sh->down[f], d, ff, E, BIG_BYTES / 3, &b->down);
+        if (st == PSHARD_OK) {
+            /* Bytes of the experts a random routing touches, on average. */
+            const double touched = E * (1 - pow(1 - (double)sh->k / E, (double)b->n_tokens));
+            const double expert = (double)(b->gate.bytes + b->up.bytes + b->down.bytes) / E;
+            const double s = b->n_tokens <= 16 ? measure_time_best(cpu_experts_step, b) : measure_time_steps(cpu_experts_step, b);
+            rate->s_per_byte[i] = s / (touched * expert);
+            if (i == 0) {
+                b->n_tokens = 1;
+                b->call_s = measure_time_steps(cpu_experts_call_step, b);
+            }
+        }
+        free(b->gate.data), free(b->up.data), free(b->down.data);
+        b->gate.data = b->up.data = b->down.data = NULL;
+    }
+    return st;
+}
+
+pshard_status measure_cpu_rates(const struct measure_request *req, const struct shapes *sh, struct threadpool *pool,
+                                 struct profile *p) {
+    struct cpu_bench b = {.pool = pool};
+    const int64_t B = profile_tokens[PROFILE_TOKENS - 1];
+    const int64_t width = sh->rows > sh->n_embd ? sh->rows : sh->n_embd;
+    const int64_t k = sh->k > 0 ? sh->k : 1, E = sh->n_expert > 0 ? sh->n_expert : 1;
+    const size_t kv_cells = ATTN_CTX, kv_elems = kv_cells * (size_t)sh->attn.n_head_kv * (sh->attn.head_k + sh->attn.head_v);
+    b.x = calloc((size_t)B * width, sizeof(float));
+    b.y = calloc((size_t)B * width * k, sizeof(float));
+    b.acts = malloc(cpu_acts_bytes(QUANT_F32, width, B * k));
+    b.ids = calloc((size_t)B * k, sizeof *b.ids);
+    b.weights = calloc((size_t)B * k, sizeof *b.weights);
+    b.kv = malloc(kv_elems * sizeof *b.kv);
+    b.q = calloc((size_t)B * sh->attn.n_head * sh->attn.head_k, sizeof(float));
+    b.out = calloc((size_t)B * sh->attn.n_head * sh->attn.head_v, sizeof(float));
+    const size_t scratch = sh->n_expert ? cpu_moe_scratch_bytes(B, (int)k, E, sh->n_embd, sh->n_ff_exp, QUANT_F32) : 0;
+    b.scratch_mem = scratch ? malloc(scratch) : NULL;
+    pshard_status st = PSHARD_OK;
+    if (!b.x || !b.y || !b.acts || !b.ids || !b.weights || !b.kv || !b.q || !b.out || (scratch && !b.scratch_mem))
+        st = core_fail(PSHARD_ERR_NOMEM, "out of memory while measuring");
+    if (st == PSHARD_OK) {
+        for (int64_t i = 0; i < B * width; i++) b.x[i] = (float)((i * 37) % 101 - 50) / 50.0f;
+        for (int64_t i = 0; i < B * sh->attn.n_head * sh->attn.head_k; i++) b.q[i] = (float)((i * 13) % 29 - 14) / 14.0f;
+        measure_fill((uint8_t *)b.kv, kv_elems * sizeof *b.kv, 3);
+        if (scratch) cpu_moe_scratch_init(&b.scratch, b.scratch_mem, B, (int)k, E, sh->n_embd, sh->n_ff_exp, QUANT_F32);
+
+        measure_report(req, "host memory", 0.0);
+        const size_t words = BIG_BYTES / 8;
+        uint64_t *mem = malloc(words * 8);
+        if (mem) {
+            measure_fill((uint8_t *)mem, words * 8, 5);
+            b.mem = mem, b.mem_words = words;
+            p->host_read_gbps = (double)words * 8 / measure_time_best(read_step, &b) / 1e9;
+            free(mem);
+        }
+        p->cpu_step_s = measure_time_steps(empty_step, &b) / 100;
+    }
+    for (int f = 0; f < sh->n_dense && st == PSHARD_OK && !measure_out_of_time(); f++) {
+        measure_report(req, "CPU matmul", 0.05 + 0.25 * f / sh->n_dense);
+        struct profile_rate *r = profile_rate_add(p->cpu_matmul, quant_type_name(sh->dense[f]));
+        if (r) st = measure_cpu_matmul(&b, sh, sh->dense[f], r);
+    }
+    for (int f = 0; f < sh->n_moe && st == PSHARD_OK && !measure_out_of_time(); f++) {
+        measure_report(req, "CPU experts", 0.3 + 0.15 * f / sh->n_moe);
+        struct profile_rate *r = profile_rate_add(p->cpu_experts, quant_type_name(sh->gate[f]));
+        if (r) st = measure_cpu_experts(&b, sh, f, r);
+        if (f == 0) p->cpu_moe_call_s = b.call_s;
+    }
+    if (st == PSHARD_OK) {
+        measure_report(req, "CPU attention", 0.45);
+        b.attn = &sh->attn;
+        const double kv_per_cell = (double)sh->attn.n_head_kv * (sh->attn.head_k + sh->attn.head_v) * 2;
+        for (int i = 0; i < PROFILE_TOKENS; i++) {
+            b.n_tokens = profile_tokens[i] < 64 ? profile_tokens[i] : 64; /* the rate is flat past this */
+            b.cells = profile_tokens[i] < 64 ? ATTN_CTX : ATTN_CTX_PROMPT;
+            p->cpu_attn[i] = measure_time_best(cpu_attn_step, &b) / ((double)b.n_tokens * b.cells * kv_per_cell);
+        }
+    }
+    free(b.x), free(b.y), free(b.acts), free(b.ids), free(b.weights), free(b.kv), free(b.q), free(b.out);
+    free(b.scratch_mem);
+    return st;
+}

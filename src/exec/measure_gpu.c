@@ -1,0 +1,463 @@
+/* Measuring the GPU: resident matmuls, experts and attention at every token count, pinned
+ * copies by size, kernels reading host memory in place, launch/sync/hand-off latencies, and a
+ * copy beside CPU work. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/timer.h"
+#include "cuda/cuda_backend.h"
+#include "exec/measure_internal.h"
+#include "quant/types.h"
+
+struct gpu_bench {
+    struct cuda_ctx *cuda;
+    cuda_stream s, copy;
+    struct cuda_arena arena;
+    float *x, *y;
+    void *work;
+    size_t work_bytes;
+    int64_t n_tokens;
+    struct cuda_matrix m;
+    size_t m_bytes;
+    int copies;
+    const uint8_t *m_base;
+    /* experts */
+    struct cuda_moe moe;
+    int32_t *ids;
+    float *weights;
+    /* attention */
+    struct cuda_attn_shape attn;
+    struct cuda_kv_layer kv;
+    int32_t *pos, *seq;
+    int64_t cells;
+    float *q, *out;
+    /* copies */
+    void *host, *dev;
+    size_t copy_bytes;
+    int n_copies;
+    bool d2h;
+    struct cuda_pinned pinned;
+    cuda_event ready;
+    struct threadpool *pool;
+    pshard_status st;
+};
+
+static void keep(struct gpu_bench *b, pshard_status st) {
+    if (b->st == PSHARD_OK) b->st = st;
+}
+
+static void gpu_sync_step(struct gpu_bench *b) { keep(b, cuda_stream_sync(b->s)); }
+
+static void gpu_matmul_step(void *arg, int rep) {
+    struct gpu_bench *b = arg;
+    for (int i = 0; i < 4; i++) {
+        struct cuda_matrix m = b->m;
+        m.data = b->m_base + b->m_bytes * (size_t)((rep * 4 + i) % b->copies);
+        keep(b, cuda_matmul(b->cuda, &m, b->x, b->n_tokens, b->y, m.n_rows, b->work, b->work_bytes, b->s));
+    }
+    gpu_sync_step(b);
+}
+
+static void gpu_experts_step(void *arg, int rep) {
+    struct gpu_bench *b = arg;
+    (void)rep;
+    for (int i = 0; i < 4; i++)
+        keep(b, cuda_moe_ffn(&b->moe, b->x, b->ids, b->weights, b->n_tokens, b->y, false, b->work, b->work_bytes, b->s));
+    gpu_sync_step(b);
+}
+
+static void gpu_attn_step(void *arg, int rep) {
+    struct gpu_bench *b = arg;
+    (void)rep;
+    for (int i = 0; i < 4; i++) {
+        if (b->n_tokens > 1 && cuda_attention_prefill_supported(&b->attn))
+            keep(b, cuda_attention_prefill(&b->attn, &b->kv, b->q, 0, b->pos, b->n_tokens, b->out, b->s));
+        else
+            keep(b, cuda_attention_decode(&b->attn, &b->kv, b->q, b->seq, b->pos, b->n_tokens, (int32_t)b->cells, b->out,
+                                          b->work, b->work_bytes, b->s));
+    }
+    gpu_sync_step(b);
+}
+
+static void copy_step(void *arg, int rep) {
+    struct gpu_bench *b = arg;
+    (void)rep;
+    for (int i = 0; i < b->n_copies; i++)
+        keep(b, b->d2h ? cuda_copy_d2h(b->host, b->dev, b->copy_bytes, b->copy)
+                       : cuda_copy_h2d(b->dev, b->host, b->copy_bytes, b->copy));
+    keep(b, cuda_stream_sync(b->copy));
+}
+
+static void launch_step(void *arg, int rep) {
+    struct gpu_bench *b = arg;
+    (void)rep;
+    for (int i = 0; i < 200; i++) keep(b, cuda_add(b->y, b->x, 32, b->s));
+    gpu_sync_step(b);
+}
+
+static void sync_step(void *arg, int rep) {
+    struct gpu_bench *b = arg;
+    (void)rep;
+    for (int i = 0; i < 200; i++) gpu_sync_step(b);
+}
+
+/* The executor's hand-off of a split MoE layer: GPU work (a layer's worth, ~0.1 ms), the
+ * routing copied down and an event; the host waits on it, runs its thread-pool jobs, copies the
+ * result up; the GPU adds it. With gpu_work alone: the same GPU work without the hand-off. */
+static void gpu_work(struct gpu_bench *b) {
+    const size_t half = profile_sizes[PROFILE_SIZES - 1] / 2;
+    keep(b, cuda_copy_d2d(b->dev, (uint8_t *)b->dev + half, half, b->s));
+}
+
+static void gpu_work_step(void *arg, int rep) {
+    struct gpu_bench *b = arg;
+    (void)rep;
+    for (int i = 0; i < 50; i++) gpu_work(b);
+    gpu_sync_step(b);
+}
+
+static void round_trip_step(void *arg, int rep) {
+    struct gpu_bench *b = arg;
+    (void)rep;
+    for (int i = 0; i < 50; i++) {
+        gpu_work(b);
+        keep(b, cuda_copy_d2h(b->host, b->x, 16384, b->s));
+        keep(b, cuda_event_record(b->ready, b->s));
+        keep(b, cuda_event_sync(b->ready));
+        for (int j = 0; j < 3; j++) threadpool_run(b->pool, measure_empty_job, NULL);
+        keep(b, cuda_copy_h2d(b->x, b->host, 16384, b->s));
+        keep(b, cuda_add(b->y, b->x, 4096, b->s));
+    }
+    gpu_sync_step(b);
+}
+
+static pshard_status carve(struct gpu_bench *b, size_t bytes, void **out) {
+    return cuda_arena_alloc(&b->arena, bytes, "measure", out);
+}
+
+/* A matrix of the model's shape in VRAM (copies of it, for bandwidth-bound loops), or in
+ * pinned host memory (zero_copy). */
+static pshard_status gpu_matrix(struct gpu_bench *b, enum quant_type t, int64_t rows, int64_t cols, int64_t experts,
+                                size_t want, bool zero_copy) {
+    const size_t row = quant_row_bytes(t, cols);
+    b->m = (struct cuda_matrix){t, NULL, cols, rows, experts, row};
+    b->m_bytes = cuda_align(row * (size_t)rows * (size_t)experts);
+    b->copies = (int)((want + b->m_bytes - 1) / b->m_bytes);
+    if (b->copies < 1) b->copies = 1;
+    uint8_t *host = malloc(b->m_bytes);
+    if (!host) return core_fail(PSHARD_ERR_NOMEM, "out of memory while measuring");
+    measure_fill(host, b->m_bytes, 9);
+    void *dev = NULL;
+    pshard_status st;
+    if (zero_copy) {
+        st = cuda_host_alloc(b->m_bytes * b->copies, &b->pinned);
+        for (int c = 0; st == PSHARD_OK && c < b->copies; c++) memcpy((uint8_t *)b->pinned.ptr + b->m_bytes * c, host, b->m_bytes);
+        if (st == PSHARD_OK) st = cuda_host_device_pointer(b->pinned.ptr, (const void **)&dev);
+    } else {
+        st = carve(b, b->m_bytes * b->copies, &dev);
+        for (int c = 0; st == PSHARD_OK && c < b->copies; c++)
+            st = cuda_copy_h2d((uint8_t *)dev + b->m_bytes * c, host, b->m_bytes, b->s), st = st ? st : cuda_stream_sync(b->s);
+    }
+    free(host);
+    b->m_base = dev;
+    b->m.data = dev;
+    return st;
+}
+
+static pshard_status zero_copy_experts(struct gpu_bench *b, const struct shapes *sh, struct profile *p) {
+    const int64_t E = sh->n_expert, ff = sh->n_ff_exp, d = sh->n_embd;
+    const size_t gate = cuda_align(quant_row_bytes(sh->gate[0], d) * (size_t)ff * E);
+    const size_t down = cuda_align(quant_row_bytes(sh->down[0], ff) * (size_t)d * E);
+    struct cuda_pinned host = {0};
+    CORE_TRY(cuda_host_alloc(2 * gate + down, &host));
+    measure_fill(host.ptr, 2 * gate + down, 13);
+    const uint8_t *dev = NULL;
+    pshard_status st = cuda_host_device_pointer(host.ptr, (const void **)&dev);
+    b->moe.gate = (struct cuda_matrix){sh->gate[0], dev, d, ff, E, quant_row_bytes(sh->gate[0], d)};
+    b->moe.up = (struct cuda_matrix){sh->gate[0], dev + gate, d, ff, E, quant_row_bytes(sh->gate[0], d)};
+    b->moe.down = (struct cuda_matrix){sh->down[0], dev + 2 * gate, ff, d, E, quant_row_bytes(sh->down[0], ff)};
+    b->moe.n_expert = (int)E, b->moe.k = sh->k;
+    const int64_t B = profile_tokens[PROFILE_TOKENS - 1];
+    int32_t *ids = malloc(sizeof *ids * B * sh->k);
+    float *w = malloc(sizeof *w * B * sh->k);
+    if (!ids || !w) st = core_fail(PSHARD_ERR_NOMEM, "out of memory while measuring");
+    const double expert = (double)(2 * gate + down) / E;
+    /* Each routing's first read: 4 routings per token count, each timed once. */
+    for (int i = 0; st == PSHARD_OK && i < PROFILE_TOKENS; i++) {
+        b->n_tokens = profile_tokens[i];
+        if (cuda_moe_work_bytes(&b->moe, b->n_tokens) > b->work_bytes) continue;
+        struct cpu_bench route = {.ids = ids, .weights = w, .n_tokens = b->n_tokens, .k = sh->k};
+        double total = 0;
+        for (int r = 0; st == PSHARD_OK && r < 4; r++) {
+            measure_route_random(&route, (int)E, 100 * i + r);
+            st = cuda_copy_h2d(b->ids, ids, sizeof *ids * b->n_tokens * sh->k, b->s);
+            if (st == PSHARD_OK) st = cuda_copy_h2d(b->weights, w, sizeof *w * b->n_tokens * sh->k, b->s);
+            if (st == PSHARD_OK) st = cuda_stream_sync(b->s);
+            const double t0 = core_now_ms();
+            if (st == PSHARD_OK)
+                st = cuda_moe_ffn(&b->moe, b->x, b->ids, b->weights, b->n_tokens, b->y, false, b->work, b->work_bytes, b->s);
+            if (st == PSHARD_OK) st = cuda_stream_sync(b->s);
+            total += (core_now_ms() - t0) / 1e3;
+        }
+        const double touched = E * (1 - pow(1 - (double)sh->k / E, (double)b->n_tokens));
+        p->zero_copy_experts[i] = total / 4 / (touched * expert);
+    }
+    free(ids), free(w);
+    cuda_pinned_release(&host);
+    return st;
+}
+
+static pshard_status measure_gpu_tables(const struct measure_request *req, const struct shapes *sh, struct gpu_bench *b,
+                                        struct profile *p) {
+    const size_t mark = cuda_arena_mark(&b->arena);
+    for (int f = 0; f < sh->n_dense && !measure_out_of_time(); f++) {
+        measure_report(req, "GPU matmul", 0.5 + 0.15 * f / sh->n_dense);
+        struct profile_rate *r = profile_rate_add(p->gpu_matmul, quant_type_name(sh->dense[f]));
+        if (!r || !cuda_type_supported(sh->dense[f])) continue;
+        for (int i = 0; i < PROFILE_TOKENS; i++) {
+            b->n_tokens = profile_tokens[i];
+            CORE_TRY(gpu_matrix(b, sh->dense[f], sh->rows, sh->n_embd, 1, b->n_tokens <= 16 ? 4 * BIG_BYTES : SMALL_BYTES,
+                                false));
+            r->s_per_byte[i] = measure_time_steps(gpu_matmul_step, b) / 4 / (double)b->m_bytes;
+            cuda_arena_reset(&b->arena, mark);
+        }
+    }
+    for (int f = 0; f < sh->n_moe && !measure_out_of_time(); f++) {
+        measure_report(req, "GPU experts", 0.65 + 0.1 * f / sh->n_moe);
+        struct profile_rate *r = profile_rate_add(p->gpu_experts, quant_type_name(sh->gate[f]));
+        if (!r || !cuda_type_supported(sh->gate[f]) || !cuda_type_supported(sh->down[f])) continue;
+        const int64_t E = sh->n_expert, ff = sh->n_ff_exp, d = sh->n_embd;
+        CORE_TRY(gpu_matrix(b, sh->gate[f], ff, d, E, 0, false));
+        b->moe.gate = b->m;
+        CORE_TRY(gpu_matrix(b, sh->gate[f], ff, d, E, 0, false));
+        b->moe.up = b->m;
+        CORE_TRY(gpu_matrix(b, sh->down[f], d, ff, E, 0, false));
+        b->moe.down = b->m;
+        b->moe.n_expert = (int)E, b->moe.k = sh->k;
+        const double expert = (double)(b->moe.gate.row_bytes * ff * 2 + b->moe.down.row_bytes * d);
+        const int64_t B = profile_tokens[PROFILE_TOKENS - 1];
+        int32_t *ids = malloc(sizeof *ids * B * sh->k);
+        float *w = malloc(sizeof *w * B * sh->k);
+        pshard_status st = ids && w ? PSHARD_OK : core_fail(PSHARD_ERR_NOMEM, "out of memory while measuring");
+        for (int i = 0; i < PROFILE_TOKENS && st == PSHARD_OK; i++) {
+            b->n_tokens = profile_tokens[i];
+            struct cpu_bench route = {.ids = ids, .weights = w, .n_tokens = b->n_tokens, .k = sh->k};
+            measure_route_random(&route, (int)E, i);
+            st = cuda_copy_h2d(b->ids, ids, sizeof *ids * b->n_tokens * sh->k, b->s);
+            if (st == PSHARD_OK) st = cuda_copy_h2d(b->weights, w, sizeof *w * b->n_tokens * sh->k, b->s);
+            if (st == PSHARD_OK) st = cuda_stream_sync(b->s);
+            if (cuda_moe_work_bytes(&b->moe, b->n_tokens) > b->work_bytes) continue;
+            const double touched = E * (1 - pow(1 - (double)sh->k / E, (double)b->n_tokens));
+            r->s_per_byte[i] = measure_time_steps(gpu_experts_step, b) / 4 / (touched * expert);
+        }
+        free(ids), free(w);
+        CORE_TRY(st);
+        cuda_arena_reset(&b->arena, mark);
+    }
+    /* A small kernel's shortest run: products of a few rows, replayed as a graph (each product
+     * is two kernels: the activations' quantization and the matvec). */
+    if (sh->n_dense && cuda_type_supported(sh->dense[0])) {
+        CORE_TRY(gpu_matrix(b, sh->dense[0], 256, sh->n_embd, 1, 0, false));
+        cuda_graph graph = NULL;
+        pshard_status st = cuda_graph_capture_begin(b->s);
+        for (int i = 0; i < 100 && st == PSHARD_OK; i++)
+            st = cuda_matmul(b->cuda, &b->m, b->x, 1, b->y, b->m.n_rows, b->work, b->work_bytes, b->s);
+        const pshard_status end = cuda_graph_capture_end(b->s, &graph);
+        st = st ? st : end;
+        if (st == PSHARD_OK) st = cuda_graph_launch(graph, b->s);
+        if (st == PSHARD_OK) st = cuda_stream_sync(b->s);
+        const double t0 = core_now_ms();
+        for (int r = 0; r < 10 && st == PSHARD_OK; r++) st = cuda_graph_launch(graph, b->s);
+        if (st == PSHARD_OK) st = cuda_stream_sync(b->s);
+        if (st == PSHARD_OK) p->kernel_s = (core_now_ms() - t0) / 1e3 / (10 * 200);
+        if (graph) cuda_graph_destroy(graph);
+        CORE_TRY(st);
+        cuda_arena_reset(&b->arena, mark);
+    }
+    /* Attention over a cache of ATTN_CTX cells. */
+    measure_report(req, "GPU attention", 0.75);
+    const struct cpu_attn_shape *a = &sh->attn;
+    b->attn = (struct cuda_attn_shape){a->n_head, a->n_head_kv, a->head_k, a->head_v, a->scale};
+    const double kv_per_cell = (double)a->n_head_kv * (a->head_k + a->head_v) * 2;
+    CORE_TRY(carve(b, sizeof(uint16_t) * ATTN_CTX * a->n_head_kv * a->head_k, (void **)&b->kv.k));
+    CORE_TRY(carve(b, sizeof(uint16_t) * ATTN_CTX * a->n_head_kv * a->head_v, (void **)&b->kv.v));
+    CORE_TRY(cuda_memset(b->kv.k, 0x22, sizeof(uint16_t) * ATTN_CTX * a->n_head_kv * a->head_k, b->s));
+    CORE_TRY(cuda_memset(b->kv.v, 0x22, sizeof(uint16_t) * ATTN_CTX * a->n_head_kv * a->head_v, b->s));
+    b->kv.seq_stride_k = (int64_t)ATTN_CTX * a->n_head_kv * a->head_k;
+    b->kv.seq_stride_v = (int64_t)ATTN_CTX * a->n_head_kv * a->head_v;
+    const int64_t B = profile_tokens[PROFILE_TOKENS - 1];
+    int32_t *pos = malloc(sizeof *pos * B);
+    if (!pos) return core_fail(PSHARD_ERR_NOMEM, "out of memory while measuring");
+    for (int i = 0; i < PROFILE_TOKENS; i++) {
+        b->n_tokens = profile_tokens[i];
+        /* Decode-sized steps attend the whole cache; prompt steps their own causal window. */
+        b->cells = b->n_tokens < 64 ? ATTN_CTX : ATTN_CTX_PROMPT;
+        const int64_t n = b->n_tokens < 64 ? b->n_tokens : (b->n_tokens < ATTN_CTX_PROMPT ? b->n_tokens : ATTN_CTX_PROMPT);
+        for (int64_t t = 0; t < n; t++) pos[t] = (int32_t)(b->n_tokens < 64 ? ATTN_CTX - 1 : ATTN_CTX_PROMPT - n + t);
+        b->n_tokens = n;
+        pshard_status st = cuda_copy_h2d(b->pos, pos, sizeof *pos * n, b->s);
+        if (st == PSHARD_OK) st = cuda_stream_sync(b->s);
+        if (st != PSHARD_OK) {
+            free(pos);
+            return st;
+        }
+        if (cuda_attention_decode_work_bytes(&b->attn, n, (int32_t)b->cells) > b->work_bytes) continue;
+        /* Prompt tokens attend on average half their window. */
+        const double cells = b->n_tokens < 64 && profile_tokens[i] < 64 ? (double)b->cells : (double)ATTN_CTX_PROMPT - n / 2.0;
+        p->gpu_attn[i] = measure_time_steps(gpu_attn_step, b) / 4 / ((double)n * cells * kv_per_cell);
+    }
+    free(pos);
+    cuda_arena_reset(&b->arena, mark);
+    return b->st;
+}
+
+static pshard_status measure_transfers(const struct measure_request *req, const struct shapes *sh, struct gpu_bench *b,
+                                       struct threadpool *pool, struct profile *p) {
+    measure_report(req, "PCIe copies", 0.8);
+    const size_t mark = cuda_arena_mark(&b->arena);
+    struct cuda_pinned host = {0};
+    CORE_TRY(cuda_host_alloc(profile_sizes[PROFILE_SIZES - 1], &host));
+    pshard_status st = carve(b, profile_sizes[PROFILE_SIZES - 1], &b->dev);
+    b->host = host.ptr;
+    for (int dir = 0; dir < 2 && st == PSHARD_OK; dir++)
+        for (int i = 0; i < PROFILE_SIZES; i++) {
+            b->d2h = dir == 1;
+            b->copy_bytes = profile_sizes[i];
+            b->n_copies = (int)(256 * 1048576.0 / b->copy_bytes) + 1;
+            if (b->n_copies > 64) b->n_copies = 64;
+            const double s = measure_time_steps(copy_step, b) / b->n_copies;
+            (dir ? p->d2h_gbps : p->h2d_gbps)[i] = b->copy_bytes / s / 1e9;
+        }
+    /* Latencies. */
+    if (st == PSHARD_OK) {
+        measure_report(req, "latencies", 0.85);
+        p->launch_s = measure_time_steps(launch_step, b) / 200;
+        p->sync_s = measure_time_steps(sync_step, b) / 200;
+        b->pool = pool;
+        st = cuda_event_create(false, &b->ready);
+        if (st == PSHARD_OK) p->round_trip_s = (measure_time_steps(round_trip_step, b) - measure_time_steps(gpu_work_step, b)) / 50;
+        if (p->round_trip_s < p->sync_s) p->round_trip_s = p->sync_s;
+        if (b->ready) cuda_event_destroy(b->ready);
+        cuda_graph graph = NULL;
+        st = cuda_graph_capture_begin(b->s);
+        for (int i = 0; i < 200 && st == PSHARD_OK; i++) st = cuda_add(b->y, b->x, 32, b->s);
+        pshard_status end = cuda_graph_capture_end(b->s, &graph);
+        st = st ? st : end;
+        if (st == PSHARD_OK) {
+            st = cuda_graph_launch(graph, b->s);
+            if (st == PSHARD_OK) st = cuda_stream_sync(b->s);
+            const double t0 = core_now_ms();
+            for (int r = 0; r < 20 && st == PSHARD_OK; r++) st = cuda_graph_launch(graph, b->s);
+            if (st == PSHARD_OK) st = cuda_stream_sync(b->s);
+            p->graph_node_s = (core_now_ms() - t0) / 1e3 / (20 * 200);
+        }
+        if (graph) cuda_graph_destroy(graph);
+    }
+    /* Kernels reading pinned host memory in place (how small steps stream weights), over the
+     * model's three matrix shapes -- wide, tall and square -- since a many-token product may
+     * read its weights more than once, depending on the shape. */
+    if (st == PSHARD_OK && sh->n_dense) {
+        measure_report(req, "reading host memory in place", 0.9);
+        const int64_t shapes[3][2] = {{sh->rows, sh->n_embd}, {sh->n_embd, sh->rows}, {sh->n_embd, sh->n_embd}};
+        double seconds[PROFILE_TOKENS] = {0}, bytes = 0;
+        for (int k = 0; k < 3 && st == PSHARD_OK; k++) {
+            st = gpu_matrix(b, sh->dense[0], shapes[k][0], shapes[k][1], 1, BIG_BYTES / 6, true);
+            for (int i = 0; st == PSHARD_OK && i < PROFILE_TOKENS; i++) {
+                b->n_tokens = profile_tokens[i];
+                if (cuda_matmul_work_bytes(&b->m, b->n_tokens) > b->work_bytes) continue;
+                seconds[i] += measure_time_steps(gpu_matmul_step, b) / 4;
+            }
+            bytes += (double)b->m_bytes;
+            cuda_pinned_release(&b->pinned);
+        }
+        for (int i = 0; st == PSHARD_OK && i < PROFILE_TOKENS; i++) p->zero_copy[i] = seconds[i] / bytes;
+    }
+    /* The expert kernel reading the experts a token chose from host memory in place. */
+    if (st == PSHARD_OK && sh->n_moe && cuda_type_supported(sh->gate[0]) && cuda_type_supported(sh->down[0]) &&
+        !measure_out_of_time()) {
+        measure_report(req, "reading experts in place", 0.92);
+        st = zero_copy_experts(b, sh, p);
+    }
+    /* A copy and CPU matmuls at the same time: each one's rate against its rate alone. */
+    if (st == PSHARD_OK && sh->n_dense && !measure_out_of_time()) {
+        measure_report(req, "copies and the CPU together", 0.95);
+        struct cpu_bench c = {.pool = pool, .n_tokens = 1};
+        c.x = calloc((size_t)sh->n_embd, sizeof(float));
+        c.y = calloc((size_t)sh->rows, sizeof(float));
+        c.acts = malloc(cpu_acts_bytes(QUANT_F32, sh->n_embd, 1));
+        st = c.x && c.y && c.acts ? measure_synth_make(sh->dense[0], sh->rows, sh->n_embd, 1, BIG_BYTES, &c.gate)
+                                  : core_fail(PSHARD_ERR_NOMEM, "out of memory while measuring");
+        if (st == PSHARD_OK) {
+            const double cpu_alone = measure_time_steps(measure_cpu_matmul_step, &c);
+            b->d2h = false, b->copy_bytes = profile_sizes[PROFILE_SIZES - 2], b->n_copies = 1;
+            const double copy_alone = measure_time_steps(copy_step, b);
+            b->n_copies = (int)(0.25 / copy_alone) + 2;
+            cuda_event copied = NULL;
+            st = cuda_event_create(false, &copied);
+            const double t0 = core_now_ms();
+            for (int i = 0; i < b->n_copies && st == PSHARD_OK; i++)
+                st = cuda_copy_h2d(b->dev, b->host, b->copy_bytes, b->copy);
+            if (st == PSHARD_OK) st = cuda_event_record(copied, b->copy);
+            int reps = 0;
+            bool done = st != PSHARD_OK;
+            while (!done) {
+                measure_cpu_matmul_step(&c, ++reps);
+                st = cuda_event_done(copied, &done);
+                done |= st != PSHARD_OK;
+            }
+            const double elapsed = (core_now_ms() - t0) / 1e3;
+            if (copied) cuda_event_destroy(copied);
+            const double cpu_busy = elapsed / (reps ? reps : 1), copies = elapsed / b->n_copies;
+            p->cpu_share_under_h2d = cpu_alone / cpu_busy;
+            p->h2d_share_under_cpu = copy_alone / copies;
+            if (p->h2d_share_under_cpu > 1) p->h2d_share_under_cpu = 1;
+            if (p->cpu_share_under_h2d > 1) p->cpu_share_under_h2d = 1;
+        }
+        free(c.x), free(c.y), free(c.acts), free(c.gate.data);
+    }
+    cuda_pinned_release(&host);
+    cuda_arena_reset(&b->arena, mark);
+    return st ? st : b->st;
+}
+
+pshard_status measure_gpu_rates(const struct measure_request *req, const struct shapes *sh, struct threadpool *pool,
+                                 struct profile *p) {
+    struct gpu_bench b = {0};
+    CORE_TRY(cuda_ctx_create(0, &b.cuda));
+    char name[256];
+    pshard_status st = cuda_device_identify(0, name, sizeof name, &p->fp.driver);
+    if (st == PSHARD_OK) {
+        snprintf(p->fp.gpu, sizeof p->fp.gpu, "%.127s", name);
+        p->has_gpu = true;
+    }
+    b.s = cuda_ctx_compute_stream(b.cuda);
+    b.copy = cuda_ctx_copy_stream(b.cuda);
+    const size_t arena = (size_t)6 * BIG_BYTES + ((size_t)1 << 30);
+    if (st == PSHARD_OK) st = cuda_arena_create(&b.arena, arena);
+    const int64_t B = profile_tokens[PROFILE_TOKENS - 1];
+    const int64_t width = sh->rows > sh->n_embd ? sh->rows : sh->n_embd, k = sh->k > 0 ? sh->k : 1;
+    void *blas = NULL;
+    b.work_bytes = (size_t)256 << 20;
+    if (st == PSHARD_OK) st = carve(&b, CUDA_BLAS_WORKSPACE_BYTES, &blas);
+    if (st == PSHARD_OK) st = cuda_ctx_set_blas_workspace(b.cuda, blas, CUDA_BLAS_WORKSPACE_BYTES);
+    if (st == PSHARD_OK) st = carve(&b, sizeof(float) * B * width, (void **)&b.x);
+    if (st == PSHARD_OK) st = carve(&b, sizeof(float) * B * width * k, (void **)&b.y);
+    if (st == PSHARD_OK) st = carve(&b, b.work_bytes, &b.work);
+    if (st == PSHARD_OK) st = carve(&b, sizeof(int32_t) * B * k, (void **)&b.ids);
+    if (st == PSHARD_OK) st = carve(&b, sizeof(float) * B * k, (void **)&b.weights);
+    if (st == PSHARD_OK) st = carve(&b, sizeof(int32_t) * B, (void **)&b.pos);
+    if (st == PSHARD_OK) st = carve(&b, sizeof(int32_t) * B, (void **)&b.seq);
+    if (st == PSHARD_OK) st = carve(&b, sizeof(float) * B * sh->attn.n_head * sh->attn.head_k, (void **)&b.q);
+    if (st == PSHARD_OK) st = carve(&b, sizeof(float) * B * sh->attn.n_head * sh->attn.head_v, (void **)&b.out);
+    if (st == PSHARD_OK) st = cuda_memset(b.x, 0, sizeof(float) * B * width, b.s);
+    if (st == PSHARD_OK) st = cuda_memset(b.q, 0, sizeof(float) * B * sh->attn.n_head * sh->attn.head_k, b.s);
+    if (st == PSHARD_OK) st = cuda_memset(b.seq, 0, sizeof(int32_t) * B, b.s);
+    if (st == PSHARD_OK) st = measure_gpu_tables(req, sh, &b, p);
+    if (st == PSHARD_OK) st = measure_transfers(req, sh, &b, pool, p);
+    cuda_arena_destroy(&b.arena);
+    cuda_ctx_destroy(b.cuda);
+    return st;
+}

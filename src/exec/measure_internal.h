@@ -1,0 +1,96 @@
+/* What the measuring code shares: measure.c (the model's shapes, timed loops, synthetic
+ * weights, the order of it all), measure_cpu.c (the CPU's rates) and measure_gpu.c (the GPU's,
+ * PCIe, latencies, and work run together). */
+#ifndef EXEC_MEASURE_INTERNAL_H
+#define EXEC_MEASURE_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/threadpool.h"
+#include "cpu/attention.h"
+#include "cpu/cpu_ops.h"
+#include "cpu/moe.h"
+#include "exec/measure.h"
+
+enum {
+    BIG_BYTES = 384 << 20,   /* working set of bandwidth-bound loops: past any L3 */
+    SMALL_BYTES = 48 << 20,  /* compute-bound loops (many tokens) */
+    ATTN_CTX = 4096,         /* cells a decode token attends */
+    ATTN_CTX_PROMPT = 1024,  /* cells each prompt token attends (prompt steps) */
+};
+
+/* The model's shapes and formats to measure. */
+struct shapes {
+    int64_t n_embd, rows, n_ff_exp;
+    int n_expert, k;
+    struct cpu_attn_shape attn;
+    enum quant_type dense[PROFILE_FORMATS], gate[PROFILE_FORMATS], down[PROFILE_FORMATS];
+    int n_dense, n_moe;
+};
+
+void measure_shapes_of(const struct model *m, struct shapes *s);
+
+typedef void (*step_fn)(void *arg, int rep);
+/* Mean seconds of one call of fn after a warm-up call, over at least 2 calls and TARGET_S. */
+double measure_time_steps(step_fn fn, void *arg);
+/* The best of three such means: a loop that shares the machine with something else for a moment
+ * (the kernel settling after a large write, another process) reads slower, never faster. */
+double measure_time_best(step_fn fn, void *arg);
+
+/* Past the time budget: measuring adds no more formats or optional figures. */
+bool measure_out_of_time(void);
+void measure_report(const struct measure_request *req, const char *what, double done);
+
+/* Bytes of the fill pattern: each byte in [0x11, 0x3b], so every 16- and 32-bit float is normal. */
+void measure_fill(uint8_t *p, size_t n, uint32_t seed);
+
+/* n copies of a rows x cols matrix (copies cycle, so a loop reads fresh memory each call). */
+struct synth {
+    struct cpu_matrix m;
+    size_t bytes; /* one copy */
+    int copies;
+    uint8_t *data;
+};
+
+pshard_status measure_synth_make(enum quant_type type, int64_t rows, int64_t cols, int64_t experts, size_t want,
+                                 struct synth *s);
+struct cpu_matrix measure_synth_copy(const struct synth *s, int rep);
+
+/* State of the CPU's timed loops (also used for routing and CPU work beside the GPU). */
+struct cpu_bench {
+    struct threadpool *pool;
+    float *x, *y;
+    void *acts;
+    int64_t n_tokens;
+    struct synth gate, up, down;
+    /* experts */
+    int32_t *ids;
+    float *weights;
+    struct moe_scratch scratch;
+    void *scratch_mem;
+    int k;
+    uint64_t touched_bytes;
+    /* attention */
+    const struct cpu_attn_shape *attn;
+    uint16_t *kv;
+    int64_t cells;
+    float *q, *out;
+    /* host reads */
+    const uint64_t *mem;
+    size_t mem_words;
+    uint64_t sums[256];
+    double call_s; /* cpu_moe's fixed cost */
+};
+
+void measure_cpu_matmul_step(void *arg, int rep);
+void measure_route_random(struct cpu_bench *b, int n_expert, int rep);
+void measure_empty_job(void *arg, int thread, int n_threads);
+
+pshard_status measure_cpu_rates(const struct measure_request *req, const struct shapes *sh, struct threadpool *pool,
+                                struct profile *p);
+pshard_status measure_gpu_rates(const struct measure_request *req, const struct shapes *sh, struct threadpool *pool,
+                                struct profile *p);
+
+#endif
