@@ -20,6 +20,7 @@
 #include "cli.h"
 #include "core/error.h"
 #include "core/timer.h"
+#include "cuda/cuda_backend.h"
 #include "exec/exec.h"
 #include "exec/measure.h"
 #include "gguf/gguf.h"
@@ -319,6 +320,10 @@ int cmd_bench(int argc, char **argv) {
     struct oracle_opts o;
     const int rc = parse_opts(argc, argv, &o);
     if (rc) return rc > 0 ? 0 : 2;
+    if (cuda_device_count() == 0) {
+        fprintf(stderr, "pshard bench: --oracle compares plans that use a GPU, and no CUDA device is present\n");
+        return 1;
+    }
     FILE *json = o.json ? fopen(o.json, "w") : NULL;
     if (o.json && !json) {
         perror(o.json);
