@@ -34,6 +34,15 @@ static pshard_status prefault(pshard_ctx *ctx) {
     return PSHARD_OK;
 }
 
+/* Whether the model and its buffers fit the budget whole (then there is nothing to choose). */
+static pshard_status fits_whole_in(const struct model *model, const struct exec_params *ep, bool *fits) {
+    struct plan probe;
+    CORE_TRY(exec_make_plan(model, ep, &probe));
+    *fits = probe.n_candidates == 0 && probe.any_gpu;
+    plan_free(&probe);
+    return PSHARD_OK;
+}
+
 static pshard_status open_ctx(pshard_ctx *ctx) {
     const pshard_params *p = &ctx->params;
     CORE_TRY(gguf_open(p->model_path, &ctx->file));
@@ -45,21 +54,25 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
     struct exec_params ep = {p->n_ctx, p->n_batch, 1, p->n_threads, (enum plan_family)p->plan, p->vram_budget,
                              p->stream_share, -1, NULL};
     if (p->gpu) ep.plan = PLAN_GPU, ep.vram_budget = -1;
-    /* An automatic plan under a budget is chosen by the cost model from this machine's profile. */
-    if (ep.plan == PLAN_AUTO && ep.vram_budget > 0 && cuda_device_count() > 0) {
-        bool measured_now;
-        CORE_TRY(exec_machine_profile(&ctx->model, p->n_threads, p->no_profile ? PROFILE_DEFAULTS : PROFILE_MEASURE,
-                                      p->profile_progress, p->progress_user,
-                                      &ctx->profile, &measured_now));
-        ep.profile = &ctx->profile;
-        ctx->learn = ctx->profile.measured;
-    }
     if (ep.n_ctx <= 0) {
         ep.n_ctx = 4096;
         if (ctx->model.hp.n_ctx_train && ctx->model.hp.n_ctx_train < (uint32_t)ep.n_ctx) ep.n_ctx = (int32_t)ctx->model.hp.n_ctx_train;
     }
     if (ep.n_batch <= 0) ep.n_batch = 512;
     if (ep.n_batch > ep.n_ctx) ep.n_batch = ep.n_ctx;
+    /* An automatic plan under a budget the model does not fit whole is chosen by the cost model
+     * from this machine's profile (measured on first use). */
+    if (ep.plan == PLAN_AUTO && ep.vram_budget > 0 && cuda_device_count() > 0) {
+        bool fits_whole;
+        CORE_TRY(fits_whole_in(&ctx->model, &ep, &fits_whole)); /* also: a budget too small fails here */
+        if (!fits_whole) {
+            bool measured_now;
+            CORE_TRY(exec_machine_profile(&ctx->model, p->n_threads, p->no_profile ? PROFILE_DEFAULTS : PROFILE_MEASURE,
+                                          p->profile_progress, p->progress_user, &ctx->profile, &measured_now));
+            ep.profile = &ctx->profile;
+            ctx->learn = ctx->profile.measured;
+        }
+    }
     ctx->params.n_ctx = ep.n_ctx;
     ctx->params.n_batch = ep.n_batch;
     if (p->prefault) CORE_TRY(prefault(ctx));
