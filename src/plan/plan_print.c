@@ -1,0 +1,117 @@
+/* Printing plans: each shard's place per tier, the candidates auto weighed with their predicted
+ * times, the budget's breakdown and the bytes a decode token moves. */
+#include <stdio.h>
+
+#include "plan/plan.h"
+
+static double mb(uint64_t bytes) { return bytes / 1048576.0; }
+
+static void print_place(const struct plan *p, const struct plan_tier *t, const struct shard *s, uint32_t i, FILE *out) {
+    if (s->kind == SHARD_MOE && t->shard[i] != PLACE_CPU) {
+        const uint32_t r = p->experts_resident[s->layer], g = t->experts_gpu[s->layer];
+        char buf[48];
+        snprintf(buf, sizeof buf, "%u/%u/%u", r, g - r, s->n_expert - g);
+        fprintf(out, " %-12s", buf);
+    } else {
+        fprintf(out, " %-12s", placement_name(t->shard[i]));
+    }
+}
+
+static void tier_label(const struct plan *p, int t, char *buf, size_t size) {
+    const int32_t lo = p->tier[t].min_tokens;
+    const int32_t hi = t + 1 < PLAN_TIERS ? p->tier[t + 1].min_tokens - 1 : 0;
+    if (lo == hi) snprintf(buf, size, "%d", lo);
+    else if (hi) snprintf(buf, size, "%d-%d", lo, hi);
+    else snprintf(buf, size, "%d+", lo);
+}
+
+const char *plan_set_name(enum plan_set set) {
+    switch (set) {
+    case PLAN_SET_NO_RING: return "no ring";
+    case PLAN_SET_RING: return "ring";
+    case PLAN_SET_ALL_KV: return "all KV";
+    default: return "?";
+    }
+}
+
+void plan_candidate_name(const struct plan_candidate *c, char *buf, size_t size) {
+    char family[32];
+    if (c->family == PLAN_DYNAMIC) snprintf(family, sizeof family, "dynamic %.2f", c->share);
+    else snprintf(family, sizeof family, "%s", plan_family_name(c->family));
+    if (c->family == PLAN_CPU || c->set == PLAN_SET_RING) snprintf(buf, size, "%s", family);
+    else snprintf(buf, size, "%s (%s)", family, plan_set_name(c->set));
+}
+
+/* auto: what each tier weighed, predicted times, and the choice. */
+static void print_candidates(const struct plan *p, FILE *out) {
+    const int last = plan_prompt_tier(p);
+    fprintf(out, "candidates (predicted seconds per step of the tier's fewest tokens at the end of the context; "
+                 "* = chosen, = the same placement as a candidate above):\n");
+    fprintf(out, "  %-26s", "plan");
+    for (int t = 0; t <= last; t++) {
+        char label[24];
+        tier_label(p, t, label, sizeof label);
+        fprintf(out, " %11s", label);
+    }
+    fprintf(out, " %9s %8s %9s %10s %10s\n", "VRAM wts", "KV", "staging", "host B/tok", "PCIe B/tok");
+    for (uint32_t c = 0; c < p->n_candidates; c++) {
+        const struct plan_candidate *k = &p->candidates[c];
+        char name[40];
+        plan_candidate_name(k, name, sizeof name);
+        fprintf(out, "  %-26s", name);
+        for (int t = 0; t <= last; t++) {
+            char cell[24];
+            bool same = false;
+            for (uint32_t e = 0; e < c; e++) same |= p->candidates[e].key[t] == k->key[t];
+            snprintf(cell, sizeof cell, "%.4g%s", k->seconds[t], p->chosen[t] == (int)c ? "*" : same ? "=" : "");
+            fprintf(out, " %11s", cell);
+        }
+        fprintf(out, " %8.0fM %7.0fM %8.0fM %9.1fM %9.1fM\n", mb(k->vram_weights), mb(k->vram_kv), mb(k->vram_staging),
+                mb(k->host_bytes_per_token), mb(k->pcie_bytes_per_token));
+    }
+    fprintf(out, "predicted: %.3f s to the first token of a %d-token prompt, then %.1f tokens/s\n", p->predicted_ttft,
+            p->n_ctx / 2 < 1024 ? p->n_ctx / 2 : 1024, p->predicted_decode > 0 ? 1 / p->predicted_decode : 0);
+}
+
+void plan_print(const struct plan *p, const struct model *m, FILE *out) {
+    const int last = plan_prompt_tier(p);
+    const struct plan_tier *d = &p->tier[PLAN_TIER_DECODE], *pr = &p->tier[last];
+    fprintf(out, "plan %s: VRAM budget %.0f MB; per tier (tokens per step):", plan_family_name(p->family),
+            mb(p->budget.total));
+    for (int t = 0; t <= last; t++) {
+        char label[24];
+        tier_label(p, t, label, sizeof label);
+        fprintf(out, " %s '%s'%s", label, plan_family_name(p->tier[t].family), p->tier[t].ring ? " (ring)" : "");
+    }
+    fputc('\n', out);
+    if (p->n_candidates) {
+        print_candidates(p, out);
+    } else if (p->any_gpu) {
+        fprintf(out, "predicted seconds per step:");
+        for (int t = 0; t <= last; t++) fprintf(out, " %d tokens %.4g;", plan_tier_tokens[t], p->predicted[t]);
+        fprintf(out, " %.3f s to the first token, then %.1f tokens/s\n", p->predicted_ttft,
+                p->predicted_decode > 0 ? 1 / p->predicted_decode : 0);
+    }
+    if (p->n_expert)
+        fprintf(out, "(MoE shards on the GPU: experts resident/streamed/on the CPU; router and shared parts resident)\n");
+    fprintf(out, "  %-5s %-6s %5s %-12s %-12s %12s %6s\n", "#", "shard", "layer", "decode", "prompt", "weights MB", "KV");
+    for (uint32_t i = 0; i < m->n_shards; i++) {
+        const struct shard *s = &m->shards[i];
+        char layer[16] = "-";
+        if (s->layer >= 0) snprintf(layer, sizeof layer, "%d", s->layer);
+        fprintf(out, "  %-5u %-6s %5s", i, shard_kind_name(s->kind), layer);
+        print_place(p, d, s, i, out);
+        print_place(p, pr, s, i, out);
+        fprintf(out, " %12.1f", mb(s->weight_bytes));
+        if (s->kind == SHARD_ATTN) fprintf(out, " %6s", p->kv_gpu[s->layer] ? "VRAM" : "host");
+        fputc('\n', out);
+    }
+    const struct plan_budget *b = &p->budget;
+    fprintf(out, "VRAM: weights %.1f MB + KV %.1f MB + activations %.1f MB + work %.1f MB + cuBLAS %.1f MB + staging "
+                 "%.1f MB (%u slots of %.1f MB) + file mapping %.1f MB; %.1f MB of the budget unused\n",
+            mb(b->weights), mb(b->kv), mb(b->activations), mb(b->work), mb(b->blas), mb(b->staging), p->n_slots,
+            mb(p->slot_bytes), mb(b->mapping), mb(b->free));
+    fprintf(out, "per decode token: %.1f MB of weights read by the CPU from host memory, %.1f MB streamed over PCIe, "
+                 "%.1f MB read by the GPU from VRAM\n",
+            mb(d->host_bytes_per_token), mb(d->pcie_bytes_per_token), mb(d->gpu_bytes_per_token));
+}
