@@ -69,8 +69,9 @@ static void print_candidates(const struct plan *p, FILE *out) {
         fprintf(out, " %8.0fM %7.0fM %8.0fM %9.1fM %9.1fM\n", mb(k->vram_weights), mb(k->vram_kv), mb(k->vram_staging),
                 mb(k->host_bytes_per_token), mb(k->pcie_bytes_per_token));
     }
-    fprintf(out, "predicted: %.3f s to the first token of a %d-token prompt, then %.1f tokens/s\n", p->predicted_ttft,
-            p->n_ctx / 2 < 1024 ? p->n_ctx / 2 : 1024, p->predicted_decode > 0 ? 1 / p->predicted_decode : 0);
+    fprintf(out, "predicted: %.3f s to the first token of a %d-token prompt, then %.1f tokens/s; the tiers share one "
+                 "resident set, so switching between them copies nothing\n",
+            p->predicted_ttft, p->n_ctx / 2 < 1024 ? p->n_ctx / 2 : 1024, p->predicted_decode > 0 ? 1 / p->predicted_decode : 0);
 }
 
 void plan_print(const struct plan *p, const struct model *m, FILE *out) {
