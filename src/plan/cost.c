@@ -6,8 +6,9 @@
 
 #include "quant/types.h"
 
-/* Kernels a shard launches on the GPU besides one per matrix (norms, rope, KV store, attention,
- * routing, adds), and jobs it hands the CPU's thread pool besides one per matrix. */
+/* Small kernels a shard launches on the GPU besides its matrix products (norms, rope, KV store,
+ * attention, routing, adds; each costs at least the kernel floor), and jobs it hands the CPU's
+ * thread pool besides one per matrix. */
 static const int extra_kernels[SHARD_KIND_COUNT] = {1, 7, 3, 6, 2};
 static const int extra_jobs[SHARD_KIND_COUNT] = {0, 3, 2, 3, 1};
 
