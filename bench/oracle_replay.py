@@ -18,9 +18,9 @@ def canonical(label):
     """One name for a candidate, from `pshard plan`'s table or an oracle's JSON of any version:
     "dynamic 0.50 (no ring)", "dynamic 0.5 noring" -> "dynamic 0.50 (no ring)"."""
     label = label.replace(" noring", " (no ring)")
-    m = re.match(r"^(\w+)(?: ([\d.]+))?(?: \((.*)\))?$", label.strip())
+    m = re.match(r"^(\w+)(?: ([\d.]+|balanced))?(?: \((.*)\))?$", label.strip())
     family, share, resident = m.groups()
-    name = family + (" %.2f" % float(share) if share else "")
+    name = family + ((" %.2f" % float(share) if share != "balanced" else " balanced") if share else "")
     return name + (" (%s)" % resident if resident else "")
 
 

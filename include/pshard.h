@@ -47,7 +47,8 @@ typedef struct pshard_params {
     int gpu;             /* run every shard on the GPU, all weights resident in VRAM (plan gpu, no budget) */
     int64_t vram_budget; /* bytes of VRAM pshard may use (CUDA context excluded); 0: CPU only */
     int plan;            /* 0 auto, 1 cpu, 2 gpu, 3 static, 4 dynamic (see src/plan/plan.h) */
-    float stream_share;  /* dynamic plans: share of the non-resident experts streamed to the GPU (0: default 0.5) */
+    float stream_share;  /* dynamic plans: share of the non-resident experts streamed to the GPU (0: balanced,
+                            so streaming and the CPU finish together) */
     int no_profile;      /* automatic plans: use conservative defaults rather than measuring this
                             machine on first use (the measured profile is cached per machine) */
     pshard_progress_cb progress;

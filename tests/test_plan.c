@@ -15,6 +15,7 @@
 #include "plan/cost.h"
 #include "plan/plan.h"
 #include "plan/profile.h"
+#include "quant/types.h"
 
 static struct gguf_file *file, *moe_file;
 static struct model model, moe;
@@ -302,6 +303,52 @@ static void test_cost_model_and_learning(void **state) {
     plan_free(&large);
 }
 
+/* dynamic without a share balances streaming against the CPU from the profile: equal costs per
+ * byte stream half of what is not resident, a CPU three times slower than the stream three
+ * quarters. */
+static void test_dynamic_balances_from_the_profile(void **state) {
+    (void)state;
+    struct profile prof;
+    profile_defaults(&prof);
+    prof.has_gpu = true;
+    const char *type = NULL;
+    for (uint32_t i = 0; i < moe.n_shards && !type; i++)
+        for (uint32_t k = 0; k < moe.shards[i].n_tensors; k++)
+            if (moe.shards[i].tensors[k]->n_dims == 3) type = quant_type_name(moe.shards[i].tensors[k]->type);
+    assert_non_null(type);
+    struct profile_rate *cpu = profile_rate_add(prof.cpu_experts, type);
+    assert_non_null(cpu);
+    struct plan_request r = base;
+    r.family = PLAN_DYNAMIC;
+    r.profile = &prof;
+    /* Room for everything but most experts (as in test_moe_experts_by_range). */
+    uint64_t room = fixed_streaming() + 4096;
+    for (uint32_t i = 0; i < moe.n_shards; i++) {
+        const struct shard *s = &moe.shards[i];
+        if (s->kind == SHARD_MOE) room += s->weight_bytes - (uint64_t)s->n_expert * s->expert_bytes + 2 * s->expert_bytes +
+                                          PLAN_STAGING_SLOTS * plan_unit_bytes(s, s->n_expert);
+        else if (s->kind != SHARD_EMBED) room += s->weight_bytes + s->kv_bytes_per_token * 2048;
+    }
+    r.vram_budget = (int64_t)room;
+    static const double cpu_over_stream[] = {1, 3};
+    for (int c = 0; c < 2; c++) {
+        for (int i = 0; i < PROFILE_TOKENS; i++)
+            cpu->s_per_byte[i] = cpu_over_stream[c] * prof.zero_copy_experts[0], prof.zero_copy_experts[i] = prof.zero_copy_experts[0];
+        struct plan p;
+        assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+        const double share = cpu_over_stream[c] / (cpu_over_stream[c] + 1);
+        int checked = 0;
+        for (uint32_t l = 0; l < moe.hp.n_layers; l++) {
+            if (p.tier[0].shard[2 * l + 2] == PLACE_CPU) continue; /* an MoE shard not on the GPU */
+            const uint32_t res = p.experts_resident[l], E = moe.hp.n_expert;
+            assert_int_equal(p.tier[0].experts_gpu[l], res + (uint32_t)lroundf((float)share * (float)(E - res)));
+            checked++;
+        }
+        assert_true(checked > 0);
+        plan_free(&p);
+    }
+}
+
 static void test_parse(void **state) {
     (void)state;
     int64_t b;
@@ -335,7 +382,7 @@ int main(void) {
         cmocka_unit_test(test_static_fills_by_priority),    cmocka_unit_test(test_gpu_streams_what_does_not_fit),
         cmocka_unit_test(test_auto_picks_the_fastest_per_tier), cmocka_unit_test(test_moe_experts_by_range),
         cmocka_unit_test(test_too_small_names_the_minimum), cmocka_unit_test(test_parse),
-        cmocka_unit_test(test_cost_model_and_learning),
+        cmocka_unit_test(test_cost_model_and_learning), cmocka_unit_test(test_dynamic_balances_from_the_profile),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

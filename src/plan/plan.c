@@ -193,17 +193,46 @@ static bool take(struct room *r, uint64_t bytes) {
     return true;
 }
 
+static uint32_t expert_type(const struct model *m) {
+    for (uint32_t i = 0; i < m->n_shards; i++)
+        for (uint32_t k = 0; k < m->shards[i].n_tensors; k++)
+            if (is_experts(m->shards[i].tensors[k])) return m->shards[i].tensors[k]->type;
+    return 0;
+}
+
+static uint32_t ffn_type(const struct model *m) {
+    for (uint32_t i = 0; i < m->n_shards; i++)
+        if (m->shards[i].kind == SHARD_FFN && m->shards[i].n_tensors) return m->shards[i].tensors[0]->type;
+    return 0;
+}
+
+/* The stream share at which streaming and the CPU take equally long for steps of n tokens: the
+ * share x of the bytes streamed at s seconds per byte against (1 - x) computed by the CPU at c
+ * seconds per byte is balanced at x = c / (c + s). */
+static float balanced_share(const struct model *m, const struct profile *prof, int32_t n) {
+    double cpu, stream;
+    if (m->hp.n_expert) {
+        cpu = cost_rate(prof->cpu_experts, expert_type(m), n);
+        stream = profile_at_tokens(prof->zero_copy_experts, n);
+    } else {
+        cpu = cost_rate(prof->cpu_matmul, ffn_type(m), n);
+        stream = profile_at_tokens(prof->zero_copy, n);
+    }
+    return cpu + stream > 0 ? (float)(cpu / (cpu + stream)) : 0.5f;
+}
+
 /* Every tier's places from the resident set and the tier's family. Dynamic streams a share of
- * what is not resident: MoE experts by range, dense FFN shards by layer (the first ones);
- * ring tiers (staged copies) stream everything. */
-static void place_tier(const struct model *m, const struct plan_request *req, struct plan *p, int ti, float share,
-                       bool staging) {
+ * what is not resident -- MoE experts by range, dense FFN shards by layer (the first ones) --
+ * given, or else balanced so both sides finish together; ring tiers (staged copies) stream
+ * everything. */
+static void place_tier(const struct model *m, const struct plan_request *req, const struct profile *prof, struct plan *p,
+                       int ti, float share, bool staging) {
     struct plan_tier *t = &p->tier[ti];
     /* Ring tiers stream everything not resident, so they all stage the same units. */
     const bool ring_ok = staging && t->min_tokens >= PLAN_RING_MIN_TOKENS &&
                          (t->family == PLAN_GPU || t->family == PLAN_DYNAMIC);
     const bool stream_all = t->family == PLAN_GPU || (t->family == PLAN_DYNAMIC && ring_ok);
-    if (share <= 0) share = req->stream_share > 0 ? req->stream_share : 0.5f;
+    if (share <= 0) share = req->stream_share > 0 ? req->stream_share : balanced_share(m, prof, t->min_tokens);
     if (share > 1) share = 1;
     uint32_t n_ffn = 0, ffn_seen = 0;
     for (uint32_t i = 0; i < m->n_shards; i++)
@@ -387,8 +416,8 @@ static pshard_status resident_set(const struct model *m, const struct plan_reque
 }
 
 /* Set tier t to a family (and dynamic share) over the resident set, and account for it. */
-static void set_tier(const struct model *m, const struct plan_request *req, struct plan *p, int t, enum plan_family family,
-                     float share) {
+static void set_tier(const struct model *m, const struct plan_request *req, const struct profile *prof, struct plan *p,
+                     int t, enum plan_family family, float share) {
     struct plan_tier *tier = &p->tier[t];
     tier->family = family;
     tier->min_tokens = plan_tier_tokens[t];
@@ -400,7 +429,7 @@ static void set_tier(const struct model *m, const struct plan_request *req, stru
         tier->ring = false;
         return;
     }
-    place_tier(m, req, p, t, share, p->n_slots > 0);
+    place_tier(m, req, prof, p, t, share, p->n_slots > 0);
 }
 
 /* The step a tier is judged by: its smallest (capped by the micro-batch), at the end of the
@@ -434,8 +463,9 @@ static uint64_t tier_key(const struct plan *p, int t) {
  * soonest wins. A plan with everything on the CPU is weighed too. */
 static pshard_status search(const struct model *m, const struct plan_request *req, const struct plan_gpu_costs *costs,
                             const struct profile *prof, uint64_t budget, struct plan *p) {
+    /* Dynamic at share 0: balanced, so streaming and the CPU finish together. */
     static const struct { enum plan_family family; float share; } menu[] = {
-        {PLAN_STATIC, 0}, {PLAN_GPU, 0}, {PLAN_DYNAMIC, 0.25f}, {PLAN_DYNAMIC, 0.5f}, {PLAN_DYNAMIC, 0.75f}};
+        {PLAN_STATIC, 0}, {PLAN_GPU, 0}, {PLAN_DYNAMIC, 0}, {PLAN_DYNAMIC, 0.25f}, {PLAN_DYNAMIC, 0.5f}, {PLAN_DYNAMIC, 0.75f}};
     const int32_t n_prompt = req->n_ctx / 2 < 1024 ? req->n_ctx / 2 : 1024;
     double best_total = INFINITY;
     int best_set = -1;
@@ -464,7 +494,7 @@ static pshard_status search(const struct model *m, const struct plan_request *re
             struct plan_candidate *cand = &cands[n_cands];
             memset(cand, 0, sizeof *cand);
             cand->family = menu[c].family, cand->share = menu[c].share, cand->set = set;
-            for (int t = 0; t < PLAN_TIERS; t++) set_tier(m, req, p, t, menu[c].family, menu[c].share);
+            for (int t = 0; t < PLAN_TIERS; t++) set_tier(m, req, prof, p, t, menu[c].family, menu[c].share);
             account(m, req, costs, p);
             cand->vram_weights = p->budget.weights, cand->vram_kv = p->budget.kv, cand->vram_staging = p->budget.staging;
             cand->host_bytes_per_token = p->tier[0].host_bytes_per_token;
@@ -483,7 +513,7 @@ static pshard_status search(const struct model *m, const struct plan_request *re
             n_cands++;
         }
         if (chosen[set][0] < 0) continue;
-        for (int t = 0; t < PLAN_TIERS; t++) set_tier(m, req, p, t, pick[set][t].family, pick[set][t].share);
+        for (int t = 0; t < PLAN_TIERS; t++) set_tier(m, req, prof, p, t, pick[set][t].family, pick[set][t].share);
         double ttft, decode;
         cost_request(prof, m, p, n_prompt, req->n_batch, 128, &ttft, &decode);
         if (ttft + 128 * decode < best_total) best_total = ttft + 128 * decode, best_set = (int)set;
@@ -517,7 +547,7 @@ static pshard_status search(const struct model *m, const struct plan_request *re
     } else {
         CORE_TRY(resident_set(m, req, costs, prof, budget, best_set != PLAN_SET_NO_RING, best_set == PLAN_SET_ALL_KV, p));
         for (int t = 0; t < PLAN_TIERS; t++) {
-            set_tier(m, req, p, t, pick[best_set][t].family, pick[best_set][t].share);
+            set_tier(m, req, prof, p, t, pick[best_set][t].family, pick[best_set][t].share);
             p->chosen[t] = chosen[best_set][t];
         }
         p->family = p->tier[0].family;
@@ -591,7 +621,7 @@ static pshard_status build(const struct model *m, const struct plan_request *req
         st = resident_set(m, req, costs, prof, budget, false, false, p);
     }
     CORE_TRY(st);
-    for (int t = 0; t < PLAN_TIERS; t++) set_tier(m, req, p, t, family, 0);
+    for (int t = 0; t < PLAN_TIERS; t++) set_tier(m, req, prof, p, t, family, 0);
     account(m, req, costs, p);
     return PSHARD_OK;
 }

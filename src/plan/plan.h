@@ -46,7 +46,7 @@ extern const int32_t plan_tier_tokens[PLAN_TIERS]; /* 1, 4, 16, 64, 256, 1024 */
  * H200: 48 MB pieces made a 929-token prompt 20% slower than 64 MB ones). */
 enum { PLAN_RING_MIN_TOKENS = 64, PLAN_STAGING_SLOTS = 4, PLAN_MIN_SLOTS = 2, PLAN_PIECE_MAX_BYTES = 128 << 20 };
 /* Candidates the planner weighs for a tier (auto): families, with dynamic at several shares. */
-enum { PLAN_MAX_CANDIDATES = 16 };
+enum { PLAN_MAX_CANDIDATES = 24 };
 /* What the budget holds, in bytes: total is the budget; the device arena is all of it but
  * `mapping`, the device memory the driver takes to map the model file for the GPU's reads of
  * host memory (its page tables), reserved only when the plan streams. */
@@ -58,7 +58,7 @@ struct plan_request {
     enum plan_family family;
     int64_t vram_budget;  /* bytes; < 0: as much as the plan needs (gpu) */
     int32_t n_ctx, n_batch, n_seq;
-    float stream_share;   /* dynamic: share of the non-resident experts streamed (0: default) */
+    float stream_share;   /* dynamic: share of what is not resident streamed (0: balanced from the profile) */
     int32_t staging;      /* the resident set: -1 as the family wants; else as the planner weighs a
                              candidate: PLAN_SET_NO_RING, PLAN_SET_RING or PLAN_SET_ALL_KV */
     const struct profile *profile; /* auto: the machine's profile (NULL: conservative defaults) */
@@ -83,7 +83,7 @@ enum plan_set { PLAN_SET_NO_RING, PLAN_SET_RING, PLAN_SET_ALL_KV, PLAN_SETS };
 /* A plan the planner weighed (auto), with its predicted step time in every tier. */
 struct plan_candidate {
     enum plan_family family;
-    float share;            /* dynamic */
+    float share;            /* dynamic; 0: balanced (streaming and the CPU finish together) */
     enum plan_set set;      /* its resident set */
     double seconds[PLAN_TIERS];
     uint64_t key[PLAN_TIERS]; /* the tier's placement (resident set included): equal keys, same plan */

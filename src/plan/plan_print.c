@@ -36,7 +36,8 @@ const char *plan_set_name(enum plan_set set) {
 
 void plan_candidate_name(const struct plan_candidate *c, char *buf, size_t size) {
     char family[32];
-    if (c->family == PLAN_DYNAMIC) snprintf(family, sizeof family, "dynamic %.2f", c->share);
+    if (c->family == PLAN_DYNAMIC && c->share > 0) snprintf(family, sizeof family, "dynamic %.2f", c->share);
+    else if (c->family == PLAN_DYNAMIC) snprintf(family, sizeof family, "dynamic balanced");
     else snprintf(family, sizeof family, "%s", plan_family_name(c->family));
     if (c->family == PLAN_CPU || c->set == PLAN_SET_RING) snprintf(buf, size, "%s", family);
     else snprintf(buf, size, "%s (%s)", family, plan_set_name(c->set));
