@@ -60,8 +60,8 @@ void measure_shapes_of(const struct model *m, struct shapes *s) {
         const struct shard *sh = &m->shards[i];
         for (uint32_t t = 0; t < sh->n_tensors; t++) {
             const struct gguf_tensor *g = sh->tensors[t];
-            if (g->n_dims < 2 || g->ne[1] <= 1) continue;
-            if (g->n_dims >= 3 && g->ne[2] > 1) {
+            if (!model_tensor_is_matrix(g)) continue;
+            if (model_tensor_is_experts(g)) {
                 if (name_has(&g->name, "gate_exps")) add_type(s->gate, &s->n_moe, (enum quant_type)g->type);
                 if (name_has(&g->name, "down_exps") && s->n_moe) s->down[s->n_moe - 1] = (enum quant_type)g->type;
             } else if (sh->kind != SHARD_EMBED) {

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "exec/measure_internal.h"
+#include "plan/cost.h"
 #include "quant/types.h"
 
 void measure_cpu_matmul_step(void *arg, int rep) {
@@ -119,7 +120,7 @@ static pshard_status measure_cpu_experts(struct cpu_bench *b, const struct shape
         if (st == PSHARD_OK) st = measure_synth_make(sh->down[f], d, ff, E, BIG_BYTES / 3, &b->down);
         if (st == PSHARD_OK) {
             /* Bytes of the experts a random routing touches, on average. */
-            const double touched = E * (1 - pow(1 - (double)sh->k / E, (double)b->n_tokens));
+            const double touched = cost_touched((double)E, (double)E, sh->k, (double)b->n_tokens);
             const double expert = (double)(b->gate.bytes + b->up.bytes + b->down.bytes) / E;
             const double s = b->n_tokens <= 16 ? measure_time_best(cpu_experts_step, b) : measure_time_steps(cpu_experts_step, b);
             rate->s_per_byte[i] = s / (touched * expert);

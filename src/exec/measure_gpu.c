@@ -10,6 +10,7 @@
 #include "core/timer.h"
 #include "cuda/cuda_backend.h"
 #include "exec/measure_internal.h"
+#include "plan/cost.h"
 #include "quant/types.h"
 
 struct gpu_bench {
@@ -202,7 +203,7 @@ static pshard_status zero_copy_experts(struct gpu_bench *b, const struct shapes 
             if (st == PSHARD_OK) st = cuda_stream_sync(b->s);
             total += (core_now_ms() - t0) / 1e3;
         }
-        const double touched = E * (1 - pow(1 - (double)sh->k / E, (double)b->n_tokens));
+        const double touched = cost_touched((double)E, (double)E, sh->k, (double)b->n_tokens);
         p->zero_copy_experts[i] = total / 4 / (touched * expert);
     }
     free(ids), free(w);
@@ -250,7 +251,7 @@ static pshard_status measure_gpu_tables(const struct measure_request *req, const
             if (st == PSHARD_OK) st = cuda_copy_h2d(b->weights, w, sizeof *w * b->n_tokens * sh->k, b->s);
             if (st == PSHARD_OK) st = cuda_stream_sync(b->s);
             if (cuda_moe_work_bytes(&b->moe, b->n_tokens) > b->work_bytes) continue;
-            const double touched = E * (1 - pow(1 - (double)sh->k / E, (double)b->n_tokens));
+            const double touched = cost_touched((double)E, (double)E, sh->k, (double)b->n_tokens);
             r->s_per_byte[i] = measure_time_steps(gpu_experts_step, b) / 4 / (touched * expert);
         }
         free(ids), free(w);

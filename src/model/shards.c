@@ -7,6 +7,12 @@
 #include "core/error.h"
 #include "model/model.h"
 
+uint32_t shard_expert_type(const struct shard *s) {
+    for (uint32_t i = 0; i < s->n_tensors; i++)
+        if (model_tensor_is_experts(s->tensors[i])) return s->tensors[i]->type;
+    return 0;
+}
+
 const char *shard_kind_name(enum shard_kind kind) {
     static const char *const names[SHARD_KIND_COUNT] = {"embed", "attn", "ffn", "moe", "head"};
     return (unsigned)kind < SHARD_KIND_COUNT ? names[kind] : "?";

@@ -12,9 +12,6 @@
 static const int extra_kernels[SHARD_KIND_COUNT] = {1, 7, 3, 6, 2};
 static const int extra_jobs[SHARD_KIND_COUNT] = {0, 3, 2, 3, 1};
 
-static bool is_matrix(const struct gguf_tensor *t) { return t->n_dims >= 2 && t->ne[1] > 1; }
-static bool is_experts(const struct gguf_tensor *t) { return t->n_dims >= 3 && t->ne[2] > 1; }
-
 double cost_rate(const struct profile_rate table[PROFILE_FORMATS], uint32_t type, double n) {
     const struct profile_rate *r = profile_rate_find(table, quant_type_name(type));
     if (r && r->s_per_byte[0] > 0) return profile_at_tokens(r->s_per_byte, n);
@@ -90,7 +87,7 @@ static double matrices_s(const struct walk *w, const struct shard *s, bool gpu, 
     *count = 0;
     for (uint32_t i = 0; i < s->n_tensors; i++) {
         const struct gguf_tensor *t = s->tensors[i];
-        if (!is_matrix(t) || is_experts(t)) continue;
+        if (!model_tensor_is_matrix(t) || model_tensor_is_experts(t)) continue;
         uint64_t b = t->n_bytes;
         if (s->kind == SHARD_EMBED) b = t->ne[1] ? t->n_bytes / t->ne[1] * (uint64_t)n : 0; /* rows looked up */
         sec += b * cost_rate(gpu ? w->prof->gpu_matmul : w->prof->cpu_matmul, t->type, n);
@@ -100,14 +97,7 @@ static double matrices_s(const struct walk *w, const struct shard *s, bool gpu, 
     return sec;
 }
 
-static uint32_t expert_type(const struct shard *s) {
-    for (uint32_t i = 0; i < s->n_tensors; i++)
-        if (is_experts(s->tensors[i])) return s->tensors[i]->type;
-    return 0;
-}
-
-/* Expected distinct experts a step of n tokens touches among `range` of E, each token choosing k. */
-static double touched(double range, double E, double k, double n) {
+double cost_touched(double range, double E, double k, double n) {
     return E > 0 ? range * (1 - pow(1 - k / E, n)) : 0;
 }
 
@@ -140,27 +130,27 @@ static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
 static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
     const struct profile *pr = w->prof;
     const double E = s->n_expert, k = w->m->hp.n_expert_used, eb = (double)s->expert_bytes, n = w->n;
-    const uint32_t type = expert_type(s);
+    const uint32_t type = shard_expert_type(s);
     uint64_t shared_bytes;
     int count;
     if (w->t->shard[i] == PLACE_CPU) {
         move_to(w, false);
         const double sec = matrices_s(w, s, false, n, &shared_bytes, &count) + pr->cpu_moe_call_s +
-                           touched(E, E, k, n) * eb * cost_rate(pr->cpu_experts, type, n);
+                           cost_touched(E, E, k, n) * eb * cost_rate(pr->cpu_experts, type, n);
         cpu_busy(w, sec, count + 3 + extra_jobs[SHARD_MOE]);
         return;
     }
     move_to(w, true);
     const double r = w->p->experts_resident[s->layer], g = w->t->experts_gpu[s->layer];
     const double gpu_rate = cost_rate(pr->gpu_experts, type, n);
-    double gpu = matrices_s(w, s, true, n, &shared_bytes, &count) + touched(r, E, k, n) * eb * gpu_rate;
+    double gpu = matrices_s(w, s, true, n, &shared_bytes, &count) + cost_touched(r, E, k, n) * eb * gpu_rate;
     double stream = 0;
     if (g > r) {
         /* In place: only the touched experts' bytes cross PCIe. Ring: every piece is copied. */
-        const double moved = w->t->ring ? (g - r) * eb : touched(g - r, E, k, n) * eb;
+        const double moved = w->t->ring ? (g - r) * eb : cost_touched(g - r, E, k, n) * eb;
         stream = w->t->ring ? gbps_s(moved, profile_at_size(pr->h2d_gbps, eb * (w->p->piece_experts ? w->p->piece_experts : 1)))
                             : moved * profile_at_tokens(pr->zero_copy_experts, n);
-        const double compute = touched(g - r, E, k, n) * eb * gpu_rate;
+        const double compute = cost_touched(g - r, E, k, n) * eb * gpu_rate;
         gpu += compute > stream ? compute : stream;
     }
     /* Small kernels: routing, norms, adds; the experts of each range (and staged piece) are
@@ -174,7 +164,7 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
     }
     /* Split: the CPU computes [g, E) while the GPU computes its share; each slows the other's
      * use of host memory as measured together. */
-    double cpu = pr->cpu_moe_call_s + touched(E - g, E, k, n) * eb * cost_rate(pr->cpu_experts, type, n);
+    double cpu = pr->cpu_moe_call_s + cost_touched(E - g, E, k, n) * eb * cost_rate(pr->cpu_experts, type, n);
     if (stream > 0) {
         const double cs = pr->cpu_share_under_h2d > 0 ? pr->cpu_share_under_h2d : 1;
         const double hs = pr->h2d_share_under_cpu > 0 ? pr->h2d_share_under_cpu : 1;

@@ -28,6 +28,10 @@ struct cost_step {
  * row when the format was not measured (a conservative guess). */
 double cost_rate(const struct profile_rate table[PROFILE_FORMATS], uint32_t type, double n);
 
+/* Expected distinct experts a step of n tokens touches among `range` of E, each token choosing k
+ * at random. */
+double cost_touched(double range, double E, double k, double n);
+
 /* One step of `n_tokens` new tokens after `n_past` cached positions, under tier t of plan p. */
 void cost_step(const struct profile *prof, const struct model *m, const struct plan *p, const struct plan_tier *t,
                int32_t n_tokens, int32_t n_past, struct cost_step *out);

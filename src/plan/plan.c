@@ -77,14 +77,13 @@ pshard_status plan_parse_size(const char *text, int64_t *bytes) {
 }
 
 static uint64_t align_up(uint64_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
-static bool is_matrix(const struct gguf_tensor *t) { return t->n_dims >= 2 && t->ne[1] > 1; }
-static bool is_experts(const struct gguf_tensor *t) { return t->n_dims >= 3 && t->ne[2] > 1; }
 
 /* A dense shard's matrices (what streaming moves; its vectors stay resident). */
 static uint64_t matrix_bytes(const struct shard *s) {
     uint64_t n = 0;
     for (uint32_t i = 0; i < s->n_tensors; i++)
-        if (is_matrix(s->tensors[i]) && !is_experts(s->tensors[i])) n += s->tensors[i]->n_bytes;
+        if (model_tensor_is_matrix(s->tensors[i]) && !model_tensor_is_experts(s->tensors[i]))
+            n += s->tensors[i]->n_bytes;
     return n;
 }
 
@@ -92,8 +91,8 @@ uint64_t plan_unit_bytes(const struct shard *s, uint32_t n_experts) {
     uint64_t n = 0;
     for (uint32_t i = 0; i < s->n_tensors; i++) {
         const struct gguf_tensor *t = s->tensors[i];
-        if (n_experts && is_experts(t)) n += align_up(t->n_bytes / t->ne[2] * n_experts);
-        if (!n_experts && is_matrix(t) && !is_experts(t)) n += align_up(t->n_bytes);
+        if (n_experts && model_tensor_is_experts(t)) n += align_up(t->n_bytes / t->ne[2] * n_experts);
+        if (!n_experts && model_tensor_is_matrix(t) && !model_tensor_is_experts(t)) n += align_up(t->n_bytes);
     }
     return n;
 }
@@ -195,8 +194,7 @@ static bool take(struct room *r, uint64_t bytes) {
 
 static uint32_t expert_type(const struct model *m) {
     for (uint32_t i = 0; i < m->n_shards; i++)
-        for (uint32_t k = 0; k < m->shards[i].n_tensors; k++)
-            if (is_experts(m->shards[i].tensors[k])) return m->shards[i].tensors[k]->type;
+        if (shard_expert_type(&m->shards[i])) return shard_expert_type(&m->shards[i]);
     return 0;
 }
 
@@ -279,7 +277,7 @@ static void unit_benefit(const struct model *m, const struct plan_request *req, 
     double saved = 0;
     for (uint32_t i = 0; i < s->n_tensors; i++) {
         const struct gguf_tensor *t = s->tensors[i];
-        if (is_matrix(t) && !is_experts(t))
+        if (model_tensor_is_matrix(t) && !model_tensor_is_experts(t))
             saved += t->n_bytes * (cost_rate(prof->cpu_matmul, t->type, 1) - cost_rate(prof->gpu_matmul, t->type, 1));
     }
     if (s->kind == SHARD_ATTN) saved += (double)kv_bytes(s, req) / req->n_seq * (prof->cpu_attn[0] - prof->gpu_attn[0]);
@@ -438,14 +436,6 @@ static int32_t tier_eval_tokens(const struct plan_request *req, int t) {
     return plan_tier_tokens[t] < req->n_batch ? plan_tier_tokens[t] : req->n_batch;
 }
 
-static bool family_applies(const struct model *m, const struct plan *p, enum plan_family f) {
-    if (f != PLAN_DYNAMIC) return true;
-    if (m->hp.n_expert) return true;
-    for (uint32_t i = 0; i < m->n_shards; i++)
-        if (m->shards[i].kind == SHARD_FFN && p->tier[0].shard[i] != PLACE_RESIDENT) return true;
-    return false;
-}
-
 /* A tier's placement as a number: two candidates that place everything alike in a tier (gpu and
  * dynamic in ring tiers) are one plan there. */
 static uint64_t tier_key(const struct plan *p, int t) {
@@ -455,6 +445,36 @@ static uint64_t tier_key(const struct plan *p, int t) {
     for (uint32_t l = 0; l < p->n_layers; l++)
         h = (h ^ tier->experts_gpu[l] ^ (uint64_t)p->experts_resident[l] << 20 ^ (uint64_t)p->kv_gpu[l] << 40) * 1099511628211ull;
     return (h ^ tier->ring) * 1099511628211ull;
+}
+
+/* The predicted seconds of tier t's judging step. */
+static double tier_seconds(const struct profile *prof, const struct model *m, const struct plan_request *req,
+                           const struct plan *p, int t) {
+    struct cost_step cs;
+    const int32_t n = tier_eval_tokens(req, t);
+    cost_step(prof, m, p, &p->tier[t], n, req->n_ctx > n ? req->n_ctx - n : 0, &cs);
+    return cs.seconds;
+}
+
+/* The plan as it stands, as a candidate: its VRAM, the bytes a decode token moves, and every
+ * tier's predicted step and placement. */
+static void record_candidate(const struct profile *prof, const struct model *m, const struct plan_request *req,
+                             const struct plan *p, struct plan_candidate *cand) {
+    cand->vram_weights = p->budget.weights, cand->vram_kv = p->budget.kv, cand->vram_staging = p->budget.staging;
+    cand->host_bytes_per_token = p->tier[0].host_bytes_per_token;
+    cand->pcie_bytes_per_token = p->tier[0].pcie_bytes_per_token;
+    for (int t = 0; t < PLAN_TIERS; t++) {
+        cand->seconds[t] = tier_seconds(prof, m, req, p, t);
+        cand->key[t] = tier_key(p, t);
+    }
+}
+
+static bool family_applies(const struct model *m, const struct plan *p, enum plan_family f) {
+    if (f != PLAN_DYNAMIC) return true;
+    if (m->hp.n_expert) return true;
+    for (uint32_t i = 0; i < m->n_shards; i++)
+        if (m->shards[i].kind == SHARD_FFN && p->tier[0].shard[i] != PLACE_RESIDENT) return true;
+    return false;
 }
 
 /* auto: for each resident set (with and without room for the staging ring), every tier weighs
@@ -496,16 +516,9 @@ static pshard_status search(const struct model *m, const struct plan_request *re
             cand->family = menu[c].family, cand->share = menu[c].share, cand->set = set;
             for (int t = 0; t < PLAN_TIERS; t++) set_tier(m, req, prof, p, t, menu[c].family, menu[c].share);
             account(m, req, costs, p);
-            cand->vram_weights = p->budget.weights, cand->vram_kv = p->budget.kv, cand->vram_staging = p->budget.staging;
-            cand->host_bytes_per_token = p->tier[0].host_bytes_per_token;
-            cand->pcie_bytes_per_token = p->tier[0].pcie_bytes_per_token;
+            record_candidate(prof, m, req, p, cand);
             for (int t = 0; t < PLAN_TIERS; t++) {
-                struct cost_step cs;
-                const int32_t n = tier_eval_tokens(req, t);
-                cost_step(prof, m, p, &p->tier[t], n, req->n_ctx > n ? req->n_ctx - n : 0, &cs);
-                cand->seconds[t] = cs.seconds;
-                cand->key[t] = tier_key(p, t);
-                if (chosen[set][t] < 0 || cs.seconds < cands[chosen[set][t]].seconds[t]) {
+                if (chosen[set][t] < 0 || cand->seconds[t] < cands[chosen[set][t]].seconds[t]) {
                     chosen[set][t] = (int8_t)n_cands;
                     pick[set][t].family = menu[c].family, pick[set][t].share = menu[c].share;
                 }
@@ -528,14 +541,7 @@ static pshard_status search(const struct model *m, const struct plan_request *re
         struct plan_candidate *cand = &cands[n_cands];
         memset(cand, 0, sizeof *cand);
         cand->family = PLAN_CPU;
-        cand->host_bytes_per_token = p->tier[0].host_bytes_per_token;
-        for (int t = 0; t < PLAN_TIERS; t++) {
-            struct cost_step cs;
-            const int32_t n = tier_eval_tokens(req, t);
-            cost_step(prof, m, p, &p->tier[t], n, req->n_ctx > n ? req->n_ctx - n : 0, &cs);
-            cand->seconds[t] = cs.seconds;
-            cand->key[t] = tier_key(p, t);
-        }
+        record_candidate(prof, m, req, p, cand);
         n_cands++;
     }
     memcpy(p->candidates, cands, sizeof cands[0] * n_cands);
@@ -557,7 +563,7 @@ static pshard_status search(const struct model *m, const struct plan_request *re
 }
 
 static pshard_status build(const struct model *m, const struct plan_request *req, const struct plan_gpu_costs *costs,
-                           struct plan *p) {
+                           const struct profile *prof, struct plan *p) {
     const uint32_t n = m->n_shards;
     for (int t = 0; t < PLAN_TIERS; t++) p->chosen[t] = -1;
     reset_places(p);
@@ -588,9 +594,6 @@ static pshard_status build(const struct model *m, const struct plan_request *req
         account(m, req, costs, p);
         return PSHARD_OK;
     }
-    struct profile defaults;
-    const struct profile *prof = req->profile;
-    if (!prof) profile_defaults(&defaults), defaults.has_gpu = true, prof = &defaults;
     if (req->family == PLAN_AUTO) return search(m, req, costs, prof, budget, p);
 
     /* One family in every tier. gpu and dynamic stream their largest steps through the ring. */
@@ -643,21 +646,17 @@ pshard_status plan_build(const struct model *model, const struct plan_request *r
     }
     out->n_batch = req->n_batch;
     out->n_ctx = req->n_ctx;
-    pshard_status st = ok ? build(model, req, costs, out) : core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    /* Without a profile, the conservative defaults (which describe a mid-range GPU). */
+    struct profile defaults;
+    const struct profile *prof = req->profile;
+    if (!prof) profile_defaults(&defaults), defaults.has_gpu = true, prof = &defaults;
+    pshard_status st = ok ? build(model, req, costs, prof, out) : core_fail(PSHARD_ERR_NOMEM, "out of memory");
     if (st != PSHARD_OK) {
         plan_free(out);
         return st;
     }
     /* What the cost model predicts for the plan as built. */
-    struct profile defaults;
-    const struct profile *prof = req->profile;
-    if (!prof) profile_defaults(&defaults), defaults.has_gpu = true, prof = &defaults;
-    for (int t = 0; t < PLAN_TIERS; t++) {
-        struct cost_step cs;
-        const int32_t n = tier_eval_tokens(req, t);
-        cost_step(prof, model, out, &out->tier[t], n, req->n_ctx > n ? req->n_ctx - n : 0, &cs);
-        out->predicted[t] = cs.seconds;
-    }
+    for (int t = 0; t < PLAN_TIERS; t++) out->predicted[t] = tier_seconds(prof, model, req, out, t);
     cost_request(prof, model, out, req->n_ctx / 2 < 1024 ? req->n_ctx / 2 : 1024, req->n_batch, 128, &out->predicted_ttft,
                  &out->predicted_decode);
     return PSHARD_OK;

@@ -171,10 +171,6 @@ static pshard_status time_step(struct exec_ctx *ex, const struct model *m, int32
     return st;
 }
 
-static void candidate_label(const struct plan_candidate *c, char *buf, size_t size) {
-    plan_candidate_name(c, buf, size);
-}
-
 /* Every candidate of one model, budget and context, at every tokens-per-step. */
 static pshard_status oracle_config(const struct oracle_opts *o, const struct model *m, const struct profile *prof,
                                    int64_t budget, int32_t ctx, struct oracle_row *rows, int *n_rows,
@@ -216,7 +212,7 @@ static pshard_status oracle_config(const struct oracle_opts *o, const struct mod
         cp.staging = (int32_t)cand->set;
         if (cand->family == PLAN_CPU) cp.vram_budget = 0;
         char label[48];
-        candidate_label(cand, label, sizeof label);
+        plan_candidate_name(cand, label, sizeof label);
         fprintf(stderr, "  %-22s", label);
         const double t0 = core_now_ms();
         struct exec_ctx *ex = NULL;
@@ -294,8 +290,8 @@ static void summarize_row(const struct plan *weighed, const struct oracle_row *r
         if (isfinite(r->measured[c]) && !r->cut[c] && s->n_all < 16384)
             s->all_errors[s->n_all++] = fabs(r->predicted[c] / r->measured[c] - 1);
     char chosen_label[48], best_label[48];
-    candidate_label(&weighed->candidates[r->chosen], chosen_label, sizeof chosen_label);
-    candidate_label(&weighed->candidates[best], best_label, sizeof best_label);
+    plan_candidate_name(&weighed->candidates[r->chosen], chosen_label, sizeof chosen_label);
+    plan_candidate_name(&weighed->candidates[best], best_label, sizeof best_label);
     printf("%-28s %6.0fG %6d %6d  %-24s %-24s %9.4f %9.4f %+7.1f%% %+7.1f%%\n", model, budget / 1073741824.0, ctx,
            r->n_tokens, chosen_label, best_label, chosen, plan_time(weighed, r, best), 100 * slowdown,
            100 * (r->predicted[r->chosen] / chosen - 1));
@@ -305,7 +301,7 @@ static void summarize_row(const struct plan *weighed, const struct oracle_row *r
                 model, budget / 1073741824.0, ctx, r->n_tokens, chosen_label, best_label);
         for (uint32_t c = 0; c < weighed->n_candidates; c++) {
             char label[48];
-            candidate_label(&weighed->candidates[c], label, sizeof label);
+            plan_candidate_name(&weighed->candidates[c], label, sizeof label);
             fprintf(json, "%s{\"plan\": \"%s\", \"measured_s\": %.6g, \"predicted_s\": %.6g, \"cut\": %s, \"skipped\": %s, "
                           "\"placement\": \"%016llx\"}",
                     c ? ", " : "", label, isfinite(r->measured[c]) ? r->measured[c] : -1,
