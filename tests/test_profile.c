@@ -52,6 +52,7 @@ static struct profile sample(void) {
     p.cpu_matmul[0].s_per_byte[3] = 0.1 + 0.2; /* not a short decimal */
     p.h2d_gbps[2] = 24.6789012345678;
     p.round_trip_s = 5.4321e-5;
+    p.graph_round_trip_s = 2.345e-5;
     p.zero_copy_experts[4] = 1.0 / 31.25e9;
     p.cpu_moe_call_s = 7.5e-5;
     p.kernel_s = 4.25e-6;
@@ -127,6 +128,7 @@ static void assert_profiles_equal(const struct profile *a, const struct profile 
     assert_true(a->graph_node_s == b->graph_node_s);
     assert_true(a->sync_s == b->sync_s);
     assert_true(a->round_trip_s == b->round_trip_s);
+    assert_true(a->graph_round_trip_s == b->graph_round_trip_s);
     assert_true(a->h2d_share_under_cpu == b->h2d_share_under_cpu);
     assert_true(a->cpu_share_under_h2d == b->cpu_share_under_h2d);
 }

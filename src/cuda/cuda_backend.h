@@ -149,6 +149,18 @@ pshard_status cuda_graph_capture_end(cuda_stream s, cuda_graph *out);
 pshard_status cuda_graph_launch(cuda_graph g, cuda_stream s);
 void cuda_graph_destroy(cuda_graph g);
 
+/* Hand-offs inside a replayed graph: a graph that needs the host part way through (the CPU's
+ * experts of a split MoE layer) meets it at flags in pinned host memory (device addresses of
+ * cuda_host_alloc memory, from cuda_host_device_pointer). The GPU raises a flag once what the
+ * host needs has been copied down; it waits, one thread polling, until the host raises another,
+ * and lowers that one again for the next replay. The host's side is cuda_flag_* below. */
+pshard_status cuda_flag_raise(uint32_t *flag_dev, cuda_stream s);
+pshard_status cuda_flag_wait(uint32_t *flag_dev, cuda_stream s);
+/* The host's side: wait until the GPU raised `flag` (polling; a failed stream ends the wait with
+ * its error), then lower it; raise one for the GPU after the data it will read is written. */
+pshard_status cuda_flag_host_wait(volatile uint32_t *flag, cuda_stream s);
+void cuda_flag_host_raise(volatile uint32_t *flag);
+
 /* ---- Pinned host memory ------------------------------------------------------------------- */
 
 struct cuda_pinned {

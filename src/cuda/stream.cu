@@ -5,6 +5,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+static inline void cpu_relax(void) { _mm_pause(); }
+#else
+static inline void cpu_relax(void) {}
+#endif
+
 extern "C" pshard_status cuda_stream_create(cuda_stream *out) {
     cudaStream_t s;
     CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -48,6 +55,47 @@ extern "C" pshard_status cuda_graph_launch(cuda_graph g, cuda_stream s) {
 extern "C" void cuda_graph_destroy(cuda_graph g) {
     if (g) cudaGraphExecDestroy((cudaGraphExec_t)g);
 }
+
+/* Copies before the raise have landed in host memory when it runs (stream order); the fence
+ * orders the flag after any earlier writes of this stream's kernels. */
+__global__ void flag_raise_kernel(volatile uint32_t *flag) {
+    __threadfence_system();
+    *flag = 1;
+}
+
+__global__ void flag_wait_kernel(volatile uint32_t *flag) {
+    while (*flag != 1) __nanosleep(100);
+    *flag = 0;
+    __threadfence_system();
+}
+
+extern "C" pshard_status cuda_flag_raise(uint32_t *flag_dev, cuda_stream s) {
+    flag_raise_kernel<<<1, 1, 0, raw_stream(s)>>>(flag_dev);
+    CUDA_TRY_LAUNCH("flag raise");
+    return PSHARD_OK;
+}
+
+extern "C" pshard_status cuda_flag_wait(uint32_t *flag_dev, cuda_stream s) {
+    flag_wait_kernel<<<1, 1, 0, raw_stream(s)>>>(flag_dev);
+    CUDA_TRY_LAUNCH("flag wait");
+    return PSHARD_OK;
+}
+
+extern "C" pshard_status cuda_flag_host_wait(volatile uint32_t *flag, cuda_stream s) {
+    for (uint32_t spins = 1; __atomic_load_n(flag, __ATOMIC_ACQUIRE) != 1; spins++) {
+        cpu_relax();
+        if (spins % 65536 == 0) { /* now and then: has the stream failed (or ended without us)? */
+            const cudaError_t err = cudaStreamQuery(raw_stream(s));
+            if (err == cudaSuccess && __atomic_load_n(flag, __ATOMIC_ACQUIRE) != 1)
+                return core_fail(PSHARD_ERR_INTERNAL, "the GPU finished its step without the hand-off the host waits for");
+            if (err != cudaSuccess && err != cudaErrorNotReady) CUDA_TRY(err);
+        }
+    }
+    *flag = 0;
+    return PSHARD_OK;
+}
+
+extern "C" void cuda_flag_host_raise(volatile uint32_t *flag) { __atomic_store_n(flag, 1u, __ATOMIC_RELEASE); }
 
 extern "C" pshard_status cuda_event_create(bool timing, cuda_event *out) {
     cudaEvent_t e;

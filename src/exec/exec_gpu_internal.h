@@ -56,6 +56,13 @@ struct exec_gpu {
      * residual stream crossing PCIe, and what the CPU's experts need and return */
     struct cuda_pinned host_in, host_logits, staging, host_x, host_xn, host_route, host_moe;
     cuda_event route_ready; /* the routing of the current MoE shard has reached host_route */
+    /* A replayed decode step that splits MoE layers with the CPU meets the host at flags in
+     * pinned host memory, two per layer: ready (the routing is down) and go (the CPU's sum is
+     * in host_moe). The hand-offs, in the order the captured step makes them. */
+    struct cuda_pinned flags;
+    uint32_t *flags_dev;
+    struct gpu_handoff { uint32_t shard, first; } *handoffs;
+    uint32_t n_handoffs;
     /* the model file's mappings, registered for streaming */
     struct cuda_pinned *registered;
     uint32_t n_registered;
@@ -67,8 +74,9 @@ struct exec_gpu {
     bool slot_used[PLAN_STAGING_SLOTS];
     struct ring_unit *units;
     uint32_t n_units, next_fill, next_use;
-    /* The single-token, one-output step captured as a graph on first use and replayed after;
-     * weight bytes it reads, counted at capture. */
+    /* The single-token, one-output step (every shard on the GPU, experts possibly split with
+     * the CPU) captured as a graph on first use and replayed after; the weight bytes the GPU
+     * reads in it, counted at capture. */
     cuda_graph decode_graph;
     uint64_t decode_graph_bytes, decode_graph_streamed;
     bool no_graphs; /* PSHARD_NO_CUDA_GRAPHS set: launch kernel by kernel */

@@ -209,27 +209,61 @@ static pshard_status staged_experts(struct exec_ctx *ctx, struct exec_gpu *g, ui
 }
 
 /* The CPU's experts [first, n_expert): the routing and normalized input come down, the
- * thread pool computes while the GPU works on its own experts, the sum goes back up. */
-static pshard_status cpu_experts_begin(struct exec_ctx *ctx, struct exec_gpu *g, int64_t n) {
+ * thread pool computes while the GPU works on its own experts, the sum goes back up. Launched
+ * kernel by kernel, the host waits on an event; in a replayed graph, on a flag (hand-offs
+ * below). */
+static pshard_status route_down(struct exec_ctx *ctx, struct exec_gpu *g, int64_t n) {
     const size_t k = ctx->model->hp.n_expert_used;
     CORE_TRY(cuda_copy_d2h(g->host_xn.ptr, g->xn, sizeof(float) * (size_t)n * ctx->model->hp.n_embd, g->stream));
     CORE_TRY(cuda_copy_d2h(g->host_route.ptr, g->expert_ids, sizeof(int32_t) * (size_t)n * k, g->stream));
-    CORE_TRY(cuda_copy_d2h((int32_t *)g->host_route.ptr + (size_t)n * k, g->expert_weights,
-                           sizeof(float) * (size_t)n * k, g->stream));
-    return cuda_event_record(g->route_ready, g->stream);
+    return cuda_copy_d2h((int32_t *)g->host_route.ptr + (size_t)n * k, g->expert_weights, sizeof(float) * (size_t)n * k,
+                         g->stream);
 }
 
-static pshard_status cpu_experts_end(struct exec_ctx *ctx, struct exec_gpu *g, const struct shard *s, int64_t n,
-                                     uint32_t first) {
-    const size_t k = ctx->model->hp.n_expert_used, bytes = sizeof(float) * (size_t)n * ctx->model->hp.n_embd;
-    CORE_TRY(cuda_event_sync(g->route_ready));
-    memcpy(ctx->s.xn, g->host_xn.ptr, bytes);
+/* Once the routing is down: the CPU's experts into host_moe. */
+static void cpu_experts(struct exec_ctx *ctx, struct exec_gpu *g, const struct shard *s, int64_t n, uint32_t first) {
+    const size_t k = ctx->model->hp.n_expert_used;
+    memcpy(ctx->s.xn, g->host_xn.ptr, sizeof(float) * (size_t)n * ctx->model->hp.n_embd);
     const int32_t *ids = g->host_route.ptr;
     const float *weights = (const float *)(ids + (size_t)n * k);
     shard_moe_cpu_experts(ctx, s->layer, n, ids, weights, (int32_t)first, (int32_t)s->n_expert, g->host_moe.ptr);
     ctx->stats.weight_bytes_read += (uint64_t)n * k * s->expert_bytes * (s->n_expert - first) / s->n_expert;
-    CORE_TRY(cuda_copy_h2d(g->proj, g->host_moe.ptr, bytes, g->stream));
+}
+
+static pshard_status sum_up(struct exec_ctx *ctx, struct exec_gpu *g, int64_t n) {
+    CORE_TRY(cuda_copy_h2d(g->proj, g->host_moe.ptr, sizeof(float) * (size_t)n * ctx->model->hp.n_embd, g->stream));
     return cuda_add(g->x, g->proj, n * ctx->model->hp.n_embd, g->stream);
+}
+
+static pshard_status cpu_experts_begin(struct exec_ctx *ctx, struct exec_gpu *g, int il, int64_t n) {
+    CORE_TRY(route_down(ctx, g, n));
+    if (g->capturing) return cuda_flag_raise(g->flags_dev + 2 * il, g->stream);
+    return cuda_event_record(g->route_ready, g->stream);
+}
+
+static pshard_status cpu_experts_end(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t index, int il, int64_t n,
+                                     uint32_t first) {
+    if (g->capturing) { /* the host's part runs at replay (replay_handoffs) */
+        g->handoffs[g->n_handoffs++] = (struct gpu_handoff){index, first};
+        CORE_TRY(cuda_flag_wait(g->flags_dev + 2 * il + 1, g->stream));
+    } else {
+        CORE_TRY(cuda_event_sync(g->route_ready));
+        cpu_experts(ctx, g, &ctx->model->shards[index], n, first);
+    }
+    return sum_up(ctx, g, n);
+}
+
+/* The host's side of a replayed step's hand-offs, in order: wait for the routing, compute,
+ * let the GPU go on. */
+static pshard_status replay_handoffs(struct exec_ctx *ctx, struct exec_gpu *g) {
+    volatile uint32_t *flags = g->flags.ptr;
+    for (uint32_t h = 0; h < g->n_handoffs; h++) {
+        const struct shard *s = &ctx->model->shards[g->handoffs[h].shard];
+        CORE_TRY(cuda_flag_host_wait(flags + 2 * s->layer, g->stream));
+        cpu_experts(ctx, g, s, 1, g->handoffs[h].first);
+        cuda_flag_host_raise(flags + 2 * s->layer + 1);
+    }
+    return PSHARD_OK;
 }
 
 static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t index, int il,
@@ -244,7 +278,7 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
     CORE_TRY(project(ctx, g, &l->gate_inp, g->xn, n, g->router));
     CORE_TRY(cuda_moe_route(g->router, n, (int)E, (int)hp->n_expert_used, ctx->w.norm_expert_weights, g->expert_ids,
                             g->expert_weights, s));
-    if (on_gpu < E) CORE_TRY(cpu_experts_begin(ctx, g, n));
+    if (on_gpu < E) CORE_TRY(cpu_experts_begin(ctx, g, il, n));
     /* Experts add straight into the residual stream. The host does not see the GPU's routing,
      * so the bytes count the experts a batch of this size touches on average. */
     const uint64_t touched = (uint64_t)(n * hp->n_expert_used < E ? n * hp->n_expert_used : E);
@@ -272,7 +306,7 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
         CORE_TRY(swiglu_ffn(ctx, g, &l->gate_shexp, &l->up_shexp, &l->down_shexp, n, g->proj));
         CORE_TRY(cuda_add(g->x, g->proj, n * d, s));
     }
-    if (on_gpu < E) CORE_TRY(cpu_experts_end(ctx, g, shard, n, on_gpu));
+    if (on_gpu < E) CORE_TRY(cpu_experts_end(ctx, g, index, il, n, on_gpu));
     return PSHARD_OK;
 }
 
@@ -347,6 +381,15 @@ static pshard_status x_to_gpu(struct exec_ctx *ctx, struct exec_gpu *g, int64_t 
     return cuda_copy_h2d(g->x, g->host_x.ptr, bytes, g->stream);
 }
 
+/* A replayed step whose embedding is on the host: the row is looked up and placed where the
+ * graph's first copy reads it. */
+static void embed_for_replay(struct exec_ctx *ctx, struct exec_gpu *g, const struct plan_tier *tier,
+                             const struct exec_batch *b) {
+    if (tier->shard[0] != PLACE_CPU) return;
+    shard_embed_cpu(ctx, b);
+    memcpy(g->host_x.ptr, ctx->s.x, sizeof(float) * (size_t)b->n_tokens * ctx->model->hp.n_embd);
+}
+
 static pshard_status x_to_host(struct exec_ctx *ctx, struct exec_gpu *g, int64_t n) {
     const size_t bytes = sizeof(float) * (size_t)n * ctx->model->hp.n_embd;
     CORE_TRY(cuda_copy_d2h(g->host_x.ptr, g->x, bytes, g->stream));
@@ -375,13 +418,16 @@ static pshard_status enqueue_step(struct exec_ctx *ctx, struct exec_gpu *g, cons
     return PSHARD_OK;
 }
 
-/* A decode step of an all-GPU tier (one token, one output) is captured once and replayed: the
- * per-token inputs travel through the pinned buffer its first copy reads. */
+/* A decode step of a tier with every shard on the GPU (one token, one output) is captured once
+ * and replayed: the per-token inputs travel through the pinned buffer its first copy reads; the
+ * CPU's experts of split MoE layers meet it at flags. */
 static pshard_status replay_decode(struct exec_ctx *ctx, struct exec_gpu *g, const struct plan_tier *tier,
                                    const struct exec_batch *b) {
-    if (!g->decode_graph) {
+    const bool fresh = !g->decode_graph; /* capturing ran the host's part of this step already */
+    if (fresh) {
         const struct exec_stats before = ctx->stats;
         g->capturing = true;
+        g->n_handoffs = 0;
         CORE_TRY(cuda_graph_capture_begin(g->stream));
         pshard_status st = enqueue_step(ctx, g, tier, b);
         cuda_graph end_graph = NULL;
@@ -396,14 +442,16 @@ static pshard_status replay_decode(struct exec_ctx *ctx, struct exec_gpu *g, con
     }
     ctx->stats.weight_bytes_read += g->decode_graph_bytes;
     ctx->stats.streamed_bytes += g->decode_graph_streamed;
-    return cuda_graph_launch(g->decode_graph, g->stream);
+    if (!fresh) embed_for_replay(ctx, g, tier, b);
+    CORE_TRY(cuda_graph_launch(g->decode_graph, g->stream));
+    return replay_handoffs(ctx, g);
 }
 
 pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
     struct exec_gpu *g = ctx->gpu;
     const struct plan_tier *tier = plan_tier_for(&ctx->plan, b->n_tokens);
     CORE_TRY(upload_batch(ctx, g, b));
-    if (tier->all_gpu && !tier->ring && b->n_tokens == 1 && ctx->stats.n_outputs == 1 && !g->no_graphs)
+    if (tier->shards_gpu && !tier->ring && b->n_tokens == 1 && ctx->stats.n_outputs == 1 && !g->no_graphs)
         CORE_TRY(replay_decode(ctx, g, tier, b));
     else
         CORE_TRY(enqueue_step(ctx, g, tier, b));

@@ -8,8 +8,12 @@
 
 /* Small kernels a shard launches on the GPU besides its matrix products (norms, rope, KV store,
  * attention, routing, adds; each costs at least the kernel floor), and jobs it hands the CPU's
- * thread pool besides one per matrix. */
+ * thread pool besides one per matrix. An MoE shard's expert calls add their own (below). */
 static const int extra_kernels[SHARD_KIND_COUNT] = {1, 7, 3, 6, 2};
+/* Launches the host makes: per matrix product (the activations' conversion, the product), per
+ * expert call (grouping, two conversions, three products, the gated unit, the weighted sum), and
+ * per CPU/GPU hand-off of an MoE layer (three copies down, an event or flag, a copy up, an add). */
+enum { MATRIX_OPS = 2, EXPERT_CALL_OPS = 8, HAND_OFF_OPS = 6 };
 static const int extra_jobs[SHARD_KIND_COUNT] = {0, 3, 2, 3, 1};
 
 double cost_rate(const struct profile_rate table[PROFILE_FORMATS], uint32_t type, double n) {
@@ -35,20 +39,19 @@ struct walk {
     struct cost_step *out;
 };
 
-/* The least a small kernel (a norm, rope, routing, an add) costs the GPU's time line: its
- * launch, or a node of a replayed graph, or its own shortest run, whichever is longest. */
-static double kernel_floor(const struct walk *w) {
-    const double issue = w->graph ? w->prof->graph_node_s : w->prof->launch_s;
-    return issue > w->prof->kernel_s ? issue : w->prof->kernel_s;
+/* The GPU's busy time for a shard: its matrices' and attention's compute, plus its small
+ * kernels (a norm, rope, routing, an add), each at least its shortest run. Replayed as a graph,
+ * a node follows the last within graph_node_s; launched one by one, the host's `ops` launches
+ * pace the GPU whenever its kernels are shorter than a launch (decode steps). */
+static double gpu_time(const struct walk *w, double compute_s, int small_kernels, int ops) {
+    const struct profile *pr = w->prof;
+    if (w->graph) return compute_s + small_kernels * (pr->graph_node_s > pr->kernel_s ? pr->graph_node_s : pr->kernel_s);
+    const double run = compute_s + small_kernels * pr->kernel_s, issue = ops * pr->launch_s;
+    return run > issue ? run : issue;
 }
 
-/* The GPU's busy time for a shard: its matrices' and attention's compute, plus its small kernels. */
-static double gpu_time(const struct walk *w, double compute_s, int small_kernels) {
-    return compute_s + small_kernels * kernel_floor(w);
-}
-
-static void gpu_busy(struct walk *w, double compute_s, int small_kernels) {
-    const double busy = gpu_time(w, compute_s, small_kernels);
+static void gpu_busy(struct walk *w, double compute_s, int small_kernels, int ops) {
+    const double busy = gpu_time(w, compute_s, small_kernels, ops);
     w->out->gpu_s += busy;
     w->out->overhead_s += busy - compute_s;
     w->out->seconds += busy;
@@ -124,7 +127,7 @@ static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
         sec = sec > stream ? sec : stream;
     }
     if (s->kind == SHARD_ATTN) sec += attention_s(w, s, true);
-    gpu_busy(w, sec, extra_kernels[s->kind]);
+    gpu_busy(w, sec, extra_kernels[s->kind], extra_kernels[s->kind] + MATRIX_OPS * count);
 }
 
 static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
@@ -155,11 +158,13 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
     }
     /* Small kernels: routing, norms, adds; the experts of each range (and staged piece) are
      * launches of their own. */
-    const int kernels = extra_kernels[SHARD_MOE] + (g > r ? 3 : 0) +
-                        (w->t->ring ? 3 * (int)ceil((g - r) / (w->p->piece_experts ? w->p->piece_experts : 1)) : 0);
+    const int pieces = g > r ? (w->t->ring ? (int)ceil((g - r) / (w->p->piece_experts ? w->p->piece_experts : 1)) : 1) : 0;
+    const int kernels = extra_kernels[SHARD_MOE] + (g > r ? 3 : 0) + (w->t->ring ? 3 * pieces : 0);
+    const int ops = extra_kernels[SHARD_MOE] + MATRIX_OPS * count + EXPERT_CALL_OPS * ((r > 0) + pieces) +
+                    (g < E ? HAND_OFF_OPS : 0);
     if (g >= E) {
         w->out->pcie_s += stream;
-        gpu_busy(w, gpu, kernels);
+        gpu_busy(w, gpu, kernels, ops);
         return;
     }
     /* Split: the CPU computes [g, E) while the GPU computes its share; each slows the other's
@@ -172,8 +177,10 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
         cpu += overlap * (1 / cs - 1);
         gpu += overlap * (1 / hs - 1);
     }
-    const double hand_off = pr->round_trip_s + gbps_s(n * w->m->hp.n_embd * 4.0 * 2, profile_at_size(pr->d2h_gbps, 65536));
-    gpu = gpu_time(w, gpu, kernels);
+    /* Replayed, the host meets the graph at flags; launched, it waits on an event. */
+    const double meet = w->graph && pr->graph_round_trip_s > 0 ? pr->graph_round_trip_s : pr->round_trip_s;
+    const double hand_off = meet + gbps_s(n * w->m->hp.n_embd * 4.0 * 2, profile_at_size(pr->d2h_gbps, 65536));
+    gpu = gpu_time(w, gpu, kernels, ops);
     const double side = gpu > cpu + hand_off ? gpu : cpu + hand_off;
     w->out->gpu_s += gpu;
     w->out->cpu_s += cpu;
@@ -187,8 +194,9 @@ void cost_step(const struct profile *prof, const struct model *m, const struct p
     memset(out, 0, sizeof *out);
     const double n = n_tokens > 0 ? n_tokens : 1;
     struct walk w = {prof, m, p, t, n, 1, n_past + (n + 1) / 2, false, false, out};
-    /* Replayed as a CUDA graph: one-token steps with every shard on the GPU, no ring. */
-    w.graph = t->all_gpu && !t->ring && n_tokens == 1;
+    /* Replayed as a CUDA graph: one-token steps with every shard on the GPU (experts may
+     * split with the CPU), no ring. */
+    w.graph = t->shards_gpu && !t->ring && n_tokens == 1;
     if (!prof->has_gpu && t->any_gpu) {
         out->seconds = INFINITY;
         return;

@@ -107,7 +107,7 @@ static uint64_t kv_bytes(const struct shard *s, const struct plan_request *req) 
 /* The per-token byte counts of a tier: who reads what from where. */
 static void tier_account(const struct model *m, const struct plan *p, struct plan_tier *t) {
     t->any_gpu = false;
-    t->all_gpu = true;
+    t->all_gpu = t->shards_gpu = true;
     t->host_bytes_per_token = t->pcie_bytes_per_token = t->gpu_bytes_per_token = 0;
     const uint64_t k = m->hp.n_expert_used;
     for (uint32_t i = 0; i < m->n_shards; i++) {
@@ -115,6 +115,7 @@ static void tier_account(const struct model *m, const struct plan *p, struct pla
         const enum placement place = t->shard[i];
         t->any_gpu |= place != PLACE_CPU;
         t->all_gpu &= place != PLACE_CPU;
+        t->shards_gpu &= place != PLACE_CPU || s->kind == SHARD_EMBED;
         if (s->kind == SHARD_EMBED) {
             const uint64_t row = s->n_tensors && s->tensors[0]->ne[1] ? s->tensors[0]->n_bytes / s->tensors[0]->ne[1] : 0;
             *(place == PLACE_CPU ? &t->host_bytes_per_token

@@ -70,6 +70,8 @@ struct plan_tier {
     enum placement *shard;   /* per shard of the model */
     uint32_t *experts_gpu;   /* per layer (MoE shards on the GPU): experts below this run on the GPU */
     bool any_gpu, all_gpu;   /* all_gpu: no shard and no expert on the CPU */
+    bool shards_gpu;         /* every shard on the GPU but perhaps the embedding (an MoE layer may
+                                still split its experts): a decode step is replayed as a graph */
     bool ring;               /* streamed shards are copied through the staging slots */
     uint64_t host_bytes_per_token; /* weight bytes the CPU reads from host memory per decode token */
     uint64_t pcie_bytes_per_token; /* weight bytes streamed over PCIe per decode token */

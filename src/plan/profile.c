@@ -82,6 +82,7 @@ void profile_defaults(struct profile *p) {
     p->kernel_s = 5e-6;
     p->sync_s = 10e-6;
     p->round_trip_s = 60e-6;
+    p->graph_round_trip_s = 30e-6;
     p->h2d_share_under_cpu = 0.8;
     p->cpu_share_under_h2d = 0.8;
 }
@@ -274,6 +275,7 @@ static json_t *profile_json(const struct profile *p) {
     ok &= put(root, "graph_node_s", json_real(p->graph_node_s));
     ok &= put(root, "sync_s", json_real(p->sync_s));
     ok &= put(root, "round_trip_s", json_real(p->round_trip_s));
+    ok &= put(root, "graph_round_trip_s", json_real(p->graph_round_trip_s));
     ok &= put(root, "h2d_share_under_cpu", json_real(p->h2d_share_under_cpu));
     ok &= put(root, "cpu_share_under_h2d", json_real(p->cpu_share_under_h2d));
     if (ok) return root;
@@ -466,6 +468,7 @@ static pshard_status profile_from_json(const char *path, json_t *root, struct pr
     CORE_TRY(read_real(path, root, "graph_node_s", &p->graph_node_s));
     CORE_TRY(read_real(path, root, "sync_s", &p->sync_s));
     CORE_TRY(read_real(path, root, "round_trip_s", &p->round_trip_s));
+    CORE_TRY(read_real(path, root, "graph_round_trip_s", &p->graph_round_trip_s));
     CORE_TRY(read_real(path, root, "h2d_share_under_cpu", &p->h2d_share_under_cpu));
     CORE_TRY(read_real(path, root, "cpu_share_under_h2d", &p->cpu_share_under_h2d));
     return PSHARD_OK;

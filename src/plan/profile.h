@@ -16,7 +16,7 @@
 
 #include "pshard.h"
 
-#define PROFILE_VERSION 5
+#define PROFILE_VERSION 6
 enum {
     PROFILE_TOKENS = 6,   /* token counts: 1, 4, 16, 64, 256, 1024 */
     PROFILE_SIZES = 5,    /* transfer sizes: 64 KiB, 512 KiB, 4 MiB, 32 MiB, 128 MiB */
@@ -72,6 +72,8 @@ struct profile {
     double sync_s;            /* host waits for an idle stream */
     double round_trip_s;      /* a CPU/GPU hand-off as the executor makes it: the host waits on an event
                                  after GPU work, runs thread-pool jobs, copies back, the GPU goes on */
+    double graph_round_trip_s; /* the same inside a replayed graph: the GPU raises a flag the host polls,
+                                  the host raises one the GPU polls */
     /* Measured together: a pinned copy while the CPU runs matmuls, and those matmuls while
      * the copy runs, each as a fraction of its rate alone (1: no interference). */
     double h2d_share_under_cpu, cpu_share_under_h2d;

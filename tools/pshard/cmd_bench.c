@@ -10,7 +10,9 @@
  * a candidate slower than three times the best so far is cut short after one run (it is not the
  * best, and its time is known), and one the cost model predicts at over SKIP_FACTOR times the
  * best measured time is not run at all -- it could be the best only if the prediction were off
- * by that factor; the summary counts these. */
+ * by that factor; the summary counts these. A candidate that places a tier exactly as one
+ * already measured is that plan: it takes the measured time instead of running again, and is
+ * not loaded at all when that holds in every tier. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -26,7 +28,7 @@
 #include "gguf/gguf.h"
 #include "plan/cost.h"
 
-enum { MAX_LIST = 16, MAX_MODELS = 4, SKIP_FACTOR = 4 };
+enum { MAX_LIST = 16, MAX_MODELS = 4, SKIP_FACTOR = 3 };
 
 struct oracle_opts {
     const char *models[MAX_MODELS];
@@ -54,7 +56,8 @@ static void print_usage(FILE *out) {
                  "  For every model, budget, context and tokens per step: runs every candidate plan the\n"
                  "  planner weighs, times a step of each, and reports whether the planner chose the fastest,\n"
                  "  how much slower its choice was when not, and the cost model's prediction error. Uses\n"
-                 "  this machine's profile (measured first when none is cached).\n");
+                 "  this machine's profile (measured first when none is cached). A step is timed N times\n"
+                 "  (default 5) below 16 tokens, twice below 256, once from 256, after one warm-up run.\n");
 }
 
 static int parse_list(const char *text, bool sizes, int64_t *out, int *n) {
@@ -206,6 +209,16 @@ static pshard_status oracle_config(const struct oracle_opts *o, const struct mod
     for (int oi = 0; oi < n_order; oi++) {
         const int c = order[oi];
         const struct plan_candidate *cand = &weighed->candidates[c];
+        /* A tier placed as a candidate already measured there: the same plan, the same time. */
+        int same[MAX_LIST], resolved = 0;
+        for (int k = 0; k < *n_rows; k++) {
+            same[k] = -1;
+            for (int j = 0; j < oi && same[k] < 0; j++)
+                if (weighed->candidates[order[j]].key[rows[k].tier] == cand->key[rows[k].tier] &&
+                    isfinite(rows[k].measured[order[j]]))
+                    same[k] = order[j];
+            resolved += same[k] >= 0;
+        }
         struct exec_params cp = params;
         cp.plan = cand->family;
         cp.stream_share = cand->share;
@@ -214,6 +227,14 @@ static pshard_status oracle_config(const struct oracle_opts *o, const struct mod
         char label[48];
         plan_candidate_name(cand, label, sizeof label);
         fprintf(stderr, "  %-22s", label);
+        if (resolved == *n_rows) {
+            for (int k = 0; k < *n_rows; k++) {
+                rows[k].measured[c] = rows[k].measured[same[k]], rows[k].cut[c] = rows[k].cut[same[k]];
+                rows[k].predicted[c] = rows[k].predicted[same[k]];
+            }
+            fprintf(stderr, " the same plan as one measured in every tier\n");
+            continue;
+        }
         const double t0 = core_now_ms();
         struct exec_ctx *ex = NULL;
         pshard_status st = exec_create(m, &cp, &ex);
@@ -225,6 +246,11 @@ static pshard_status oracle_config(const struct oracle_opts *o, const struct mod
             struct cost_step cs;
             cost_step(prof, m, plan, plan_tier_for(plan, r->n_tokens), r->n_tokens, ctx - r->n_tokens, &cs);
             r->predicted[c] = cs.seconds;
+            if (same[k] >= 0) {
+                r->measured[c] = r->measured[same[k]], r->cut[c] = r->cut[same[k]];
+                fprintf(stderr, " %d:=", r->n_tokens);
+                continue;
+            }
             if (cand->family == PLAN_CPU && cpu_cache[k] > 0) { /* the CPU's plan does not depend on the budget */
                 r->measured[c] = cpu_cache[k];
                 continue;
@@ -239,7 +265,7 @@ static pshard_status oracle_config(const struct oracle_opts *o, const struct mod
             }
             st = exec_fill_seq(ex, 0, ctx - r->n_tokens);
             if (st == PSHARD_OK)
-                st = time_step(ex, m, r->n_tokens, ctx, r->n_tokens >= 256 ? 1 : o->reps,
+                st = time_step(ex, m, r->n_tokens, ctx, r->n_tokens >= 256 ? 1 : r->n_tokens >= 16 && o->reps > 2 ? 2 : o->reps,
                                isfinite(best) ? 3 * best : INFINITY, &r->measured[c], &r->cut[c]);
             if (cand->family == PLAN_CPU && !r->cut[c]) cpu_cache[k] = r->measured[c];
             fprintf(stderr, " %d:%.4g", r->n_tokens, r->measured[c]);
@@ -353,6 +379,7 @@ int cmd_bench(int argc, char **argv) {
                 if (st != PSHARD_OK) break;
                 for (int k = 0; k < n_rows; k++) summarize_row(&weighed, &rows[k], &s, json, name, o.budgets[bi], o.contexts[ci]);
                 fflush(stdout);
+                if (json) fflush(json);
                 plan_free(&weighed);
             }
         }
