@@ -172,6 +172,47 @@ static void graph_round_trip_step(void *arg, int rep) {
     gpu_sync_step(b);
 }
 
+/* Units of GPU work that use host memory: a pinned copy, or a matmul reading its weights in place. */
+static pshard_status copy_unit(struct gpu_bench *b, int i) {
+    (void)i;
+    return cuda_copy_h2d(b->dev, b->host, b->copy_bytes, b->copy);
+}
+
+static pshard_status in_place_unit(struct gpu_bench *b, int i) {
+    struct cuda_matrix m = b->m;
+    m.data = b->m_base + b->m_bytes * (size_t)(i % b->copies);
+    return cuda_matmul(b->cuda, &m, b->x, 1, b->y, m.n_rows, b->work, b->work_bytes, b->s);
+}
+
+/* About a quarter second of GPU units (each unit_alone seconds alone) queued on s while the CPU
+ * runs matmuls until they are done: the CPU's and the units' rates as shares of their rates
+ * alone (at most 1). */
+static pshard_status beside_cpu(struct gpu_bench *b, struct cpu_bench *c, double cpu_alone, double unit_alone,
+                                pshard_status (*unit)(struct gpu_bench *, int), cuda_stream s, double *cpu_share,
+                                double *gpu_share) {
+    const int n_units = (int)(0.25 / (unit_alone > 1e-6 ? unit_alone : 1e-6)) + 2;
+    cuda_event done_event = NULL;
+    pshard_status st = cuda_event_create(false, &done_event);
+    const double t0 = core_now_ms();
+    for (int i = 0; i < n_units && st == PSHARD_OK; i++) st = unit(b, i);
+    if (st == PSHARD_OK) st = cuda_event_record(done_event, s);
+    int reps = 0;
+    bool done = st != PSHARD_OK;
+    while (!done) {
+        measure_cpu_matmul_step(c, ++reps);
+        st = cuda_event_done(done_event, &done);
+        done |= st != PSHARD_OK;
+    }
+    const double elapsed = (core_now_ms() - t0) / 1e3;
+    if (done_event) cuda_event_destroy(done_event);
+    if (st != PSHARD_OK) return st;
+    *cpu_share = cpu_alone / (elapsed / (reps ? reps : 1));
+    *gpu_share = unit_alone / (elapsed / n_units);
+    if (*cpu_share > 1) *cpu_share = 1;
+    if (*gpu_share > 1) *gpu_share = 1;
+    return cuda_stream_sync(s);
+}
+
 static pshard_status carve(struct gpu_bench *b, size_t bytes, void **out) {
     return cuda_arena_alloc(&b->arena, bytes, "measure", out);
 }
@@ -435,7 +476,8 @@ static pshard_status measure_transfers(const struct measure_request *req, const 
         measure_report(req, "reading experts in place", 0.92);
         st = zero_copy_experts(b, sh, p);
     }
-    /* A copy and CPU matmuls at the same time: each one's rate against its rate alone. */
+    /* A copy, then a kernel reading host memory in place, each beside CPU matmuls: each one's
+     * rate against its rate alone. */
     if (st == PSHARD_OK && sh->n_dense && !measure_out_of_time()) {
         measure_report(req, "copies and the CPU together", 0.95);
         struct cpu_bench c = {.pool = pool, .n_tokens = 1};
@@ -444,31 +486,21 @@ static pshard_status measure_transfers(const struct measure_request *req, const 
         c.acts = malloc(cpu_acts_bytes(QUANT_F32, sh->n_embd, 1));
         st = c.x && c.y && c.acts ? measure_synth_make(sh->dense[0], sh->rows, sh->n_embd, 1, BIG_BYTES, &c.gate)
                                   : core_fail(PSHARD_ERR_NOMEM, "out of memory while measuring");
+        const double cpu_alone = st == PSHARD_OK ? measure_time_steps(measure_cpu_matmul_step, &c) : 0;
         if (st == PSHARD_OK) {
-            const double cpu_alone = measure_time_steps(measure_cpu_matmul_step, &c);
             b->d2h = false, b->copy_bytes = profile_sizes[PROFILE_SIZES - 2], b->n_copies = 1;
             const double copy_alone = measure_time_steps(copy_step, b);
-            b->n_copies = (int)(0.25 / copy_alone) + 2;
-            cuda_event copied = NULL;
-            st = cuda_event_create(false, &copied);
-            const double t0 = core_now_ms();
-            for (int i = 0; i < b->n_copies && st == PSHARD_OK; i++)
-                st = cuda_copy_h2d(b->dev, b->host, b->copy_bytes, b->copy);
-            if (st == PSHARD_OK) st = cuda_event_record(copied, b->copy);
-            int reps = 0;
-            bool done = st != PSHARD_OK;
-            while (!done) {
-                measure_cpu_matmul_step(&c, ++reps);
-                st = cuda_event_done(copied, &done);
-                done |= st != PSHARD_OK;
-            }
-            const double elapsed = (core_now_ms() - t0) / 1e3;
-            if (copied) cuda_event_destroy(copied);
-            const double cpu_busy = elapsed / (reps ? reps : 1), copies = elapsed / b->n_copies;
-            p->cpu_share_under_h2d = cpu_alone / cpu_busy;
-            p->h2d_share_under_cpu = copy_alone / copies;
-            if (p->h2d_share_under_cpu > 1) p->h2d_share_under_cpu = 1;
-            if (p->cpu_share_under_h2d > 1) p->cpu_share_under_h2d = 1;
+            st = beside_cpu(b, &c, cpu_alone, copy_alone, copy_unit, b->copy, &p->cpu_share_under_h2d,
+                            &p->h2d_share_under_cpu);
+        }
+        if (st == PSHARD_OK) {
+            st = gpu_matrix(b, sh->dense[0], sh->rows, sh->n_embd, 1, BIG_BYTES / 6, true);
+            b->n_tokens = 1;
+            const double read_alone = st == PSHARD_OK ? measure_time_steps(gpu_matmul_step, b) / 4 : 0;
+            if (st == PSHARD_OK)
+                st = beside_cpu(b, &c, cpu_alone, read_alone, in_place_unit, b->s, &p->cpu_share_under_reads,
+                                &p->reads_share_under_cpu);
+            cuda_pinned_release(&b->pinned);
         }
         free(c.x), free(c.y), free(c.acts), free(c.gate.data);
     }

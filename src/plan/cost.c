@@ -171,8 +171,10 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
      * use of host memory as measured together. */
     double cpu = pr->cpu_moe_call_s + cost_touched(E - g, E, k, n) * eb * cost_rate(pr->cpu_experts, type, n);
     if (stream > 0) {
-        const double cs = pr->cpu_share_under_h2d > 0 ? pr->cpu_share_under_h2d : 1;
-        const double hs = pr->h2d_share_under_cpu > 0 ? pr->h2d_share_under_cpu : 1;
+        /* Staged copies, or kernels reading host memory in place, as measured beside the CPU. */
+        const double cpu_share = w->t->ring ? pr->cpu_share_under_h2d : pr->cpu_share_under_reads;
+        const double gpu_share = w->t->ring ? pr->h2d_share_under_cpu : pr->reads_share_under_cpu;
+        const double cs = cpu_share > 0 ? cpu_share : 1, hs = gpu_share > 0 ? gpu_share : 1;
         const double overlap = cpu < stream ? cpu : stream;
         cpu += overlap * (1 / cs - 1);
         gpu += overlap * (1 / hs - 1);

@@ -85,6 +85,7 @@ void profile_defaults(struct profile *p) {
     p->graph_round_trip_s = 30e-6;
     p->h2d_share_under_cpu = 0.8;
     p->cpu_share_under_h2d = 0.8;
+    p->reads_share_under_cpu = p->cpu_share_under_reads = 0.8;
 }
 
 /* ---- fingerprint and path */
@@ -278,6 +279,8 @@ static json_t *profile_json(const struct profile *p) {
     ok &= put(root, "graph_round_trip_s", json_real(p->graph_round_trip_s));
     ok &= put(root, "h2d_share_under_cpu", json_real(p->h2d_share_under_cpu));
     ok &= put(root, "cpu_share_under_h2d", json_real(p->cpu_share_under_h2d));
+    ok &= put(root, "reads_share_under_cpu", json_real(p->reads_share_under_cpu));
+    ok &= put(root, "cpu_share_under_reads", json_real(p->cpu_share_under_reads));
     if (ok) return root;
     json_decref(root);
     return NULL;
@@ -471,6 +474,8 @@ static pshard_status profile_from_json(const char *path, json_t *root, struct pr
     CORE_TRY(read_real(path, root, "graph_round_trip_s", &p->graph_round_trip_s));
     CORE_TRY(read_real(path, root, "h2d_share_under_cpu", &p->h2d_share_under_cpu));
     CORE_TRY(read_real(path, root, "cpu_share_under_h2d", &p->cpu_share_under_h2d));
+    CORE_TRY(read_real(path, root, "reads_share_under_cpu", &p->reads_share_under_cpu));
+    CORE_TRY(read_real(path, root, "cpu_share_under_reads", &p->cpu_share_under_reads));
     return PSHARD_OK;
 }
 

@@ -77,6 +77,8 @@ struct profile {
     /* Measured together: a pinned copy while the CPU runs matmuls, and those matmuls while
      * the copy runs, each as a fraction of its rate alone (1: no interference). */
     double h2d_share_under_cpu, cpu_share_under_h2d;
+    /* The same with a kernel reading host memory in place (how decode steps stream) instead. */
+    double reads_share_under_cpu, cpu_share_under_reads;
 
     /* Learned while running: measured over predicted step time, per plan family (in enum
      * plan_family's order) and step kind (0: decode steps, 1: prompt steps); 0 = nothing learned
