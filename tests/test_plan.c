@@ -166,6 +166,37 @@ static void test_gpu_streams_what_does_not_fit(void **state) {
     plan_free(&p);
 }
 
+/* dynamic on a dense model at the balanced share, which differs by tokens per step: the ring tiers
+ * still stream everything not resident, alike, since the staged units are made once from the
+ * first of them (a tier streaming other FFN shards would find the ring out of step). */
+static void test_dynamic_ring_tiers_stage_alike(void **state) {
+    (void)state;
+    struct profile prof;
+    profile_defaults(&prof);
+    prof.has_gpu = true;
+    for (int f = 0; f < PROFILE_FORMATS; f++) /* the CPU's matmuls fall behind as steps grow */
+        for (int i = 0; i < PROFILE_TOKENS; i++) prof.cpu_matmul[f].s_per_byte[i] = prof.zero_copy[i] * (1 + i);
+    struct plan_request r = base;
+    r.family = PLAN_DYNAMIC;
+    r.profile = &prof;
+    r.vram_budget = (int64_t)(fixed() + attention_and_kv(&model, 2048) + (8 << 20));
+    struct plan p;
+    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    int ring_tiers = 0, first = -1;
+    for (int t = 0; t < PLAN_TIERS; t++) {
+        if (!p.tier[t].ring) continue;
+        ring_tiers++;
+        if (first < 0) first = t;
+        for (uint32_t i = 0; i < model.n_shards; i++) assert_int_equal(p.tier[t].shard[i], p.tier[first].shard[i]);
+    }
+    assert_true(ring_tiers >= 2);
+    int cpu_ffn = 0; /* the small steps do split the FFN shards with the CPU */
+    for (uint32_t i = 0; i < model.n_shards; i++)
+        cpu_ffn += model.shards[i].kind == SHARD_FFN && p.tier[PLAN_TIER_DECODE].shard[i] == PLACE_CPU;
+    assert_true(cpu_ffn > 0);
+    plan_free(&p);
+}
+
 /* auto on a dense model under a budget: each tier runs the candidate the cost model predicts
  * fastest among those it weighed, all over one resident set. */
 static void test_auto_picks_the_fastest_per_tier(void **state) {
@@ -383,6 +414,7 @@ int main(void) {
         cmocka_unit_test(test_auto_picks_the_fastest_per_tier), cmocka_unit_test(test_moe_experts_by_range),
         cmocka_unit_test(test_too_small_names_the_minimum), cmocka_unit_test(test_parse),
         cmocka_unit_test(test_cost_model_and_learning), cmocka_unit_test(test_dynamic_balances_from_the_profile),
+        cmocka_unit_test(test_dynamic_ring_tiers_stage_alike),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

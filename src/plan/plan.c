@@ -256,7 +256,8 @@ static void place_tier(const struct model *m, const struct plan_request *req, co
             t->ring |= ring_ok && *place == PLACE_STREAMED;
         } else {
             bool stream = stream_all;
-            if (s->kind == SHARD_FFN && t->family == PLAN_DYNAMIC) stream = ffn_seen++ < lroundf(share * (float)n_ffn);
+            if (s->kind == SHARD_FFN && t->family == PLAN_DYNAMIC && !ring_ok)
+                stream = ffn_seen++ < lroundf(share * (float)n_ffn);
             *place = stream ? PLACE_STREAMED : PLACE_CPU;
             t->ring |= ring_ok && *place == PLACE_STREAMED && s->kind == SHARD_FFN;
         }
