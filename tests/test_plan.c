@@ -318,17 +318,19 @@ static void test_cost_model_and_learning(void **state) {
     assert_true(a.pcie_s > b.pcie_s);
     assert_true(a.seconds == a.raw_seconds);
 
-    cost_learn(&prof, PLAN_GPU, false, a.raw_seconds, 2 * a.raw_seconds);
+    cost_learn(&prof, PLAN_GPU, 1, a.raw_seconds, 2 * a.raw_seconds);
     struct cost_step c;
     cost_step(&prof, &model, &small, &small.tier[0], 1, 1000, &c);
     assert_true(fabs(c.seconds / (2 * a.raw_seconds) - 1) < 1e-9 && c.raw_seconds == a.raw_seconds);
-    cost_learn(&prof, PLAN_GPU, false, a.raw_seconds, a.raw_seconds); /* a running mean: (2 + 1) / 2 */
+    cost_learn(&prof, PLAN_GPU, 1, a.raw_seconds, a.raw_seconds); /* a running mean: (2 + 1) / 2 */
     assert_true(fabs(prof.refine[PLAN_GPU][0] - 1.5) < 1e-12);
-    cost_learn(&prof, PLAN_GPU, true, 1.0, 1000.0); /* bounded */
-    assert_true(prof.refine[PLAN_GPU][1] == 4);
-    cost_step(&prof, &model, &small, &small.tier[PLAN_TIERS - 1], 512, 0, &c); /* prompt steps scale by their own */
+    cost_learn(&prof, PLAN_GPU, 100, 1.0, 1000.0); /* bounded; steps of 64-255 tokens */
+    assert_true(prof.refine[PLAN_GPU][3] == 4 && prof.refine[PLAN_GPU][2] == 0 && prof.refine[PLAN_GPU][4] == 0);
+    cost_step(&prof, &model, &small, plan_tier_for(&small, 100), 100, 0, &c); /* steps scale by their size's own */
     assert_true(fabs(c.seconds / c.raw_seconds - 4) < 1e-9);
-    cost_learn(&prof, PLAN_STATIC, false, 0, 1.0); /* nothing to learn from */
+    cost_step(&prof, &model, &small, plan_tier_for(&small, 512), 512, 0, &c);
+    assert_true(c.seconds == c.raw_seconds);
+    cost_learn(&prof, PLAN_STATIC, 1, 0, 1.0); /* nothing to learn from */
     assert_true(prof.refine[PLAN_STATIC][0] == 0);
     plan_free(&small);
     plan_free(&large);

@@ -217,15 +217,17 @@ void cost_step(const struct profile *prof, const struct model *m, const struct p
     }
     if (t->any_gpu && !w.graph) out->overhead_s += prof->sync_s, out->seconds += prof->sync_s;
     out->raw_seconds = out->seconds;
-    const double scale = (int)t->family < (int)PROFILE_FAMILIES ? prof->refine[t->family][n_tokens > 1] : 0;
+    const double scale =
+        (int)t->family < (int)PROFILE_FAMILIES ? prof->refine[t->family][profile_token_index(n_tokens)] : 0;
     if (scale > 0) out->seconds *= scale;
 }
 
-void cost_learn(struct profile *prof, enum plan_family family, bool prompt, double raw_predicted_s, double measured_s) {
+void cost_learn(struct profile *prof, enum plan_family family, int32_t n_tokens, double raw_predicted_s,
+                double measured_s) {
     if ((int)family >= (int)PROFILE_FAMILIES || !(raw_predicted_s > 0) || !(measured_s > 0) || !isfinite(measured_s)) return;
     double ratio = measured_s / raw_predicted_s;
     ratio = ratio < 0.25 ? 0.25 : ratio > 4 ? 4 : ratio;
-    double *r = &prof->refine[family][prompt];
+    double *r = &prof->refine[family][profile_token_index(n_tokens)];
     *r = *r > 0 ? (*r + ratio) / 2 : ratio;
 }
 

@@ -37,8 +37,9 @@ void cost_step(const struct profile *prof, const struct model *m, const struct p
                int32_t n_tokens, int32_t n_past, struct cost_step *out);
 
 /* Learn from a measured run: measured over raw predicted seconds of steps of this family and
- * kind folds into prof->refine (an even running mean, kept within 1/4 .. 4). */
-void cost_learn(struct profile *prof, enum plan_family family, bool prompt, double raw_predicted_s, double measured_s);
+ * size (n_tokens) folds into prof->refine (an even running mean, kept within 1/4 .. 4). */
+void cost_learn(struct profile *prof, enum plan_family family, int32_t n_tokens, double raw_predicted_s,
+                double measured_s);
 
 /* A request: a prompt of n_prompt tokens in steps of at most n_batch, then n_gen decode steps;
  * seconds to the first token and per generated token. */

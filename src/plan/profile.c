@@ -177,6 +177,12 @@ static double interpolate(const double *values, const double *points, int n, dou
     return values[i] + t * (values[i + 1] - values[i]);
 }
 
+int profile_token_index(int32_t n_tokens) {
+    int i = 0;
+    while (i + 1 < PROFILE_TOKENS && profile_tokens[i + 1] <= n_tokens) i++;
+    return i;
+}
+
 double profile_at_tokens(const double values[PROFILE_TOKENS], double n_tokens) {
     double points[PROFILE_TOKENS];
     for (int i = 0; i < PROFILE_TOKENS; i++) points[i] = profile_tokens[i];
@@ -268,7 +274,7 @@ static json_t *profile_json(const struct profile *p) {
     ok &= put(root, "zero_copy", reals_json(p->zero_copy, PROFILE_TOKENS));
     ok &= put(root, "kernel_s", json_real(p->kernel_s));
     json_t *refine = json_array();
-    for (int f = 0; refine && f < PROFILE_FAMILIES; f++) ok &= json_array_append_new(refine, reals_json(p->refine[f], 2)) == 0;
+    for (int f = 0; refine && f < PROFILE_FAMILIES; f++) ok &= json_array_append_new(refine, reals_json(p->refine[f], PROFILE_TOKENS)) == 0;
     ok &= refine && put(root, "refine", refine);
     ok &= put(root, "zero_copy_experts", reals_json(p->zero_copy_experts, PROFILE_TOKENS));
     ok &= put(root, "cpu_moe_call_s", json_real(p->cpu_moe_call_s));
@@ -454,14 +460,15 @@ static pshard_status profile_from_json(const char *path, json_t *root, struct pr
     CORE_TRY(read_real(path, root, "kernel_s", &p->kernel_s));
     const json_t *refine = json_object_get(root, "refine");
     if (!json_is_array(refine) || json_array_size(refine) != PROFILE_FAMILIES)
-        return core_fail(PSHARD_ERR_FORMAT, "%s: \"refine\" must be an array of %d pairs", path, PROFILE_FAMILIES);
+        return core_fail(PSHARD_ERR_FORMAT, "%s: \"refine\" must be an array of %d arrays", path, PROFILE_FAMILIES);
     for (int f = 0; f < PROFILE_FAMILIES; f++) {
-        const json_t *pair = json_array_get(refine, (size_t)f);
-        for (int k = 0; k < 2; k++) {
-            const json_t *v = json_array_get(pair, (size_t)k);
-            if (!json_is_array(pair) || json_array_size(pair) != 2 || !json_is_number(v) || !(json_number_value(v) >= 0) ||
-                !isfinite(json_number_value(v)))
-                return core_fail(PSHARD_ERR_FORMAT, "%s: \"refine\" must hold pairs of non-negative numbers", path);
+        const json_t *row = json_array_get(refine, (size_t)f);
+        for (int k = 0; k < PROFILE_TOKENS; k++) {
+            const json_t *v = json_array_get(row, (size_t)k);
+            if (!json_is_array(row) || json_array_size(row) != PROFILE_TOKENS || !json_is_number(v) ||
+                !(json_number_value(v) >= 0) || !isfinite(json_number_value(v)))
+                return core_fail(PSHARD_ERR_FORMAT, "%s: \"refine\" must hold %d non-negative numbers per family", path,
+                                 PROFILE_TOKENS);
             p->refine[f][k] = json_number_value(v);
         }
     }

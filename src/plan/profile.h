@@ -81,9 +81,10 @@ struct profile {
     double reads_share_under_cpu, cpu_share_under_reads;
 
     /* Learned while running: measured over predicted step time, per plan family (in enum
-     * plan_family's order) and step kind (0: decode steps, 1: prompt steps); 0 = nothing learned
-     * yet. The cost model scales its predictions by these (see cost_learn). */
-    double refine[PROFILE_FAMILIES][2];
+     * plan_family's order) and size of step (index i: from profile_tokens[i] tokens up to the
+     * next, like the plan's tiers); 0 = nothing learned yet. The cost model scales its
+     * predictions by these (see cost_learn). */
+    double refine[PROFILE_FAMILIES][PROFILE_TOKENS];
 };
 
 /* The conservative defaults used when nothing was measured (`--no-profile`): a slow CPU, PCIe
@@ -112,6 +113,8 @@ struct profile_rate *profile_rate_add(struct profile_rate table[PROFILE_FORMATS]
 
 /* Interpolations in log n (token counts) or log size, clamped at the measured ends. */
 double profile_at_tokens(const double values[PROFILE_TOKENS], double n_tokens);
+/* The index of the last of profile_tokens[] at or below n_tokens (0 below the first). */
+int profile_token_index(int32_t n_tokens);
 double profile_at_size(const double values[PROFILE_SIZES], double bytes);
 
 #endif

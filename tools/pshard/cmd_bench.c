@@ -7,8 +7,8 @@
  * A step of n tokens at context c runs at positions c-n .. c-1 over a cache filled to c-n
  * without being computed (zero K and V: attention costs the same), and is timed several times
  * (the cache truncated back between runs); the median counts. The planner's choices run first;
- * a candidate slower than three times the best so far is cut short after one run (it is not the
- * best, and its time is known), and one the cost model predicts at over SKIP_FACTOR times the
+ * a candidate slower than three times the best so far is cut short after two such runs (it is
+ * not the best, and its time is known), and one the cost model predicts at over SKIP_FACTOR times the
  * best measured time is not run at all -- it could be the best only if the prediction were off
  * by that factor; the summary counts these. A candidate that places a tier exactly as one
  * already measured is that plan: it takes the measured time instead of running again, and is
@@ -139,8 +139,9 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-/* Seconds of a step of n tokens at context ctx (median of reps), or one run when it is
- * slower than `cut_above`. */
+/* Seconds of a step of n tokens at context ctx: the median of reps runs after a warm-up (graph
+ * capture, first touches: not timed). Two runs in a row slower than `cut_above` stop it (the
+ * faster of the two counts); one alone may be a hiccup of the machine. */
 static pshard_status time_step(struct exec_ctx *ex, const struct model *m, int32_t n, int32_t ctx, int reps,
                                double cut_above, double *seconds, bool *cut) {
     int32_t *tokens = malloc(sizeof *tokens * n), *pos = malloc(sizeof *pos * n), *seq = calloc((size_t)n, sizeof *seq);
@@ -149,27 +150,25 @@ static pshard_status time_step(struct exec_ctx *ex, const struct model *m, int32
         tokens[i] = (int32_t)((i * 7919u + 17u) % m->hp.n_vocab);
         pos[i] = ctx - n + i;
     }
-    double runs[32];
-    int done = 0;
+    double runs[33];
+    int done = 0, slow = 0;
     *cut = false;
-    for (int r = -1; st == PSHARD_OK && r < reps && r < 32; r++) {
+    for (int r = -1; st == PSHARD_OK && r < reps + (slow > 0) && r < 32; r++) {
         exec_truncate_seq(ex, 0, ctx - n);
         struct exec_batch b = {n, tokens, pos, seq, NULL};
         const double t0 = core_now_ms();
         st = exec_step(ex, &b);
         const double s = (core_now_ms() - t0) / 1e3;
-        if (r < 0) { /* warm-up (graph capture, first touches) */
-            if (s > cut_above) runs[done++] = s, *cut = true;
-            if (*cut) break;
-            continue;
-        }
+        if (r < 0) continue; /* the warm-up */
         runs[done++] = s;
-        if (s > cut_above) {
+        slow = s > cut_above ? slow + 1 : 0;
+        if (slow == 2) {
             *cut = true;
+            *seconds = runs[done - 1] < runs[done - 2] ? runs[done - 1] : runs[done - 2];
             break;
         }
     }
-    *seconds = done ? median(runs, done) : INFINITY;
+    if (!*cut) *seconds = done ? median(runs, done) : INFINITY;
     free(tokens), free(pos), free(seq);
     return st;
 }
