@@ -432,8 +432,8 @@ static void set_tier(const struct model *m, const struct plan_request *req, cons
     place_tier(m, req, prof, p, t, share, p->n_slots > 0);
 }
 
-/* The step a tier is judged by: its smallest (capped by the micro-batch), at the end of the
- * context. */
+/* A tier's smallest step (capped by the micro-batch), at the end of the context: what `pshard
+ * plan` shows. */
 static int32_t tier_eval_tokens(const struct plan_request *req, int t) {
     return plan_tier_tokens[t] < req->n_batch ? plan_tier_tokens[t] : req->n_batch;
 }
@@ -449,13 +449,19 @@ static uint64_t tier_key(const struct plan *p, int t) {
     return (h ^ tier->ring) * 1099511628211ull;
 }
 
-/* The predicted seconds of tier t's judging step. */
-static double tier_seconds(const struct profile *prof, const struct model *m, const struct plan_request *req,
-                           const struct plan *p, int t) {
+/* The predicted seconds of a step of n tokens in tier t, at the end of the context. */
+static double step_seconds(const struct profile *prof, const struct model *m, const struct plan_request *req,
+                           const struct plan *p, int t, int32_t n) {
     struct cost_step cs;
-    const int32_t n = tier_eval_tokens(req, t);
     cost_step(prof, m, p, &p->tier[t], n, req->n_ctx > n ? req->n_ctx - n : 0, &cs);
     return cs.seconds;
+}
+
+/* Tier t's largest step (capped by the micro-batch). A prompt tier spans 4x in tokens, and a plan
+ * that reads weights in place can win at the low end and lose by far at the high end. */
+static int32_t tier_top_tokens(const struct plan_request *req, int t) {
+    const int32_t top = t + 1 < PLAN_TIERS ? plan_tier_tokens[t + 1] - 1 : req->n_batch;
+    return top < req->n_batch ? top : req->n_batch;
 }
 
 /* The plan as it stands, as a candidate: its VRAM, the bytes a decode token moves, and every
@@ -466,7 +472,12 @@ static void record_candidate(const struct profile *prof, const struct model *m, 
     cand->host_bytes_per_token = p->tier[0].host_bytes_per_token;
     cand->pcie_bytes_per_token = p->tier[0].pcie_bytes_per_token;
     for (int t = 0; t < PLAN_TIERS; t++) {
-        cand->seconds[t] = tier_seconds(prof, m, req, p, t);
+        const int32_t lo = tier_eval_tokens(req, t), hi = tier_top_tokens(req, t);
+        cand->seconds[t] = step_seconds(prof, m, req, p, t, lo);
+        /* Decode steps are one token (the tier's top is parallel decoding, rarer); prompt tiers
+         * weigh both ends per token. */
+        cand->score[t] = cand->seconds[t] / lo;
+        cand->score[t] += t == PLAN_TIER_DECODE || hi <= lo ? cand->score[t] : step_seconds(prof, m, req, p, t, hi) / hi;
         cand->key[t] = tier_key(p, t);
     }
 }
@@ -520,7 +531,7 @@ static pshard_status search(const struct model *m, const struct plan_request *re
             account(m, req, costs, p);
             record_candidate(prof, m, req, p, cand);
             for (int t = 0; t < PLAN_TIERS; t++) {
-                if (chosen[set][t] < 0 || cand->seconds[t] < cands[chosen[set][t]].seconds[t]) {
+                if (chosen[set][t] < 0 || cand->score[t] < cands[chosen[set][t]].score[t]) {
                     chosen[set][t] = (int8_t)n_cands;
                     pick[set][t].family = menu[c].family, pick[set][t].share = menu[c].share;
                 }
@@ -658,7 +669,7 @@ pshard_status plan_build(const struct model *model, const struct plan_request *r
         return st;
     }
     /* What the cost model predicts for the plan as built. */
-    for (int t = 0; t < PLAN_TIERS; t++) out->predicted[t] = tier_seconds(prof, model, req, out, t);
+    for (int t = 0; t < PLAN_TIERS; t++) out->predicted[t] = step_seconds(prof, model, req, out, t, tier_eval_tokens(req, t));
     cost_request(prof, model, out, req->n_ctx / 2 < 1024 ? req->n_ctx / 2 : 1024, req->n_batch, 128, &out->predicted_ttft,
                  &out->predicted_decode);
     return PSHARD_OK;
