@@ -474,10 +474,11 @@ static void record_candidate(const struct profile *prof, const struct model *m, 
     for (int t = 0; t < PLAN_TIERS; t++) {
         const int32_t lo = tier_eval_tokens(req, t), hi = tier_top_tokens(req, t);
         cand->seconds[t] = step_seconds(prof, m, req, p, t, lo);
-        /* Decode steps are one token (the tier's top is parallel decoding, rarer); prompt tiers
-         * weigh both ends per token. */
+        /* Tiers of prompt chunks (where the ring may run) weigh both ends per token: reading
+         * weights in place costs more per token as steps grow, copying them less. Smaller tiers
+         * are judged at their fewest tokens (decode, parallel decode). */
         cand->score[t] = cand->seconds[t] / lo;
-        cand->score[t] += t == PLAN_TIER_DECODE || hi <= lo ? cand->score[t] : step_seconds(prof, m, req, p, t, hi) / hi;
+        cand->score[t] += lo < PLAN_RING_MIN_TOKENS || hi <= lo ? cand->score[t] : step_seconds(prof, m, req, p, t, hi) / hi;
         cand->key[t] = tier_key(p, t);
     }
 }

@@ -88,7 +88,7 @@ struct plan_candidate {
     float share;            /* dynamic; 0: balanced (streaming and the CPU finish together) */
     enum plan_set set;      /* its resident set */
     double seconds[PLAN_TIERS]; /* a step of the tier's fewest tokens */
-    double score[PLAN_TIERS];   /* what the choice minimizes: seconds per token at both ends of the tier */
+    double score[PLAN_TIERS];   /* what the choice minimizes: seconds per token (prompt tiers: at both ends) */
     uint64_t key[PLAN_TIERS]; /* the tier's placement (resident set included): equal keys, same plan */
     uint64_t vram_weights, vram_kv, vram_staging;
     uint64_t host_bytes_per_token, pcie_bytes_per_token;
