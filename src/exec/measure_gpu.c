@@ -187,7 +187,7 @@ static pshard_status in_place_unit(struct gpu_bench *b, int i) {
 /* About a quarter second of GPU units (each unit_alone seconds alone) queued on s while the CPU
  * runs matmuls until they are done: the CPU's and the units' rates as shares of their rates
  * alone (at most 1). */
-static pshard_status beside_cpu(struct gpu_bench *b, struct cpu_bench *c, double cpu_alone, double unit_alone,
+static pshard_status beside_cpu_once(struct gpu_bench *b, struct cpu_bench *c, double cpu_alone, double unit_alone,
                                 pshard_status (*unit)(struct gpu_bench *, int), cuda_stream s, double *cpu_share,
                                 double *gpu_share) {
     const int n_units = (int)(0.25 / (unit_alone > 1e-6 ? unit_alone : 1e-6)) + 2;
@@ -211,6 +211,20 @@ static pshard_status beside_cpu(struct gpu_bench *b, struct cpu_bench *c, double
     if (*cpu_share > 1) *cpu_share = 1;
     if (*gpu_share > 1) *gpu_share = 1;
     return cuda_stream_sync(s);
+}
+
+/* The best of three (anything else on the machine can only lower a share). */
+static pshard_status beside_cpu(struct gpu_bench *b, struct cpu_bench *c, double cpu_alone, double unit_alone,
+                                pshard_status (*unit)(struct gpu_bench *, int), cuda_stream s, double *cpu_share,
+                                double *gpu_share) {
+    *cpu_share = *gpu_share = 0;
+    for (int i = 0; i < 3; i++) {
+        double cs, gs;
+        CORE_TRY(beside_cpu_once(b, c, cpu_alone, unit_alone, unit, s, &cs, &gs));
+        *cpu_share = cs > *cpu_share ? cs : *cpu_share;
+        *gpu_share = gs > *gpu_share ? gs : *gpu_share;
+    }
+    return PSHARD_OK;
 }
 
 static pshard_status carve(struct gpu_bench *b, size_t bytes, void **out) {
