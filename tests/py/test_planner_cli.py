@@ -44,7 +44,10 @@ def test_plan_prints_every_candidate_and_one_choice_per_tier(default_model):
         assert len(starred) == 1, (tier, starred)
         name, cell = starred[0]
         assert name.split()[0] == family  # the table's choice is the tier's plan
-        # The choice is the fastest prediction among the candidates of its resident set.
+        # Below 64 tokens the choice is the fastest prediction among the candidates of its resident
+        # set (prompt tiers weigh both their ends, which the table does not show).
+        if int(re.match(r"\d+", tier).group()) >= 64:
+            continue
         chosen = float(cell.rstrip("*="))
         same_set = [float(cells[column].rstrip("*=")) for n, cells in rows
                     if n != "cpu" and resident_set(n) == resident_set(name)]
