@@ -141,7 +141,8 @@ static double median(double *v, int n) {
 
 /* Seconds of a step of n tokens at context ctx: the median of reps runs after a warm-up (graph
  * capture, first touches: not timed). Two runs in a row slower than `cut_above` stop it (the
- * faster of the two counts); one alone may be a hiccup of the machine. */
+ * faster of the two counts); one alone may be a hiccup of the machine. A warm-up over twice
+ * `cut_above` stops it at once. */
 static pshard_status time_step(struct exec_ctx *ex, const struct model *m, int32_t n, int32_t ctx, int reps,
                                double cut_above, double *seconds, bool *cut) {
     int32_t *tokens = malloc(sizeof *tokens * n), *pos = malloc(sizeof *pos * n), *seq = calloc((size_t)n, sizeof *seq);
@@ -159,7 +160,14 @@ static pshard_status time_step(struct exec_ctx *ex, const struct model *m, int32
         const double t0 = core_now_ms();
         st = exec_step(ex, &b);
         const double s = (core_now_ms() - t0) / 1e3;
-        if (r < 0) continue; /* the warm-up */
+        if (r < 0) { /* the warm-up: cut only when far beyond (long steps would otherwise run thrice) */
+            if (s > 2 * cut_above) {
+                *cut = true;
+                *seconds = s;
+                break;
+            }
+            continue;
+        }
         runs[done++] = s;
         slow = s > cut_above ? slow + 1 : 0;
         if (slow == 2) {
