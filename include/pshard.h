@@ -91,6 +91,9 @@ typedef struct pshard_gen_stats {
     uint64_t decode_weight_bytes; /* weight bytes read per decode step (mean) */
     uint64_t decode_streamed_bytes; /* of those, bytes that crossed PCIe */
     uint64_t prefill_streamed_bytes; /* weight bytes the prompt's steps moved over PCIe */
+    /* A decode step with a GPU (mean): the host computing the CPU's shards and experts, and the
+     * host waiting for the GPU (0 without one). */
+    double decode_host_compute_ms, decode_host_wait_ms;
     int stopped_by_eog;       /* ended at an end-of-generation token */
     /* What the planner's cost model predicted for this call (0 when the plan was not chosen by
      * it): the prompt's steps, and one decode step. */

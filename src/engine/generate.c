@@ -82,6 +82,7 @@ static pshard_status decode_loop(struct generation *g, double t_start) {
     const int32_t n_ctx = ctx->params.n_ctx;
     double t_first = 0;
     uint64_t bytes = 0, streamed = 0;
+    double host_compute = 0, host_wait = 0;
     for (;;) {
         const int32_t token = sampler_sample(g->sampler, exec_logits(ctx->exec, 0));
         if (g->stats->n_generated == 0) {
@@ -106,6 +107,8 @@ static pshard_status decode_loop(struct generation *g, double t_start) {
         CORE_TRY(exec_step(ctx->exec, &b));
         bytes += exec_last_stats(ctx->exec)->weight_bytes_read;
         streamed += exec_last_stats(ctx->exec)->streamed_bytes;
+        host_compute += exec_last_stats(ctx->exec)->host_compute_ms;
+        host_wait += exec_last_stats(ctx->exec)->host_wait_ms;
         ctx->cached[ctx->n_cached++] = token;
     }
     const char *text;
@@ -115,6 +118,8 @@ static pshard_status decode_loop(struct generation *g, double t_start) {
         g->stats->decode_ms = core_now_ms() - t_first;
         g->stats->decode_weight_bytes = bytes / (uint64_t)(g->stats->n_generated - 1);
         g->stats->decode_streamed_bytes = streamed / (uint64_t)(g->stats->n_generated - 1);
+        g->stats->decode_host_compute_ms = host_compute / (g->stats->n_generated - 1);
+        g->stats->decode_host_wait_ms = host_wait / (g->stats->n_generated - 1);
     }
     return PSHARD_OK;
 }

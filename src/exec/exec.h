@@ -34,6 +34,9 @@ struct exec_stats {
     uint64_t weight_bytes_read; /* weight bytes the step touched (chosen experts only) */
     uint64_t streamed_bytes;    /* of those, bytes that crossed PCIe (copied to a slot or read in place) */
     int32_t n_outputs;
+    /* Where a step with a GPU spent the host's time: computing the CPU's shards and experts, and
+     * waiting for the GPU (hand-offs, the end of the step). */
+    double host_compute_ms, host_wait_ms;
 };
 
 struct exec_ctx;

@@ -9,6 +9,7 @@
  * logits. */
 #include <string.h>
 
+#include "core/timer.h"
 #include "exec/exec_gpu_internal.h"
 
 static pshard_status project(struct exec_ctx *ctx, struct exec_gpu *g, const struct cuda_matrix *m, const float *x,
@@ -220,14 +221,22 @@ static pshard_status route_down(struct exec_ctx *ctx, struct exec_gpu *g, int64_
                          g->stream);
 }
 
+/* The host's waits on the GPU, timed into the step's stats. */
+static pshard_status timed_wait(struct exec_ctx *ctx, pshard_status st, double since_ms) {
+    ctx->stats.host_wait_ms += core_now_ms() - since_ms;
+    return st;
+}
+
 /* Once the routing is down: the CPU's experts into host_moe. */
 static void cpu_experts(struct exec_ctx *ctx, struct exec_gpu *g, const struct shard *s, int64_t n, uint32_t first) {
+    const double t0 = core_now_ms();
     const size_t k = ctx->model->hp.n_expert_used;
     memcpy(ctx->s.xn, g->host_xn.ptr, sizeof(float) * (size_t)n * ctx->model->hp.n_embd);
     const int32_t *ids = g->host_route.ptr;
     const float *weights = (const float *)(ids + (size_t)n * k);
     shard_moe_cpu_experts(ctx, s->layer, n, ids, weights, (int32_t)first, (int32_t)s->n_expert, g->host_moe.ptr);
     ctx->stats.weight_bytes_read += (uint64_t)n * k * s->expert_bytes * (s->n_expert - first) / s->n_expert;
+    ctx->stats.host_compute_ms += core_now_ms() - t0;
 }
 
 static pshard_status sum_up(struct exec_ctx *ctx, struct exec_gpu *g, int64_t n) {
@@ -247,7 +256,8 @@ static pshard_status cpu_experts_end(struct exec_ctx *ctx, struct exec_gpu *g, u
         g->handoffs[g->n_handoffs++] = (struct gpu_handoff){index, first};
         CORE_TRY(cuda_flag_wait(g->flags_dev + 2 * il + 1, g->stream));
     } else {
-        CORE_TRY(cuda_event_sync(g->route_ready));
+        const double t0 = core_now_ms();
+        CORE_TRY(timed_wait(ctx, cuda_event_sync(g->route_ready), t0));
         cpu_experts(ctx, g, &ctx->model->shards[index], n, first);
     }
     return sum_up(ctx, g, n);
@@ -259,7 +269,8 @@ static pshard_status replay_handoffs(struct exec_ctx *ctx, struct exec_gpu *g) {
     volatile uint32_t *flags = g->flags.ptr;
     for (uint32_t h = 0; h < g->n_handoffs; h++) {
         const struct shard *s = &ctx->model->shards[g->handoffs[h].shard];
-        CORE_TRY(cuda_flag_host_wait(flags + 2 * s->layer, g->stream));
+        const double t0 = core_now_ms();
+        CORE_TRY(timed_wait(ctx, cuda_flag_host_wait(flags + 2 * s->layer, g->stream), t0));
         cpu_experts(ctx, g, s, 1, g->handoffs[h].first);
         cuda_flag_host_raise(flags + 2 * s->layer + 1);
     }
@@ -393,7 +404,8 @@ static void embed_for_replay(struct exec_ctx *ctx, struct exec_gpu *g, const str
 static pshard_status x_to_host(struct exec_ctx *ctx, struct exec_gpu *g, int64_t n) {
     const size_t bytes = sizeof(float) * (size_t)n * ctx->model->hp.n_embd;
     CORE_TRY(cuda_copy_d2h(g->host_x.ptr, g->x, bytes, g->stream));
-    CORE_TRY(cuda_stream_sync(g->stream));
+    const double t0 = core_now_ms();
+    CORE_TRY(timed_wait(ctx, cuda_stream_sync(g->stream), t0));
     memcpy(ctx->s.x, g->host_x.ptr, bytes);
     return PSHARD_OK;
 }
@@ -411,8 +423,13 @@ static pshard_status enqueue_step(struct exec_ctx *ctx, struct exec_gpu *g, cons
         const bool on_gpu = tier->shard[i] != PLACE_CPU;
         if (on_gpu && !x_on_gpu && shard->kind != SHARD_EMBED) CORE_TRY(x_to_gpu(ctx, g, b->n_tokens));
         if (!on_gpu && x_on_gpu && shard->kind != SHARD_EMBED) CORE_TRY(x_to_host(ctx, g, b->n_tokens));
-        if (on_gpu) CORE_TRY(gpu_shard(ctx, g, i, tier, b));
-        else cpu_shard(ctx, shard, b);
+        if (on_gpu) {
+            CORE_TRY(gpu_shard(ctx, g, i, tier, b));
+        } else {
+            const double t0 = core_now_ms();
+            cpu_shard(ctx, shard, b);
+            ctx->stats.host_compute_ms += core_now_ms() - t0;
+        }
         x_on_gpu = on_gpu;
     }
     return PSHARD_OK;
@@ -455,7 +472,8 @@ pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
         CORE_TRY(replay_decode(ctx, g, tier, b));
     else
         CORE_TRY(enqueue_step(ctx, g, tier, b));
-    CORE_TRY(cuda_stream_sync(g->stream));
+    const double t0 = core_now_ms();
+    CORE_TRY(timed_wait(ctx, cuda_stream_sync(g->stream), t0));
     if (tier->shard[ctx->model->n_shards - 1] != PLACE_CPU)
         memcpy(ctx->s.logits, g->host_logits.ptr, sizeof(float) * (size_t)ctx->stats.n_outputs * ctx->model->hp.n_vocab);
     return PSHARD_OK;

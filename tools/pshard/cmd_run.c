@@ -154,6 +154,10 @@ void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *s) {
         if (s->decode_streamed_bytes)
             fprintf(stderr, ", %s of them over PCIe", cli_format_bytes(s->decode_streamed_bytes, streamed, sizeof streamed));
         fputc('\n', stderr);
+        if (s->decode_host_wait_ms > 0)
+            fprintf(stderr, "decode step: %.2f ms, of which the host computed its shards and experts %.2f ms and waited "
+                            "for the GPU %.2f ms\n",
+                    s->decode_ms / (s->n_generated - 1), s->decode_host_compute_ms, s->decode_host_wait_ms);
     }
     if (s->predicted_decode_step_ms > 0)
         fprintf(stderr, "planner's prediction: prompt %.0f ms, decode %.1f tok/s (measured/predicted is learned into "
