@@ -283,6 +283,59 @@ static void test_moe_experts_by_range(void **state) {
     plan_free(&p);
 }
 
+/* Launches and hand-offs in the cost model: a one-token step whose shards are all on the GPU is
+ * replayed as a graph (launch latency does not pace it; its split MoE layers meet the host at
+ * the graph's hand-off), a two-token step is launched kernel by kernel (paced by launches; the
+ * event hand-off). */
+static void test_cost_launches_and_hand_offs(void **state) {
+    (void)state;
+    struct profile base_prof;
+    profile_defaults(&base_prof);
+    base_prof.has_gpu = true;
+    struct plan_request r = base;
+    r.family = PLAN_STATIC;
+    r.profile = &base_prof;
+    uint64_t room = fixed_streaming() + 4096; /* every shard's always-used part and two experts a layer */
+    for (uint32_t i = 0; i < moe.n_shards; i++) {
+        const struct shard *s = &moe.shards[i];
+        if (s->kind == SHARD_MOE) room += s->weight_bytes - (uint64_t)s->n_expert * s->expert_bytes + 2 * s->expert_bytes;
+        else if (s->kind != SHARD_EMBED) room += s->weight_bytes + s->kv_bytes_per_token * 2048;
+    }
+    r.vram_budget = (int64_t)room;
+    struct plan p;
+    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+    const struct plan_tier *t = &p.tier[PLAN_TIER_DECODE];
+    assert_true(t->shards_gpu && !t->all_gpu && !t->ring); /* experts split with the CPU */
+    uint32_t split = 0;
+    for (uint32_t l = 0; l < moe.hp.n_layers; l++) split += t->experts_gpu[l] < moe.hp.n_expert;
+    assert_true(split > 0);
+
+    struct cost_step one, two, one_slow, two_slow;
+    cost_step(&base_prof, &moe, &p, t, 1, 100, &one);
+    cost_step(&base_prof, &moe, &p, t, 2, 100, &two);
+    struct profile prof = base_prof;
+    const double extra = 1e-3;
+    prof.launch_s += extra;
+    cost_step(&prof, &moe, &p, t, 1, 100, &one_slow);
+    cost_step(&prof, &moe, &p, t, 2, 100, &two_slow);
+    assert_true(one_slow.seconds - one.seconds <= 2 * extra);               /* at most the upload of x */
+    assert_true(two_slow.seconds - two.seconds >= moe.n_shards / 2 * extra); /* every shard's launches */
+
+    prof = base_prof;
+    prof.graph_round_trip_s += extra;
+    cost_step(&prof, &moe, &p, t, 1, 100, &one_slow);
+    cost_step(&prof, &moe, &p, t, 2, 100, &two_slow);
+    assert_true(one_slow.seconds - one.seconds >= 0.99 * split * extra);
+    assert_true(two_slow.seconds == two.seconds);
+    prof = base_prof;
+    prof.round_trip_s += extra;
+    cost_step(&prof, &moe, &p, t, 1, 100, &one_slow);
+    cost_step(&prof, &moe, &p, t, 2, 100, &two_slow);
+    assert_true(one_slow.seconds == one.seconds);
+    assert_true(two_slow.seconds - two.seconds >= 0.99 * split * extra);
+    plan_free(&p);
+}
+
 static void test_too_small_names_the_minimum(void **state) {
     (void)state;
     struct plan p;
@@ -416,7 +469,7 @@ int main(void) {
         cmocka_unit_test(test_auto_picks_the_fastest_per_tier), cmocka_unit_test(test_moe_experts_by_range),
         cmocka_unit_test(test_too_small_names_the_minimum), cmocka_unit_test(test_parse),
         cmocka_unit_test(test_cost_model_and_learning), cmocka_unit_test(test_dynamic_balances_from_the_profile),
-        cmocka_unit_test(test_dynamic_ring_tiers_stage_alike),
+        cmocka_unit_test(test_dynamic_ring_tiers_stage_alike), cmocka_unit_test(test_cost_launches_and_hand_offs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
