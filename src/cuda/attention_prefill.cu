@@ -149,6 +149,10 @@ __global__ void __launch_bounds__(AP_THREADS) attn_prefill_kernel(const ap_args 
     }
 }
 
+extern "C" bool cuda_attention_prefill_pays(const struct cuda_attn_shape *a, int64_t n_tokens) {
+    return n_tokens >= AP_Q && cuda_attention_prefill_supported(a);
+}
+
 extern "C" bool cuda_attention_prefill_supported(const struct cuda_attn_shape *a) {
     return a->n_head_kv > 0 && a->n_head % a->n_head_kv == 0 && a->head_k % 16 == 0 && a->head_v % 16 == 0 &&
            a->head_k <= AP_MAX_HEAD && a->head_v <= AP_MAX_HEAD;

@@ -288,6 +288,11 @@ pshard_status cuda_attention_decode(const struct cuda_attn_shape *a, const struc
  * 64 cells, f16 products with f32 accumulation and online softmax; head_k, head_v multiples of
  * 16 up to 128. Probabilities are rounded to f16 for the P.V product. */
 bool cuda_attention_prefill_supported(const struct cuda_attn_shape *a);
+/* Whether n tokens of one sequence should take the prompt kernel: from a full tile of queries
+ * on. Below, a block costs what a full tile's does and n_head blocks leave most of the GPU idle
+ * while each scans the whole cache (qwen30b at 4K context: 2-16-token steps took ~25 ms more
+ * than one-token steps); the decode kernel spreads the cache over the GPU instead. */
+bool cuda_attention_prefill_pays(const struct cuda_attn_shape *a, int64_t n_tokens);
 pshard_status cuda_attention_prefill(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv, const float *q,
                                      int32_t seq, const int32_t *pos, int64_t n_tokens, float *out, cuda_stream s);
 

@@ -76,7 +76,7 @@ static void gpu_attn_step(void *arg, int rep) {
     struct gpu_bench *b = arg;
     (void)rep;
     for (int i = 0; i < 4; i++) {
-        if (b->n_tokens > 1 && cuda_attention_prefill_supported(&b->attn))
+        if (cuda_attention_prefill_pays(&b->attn, b->n_tokens))
             keep(b, cuda_attention_prefill(&b->attn, &b->kv, b->q, 0, b->pos, b->n_tokens, b->out, b->s));
         else
             keep(b, cuda_attention_decode(&b->attn, &b->kv, b->q, b->seq, b->pos, b->n_tokens, (int32_t)b->cells, b->out,

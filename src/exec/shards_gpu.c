@@ -47,8 +47,8 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
     CORE_TRY(cuda_rope_apply(&ctx->w.rope, g->rope_cs, g->k, n, (int)hp->n_head_kv, (int)hp->head_dim_k, s));
     CORE_TRY(cuda_kv_store(&g->kv[il], g->k, g->v, k_width, v_width, g->seq, g->pos, n, s));
 
-    /* A prompt of one sequence goes to the tensor-core kernel; anything else to the split-KV
-     * decode kernel, which takes any mix of sequences. */
+    /* A prompt of one sequence of a query tile or more goes to the tensor-core kernel; anything
+     * else to the split-KV decode kernel, which takes any mix of sequences. */
     int32_t max_len = 0;
     bool one_seq = true;
     for (int32_t t = 0; t < n; t++) {
@@ -56,7 +56,7 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
         one_seq = one_seq && b->seq[t] == b->seq[0];
     }
     if (g->capturing) max_len = ctx->params.n_ctx; /* a replayed bound must not depend on the position */
-    if (n > 1 && one_seq && cuda_attention_prefill_supported(&g->attn_shape))
+    if (one_seq && cuda_attention_prefill_pays(&g->attn_shape, n))
         CORE_TRY(cuda_attention_prefill(&g->attn_shape, &g->kv[il], g->q, b->seq[0], g->pos, n, g->attn, s));
     else
         CORE_TRY(cuda_attention_decode(&g->attn_shape, &g->kv[il], g->q, g->seq, g->pos, n, max_len, g->attn, g->work,
