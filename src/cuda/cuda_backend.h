@@ -185,6 +185,8 @@ pshard_status cuda_host_register(void *ptr, size_t bytes, bool required, struct 
 pshard_status cuda_host_device_pointer(const void *host, const void **dev);
 /* Fresh pinned memory (cudaMallocHost). */
 pshard_status cuda_host_alloc(size_t bytes, struct cuda_pinned *out);
+/* n hand-off flags (cuda_flag_*), lowered: pinned memory and the address the GPU uses. */
+pshard_status cuda_flags_alloc(size_t n, struct cuda_pinned *out, uint32_t **dev);
 /* Unregister or free, whichever applies; safe on a zeroed struct. */
 void cuda_pinned_release(struct cuda_pinned *p);
 

@@ -69,6 +69,10 @@ pshard_status cuda_graph_capture_begin(cuda_stream s) { (void)s; return no_cuda(
 pshard_status cuda_graph_capture_end(cuda_stream s, cuda_graph *out) { (void)s; *out = NULL; return no_cuda(); }
 pshard_status cuda_graph_launch(cuda_graph g, cuda_stream s) { (void)g, (void)s; return no_cuda(); }
 void cuda_graph_destroy(cuda_graph g) { (void)g; }
+pshard_status cuda_flags_alloc(size_t n, struct cuda_pinned *out, uint32_t **dev) {
+    (void)n, (void)out, *dev = NULL;
+    return no_cuda();
+}
 pshard_status cuda_flag_raise(uint32_t *flag_dev, cuda_stream s) { (void)flag_dev, (void)s; return no_cuda(); }
 pshard_status cuda_flag_wait(uint32_t *flag_dev, cuda_stream s) { (void)flag_dev, (void)s; return no_cuda(); }
 pshard_status cuda_flag_host_wait(volatile uint32_t *flag, cuda_stream s) { (void)flag, (void)s; return no_cuda(); }

@@ -221,6 +221,15 @@ extern "C" pshard_status cuda_host_alloc(size_t bytes, struct cuda_pinned *out) 
     return PSHARD_OK;
 }
 
+extern "C" pshard_status cuda_flags_alloc(size_t n, struct cuda_pinned *out, uint32_t **dev) {
+    CORE_TRY(cuda_host_alloc(sizeof(uint32_t) * n, out));
+    memset(out->ptr, 0, out->bytes);
+    const void *d = NULL;
+    const pshard_status st = cuda_host_device_pointer(out->ptr, &d);
+    *dev = (uint32_t *)d;
+    return st;
+}
+
 extern "C" void cuda_pinned_release(struct cuda_pinned *p) {
     if (p->allocated) cudaFreeHost(p->base);
     else if (p->pinned) cudaHostUnregister(p->base);

@@ -382,13 +382,7 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
         CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_moe));
         CORE_TRY(cuda_host_alloc((sizeof(int32_t) + sizeof(float)) * B * k, &g->host_route));
         CORE_TRY(cuda_event_create(false, &g->route_ready));
-        CORE_TRY(cuda_host_alloc(sizeof(uint32_t) * 2 * hp->n_layers, &g->flags));
-        memset(g->flags.ptr, 0, g->flags.bytes);
-        const void *dev;
-        CORE_TRY(cuda_host_device_pointer(g->flags.ptr, &dev));
-        g->flags_dev = (uint32_t *)dev;
-        g->handoffs = calloc(hp->n_layers, sizeof *g->handoffs);
-        if (!g->handoffs) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+        CORE_TRY(cuda_flags_alloc(2 * (size_t)hp->n_layers, &g->flags, &g->flags_dev));
     }
     if (plan_streams(plan)) {
         uint64_t before = 0, after = 0, total = 0;
@@ -467,7 +461,6 @@ void exec_gpu_free(struct exec_gpu *g) {
     cuda_pinned_release(&g->host_route);
     if (g->route_ready) cuda_event_destroy(g->route_ready);
     cuda_pinned_release(&g->flags);
-    free(g->handoffs);
     for (int s = 0; s < PLAN_STAGING_SLOTS; s++) {
         if (g->filled[s]) cuda_event_destroy(g->filled[s]);
         if (g->freed[s]) cuda_event_destroy(g->freed[s]);

@@ -58,11 +58,9 @@ struct exec_gpu {
     cuda_event route_ready; /* the routing of the current MoE shard has reached host_route */
     /* A replayed decode step that splits MoE layers with the CPU meets the host at flags in
      * pinned host memory, two per layer: ready (the routing is down) and go (the CPU's sum is
-     * in host_moe). The hand-offs, in the order the captured step makes them. */
+     * in host_moe). */
     struct cuda_pinned flags;
     uint32_t *flags_dev;
-    struct gpu_handoff { uint32_t shard, first; } *handoffs;
-    uint32_t n_handoffs;
     /* the model file's mappings, registered for streaming */
     struct cuda_pinned *registered;
     uint32_t n_registered;

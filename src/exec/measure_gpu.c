@@ -435,14 +435,8 @@ static pshard_status measure_transfers(const struct measure_request *req, const 
         if (p->round_trip_s < p->sync_s) p->round_trip_s = p->sync_s;
         if (b->ready) cuda_event_destroy(b->ready);
         struct cuda_pinned flags = {0};
-        const void *flags_dev = NULL;
-        if (st == PSHARD_OK) st = cuda_host_alloc(sizeof(uint32_t) * 100, &flags);
-        if (st == PSHARD_OK) {
-            memset(flags.ptr, 0, flags.bytes);
-            b->flags = flags.ptr;
-            st = cuda_host_device_pointer(flags.ptr, &flags_dev);
-        }
-        b->flags_dev = (uint32_t *)flags_dev;
+        if (st == PSHARD_OK) st = cuda_flags_alloc(100, &flags, &b->flags_dev);
+        b->flags = flags.ptr;
         if (st == PSHARD_OK) st = capture_handoffs(b);
         if (st == PSHARD_OK)
             p->graph_round_trip_s = (measure_time_steps(graph_round_trip_step, b) - measure_time_steps(gpu_work_step, b)) / 50;

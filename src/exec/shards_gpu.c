@@ -227,6 +227,11 @@ static pshard_status timed_wait(struct exec_ctx *ctx, pshard_status st, double s
     return st;
 }
 
+static pshard_status stream_done(struct exec_ctx *ctx, struct exec_gpu *g) {
+    const double t0 = core_now_ms();
+    return timed_wait(ctx, cuda_stream_sync(g->stream), t0);
+}
+
 /* Once the routing is down: the CPU's experts into host_moe. */
 static void cpu_experts(struct exec_ctx *ctx, struct exec_gpu *g, const struct shard *s, int64_t n, uint32_t first) {
     const double t0 = core_now_ms();
@@ -250,28 +255,28 @@ static pshard_status cpu_experts_begin(struct exec_ctx *ctx, struct exec_gpu *g,
     return cuda_event_record(g->route_ready, g->stream);
 }
 
-static pshard_status cpu_experts_end(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t index, int il, int64_t n,
+static pshard_status cpu_experts_end(struct exec_ctx *ctx, struct exec_gpu *g, const struct shard *s, int64_t n,
                                      uint32_t first) {
     if (g->capturing) { /* the host's part runs at replay (replay_handoffs) */
-        g->handoffs[g->n_handoffs++] = (struct gpu_handoff){index, first};
-        CORE_TRY(cuda_flag_wait(g->flags_dev + 2 * il + 1, g->stream));
+        CORE_TRY(cuda_flag_wait(g->flags_dev + 2 * s->layer + 1, g->stream));
     } else {
         const double t0 = core_now_ms();
         CORE_TRY(timed_wait(ctx, cuda_event_sync(g->route_ready), t0));
-        cpu_experts(ctx, g, &ctx->model->shards[index], n, first);
+        cpu_experts(ctx, g, s, n, first);
     }
     return sum_up(ctx, g, n);
 }
 
-/* The host's side of a replayed step's hand-offs, in order: wait for the routing, compute,
- * let the GPU go on. */
-static pshard_status replay_handoffs(struct exec_ctx *ctx, struct exec_gpu *g) {
+/* The host's side of a replayed step's hand-offs, in the step's order (every MoE shard of the
+ * tier that leaves experts to the CPU): wait for the routing, compute, let the GPU go on. */
+static pshard_status replay_handoffs(struct exec_ctx *ctx, struct exec_gpu *g, const struct plan_tier *tier) {
     volatile uint32_t *flags = g->flags.ptr;
-    for (uint32_t h = 0; h < g->n_handoffs; h++) {
-        const struct shard *s = &ctx->model->shards[g->handoffs[h].shard];
+    for (uint32_t i = 0; i < ctx->model->n_shards; i++) {
+        const struct shard *s = &ctx->model->shards[i];
+        if (s->kind != SHARD_MOE || tier->shard[i] == PLACE_CPU || tier->experts_gpu[s->layer] >= s->n_expert) continue;
         const double t0 = core_now_ms();
         CORE_TRY(timed_wait(ctx, cuda_flag_host_wait(flags + 2 * s->layer, g->stream), t0));
-        cpu_experts(ctx, g, s, 1, g->handoffs[h].first);
+        cpu_experts(ctx, g, s, 1, tier->experts_gpu[s->layer]);
         cuda_flag_host_raise(flags + 2 * s->layer + 1);
     }
     return PSHARD_OK;
@@ -317,7 +322,7 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
         CORE_TRY(swiglu_ffn(ctx, g, &l->gate_shexp, &l->up_shexp, &l->down_shexp, n, g->proj));
         CORE_TRY(cuda_add(g->x, g->proj, n * d, s));
     }
-    if (on_gpu < E) CORE_TRY(cpu_experts_end(ctx, g, index, il, n, on_gpu));
+    if (on_gpu < E) CORE_TRY(cpu_experts_end(ctx, g, shard, n, on_gpu));
     return PSHARD_OK;
 }
 
@@ -404,8 +409,7 @@ static void embed_for_replay(struct exec_ctx *ctx, struct exec_gpu *g, const str
 static pshard_status x_to_host(struct exec_ctx *ctx, struct exec_gpu *g, int64_t n) {
     const size_t bytes = sizeof(float) * (size_t)n * ctx->model->hp.n_embd;
     CORE_TRY(cuda_copy_d2h(g->host_x.ptr, g->x, bytes, g->stream));
-    const double t0 = core_now_ms();
-    CORE_TRY(timed_wait(ctx, cuda_stream_sync(g->stream), t0));
+    CORE_TRY(stream_done(ctx, g));
     memcpy(ctx->s.x, g->host_x.ptr, bytes);
     return PSHARD_OK;
 }
@@ -444,7 +448,6 @@ static pshard_status replay_decode(struct exec_ctx *ctx, struct exec_gpu *g, con
     if (fresh) {
         const struct exec_stats before = ctx->stats;
         g->capturing = true;
-        g->n_handoffs = 0;
         CORE_TRY(cuda_graph_capture_begin(g->stream));
         pshard_status st = enqueue_step(ctx, g, tier, b);
         cuda_graph end_graph = NULL;
@@ -461,19 +464,18 @@ static pshard_status replay_decode(struct exec_ctx *ctx, struct exec_gpu *g, con
     ctx->stats.streamed_bytes += g->decode_graph_streamed;
     if (!fresh) embed_for_replay(ctx, g, tier, b);
     CORE_TRY(cuda_graph_launch(g->decode_graph, g->stream));
-    return replay_handoffs(ctx, g);
+    return replay_handoffs(ctx, g, tier);
 }
 
 pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
     struct exec_gpu *g = ctx->gpu;
     const struct plan_tier *tier = plan_tier_for(&ctx->plan, b->n_tokens);
     CORE_TRY(upload_batch(ctx, g, b));
-    if (tier->shards_gpu && !tier->ring && b->n_tokens == 1 && ctx->stats.n_outputs == 1 && !g->no_graphs)
+    if (plan_tier_replays(tier, b->n_tokens) && ctx->stats.n_outputs == 1 && !g->no_graphs)
         CORE_TRY(replay_decode(ctx, g, tier, b));
     else
         CORE_TRY(enqueue_step(ctx, g, tier, b));
-    const double t0 = core_now_ms();
-    CORE_TRY(timed_wait(ctx, cuda_stream_sync(g->stream), t0));
+    CORE_TRY(stream_done(ctx, g));
     if (tier->shard[ctx->model->n_shards - 1] != PLACE_CPU)
         memcpy(ctx->s.logits, g->host_logits.ptr, sizeof(float) * (size_t)ctx->stats.n_outputs * ctx->model->hp.n_vocab);
     return PSHARD_OK;

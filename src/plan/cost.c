@@ -196,9 +196,7 @@ void cost_step(const struct profile *prof, const struct model *m, const struct p
     memset(out, 0, sizeof *out);
     const double n = n_tokens > 0 ? n_tokens : 1;
     struct walk w = {prof, m, p, t, n, 1, n_past + (n + 1) / 2, false, false, out};
-    /* Replayed as a CUDA graph: one-token steps with every shard on the GPU (experts may
-     * split with the CPU), no ring. */
-    w.graph = t->shards_gpu && !t->ring && n_tokens == 1;
+    w.graph = plan_tier_replays(t, n_tokens);
     if (!prof->has_gpu && t->any_gpu) {
         out->seconds = INFINITY;
         return;

