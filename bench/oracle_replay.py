@@ -4,7 +4,8 @@ without a GPU: for each configuration, `pshard plan --profile PROFILE` (the prof
 the machine that ran the oracle) gives every candidate's predicted time and the planner's choice;
 the measured times say which candidate really was fastest.
 
-Usage: bench/oracle_replay.py PSHARD PROFILE MODEL_DIR ORACLE.json [ORACLE.json ...]
+Usage: bench/oracle_replay.py PSHARD PROFILE MODEL_DIR ORACLE.json[:PROFILE.json] [...]
+(an oracle run's file may name its own profile after a colon; PROFILE is for the others)
 Prints one line per configuration and the summary `pshard bench --oracle` prints: how often the
 choice was the measured best, how much slower when not, and the median prediction error."""
 import json
@@ -45,18 +46,19 @@ def plan_table(pshard, profile, model, budget_gb, ctx, batch):
 def main():
     pshard, profile, model_dir, files = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
     rows = []
-    for f in files:
+    for item in files:
+        f, _, own = item.partition(":")
         for line in open(f):
             try:
-                rows.append(json.loads(line))
+                rows.append((own or profile, json.loads(line)))
             except ValueError:
                 pass  # a line cut short (the run was stopped while writing it)
     cache = {}
     best_n = within = configs = 0
     worst = 0.0
     errors, all_errors = [], []
-    for r in rows:
-        key = (r["model"], r["budget_gb"], r["context"])
+    for profile, r in rows:
+        key = (profile, r["model"], r["budget_gb"], r["context"])
         if key not in cache:
             cache[key] = plan_table(pshard, profile, "%s/%s" % (model_dir, r["model"]), r["budget_gb"], r["context"], 1024)
         tiers, table = cache[key]
