@@ -371,20 +371,37 @@ static void test_cost_model_and_learning(void **state) {
     assert_true(a.pcie_s > b.pcie_s);
     assert_true(a.seconds == a.raw_seconds);
 
-    cost_learn(&prof, PLAN_GPU, 1, a.raw_seconds, 2 * a.raw_seconds);
+    cost_learn(&prof, &model, PLAN_GPU, 1, a.raw_seconds, 2 * a.raw_seconds);
     struct cost_step c;
     cost_step(&prof, &model, &small, &small.tier[0], 1, 1000, &c);
     assert_true(fabs(c.seconds / (2 * a.raw_seconds) - 1) < 1e-9 && c.raw_seconds == a.raw_seconds);
-    cost_learn(&prof, PLAN_GPU, 1, a.raw_seconds, a.raw_seconds); /* a running mean: (2 + 1) / 2 */
-    assert_true(fabs(prof.refine[PLAN_GPU][0] - 1.5) < 1e-12);
-    cost_learn(&prof, PLAN_GPU, 100, 1.0, 1000.0); /* bounded; steps of 64-255 tokens */
-    assert_true(prof.refine[PLAN_GPU][3] == 4 && prof.refine[PLAN_GPU][2] == 0 && prof.refine[PLAN_GPU][4] == 0);
+    cost_learn(&prof, &model, PLAN_GPU, 1, a.raw_seconds, a.raw_seconds); /* a running mean: (2 + 1) / 2 */
+    assert_true(fabs(prof.refine[0].scale[PLAN_GPU][0] - 1.5) < 1e-12);
+    cost_learn(&prof, &model, PLAN_GPU, 100, 1.0, 1000.0); /* bounded; steps of 64-255 tokens */
+    assert_true(prof.refine[0].scale[PLAN_GPU][3] == 4 && prof.refine[0].scale[PLAN_GPU][2] == 0 &&
+                prof.refine[0].scale[PLAN_GPU][4] == 0);
     cost_step(&prof, &model, &small, plan_tier_for(&small, 100), 100, 0, &c); /* steps scale by their size's own */
     assert_true(fabs(c.seconds / c.raw_seconds - 4) < 1e-9);
     cost_step(&prof, &model, &small, plan_tier_for(&small, 512), 512, 0, &c);
     assert_true(c.seconds == c.raw_seconds);
-    cost_learn(&prof, PLAN_STATIC, 1, 0, 1.0); /* nothing to learn from */
-    assert_true(prof.refine[PLAN_STATIC][0] == 0);
+    cost_learn(&prof, &model, PLAN_STATIC, 1, 0, 1.0); /* nothing to learn from */
+    assert_true(prof.refine[0].scale[PLAN_STATIC][0] == 0);
+
+    /* What one model taught stays with it: another model's steps are not scaled. */
+    struct model other = model;
+    snprintf(other.hp.arch_name, sizeof other.hp.arch_name, "other");
+    cost_step(&prof, &other, &small, &small.tier[0], 1, 1000, &c);
+    assert_true(c.seconds == c.raw_seconds);
+    /* Up to PROFILE_MODELS models are kept; a new one past that replaces the oldest. */
+    for (int i = 0; i < PROFILE_MODELS; i++) {
+        snprintf(other.hp.arch_name, sizeof other.hp.arch_name, "other%d", i);
+        cost_learn(&prof, &other, PLAN_GPU, 1, 1.0, 3.0);
+    }
+    assert_true(prof.refine[PROFILE_MODELS - 1].scale[PLAN_GPU][0] == 3);
+    cost_step(&prof, &model, &small, &small.tier[0], 1, 1000, &c); /* the first model's entry went */
+    assert_true(c.seconds == c.raw_seconds);
+    cost_step(&prof, &other, &small, &small.tier[0], 1, 1000, &c);
+    assert_true(fabs(c.seconds / c.raw_seconds - 3) < 1e-9);
     plan_free(&small);
     plan_free(&large);
 }

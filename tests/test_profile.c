@@ -57,7 +57,8 @@ static struct profile sample(void) {
     p.zero_copy_experts[4] = 1.0 / 31.25e9;
     p.cpu_moe_call_s = 7.5e-5;
     p.kernel_s = 4.25e-6;
-    p.refine[3][0] = 1.375;
+    snprintf(p.refine[0].model, sizeof p.refine[0].model, "llama 2x64 e0 0.01 GB");
+    p.refine[0].scale[3][0] = 1.375;
     return p;
 }
 
@@ -329,6 +330,9 @@ static void test_refuses_malformed(void **state) {
         {"\"threads\": ", "\"threads\": 1.5, \"x\": ", "\"fingerprint.threads\""},
         {"\"cpu_step_s\"", "\"cpu_step\"", "\"cpu_step_s\""},                      /* missing */
         {"\"created\": ", "\"created\": -", "\"created\""},
+        {"\"model\": \"", "\"model\": \"\", \"x\": \"", "\"refine\""},                /* a model without a name */
+        {"\"scale\": [", "\"scale\": [[1,1,1,1,1,1], ", "\"refine\""},               /* 6 families */
+        {"1.375", "-1.375", "\"refine\""},                                              /* negative */
     };
     for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
         write_text(path, good);

@@ -2,6 +2,7 @@
 #include "plan/cost.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "quant/types.h"
@@ -191,6 +192,15 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
     w->out->seconds += side;
 }
 
+/* The model's entry in prof->refine, -1 when running it has taught nothing yet. */
+static int refine_index(const struct profile *prof, const struct model *m) {
+    char key[sizeof prof->refine[0].model];
+    cost_model_key(m, key, sizeof key);
+    for (int i = 0; i < PROFILE_MODELS && prof->refine[i].model[0]; i++)
+        if (!strcmp(prof->refine[i].model, key)) return i;
+    return -1;
+}
+
 void cost_step(const struct profile *prof, const struct model *m, const struct plan *p, const struct plan_tier *t,
                int32_t n_tokens, int32_t n_past, struct cost_step *out) {
     memset(out, 0, sizeof *out);
@@ -215,17 +225,36 @@ void cost_step(const struct profile *prof, const struct model *m, const struct p
     }
     if (t->any_gpu && !w.graph) out->overhead_s += prof->sync_s, out->seconds += prof->sync_s;
     out->raw_seconds = out->seconds;
-    const double scale =
-        (int)t->family < (int)PROFILE_FAMILIES ? prof->refine[t->family][profile_token_index(n_tokens)] : 0;
+    const int learned = refine_index(prof, m);
+    const double scale = learned >= 0 && (int)t->family < (int)PROFILE_FAMILIES
+                             ? prof->refine[learned].scale[t->family][profile_token_index(n_tokens)]
+                             : 0;
     if (scale > 0) out->seconds *= scale;
 }
 
-void cost_learn(struct profile *prof, enum plan_family family, int32_t n_tokens, double raw_predicted_s,
-                double measured_s) {
+void cost_model_key(const struct model *m, char *out, size_t size) {
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < m->n_shards; i++) bytes += m->shards[i].weight_bytes;
+    snprintf(out, size, "%.24s %ux%u e%u %.2f GB", m->hp.arch_name, m->hp.n_layers, m->hp.n_embd, m->hp.n_expert,
+             bytes / 1e9);
+}
+
+void cost_learn(struct profile *prof, const struct model *m, enum plan_family family, int32_t n_tokens,
+                double raw_predicted_s, double measured_s) {
     if ((int)family >= (int)PROFILE_FAMILIES || !(raw_predicted_s > 0) || !(measured_s > 0) || !isfinite(measured_s)) return;
+    int i = refine_index(prof, m);
+    if (i < 0) { /* a new model: the first free entry, else the oldest makes room at the end */
+        for (i = 0; i < PROFILE_MODELS && prof->refine[i].model[0]; i++) continue;
+        if (i == PROFILE_MODELS) {
+            memmove(&prof->refine[0], &prof->refine[1], sizeof prof->refine[0] * (PROFILE_MODELS - 1));
+            i = PROFILE_MODELS - 1;
+        }
+        memset(&prof->refine[i], 0, sizeof prof->refine[i]);
+        cost_model_key(m, prof->refine[i].model, sizeof prof->refine[i].model);
+    }
     double ratio = measured_s / raw_predicted_s;
     ratio = ratio < 0.25 ? 0.25 : ratio > 4 ? 4 : ratio;
-    double *r = &prof->refine[family][profile_token_index(n_tokens)];
+    double *r = &prof->refine[i].scale[family][profile_token_index(n_tokens)];
     *r = *r > 0 ? (*r + ratio) / 2 : ratio;
 }
 

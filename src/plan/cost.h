@@ -36,10 +36,14 @@ double cost_touched(double range, double E, double k, double n);
 void cost_step(const struct profile *prof, const struct model *m, const struct plan *p, const struct plan_tier *t,
                int32_t n_tokens, int32_t n_past, struct cost_step *out);
 
-/* Learn from a measured run: measured over raw predicted seconds of steps of this family and
- * size (n_tokens) folds into prof->refine (an even running mean, kept within 1/4 .. 4). */
-void cost_learn(struct profile *prof, enum plan_family family, int32_t n_tokens, double raw_predicted_s,
-                double measured_s);
+/* Learn from a measured run of model m: measured over raw predicted seconds of steps of this
+ * family and size (n_tokens) folds into m's entry of prof->refine (an even running mean, kept
+ * within 1/4 .. 4); a model not seen yet takes a free entry, or the oldest one's. */
+void cost_learn(struct profile *prof, const struct model *m, enum plan_family family, int32_t n_tokens,
+                double raw_predicted_s, double measured_s);
+
+/* The name a model's learning is kept under: architecture, layers x width, experts, size. */
+void cost_model_key(const struct model *m, char *out, size_t size);
 
 /* A request: a prompt of n_prompt tokens in steps of at most n_batch, then n_gen decode steps;
  * seconds to the first token and per generated token. */

@@ -274,7 +274,13 @@ static json_t *profile_json(const struct profile *p) {
     ok &= put(root, "zero_copy", reals_json(p->zero_copy, PROFILE_TOKENS));
     ok &= put(root, "kernel_s", json_real(p->kernel_s));
     json_t *refine = json_array();
-    for (int f = 0; refine && f < PROFILE_FAMILIES; f++) ok &= json_array_append_new(refine, reals_json(p->refine[f], PROFILE_TOKENS)) == 0;
+    for (int i = 0; refine && i < PROFILE_MODELS && p->refine[i].model[0]; i++) {
+        json_t *entry = json_object(), *scale = json_array();
+        for (int f = 0; scale && f < PROFILE_FAMILIES; f++)
+            ok &= json_array_append_new(scale, reals_json(p->refine[i].scale[f], PROFILE_TOKENS)) == 0;
+        ok &= entry && scale && put(entry, "model", json_string(p->refine[i].model)) && put(entry, "scale", scale);
+        ok &= entry && json_array_append_new(refine, entry) == 0;
+    }
     ok &= refine && put(root, "refine", refine);
     ok &= put(root, "zero_copy_experts", reals_json(p->zero_copy_experts, PROFILE_TOKENS));
     ok &= put(root, "cpu_moe_call_s", json_real(p->cpu_moe_call_s));
@@ -459,17 +465,27 @@ static pshard_status profile_from_json(const char *path, json_t *root, struct pr
     CORE_TRY(read_reals(path, root, "zero_copy", p->zero_copy, PROFILE_TOKENS));
     CORE_TRY(read_real(path, root, "kernel_s", &p->kernel_s));
     const json_t *refine = json_object_get(root, "refine");
-    if (!json_is_array(refine) || json_array_size(refine) != PROFILE_FAMILIES)
-        return core_fail(PSHARD_ERR_FORMAT, "%s: \"refine\" must be an array of %d arrays", path, PROFILE_FAMILIES);
-    for (int f = 0; f < PROFILE_FAMILIES; f++) {
-        const json_t *row = json_array_get(refine, (size_t)f);
-        for (int k = 0; k < PROFILE_TOKENS; k++) {
-            const json_t *v = json_array_get(row, (size_t)k);
-            if (!json_is_array(row) || json_array_size(row) != PROFILE_TOKENS || !json_is_number(v) ||
-                !(json_number_value(v) >= 0) || !isfinite(json_number_value(v)))
-                return core_fail(PSHARD_ERR_FORMAT, "%s: \"refine\" must hold %d non-negative numbers per family", path,
-                                 PROFILE_TOKENS);
-            p->refine[f][k] = json_number_value(v);
+    if (!json_is_array(refine) || json_array_size(refine) > PROFILE_MODELS)
+        return core_fail(PSHARD_ERR_FORMAT, "%s: \"refine\" must be an array of at most %d models", path, PROFILE_MODELS);
+    for (size_t i = 0; i < json_array_size(refine); i++) {
+        const json_t *entry = json_array_get(refine, i), *model = json_object_get(entry, "model"),
+                     *scale = json_object_get(entry, "scale");
+        if (!json_is_string(model) || !json_string_length(model) ||
+            json_string_length(model) >= sizeof p->refine[i].model || !json_is_array(scale) ||
+            json_array_size(scale) != PROFILE_FAMILIES)
+            return core_fail(PSHARD_ERR_FORMAT, "%s: \"refine\" entries need a \"model\" (1-%d characters) and "
+                             "\"scale\", %d arrays", path, (int)sizeof p->refine[i].model - 1, PROFILE_FAMILIES);
+        memcpy(p->refine[i].model, json_string_value(model), json_string_length(model) + 1);
+        for (int f = 0; f < PROFILE_FAMILIES; f++) {
+            const json_t *row = json_array_get(scale, (size_t)f);
+            for (int k = 0; k < PROFILE_TOKENS; k++) {
+                const json_t *v = json_array_get(row, (size_t)k);
+                if (!json_is_array(row) || json_array_size(row) != PROFILE_TOKENS || !json_is_number(v) ||
+                    !(json_number_value(v) >= 0) || !isfinite(json_number_value(v)))
+                    return core_fail(PSHARD_ERR_FORMAT, "%s: \"refine\" must hold %d non-negative numbers per family",
+                                     path, PROFILE_TOKENS);
+                p->refine[i].scale[f][k] = json_number_value(v);
+            }
         }
     }
     CORE_TRY(read_reals(path, root, "zero_copy_experts", p->zero_copy_experts, PROFILE_TOKENS));

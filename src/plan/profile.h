@@ -23,6 +23,7 @@ enum {
     PROFILE_FORMATS = 8,  /* tensor formats per profile */
     PROFILE_MAX_AGE_DAYS = 90,
     PROFILE_FAMILIES = 5, /* auto, cpu, gpu, static, dynamic */
+    PROFILE_MODELS = 8,   /* models whose step times are learned from (the latest kept) */
 };
 extern const int32_t profile_tokens[PROFILE_TOKENS];
 extern const uint64_t profile_sizes[PROFILE_SIZES];
@@ -31,6 +32,12 @@ extern const uint64_t profile_sizes[PROFILE_SIZES];
 struct profile_rate {
     char format[16]; /* the type's name as quant_type_name() gives it, e.g. "Q4_0"; "" = unused slot */
     double s_per_byte[PROFILE_TOKENS];
+};
+
+/* What running one model taught the cost model (see struct profile's refine). */
+struct profile_refine {
+    char model[64]; /* the model's key (cost_model_key), "" = unused slot */
+    double scale[PROFILE_FAMILIES][PROFILE_TOKENS];
 };
 
 struct profile_fingerprint {
@@ -80,11 +87,11 @@ struct profile {
     /* The same with a kernel reading host memory in place (how decode steps stream) instead. */
     double reads_share_under_cpu, cpu_share_under_reads;
 
-    /* Learned while running: measured over predicted step time, per plan family (in enum
-     * plan_family's order) and size of step (index i: from profile_tokens[i] tokens up to the
-     * next, like the plan's tiers); 0 = nothing learned yet. The cost model scales its
-     * predictions by these (see cost_learn). */
-    double refine[PROFILE_FAMILIES][PROFILE_TOKENS];
+    /* Learned while running, per model (what the cost model misses differs by model): measured
+     * over predicted step time, per plan family (in enum plan_family's order) and size of step
+     * (index i: from profile_tokens[i] tokens up to the next, like the plan's tiers); 0 =
+     * nothing learned yet. The cost model scales its predictions by these (see cost_learn). */
+    struct profile_refine refine[PROFILE_MODELS];
 };
 
 /* The conservative defaults used when nothing was measured (`--no-profile`): a slow CPU, PCIe
