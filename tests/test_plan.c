@@ -21,7 +21,7 @@ static struct gguf_file *file, *moe_file;
 static struct model model, moe;
 static char moe_path[256];
 static const struct plan_gpu_costs costs = {100 << 20, 20 << 20, 10 << 20, 32 << 20, 256 << 10};
-static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL};
+static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false};
 
 static int setup(void **state) {
     (void)state;
@@ -195,6 +195,70 @@ static void test_dynamic_ring_tiers_stage_alike(void **state) {
         cpu_ffn += model.shards[i].kind == SHARD_FFN && p.tier[PLAN_TIER_DECODE].shard[i] == PLACE_CPU;
     assert_true(cpu_ffn > 0);
     plan_free(&p);
+}
+
+/* Lending the slots: the dense shards among the ring's last units (what a ring step leaves in the
+ * slots) run from there in tiers without the ring, in every family that has the ring's room, and
+ * those tiers neither stream them over PCIe nor pay for it. */
+static void test_lent_slots(void **state) {
+    (void)state;
+    struct plan_request r = base;
+    r.family = PLAN_GPU;
+    r.vram_budget = (int64_t)(fixed() + attention_and_kv(&model, 2048) + (8 << 20));
+    struct plan plain, lent;
+    assert_int_equal(plan_build(&model, &r, &costs, &plain), PSHARD_OK);
+    assert_null(plain.lent); /* off unless asked for */
+    r.lend_slots = true;
+    assert_int_equal(plan_build(&model, &r, &costs, &lent), PSHARD_OK);
+    assert_non_null(lent.lent);
+    int ring = -1;
+    for (int t = PLAN_TIERS - 1; t >= 0; t--) ring = lent.tier[t].ring ? t : ring;
+    assert_true(ring > 0 && lent.n_slots > 0);
+    struct plan_unit *units = malloc(sizeof *units * plan_ring_units_max(&lent));
+    assert_non_null(units);
+    const uint32_t n = plan_ring_units(&lent, &model, &lent.tier[ring], units);
+    assert_true(n > lent.n_slots);
+    for (uint32_t j = 0; j < n; j++) /* the ring tier streams exactly its units */
+        assert_int_equal(lent.tier[ring].shard[units[j].shard], PLACE_STREAMED);
+    uint64_t lent_bytes = 0;
+    int n_lent = 0;
+    for (uint32_t i = 0; i < model.n_shards; i++) {
+        bool last = false;
+        for (uint32_t j = n - lent.n_slots; j < n; j++) last |= units[j].shard == i;
+        assert_int_equal(lent.lent[i], last && model.shards[i].kind != SHARD_MOE);
+        if (!lent.lent[i]) continue;
+        n_lent++;
+        lent_bytes += plan_unit_bytes(&model.shards[i], 0);
+        assert_true(plan_reads_lent(&lent, &lent.tier[PLAN_TIER_DECODE], i));
+        assert_false(plan_reads_lent(&lent, &lent.tier[ring], i)); /* the ring stages it as before */
+    }
+    assert_int_equal(n_lent, lent.n_slots);
+    const struct plan_tier *a = &plain.tier[PLAN_TIER_DECODE], *b = &lent.tier[PLAN_TIER_DECODE];
+    assert_int_equal(a->pcie_bytes_per_token - b->pcie_bytes_per_token, lent_bytes);
+    assert_int_equal(b->gpu_bytes_per_token - a->gpu_bytes_per_token, lent_bytes);
+    struct profile prof;
+    profile_defaults(&prof);
+    prof.has_gpu = true;
+    struct cost_step ca, cb;
+    cost_step(&prof, &model, &plain, a, 1, 1000, &ca);
+    cost_step(&prof, &model, &lent, b, 1, 1000, &cb);
+    assert_true(cb.pcie_s < ca.pcie_s && cb.seconds < ca.seconds);
+    free(units);
+    plan_free(&plain);
+    plan_free(&lent);
+
+    /* static with the ring's room (as auto weighs it): the lent shards leave the CPU. */
+    r.family = PLAN_STATIC;
+    r.staging = PLAN_SET_RING;
+    assert_int_equal(plan_build(&model, &r, &costs, &lent), PSHARD_OK);
+    int on_gpu = 0, on_cpu = 0;
+    for (uint32_t i = 0; i < model.n_shards; i++) {
+        if (model.shards[i].kind != SHARD_FFN || lent.tier[0].shard[i] == PLACE_RESIDENT) continue;
+        if (lent.lent[i]) assert_true(plan_reads_lent(&lent, &lent.tier[0], i)), on_gpu++;
+        else assert_int_equal(lent.tier[0].shard[i], PLACE_CPU), on_cpu++;
+    }
+    assert_true(on_gpu > 0 && on_cpu > 0);
+    plan_free(&lent);
 }
 
 /* auto on a dense model under a budget: each tier runs the candidate the cost model predicts
@@ -487,6 +551,7 @@ int main(void) {
         cmocka_unit_test(test_too_small_names_the_minimum), cmocka_unit_test(test_parse),
         cmocka_unit_test(test_cost_model_and_learning), cmocka_unit_test(test_dynamic_balances_from_the_profile),
         cmocka_unit_test(test_dynamic_ring_tiers_stage_alike), cmocka_unit_test(test_cost_launches_and_hand_offs),
+        cmocka_unit_test(test_lent_slots),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

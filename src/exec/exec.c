@@ -101,6 +101,14 @@ static pshard_status alloc_scratch(struct exec_ctx *ctx) {
     return PSHARD_OK;
 }
 
+/* The planner's request for these parameters. PSHARD_LEND_SLOTS=1 lets tiers that do not use the
+ * staging ring read the units it leaves in its slots (plan.lent; not yet measured on a GPU). */
+static struct plan_request request_for(const struct exec_params *p, bool gpu_wanted) {
+    const char *lend = getenv("PSHARD_LEND_SLOTS");
+    return (struct plan_request){gpu_wanted ? p->plan : PLAN_CPU, p->vram_budget, p->n_ctx, p->n_batch, p->n_seq,
+                                 p->stream_share, p->staging, p->profile, lend && strcmp(lend, "0") != 0};
+}
+
 static pshard_status build_plan(const struct model *model, const struct model_weights *w, const struct exec_params *p,
                                 struct plan *out) {
     struct plan_gpu_costs costs = {0};
@@ -110,8 +118,7 @@ static pshard_status build_plan(const struct model *model, const struct model_we
             return core_fail(PSHARD_ERR_UNSUPPORTED, "no CUDA device: run on the CPU (budget 0 or --plan cpu)");
         CORE_TRY(exec_gpu_costs(model, w, p, &costs));
     }
-    struct plan_request req = {gpu_wanted ? p->plan : PLAN_CPU, p->vram_budget, p->n_ctx, p->n_batch, p->n_seq,
-                               p->stream_share, p->staging, p->profile};
+    const struct plan_request req = request_for(p, gpu_wanted);
     return plan_build(model, &req, &costs, out);
 }
 
@@ -121,8 +128,7 @@ pshard_status exec_make_plan(const struct model *model, const struct exec_params
     struct plan_gpu_costs costs = {0};
     pshard_status st = PSHARD_OK;
     if (params->plan != PLAN_CPU && params->vram_budget != 0) st = exec_gpu_costs(model, &w, params, &costs);
-    struct plan_request req = {params->vram_budget == 0 ? PLAN_CPU : params->plan, params->vram_budget, params->n_ctx,
-                               params->n_batch, params->n_seq, params->stream_share, params->staging, params->profile};
+    const struct plan_request req = request_for(params, params->vram_budget != 0);
     if (st == PSHARD_OK) st = plan_build(model, &req, &costs, out);
     model_weights_free(&w);
     return st;

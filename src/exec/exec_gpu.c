@@ -328,13 +328,16 @@ static pshard_status make_masks(struct exec_gpu *g, const struct exec_ctx *ctx) 
 }
 
 /* The staging ring and the units of the tiers that use it (they all stream everything not
- * resident, so they share one list), in the order a step uses them. */
+ * resident, so they share one list), in the order a step uses them; also for a plan that lends
+ * the slots to tiers without the ring. */
 static pshard_status make_ring(struct exec_gpu *g, const struct exec_ctx *ctx) {
     const struct plan *plan = &ctx->plan;
-    int ring = 0;
+    bool lends = false;
+    for (uint32_t i = 0; plan->lent && i < plan->n_shards; i++) lends |= plan->lent[i];
+    int ring = 0, gpu = -1;
+    for (int t = PLAN_TIERS - 1; t >= 0; t--) gpu = plan->tier[t].family != PLAN_CPU ? t : gpu;
     while (ring < PLAN_TIERS && !plan->tier[ring].ring) ring++;
-    if (ring == PLAN_TIERS) return PSHARD_OK;
-    const struct plan_tier *t = &plan->tier[ring];
+    if ((ring == PLAN_TIERS && !lends) || gpu < 0) return PSHARD_OK;
     const struct model *model = ctx->model;
     g->copy = cuda_ctx_copy_stream(g->cuda);
     for (uint32_t s = 0; s < plan->n_slots; s++) {
@@ -342,17 +345,15 @@ static pshard_status make_ring(struct exec_gpu *g, const struct exec_ctx *ctx) {
         CORE_TRY(cuda_event_create(false, &g->filled[s]));
         CORE_TRY(cuda_event_create(false, &g->freed[s]));
     }
-    const uint32_t piece = plan->piece_experts ? plan->piece_experts : 1;
-    g->units = calloc((size_t)model->n_shards * (plan->n_expert / piece + 2), sizeof *g->units);
+    g->units = calloc(plan_ring_units_max(plan), sizeof *g->units);
     if (!g->units) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
-    for (uint32_t i = 0; i < model->n_shards; i++) {
-        const struct shard *s = &model->shards[i];
-        if (t->shard[i] != PLACE_STREAMED) continue;
-        if (s->kind == SHARD_ATTN || s->kind == SHARD_FFN) g->units[g->n_units++] = (struct ring_unit){i, 0, 0};
-        if (s->kind == SHARD_MOE)
-            for (uint32_t e = plan->experts_resident[s->layer]; e < t->experts_gpu[s->layer]; e += piece)
-                g->units[g->n_units++] = (struct ring_unit){i, e, e + piece < t->experts_gpu[s->layer] ? e + piece
-                                                                                                       : t->experts_gpu[s->layer]};
+    g->n_units = plan_ring_units(plan, model, &plan->tier[ring < PLAN_TIERS ? ring : gpu], g->units);
+    /* What the plan lends must be what a ring step leaves in the slots. */
+    for (uint32_t i = 0; lends && i < plan->n_shards; i++) {
+        bool last = false;
+        for (uint32_t j = g->n_units > plan->n_slots ? g->n_units - plan->n_slots : 0; j < g->n_units; j++)
+            last |= g->units[j].shard == i;
+        if (plan->lent[i] && !last) return core_fail(PSHARD_ERR_INTERNAL, "shard %u is lent but not a last unit of the ring", i);
     }
     return PSHARD_OK;
 }

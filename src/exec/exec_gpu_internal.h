@@ -19,13 +19,6 @@ struct gpu_layer {
     const uint8_t *mask_pieces;             /* [n_pieces][n_expert]: the staged pieces */
 };
 
-/* What one staging slot receives: a dense shard's matrices, or experts [first, end) of an MoE
- * shard. The prompt tier's units, in the order its step uses them. */
-struct ring_unit {
-    uint32_t shard;
-    uint32_t first, end;
-};
-
 /* Rows of logits the head computes at a time (its device buffer holds this many). */
 enum { GPU_LOGIT_ROWS = 16 };
 static inline size_t gpu_logit_rows(int32_t n_batch) { return n_batch < GPU_LOGIT_ROWS ? (size_t)n_batch : GPU_LOGIT_ROWS; }
@@ -70,8 +63,11 @@ struct exec_gpu {
     uint8_t *slot[PLAN_STAGING_SLOTS];
     cuda_event filled[PLAN_STAGING_SLOTS], freed[PLAN_STAGING_SLOTS];
     bool slot_used[PLAN_STAGING_SLOTS];
-    struct ring_unit *units;
+    struct plan_unit *units; /* what the slots receive, in the order a ring step uses them */
     uint32_t n_units, next_fill, next_use;
+    /* The plan's lent units are in their slots: a ring step ran to its end since the slots were
+     * last overwritten, or they were copied there (plan.lent). */
+    bool lent_ready;
     /* The single-token, one-output step (every shard on the GPU, experts possibly split with
      * the CPU) captured as a graph on first use and replayed after; the weight bytes the GPU
      * reads in it, counted at capture. */

@@ -115,7 +115,7 @@ static void expert_unit(const struct layer_weights *w, uint32_t first, uint32_t 
 
 /* Copy unit j into its slot on the copy stream, once the compute that read the slot before is done. */
 static pshard_status ring_fill(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t j) {
-    const struct ring_unit *u = &g->units[j];
+    const struct plan_unit *u = &g->units[j];
     const struct shard *s = &ctx->model->shards[u->shard];
     const struct layer_weights *w = &ctx->w.layers[s->layer];
     const uint32_t slot = j % ctx->plan.n_slots;
@@ -139,6 +139,12 @@ static pshard_status ring_fill(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
 }
 
 static pshard_status ring_start(struct exec_ctx *ctx, struct exec_gpu *g) {
+    if (ctx->plan.lent) /* steps before may have read lent units: the fills wait for them */
+        for (uint32_t k = 0; k < ctx->plan.n_slots; k++) {
+            CORE_TRY(cuda_event_record(g->freed[k], g->stream));
+            g->slot_used[k] = true;
+        }
+    g->lent_ready = false;
     g->next_use = 0;
     for (g->next_fill = 0; g->next_fill < g->n_units && g->next_fill < ctx->plan.n_slots; g->next_fill++)
         CORE_TRY(ring_fill(ctx, g, g->next_fill));
@@ -166,20 +172,52 @@ static pshard_status ring_release(struct exec_ctx *ctx, struct exec_gpu *g) {
     return PSHARD_OK;
 }
 
-/* A dense shard (attention or FFN) whose matrices are staged. */
-static pshard_status staged_dense(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t index, const struct shard *shard,
-                                  const struct exec_batch *b) {
-    uint8_t *slot;
-    CORE_TRY(ring_acquire(ctx, g, index, 0, &slot));
+/* A dense shard (attention or FFN) computed from the copy of its matrices in a slot. */
+static pshard_status dense_in_slot(struct exec_ctx *ctx, struct exec_gpu *g, const struct shard *shard, uint8_t *slot,
+                                   const struct exec_batch *b) {
     struct gpu_layer view = g->layers[shard->layer];
     struct cuda_matrix *mats[4];
     const struct gguf_tensor *tensors[4];
     const int n = dense_unit(&view, &ctx->w.layers[shard->layer], shard->kind, mats, tensors);
     size_t at = 0;
     for (int m = 0; m < n; at += cuda_align(tensors[m]->n_bytes), m++) mats[m]->data = slot + at;
-    if (shard->kind == SHARD_ATTN) CORE_TRY(attn_shard(ctx, g, shard->layer, &view, b));
-    else CORE_TRY(ffn_shard(ctx, g, &view, b));
+    if (shard->kind == SHARD_ATTN) return attn_shard(ctx, g, shard->layer, &view, b);
+    return ffn_shard(ctx, g, &view, b);
+}
+
+/* A dense shard whose matrices are staged. */
+static pshard_status staged_dense(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t index, const struct shard *shard,
+                                  const struct exec_batch *b) {
+    uint8_t *slot;
+    CORE_TRY(ring_acquire(ctx, g, index, 0, &slot));
+    CORE_TRY(dense_in_slot(ctx, g, shard, slot, b));
     return ring_release(ctx, g);
+}
+
+/* ---- the slots lent to tiers without the ring (plan.lent): the ring's last units */
+
+static uint32_t last_units(const struct exec_ctx *ctx, const struct exec_gpu *g) {
+    return g->n_units > ctx->plan.n_slots ? g->n_units - ctx->plan.n_slots : 0;
+}
+
+/* The slot holding lent shard `index` (make_ring checked that one does). */
+static uint8_t *lent_slot(const struct exec_ctx *ctx, const struct exec_gpu *g, uint32_t index) {
+    for (uint32_t j = last_units(ctx, g); j < g->n_units; j++)
+        if (g->units[j].shard == index) return g->slot[j % ctx->plan.n_slots];
+    return NULL;
+}
+
+/* Before a step without the ring: unless a ring step left the lent units in their slots, copy
+ * them there; the compute stream waits for the copies. */
+static pshard_status ensure_lent(struct exec_ctx *ctx, struct exec_gpu *g) {
+    if (!ctx->plan.lent || g->lent_ready) return PSHARD_OK;
+    for (uint32_t j = last_units(ctx, g); j < g->n_units; j++) {
+        if (!ctx->plan.lent[g->units[j].shard]) continue;
+        CORE_TRY(ring_fill(ctx, g, j));
+        CORE_TRY(cuda_stream_wait(g->stream, g->filled[j % ctx->plan.n_slots]));
+    }
+    g->lent_ready = true;
+    return PSHARD_OK;
 }
 
 /* ---- mixture of experts */
@@ -366,6 +404,7 @@ static pshard_status gpu_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
     case SHARD_ATTN:
     case SHARD_FFN:
         if (staged) return staged_dense(ctx, g, index, shard, b);
+        if (plan_reads_lent(&ctx->plan, tier, index)) return dense_in_slot(ctx, g, shard, lent_slot(ctx, g, index), b);
         if (streamed) ctx->stats.streamed_bytes += plan_unit_bytes(shard, 0);
         return shard->kind == SHARD_ATTN ? attn_shard(ctx, g, shard->layer, &g->layers[shard->layer], b)
                                          : ffn_shard(ctx, g, &g->layers[shard->layer], b);
@@ -436,6 +475,7 @@ static pshard_status enqueue_step(struct exec_ctx *ctx, struct exec_gpu *g, cons
         }
         x_on_gpu = on_gpu;
     }
+    if (tier->ring && g->next_use == g->n_units) g->lent_ready = true; /* the slots hold the last units */
     return PSHARD_OK;
 }
 
@@ -471,6 +511,7 @@ pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
     struct exec_gpu *g = ctx->gpu;
     const struct plan_tier *tier = plan_tier_for(&ctx->plan, b->n_tokens);
     CORE_TRY(upload_batch(ctx, g, b));
+    if (!tier->ring && tier->any_gpu) CORE_TRY(ensure_lent(ctx, g));
     if (plan_tier_replays(tier, b->n_tokens) && ctx->stats.n_outputs == 1 && !g->no_graphs)
         CORE_TRY(replay_decode(ctx, g, tier, b));
     else

@@ -119,7 +119,7 @@ static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
     }
     move_to(w, true);
     double sec = matrices_s(w, s, true, n, &bytes, &count);
-    if (place == PLACE_STREAMED && s->kind != SHARD_EMBED) {
+    if (place == PLACE_STREAMED && s->kind != SHARD_EMBED && !plan_reads_lent(w->p, w->t, i)) {
         const struct profile *pr = w->prof;
         const double stream = w->t->ring ? gbps_s((double)bytes, profile_at_size(pr->h2d_gbps, (double)bytes))
                                          : (double)bytes * profile_at_tokens(pr->zero_copy, n);

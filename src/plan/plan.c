@@ -129,7 +129,7 @@ static void tier_account(const struct model *m, const struct plan *p, struct pla
         } else if (place == PLACE_CPU) {
             t->host_bytes_per_token += s->kind == SHARD_MOE ? shared_bytes(s) + k * s->expert_bytes : s->weight_bytes;
         } else if (place == PLACE_STREAMED) {
-            t->pcie_bytes_per_token += matrix_bytes(s);
+            *(plan_reads_lent(p, t, i) ? &t->gpu_bytes_per_token : &t->pcie_bytes_per_token) += matrix_bytes(s);
             t->gpu_bytes_per_token += s->weight_bytes - matrix_bytes(s);
         } else {
             t->gpu_bytes_per_token += s->weight_bytes;
@@ -151,6 +151,39 @@ bool plan_streams(const struct plan *p) {
         for (uint32_t l = 0; l < p->n_layers; l++)
             if (p->tier[t].experts_gpu[l] > p->experts_resident[l]) return true;
     return false;
+}
+
+uint32_t plan_ring_units(const struct plan *p, const struct model *m, const struct plan_tier *marks,
+                         struct plan_unit *out) {
+    const uint32_t piece = p->piece_experts ? p->piece_experts : 1;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < m->n_shards; i++) {
+        const struct shard *s = &m->shards[i];
+        const enum placement place = marks->shard[i];
+        const bool dense = (s->kind == SHARD_ATTN && p->kv_gpu[s->layer]) || s->kind == SHARD_FFN;
+        if (dense && place != PLACE_RESIDENT) {
+            if (out) out[n] = (struct plan_unit){i, 0, 0};
+            n++;
+        }
+        if (s->kind == SHARD_MOE && place != PLACE_CPU)
+            for (uint32_t e = p->experts_resident[s->layer]; e < s->n_expert; e += piece) {
+                if (out) out[n] = (struct plan_unit){i, e, e + piece < s->n_expert ? e + piece : s->n_expert};
+                n++;
+            }
+    }
+    return n;
+}
+
+/* plan.lent from the resident set (marked in tier 0): the dense shards among the ring's last
+ * n_slots units. */
+static pshard_status lend_slots(const struct model *m, struct plan *p) {
+    struct plan_unit *units = malloc(sizeof *units * plan_ring_units_max(p));
+    if (!units) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    const uint32_t n = plan_ring_units(p, m, &p->tier[0], units);
+    for (uint32_t j = n > p->n_slots ? n - p->n_slots : 0; j < n; j++)
+        p->lent[units[j].shard] |= m->shards[units[j].shard].kind != SHARD_MOE;
+    free(units);
+    return PSHARD_OK;
 }
 
 /* Resident weights and KV of the plan (what its tiers keep in VRAM), then the rest. */
@@ -262,6 +295,10 @@ static void place_tier(const struct model *m, const struct plan_request *req, co
             t->ring |= ring_ok && *place == PLACE_STREAMED && s->kind == SHARD_FFN;
         }
     }
+    /* Without the ring, the units it leaves in the slots run on the GPU from there. */
+    if (!t->ring && p->lent)
+        for (uint32_t i = 0; i < m->n_shards; i++)
+            if (p->lent[i]) t->shard[i] = PLACE_STREAMED;
 }
 
 /* A unit of the resident set: a shard's matrices (with its layer's KV, for attention) or an
@@ -393,6 +430,7 @@ static void reset_places(struct plan *p) {
     p->n_slots = 0;
     p->slot_bytes = 0;
     p->budget.staging = 0;
+    if (p->lent) memset(p->lent, 0, sizeof *p->lent * p->n_shards);
 }
 
 /* The resident set of a budget with or without the staging ring; every tier starts from it. */
@@ -412,7 +450,8 @@ static pshard_status resident_set(const struct model *m, const struct plan_reque
                          "GPU's buffers; the minimum for this model and context is %.0f MB (or use 0 to run on the CPU)",
                          budget / 1048576.0, (fixed + ring + smallest_kv) / 1048576.0 + 1);
     if (staging) p->n_slots = n_slots, p->slot_bytes = slot, p->budget.staging = ring;
-    return choose_resident(m, req, prof, budget - fixed - ring, kv_first, p);
+    CORE_TRY(choose_resident(m, req, prof, budget - fixed - ring, kv_first, p));
+    return staging && p->lent ? lend_slots(m, p) : PSHARD_OK;
 }
 
 /* Set tier t to a family (and dynamic share) over the resident set, and account for it. */
@@ -652,7 +691,8 @@ pshard_status plan_build(const struct model *model, const struct plan_request *r
     const size_t nl = out->n_layers ? out->n_layers : 1, ns = model->n_shards ? model->n_shards : 1;
     out->kv_gpu = calloc(nl, sizeof *out->kv_gpu);
     out->experts_resident = calloc(nl, sizeof *out->experts_resident);
-    bool ok = out->kv_gpu && out->experts_resident;
+    out->lent = req->lend_slots ? calloc(ns, sizeof *out->lent) : NULL;
+    bool ok = out->kv_gpu && out->experts_resident && (out->lent || !req->lend_slots);
     for (int t = 0; t < PLAN_TIERS; t++) {
         out->tier[t].shard = calloc(ns, sizeof *out->tier[t].shard);
         out->tier[t].experts_gpu = calloc(nl, sizeof *out->tier[t].experts_gpu);
@@ -685,6 +725,8 @@ void plan_free(struct plan *plan) {
     }
     free(plan->kv_gpu);
     free(plan->experts_resident);
+    free(plan->lent);
     plan->kv_gpu = NULL;
     plan->experts_resident = NULL;
+    plan->lent = NULL;
 }

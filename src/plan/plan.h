@@ -62,6 +62,8 @@ struct plan_request {
     int32_t staging;      /* the resident set: -1 as the family wants; else as the planner weighs a
                              candidate: PLAN_SET_NO_RING, PLAN_SET_RING or PLAN_SET_ALL_KV */
     const struct profile *profile; /* auto: the machine's profile (NULL: conservative defaults) */
+    bool lend_slots;      /* tiers that do not use the ring read the ring's last units from their
+                             slots (plan.lent); not yet measured on a GPU, so off by default */
 };
 
 struct plan_tier {
@@ -94,6 +96,13 @@ struct plan_candidate {
     uint64_t host_bytes_per_token, pcie_bytes_per_token;
 };
 
+/* A unit of the staging ring: a dense shard's matrices (first = end = 0), or experts [first,
+ * end) of an MoE shard. */
+struct plan_unit {
+    uint32_t shard;
+    uint32_t first, end;
+};
+
 struct plan {
     enum plan_family family;  /* what was asked, AUTO resolved to the decode tier's family */
     uint32_t n_shards, n_layers, n_expert;
@@ -103,6 +112,11 @@ struct plan {
     uint32_t piece_experts;    /* experts per staged piece of an MoE shard */
     uint32_t n_slots;
     uint64_t slot_bytes;
+    /* Per shard: a dense shard among the ring's last n_slots units. A ring step leaves those
+     * units in their slots (unit j in slot j % n_slots), so tiers that do not use the ring read
+     * them there, from VRAM, instead of from host memory (the executor fills the slots itself
+     * when no ring step ran since). NULL when the plan lends nothing. */
+    bool *lent;
     bool any_gpu, any_cpu_attention;
     struct plan_budget budget;
     /* auto: what was weighed and what each tier was predicted to take (seconds per step) */
@@ -153,6 +167,20 @@ bool plan_streams(const struct plan *p);
 
 /* Bytes of one staged unit: a dense shard's matrices, or a piece of an MoE shard's experts. */
 uint64_t plan_unit_bytes(const struct shard *s, uint32_t n_experts);
+
+/* The staging ring's units in the order a ring step uses them: everything not resident that the
+ * GPU can run (attention whose KV is in VRAM, dense FFNs, pieces of experts past the resident
+ * ones of MoE layers whose shared part is resident), as any GPU tier of the plan marks it (ring
+ * tiers stream exactly these). Returns the count; out, if not NULL, holds plan_ring_units_max. */
+uint32_t plan_ring_units(const struct plan *p, const struct model *m, const struct plan_tier *marks,
+                         struct plan_unit *out);
+static inline size_t plan_ring_units_max(const struct plan *p) {
+    return (size_t)p->n_shards * (p->n_expert / (p->piece_experts ? p->piece_experts : 1) + 2);
+}
+/* Whether tier t reads shard i from the slot the ring left it in (see plan.lent). */
+static inline bool plan_reads_lent(const struct plan *p, const struct plan_tier *t, uint32_t i) {
+    return p->lent && p->lent[i] && !t->ring && t->shard[i] == PLACE_STREAMED;
+}
 
 /* Parse "2G", "2048M", "512K", "0", "1.5G" into bytes. */
 pshard_status plan_parse_size(const char *text, int64_t *bytes);

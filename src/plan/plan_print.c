@@ -13,7 +13,7 @@ static void print_place(const struct plan *p, const struct plan_tier *t, const s
         snprintf(buf, sizeof buf, "%u/%u/%u", r, g - r, s->n_expert - g);
         fprintf(out, " %-12s", buf);
     } else {
-        fprintf(out, " %-12s", placement_name(t->shard[i]));
+        fprintf(out, " %-12s", plan_reads_lent(p, t, i) ? "IN SLOT" : placement_name(t->shard[i]));
     }
 }
 
@@ -97,6 +97,11 @@ void plan_print(const struct plan *p, const struct model *m, FILE *out) {
     }
     if (p->n_expert)
         fprintf(out, "(MoE shards on the GPU: experts resident/streamed/on the CPU; router and shared parts resident)\n");
+    bool lends = false;
+    for (uint32_t i = 0; p->lent && i < p->n_shards; i++) lends |= p->lent[i];
+    if (lends)
+        fprintf(out, "(IN SLOT: read from the staging slot where the ring's last step left it; copied there first "
+                     "when no prompt step has used the ring yet)\n");
     fprintf(out, "  %-5s %-6s %5s %-12s %-12s %12s %6s\n", "#", "shard", "layer", "decode", "prompt", "weights MB", "KV");
     for (uint32_t i = 0; i < m->n_shards; i++) {
         const struct shard *s = &m->shards[i];
