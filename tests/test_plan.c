@@ -351,6 +351,35 @@ static void test_moe_experts_by_range(void **state) {
  * replayed as a graph (launch latency does not pace it; its split MoE layers meet the host at
  * the graph's hand-off), a two-token step is launched kernel by kernel (paced by launches; the
  * event hand-off). */
+/* A GPU attention call of a step below 64 tokens (the split-KV kernel) pays the profile's fixed
+ * part once per layer; prompt-sized steps (the prompt kernel) do not. */
+static void test_cost_attention_call(void **state) {
+    (void)state;
+    struct profile prof;
+    profile_defaults(&prof);
+    prof.has_gpu = true;
+    prof.launch_s = 0; /* launched steps are paced by their kernels, not by the host's launches */
+    struct plan_request r = base;
+    r.family = PLAN_GPU;
+    r.vram_budget = -1; /* everything resident */
+    r.profile = &prof;
+    struct plan p;
+    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    uint32_t layers = 0;
+    for (uint32_t i = 0; i < model.n_shards; i++) layers += model.shards[i].kind == SHARD_ATTN;
+    static const int32_t steps[] = {1, 4, 16, 63, 64, 256};
+    for (size_t k = 0; k < sizeof steps / sizeof steps[0]; k++) {
+        struct cost_step a, b;
+        prof.gpu_attn_call_s = 0;
+        cost_step(&prof, &model, &p, plan_tier_for(&p, steps[k]), steps[k], 1000, &a);
+        prof.gpu_attn_call_s = 1e-4;
+        cost_step(&prof, &model, &p, plan_tier_for(&p, steps[k]), steps[k], 1000, &b);
+        const double extra = steps[k] < PROFILE_PROMPT_ATTN ? layers * 1e-4 : 0;
+        assert_true(fabs(b.seconds - a.seconds - extra) < 1e-9);
+    }
+    plan_free(&p);
+}
+
 static void test_cost_launches_and_hand_offs(void **state) {
     (void)state;
     struct profile base_prof;
@@ -551,7 +580,7 @@ int main(void) {
         cmocka_unit_test(test_too_small_names_the_minimum), cmocka_unit_test(test_parse),
         cmocka_unit_test(test_cost_model_and_learning), cmocka_unit_test(test_dynamic_balances_from_the_profile),
         cmocka_unit_test(test_dynamic_ring_tiers_stage_alike), cmocka_unit_test(test_cost_launches_and_hand_offs),
-        cmocka_unit_test(test_lent_slots),
+        cmocka_unit_test(test_lent_slots), cmocka_unit_test(test_cost_attention_call),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -57,6 +57,7 @@ static struct profile sample(void) {
     p.zero_copy_experts[4] = 1.0 / 31.25e9;
     p.cpu_moe_call_s = 7.5e-5;
     p.kernel_s = 4.25e-6;
+    p.gpu_attn_call_s = 3.125e-5;
     snprintf(p.refine[0].model, sizeof p.refine[0].model, "llama 2x64 e0 0.01 GB");
     p.refine[0].scale[3][0] = 1.375;
     return p;
@@ -322,6 +323,7 @@ static void test_refuses_malformed(void **state) {
         {"\"cpu_attn\": [", "\"cpu_attn\": [1.0, ", "\"cpu_attn\""},              /* 7 numbers */
         {"\"h2d_gbps\": [", "\"h2d_gbps\": [-1.0, ", "\"h2d_gbps\""},              /* 6, one negative */
         {"\"launch_s\": ", "\"launch_s\": -", "\"launch_s\""},                     /* negative */
+        {"\"gpu_attn_call_s\"", "\"gpu_attn_call\"", "\"gpu_attn_call_s\""},     /* missing */
         {"\"sync_s\": ", "\"sync_s\": \"fast\", \"x\": ", "\"sync_s\""},           /* not a number */
         {"\"Q4_0\": [", "\"Q4_0_and_a_long_tail\": [", "Q4_0_and_a_long_tail"},   /* name too long */
         {"\"cpu_matmul\": {", "\"cpu_matmul\": {\"X\": [1,1,1,1,1,1], ", "\"cpu_matmul\""}, /* 9 formats */

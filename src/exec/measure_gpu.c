@@ -382,7 +382,7 @@ static pshard_status measure_gpu_tables(const struct measure_request *req, const
         CORE_TRY(st);
         cuda_arena_reset(&b->arena, mark);
     }
-    /* Attention over a cache of ATTN_CTX cells. */
+    /* Attention over a cache of ATTN_CTX cells (a quarter of it too, for the call's fixed part). */
     measure_report(req, "GPU attention", 0.75);
     const struct cpu_attn_shape *a = &sh->attn;
     b->attn = (struct cuda_attn_shape){a->n_head, a->n_head_kv, a->head_k, a->head_v, a->scale};
@@ -396,27 +396,38 @@ static pshard_status measure_gpu_tables(const struct measure_request *req, const
     const int64_t B = profile_tokens[PROFILE_TOKENS - 1];
     int32_t *pos = malloc(sizeof *pos * B);
     if (!pos) return core_fail(PSHARD_ERR_NOMEM, "out of memory while measuring");
-    for (int i = 0; i < PROFILE_TOKENS; i++) {
-        b->n_tokens = profile_tokens[i];
-        /* Decode-sized steps attend the whole cache; prompt steps their own causal window. */
-        b->cells = b->n_tokens < 64 ? ATTN_CTX : ATTN_CTX_PROMPT;
-        const int64_t n = b->n_tokens < 64 ? b->n_tokens : (b->n_tokens < ATTN_CTX_PROMPT ? b->n_tokens : ATTN_CTX_PROMPT);
-        for (int64_t t = 0; t < n; t++) pos[t] = (int32_t)(b->n_tokens < 64 ? ATTN_CTX - 1 : ATTN_CTX_PROMPT - n + t);
+    double call_s = 0; /* the split-KV kernel's fixed part, from one token over two cache sizes */
+    pshard_status st = PSHARD_OK;
+    for (int i = -1; i < PROFILE_TOKENS && st == PSHARD_OK; i++) {
+        /* i = -1: one token over a quarter of the cache. Decode-sized steps attend the whole
+         * cache; prompt steps their own causal window. */
+        const int64_t want = profile_tokens[i < 0 ? 0 : i];
+        const bool small = want < PROFILE_PROMPT_ATTN;
+        b->cells = i < 0 ? ATTN_CTX / 4 : small ? ATTN_CTX : ATTN_CTX_PROMPT;
+        const int64_t n = small ? want : (want < ATTN_CTX_PROMPT ? want : ATTN_CTX_PROMPT);
+        for (int64_t t = 0; t < n; t++) pos[t] = (int32_t)(small ? b->cells - 1 : ATTN_CTX_PROMPT - n + t);
         b->n_tokens = n;
-        pshard_status st = cuda_copy_h2d(b->pos, pos, sizeof *pos * n, b->s);
+        st = cuda_copy_h2d(b->pos, pos, sizeof *pos * n, b->s);
         if (st == PSHARD_OK) st = cuda_stream_sync(b->s);
-        if (st != PSHARD_OK) {
-            free(pos);
-            return st;
-        }
-        if (cuda_attention_decode_work_bytes(&b->attn, n, (int32_t)b->cells) > b->work_bytes) continue;
+        if (st != PSHARD_OK || cuda_attention_decode_work_bytes(&b->attn, n, (int32_t)b->cells) > b->work_bytes) continue;
+        const double seconds = measure_time_steps(gpu_attn_step, b) / 4;
         /* Prompt tokens attend on average half their window. */
-        const double cells = b->n_tokens < 64 && profile_tokens[i] < 64 ? (double)b->cells : (double)ATTN_CTX_PROMPT - n / 2.0;
-        p->gpu_attn[i] = measure_time_steps(gpu_attn_step, b) / 4 / ((double)n * cells * kv_per_cell);
+        const double cells = small ? (double)b->cells : (double)ATTN_CTX_PROMPT - n / 2.0;
+        if (i < 0) {
+            call_s = seconds;
+            continue;
+        }
+        if (i == 0) { /* a call at the full cache less its cells' share, from the quarter's */
+            const double per_cell = (seconds - call_s) / (ATTN_CTX - ATTN_CTX / 4);
+            call_s = per_cell > 0 && seconds > ATTN_CTX * per_cell ? seconds - ATTN_CTX * per_cell : 0;
+            p->gpu_attn_call_s = call_s;
+        }
+        const double fixed = small ? call_s : 0;
+        p->gpu_attn[i] = (seconds > 2 * fixed ? seconds - fixed : seconds / 2) / ((double)n * cells * kv_per_cell);
     }
     free(pos);
     cuda_arena_reset(&b->arena, mark);
-    return b->st;
+    return st ? st : b->st;
 }
 
 static pshard_status measure_transfers(const struct measure_request *req, const struct shapes *sh, struct gpu_bench *b,

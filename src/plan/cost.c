@@ -77,11 +77,13 @@ static void move_to(struct walk *w, bool gpu) {
     w->on_gpu = gpu;
 }
 
-/* Attention over the cache: seconds for n tokens attending ctx cells each. */
+/* Attention over the cache: seconds for n tokens attending ctx cells each; on the GPU, a step
+ * below 64 tokens (the split-KV kernel) also pays the call's fixed part. */
 static double attention_s(const struct walk *w, const struct shard *s, bool gpu) {
     const double per_cell = (double)s->kv_bytes_per_token;
     const double *r = gpu ? w->prof->gpu_attn : w->prof->cpu_attn;
-    return w->n * w->ctx * per_cell * profile_at_tokens(r, w->n);
+    const double call = gpu && w->n < PROFILE_PROMPT_ATTN ? w->prof->gpu_attn_call_s : 0;
+    return call + w->n * w->ctx * per_cell * profile_at_tokens(r, w->n);
 }
 
 /* A dense shard's matrices (not experts): compute time on one side, and their bytes. */

@@ -68,6 +68,7 @@ void profile_defaults(struct profile *p) {
     fill_rates(p->gpu_matmul, gpu_s_per_byte, 64);
     fill_rates(p->gpu_experts, gpu_s_per_byte * 1.5, 64);
     for (int i = 0; i < PROFILE_TOKENS; i++) p->gpu_attn[i] = gpu_s_per_byte;
+    p->gpu_attn_call_s = 10e-6;
     for (int i = 0; i < PROFILE_SIZES; i++) {
         /* Small copies pay the fixed cost of a DMA transfer. */
         p->h2d_gbps[i] = p->d2h_gbps[i] = profile_sizes[i] <= 64 << 10 ? 6 : 12;
@@ -269,6 +270,7 @@ static json_t *profile_json(const struct profile *p) {
     ok &= put(root, "gpu_matmul", rates_json(p->gpu_matmul));
     ok &= put(root, "gpu_experts", rates_json(p->gpu_experts));
     ok &= put(root, "gpu_attn", reals_json(p->gpu_attn, PROFILE_TOKENS));
+    ok &= put(root, "gpu_attn_call_s", json_real(p->gpu_attn_call_s));
     ok &= put(root, "h2d_gbps", reals_json(p->h2d_gbps, PROFILE_SIZES));
     ok &= put(root, "d2h_gbps", reals_json(p->d2h_gbps, PROFILE_SIZES));
     ok &= put(root, "zero_copy", reals_json(p->zero_copy, PROFILE_TOKENS));
@@ -460,6 +462,7 @@ static pshard_status profile_from_json(const char *path, json_t *root, struct pr
     CORE_TRY(read_rates(path, root, "gpu_matmul", p->gpu_matmul));
     CORE_TRY(read_rates(path, root, "gpu_experts", p->gpu_experts));
     CORE_TRY(read_reals(path, root, "gpu_attn", p->gpu_attn, PROFILE_TOKENS));
+    CORE_TRY(read_real(path, root, "gpu_attn_call_s", &p->gpu_attn_call_s));
     CORE_TRY(read_reals(path, root, "h2d_gbps", p->h2d_gbps, PROFILE_SIZES));
     CORE_TRY(read_reals(path, root, "d2h_gbps", p->d2h_gbps, PROFILE_SIZES));
     CORE_TRY(read_reals(path, root, "zero_copy", p->zero_copy, PROFILE_TOKENS));

@@ -16,7 +16,7 @@
 
 #include "pshard.h"
 
-#define PROFILE_VERSION 7
+#define PROFILE_VERSION 8
 enum {
     PROFILE_TOKENS = 6,   /* token counts: 1, 4, 16, 64, 256, 1024 */
     PROFILE_SIZES = 5,    /* transfer sizes: 64 KiB, 512 KiB, 4 MiB, 32 MiB, 128 MiB */
@@ -24,6 +24,8 @@ enum {
     PROFILE_MAX_AGE_DAYS = 90,
     PROFILE_FAMILIES = 5, /* auto, cpu, gpu, static, dynamic */
     PROFILE_MODELS = 8,   /* models whose step times are learned from (the latest kept) */
+    PROFILE_PROMPT_ATTN = 64, /* steps of one sequence from this many tokens take the prompt attention
+                                 kernel, smaller ones the split-KV kernel (cuda_attention_prefill_pays) */
 };
 extern const int32_t profile_tokens[PROFILE_TOKENS];
 extern const uint64_t profile_sizes[PROFILE_SIZES];
@@ -68,6 +70,8 @@ struct profile {
     struct profile_rate gpu_matmul[PROFILE_FORMATS];   /* weights resident in VRAM */
     struct profile_rate gpu_experts[PROFILE_FORMATS];
     double gpu_attn[PROFILE_TOKENS];                   /* seconds per KV byte read per new token */
+    double gpu_attn_call_s; /* an attention call of a step below 64 tokens (the split-KV kernel) costs
+                               this besides its cells: the kernel's fixed part, apart from gpu_attn */
     double h2d_gbps[PROFILE_SIZES], d2h_gbps[PROFILE_SIZES]; /* pinned copies by size */
     /* Kernels reading registered host memory in place, seconds per weight byte at each token
      * count (a kernel may read its weights more than once when it takes many tokens): a dense

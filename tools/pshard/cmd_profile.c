@@ -62,9 +62,9 @@ static void print_profile(const struct profile *p, const char *path) {
     printf("\n  %-19s", "in place: experts");
     for (int i = 0; i < PROFILE_TOKENS; i++) printf(" %9.3g", p->zero_copy_experts[i] > 0 ? 1e-9 / p->zero_copy_experts[i] : 0);
     printf("\n  launch %.1f us, graph node %.2f us, small kernel %.1f us, sync %.1f us, hand-off %.1f us (in a graph "
-           "%.1f us), CPU expert call %.1f us\n",
+           "%.1f us), CPU expert call %.1f us, GPU attention call %.1f us besides its cells\n",
            p->launch_s * 1e6, p->graph_node_s * 1e6, p->kernel_s * 1e6, p->sync_s * 1e6, p->round_trip_s * 1e6,
-           p->graph_round_trip_s * 1e6, p->cpu_moe_call_s * 1e6);
+           p->graph_round_trip_s * 1e6, p->cpu_moe_call_s * 1e6, p->gpu_attn_call_s * 1e6);
     printf("  together: a copy keeps %.0f%% of its speed while the CPU computes, the CPU %.0f%% of its; "
            "reads in place keep %.0f%%, the CPU %.0f%%\n",
            100 * p->h2d_share_under_cpu, 100 * p->cpu_share_under_h2d, 100 * p->reads_share_under_cpu,
