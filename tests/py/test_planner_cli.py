@@ -81,6 +81,17 @@ def test_profile_cache_written_shown_and_refused_elsewhere(default_model, tmp_pa
 
     shown = pshard("profile", "--show", "-t", "2", "-m", default_model, env=env)
     assert shown.returncode == 0 and "measured" in shown.stdout and path in shown.stdout, shown.stderr
+    assert data["refine"] == [] and "learned" not in shown.stdout  # nothing run yet
+
+    # What runs taught, per model: shown by family, "-" where nothing was learned.
+    data["refine"] = [{"model": "llama 2x64 e0 0.01 GB", "scale": [[0] * 6, [0] * 6, [1.25, 0, 0, 0, 0.5, 0],
+                                                                  [0] * 6, [0] * 6]}]
+    json.dump(data, open(path, "w"))
+    shown = pshard("profile", "--show", "-t", "2", "-m", default_model, env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert "learned from runs of llama 2x64 e0 0.01 GB" in shown.stdout
+    assert re.search(r"^\s+gpu\s+1\.25\s+-\s+-\s+-\s+0\.50\s+-$", shown.stdout, re.M), shown.stdout
+    assert not re.search(r"^\s+(static|dynamic|cpu)\s", shown.stdout, re.M)
 
     # The same file read as another machine's: refused from the cache, usable when named.
     data["fingerprint"]["cpu"] = "Another CPU"

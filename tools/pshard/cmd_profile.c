@@ -10,6 +10,7 @@
 #include "cuda/cuda_backend.h"
 #include "exec/measure.h"
 #include "gguf/gguf.h"
+#include "plan/plan.h"
 #include "plan/profile.h"
 
 static void print_usage(FILE *out) {
@@ -20,7 +21,7 @@ static void print_usage(FILE *out) {
                  "  under a minute, and saves it in the cache directory ($PSHARD_CACHE_DIR, else\n"
                  "  $XDG_CACHE_HOME/pshard or ~/.cache/pshard), one file per CPU, thread count, GPU and\n"
                  "  driver. `pshard run` does this on first use of an automatic plan under a budget.\n"
-                 "  --show prints the cached profile without measuring.\n");
+                 "  --show prints the cached profile without measuring, with what runs taught it per model.\n");
 }
 
 static struct cli_measuring measuring = {"pshard profile", "measuring"};
@@ -35,23 +36,24 @@ static void print_rates(const char *title, const struct profile_rate table[PROFI
     }
 }
 
-static void print_profile(const struct profile *p, const char *path) {
-    printf("profile %s\n  CPU %s, %d threads; GPU %s (driver %d); pshard %s; %s in %.1f s\n", path, p->fp.cpu, p->fp.threads,
-           p->fp.gpu[0] ? p->fp.gpu : "none", p->fp.driver, p->pshard, p->measured ? "measured" : "defaults", p->seconds);
-    printf("  host memory read %.1f GB/s; a CPU job costs %.1f us\n", p->host_read_gbps, p->cpu_step_s * 1e6);
-    printf("  weight GB/s at tokens per step:");
-    for (int i = 0; i < PROFILE_TOKENS; i++) printf(" %9d", profile_tokens[i]);
-    printf("\n");
-    print_rates("CPU matmul", p->cpu_matmul);
-    print_rates("CPU experts", p->cpu_experts);
-    if (p->has_gpu) {
-        print_rates("GPU matmul", p->gpu_matmul);
-        print_rates("GPU experts", p->gpu_experts);
+/* What running taught: measured over predicted step time per model, plan family and step size. */
+static void print_learned(const struct profile *p) {
+    for (int i = 0; i < PROFILE_MODELS && p->refine[i].model[0]; i++) {
+        printf("  learned from runs of %s (measured / predicted at 1 ... 1024 tokens per step):\n", p->refine[i].model);
+        for (int f = 0; f < PROFILE_FAMILIES; f++) {
+            bool any = false;
+            for (int k = 0; k < PROFILE_TOKENS; k++) any |= p->refine[i].scale[f][k] > 0;
+            if (!any) continue;
+            printf("    %-10s", plan_family_name((enum plan_family)f));
+            for (int k = 0; k < PROFILE_TOKENS; k++)
+                p->refine[i].scale[f][k] > 0 ? printf(" %6.2f", p->refine[i].scale[f][k]) : printf(" %6s", "-");
+            printf("\n");
+        }
     }
-    printf("  %-19s", "KV GB/s: CPU attn");
-    for (int i = 0; i < PROFILE_TOKENS; i++) printf(" %9.1f", p->cpu_attn[i] > 0 ? 1e-9 / p->cpu_attn[i] : 0);
-    printf("\n");
-    if (!p->has_gpu) return;
+}
+
+/* The GPU's part: attention, copies, reads in place, latencies, and work run together. */
+static void print_gpu(const struct profile *p) {
     printf("  %-19s", "KV GB/s: GPU attn");
     for (int i = 0; i < PROFILE_TOKENS; i++) printf(" %9.1f", p->gpu_attn[i] > 0 ? 1e-9 / p->gpu_attn[i] : 0);
     printf("\n  pinned copies GB/s by size:");
@@ -70,6 +72,27 @@ static void print_profile(const struct profile *p, const char *path) {
            100 * p->h2d_share_under_cpu, 100 * p->cpu_share_under_h2d, 100 * p->reads_share_under_cpu,
            100 * p->cpu_share_under_reads);
 }
+
+static void print_profile(const struct profile *p, const char *path) {
+    printf("profile %s\n  CPU %s, %d threads; GPU %s (driver %d); pshard %s; %s in %.1f s\n", path, p->fp.cpu, p->fp.threads,
+           p->fp.gpu[0] ? p->fp.gpu : "none", p->fp.driver, p->pshard, p->measured ? "measured" : "defaults", p->seconds);
+    printf("  host memory read %.1f GB/s; a CPU job costs %.1f us\n", p->host_read_gbps, p->cpu_step_s * 1e6);
+    printf("  weight GB/s at tokens per step:");
+    for (int i = 0; i < PROFILE_TOKENS; i++) printf(" %9d", profile_tokens[i]);
+    printf("\n");
+    print_rates("CPU matmul", p->cpu_matmul);
+    print_rates("CPU experts", p->cpu_experts);
+    if (p->has_gpu) {
+        print_rates("GPU matmul", p->gpu_matmul);
+        print_rates("GPU experts", p->gpu_experts);
+    }
+    printf("  %-19s", "KV GB/s: CPU attn");
+    for (int i = 0; i < PROFILE_TOKENS; i++) printf(" %9.1f", p->cpu_attn[i] > 0 ? 1e-9 / p->cpu_attn[i] : 0);
+    printf("\n");
+    if (p->has_gpu) print_gpu(p);
+    print_learned(p);
+}
+
 
 int cmd_profile(int argc, char **argv) {
     const char *model_path = NULL;
