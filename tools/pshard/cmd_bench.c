@@ -12,7 +12,10 @@
  * best measured time is not run at all -- it could be the best only if the prediction were off
  * by that factor; the summary counts these. A candidate that places a tier exactly as one
  * already measured is that plan: it takes the measured time instead of running again, and is
- * not loaded at all when that holds in every tier. */
+ * not loaded at all when that holds in every tier. Close calls are timed twice: where the
+ * choice and the fastest other plan lie within CLOSE of each other, both are loaded again,
+ * timed again, and each plan's two times averaged (repeat runs of a plan differ by a median 5%,
+ * so one run would decide such a pair by chance; both sides are re-timed, whichever led). */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -29,6 +32,7 @@
 #include "plan/cost.h"
 
 enum { MAX_LIST = 16, MAX_MODELS = 4, SKIP_FACTOR = 3 };
+static const double CLOSE = 0.15;
 
 struct oracle_opts {
     const char *models[MAX_MODELS];
@@ -37,6 +41,7 @@ struct oracle_opts {
     int32_t contexts[MAX_LIST], tiers[MAX_LIST];
     int n_budgets, n_contexts, n_tiers;
     int32_t n_batch, n_threads, reps;
+    bool recheck; /* time close calls a second time (on unless --no-recheck) */
     const char *json;
 };
 
@@ -46,18 +51,21 @@ struct oracle_row {
     double measured[PLAN_MAX_CANDIDATES], predicted[PLAN_MAX_CANDIDATES];
     bool cut[PLAN_MAX_CANDIDATES]; /* stopped after one run */
     bool skipped[PLAN_MAX_CANDIDATES]; /* predicted over SKIP_FACTOR times a measured time: not run */
+    bool rechecked[PLAN_MAX_CANDIDATES]; /* a close call: timed with a second load, the two averaged */
     int chosen, tier;
 };
 
 static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard bench --oracle -m MODEL [-m MODEL ...] [--budgets 2G,4G,8G,16G]\n"
                  "                    [--contexts 1024,4096,16384] [--tiers 1,16,256,1024] [-b BATCH] [-t THREADS]\n"
-                 "                    [--reps N] [--json FILE]\n"
+                 "                    [--reps N] [--no-recheck] [--json FILE]\n"
                  "  For every model, budget, context and tokens per step: runs every candidate plan the\n"
                  "  planner weighs, times a step of each, and reports whether the planner chose the fastest,\n"
                  "  how much slower its choice was when not, and the cost model's prediction error. Uses\n"
                  "  this machine's profile (measured first when none is cached). A step is timed N times\n"
-                 "  (default 5) below 16 tokens, twice below 256, once from 256, after one warm-up run.\n");
+                 "  (default 5) below 16 tokens, twice below 256, once from 256, after one warm-up run.\n"
+                 "  Where the choice and the fastest other plan are within 15%%, both are loaded and timed\n"
+                 "  again and their times averaged (--no-recheck: once only).\n");
 }
 
 static int parse_list(const char *text, bool sizes, int64_t *out, int *n) {
@@ -87,7 +95,7 @@ static int parse_opts(int argc, char **argv, struct oracle_opts *o) {
     memcpy(o->budgets, budgets, sizeof budgets);
     memcpy(o->contexts, contexts, sizeof contexts);
     memcpy(o->tiers, tiers, sizeof tiers);
-    o->n_batch = 1024, o->reps = 5;
+    o->n_batch = 1024, o->reps = 5, o->recheck = true;
     bool oracle = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -113,6 +121,8 @@ static int parse_opts(int argc, char **argv, struct oracle_opts *o) {
             o->n_threads = atoi(argv[++i]);
         } else if (!strcmp(a, "--reps") && v && atoi(v) > 0) {
             o->reps = atoi(argv[++i]);
+        } else if (!strcmp(a, "--no-recheck")) {
+            o->recheck = false;
         } else if (!strcmp(a, "--json") && v) {
             o->json = argv[++i];
         } else {
@@ -181,6 +191,84 @@ static pshard_status time_step(struct exec_ctx *ex, const struct model *m, int32
     return st;
 }
 
+/* A plan's measured time in a tier: the mean over the candidates that place everything alike
+ * there (they are one plan; their runs differ only by noise). */
+static double plan_time(const struct plan *weighed, const struct oracle_row *r, int c) {
+    double sum = 0;
+    int n = 0;
+    for (uint32_t e = 0; e < weighed->n_candidates; e++)
+        if (weighed->candidates[e].key[r->tier] == weighed->candidates[c].key[r->tier] && isfinite(r->measured[e]))
+            sum += r->measured[e], n++;
+    return n ? sum / n : INFINITY;
+}
+
+/* Runs of a step of n tokens: fewer for longer steps. */
+static int reps_for(const struct oracle_opts *o, int32_t n) { return n >= 256 ? 1 : n >= 16 && o->reps > 2 ? 2 : o->reps; }
+
+/* The executor's parameters for one candidate. */
+static struct exec_params candidate_params(const struct exec_params *params, const struct plan_candidate *cand) {
+    struct exec_params cp = *params;
+    cp.plan = cand->family;
+    cp.stream_share = cand->share;
+    cp.staging = (int32_t)cand->set;
+    if (cand->family == PLAN_CPU) cp.vram_budget = 0;
+    return cp;
+}
+
+/* The fastest plan in row r other than the one candidate c places (twins of c excluded). */
+static int fastest_other(const struct plan *weighed, const struct oracle_row *r, int c) {
+    int best = -1;
+    for (uint32_t e = 0; e < weighed->n_candidates; e++)
+        if (weighed->candidates[e].key[r->tier] != weighed->candidates[c].key[r->tier] && !r->cut[e] &&
+            isfinite(plan_time(weighed, r, (int)e)) && (best < 0 || plan_time(weighed, r, (int)e) < plan_time(weighed, r, best)))
+            best = (int)e;
+    return best;
+}
+
+/* Close calls timed again (see the top of this file): every candidate in one, loaded once more.
+ * One that fails to run again keeps its first time. */
+static void recheck_close_calls(const struct oracle_opts *o, const struct model *m, const struct exec_params *params,
+                                const struct plan *weighed, int32_t ctx, struct oracle_row *rows, int n_rows) {
+    bool want[PLAN_MAX_CANDIDATES][MAX_LIST] = {{false}};
+    for (int k = 0; k < n_rows; k++) {
+        const struct oracle_row *r = &rows[k];
+        const int other = r->chosen >= 0 ? fastest_other(weighed, r, r->chosen) : -1;
+        if (other < 0 || r->cut[r->chosen] || !isfinite(plan_time(weighed, r, r->chosen))) continue;
+        if (fabs(plan_time(weighed, r, r->chosen) / plan_time(weighed, r, other) - 1) < CLOSE)
+            want[r->chosen][k] = want[other][k] = true;
+    }
+    for (uint32_t c = 0; c < weighed->n_candidates; c++) {
+        int n_want = 0;
+        for (int k = 0; k < n_rows; k++) n_want += want[c][k];
+        if (!n_want) continue;
+        char label[48];
+        plan_candidate_name(&weighed->candidates[c], label, sizeof label);
+        fprintf(stderr, "  again: %-15s", label);
+        const struct exec_params cp = candidate_params(params, &weighed->candidates[c]);
+        struct exec_ctx *ex = NULL;
+        pshard_status st = exec_create(m, &cp, &ex);
+        if (st == PSHARD_OK) st = exec_fill_seq(ex, 0, 0);
+        for (int k = 0; st == PSHARD_OK && k < n_rows; k++) {
+            struct oracle_row *r = &rows[k];
+            if (!want[c][k]) continue;
+            double again;
+            bool cut;
+            st = exec_fill_seq(ex, 0, ctx - r->n_tokens);
+            if (st == PSHARD_OK) st = time_step(ex, m, r->n_tokens, ctx, reps_for(o, r->n_tokens), INFINITY, &again, &cut);
+            if (st != PSHARD_OK) break;
+            /* The plan's two times averaged, for every candidate that is this plan in the tier. */
+            const double mean = (plan_time(weighed, r, (int)c) + again) / 2;
+            for (uint32_t e = 0; e < weighed->n_candidates; e++)
+                if (weighed->candidates[e].key[r->tier] == weighed->candidates[c].key[r->tier] && isfinite(r->measured[e]))
+                    r->measured[e] = mean, r->rechecked[e] = true;
+            fprintf(stderr, " %d:%.4g", r->n_tokens, again);
+        }
+        fputc('\n', stderr);
+        exec_free(ex);
+        if (st != PSHARD_OK) fprintf(stderr, "  (%s not timed again: %s)\n", label, pshard_last_error());
+    }
+}
+
 /* Every candidate of one model, budget and context, at every tokens-per-step. */
 static pshard_status oracle_config(const struct oracle_opts *o, const struct model *m, const struct profile *prof,
                                    int64_t budget, int32_t ctx, struct oracle_row *rows, int *n_rows,
@@ -226,11 +314,7 @@ static pshard_status oracle_config(const struct oracle_opts *o, const struct mod
                     same[k] = order[j];
             resolved += same[k] >= 0;
         }
-        struct exec_params cp = params;
-        cp.plan = cand->family;
-        cp.stream_share = cand->share;
-        cp.staging = (int32_t)cand->set;
-        if (cand->family == PLAN_CPU) cp.vram_budget = 0;
+        const struct exec_params cp = candidate_params(&params, cand);
         char label[48];
         plan_candidate_name(cand, label, sizeof label);
         fprintf(stderr, "  %-22s", label);
@@ -272,8 +356,8 @@ static pshard_status oracle_config(const struct oracle_opts *o, const struct mod
             }
             st = exec_fill_seq(ex, 0, ctx - r->n_tokens);
             if (st == PSHARD_OK)
-                st = time_step(ex, m, r->n_tokens, ctx, r->n_tokens >= 256 ? 1 : r->n_tokens >= 16 && o->reps > 2 ? 2 : o->reps,
-                               isfinite(best) ? 3 * best : INFINITY, &r->measured[c], &r->cut[c]);
+                st = time_step(ex, m, r->n_tokens, ctx, reps_for(o, r->n_tokens), isfinite(best) ? 3 * best : INFINITY,
+                               &r->measured[c], &r->cut[c]);
             if (cand->family == PLAN_CPU && !r->cut[c]) cpu_cache[k] = r->measured[c];
             fprintf(stderr, " %d:%.4g", r->n_tokens, r->measured[c]);
         }
@@ -284,6 +368,7 @@ static pshard_status oracle_config(const struct oracle_opts *o, const struct mod
             for (int k = 0; k < *n_rows; k++) rows[k].measured[c] = INFINITY;
         }
     }
+    if (o->recheck) recheck_close_calls(o, m, &params, weighed, ctx, rows, *n_rows);
     return PSHARD_OK;
 }
 
@@ -294,16 +379,6 @@ struct summary {
     int n_errors, n_all;
 };
 
-/* A plan's measured time in a tier: the mean over the candidates that place everything alike
- * there (they are one plan; their runs differ only by noise). */
-static double plan_time(const struct plan *weighed, const struct oracle_row *r, int c) {
-    double sum = 0;
-    int n = 0;
-    for (uint32_t e = 0; e < weighed->n_candidates; e++)
-        if (weighed->candidates[e].key[r->tier] == weighed->candidates[c].key[r->tier] && isfinite(r->measured[e]))
-            sum += r->measured[e], n++;
-    return n ? sum / n : INFINITY;
-}
 
 static void summarize_row(const struct plan *weighed, const struct oracle_row *r, struct summary *s, FILE *json,
                           const char *model, int64_t budget, int32_t ctx) {
@@ -336,10 +411,11 @@ static void summarize_row(const struct plan *weighed, const struct oracle_row *r
             char label[48];
             plan_candidate_name(&weighed->candidates[c], label, sizeof label);
             fprintf(json, "%s{\"plan\": \"%s\", \"measured_s\": %.6g, \"predicted_s\": %.6g, \"cut\": %s, \"skipped\": %s, "
-                          "\"placement\": \"%016llx\"}",
+                          "\"rechecked\": %s, \"placement\": \"%016llx\"}",
                     c ? ", " : "", label, isfinite(r->measured[c]) ? r->measured[c] : -1,
                     isfinite(r->predicted[c]) ? r->predicted[c] : -1, r->cut[c] ? "true" : "false",
-                    r->skipped[c] ? "true" : "false", (unsigned long long)weighed->candidates[c].key[r->tier]);
+                    r->skipped[c] ? "true" : "false", r->rechecked[c] ? "true" : "false",
+                    (unsigned long long)weighed->candidates[c].key[r->tier]);
         }
         fprintf(json, "]}\n");
     }
