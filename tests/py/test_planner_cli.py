@@ -107,3 +107,15 @@ def test_profile_cache_written_shown_and_refused_elsewhere(default_model, tmp_pa
     bad.write_text('{"version": 5, "pshard": ')
     proc = pshard("plan", "-m", default_model, "--vram-budget", "150M", "--profile", str(bad))
     assert proc.returncode == 1 and str(bad) in proc.stderr
+
+
+def test_oracle_options(default_model):
+    """The oracle's options are checked before it looks for a GPU (so this never starts a run)."""
+    for bad in (["--tiers", "0"], ["--budgets", "2X"], ["--recheck-all"], []):
+        proc = pshard("bench", "--oracle", *(["-m", default_model] if bad else []), *bad)
+        assert proc.returncode == 2, (bad, proc.stderr)
+        assert "pshard bench:" in proc.stderr and "no CUDA device" not in proc.stderr
+    proc = pshard("bench", "--oracle", "-m", default_model, "--no-recheck", "--bogus")
+    assert proc.returncode == 2 and "'--bogus'" in proc.stderr and "'--no-recheck'" not in proc.stderr
+    help = pshard("bench", "--help")
+    assert help.returncode == 0 and "--no-recheck" in help.stdout
