@@ -332,8 +332,7 @@ static pshard_status make_masks(struct exec_gpu *g, const struct exec_ctx *ctx) 
  * the slots to tiers without the ring. */
 static pshard_status make_ring(struct exec_gpu *g, const struct exec_ctx *ctx) {
     const struct plan *plan = &ctx->plan;
-    bool lends = false;
-    for (uint32_t i = 0; plan->lent && i < plan->n_shards; i++) lends |= plan->lent[i];
+    const bool lends = plan_lends(plan);
     int ring = 0, gpu = -1;
     for (int t = PLAN_TIERS - 1; t >= 0; t--) gpu = plan->tier[t].family != PLAN_CPU ? t : gpu;
     while (ring < PLAN_TIERS && !plan->tier[ring].ring) ring++;

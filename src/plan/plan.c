@@ -174,6 +174,12 @@ uint32_t plan_ring_units(const struct plan *p, const struct model *m, const stru
     return n;
 }
 
+bool plan_lends(const struct plan *p) {
+    for (uint32_t i = 0; p->lent && i < p->n_shards; i++)
+        if (p->lent[i]) return true;
+    return false;
+}
+
 /* plan.lent from the resident set (marked in tier 0): the dense shards among the ring's last
  * n_slots units. */
 static pshard_status lend_slots(const struct model *m, struct plan *p) {

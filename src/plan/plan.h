@@ -177,6 +177,8 @@ uint32_t plan_ring_units(const struct plan *p, const struct model *m, const stru
 static inline size_t plan_ring_units_max(const struct plan *p) {
     return (size_t)p->n_shards * (p->n_expert / (p->piece_experts ? p->piece_experts : 1) + 2);
 }
+/* Whether the plan lends any slot (see plan.lent). */
+bool plan_lends(const struct plan *p);
 /* Whether tier t reads shard i from the slot the ring left it in (see plan.lent). */
 static inline bool plan_reads_lent(const struct plan *p, const struct plan_tier *t, uint32_t i) {
     return p->lent && p->lent[i] && !t->ring && t->shard[i] == PLACE_STREAMED;

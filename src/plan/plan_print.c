@@ -97,9 +97,7 @@ void plan_print(const struct plan *p, const struct model *m, FILE *out) {
     }
     if (p->n_expert)
         fprintf(out, "(MoE shards on the GPU: experts resident/streamed/on the CPU; router and shared parts resident)\n");
-    bool lends = false;
-    for (uint32_t i = 0; p->lent && i < p->n_shards; i++) lends |= p->lent[i];
-    if (lends)
+    if (plan_lends(p))
         fprintf(out, "(IN SLOT: read from the staging slot where the ring's last step left it; copied there first "
                      "when no prompt step has used the ring yet)\n");
     fprintf(out, "  %-5s %-6s %5s %-12s %-12s %12s %6s\n", "#", "shard", "layer", "decode", "prompt", "weights MB", "KV");
