@@ -159,7 +159,7 @@ static void test_gpu_streams_what_does_not_fit(void **state) {
     assert_int_equal(plan_tier_for(&p, 1), &p.tier[PLAN_TIER_DECODE]);
     assert_int_equal(plan_tier_for(&p, 3), &p.tier[PLAN_TIER_DECODE]);
     assert_int_equal(plan_tier_for(&p, 4), &p.tier[1]);
-    assert_int_equal(plan_tier_for(&p, PLAN_RING_MIN_TOKENS - 1), &p.tier[2]);
+    assert_int_equal(plan_tier_for(&p, PLAN_RING_MIN_TOKENS - 1), &p.tier[1]);
     assert_true(plan_tier_for(&p, PLAN_RING_MIN_TOKENS)->ring);
     assert_int_equal(plan_tier_for(&p, 100000), &p.tier[PLAN_TIERS - 1]);
     assert_int_equal(plan_prompt_tier(&p), 4); /* -b 512: steps of 256-1023 tokens */
@@ -190,6 +190,9 @@ static void test_dynamic_ring_tiers_stage_alike(void **state) {
         for (uint32_t i = 0; i < model.n_shards; i++) assert_int_equal(p.tier[t].shard[i], p.tier[first].shard[i]);
     }
     assert_true(ring_tiers >= 2);
+    /* Dynamic stages from PLAN_RING_ALL_MIN_TOKENS on; below it a step still splits with the CPU. */
+    assert_false(plan_tier_for(&p, PLAN_RING_MIN_TOKENS)->ring);
+    assert_true(plan_tier_for(&p, PLAN_RING_ALL_MIN_TOKENS)->ring);
     int cpu_ffn = 0; /* the small steps do split the FFN shards with the CPU */
     for (uint32_t i = 0; i < model.n_shards; i++)
         cpu_ffn += model.shards[i].kind == SHARD_FFN && p.tier[PLAN_TIER_DECODE].shard[i] == PLACE_CPU;

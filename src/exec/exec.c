@@ -101,12 +101,12 @@ static pshard_status alloc_scratch(struct exec_ctx *ctx) {
     return PSHARD_OK;
 }
 
-/* The planner's request for these parameters. PSHARD_LEND_SLOTS=1 lets tiers that do not use the
- * staging ring read the units it leaves in its slots (plan.lent; not yet measured on a GPU). */
+/* The planner's request for these parameters. Tiers that do not use the staging ring read the
+ * units it leaves in its slots (plan.lent); PSHARD_LEND_SLOTS=0 turns that off (for comparison). */
 static struct plan_request request_for(const struct exec_params *p, bool gpu_wanted) {
     const char *lend = getenv("PSHARD_LEND_SLOTS");
     return (struct plan_request){gpu_wanted ? p->plan : PLAN_CPU, p->vram_budget, p->n_ctx, p->n_batch, p->n_seq,
-                                 p->stream_share, p->staging, p->profile, lend && strcmp(lend, "0") != 0};
+                                 p->stream_share, p->staging, p->profile, !lend || strcmp(lend, "0") != 0};
 }
 
 static pshard_status build_plan(const struct model *model, const struct model_weights *w, const struct exec_params *p,

@@ -267,8 +267,8 @@ static void place_tier(const struct model *m, const struct plan_request *req, co
                        int ti, float share, bool staging) {
     struct plan_tier *t = &p->tier[ti];
     /* Ring tiers stream everything not resident, so they all stage the same units. */
-    const bool ring_ok = staging && t->min_tokens >= PLAN_RING_MIN_TOKENS &&
-                         (t->family == PLAN_GPU || t->family == PLAN_DYNAMIC);
+    const bool ring_ok = staging && ((t->family == PLAN_GPU && t->min_tokens >= PLAN_RING_MIN_TOKENS) ||
+                                     (t->family == PLAN_DYNAMIC && t->min_tokens >= PLAN_RING_ALL_MIN_TOKENS));
     const bool stream_all = t->family == PLAN_GPU || (t->family == PLAN_DYNAMIC && ring_ok);
     if (share <= 0) share = req->stream_share > 0 ? req->stream_share : balanced_share(m, prof, t->min_tokens);
     if (share > 1) share = 1;

@@ -38,13 +38,16 @@ enum { PLAN_FAMILY_COUNT = PLAN_DYNAMIC + 1 };
  * switching between tiers copies nothing. */
 enum { PLAN_TIERS = 6, PLAN_TIER_DECODE = 0 };
 extern const int32_t plan_tier_tokens[PLAN_TIERS]; /* 1, 4, 16, 64, 256, 1024 */
-/* The staging ring: tiers of at least PLAN_RING_MIN_TOKENS tokens that stream copy their
- * weights through it (smaller steps read them in place). PLAN_STAGING_SLOTS slots where the
+/* The staging ring: gpu tiers of at least PLAN_RING_MIN_TOKENS tokens, and dynamic ones of at
+ * least PLAN_RING_ALL_MIN_TOKENS, copy the weights they stream through it (smaller steps, and
+ * dynamic tiers between the two, read them in place: a dynamic step of 16-63 tokens may still
+ * gain from splitting with the CPU; measured on the H200, llama8b's 16-token steps took 0.45 s
+ * reading F16 weights in place and 0.26 s at 64 tokens through the ring). PLAN_STAGING_SLOTS slots where the
  * budget is at least 32 slots' worth (a deeper ring absorbs uneven compute), else
  * PLAN_MIN_SLOTS; an MoE shard is staged in pieces of at most PLAN_PIECE_MAX_BYTES of experts
  * (each piece is one grouped-expert launch, so fewer, larger pieces waste less; measured on the
  * H200: 48 MB pieces made a 929-token prompt 20% slower than 64 MB ones). */
-enum { PLAN_RING_MIN_TOKENS = 64, PLAN_STAGING_SLOTS = 4, PLAN_MIN_SLOTS = 2, PLAN_PIECE_MAX_BYTES = 128 << 20 };
+enum { PLAN_RING_MIN_TOKENS = 16, PLAN_RING_ALL_MIN_TOKENS = 64, PLAN_STAGING_SLOTS = 4, PLAN_MIN_SLOTS = 2, PLAN_PIECE_MAX_BYTES = 128 << 20 };
 /* Candidates the planner weighs for a tier (auto): families, with dynamic at several shares. */
 enum { PLAN_MAX_CANDIDATES = 24 };
 /* What the budget holds, in bytes: total is the budget; the device arena is all of it but
@@ -63,7 +66,7 @@ struct plan_request {
                              candidate: PLAN_SET_NO_RING, PLAN_SET_RING or PLAN_SET_ALL_KV */
     const struct profile *profile; /* auto: the machine's profile (NULL: conservative defaults) */
     bool lend_slots;      /* tiers that do not use the ring read the ring's last units from their
-                             slots (plan.lent); not yet measured on a GPU, so off by default */
+                             slots (plan.lent) */
 };
 
 struct plan_tier {

@@ -5,8 +5,8 @@ in place and split MoE experts between the GPU and the CPU; and prompt steps of 
 stage streamed shards through the slot ring) stay within the CPU's rounding noise, and greedy
 continuations equal the CPU's up to numerical near-ties. The arena printed at load is exactly the
 budget. The configurations run side by side (each is its own process on the one GPU); their
-reports print in order. Exits 0 with a "skipped" line where no GPU exists. With PSHARD_LEND_SLOTS=1
-in the environment every plan lends the ring's slots to tiers without the ring (ctest runs both).
+reports print in order. Exits 0 with a "skipped" line where no GPU exists. Every plan lends the ring's
+slots to tiers without the ring; with PSHARD_LEND_SLOTS=0 in the environment none does (ctest runs both).
 Usage: tests/device/test_plans.py BUILD_DIR"""
 import os
 import re
