@@ -47,8 +47,8 @@ void plan_candidate_name(const struct plan_candidate *c, char *buf, size_t size)
 static void print_candidates(const struct plan *p, FILE *out) {
     const int last = plan_prompt_tier(p);
     fprintf(out, "candidates (predicted seconds per step of the tier's fewest tokens at the end of the context; "
-                 "* = chosen, from 64 tokens on for its time per token at both ends of the tier; = the same "
-                 "placement as a candidate above):\n");
+                 "* = chosen, from %d tokens on for its time per token at both ends of the tier; = the same "
+                 "placement as a candidate above):\n", PLAN_RING_MIN_TOKENS);
     fprintf(out, "  %-26s", "plan");
     for (int t = 0; t <= last; t++) {
         char label[24];

@@ -87,12 +87,22 @@ def run_config(path, shape, wtype, family, budget, extra, tokens, cpu, cpu_runs,
     if head.startswith("plan cpu"):  # auto may find the CPU fastest: then nothing is on the GPU
         report.append((arena is None, "%s: the CPU plan uses no VRAM" % label))
         return report
+    report.append((fits(text, budget, arena), "%s: the arena and the file mapping fit the budget (%s)" % (label, arena),
+                   (path, placement, text, budget)))
+    return report
+
+
+def fits(text, budget, arena):
     reserve = float(re.search(r"file mapping ([\d.]+) MB", text).group(1))
     mb = (float(budget[:-1]) - reserve) * 1048576 / 1e6
-    report.append((arena is not None and abs(decimal_mb(arena[0]) / mb - 1) < 0.01
-                   and decimal_mb(arena[1]) <= reserve * 1.048576 + 0.01,
-                   "%s: the arena and the file mapping fit the budget (%s)" % (label, arena)))
-    return report
+    return (arena is not None and abs(decimal_mb(arena[0]) / mb - 1) < 0.01
+            and decimal_mb(arena[1]) <= reserve * 1.048576 + 0.01)
+
+
+def fits_alone(path, placement, text, budget, prompt):
+    """The file mapping is measured as the device memory its registration took, so a test process
+    beside it that allocated meanwhile counts too: a failed budget check is measured again alone."""
+    return fits(text, budget, greedy(path, prompt, placement)[1])
 
 
 def main():
@@ -124,13 +134,19 @@ def main():
                 configs += [("dynamic", "%dM" % (low + 1), ["--stream-share", share]) for share in ("0", "1")]
             jobs += [(path, shape, wtype, family, budget, extra, tokens, cpu, cpu_runs, tmp)
                      for family, budget, extra in configs]
+        again = []
         with ThreadPoolExecutor(max_workers=6) as pool:
             for report in pool.map(lambda job: run_config(*job), jobs):
-                for ok, text in report:
+                for ok, text, *alone in report:
                     if ok is None:
                         print("     " + text)
+                    elif not ok and alone:
+                        print("     %s: to be measured again alone" % text)
+                        again.append((text, alone[0]))
                     else:
                         eq.check(ok, text)
+        for text, alone in again:
+            eq.check(fits_alone(*alone, prompts[0]), text + ", measured alone")
     print("%d failed" % len(eq.failures))
     return 1 if eq.failures else 0
 
