@@ -289,6 +289,21 @@ static void test_auto_picks_the_fastest_per_tier(void **state) {
             assert_int_equal(p.tier[0].shard[i] != PLACE_CPU, p.kv_gpu[model.shards[i].layer]);
     }
     assert_true(p.predicted_ttft > 0 && p.predicted_decode > 0);
+    /* pshard plan's breakdown: a row per tier, its step the plan's prediction (defaults as built). */
+    char *text = NULL;
+    size_t size = 0;
+    FILE *out = open_memstream(&text, &size);
+    assert_non_null(out);
+    plan_print_times(&p, &model, NULL, out);
+    fclose(out);
+    const char *row = strstr(text, "\n  1-3 ");
+    assert_non_null(row);
+    double step = 0, gpu = -1, cpu = -1, pcie = -1, waits = -1;
+    assert_int_equal(sscanf(row, " 1-3 %lf %lf %lf %lf %lf", &step, &gpu, &cpu, &pcie, &waits), 5);
+    assert_true(fabs(step - p.predicted[0] * 1e3) <= 0.01);
+    assert_true(gpu >= 0 && cpu >= 0 && pcie >= 0 && waits >= 0 && gpu + cpu > 0);
+    assert_non_null(strstr(text, "\n  256-1023 "));
+    free(text);
     plan_free(&p);
 }
 

@@ -706,10 +706,8 @@ pshard_status plan_build(const struct model *model, const struct plan_request *r
     }
     out->n_batch = req->n_batch;
     out->n_ctx = req->n_ctx;
-    /* Without a profile, the conservative defaults (which describe a mid-range GPU). */
     struct profile defaults;
-    const struct profile *prof = req->profile;
-    if (!prof) profile_defaults(&defaults), defaults.has_gpu = true, prof = &defaults;
+    const struct profile *prof = plan_profile(req->profile, &defaults);
     pshard_status st = ok ? build(model, req, costs, prof, out) : core_fail(PSHARD_ERR_NOMEM, "out of memory");
     if (st != PSHARD_OK) {
         plan_free(out);
@@ -720,6 +718,14 @@ pshard_status plan_build(const struct model *model, const struct plan_request *r
     cost_request(prof, model, out, req->n_ctx / 2 < 1024 ? req->n_ctx / 2 : 1024, req->n_batch, 128, &out->predicted_ttft,
                  &out->predicted_decode);
     return PSHARD_OK;
+}
+
+/* Without a profile, the conservative defaults (which describe a mid-range GPU). */
+const struct profile *plan_profile(const struct profile *prof, struct profile *scratch) {
+    if (prof) return prof;
+    profile_defaults(scratch);
+    scratch->has_gpu = true;
+    return scratch;
 }
 
 void plan_free(struct plan *plan) {

@@ -200,5 +200,11 @@ void plan_candidate_name(const struct plan_candidate *c, char *buf, size_t size)
 
 /* The plan as a table: per shard its place in each tier and its bytes, then the budget. */
 void plan_print(const struct plan *plan, const struct model *model, FILE *out);
+/* Where each tier's predicted step goes (GPU, CPU, PCIe, launches and waits), by the profile the
+ * plan was made with (NULL: the conservative defaults). */
+void plan_print_times(const struct plan *plan, const struct model *model, const struct profile *prof, FILE *out);
+/* The profile plans are predicted with: prof, or else the conservative defaults, filled into
+ * scratch. */
+const struct profile *plan_profile(const struct profile *prof, struct profile *scratch);
 
 #endif

@@ -2,6 +2,7 @@
  * times, the budget's breakdown and the bytes a decode token moves. */
 #include <stdio.h>
 
+#include "plan/cost.h"
 #include "plan/plan.h"
 
 static double mb(uint64_t bytes) { return bytes / 1048576.0; }
@@ -120,4 +121,22 @@ void plan_print(const struct plan *p, const struct model *m, FILE *out) {
     fprintf(out, "per decode token: %.1f MB of weights read by the CPU from host memory, %.1f MB streamed over PCIe, "
                  "%.1f MB read by the GPU from VRAM\n",
             mb(d->host_bytes_per_token), mb(d->pcie_bytes_per_token), mb(d->gpu_bytes_per_token));
+}
+
+void plan_print_times(const struct plan *p, const struct model *m, const struct profile *prof, FILE *out) {
+    if (!p->any_gpu) return;
+    struct profile defaults;
+    prof = plan_profile(prof, &defaults);
+    fprintf(out, "where a step's time goes (predicted ms at the tier's fewest tokens; the GPU and the CPU work at once "
+                 "in split layers, so the parts add up to more than the step):\n");
+    fprintf(out, "  %-10s %9s %9s %9s %9s %15s\n", "tokens", "step", "GPU", "CPU", "PCIe", "launches, waits");
+    for (int t = 0; t <= plan_prompt_tier(p); t++) {
+        const int32_t n = plan_tier_tokens[t] < p->n_batch ? plan_tier_tokens[t] : p->n_batch;
+        struct cost_step c;
+        cost_step(prof, m, p, &p->tier[t], n, p->n_ctx > n ? p->n_ctx - n : 0, &c);
+        char label[24];
+        tier_label(p, t, label, sizeof label);
+        fprintf(out, "  %-10s %9.2f %9.2f %9.2f %9.2f %15.2f\n", label, c.seconds * 1e3, c.gpu_s * 1e3, c.cpu_s * 1e3,
+                c.pcie_s * 1e3, c.overhead_s * 1e3);
+    }
 }

@@ -103,6 +103,7 @@ int cmd_plan(int argc, char **argv) {
     if (st == PSHARD_OK) st = exec_make_plan(&model, &p, &plan);
     if (st == PSHARD_OK) {
         plan_print(&plan, &model, stdout);
+        plan_print_times(&plan, &model, p.profile, stdout);
         plan_free(&plan);
     }
     model_free(&model);
