@@ -21,7 +21,7 @@ static struct gguf_file *file, *moe_file;
 static struct model model, moe;
 static char moe_path[256];
 static const struct plan_gpu_costs costs = {100 << 20, 20 << 20, 10 << 20, 32 << 20, 256 << 10};
-static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false};
+static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false, false};
 
 static int setup(void **state) {
     (void)state;
@@ -262,6 +262,62 @@ static void test_lent_slots(void **state) {
     }
     assert_true(on_gpu > 0 && on_cpu > 0);
     plan_free(&lent);
+}
+
+/* Static over the all-KV set where some attention streams: with stage_static its tiers take the
+ * ring and stage exactly the attention (the FFNs, on the CPU, are passed over); the copies run
+ * while the CPU computes, so a decode step is predicted faster than reading in place, and never
+ * faster than with free copies. */
+static void test_static_stages_attention(void **state) {
+    (void)state;
+    struct profile prof;
+    profile_defaults(&prof);
+    prof.has_gpu = true;
+    for (int f = 0; f < PROFILE_FORMATS; f++) /* the CPU's FFNs take far longer than a copy */
+        for (int i = 0; i < PROFILE_TOKENS; i++) prof.cpu_matmul[f].s_per_byte[i] = 1e-9;
+    struct plan_request r = base;
+    r.family = PLAN_STATIC;
+    r.staging = PLAN_SET_ALL_KV;
+    r.profile = &prof;
+    r.stage_static = true;
+    struct plan staged = {0}, in_place = {0};
+    int streamed = 0;
+    for (r.vram_budget = (int64_t)fixed(); streamed == 0 && r.vram_budget < (int64_t)fixed() + (64 << 20);
+         r.vram_budget += 64 << 10) {
+        plan_free(&staged);
+        if (plan_build(&model, &r, &costs, &staged) != PSHARD_OK) continue;
+        for (uint32_t i = 0; i < model.n_shards; i++)
+            streamed += model.shards[i].kind == SHARD_ATTN && staged.tier[0].shard[i] == PLACE_STREAMED;
+    }
+    r.vram_budget -= 64 << 10;
+    assert_true(streamed > 0);
+    for (int t = 0; t < PLAN_TIERS; t++) assert_true(staged.tier[t].ring);
+    struct plan_unit *units = malloc(sizeof *units * plan_ring_units_max(&staged));
+    assert_non_null(units);
+    const uint32_t n = plan_ring_units(&staged, &model, &staged.tier[0], units);
+    int staged_units = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        const bool attn = model.shards[units[j].shard].kind == SHARD_ATTN;
+        assert_int_equal(plan_tier_stages(&model, &staged.tier[0], &units[j]), attn);
+        staged_units += attn;
+    }
+    assert_int_equal(staged_units, streamed);
+    r.stage_static = false;
+    assert_int_equal(plan_build(&model, &r, &costs, &in_place), PSHARD_OK);
+    assert_false(in_place.tier[0].ring);
+    for (uint32_t i = 0; i < model.n_shards; i++) assert_int_equal(in_place.tier[0].shard[i], staged.tier[0].shard[i]);
+    struct cost_step a, b, free_copies;
+    cost_step(&prof, &model, &staged, &staged.tier[0], 1, 1000, &a);
+    cost_step(&prof, &model, &in_place, &in_place.tier[0], 1, 1000, &b);
+    for (int i = 0; i < PROFILE_SIZES; i++) prof.h2d_gbps[i] = 1e9;
+    cost_step(&prof, &model, &staged, &staged.tier[0], 1, 1000, &free_copies);
+    assert_true(a.seconds < b.seconds);
+    /* hidden behind the CPU: the copies add (next to) nothing to the step */
+    assert_true(a.seconds >= free_copies.seconds && a.pcie_s > 0);
+    assert_true(a.seconds - free_copies.seconds < 0.2 * (a.pcie_s - free_copies.pcie_s));
+    free(units);
+    plan_free(&staged);
+    plan_free(&in_place);
 }
 
 /* auto on a dense model under a budget: each tier runs the candidate the cost model predicts
@@ -599,6 +655,7 @@ int main(void) {
         cmocka_unit_test(test_cost_model_and_learning), cmocka_unit_test(test_dynamic_balances_from_the_profile),
         cmocka_unit_test(test_dynamic_ring_tiers_stage_alike), cmocka_unit_test(test_cost_launches_and_hand_offs),
         cmocka_unit_test(test_lent_slots), cmocka_unit_test(test_cost_attention_call),
+        cmocka_unit_test(test_static_stages_attention),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

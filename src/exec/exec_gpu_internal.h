@@ -65,6 +65,10 @@ struct exec_gpu {
     bool slot_used[PLAN_STAGING_SLOTS];
     struct plan_unit *units; /* what the slots receive, in the order a ring step uses them */
     uint32_t n_units, next_fill, next_use;
+    /* The ring step under way: its tier, and whether it passed over units it runs elsewhere
+     * (a static tier's FFNs, on the CPU), which then are not in their slots. */
+    const struct plan_tier *ring_tier;
+    bool ring_passed;
     /* The plan's lent units are in their slots: a ring step ran to its end since the slots were
      * last overwritten, or they were copied there (plan.lent). */
     bool lent_ready;

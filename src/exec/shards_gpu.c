@@ -2,9 +2,10 @@
  * compute stream in order (each reads and updates the residual stream g->x, as on the CPU),
  * CPU shards on the thread pool with the residual stream crossing PCIe where the place changes,
  * and the logits of the outputs come back. Streamed shards are read in place from host memory
- * (small steps) or staged through the slot ring (prompt steps): the copy stream fills slot j
- * while the compute stream works on slot j-1, each slot refilled only after the event its last
- * reader recorded. MoE shards split their experts between VRAM, the stream and the CPU, the
+ * (small steps) or staged through the slot ring (prompt steps; static steps pass over the units
+ * they run on the CPU, so a layer's attention is copied while the CPU computes the FFN before
+ * it): the copy stream fills slot j while the compute stream works on slot j-1, each slot
+ * refilled only after the event its last reader recorded. MoE shards split their experts between VRAM, the stream and the CPU, the
  * CPU's share computed while the GPU computes its own. An all-GPU step waits once, for the
  * logits. */
 #include <string.h>
@@ -138,17 +139,36 @@ static pshard_status ring_fill(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
     return cuda_event_record(g->filled[slot], g->copy);
 }
 
-static pshard_status ring_start(struct exec_ctx *ctx, struct exec_gpu *g) {
+/* Unit j in a ring step: copied if the step's tier runs it on the GPU; passed over otherwise
+ * (its slot is not touched). */
+static pshard_status ring_fill_for_step(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t j) {
+    if (plan_tier_stages(ctx->model, g->ring_tier, &g->units[j])) return ring_fill(ctx, g, j);
+    g->ring_passed = true;
+    return PSHARD_OK;
+}
+
+/* Past the units the step's tier does not stage, each making way for a fill further ahead. */
+static pshard_status ring_pass(struct exec_ctx *ctx, struct exec_gpu *g) {
+    while (g->next_use < g->n_units && !plan_tier_stages(ctx->model, g->ring_tier, &g->units[g->next_use])) {
+        g->next_use++;
+        if (g->next_fill < g->n_units) CORE_TRY(ring_fill_for_step(ctx, g, g->next_fill++));
+    }
+    return PSHARD_OK;
+}
+
+static pshard_status ring_start(struct exec_ctx *ctx, struct exec_gpu *g, const struct plan_tier *tier) {
     if (ctx->plan.lent) /* steps before may have read lent units: the fills wait for them */
         for (uint32_t k = 0; k < ctx->plan.n_slots; k++) {
             CORE_TRY(cuda_event_record(g->freed[k], g->stream));
             g->slot_used[k] = true;
         }
     g->lent_ready = false;
+    g->ring_tier = tier;
+    g->ring_passed = false;
     g->next_use = 0;
     for (g->next_fill = 0; g->next_fill < g->n_units && g->next_fill < ctx->plan.n_slots; g->next_fill++)
-        CORE_TRY(ring_fill(ctx, g, g->next_fill));
-    return PSHARD_OK;
+        CORE_TRY(ring_fill_for_step(ctx, g, g->next_fill));
+    return ring_pass(ctx, g);
 }
 
 /* The next unit's slot, for the compute stream (which waits until it is filled). */
@@ -168,8 +188,8 @@ static pshard_status ring_release(struct exec_ctx *ctx, struct exec_gpu *g) {
     CORE_TRY(cuda_event_record(g->freed[k], g->stream));
     g->slot_used[k] = true;
     g->next_use++;
-    if (g->next_fill < g->n_units) CORE_TRY(ring_fill(ctx, g, g->next_fill++));
-    return PSHARD_OK;
+    if (g->next_fill < g->n_units) CORE_TRY(ring_fill_for_step(ctx, g, g->next_fill++));
+    return ring_pass(ctx, g);
 }
 
 /* A dense shard (attention or FFN) computed from the copy of its matrices in a slot. */
@@ -459,7 +479,7 @@ static pshard_status enqueue_step(struct exec_ctx *ctx, struct exec_gpu *g, cons
                                   const struct exec_batch *b) {
     const struct model *model = ctx->model;
     CORE_TRY(cuda_copy_h2d(g->tokens, g->host_in.ptr, 4 * (size_t)ctx->params.n_batch * sizeof(int32_t), g->stream));
-    if (tier->ring) CORE_TRY(ring_start(ctx, g));
+    if (tier->ring) CORE_TRY(ring_start(ctx, g, tier));
     bool x_on_gpu = false;
     for (uint32_t i = 0; i < model->n_shards; i++) {
         const struct shard *shard = &model->shards[i];
@@ -475,7 +495,8 @@ static pshard_status enqueue_step(struct exec_ctx *ctx, struct exec_gpu *g, cons
         }
         x_on_gpu = on_gpu;
     }
-    if (tier->ring && g->next_use == g->n_units) g->lent_ready = true; /* the slots hold the last units */
+    /* The slots hold the last units, unless the step passed over some. */
+    if (tier->ring && g->next_use == g->n_units && !g->ring_passed) g->lent_ready = true;
     return PSHARD_OK;
 }
 

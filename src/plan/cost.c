@@ -38,6 +38,12 @@ struct walk {
     double n, n_out, ctx; /* tokens, output rows of the head, mean attended cells */
     bool graph, on_gpu;
     struct cost_step *out;
+    /* A static ring tier's copies, on their own clock: they run ahead while the CPU computes.
+     * The ring unit the walk is at, when the copy stream is free, when each slot's reader is
+     * done (all on the step's clock, out->seconds). */
+    bool clocked;
+    uint32_t unit;
+    double copy_free, slot_free[PLAN_STAGING_SLOTS];
 };
 
 /* The GPU's busy time for a shard: its matrices' and attention's compute, plus its small
@@ -86,6 +92,16 @@ static double attention_s(const struct walk *w, const struct shard *s, bool gpu)
     return call + w->n * w->ctx * per_cell * profile_at_tokens(r, w->n);
 }
 
+/* A static ring tier's unit copied into slot k as soon as the copy stream and the slot are free
+ * (the slot's reader done): the step waits only for what the copy has not finished by now. */
+static void copy_ahead(struct walk *w, double bytes, int k) {
+    const double copy = gbps_s(bytes, profile_at_size(w->prof->h2d_gbps, bytes));
+    const double start = w->copy_free > w->slot_free[k] ? w->copy_free : w->slot_free[k];
+    w->copy_free = start + copy;
+    w->out->pcie_s += copy;
+    if (w->copy_free > w->out->seconds) w->out->seconds = w->copy_free;
+}
+
 /* A dense shard's matrices (not experts): compute time on one side, and their bytes. */
 static double matrices_s(const struct walk *w, const struct shard *s, bool gpu, double n, uint64_t *bytes, int *count) {
     double sec = 0;
@@ -121,16 +137,23 @@ static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
     }
     move_to(w, true);
     double sec = matrices_s(w, s, true, n, &bytes, &count);
+    int slot = -1;
     if (place == PLACE_STREAMED && s->kind != SHARD_EMBED && !plan_reads_lent(w->p, w->t, i)) {
         const struct profile *pr = w->prof;
-        const double stream = w->t->ring ? gbps_s((double)bytes, profile_at_size(pr->h2d_gbps, (double)bytes))
-                                         : (double)bytes * profile_at_tokens(pr->zero_copy, n);
-        w->out->pcie_s += stream;
-        /* In place: the kernel waits on the reads. Ring: copies run ahead of compute. */
-        sec = sec > stream ? sec : stream;
+        if (w->clocked && plan_shard_units(w->p, s, place)) {
+            slot = (int)(w->unit % w->p->n_slots);
+            copy_ahead(w, (double)bytes, slot);
+        } else {
+            const double stream = w->t->ring ? gbps_s((double)bytes, profile_at_size(pr->h2d_gbps, (double)bytes))
+                                             : (double)bytes * profile_at_tokens(pr->zero_copy, n);
+            w->out->pcie_s += stream;
+            /* In place: the kernel waits on the reads. Ring: copies run ahead of compute. */
+            sec = sec > stream ? sec : stream;
+        }
     }
     if (s->kind == SHARD_ATTN) sec += attention_s(w, s, true);
     gpu_busy(w, sec, extra_kernels[s->kind], extra_kernels[s->kind] + MATRIX_OPS * count);
+    if (slot >= 0) w->slot_free[slot] = w->out->seconds;
 }
 
 static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
@@ -207,8 +230,9 @@ void cost_step(const struct profile *prof, const struct model *m, const struct p
                int32_t n_tokens, int32_t n_past, struct cost_step *out) {
     memset(out, 0, sizeof *out);
     const double n = n_tokens > 0 ? n_tokens : 1;
-    struct walk w = {prof, m, p, t, n, 1, n_past + (n + 1) / 2, false, false, out};
+    struct walk w = {.prof = prof, .m = m, .p = p, .t = t, .n = n, .n_out = 1, .ctx = n_past + (n + 1) / 2, .out = out};
     w.graph = plan_tier_replays(t, n_tokens);
+    w.clocked = t->ring && t->family == PLAN_STATIC && p->n_slots > 0;
     if (!prof->has_gpu && t->any_gpu) {
         out->seconds = INFINITY;
         return;
@@ -217,9 +241,10 @@ void cost_step(const struct profile *prof, const struct model *m, const struct p
         const struct shard *s = &m->shards[i];
         if (s->kind == SHARD_MOE) moe_shard(&w, s, i);
         else dense_shard(&w, s, i);
+        if (w.clocked) w.unit += plan_shard_units(p, s, t->shard[i]);
     }
     move_to(&w, false); /* logits back to the host */
-    if (t->ring) {
+    if (t->ring && !w.clocked) {
         /* The first slot's fill is not hidden behind compute. */
         const double fill = gbps_s((double)p->slot_bytes, profile_at_size(prof->h2d_gbps, (double)p->slot_bytes));
         out->seconds += fill;

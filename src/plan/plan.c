@@ -153,25 +153,37 @@ bool plan_streams(const struct plan *p) {
     return false;
 }
 
+uint32_t plan_shard_units(const struct plan *p, const struct shard *s, enum placement place) {
+    if ((s->kind == SHARD_ATTN && p->kv_gpu[s->layer]) || s->kind == SHARD_FFN) return place != PLACE_RESIDENT;
+    if (s->kind != SHARD_MOE || place == PLACE_CPU) return 0;
+    const uint32_t piece = p->piece_experts ? p->piece_experts : 1, r = p->experts_resident[s->layer];
+    return r < s->n_expert ? (s->n_expert - r + piece - 1) / piece : 0;
+}
+
 uint32_t plan_ring_units(const struct plan *p, const struct model *m, const struct plan_tier *marks,
                          struct plan_unit *out) {
     const uint32_t piece = p->piece_experts ? p->piece_experts : 1;
     uint32_t n = 0;
     for (uint32_t i = 0; i < m->n_shards; i++) {
         const struct shard *s = &m->shards[i];
-        const enum placement place = marks->shard[i];
-        const bool dense = (s->kind == SHARD_ATTN && p->kv_gpu[s->layer]) || s->kind == SHARD_FFN;
-        if (dense && place != PLACE_RESIDENT) {
-            if (out) out[n] = (struct plan_unit){i, 0, 0};
-            n++;
-        }
-        if (s->kind == SHARD_MOE && place != PLACE_CPU)
-            for (uint32_t e = p->experts_resident[s->layer]; e < s->n_expert; e += piece) {
-                if (out) out[n] = (struct plan_unit){i, e, e + piece < s->n_expert ? e + piece : s->n_expert};
-                n++;
+        const uint32_t units = plan_shard_units(p, s, marks->shard[i]);
+        for (uint32_t u = 0; u < units; u++, n++) {
+            if (!out) continue;
+            if (s->kind != SHARD_MOE) {
+                out[n] = (struct plan_unit){i, 0, 0};
+            } else {
+                const uint32_t e = p->experts_resident[s->layer] + u * piece;
+                out[n] = (struct plan_unit){i, e, e + piece < s->n_expert ? e + piece : s->n_expert};
             }
+        }
     }
     return n;
+}
+
+bool plan_tier_stages(const struct model *m, const struct plan_tier *t, const struct plan_unit *u) {
+    const struct shard *s = &m->shards[u->shard];
+    if (t->shard[u->shard] == PLACE_CPU) return false;
+    return s->kind != SHARD_MOE || u->first < t->experts_gpu[s->layer];
 }
 
 bool plan_lends(const struct plan *p) {
@@ -268,7 +280,8 @@ static void place_tier(const struct model *m, const struct plan_request *req, co
     struct plan_tier *t = &p->tier[ti];
     /* Ring tiers stream everything not resident, so they all stage the same units. */
     const bool ring_ok = staging && ((t->family == PLAN_GPU && t->min_tokens >= PLAN_RING_MIN_TOKENS) ||
-                                     (t->family == PLAN_DYNAMIC && t->min_tokens >= PLAN_RING_ALL_MIN_TOKENS));
+                                     (t->family == PLAN_DYNAMIC && t->min_tokens >= PLAN_RING_ALL_MIN_TOKENS) ||
+                                     (t->family == PLAN_STATIC && req->stage_static));
     const bool stream_all = t->family == PLAN_GPU || (t->family == PLAN_DYNAMIC && ring_ok);
     if (share <= 0) share = req->stream_share > 0 ? req->stream_share : balanced_share(m, prof, t->min_tokens);
     if (share > 1) share = 1;

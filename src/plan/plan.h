@@ -67,6 +67,9 @@ struct plan_request {
     const struct profile *profile; /* auto: the machine's profile (NULL: conservative defaults) */
     bool lend_slots;      /* tiers that do not use the ring read the ring's last units from their
                              slots (plan.lent) */
+    bool stage_static;    /* static tiers copy the attention they stream into the ring's slots
+                             ahead of use, while the CPU computes the FFN before it, instead of
+                             reading it in place; not yet measured on a GPU, so off by default */
 };
 
 struct plan_tier {
@@ -177,9 +180,14 @@ uint64_t plan_unit_bytes(const struct shard *s, uint32_t n_experts);
  * tiers stream exactly these). Returns the count; out, if not NULL, holds plan_ring_units_max. */
 uint32_t plan_ring_units(const struct plan *p, const struct model *m, const struct plan_tier *marks,
                          struct plan_unit *out);
+/* How many of those units shard s makes, placed as `place` in a GPU tier. */
+uint32_t plan_shard_units(const struct plan *p, const struct shard *s, enum placement place);
 static inline size_t plan_ring_units_max(const struct plan *p) {
     return (size_t)p->n_shards * (p->n_expert / (p->piece_experts ? p->piece_experts : 1) + 2);
 }
+/* Whether a step of ring tier t copies unit u into its slot: a static tier runs its FFNs and the
+ * experts past the resident ones on the CPU, so its steps pass over those units. */
+bool plan_tier_stages(const struct model *m, const struct plan_tier *t, const struct plan_unit *u);
 /* Whether the plan lends any slot (see plan.lent). */
 bool plan_lends(const struct plan *p);
 /* Whether tier t reads shard i from the slot the ring left it in (see plan.lent). */

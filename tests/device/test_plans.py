@@ -7,6 +7,8 @@ continuations equal the CPU's up to numerical near-ties. The arena printed at lo
 budget. The configurations run side by side (each is its own process on the one GPU); their
 reports print in order. Exits 0 with a "skipped" line where no GPU exists. Every plan lends the ring's
 slots to tiers without the ring; with PSHARD_LEND_SLOTS=0 in the environment none does (ctest runs both).
+With PSHARD_STAGE_STATIC=1, static tiers stage the attention they stream through the ring (ctest
+runs that too; a static plan over the all-KV set at a budget that streams attention covers it).
 Usage: tests/device/test_plans.py BUILD_DIR"""
 import os
 import re
@@ -27,6 +29,15 @@ def minimum_mb(model, family):
     if not m:
         raise SystemExit("no minimum in: " + proc.stderr)
     return int(m.group(1))
+
+
+def streaming_attention_budget(model):
+    """The smallest budget at which static over the all-KV set streams some layer's attention (in
+    place, or staged through the ring with PSHARD_STAGE_STATIC=1)."""
+    for mb in range(8, 256):
+        if re.search(r"attn\s+\d+ STREAMED", plan_text(model, "%dM" % mb, "static", ["--set", "all-kv"])):
+            return "%dM" % mb
+    raise SystemExit("no budget streams attention in a static plan")
 
 
 def plan_text(model, budget, family, extra):
@@ -129,6 +140,8 @@ def main():
                 for budget in (low + 1, low + 3) if family != "auto" else (low + 2,):
                     # auto: chosen with the default costs, so the test does not measure the machine
                     configs.append((family, "%dM" % budget, ["--no-profile"] if family == "auto" else []))
+            if shape == "tiny-llama":
+                configs.append(("static", streaming_attention_budget(path), ["--set", "all-kv"]))
             if shape == "tiny-moe":
                 low = minimum_mb(path, "dynamic")
                 configs += [("dynamic", "%dM" % (low + 1), ["--stream-share", share]) for share in ("0", "1")]
