@@ -1,5 +1,6 @@
 /* The executor on the default model: batches mixing sequences give each sequence the logits it
- * gets alone; bad batches are refused without changing any state; sequences are reused. */
+ * gets alone; bad batches are refused without changing any state; sequences are reused; an FFN
+ * computed in two row ranges (as when split with the GPU) adds up to the whole. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,6 +13,8 @@
 #include <cmocka.h>
 
 #include "exec/exec.h"
+#include "exec/exec_internal.h"
+#include "plan/plan.h"
 
 struct fixture {
     struct gguf_file *file;
@@ -114,8 +117,40 @@ static void test_bad_batches_change_nothing(void **state) {
     assert_int_equal(exec_seq_len(f->ctx, 2), 64);
 }
 
+/* shard_ffn_cpu_rows over [0, n_ff) equals its parts over [0, f) and [f, n_ff), every layer
+ * checked at two split points, on two tokens. */
+static void test_ffn_rows_add_up(void **state) {
+    struct fixture *f = *state;
+    struct exec_ctx *ctx = f->ctx;
+    const int64_t d = f->model.hp.n_embd, n = 2;
+    const uint32_t ff = f->model.hp.n_ff;
+    assert_int_equal(ff % PLAN_SPLIT_ROWS, 0);
+    assert_true(ff >= 2 * PLAN_SPLIT_ROWS);
+    float *whole = malloc(sizeof(float) * n * d), *a = malloc(sizeof(float) * n * d), *b = malloc(sizeof(float) * n * d);
+    assert_true(whole && a && b);
+    for (uint32_t layer = 0; layer < f->model.hp.n_layers; layer++) {
+        const uint32_t cuts[] = {PLAN_SPLIT_ROWS, ff - PLAN_SPLIT_ROWS};
+        for (int c = 0; c < 2; c++) {
+            for (int64_t i = 0; i < n * d; i++) ctx->s.xn[i] = (float)((i * 37 + layer * 11) % 101 - 50) / 25.0f;
+            shard_ffn_cpu_rows(ctx, (int)layer, n, 0, ff, whole);
+            shard_ffn_cpu_rows(ctx, (int)layer, n, 0, cuts[c], a);
+            shard_ffn_cpu_rows(ctx, (int)layer, n, cuts[c], ff, b);
+            double err = 0, norm = 0;
+            for (int64_t i = 0; i < n * d; i++) {
+                err = fmax(err, fabs(whole[i] - (a[i] + b[i])));
+                norm = fmax(norm, fabs(whole[i]));
+            }
+            assert_true(norm > 0);
+            assert_true(err <= 1e-4 * norm + 1e-6); /* only the sum's order differs */
+            assert_true(fabs(a[0]) > 0 && fabs(b[0]) > 0);
+        }
+    }
+    free(whole), free(a), free(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ffn_rows_add_up),
         cmocka_unit_test(test_mixed_batch_equals_separate),
         cmocka_unit_test(test_bad_batches_change_nothing),
     };

@@ -21,7 +21,7 @@ static struct gguf_file *file, *moe_file;
 static struct model model, moe;
 static char moe_path[256];
 static const struct plan_gpu_costs costs = {100 << 20, 20 << 20, 10 << 20, 32 << 20, 256 << 10};
-static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false, false};
+static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false, false, false};
 
 static int setup(void **state) {
     (void)state;
@@ -318,6 +318,61 @@ static void test_static_stages_attention(void **state) {
     free(units);
     plan_free(&staged);
     plan_free(&in_place);
+}
+
+/* Dynamic with split_ffn: the small tiers split every FFN they do not keep resident by rows
+ * (whole PLAN_SPLIT_ROWS on both sides) instead of by layer; the bytes a token reads stay the
+ * same, the ring tiers stream whole FFNs as before, and a decode step, both sides working at
+ * once, is predicted faster than alternating whole layers. */
+static void test_dynamic_splits_ffn_rows(void **state) {
+    (void)state;
+    struct profile prof;
+    profile_defaults(&prof);
+    prof.has_gpu = true;
+    struct plan_request r = base;
+    r.family = PLAN_DYNAMIC;
+    r.profile = &prof;
+    r.vram_budget = (int64_t)(fixed() + attention_and_kv(&model, 2048) + (8 << 20));
+    struct plan by_layer, split;
+    assert_int_equal(plan_build(&model, &r, &costs, &by_layer), PSHARD_OK);
+    assert_false(plan_splits_ffn(&by_layer));
+    r.split_ffn = true;
+    assert_int_equal(plan_build(&model, &r, &costs, &split), PSHARD_OK);
+    assert_true(plan_splits_ffn(&split));
+    const uint32_t ff = model.hp.n_ff;
+    int n_split = 0;
+    for (int t = 0; t < PLAN_TIERS; t++) {
+        const struct plan_tier *tier = &split.tier[t];
+        for (uint32_t i = 0; i < model.n_shards; i++) {
+            const struct shard *s = &model.shards[i];
+            if (s->kind != SHARD_FFN) continue;
+            const uint32_t rows = tier->ffn_rows_gpu[s->layer];
+            if (tier->ring || tier->shard[i] == PLACE_RESIDENT) {
+                assert_int_equal(rows, 0);
+                continue;
+            }
+            assert_int_equal(tier->shard[i], PLACE_STREAMED);
+            assert_true(rows > 0 && rows < ff && rows % PLAN_SPLIT_ROWS == 0 && (ff - rows) % PLAN_SPLIT_ROWS == 0);
+            assert_true(plan_ffn_split(tier, s));
+            n_split += t == PLAN_TIER_DECODE;
+        }
+    }
+    assert_true(n_split > 0);
+    const struct plan_tier *a = &by_layer.tier[PLAN_TIER_DECODE], *b = &split.tier[PLAN_TIER_DECODE];
+    assert_false(b->all_gpu);
+    assert_int_equal(a->host_bytes_per_token + a->pcie_bytes_per_token + a->gpu_bytes_per_token,
+                     b->host_bytes_per_token + b->pcie_bytes_per_token + b->gpu_bytes_per_token);
+    assert_true(b->host_bytes_per_token > 0 && b->pcie_bytes_per_token > 0);
+    /* This model's FFNs are small (1.6 MB): with hand-offs this cheap both sides working at once
+     * wins; at the defaults' hand-off cost, alternating layers does (the planner weighs both). */
+    prof.round_trip_s = prof.graph_round_trip_s = 2e-6;
+    struct cost_step ca, cb;
+    cost_step(&prof, &model, &by_layer, a, 1, 1000, &ca);
+    cost_step(&prof, &model, &split, b, 1, 1000, &cb);
+    assert_true(cb.seconds < ca.seconds);
+    assert_true(cb.seconds < cb.gpu_s + cb.cpu_s); /* the sides overlap */
+    plan_free(&by_layer);
+    plan_free(&split);
 }
 
 /* auto on a dense model under a budget: each tier runs the candidate the cost model predicts
@@ -655,7 +710,7 @@ int main(void) {
         cmocka_unit_test(test_cost_model_and_learning), cmocka_unit_test(test_dynamic_balances_from_the_profile),
         cmocka_unit_test(test_dynamic_ring_tiers_stage_alike), cmocka_unit_test(test_cost_launches_and_hand_offs),
         cmocka_unit_test(test_lent_slots), cmocka_unit_test(test_cost_attention_call),
-        cmocka_unit_test(test_static_stages_attention),
+        cmocka_unit_test(test_static_stages_attention), cmocka_unit_test(test_dynamic_splits_ffn_rows),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -25,13 +25,14 @@ extern "C" size_t cuda_matmul_work_bytes(const struct cuda_matrix *m, int64_t n_
     return x16 + align256((size_t)rows * (size_t)m->n_cols * 2);
 }
 
-static pshard_status blas_gemm(struct cuda_ctx *ctx, cudaDataType type, const void *w, const void *x, int rows,
-                               int n_tokens, int n_cols, float *y, int64_t y_stride, cudaStream_t st) {
-    /* Column-major view: W (rows x cols, row-major) is a cols x rows matrix, x likewise; y^T =
-     * W . x^T is rows x tokens with leading dimension y_stride. */
+static pshard_status blas_gemm(struct cuda_ctx *ctx, cudaDataType type, const void *w, int w_stride, const void *x,
+                               int rows, int n_tokens, int n_cols, float *y, int64_t y_stride, cudaStream_t st) {
+    /* Column-major view: W (rows x cols, row-major, w_stride elements apart: a view of the
+     * first columns of a wider matrix has them further apart) is a cols x rows matrix, x
+     * likewise; y^T = W . x^T is rows x tokens with leading dimension y_stride. */
     const float one = 1.0f, zero = 0.0f;
     BLAS_TRY(cublasSetStream(ctx->blas, st));
-    BLAS_TRY(cublasGemmEx(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n_tokens, n_cols, &one, w, type, n_cols, x, type,
+    BLAS_TRY(cublasGemmEx(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n_tokens, n_cols, &one, w, type, w_stride, x, type,
                           n_cols, &zero, y, CUDA_R_32F, (int)y_stride, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return PSHARD_OK;
 }
@@ -50,13 +51,15 @@ extern "C" pshard_status cuda_matmul(struct cuda_ctx *ctx, const struct cuda_mat
         return cuda_matvec(m, work, (int)n_tokens, y, y_stride, s);
     }
     const int rows = (int)m->n_rows, cols = (int)m->n_cols, nt = (int)n_tokens;
-    if (m->type == QUANT_F32) return blas_gemm(ctx, CUDA_R_32F, m->data, x, rows, nt, cols, y, y_stride, st);
+    if (m->type == QUANT_F32)
+        return blas_gemm(ctx, CUDA_R_32F, m->data, (int)(m->row_bytes / 4), x, rows, nt, cols, y, y_stride, st);
     /* Activations in the weights' 16-bit format (f16, or bf16 for BF16 weights). */
     const size_t x16_bytes = align256((size_t)n_tokens * (size_t)m->n_cols * 2);
     CORE_TRY(cuda_quantize(m->type == QUANT_BF16 ? QUANT_BF16 : QUANT_F16, x, m->n_cols, n_tokens, work, s));
-    if (m->type == QUANT_BF16) return blas_gemm(ctx, CUDA_R_16BF, m->data, work, rows, nt, cols, y, y_stride, st);
+    if (m->type == QUANT_BF16)
+        return blas_gemm(ctx, CUDA_R_16BF, m->data, (int)(m->row_bytes / 2), work, rows, nt, cols, y, y_stride, st);
     if (m->type == QUANT_F16 && pick_path(ctx) == CUDA_GEMM_CUBLAS)
-        return blas_gemm(ctx, CUDA_R_16F, m->data, work, rows, nt, cols, y, y_stride, st);
+        return blas_gemm(ctx, CUDA_R_16F, m->data, (int)(m->row_bytes / 2), work, rows, nt, cols, y, y_stride, st);
     if (pick_path(ctx) == CUDA_GEMM_FUSED || m->type == QUANT_F16) {
         gemm_args a = {};
         a.w = (const uint8_t *)m->data;
@@ -77,7 +80,7 @@ extern "C" pshard_status cuda_matmul(struct cuda_ctx *ctx, const struct cuda_mat
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
         const int64_t n = rows - r0 < chunk ? rows - r0 : chunk;
         CORE_TRY(cuda_dequantize_f16(m, r0, n, w16, s));
-        CORE_TRY(blas_gemm(ctx, CUDA_R_16F, w16, work, (int)n, nt, cols, y + r0, y_stride, st));
+        CORE_TRY(blas_gemm(ctx, CUDA_R_16F, w16, cols, work, (int)n, nt, cols, y + r0, y_stride, st));
     }
     return PSHARD_OK;
 }

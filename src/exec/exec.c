@@ -101,14 +101,21 @@ static pshard_status alloc_scratch(struct exec_ctx *ctx) {
     return PSHARD_OK;
 }
 
+/* A switch from the environment: unset, its default; "0", off; anything else, on. */
+static bool env_switch(const char *name, bool unset) {
+    const char *v = getenv(name);
+    return v ? strcmp(v, "0") != 0 : unset;
+}
+
 /* The planner's request for these parameters. Tiers that do not use the staging ring read the
  * units it leaves in its slots (plan.lent); PSHARD_LEND_SLOTS=0 turns that off (for comparison).
- * PSHARD_STAGE_STATIC=1 lets static tiers stage the attention they stream (experimental). */
+ * Experimental, off unless set: PSHARD_SPLIT_FFN=1 splits dynamic tiers' dense FFNs by rows
+ * between the GPU and the CPU; PSHARD_STAGE_STATIC=1 lets static tiers stage the attention they
+ * stream. */
 static struct plan_request request_for(const struct exec_params *p, bool gpu_wanted) {
-    const char *lend = getenv("PSHARD_LEND_SLOTS"), *stage = getenv("PSHARD_STAGE_STATIC");
     return (struct plan_request){gpu_wanted ? p->plan : PLAN_CPU, p->vram_budget, p->n_ctx, p->n_batch, p->n_seq,
-                                 p->stream_share, p->staging, p->profile, !lend || strcmp(lend, "0") != 0,
-                                 stage && strcmp(stage, "0") != 0};
+                                 p->stream_share, p->staging, p->profile, env_switch("PSHARD_LEND_SLOTS", true),
+                                 env_switch("PSHARD_SPLIT_FFN", false), env_switch("PSHARD_STAGE_STATIC", false)};
 }
 
 static pshard_status build_plan(const struct model *model, const struct model_weights *w, const struct exec_params *p,

@@ -377,7 +377,7 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
     CORE_TRY(cuda_host_alloc(sizeof(int32_t) * B * 4, &g->host_in));
     CORE_TRY(cuda_host_alloc(sizeof(float) * B * hp->n_vocab, &g->host_logits));
     CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_x)); /* activations crossing PCIe */
-    if (hp->n_expert) {
+    if (hp->n_expert || plan_splits_ffn(plan)) { /* hand-offs of layers split with the CPU */
         CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_xn));
         CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_moe));
         CORE_TRY(cuda_host_alloc((sizeof(int32_t) + sizeof(float)) * B * k, &g->host_route));

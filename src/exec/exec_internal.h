@@ -57,6 +57,10 @@ void shard_attn_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *ba
 void shard_ffn_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *batch);
 void shard_moe_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *batch);
 void shard_head_cpu(struct exec_ctx *ctx, const struct exec_batch *batch);
+/* Rows [first, end) of a dense FFN (gate and up; the same columns of down) for the normalized
+ * input ctx->s.xn: out [n][n_embd] = their part of the FFN's output (an FFN split with the GPU;
+ * first and end are multiples of PLAN_SPLIT_ROWS, or end is n_ff). */
+void shard_ffn_cpu_rows(struct exec_ctx *ctx, int layer, int64_t n, uint32_t first, uint32_t end, float *out);
 /* The experts [first, end) of an MoE shard for routing decided elsewhere (the GPU), input
  * ctx->s.xn: out [n][n_embd] = their weighted sum (the GPU adds the other experts). */
 void shard_moe_cpu_experts(struct exec_ctx *ctx, int layer, int64_t n, const int32_t *ids, const float *weights,

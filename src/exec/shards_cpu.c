@@ -16,7 +16,7 @@ static void rmsnorm_rows(const float *x, const struct gguf_tensor *w, float *out
 }
 
 static void count_bytes(struct exec_ctx *ctx, const struct cpu_matrix *m) {
-    ctx->stats.weight_bytes_read += (uint64_t)m->n_rows * m->row_bytes;
+    ctx->stats.weight_bytes_read += (uint64_t)m->n_rows * quant_row_bytes(m->type, m->n_cols); /* a view's own columns */
 }
 
 void shard_embed_cpu(struct exec_ctx *ctx, const struct exec_batch *batch) {
@@ -143,6 +143,20 @@ void shard_ffn_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *bat
     rmsnorm_rows(ctx->s.x, ctx->w.layers[layer].ffn_norm, ctx->s.xn, n, d, hp->rms_eps);
     swiglu_ffn(ctx, &lm->ffn_gate, &lm->ffn_up, &lm->ffn_down, n, ctx->s.proj);
     cpu_add(ctx->s.x, ctx->s.proj, n * d);
+}
+
+void shard_ffn_cpu_rows(struct exec_ctx *ctx, int layer, int64_t n, uint32_t first, uint32_t end, float *out) {
+    const struct layer_mats *lm = &ctx->mats[layer];
+    struct cpu_matrix gate = lm->ffn_gate, up = lm->ffn_up, down = lm->ffn_down;
+    struct cpu_matrix *rows[] = {&gate, &up};
+    for (int m = 0; m < 2; m++) {
+        rows[m]->data = (const uint8_t *)rows[m]->data + (size_t)first * rows[m]->row_bytes;
+        rows[m]->n_rows = end - first;
+    }
+    /* down's columns [first, end): a stretch of each of its rows, on a block boundary */
+    down.data = (const uint8_t *)down.data + quant_row_bytes(down.type, first);
+    down.n_cols = end - first;
+    swiglu_ffn(ctx, &gate, &up, &down, n, out);
 }
 
 void shard_moe_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *batch) {

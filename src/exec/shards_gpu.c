@@ -15,7 +15,7 @@
 
 static pshard_status project(struct exec_ctx *ctx, struct exec_gpu *g, const struct cuda_matrix *m, const float *x,
                              int64_t n, float *y) {
-    ctx->stats.weight_bytes_read += (uint64_t)m->n_rows * m->row_bytes;
+    ctx->stats.weight_bytes_read += (uint64_t)m->n_rows * quant_row_bytes(m->type, m->n_cols); /* a view's own columns */
     /* F32 weights (an MoE router, above all) stay in f32 for any number of tokens: the
      * tensor-core path would round them to f16 and flip routing decisions near a tie. They are
      * small, so a few matrix-vector passes cost little. */
@@ -325,16 +325,59 @@ static pshard_status cpu_experts_end(struct exec_ctx *ctx, struct exec_gpu *g, c
     return sum_up(ctx, g, n);
 }
 
+/* ---- dense FFNs split by rows with the CPU (plan ffn_rows_gpu) */
+
+/* Once the input is down: the CPU's rows [first, n_ff) into host_moe. */
+static void cpu_ffn_rows(struct exec_ctx *ctx, struct exec_gpu *g, const struct shard *s, int64_t n, uint32_t first) {
+    const double t0 = core_now_ms();
+    const struct model_hparams *hp = &ctx->model->hp;
+    memcpy(ctx->s.xn, g->host_xn.ptr, sizeof(float) * (size_t)n * hp->n_embd);
+    shard_ffn_cpu_rows(ctx, s->layer, n, first, hp->n_ff, g->host_moe.ptr);
+    ctx->stats.host_compute_ms += core_now_ms() - t0;
+}
+
+/* The GPU computes rows [0, f) of gate and up and those columns of down, reading host memory in
+ * place, while the CPU computes the rest from the normalized input it is handed; the CPU's part
+ * comes back up and both add into the residual stream. */
+static pshard_status split_ffn_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t index, int il,
+                                     const struct plan_tier *tier, const struct exec_batch *b) {
+    const struct model_hparams *hp = &ctx->model->hp;
+    const struct gpu_layer *l = &g->layers[il];
+    const int64_t n = b->n_tokens, d = hp->n_embd;
+    const uint32_t f = tier->ffn_rows_gpu[il];
+    CORE_TRY(cuda_rmsnorm(g->x, l->ffn_norm, g->xn, n, d, hp->rms_eps, g->stream));
+    CORE_TRY(cuda_copy_d2h(g->host_xn.ptr, g->xn, sizeof(float) * (size_t)n * d, g->stream));
+    CORE_TRY(g->capturing ? cuda_flag_raise(g->flags_dev + 2 * il, g->stream) : cuda_event_record(g->route_ready, g->stream));
+    struct cuda_matrix gate = l->ffn_gate, up = l->ffn_up, down = l->ffn_down;
+    gate.n_rows = up.n_rows = f;
+    down.n_cols = f; /* the first f columns of each row: row_bytes keeps the full stride */
+    CORE_TRY(swiglu_ffn(ctx, g, &gate, &up, &down, n, g->proj));
+    CORE_TRY(cuda_add(g->x, g->proj, n * d, g->stream));
+    ctx->stats.streamed_bytes += plan_unit_bytes(&ctx->model->shards[index], 0) * f / hp->n_ff;
+    if (g->capturing) { /* the host's part runs at replay (replay_handoffs) */
+        CORE_TRY(cuda_flag_wait(g->flags_dev + 2 * il + 1, g->stream));
+    } else {
+        const double t0 = core_now_ms();
+        CORE_TRY(timed_wait(ctx, cuda_event_sync(g->route_ready), t0));
+        cpu_ffn_rows(ctx, g, &ctx->model->shards[index], n, f);
+    }
+    return sum_up(ctx, g, n);
+}
+
 /* The host's side of a replayed step's hand-offs, in the step's order (every MoE shard of the
  * tier that leaves experts to the CPU): wait for the routing, compute, let the GPU go on. */
 static pshard_status replay_handoffs(struct exec_ctx *ctx, struct exec_gpu *g, const struct plan_tier *tier) {
     volatile uint32_t *flags = g->flags.ptr;
     for (uint32_t i = 0; i < ctx->model->n_shards; i++) {
         const struct shard *s = &ctx->model->shards[i];
-        if (s->kind != SHARD_MOE || tier->shard[i] == PLACE_CPU || tier->experts_gpu[s->layer] >= s->n_expert) continue;
+        const bool split_moe = s->kind == SHARD_MOE && tier->shard[i] != PLACE_CPU &&
+                               tier->experts_gpu[s->layer] < s->n_expert;
+        const bool split_ffn = tier->shard[i] == PLACE_STREAMED && plan_ffn_split(tier, s);
+        if (!split_moe && !split_ffn) continue;
         const double t0 = core_now_ms();
         CORE_TRY(timed_wait(ctx, cuda_flag_host_wait(flags + 2 * s->layer, g->stream), t0));
-        cpu_experts(ctx, g, s, 1, tier->experts_gpu[s->layer]);
+        if (split_moe) cpu_experts(ctx, g, s, 1, tier->experts_gpu[s->layer]);
+        else cpu_ffn_rows(ctx, g, s, 1, tier->ffn_rows_gpu[s->layer]);
         cuda_flag_host_raise(flags + 2 * s->layer + 1);
     }
     return PSHARD_OK;
@@ -424,6 +467,7 @@ static pshard_status gpu_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
     case SHARD_ATTN:
     case SHARD_FFN:
         if (staged) return staged_dense(ctx, g, index, shard, b);
+        if (streamed && plan_ffn_split(tier, shard)) return split_ffn_shard(ctx, g, index, shard->layer, tier, b);
         if (plan_reads_lent(&ctx->plan, tier, index)) return dense_in_slot(ctx, g, shard, lent_slot(ctx, g, index), b);
         if (streamed) ctx->stats.streamed_bytes += plan_unit_bytes(shard, 0);
         return shard->kind == SHARD_ATTN ? attn_shard(ctx, g, shard->layer, &g->layers[shard->layer], b)

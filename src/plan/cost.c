@@ -123,6 +123,45 @@ double cost_touched(double range, double E, double k, double n) {
     return E > 0 ? range * (1 - pow(1 - k / E, n)) : 0;
 }
 
+/* A layer split between the GPU (gpu seconds of compute, `stream` of them waiting on host memory)
+ * and the CPU (cpu seconds), both at once: each slows the other's use of host memory as measured
+ * together, and the input goes down and the CPU's sum comes back up (a hand-off). */
+static void split_sides(struct walk *w, double gpu, int kernels, int ops, double stream, double cpu) {
+    const struct profile *pr = w->prof;
+    if (stream > 0) {
+        /* Staged copies, or kernels reading host memory in place, as measured beside the CPU. */
+        const double cpu_share = w->t->ring ? pr->cpu_share_under_h2d : pr->cpu_share_under_reads;
+        const double gpu_share = w->t->ring ? pr->h2d_share_under_cpu : pr->reads_share_under_cpu;
+        const double cs = cpu_share > 0 ? cpu_share : 1, hs = gpu_share > 0 ? gpu_share : 1;
+        const double overlap = cpu < stream ? cpu : stream;
+        cpu += overlap * (1 / cs - 1);
+        gpu += overlap * (1 / hs - 1);
+    }
+    /* Replayed, the host meets the graph at flags; launched, it waits on an event. */
+    const double meet = w->graph && pr->graph_round_trip_s > 0 ? pr->graph_round_trip_s : pr->round_trip_s;
+    const double hand_off = meet + gbps_s(w->n * w->m->hp.n_embd * 4.0 * 2, profile_at_size(pr->d2h_gbps, 65536));
+    gpu = gpu_time(w, gpu, kernels, ops);
+    const double side = gpu > cpu + hand_off ? gpu : cpu + hand_off;
+    w->out->gpu_s += gpu;
+    w->out->cpu_s += cpu;
+    w->out->pcie_s += stream;
+    w->out->overhead_s += hand_off;
+    w->out->seconds += side;
+}
+
+/* A dense FFN split by rows (ffn_rows_gpu): the GPU's rows read in place, the CPU's at its rate. */
+static void split_ffn(struct walk *w, const struct shard *s) {
+    const double gpu_part = (double)w->t->ffn_rows_gpu[s->layer] / w->m->hp.n_ff;
+    uint64_t bytes;
+    int count;
+    const double gpu_compute = matrices_s(w, s, true, w->n, &bytes, &count) * gpu_part;
+    const double stream = (double)bytes * gpu_part * profile_at_tokens(w->prof->zero_copy, w->n);
+    const double cpu = matrices_s(w, s, false, w->n, &bytes, &count) * (1 - gpu_part) +
+                       (count + extra_jobs[SHARD_FFN]) * w->prof->cpu_step_s;
+    split_sides(w, gpu_compute > stream ? gpu_compute : stream, extra_kernels[SHARD_FFN],
+                extra_kernels[SHARD_FFN] + MATRIX_OPS * count + HAND_OFF_OPS, stream, cpu);
+}
+
 static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
     const enum placement place = w->t->shard[i];
     const double n = s->kind == SHARD_HEAD ? w->n_out : w->n;
@@ -136,6 +175,10 @@ static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
         return;
     }
     move_to(w, true);
+    if (place == PLACE_STREAMED && plan_ffn_split(w->t, s)) {
+        split_ffn(w, s);
+        return;
+    }
     double sec = matrices_s(w, s, true, n, &bytes, &count);
     int slot = -1;
     if (place == PLACE_STREAMED && s->kind != SHARD_EMBED && !plan_reads_lent(w->p, w->t, i)) {
@@ -193,28 +236,9 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
         gpu_busy(w, gpu, kernels, ops);
         return;
     }
-    /* Split: the CPU computes [g, E) while the GPU computes its share; each slows the other's
-     * use of host memory as measured together. */
-    double cpu = pr->cpu_moe_call_s + cost_touched(E - g, E, k, n) * eb * cost_rate(pr->cpu_experts, type, n);
-    if (stream > 0) {
-        /* Staged copies, or kernels reading host memory in place, as measured beside the CPU. */
-        const double cpu_share = w->t->ring ? pr->cpu_share_under_h2d : pr->cpu_share_under_reads;
-        const double gpu_share = w->t->ring ? pr->h2d_share_under_cpu : pr->reads_share_under_cpu;
-        const double cs = cpu_share > 0 ? cpu_share : 1, hs = gpu_share > 0 ? gpu_share : 1;
-        const double overlap = cpu < stream ? cpu : stream;
-        cpu += overlap * (1 / cs - 1);
-        gpu += overlap * (1 / hs - 1);
-    }
-    /* Replayed, the host meets the graph at flags; launched, it waits on an event. */
-    const double meet = w->graph && pr->graph_round_trip_s > 0 ? pr->graph_round_trip_s : pr->round_trip_s;
-    const double hand_off = meet + gbps_s(n * w->m->hp.n_embd * 4.0 * 2, profile_at_size(pr->d2h_gbps, 65536));
-    gpu = gpu_time(w, gpu, kernels, ops);
-    const double side = gpu > cpu + hand_off ? gpu : cpu + hand_off;
-    w->out->gpu_s += gpu;
-    w->out->cpu_s += cpu;
-    w->out->pcie_s += stream;
-    w->out->overhead_s += hand_off;
-    w->out->seconds += side;
+    /* Split: the CPU computes [g, E) while the GPU computes its share. */
+    split_sides(w, gpu, kernels, ops, stream,
+                pr->cpu_moe_call_s + cost_touched(E - g, E, k, n) * eb * cost_rate(pr->cpu_experts, type, n));
 }
 
 /* The model's entry in prof->refine, -1 when running it has taught nothing yet. */

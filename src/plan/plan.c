@@ -128,6 +128,12 @@ static void tier_account(const struct model *m, const struct plan *p, struct pla
             t->host_bytes_per_token += k * s->expert_bytes * (E - g) / E;
         } else if (place == PLACE_CPU) {
             t->host_bytes_per_token += s->kind == SHARD_MOE ? shared_bytes(s) + k * s->expert_bytes : s->weight_bytes;
+        } else if (place == PLACE_STREAMED && plan_ffn_split(t, s)) {
+            const uint64_t gpu = matrix_bytes(s) * t->ffn_rows_gpu[s->layer] / m->hp.n_ff;
+            t->all_gpu = false;
+            t->pcie_bytes_per_token += gpu;
+            t->host_bytes_per_token += matrix_bytes(s) - gpu;
+            t->gpu_bytes_per_token += s->weight_bytes - matrix_bytes(s);
         } else if (place == PLACE_STREAMED) {
             *(plan_reads_lent(p, t, i) ? &t->gpu_bytes_per_token : &t->pcie_bytes_per_token) += matrix_bytes(s);
             t->gpu_bytes_per_token += s->weight_bytes - matrix_bytes(s);
@@ -135,6 +141,13 @@ static void tier_account(const struct model *m, const struct plan *p, struct pla
             t->gpu_bytes_per_token += s->weight_bytes;
         }
     }
+}
+
+bool plan_splits_ffn(const struct plan *p) {
+    for (int t = 0; t < PLAN_TIERS; t++)
+        for (uint32_t l = 0; l < p->n_layers; l++)
+            if (p->tier[t].ffn_rows_gpu[l]) return true;
+    return false;
 }
 
 enum placement plan_shard_place(const struct plan *p, uint32_t i) {
@@ -250,9 +263,11 @@ static uint32_t expert_type(const struct model *m) {
     return 0;
 }
 
+/* The format of the dense FFNs' matrices (not of their norm vectors). */
 static uint32_t ffn_type(const struct model *m) {
     for (uint32_t i = 0; i < m->n_shards; i++)
-        if (m->shards[i].kind == SHARD_FFN && m->shards[i].n_tensors) return m->shards[i].tensors[0]->type;
+        for (uint32_t k = 0; m->shards[i].kind == SHARD_FFN && k < m->shards[i].n_tensors; k++)
+            if (model_tensor_is_matrix(m->shards[i].tensors[k])) return m->shards[i].tensors[k]->type;
     return 0;
 }
 
@@ -269,6 +284,16 @@ static float balanced_share(const struct model *m, const struct profile *prof, i
         stream = profile_at_tokens(prof->zero_copy, n);
     }
     return cpu + stream > 0 ? (float)(cpu / (cpu + stream)) : 0.5f;
+}
+
+/* The rows of a dense FFN split at stream share `share` that the GPU takes: whole multiples of
+ * PLAN_SPLIT_ROWS on both sides, 0 where the FFN is too narrow to split. */
+static uint32_t split_rows(const struct model *m, float share) {
+    const uint32_t ff = m->hp.n_ff, units = ff / PLAN_SPLIT_ROWS;
+    if (ff % PLAN_SPLIT_ROWS || units < 2) return 0;
+    long gpu = lroundf(share * (float)units);
+    gpu = gpu < 1 ? 1 : gpu > (long)units - 1 ? (long)units - 1 : gpu;
+    return (uint32_t)gpu * PLAN_SPLIT_ROWS;
 }
 
 /* Every tier's places from the resident set and the tier's family. Dynamic streams a share of
@@ -308,8 +333,13 @@ static void place_tier(const struct model *m, const struct plan_request *req, co
             t->ring |= ring_ok && *place == PLACE_STREAMED;
         } else {
             bool stream = stream_all;
-            if (s->kind == SHARD_FFN && t->family == PLAN_DYNAMIC && !ring_ok)
+            const bool dynamic_ffn = s->kind == SHARD_FFN && t->family == PLAN_DYNAMIC && !ring_ok;
+            if (dynamic_ffn && req->split_ffn && split_rows(m, share)) {
+                t->ffn_rows_gpu[s->layer] = split_rows(m, share);
+                stream = true;
+            } else if (dynamic_ffn) {
                 stream = ffn_seen++ < lroundf(share * (float)n_ffn);
+            }
             *place = stream ? PLACE_STREAMED : PLACE_CPU;
             t->ring |= ring_ok && *place == PLACE_STREAMED && s->kind == SHARD_FFN;
         }
@@ -317,7 +347,10 @@ static void place_tier(const struct model *m, const struct plan_request *req, co
     /* Without the ring, the units it leaves in the slots run on the GPU from there. */
     if (!t->ring && p->lent)
         for (uint32_t i = 0; i < m->n_shards; i++)
-            if (p->lent[i]) t->shard[i] = PLACE_STREAMED;
+            if (p->lent[i]) {
+                t->shard[i] = PLACE_STREAMED;
+                if (m->shards[i].kind == SHARD_FFN) t->ffn_rows_gpu[m->shards[i].layer] = 0;
+            }
 }
 
 /* A unit of the resident set: a shard's matrices (with its layer's KV, for attention) or an
@@ -443,7 +476,7 @@ static void reset_places(struct plan *p) {
         p->tier[t].family = PLAN_CPU;
         p->tier[t].min_tokens = plan_tier_tokens[t];
         for (uint32_t i = 0; i < p->n_shards; i++) p->tier[t].shard[i] = PLACE_CPU;
-        for (uint32_t l = 0; l < p->n_layers; l++) p->tier[t].experts_gpu[l] = 0;
+        for (uint32_t l = 0; l < p->n_layers; l++) p->tier[t].experts_gpu[l] = p->tier[t].ffn_rows_gpu[l] = 0;
     }
     for (uint32_t l = 0; l < p->n_layers; l++) p->kv_gpu[l] = false, p->experts_resident[l] = 0;
     p->n_slots = 0;
@@ -481,6 +514,7 @@ static void set_tier(const struct model *m, const struct plan_request *req, cons
     tier->min_tokens = plan_tier_tokens[t];
     for (uint32_t i = 0; i < p->n_shards; i++)
         if (tier->shard[i] != PLACE_RESIDENT && m->shards[i].kind != SHARD_MOE) tier->shard[i] = PLACE_CPU;
+    for (uint32_t l = 0; l < p->n_layers; l++) tier->ffn_rows_gpu[l] = 0;
     if (family == PLAN_CPU) {
         for (uint32_t i = 0; i < p->n_shards; i++) tier->shard[i] = PLACE_CPU;
         for (uint32_t l = 0; l < p->n_layers; l++) tier->experts_gpu[l] = 0;
@@ -503,7 +537,8 @@ static uint64_t tier_key(const struct plan *p, int t) {
     const struct plan_tier *tier = &p->tier[t];
     for (uint32_t i = 0; i < p->n_shards; i++) h = (h ^ (uint64_t)tier->shard[i]) * 1099511628211ull;
     for (uint32_t l = 0; l < p->n_layers; l++)
-        h = (h ^ tier->experts_gpu[l] ^ (uint64_t)p->experts_resident[l] << 20 ^ (uint64_t)p->kv_gpu[l] << 40) * 1099511628211ull;
+        h = (h ^ tier->experts_gpu[l] ^ (uint64_t)tier->ffn_rows_gpu[l] << 32 ^ (uint64_t)p->experts_resident[l] << 20 ^
+             (uint64_t)p->kv_gpu[l] << 40) * 1099511628211ull;
     return (h ^ tier->ring) * 1099511628211ull;
 }
 
@@ -715,7 +750,8 @@ pshard_status plan_build(const struct model *model, const struct plan_request *r
     for (int t = 0; t < PLAN_TIERS; t++) {
         out->tier[t].shard = calloc(ns, sizeof *out->tier[t].shard);
         out->tier[t].experts_gpu = calloc(nl, sizeof *out->tier[t].experts_gpu);
-        ok = ok && out->tier[t].shard && out->tier[t].experts_gpu;
+        out->tier[t].ffn_rows_gpu = calloc(nl, sizeof *out->tier[t].ffn_rows_gpu);
+        ok = ok && out->tier[t].shard && out->tier[t].experts_gpu && out->tier[t].ffn_rows_gpu;
     }
     out->n_batch = req->n_batch;
     out->n_ctx = req->n_ctx;
@@ -745,6 +781,8 @@ void plan_free(struct plan *plan) {
     for (int t = 0; t < PLAN_TIERS; t++) {
         free(plan->tier[t].shard);
         free(plan->tier[t].experts_gpu);
+        free(plan->tier[t].ffn_rows_gpu);
+        plan->tier[t].ffn_rows_gpu = NULL;
         plan->tier[t].shard = NULL;
         plan->tier[t].experts_gpu = NULL;
     }

@@ -7,7 +7,8 @@
  * computes it from host memory). An MoE shard on the GPU keeps its router and shared parts
  * resident and places its experts by range: [0, experts_resident) in VRAM, [experts_resident,
  * experts_gpu) streamed, [experts_gpu, n_expert) on the CPU, which computes them while the GPU
- * computes its own. A layer's KV cache lives in VRAM when its attention runs on the GPU, which
+ * computes its own. A dense FFN shard of a dynamic tier may be split the same way by rows (see
+ * ffn_rows_gpu). A layer's KV cache lives in VRAM when its attention runs on the GPU, which
  * every tier agrees on. The executor follows a plan; `pshard plan` prints one. */
 #ifndef PLAN_PLAN_H
 #define PLAN_PLAN_H
@@ -47,6 +48,9 @@ extern const int32_t plan_tier_tokens[PLAN_TIERS]; /* 1, 4, 16, 64, 256, 1024 */
  * PLAN_MIN_SLOTS; an MoE shard is staged in pieces of at most PLAN_PIECE_MAX_BYTES of experts
  * (each piece is one grouped-expert launch, so fewer, larger pieces waste less; measured on the
  * H200: 48 MB pieces made a 929-token prompt 20% slower than 64 MB ones). */
+/* A split FFN's rows on each side are a multiple of PLAN_SPLIT_ROWS (whole blocks of every
+ * format, so down's columns split on a block boundary). */
+enum { PLAN_SPLIT_ROWS = 256 };
 enum { PLAN_RING_MIN_TOKENS = 16, PLAN_RING_ALL_MIN_TOKENS = 64, PLAN_STAGING_SLOTS = 4, PLAN_MIN_SLOTS = 2, PLAN_PIECE_MAX_BYTES = 128 << 20 };
 /* Candidates the planner weighs for a tier (auto): families, with dynamic at several shares. */
 enum { PLAN_MAX_CANDIDATES = 24 };
@@ -67,6 +71,10 @@ struct plan_request {
     const struct profile *profile; /* auto: the machine's profile (NULL: conservative defaults) */
     bool lend_slots;      /* tiers that do not use the ring read the ring's last units from their
                              slots (plan.lent) */
+    bool split_ffn;       /* dynamic tiers without the ring split every dense FFN they do not keep
+                             resident by rows between the GPU (reading in place) and the CPU, both
+                             at once, instead of streaming whole layers; not yet measured on a GPU,
+                             so off by default */
     bool stage_static;    /* static tiers copy the attention they stream into the ring's slots
                              ahead of use, while the CPU computes the FFN before it, instead of
                              reading it in place; not yet measured on a GPU, so off by default */
@@ -77,6 +85,9 @@ struct plan_tier {
     int32_t min_tokens;
     enum placement *shard;   /* per shard of the model */
     uint32_t *experts_gpu;   /* per layer (MoE shards on the GPU): experts below this run on the GPU */
+    uint32_t *ffn_rows_gpu;  /* per layer (a STREAMED dense FFN split with the CPU): rows [0, n) of
+                                gate and up, and those columns of down, run on the GPU reading host
+                                memory in place, the rest on the CPU at the same time; 0: not split */
     bool any_gpu, all_gpu;   /* all_gpu: no shard and no expert on the CPU */
     bool shards_gpu;         /* every shard on the GPU but perhaps the embedding (an MoE layer may
                                 still split its experts): a decode step is replayed as a graph */
@@ -190,6 +201,12 @@ static inline size_t plan_ring_units_max(const struct plan *p) {
 bool plan_tier_stages(const struct model *m, const struct plan_tier *t, const struct plan_unit *u);
 /* Whether the plan lends any slot (see plan.lent). */
 bool plan_lends(const struct plan *p);
+/* Whether some tier splits a dense FFN by rows between the GPU and the CPU. */
+bool plan_splits_ffn(const struct plan *p);
+/* Whether tier t splits dense FFN shard s by rows between the GPU and the CPU (ffn_rows_gpu). */
+static inline bool plan_ffn_split(const struct plan_tier *t, const struct shard *s) {
+    return s->kind == SHARD_FFN && s->layer >= 0 && t->ffn_rows_gpu[s->layer] > 0;
+}
 /* Whether tier t reads shard i from the slot the ring left it in (see plan.lent). */
 static inline bool plan_reads_lent(const struct plan *p, const struct plan_tier *t, uint32_t i) {
     return p->lent && p->lent[i] && !t->ring && t->shard[i] == PLACE_STREAMED;

@@ -7,11 +7,16 @@
 
 static double mb(uint64_t bytes) { return bytes / 1048576.0; }
 
-static void print_place(const struct plan *p, const struct plan_tier *t, const struct shard *s, uint32_t i, FILE *out) {
+static void print_place(const struct plan *p, const struct model *m, const struct plan_tier *t, const struct shard *s,
+                        uint32_t i, FILE *out) {
+    char buf[48];
     if (s->kind == SHARD_MOE && t->shard[i] != PLACE_CPU) {
         const uint32_t r = p->experts_resident[s->layer], g = t->experts_gpu[s->layer];
-        char buf[48];
         snprintf(buf, sizeof buf, "%u/%u/%u", r, g - r, s->n_expert - g);
+        fprintf(out, " %-12s", buf);
+    } else if (t->shard[i] == PLACE_STREAMED && plan_ffn_split(t, s)) {
+        const uint32_t f = t->ffn_rows_gpu[s->layer];
+        snprintf(buf, sizeof buf, "0/%u/%u", f, m->hp.n_ff - f);
         fprintf(out, " %-12s", buf);
     } else {
         fprintf(out, " %-12s", plan_reads_lent(p, t, i) ? "IN SLOT" : placement_name(t->shard[i]));
@@ -98,6 +103,8 @@ void plan_print(const struct plan *p, const struct model *m, FILE *out) {
     }
     if (p->n_expert)
         fprintf(out, "(MoE shards on the GPU: experts resident/streamed/on the CPU; router and shared parts resident)\n");
+    if (plan_splits_ffn(p))
+        fprintf(out, "(FFN shards split with the CPU: rows resident/streamed/on the CPU, both sides at once)\n");
     if (plan_lends(p))
         fprintf(out, "(IN SLOT: read from the staging slot where the ring's last step left it; copied there first "
                      "when no prompt step has used the ring yet)\n");
@@ -107,8 +114,8 @@ void plan_print(const struct plan *p, const struct model *m, FILE *out) {
         char layer[16] = "-";
         if (s->layer >= 0) snprintf(layer, sizeof layer, "%d", s->layer);
         fprintf(out, "  %-5u %-6s %5s", i, shard_kind_name(s->kind), layer);
-        print_place(p, d, s, i, out);
-        print_place(p, pr, s, i, out);
+        print_place(p, m, d, s, i, out);
+        print_place(p, m, pr, s, i, out);
         fprintf(out, " %12.1f", mb(s->weight_bytes));
         if (s->kind == SHARD_ATTN) fprintf(out, " %6s", p->kv_gpu[s->layer] ? "VRAM" : "host");
         fputc('\n', out);

@@ -8,7 +8,8 @@ budget. The configurations run side by side (each is its own process on the one 
 reports print in order. Exits 0 with a "skipped" line where no GPU exists. Every plan lends the ring's
 slots to tiers without the ring; with PSHARD_LEND_SLOTS=0 in the environment none does (ctest runs both).
 With PSHARD_STAGE_STATIC=1, static tiers stage the attention they stream through the ring (ctest
-runs that too; a static plan over the all-KV set at a budget that streams attention covers it).
+runs that too; a static plan over the all-KV set at a budget that streams attention covers it);
+with PSHARD_SPLIT_FFN=1, dynamic tiers split tiny-llama's FFNs by rows with the CPU (ctest too).
 Usage: tests/device/test_plans.py BUILD_DIR"""
 import os
 import re
