@@ -287,13 +287,13 @@ static float balanced_share(const struct model *m, const struct profile *prof, i
 }
 
 /* The rows of a dense FFN split at stream share `share` that the GPU takes: whole multiples of
- * PLAN_SPLIT_ROWS on both sides, 0 where the FFN is too narrow to split. */
+ * PLAN_SPLIT_ROWS on both sides; 0 (no split) where the FFN is too narrow or the share rounds to
+ * all or nothing. */
 static uint32_t split_rows(const struct model *m, float share) {
     const uint32_t ff = m->hp.n_ff, units = ff / PLAN_SPLIT_ROWS;
     if (ff % PLAN_SPLIT_ROWS || units < 2) return 0;
-    long gpu = lroundf(share * (float)units);
-    gpu = gpu < 1 ? 1 : gpu > (long)units - 1 ? (long)units - 1 : gpu;
-    return (uint32_t)gpu * PLAN_SPLIT_ROWS;
+    const long gpu = lroundf(share * (float)units);
+    return gpu >= 1 && gpu < (long)units ? (uint32_t)gpu * PLAN_SPLIT_ROWS : 0;
 }
 
 /* Every tier's places from the resident set and the tier's family. Dynamic streams a share of
