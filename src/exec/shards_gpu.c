@@ -5,9 +5,10 @@
  * (small steps) or staged through the slot ring (prompt steps; static steps pass over the units
  * they run on the CPU, so a layer's attention is copied while the CPU computes the FFN before
  * it): the copy stream fills slot j while the compute stream works on slot j-1, each slot
- * refilled only after the event its last reader recorded. MoE shards split their experts between VRAM, the stream and the CPU, the
- * CPU's share computed while the GPU computes its own. An all-GPU step waits once, for the
- * logits. */
+ * refilled only after the event its last reader recorded. MoE shards split their experts
+ * between VRAM, the stream and the CPU, and dense FFNs may split their rows between the stream
+ * and the CPU, the CPU's share computed while the GPU computes its own. An all-GPU step waits
+ * once, for the logits. */
 #include <string.h>
 
 #include "core/timer.h"
@@ -365,7 +366,8 @@ static pshard_status split_ffn_shard(struct exec_ctx *ctx, struct exec_gpu *g, u
 }
 
 /* The host's side of a replayed step's hand-offs, in the step's order (every MoE shard of the
- * tier that leaves experts to the CPU): wait for the routing, compute, let the GPU go on. */
+ * tier that leaves experts to the CPU, every FFN it splits with the CPU): wait for the input,
+ * compute, let the GPU go on. */
 static pshard_status replay_handoffs(struct exec_ctx *ctx, struct exec_gpu *g, const struct plan_tier *tier) {
     volatile uint32_t *flags = g->flags.ptr;
     for (uint32_t i = 0; i < ctx->model->n_shards; i++) {
