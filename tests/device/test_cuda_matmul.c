@@ -2,7 +2,9 @@
  * reference dots (the same quantized activations, so the same integer sums: only the float
  * summation order differs), and the many-token GEMM paths (fused dequantizing kernel and
  * dequantize + cuBLAS) against a double-precision product of the f16-rounded weights and
- * activations they compute with. Errors are relative to sum |w_i x_i| of the row. */
+ * activations they compute with; also views of a matrix's first columns (row_bytes keeps the full
+ * row's stride, as an FFN split by rows reads down's columns). Errors are relative to
+ * sum |w_i x_i| of the row. */
 #include "device_test.h"
 
 static const enum quant_type types[] = {QUANT_F32, QUANT_F16, QUANT_BF16, QUANT_Q4_0, QUANT_Q4_1, QUANT_Q5_0, QUANT_Q5_1,
@@ -141,6 +143,66 @@ static void test_gemm(struct dt *d, enum quant_type type, int64_t n_rows, int64_
     problem_free(&p);
 }
 
+/* The first `cols` columns of a matrix as a view (n_cols = cols, row_bytes of the full row): 1..8
+ * tokens against the CPU's dots over those columns, and 64 tokens on both GEMM paths against the
+ * double-precision product over them. */
+static void test_view(struct dt *d, enum quant_type type, int64_t n_rows, int64_t n_cols, int64_t cols) {
+    const size_t mark = cuda_arena_mark(&d->arena);
+    enum { NT = 64 };
+    struct problem p;
+    problem_init(d, &p, type, n_rows, n_cols, NT);
+    struct cuda_matrix view = p.m;
+    view.n_cols = cols;
+    float *xv = dt_malloc(sizeof(float) * NT * (size_t)cols);
+    for (int64_t t = 0; t < NT; t++) memcpy(xv + t * cols, p.x + t * n_cols, sizeof(float) * (size_t)cols);
+    float *dx = dt_upload(d, xv, sizeof(float) * NT * (size_t)cols);
+    const size_t work_bytes = cuda_matmul_work_bytes(&view, NT);
+    void *work = dt_alloc(d, work_bytes);
+    float *dy = dt_alloc(d, sizeof(float) * NT * (size_t)n_rows), *y = dt_malloc(sizeof(float) * NT * (size_t)n_rows);
+    const struct quant_kernels *k = quant_kernels_variant(type, QUANT_IMPL_REF);
+    uint8_t *acts = dt_malloc(quant_act_row_bytes(k, cols));
+    double worst = 0, worst_gemm = 0;
+    for (int nt = 1; nt <= MAX_NT; nt++) {
+        DT_CHECK(cuda_matmul(d->ctx, &view, dx, nt, dy, n_rows, work, work_bytes, d->s));
+        dt_download(d, y, dy, sizeof(float) * (size_t)nt * n_rows);
+        for (int64_t t = 0; t < nt; t++) {
+            k->quantize_act(xv + t * cols, acts, cols);
+            for (int64_t r = 0; r < n_rows; r++) {
+                double scale = 0;
+                for (int64_t i = 0; i < cols; i++) scale += fabs((double)p.wf[r * n_cols + i] * xv[t * cols + i]);
+                const double want = k->vec_dot(cols, p.w + (size_t)r * p.m.row_bytes, acts);
+                const double e = fabs(y[t * n_rows + r] - want) / (scale > 1e-30 ? scale : 1e-30);
+                if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
+            }
+        }
+    }
+    float (*round)(float) = type == QUANT_BF16 ? dt_round_bf16 : dt_round_f16;
+    const enum cuda_gemm_path paths[] = {CUDA_GEMM_FUSED, CUDA_GEMM_CUBLAS};
+    for (int pi = 0; pi < 2; pi++) {
+        cuda_ctx_set_gemm_path(d->ctx, paths[pi]);
+        DT_CHECK(cuda_matmul(d->ctx, &view, dx, NT, dy, n_rows, work, work_bytes, d->s));
+        dt_download(d, y, dy, sizeof(float) * NT * (size_t)n_rows);
+        for (int64_t t = 0; t < NT; t++)
+            for (int64_t r = 0; r < n_rows; r++) {
+                double s = 0, scale = 0;
+                for (int64_t i = 0; i < cols; i++) {
+                    const float w = p.wf[r * n_cols + i], x = xv[t * cols + i];
+                    s += type == QUANT_F32 ? (double)w * x : (double)round(w) * round(x);
+                    scale += fabs((double)w * x);
+                }
+                const double e = fabs(y[t * n_rows + r] - s) / (scale > 1e-30 ? scale : 1e-30);
+                if (!(e <= worst_gemm)) worst_gemm = isnan(e) ? INFINITY : e;
+            }
+    }
+    cuda_ctx_set_gemm_path(d->ctx, CUDA_GEMM_AUTO);
+    dt_case(d, worst <= MATVEC_TOL && worst_gemm <= GEMM_TOL,
+            "view %-4s first %lld of %lld columns, %lld rows: 1..8 tokens max rel err %.2e, 64 tokens %.2e",
+            quant_type_name(type), (long long)cols, (long long)n_cols, (long long)n_rows, worst, worst_gemm);
+    cuda_arena_reset(&d->arena, mark);
+    free(xv), free(y), free(acts);
+    problem_free(&p);
+}
+
 int main(void) {
     struct dt d;
     dt_init(&d, "test_cuda_matmul", 1u << 30);
@@ -157,5 +219,6 @@ int main(void) {
             test_gemm(&d, types[t], 300, 512, gemm_tokens[n], CUDA_GEMM_FUSED);
             test_gemm(&d, types[t], 300, 512, gemm_tokens[n], CUDA_GEMM_CUBLAS);
         }
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) test_view(&d, types[t], 300, 1024, 512);
     return dt_finish(&d);
 }
