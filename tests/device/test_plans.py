@@ -86,12 +86,20 @@ def run_config(path, shape, wtype, family, budget, extra, tokens, cpu, cpu_runs,
     head = next(line for line in text.splitlines() if line.startswith("plan "))
     report.append((None, head + " | " + text.splitlines()[-2][:150]))
     spread = cpu.std(axis=1, keepdims=True)
+    top2 = np.sort(cpu, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] >= eq.NEAR_TIE  # positions whose CPU choice is no near-tie
     for batch in (1, 64):
         got = eq.logits(path, tokens, False, batch, os.path.join(tmp, "p.f32"), placement)
         rel = np.abs(got - cpu) / spread
-        agree = (got.argmax(1) == cpu.argmax(1)).mean()
-        report.append((None, "%s, batch %d: median %.2g, top-1 %.3f" % (label, batch, np.median(rel), agree)))
-        report.append((np.isfinite(got).all() and np.median(rel) < 0.1 and agree >= 0.85,
+        same = got.argmax(1) == cpu.argmax(1)
+        agree, agree_clear = same.mean(), same[clear].mean() if clear.any() else 0.0
+        report.append((None, "%s, batch %d: median %.2g, top-1 %.3f (%.3f of the %d positions without a near-tie)"
+                       % (label, batch, np.median(rel), agree, agree_clear, clear.sum())))
+        # Rounding may flip the top token where the CPU's top two are near-tied (as the greedy
+        # check allows), so the top-1 rule also passes when the clear positions, at least half
+        # of them, agree; a wrong kernel misses both.
+        top1 = agree >= 0.85 or (clear.mean() >= 0.5 and agree_clear >= 0.95)
+        report.append((np.isfinite(got).all() and np.median(rel) < 0.1 and top1,
                        "%s: batch %d computes the CPU's function" % (label, batch)))
     arena = tokens_agree(path, label, placement, cpu_runs, tmp, report)
     # The arena is the budget less the file mapping's reserve (both MiB in the plan; the load
