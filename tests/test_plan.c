@@ -172,8 +172,7 @@ static void test_gpu_streams_what_does_not_fit(void **state) {
 static void test_dynamic_ring_tiers_stage_alike(void **state) {
     (void)state;
     struct profile prof;
-    profile_defaults(&prof);
-    prof.has_gpu = true;
+    plan_profile(NULL, &prof); /* the defaults, with a GPU */
     for (int f = 0; f < PROFILE_FORMATS; f++) /* the CPU's matmuls fall behind as steps grow */
         for (int i = 0; i < PROFILE_TOKENS; i++) prof.cpu_matmul[f].s_per_byte[i] = prof.zero_copy[i] * (1 + i);
     struct plan_request r = base;
@@ -240,8 +239,7 @@ static void test_lent_slots(void **state) {
     assert_int_equal(a->pcie_bytes_per_token - b->pcie_bytes_per_token, lent_bytes);
     assert_int_equal(b->gpu_bytes_per_token - a->gpu_bytes_per_token, lent_bytes);
     struct profile prof;
-    profile_defaults(&prof);
-    prof.has_gpu = true;
+    plan_profile(NULL, &prof); /* the defaults, with a GPU */
     struct cost_step ca, cb;
     cost_step(&prof, &model, &plain, a, 1, 1000, &ca);
     cost_step(&prof, &model, &lent, b, 1, 1000, &cb);
@@ -271,8 +269,7 @@ static void test_lent_slots(void **state) {
 static void test_static_stages_attention(void **state) {
     (void)state;
     struct profile prof;
-    profile_defaults(&prof);
-    prof.has_gpu = true;
+    plan_profile(NULL, &prof); /* the defaults, with a GPU */
     for (int f = 0; f < PROFILE_FORMATS; f++) /* the CPU's FFNs take far longer than a copy */
         for (int i = 0; i < PROFILE_TOKENS; i++) prof.cpu_matmul[f].s_per_byte[i] = 1e-9;
     struct plan_request r = base;
@@ -327,8 +324,7 @@ static void test_static_stages_attention(void **state) {
 static void test_dynamic_splits_ffn_rows(void **state) {
     (void)state;
     struct profile prof;
-    profile_defaults(&prof);
-    prof.has_gpu = true;
+    plan_profile(NULL, &prof); /* the defaults, with a GPU */
     struct plan_request r = base;
     r.family = PLAN_DYNAMIC;
     r.profile = &prof;
@@ -485,8 +481,7 @@ static void test_moe_experts_by_range(void **state) {
 static void test_cost_attention_call(void **state) {
     (void)state;
     struct profile prof;
-    profile_defaults(&prof);
-    prof.has_gpu = true;
+    plan_profile(NULL, &prof); /* the defaults, with a GPU */
     prof.launch_s = 0; /* launched steps are paced by their kernels, not by the host's launches */
     struct plan_request r = base;
     r.family = PLAN_GPU;
@@ -512,8 +507,7 @@ static void test_cost_attention_call(void **state) {
 static void test_cost_launches_and_hand_offs(void **state) {
     (void)state;
     struct profile base_prof;
-    profile_defaults(&base_prof);
-    base_prof.has_gpu = true;
+    plan_profile(NULL, &base_prof); /* the defaults, with a GPU */
     struct plan_request r = base;
     r.family = PLAN_STATIC;
     r.profile = &base_prof;
@@ -576,8 +570,7 @@ static void test_too_small_names_the_minimum(void **state) {
 static void test_cost_model_and_learning(void **state) {
     (void)state;
     struct profile prof;
-    profile_defaults(&prof);
-    prof.has_gpu = true;
+    plan_profile(NULL, &prof); /* the defaults, with a GPU */
     struct plan_request r = base;
     r.family = PLAN_GPU;
     r.profile = &prof;
@@ -634,8 +627,7 @@ static void test_cost_model_and_learning(void **state) {
 static void test_dynamic_balances_from_the_profile(void **state) {
     (void)state;
     struct profile prof;
-    profile_defaults(&prof);
-    prof.has_gpu = true;
+    plan_profile(NULL, &prof); /* the defaults, with a GPU */
     const char *type = NULL;
     for (uint32_t i = 0; i < moe.n_shards && !type; i++)
         for (uint32_t k = 0; k < moe.shards[i].n_tensors; k++)

@@ -334,8 +334,9 @@ static void place_tier(const struct model *m, const struct plan_request *req, co
         } else {
             bool stream = stream_all;
             const bool dynamic_ffn = s->kind == SHARD_FFN && t->family == PLAN_DYNAMIC && !ring_ok;
-            if (dynamic_ffn && req->split_ffn && split_rows(m, share)) {
-                t->ffn_rows_gpu[s->layer] = split_rows(m, share);
+            const uint32_t rows = dynamic_ffn && req->split_ffn ? split_rows(m, share) : 0;
+            if (rows) {
+                t->ffn_rows_gpu[s->layer] = rows;
                 stream = true;
             } else if (dynamic_ffn) {
                 stream = ffn_seen++ < lroundf(share * (float)n_ffn);
@@ -524,12 +525,6 @@ static void set_tier(const struct model *m, const struct plan_request *req, cons
     place_tier(m, req, prof, p, t, share, p->n_slots > 0);
 }
 
-/* A tier's smallest step (capped by the micro-batch), at the end of the context: what `pshard
- * plan` shows. */
-static int32_t tier_eval_tokens(const struct plan_request *req, int t) {
-    return plan_tier_tokens[t] < req->n_batch ? plan_tier_tokens[t] : req->n_batch;
-}
-
 /* A tier's placement as a number: two candidates that place everything alike in a tier (gpu and
  * dynamic in ring tiers) are one plan there. */
 static uint64_t tier_key(const struct plan *p, int t) {
@@ -565,7 +560,7 @@ static void record_candidate(const struct profile *prof, const struct model *m, 
     cand->host_bytes_per_token = p->tier[0].host_bytes_per_token;
     cand->pcie_bytes_per_token = p->tier[0].pcie_bytes_per_token;
     for (int t = 0; t < PLAN_TIERS; t++) {
-        const int32_t lo = tier_eval_tokens(req, t), hi = tier_top_tokens(req, t);
+        const int32_t lo = plan_tier_step_tokens(p, t), hi = tier_top_tokens(req, t);
         cand->seconds[t] = step_seconds(prof, m, req, p, t, lo);
         /* Tiers of prompt chunks (where the ring may run) weigh both ends per token: reading
          * weights in place costs more per token as steps grow, copying them less. Smaller tiers
@@ -763,7 +758,7 @@ pshard_status plan_build(const struct model *model, const struct plan_request *r
         return st;
     }
     /* What the cost model predicts for the plan as built. */
-    for (int t = 0; t < PLAN_TIERS; t++) out->predicted[t] = step_seconds(prof, model, req, out, t, tier_eval_tokens(req, t));
+    for (int t = 0; t < PLAN_TIERS; t++) out->predicted[t] = step_seconds(prof, model, req, out, t, plan_tier_step_tokens(out, t));
     cost_request(prof, model, out, req->n_ctx / 2 < 1024 ? req->n_ctx / 2 : 1024, req->n_batch, 128, &out->predicted_ttft,
                  &out->predicted_decode);
     return PSHARD_OK;

@@ -171,6 +171,12 @@ static inline bool plan_tier_replays(const struct plan_tier *t, int32_t n_tokens
     return n_tokens == 1 && t->shards_gpu && !t->ring;
 }
 
+/* Tokens of the step tier t is judged by and `pshard plan` shows: its fewest, capped by the
+ * micro-batch (taken at the end of the context). */
+static inline int32_t plan_tier_step_tokens(const struct plan *p, int t) {
+    return plan_tier_tokens[t] < p->n_batch ? plan_tier_tokens[t] : p->n_batch;
+}
+
 /* The tier of the plan's largest steps (a full micro-batch of a prompt). */
 static inline int plan_prompt_tier(const struct plan *p) {
     return (int)(plan_tier_for(p, p->n_batch > 0 ? p->n_batch : 1) - p->tier);

@@ -138,7 +138,7 @@ void plan_print_times(const struct plan *p, const struct model *m, const struct 
                  "in split layers, so the parts add up to more than the step):\n");
     fprintf(out, "  %-10s %9s %9s %9s %9s %15s\n", "tokens", "step", "GPU", "CPU", "PCIe", "launches, waits");
     for (int t = 0; t <= plan_prompt_tier(p); t++) {
-        const int32_t n = plan_tier_tokens[t] < p->n_batch ? plan_tier_tokens[t] : p->n_batch;
+        const int32_t n = plan_tier_step_tokens(p, t);
         struct cost_step c;
         cost_step(prof, m, p, &p->tier[t], n, p->n_ctx > n ? p->n_ctx - n : 0, &c);
         char label[24];
