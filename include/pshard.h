@@ -49,6 +49,9 @@ typedef struct pshard_params {
     int plan;            /* 0 auto, 1 cpu, 2 gpu, 3 static, 4 dynamic (see src/plan/plan.h) */
     float stream_share;  /* dynamic plans: share of the non-resident experts streamed to the GPU (0: balanced,
                             so streaming and the CPU finish together) */
+    int resident_set;    /* gpu, static and dynamic plans: 0 as the family wants; else one of the sets the
+                            automatic planner weighs: 1 without room for the staging ring, 2 with it,
+                            3 with it and every layer's KV cache first (`pshard plan --set`) */
     int no_profile;      /* automatic plans: use conservative defaults rather than measuring this
                             machine on first use (the measured profile is cached per machine) */
     pshard_progress_cb progress;

@@ -52,7 +52,7 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
     if (gguf_find(ctx->file, "tokenizer.chat_template")) CORE_TRY(gguf_get_str(ctx->file, "tokenizer.chat_template", &tpl));
     chat_template_detect(tpl.data, tpl.len, &ctx->chat);
     struct exec_params ep = {p->n_ctx, p->n_batch, 1, p->n_threads, (enum plan_family)p->plan, p->vram_budget,
-                             p->stream_share, -1, NULL};
+                             p->stream_share, p->resident_set > 0 ? p->resident_set - 1 : -1, NULL};
     if (p->gpu) ep.plan = PLAN_GPU, ep.vram_budget = -1;
     if (ep.n_ctx <= 0) {
         ep.n_ctx = 4096;

@@ -17,7 +17,7 @@ struct exec_params {
     enum plan_family plan;
     int64_t vram_budget; /* bytes; 0: CPU only; < 0: what the plan needs (gpu) */
     float stream_share;  /* dynamic plans: share of the non-resident experts streamed (0: balanced) */
-    int32_t staging;     /* reserve the staging ring: 1 yes, 0 no, -1 as the plan's family wants */
+    int32_t staging;     /* gpu, static, dynamic: the resident set (enum plan_set); -1 as the family wants */
     const struct profile *profile; /* auto plans: the machine's profile (NULL: conservative defaults) */
 };
 

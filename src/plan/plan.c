@@ -56,6 +56,16 @@ pshard_status plan_parse_share(const char *text, float *share) {
     return PSHARD_OK;
 }
 
+pshard_status plan_parse_set(const char *text, enum plan_set *set) {
+    static const char *const names[PLAN_SETS] = {"no-ring", "ring", "all-kv"};
+    for (int s = 0; s < PLAN_SETS; s++)
+        if (!strcmp(text, names[s])) {
+            *set = (enum plan_set)s;
+            return PSHARD_OK;
+        }
+    return core_fail(PSHARD_ERR_INVALID_ARG, "unknown resident set '%s' (ring, no-ring or all-kv)", text);
+}
+
 pshard_status plan_parse_size(const char *text, int64_t *bytes) {
     char *end;
     errno = 0;

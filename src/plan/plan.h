@@ -223,6 +223,8 @@ pshard_status plan_parse_size(const char *text, int64_t *bytes);
 pshard_status plan_parse_family(const char *text, enum plan_family *family);
 /* A stream share: a number from 0 to 1. */
 pshard_status plan_parse_share(const char *text, float *share);
+/* A resident set as the command line names it: "no-ring", "ring" or "all-kv". */
+pshard_status plan_parse_set(const char *text, enum plan_set *set);
 const char *plan_family_name(enum plan_family family);
 const char *placement_name(enum placement p);
 const char *plan_set_name(enum plan_set set);

@@ -119,3 +119,20 @@ def test_oracle_options(default_model):
     assert proc.returncode == 2 and "'--bogus'" in proc.stderr and "'--no-recheck'" not in proc.stderr
     help = pshard("bench", "--help")
     assert help.returncode == 0 and "--no-recheck" in help.stdout
+
+
+def test_resident_set_option(default_model, tmp_path):
+    """--set names a resident set for plan, run and eval alike; a wrong name is refused with the names."""
+    for cmd in (["plan", "--vram-budget", "150M", "--plan", "static"],
+                ["run", "--vram-budget", "150M", "--plan", "static", "-p", "x", "-n", "1"],
+                ["eval", "--vram-budget", "150M", "--plan", "static", "-p", "x", "-o", str(tmp_path / "l.f32")]):
+        proc = pshard(*cmd, "-m", default_model, "--set", "all-kvs")
+        assert proc.returncode == 2, (cmd, proc.stderr)
+        assert "'all-kvs'" in proc.stderr and "no-ring" in proc.stderr, proc.stderr
+        assert not (tmp_path / "l.f32").exists()
+    # The set changes what the plan keeps: all-kv keeps every layer's KV cache in VRAM first.
+    plans = {s: pshard("plan", "-m", default_model, "--vram-budget", "150M", "--plan", "static", "-c", "2048",
+                       "--no-profile", "--set", s) for s in ("no-ring", "all-kv")}
+    for s, proc in plans.items():
+        assert proc.returncode == 0, (s, proc.stderr)
+    assert plans["no-ring"].stdout != plans["all-kv"].stdout

@@ -11,7 +11,7 @@
 static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard eval [-m MODEL] (--tokens 1,2,3 | -p TEXT) -o LOGITS.f32 [-c N] [-b N] [-t N]\n"
                  "       [--gpu | --vram-budget SIZE [--plan auto|cpu|gpu|static|dynamic]\n"
-                 "       [--stream-share F]]\n"
+                 "       [--stream-share F] [--set ring|no-ring|all-kv]]\n"
                  "  Writes float32 logits [n_tokens][n_vocab] of every position to the output file and prints\n"
                  "  the argmax of each position. -p tokenizes TEXT as `run --raw` does.\n");
 }
@@ -77,6 +77,13 @@ int cmd_eval(int argc, char **argv) {
                 fprintf(stderr, "pshard eval: --stream-share: %s\n", pshard_last_error());
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--set") && v) {
+            enum plan_set set;
+            if (plan_parse_set(argv[++i], &set) != PSHARD_OK) {
+                fprintf(stderr, "pshard eval: --set: %s\n", pshard_last_error());
+                return 2;
+            }
+            params.resident_set = (int)set + 1;
         }
         else { print_usage(stderr); return 2; }
     }

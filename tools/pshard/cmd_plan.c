@@ -53,9 +53,13 @@ int cmd_plan(int argc, char **argv) {
             no_profile = true;
         } else if (!strcmp(argv[i], "--profile") && v) {
             profile_file = argv[++i];
-        } else if (!strcmp(argv[i], "--set") && v && (!strcmp(v, "ring") || !strcmp(v, "no-ring") || !strcmp(v, "all-kv"))) {
-            i++;
-            p.staging = !strcmp(v, "ring") ? PLAN_SET_RING : !strcmp(v, "no-ring") ? PLAN_SET_NO_RING : PLAN_SET_ALL_KV;
+        } else if (!strcmp(argv[i], "--set") && v) {
+            enum plan_set set;
+            if (plan_parse_set(argv[++i], &set) != PSHARD_OK) {
+                fprintf(stderr, "pshard plan: --set: %s\n", pshard_last_error());
+                return 2;
+            }
+            p.staging = (int32_t)set;
         } else if (!strcmp(argv[i], "--parallel") && v) {
             p.n_seq = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "-t") && v) {

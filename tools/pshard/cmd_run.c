@@ -36,6 +36,9 @@ static void print_usage(FILE *out, const char *cmd) {
             "                          and the CPU)\n"
             "  --stream-share F        dynamic plans: share of the non-resident experts streamed (default:\n"
             "                          balanced, so streaming and the CPU finish together)\n"
+            "  --set ring|no-ring|all-kv   gpu, static and dynamic plans: the resident set (room for the\n"
+            "                          staging ring or not, or the ring and every KV cache first), as\n"
+            "                          `pshard plan --set` shows it (default: as the plan's family wants)\n"
             "  --no-profile            auto plans: choose with conservative defaults rather than this\n"
             "                          machine's measured profile (measured once, on first use)\n"
             "  --ids                   print the generated token ids after the text\n"
@@ -103,6 +106,14 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
         else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) { if (NUM(1, 65536)) return -1; o->params.n_batch = (int32_t)x; }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (NUM(1, 1024)) return -1; o->params.n_threads = (int32_t)x; }
         else if (!strcmp(a, "--stream-share")) { if (NUM(0, 1)) return -1; o->params.stream_share = (float)x; }
+        else if (!strcmp(a, "--set") && v) {
+            enum plan_set set;
+            if (plan_parse_set(argv[++i], &set) != PSHARD_OK) {
+                fprintf(stderr, "pshard: --set: %s\n", pshard_last_error());
+                return -1;
+            }
+            o->params.resident_set = (int)set + 1;
+        }
         else if (!strcmp(a, "--temp")) { if (NUM(0, 100)) return -1; o->gen.sampling.temperature = (float)x; }
         else if (!strcmp(a, "--top-k")) { if (NUM(0, 1e9)) return -1; o->gen.sampling.top_k = (int32_t)x; }
         else if (!strcmp(a, "--top-p")) { if (NUM(1e-6, 1)) return -1; o->gen.sampling.top_p = (float)x; }
