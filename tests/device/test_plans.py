@@ -96,9 +96,14 @@ def run_config(path, shape, wtype, family, budget, extra, tokens, cpu, cpu_runs,
         report.append((None, "%s, batch %d: median %.2g, top-1 %.3f (%.3f of the %d positions without a near-tie)"
                        % (label, batch, np.median(rel), agree, agree_clear, clear.sum())))
         # Rounding may flip the top token where the CPU's top two are near-tied (as the greedy
-        # check allows), so the top-1 rule also passes when the clear positions, at least half
-        # of them, agree; a wrong kernel misses both.
-        top1 = agree >= 0.85 or (clear.mean() >= 0.5 and agree_clear >= 0.95)
+        # check allows), and in MoE prompt steps it moves routing too (test_gpu_equivalence: up
+        # to a third of positions; tiny-moe Q8_0 read 0.844-0.885 in every family here, the gpu
+        # plan included). So: top-1 over all positions at 0.85 (MoE prompt steps 0.8), or over
+        # the clear positions when they are at least half; and the clear positions always at
+        # 0.95 (they agreed at 1.000 in every case measured). A wrong kernel misses these.
+        limit = 0.8 if shape == "tiny-moe" and batch > 1 else 0.85
+        top1 = ((agree >= limit or (clear.mean() >= 0.5 and agree_clear >= 0.95))
+                and (not clear.any() or agree_clear >= 0.95))
         report.append((np.isfinite(got).all() and np.median(rel) < 0.1 and top1,
                        "%s: batch %d computes the CPU's function" % (label, batch)))
     arena = tokens_agree(path, label, placement, cpu_runs, tmp, report)
