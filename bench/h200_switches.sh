@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# The experimental switches (PSHARD_SPLIT_FFN, PSHARD_STAGE_STATIC) on the benchmark machine,
+# The planner's switches (PSHARD_SPLIT_FFN, PSHARD_STAGE_STATIC, PSHARD_LEND_SLOTS) on the benchmark machine,
 # each beside the default: the device plan test (tiny models against the CPU) under each; the
 # first 32 greedy tokens of llama8b at 2 and 8 GB under each, compared with the default's; then
 # the budget sweep's llama8b cases (bench/h200_budget.sh) under each.
 # Usage: PSHARD_BUILD=build bench/h200_switches.sh OUT_DIR [SWITCH=VALUE ...]
-#   (the switches default to PSHARD_SPLIT_FFN=1 PSHARD_STAGE_STATIC=1; the default runs first;
+#   (the switches default to PSHARD_SPLIT_FFN=0 PSHARD_STAGE_STATIC=0: each turned off; the default runs first;
 #   PLANS=0 leaves out the device plan tests, PLANS=only runs nothing else)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=$1
 shift
 switches=("$@")
-[ ${#switches[@]} -gt 0 ] || switches=(PSHARD_SPLIT_FFN=1 PSHARD_STAGE_STATIC=1)
+[ ${#switches[@]} -gt 0 ] || switches=(PSHARD_SPLIT_FFN=0 PSHARD_STAGE_STATIC=0)
 bin=${PSHARD_BUILD:-build-bench}
 if [ -z "${PSHARD_BUILD:-}" ]; then
   cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DPSHARD_TESTS=OFF >/dev/null
@@ -21,7 +21,13 @@ mkdir -p "$out"
 model=/dev/shm/llama8b.gguf
 [ -f "$model" ] || "$bin/gguf-synth" --shape llama8b -o "$model" --quiet
 status=0
+# Runs teach the profile (measured over predicted, per model and family), so every switch starts
+# from the profile as it was at the start, not from what the runs before it taught.
+cache=${PSHARD_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/pshard}
+snapshot=0
+mkdir -p "$out/cache-start" && cp -a "$cache"/. "$out/cache-start/" 2>/dev/null && snapshot=1
 for sw in default "${switches[@]}"; do
+  [ $snapshot = 0 ] || cp -a "$out/cache-start"/. "$cache/"
   env=()
   [ "$sw" = default ] || env=("$sw")
   name=${sw//=/_}

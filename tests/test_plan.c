@@ -601,6 +601,26 @@ static void test_cost_model_and_learning(void **state) {
     assert_true(c.seconds == c.raw_seconds);
     cost_learn(&prof, &model, PLAN_STATIC, 1, 0, 1.0); /* nothing to learn from */
     assert_true(prof.refine[0].scale[PLAN_STATIC][0] == 0);
+    /* A GPU family not run at a size takes the others' (geometric) mean there, so one family's
+     * measurement does not make the unmeasured ones look faster; the CPU plan keeps its own. */
+    struct plan st;
+    r.family = PLAN_STATIC;
+    assert_int_equal(plan_build(&model, &r, &costs, &st), PSHARD_OK);
+    cost_step(&prof, &model, &st, &st.tier[0], 1, 1000, &c);
+    assert_true(fabs(c.seconds / c.raw_seconds - 1.5) < 1e-9);
+    cost_learn(&prof, &model, PLAN_DYNAMIC, 1, 1.0, 3.375);
+    cost_step(&prof, &model, &st, &st.tier[0], 1, 1000, &c);
+    assert_true(fabs(c.seconds / c.raw_seconds - 2.25) < 1e-9); /* sqrt(1.5 * 3.375) */
+    cost_learn(&prof, &model, PLAN_STATIC, 1, 1.0, 1.0);
+    cost_step(&prof, &model, &st, &st.tier[0], 1, 1000, &c);
+    assert_true(fabs(c.seconds / c.raw_seconds - 1) < 1e-9); /* its own, once run */
+    plan_free(&st);
+    struct plan cpu;
+    r.family = PLAN_CPU;
+    assert_int_equal(plan_build(&model, &r, &costs, &cpu), PSHARD_OK);
+    cost_step(&prof, &model, &cpu, &cpu.tier[0], 1, 1000, &c);
+    assert_true(c.seconds == c.raw_seconds);
+    plan_free(&cpu);
 
     /* What one model taught stays with it: another model's steps are not scaled. */
     struct model other = model;

@@ -250,6 +250,23 @@ static int refine_index(const struct profile *prof, const struct model *m) {
     return -1;
 }
 
+/* What running model m taught about steps of this family and size: its own measured over
+ * predicted, or, for a GPU family not run at this size yet, the geometric mean of those that
+ * were. Scaling only the family that ran would hand the next choice to one that did not, on no
+ * evidence (qwen30b on the H200: dynamic ran 39% over its prediction, so static, never run,
+ * looked faster and was chosen; it too ran 20% over). 0: nothing learned. */
+static double learned_scale(const struct profile *prof, const struct model *m, enum plan_family family, int k) {
+    const int i = refine_index(prof, m);
+    if (i < 0 || (int)family >= (int)PROFILE_FAMILIES) return 0;
+    const struct profile_refine *r = &prof->refine[i];
+    if (r->scale[family][k] > 0 || family == PLAN_CPU) return r->scale[family][k];
+    double log_sum = 0;
+    int n = 0;
+    for (int f = PLAN_GPU; f < PROFILE_FAMILIES; f++)
+        if (r->scale[f][k] > 0) log_sum += log(r->scale[f][k]), n++;
+    return n ? exp(log_sum / n) : 0;
+}
+
 void cost_step(const struct profile *prof, const struct model *m, const struct plan *p, const struct plan_tier *t,
                int32_t n_tokens, int32_t n_past, struct cost_step *out) {
     memset(out, 0, sizeof *out);
@@ -276,10 +293,7 @@ void cost_step(const struct profile *prof, const struct model *m, const struct p
     }
     if (t->any_gpu && !w.graph) out->overhead_s += prof->sync_s, out->seconds += prof->sync_s;
     out->raw_seconds = out->seconds;
-    const int learned = refine_index(prof, m);
-    const double scale = learned >= 0 && (int)t->family < (int)PROFILE_FAMILIES
-                             ? prof->refine[learned].scale[t->family][profile_token_index(n_tokens)]
-                             : 0;
+    const double scale = learned_scale(prof, m, t->family, profile_token_index(n_tokens));
     if (scale > 0) out->seconds *= scale;
 }
 

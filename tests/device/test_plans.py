@@ -6,10 +6,10 @@ stage streamed shards through the slot ring) stay within the CPU's rounding nois
 continuations equal the CPU's up to numerical near-ties. The arena printed at load is exactly the
 budget. The configurations run side by side (each is its own process on the one GPU); their
 reports print in order. Exits 0 with a "skipped" line where no GPU exists. Every plan lends the ring's
-slots to tiers without the ring; with PSHARD_LEND_SLOTS=0 in the environment none does (ctest runs both).
-With PSHARD_STAGE_STATIC=1, static tiers stage the attention they stream through the ring (ctest
-runs that too; a static plan over the all-KV set at a budget that streams attention covers it);
-with PSHARD_SPLIT_FFN=1, dynamic tiers split tiny-llama's FFNs by rows with the CPU (ctest too).
+slots to tiers without the ring, static tiers stage the attention they stream through the ring (a
+static plan over the all-KV set at a budget that streams attention covers it), and dynamic tiers
+split tiny-llama's FFNs by rows with the CPU; PSHARD_LEND_SLOTS=0, PSHARD_STAGE_STATIC=0 and
+PSHARD_SPLIT_FFN=0 in the environment turn each off (ctest runs each so too).
 Usage: tests/device/test_plans.py BUILD_DIR"""
 import os
 import re
@@ -34,7 +34,7 @@ def minimum_mb(model, family):
 
 def streaming_attention_budget(model):
     """The smallest budget at which static over the all-KV set streams some layer's attention (in
-    place, or staged through the ring with PSHARD_STAGE_STATIC=1)."""
+    place with PSHARD_STAGE_STATIC=0, else staged through the ring)."""
     for mb in range(8, 256):
         if re.search(r"attn\s+\d+ STREAMED", plan_text(model, "%dM" % mb, "static", ["--set", "all-kv"])):
             return "%dM" % mb
