@@ -367,6 +367,20 @@ static void test_dynamic_splits_ffn_rows(void **state) {
     cost_step(&prof, &model, &split, b, 1, 1000, &cb);
     assert_true(cb.seconds < ca.seconds);
     assert_true(cb.seconds < cb.gpu_s + cb.cpu_s); /* the sides overlap */
+    /* Both sides read host memory at once, from one bandwidth: with room for both (and the
+     * measured shares at 1) nothing slows; with the ceiling at half of what they ask together,
+     * the split's step grows (the CPU's part of it too) and alternating whole layers (one side at
+     * a time) does not change. */
+    prof.cpu_share_under_reads = prof.reads_share_under_cpu = 1;
+    prof.host_read_gbps = 1e6;
+    struct cost_step wide_a, wide_b, narrow_a, narrow_b;
+    cost_step(&prof, &model, &by_layer, a, 1, 1000, &wide_a);
+    cost_step(&prof, &model, &split, b, 1, 1000, &wide_b);
+    prof.host_read_gbps = 15; /* the defaults' CPU reads at 20 GB/s, in-place reads at 10 */
+    cost_step(&prof, &model, &by_layer, a, 1, 1000, &narrow_a);
+    cost_step(&prof, &model, &split, b, 1, 1000, &narrow_b);
+    assert_true(narrow_b.seconds > wide_b.seconds && narrow_b.cpu_s > wide_b.cpu_s);
+    assert_true(fabs(narrow_a.seconds - wide_a.seconds) < 1e-12);
     plan_free(&by_layer);
     plan_free(&split);
 }

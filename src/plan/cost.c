@@ -64,10 +64,34 @@ static void gpu_busy(struct walk *w, double compute_s, int small_kernels, int op
     w->out->seconds += busy;
 }
 
-static void cpu_busy(struct walk *w, double compute_s, int jobs) {
-    const double busy = compute_s + jobs * w->prof->cpu_step_s;
+/* The share of its own speed each side keeps while the CPU reads host memory at cpu_bps and the
+ * GPU at pcie_bps (copies or in-place reads) at the same time: host memory serves both from one
+ * bandwidth, the CPU's streaming read rate (host_read_gbps), so what they ask beyond it slows
+ * both alike. On the H200 machine the CPU reads about 80 GB/s alone and the GPU 49 GB/s in
+ * place, against 100 GB/s; split layers then ran 25-35% longer than predicted without this,
+ * everywhere both sides ran at once and nowhere else (bench/RESULTS.md). */
+static double host_memory_share(const struct profile *pr, double cpu_bps, double pcie_bps) {
+    const double ceiling = pr->host_read_gbps * 1e9, asked = cpu_bps + pcie_bps;
+    return ceiling > 0 && asked > ceiling ? ceiling / asked : 1;
+}
+
+/* The CPU computes (reading `bytes` of host memory); in a static ring tier the copies running
+ * ahead meanwhile share host memory with it, and both take longer for it. */
+static void cpu_busy(struct walk *w, double compute_s, int jobs, double bytes) {
+    const struct profile *pr = w->prof;
+    const double ahead = w->copy_free - w->out->seconds;
+    if (w->clocked && ahead > 0 && compute_s > 0) {
+        const double copy_bps = profile_at_size(pr->h2d_gbps, (double)w->p->slot_bytes) * 1e9;
+        const double shared = host_memory_share(pr, bytes / compute_s, copy_bps);
+        const double cs = fmin(pr->cpu_share_under_h2d > 0 ? pr->cpu_share_under_h2d : 1, shared);
+        const double hs = fmin(pr->h2d_share_under_cpu > 0 ? pr->h2d_share_under_cpu : 1, shared);
+        const double overlap = compute_s < ahead ? compute_s : ahead;
+        w->copy_free += overlap * (1 / hs - 1);
+        compute_s += overlap * (1 / cs - 1);
+    }
+    const double busy = compute_s + jobs * pr->cpu_step_s;
     w->out->cpu_s += busy;
-    w->out->overhead_s += jobs * w->prof->cpu_step_s;
+    w->out->overhead_s += jobs * pr->cpu_step_s;
     w->out->seconds += busy;
 }
 
@@ -123,16 +147,19 @@ double cost_touched(double range, double E, double k, double n) {
     return E > 0 ? range * (1 - pow(1 - k / E, n)) : 0;
 }
 
-/* A layer split between the GPU (gpu seconds of compute, `stream` of them waiting on host memory)
- * and the CPU (cpu seconds), both at once: each slows the other's use of host memory as measured
- * together, and the input goes down and the CPU's sum comes back up (a hand-off). */
-static void split_sides(struct walk *w, double gpu, int kernels, int ops, double stream, double cpu) {
+/* A layer split between the GPU (gpu seconds of compute, `stream` of them waiting on
+ * stream_bytes of host memory) and the CPU (cpu seconds reading cpu_bytes), both at once: each
+ * slows the other's use of host memory as measured together, and at most as their shared
+ * bandwidth allows; the input goes down and the CPU's sum comes back up (a hand-off). */
+static void split_sides(struct walk *w, double gpu, int kernels, int ops, double stream, double stream_bytes,
+                        double cpu, double cpu_bytes) {
     const struct profile *pr = w->prof;
-    if (stream > 0) {
+    if (stream > 0 && cpu > 0) {
         /* Staged copies, or kernels reading host memory in place, as measured beside the CPU. */
         const double cpu_share = w->t->ring ? pr->cpu_share_under_h2d : pr->cpu_share_under_reads;
         const double gpu_share = w->t->ring ? pr->h2d_share_under_cpu : pr->reads_share_under_cpu;
-        const double cs = cpu_share > 0 ? cpu_share : 1, hs = gpu_share > 0 ? gpu_share : 1;
+        const double shared = host_memory_share(pr, cpu_bytes / cpu, stream_bytes / stream);
+        const double cs = fmin(cpu_share > 0 ? cpu_share : 1, shared), hs = fmin(gpu_share > 0 ? gpu_share : 1, shared);
         const double overlap = cpu < stream ? cpu : stream;
         cpu += overlap * (1 / cs - 1);
         gpu += overlap * (1 / hs - 1);
@@ -159,7 +186,8 @@ static void split_ffn(struct walk *w, const struct shard *s) {
     const double cpu = matrices_s(w, s, false, w->n, &bytes, &count) * (1 - gpu_part) +
                        (count + extra_jobs[SHARD_FFN]) * w->prof->cpu_step_s;
     split_sides(w, gpu_compute > stream ? gpu_compute : stream, extra_kernels[SHARD_FFN],
-                extra_kernels[SHARD_FFN] + MATRIX_OPS * count + HAND_OFF_OPS, stream, cpu);
+                extra_kernels[SHARD_FFN] + MATRIX_OPS * count + HAND_OFF_OPS, stream, (double)bytes * gpu_part, cpu,
+                (double)bytes * (1 - gpu_part));
 }
 
 static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
@@ -171,7 +199,7 @@ static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
         move_to(w, false);
         double sec = matrices_s(w, s, false, n, &bytes, &count);
         if (s->kind == SHARD_ATTN) sec += attention_s(w, s, false);
-        cpu_busy(w, sec, count + extra_jobs[s->kind]);
+        cpu_busy(w, sec, count + extra_jobs[s->kind], (double)bytes);
         return;
     }
     move_to(w, true);
@@ -207,19 +235,20 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
     int count;
     if (w->t->shard[i] == PLACE_CPU) {
         move_to(w, false);
+        const double touched = cost_touched(E, E, k, n) * eb;
         const double sec = matrices_s(w, s, false, n, &shared_bytes, &count) + pr->cpu_moe_call_s +
-                           cost_touched(E, E, k, n) * eb * cost_rate(pr->cpu_experts, type, n);
-        cpu_busy(w, sec, count + 3 + extra_jobs[SHARD_MOE]);
+                           touched * cost_rate(pr->cpu_experts, type, n);
+        cpu_busy(w, sec, count + 3 + extra_jobs[SHARD_MOE], (double)shared_bytes + touched);
         return;
     }
     move_to(w, true);
     const double r = w->p->experts_resident[s->layer], g = w->t->experts_gpu[s->layer];
     const double gpu_rate = cost_rate(pr->gpu_experts, type, n);
     double gpu = matrices_s(w, s, true, n, &shared_bytes, &count) + cost_touched(r, E, k, n) * eb * gpu_rate;
-    double stream = 0;
+    double stream = 0, moved = 0;
     if (g > r) {
         /* In place: only the touched experts' bytes cross PCIe. Ring: every piece is copied. */
-        const double moved = w->t->ring ? (g - r) * eb : cost_touched(g - r, E, k, n) * eb;
+        moved = w->t->ring ? (g - r) * eb : cost_touched(g - r, E, k, n) * eb;
         stream = w->t->ring ? gbps_s(moved, profile_at_size(pr->h2d_gbps, eb * (w->p->piece_experts ? w->p->piece_experts : 1)))
                             : moved * profile_at_tokens(pr->zero_copy_experts, n);
         const double compute = cost_touched(g - r, E, k, n) * eb * gpu_rate;
@@ -237,8 +266,9 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
         return;
     }
     /* Split: the CPU computes [g, E) while the GPU computes its share. */
-    split_sides(w, gpu, kernels, ops, stream,
-                pr->cpu_moe_call_s + cost_touched(E - g, E, k, n) * eb * cost_rate(pr->cpu_experts, type, n));
+    const double cpu_bytes = cost_touched(E - g, E, k, n) * eb;
+    split_sides(w, gpu, kernels, ops, stream, moved, pr->cpu_moe_call_s + cpu_bytes * cost_rate(pr->cpu_experts, type, n),
+                cpu_bytes);
 }
 
 /* The model's entry in prof->refine, -1 when running it has taught nothing yet. */
