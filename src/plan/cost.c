@@ -29,6 +29,8 @@ double cost_rate(const struct profile_rate table[PROFILE_FORMATS], uint32_t type
 
 static double gbps_s(double bytes, double gbps) { return gbps > 0 ? bytes / (gbps * 1e9) : 0; }
 
+enum { COST_CPU_SPANS = 512 }; /* the CPU spans a static ring tier's walk keeps (more are not weighed) */
+
 /* Where a step's work stands as the walk goes on. */
 struct walk {
     const struct profile *prof;
@@ -44,6 +46,10 @@ struct walk {
     bool clocked;
     uint32_t unit;
     double copy_free, slot_free[PLAN_STAGING_SLOTS];
+    /* ... and when the CPU computed, reading host memory at what rate: a copy scheduled into that
+     * time shares host memory with it. */
+    int n_cpu;
+    struct { double from, to, bps; } cpu[COST_CPU_SPANS];
 };
 
 /* The GPU's busy time for a shard: its matrices' and attention's compute, plus its small
@@ -75,20 +81,32 @@ static double host_memory_share(const struct profile *pr, double cpu_bps, double
     return ceiling > 0 && asked > ceiling ? ceiling / asked : 1;
 }
 
-/* The CPU computes (reading `bytes` of host memory); in a static ring tier the copies running
- * ahead meanwhile share host memory with it, and both take longer for it. */
+/* How much longer the CPU (reading host memory at cpu_bps) and a copy beside it take for each
+ * second they run together: the shares measured beside each other, at most what their shared
+ * bandwidth allows. */
+static void beside_copies(const struct profile *pr, double cpu_bps, double copy_bps, double *cpu_more, double *copy_more) {
+    const double shared = host_memory_share(pr, cpu_bps, copy_bps);
+    *cpu_more = 1 / fmin(pr->cpu_share_under_h2d > 0 ? pr->cpu_share_under_h2d : 1, shared) - 1;
+    *copy_more = 1 / fmin(pr->h2d_share_under_cpu > 0 ? pr->h2d_share_under_cpu : 1, shared) - 1;
+}
+
+/* The CPU computes (reading `bytes` of host memory). In a static ring tier the copies already
+ * running ahead share host memory with it, and both take longer for it; copies scheduled later
+ * into this time do the same (copy_ahead), from the span kept here. */
 static void cpu_busy(struct walk *w, double compute_s, int jobs, double bytes) {
     const struct profile *pr = w->prof;
     const double ahead = w->copy_free - w->out->seconds;
     if (w->clocked && ahead > 0 && compute_s > 0) {
-        const double copy_bps = profile_at_size(pr->h2d_gbps, (double)w->p->slot_bytes) * 1e9;
-        const double shared = host_memory_share(pr, bytes / compute_s, copy_bps);
-        const double cs = fmin(pr->cpu_share_under_h2d > 0 ? pr->cpu_share_under_h2d : 1, shared);
-        const double hs = fmin(pr->h2d_share_under_cpu > 0 ? pr->h2d_share_under_cpu : 1, shared);
+        double cpu_more, copy_more;
+        beside_copies(pr, bytes / compute_s, profile_at_size(pr->h2d_gbps, (double)w->p->slot_bytes) * 1e9, &cpu_more,
+                      &copy_more);
         const double overlap = compute_s < ahead ? compute_s : ahead;
-        w->copy_free += overlap * (1 / hs - 1);
-        compute_s += overlap * (1 / cs - 1);
+        w->copy_free += overlap * copy_more;
+        compute_s += overlap * cpu_more;
     }
+    if (w->clocked && compute_s > 0 && w->n_cpu < COST_CPU_SPANS)
+        w->cpu[w->n_cpu].from = w->out->seconds, w->cpu[w->n_cpu].to = w->out->seconds + compute_s,
+        w->cpu[w->n_cpu++].bps = bytes / compute_s;
     const double busy = compute_s + jobs * pr->cpu_step_s;
     w->out->cpu_s += busy;
     w->out->overhead_s += jobs * pr->cpu_step_s;
@@ -119,10 +137,24 @@ static double attention_s(const struct walk *w, const struct shard *s, bool gpu)
 /* A static ring tier's unit copied into slot k as soon as the copy stream and the slot are free
  * (the slot's reader done): the step waits only for what the copy has not finished by now. */
 static void copy_ahead(struct walk *w, double bytes, int k) {
-    const double copy = gbps_s(bytes, profile_at_size(w->prof->h2d_gbps, bytes));
+    const double gbps = profile_at_size(w->prof->h2d_gbps, bytes);
+    double copy = gbps_s(bytes, gbps);
     const double start = w->copy_free > w->slot_free[k] ? w->copy_free : w->slot_free[k];
+    /* Where it runs beside the CPU's earlier work, both took longer: the copy here, the CPU's
+     * spans (so the step) by what it lost. */
+    double cpu_lost = 0;
+    for (int i = 0; i < w->n_cpu; i++) {
+        const double from = fmax(start, w->cpu[i].from), to = fmin(start + copy, w->cpu[i].to);
+        if (to <= from) continue;
+        double cpu_more, copy_more;
+        beside_copies(w->prof, w->cpu[i].bps, gbps * 1e9, &cpu_more, &copy_more);
+        copy += (to - from) * copy_more;
+        cpu_lost += (to - from) * cpu_more;
+    }
     w->copy_free = start + copy;
     w->out->pcie_s += copy;
+    w->out->cpu_s += cpu_lost;
+    w->out->seconds += cpu_lost;
     if (w->copy_free > w->out->seconds) w->out->seconds = w->copy_free;
 }
 
