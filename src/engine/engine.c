@@ -91,6 +91,11 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
 pshard_status pshard_open(const pshard_params *params, pshard_ctx **out) {
     *out = NULL;
     if (!params || !params->model_path) return core_fail(PSHARD_ERR_INVALID_ARG, "no model path given");
+    if (params->resident_set < 0 || params->resident_set > PLAN_SETS)
+        return core_fail(PSHARD_ERR_INVALID_ARG, "resident set %d is not one of 0..%d", params->resident_set, PLAN_SETS);
+    if (params->resident_set && !params->gpu && !plan_takes_set((enum plan_family)params->plan))
+        return core_fail(PSHARD_ERR_INVALID_ARG, "a resident set (--set) places a gpu, static or dynamic plan; "
+                                                 "name one with --plan");
     pshard_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
     ctx->params = *params;

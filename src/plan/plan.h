@@ -225,6 +225,11 @@ pshard_status plan_parse_family(const char *text, enum plan_family *family);
 pshard_status plan_parse_share(const char *text, float *share);
 /* A resident set as the command line names it: "no-ring", "ring" or "all-kv". */
 pshard_status plan_parse_set(const char *text, enum plan_set *set);
+/* Whether a family is placed over a resident set one may name (gpu, static, dynamic; auto
+ * weighs every set itself, cpu has none). */
+static inline bool plan_takes_set(enum plan_family family) {
+    return family == PLAN_GPU || family == PLAN_STATIC || family == PLAN_DYNAMIC;
+}
 const char *plan_family_name(enum plan_family family);
 const char *placement_name(enum placement p);
 const char *plan_set_name(enum plan_set set);

@@ -136,3 +136,13 @@ def test_resident_set_option(default_model, tmp_path):
     for s, proc in plans.items():
         assert proc.returncode == 0, (s, proc.stderr)
     assert plans["no-ring"].stdout != plans["all-kv"].stdout
+
+
+def test_resident_set_needs_a_family(default_model, tmp_path):
+    """auto weighs every set itself and cpu has none: naming a set for them is refused, not ignored."""
+    proc = pshard("plan", "-m", default_model, "--vram-budget", "150M", "--set", "ring")
+    assert proc.returncode == 2 and "--plan" in proc.stderr, proc.stderr
+    for cmd in (["run", "-p", "x", "-n", "1"], ["eval", "-p", "x", "-o", str(tmp_path / "l.f32")]):
+        proc = pshard(*cmd, "-m", default_model, "--vram-budget", "150M", "--set", "ring")
+        assert proc.returncode != 0 and "--plan" in proc.stderr, (cmd, proc.stderr)
+        assert not (tmp_path / "l.f32").exists()

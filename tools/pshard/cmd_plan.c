@@ -77,6 +77,10 @@ int cmd_plan(int argc, char **argv) {
         fprintf(stderr, "pshard plan: -c, -b and --parallel must be positive\n");
         return 2;
     }
+    if (p.staging >= 0 && !plan_takes_set(p.plan)) {
+        fprintf(stderr, "pshard plan: --set places a gpu, static or dynamic plan; name one with --plan\n");
+        return 2;
+    }
     char default_path[4096];
     if (!model_path) {
         if (cli_default_model(default_path, sizeof default_path) != 0) return 1;
