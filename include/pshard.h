@@ -97,6 +97,11 @@ typedef struct pshard_gen_stats {
     /* A decode step with a GPU (mean): the host computing the CPU's shards and experts, and the
      * host waiting for the GPU (0 without one). */
     double decode_host_compute_ms, decode_host_wait_ms;
+    /* With PSHARD_TRACE_HANDOFFS set, a replayed decode step's hand-offs to the CPU timed on the
+     * GPU (mean per step; else 0): its work between them, the hand-offs themselves (its own part
+     * of the layer, then waiting for the host's), and how many there were. */
+    double decode_gpu_between_ms, decode_gpu_handoff_ms;
+    int32_t decode_handoffs;
     int stopped_by_eog;       /* ended at an end-of-generation token */
     /* What the planner's cost model predicted for this call (0 when the plan was not chosen by
      * it): the prompt's steps, and one decode step. */

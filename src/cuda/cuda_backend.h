@@ -153,9 +153,11 @@ void cuda_graph_destroy(cuda_graph g);
  * experts of a split MoE layer) meets it at flags in pinned host memory (device addresses of
  * cuda_host_alloc memory, from cuda_host_device_pointer). The GPU raises a flag once what the
  * host needs has been copied down; it waits, one thread polling, until the host raises another,
- * and lowers that one again for the next replay. The host's side is cuda_flag_* below. */
-pshard_status cuda_flag_raise(uint32_t *flag_dev, cuda_stream s);
-pshard_status cuda_flag_wait(uint32_t *flag_dev, cuda_stream s);
+ * and lowers that one again for the next replay. The host's side is cuda_flag_* below. With a
+ * stamp (cuda_stamps_alloc; NULL: none), the GPU writes its clock (ns) there as it raises, or as
+ * its wait ends: where a replayed step's time goes on the GPU side (PSHARD_TRACE_HANDOFFS). */
+pshard_status cuda_flag_raise(uint32_t *flag_dev, uint64_t *stamp_dev, cuda_stream s);
+pshard_status cuda_flag_wait(uint32_t *flag_dev, uint64_t *stamp_dev, cuda_stream s);
 /* The host's side: wait until the GPU raised `flag` (polling; a failed stream ends the wait with
  * its error), then lower it; raise one for the GPU after the data it will read is written. */
 pshard_status cuda_flag_host_wait(volatile uint32_t *flag, cuda_stream s);
@@ -187,6 +189,8 @@ pshard_status cuda_host_device_pointer(const void *host, const void **dev);
 pshard_status cuda_host_alloc(size_t bytes, struct cuda_pinned *out);
 /* n hand-off flags (cuda_flag_*), lowered: pinned memory and the address the GPU uses. */
 pshard_status cuda_flags_alloc(size_t n, struct cuda_pinned *out, uint32_t **dev);
+/* n clock stamps for cuda_flag_raise/wait, zeroed: pinned memory and the address the GPU uses. */
+pshard_status cuda_stamps_alloc(size_t n, struct cuda_pinned *out, uint64_t **dev);
 /* Unregister or free, whichever applies; safe on a zeroed struct. */
 void cuda_pinned_release(struct cuda_pinned *p);
 

@@ -73,8 +73,18 @@ pshard_status cuda_flags_alloc(size_t n, struct cuda_pinned *out, uint32_t **dev
     (void)n, (void)out, *dev = NULL;
     return no_cuda();
 }
-pshard_status cuda_flag_raise(uint32_t *flag_dev, cuda_stream s) { (void)flag_dev, (void)s; return no_cuda(); }
-pshard_status cuda_flag_wait(uint32_t *flag_dev, cuda_stream s) { (void)flag_dev, (void)s; return no_cuda(); }
+pshard_status cuda_stamps_alloc(size_t n, struct cuda_pinned *out, uint64_t **dev) {
+    (void)n, (void)out, *dev = NULL;
+    return no_cuda();
+}
+pshard_status cuda_flag_raise(uint32_t *flag_dev, uint64_t *stamp_dev, cuda_stream s) {
+    (void)flag_dev, (void)stamp_dev, (void)s;
+    return no_cuda();
+}
+pshard_status cuda_flag_wait(uint32_t *flag_dev, uint64_t *stamp_dev, cuda_stream s) {
+    (void)flag_dev, (void)stamp_dev, (void)s;
+    return no_cuda();
+}
 pshard_status cuda_flag_host_wait(volatile uint32_t *flag, cuda_stream s) { (void)flag, (void)s; return no_cuda(); }
 void cuda_flag_host_raise(volatile uint32_t *flag) { *flag = 1; }
 pshard_status cuda_event_create(bool timing, cuda_event *out) { (void)timing; *out = NULL; return no_cuda(); }

@@ -56,27 +56,36 @@ extern "C" void cuda_graph_destroy(cuda_graph g) {
     if (g) cudaGraphExecDestroy((cudaGraphExec_t)g);
 }
 
+/* The GPU's clock, in ns. */
+__device__ static inline uint64_t global_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 /* Copies before the raise have landed in host memory when it runs (stream order); the fence
- * orders the flag after any earlier writes of this stream's kernels. */
-__global__ void flag_raise_kernel(volatile uint32_t *flag) {
+ * orders the flag (and the stamp) after any earlier writes of this stream's kernels. */
+__global__ void flag_raise_kernel(volatile uint32_t *flag, volatile uint64_t *stamp) {
+    if (stamp) *stamp = global_ns();
     __threadfence_system();
     *flag = 1;
 }
 
-__global__ void flag_wait_kernel(volatile uint32_t *flag) {
+__global__ void flag_wait_kernel(volatile uint32_t *flag, volatile uint64_t *stamp) {
     while (*flag != 1) __nanosleep(100);
     *flag = 0;
+    if (stamp) *stamp = global_ns();
     __threadfence_system();
 }
 
-extern "C" pshard_status cuda_flag_raise(uint32_t *flag_dev, cuda_stream s) {
-    flag_raise_kernel<<<1, 1, 0, raw_stream(s)>>>(flag_dev);
+extern "C" pshard_status cuda_flag_raise(uint32_t *flag_dev, uint64_t *stamp_dev, cuda_stream s) {
+    flag_raise_kernel<<<1, 1, 0, raw_stream(s)>>>(flag_dev, stamp_dev);
     CUDA_TRY_LAUNCH("flag raise");
     return PSHARD_OK;
 }
 
-extern "C" pshard_status cuda_flag_wait(uint32_t *flag_dev, cuda_stream s) {
-    flag_wait_kernel<<<1, 1, 0, raw_stream(s)>>>(flag_dev);
+extern "C" pshard_status cuda_flag_wait(uint32_t *flag_dev, uint64_t *stamp_dev, cuda_stream s) {
+    flag_wait_kernel<<<1, 1, 0, raw_stream(s)>>>(flag_dev, stamp_dev);
     CUDA_TRY_LAUNCH("flag wait");
     return PSHARD_OK;
 }
@@ -227,6 +236,15 @@ extern "C" pshard_status cuda_flags_alloc(size_t n, struct cuda_pinned *out, uin
     const void *d = NULL;
     const pshard_status st = cuda_host_device_pointer(out->ptr, &d);
     *dev = (uint32_t *)d;
+    return st;
+}
+
+extern "C" pshard_status cuda_stamps_alloc(size_t n, struct cuda_pinned *out, uint64_t **dev) {
+    CORE_TRY(cuda_host_alloc(sizeof(uint64_t) * n, out));
+    memset(out->ptr, 0, out->bytes);
+    const void *d = NULL;
+    const pshard_status st = cuda_host_device_pointer(out->ptr, &d);
+    *dev = (uint64_t *)d;
     return st;
 }
 

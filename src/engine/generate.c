@@ -82,7 +82,8 @@ static pshard_status decode_loop(struct generation *g, double t_start) {
     const int32_t n_ctx = ctx->params.n_ctx;
     double t_first = 0;
     uint64_t bytes = 0, streamed = 0;
-    double host_compute = 0, host_wait = 0;
+    double host_compute = 0, host_wait = 0, between = 0, handoff = 0;
+    int64_t handoffs = 0;
     for (;;) {
         const int32_t token = sampler_sample(g->sampler, exec_logits(ctx->exec, 0));
         if (g->stats->n_generated == 0) {
@@ -109,6 +110,9 @@ static pshard_status decode_loop(struct generation *g, double t_start) {
         streamed += exec_last_stats(ctx->exec)->streamed_bytes;
         host_compute += exec_last_stats(ctx->exec)->host_compute_ms;
         host_wait += exec_last_stats(ctx->exec)->host_wait_ms;
+        between += exec_last_stats(ctx->exec)->gpu_between_ms;
+        handoff += exec_last_stats(ctx->exec)->gpu_handoff_ms;
+        handoffs += exec_last_stats(ctx->exec)->handoffs;
         ctx->cached[ctx->n_cached++] = token;
     }
     const char *text;
@@ -120,6 +124,9 @@ static pshard_status decode_loop(struct generation *g, double t_start) {
         g->stats->decode_streamed_bytes = streamed / (uint64_t)(g->stats->n_generated - 1);
         g->stats->decode_host_compute_ms = host_compute / (g->stats->n_generated - 1);
         g->stats->decode_host_wait_ms = host_wait / (g->stats->n_generated - 1);
+        g->stats->decode_gpu_between_ms = between / (g->stats->n_generated - 1);
+        g->stats->decode_gpu_handoff_ms = handoff / (g->stats->n_generated - 1);
+        g->stats->decode_handoffs = (int32_t)(handoffs / (g->stats->n_generated - 1));
     }
     return PSHARD_OK;
 }

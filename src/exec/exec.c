@@ -224,6 +224,8 @@ pshard_status exec_step(struct exec_ctx *ctx, const struct exec_batch *batch) {
     ctx->stats.weight_bytes_read = ctx->stats.streamed_bytes = 0;
     ctx->stats.n_outputs = 0;
     ctx->stats.host_compute_ms = ctx->stats.host_wait_ms = 0;
+    ctx->stats.gpu_between_ms = ctx->stats.gpu_handoff_ms = 0;
+    ctx->stats.handoffs = 0;
     for (int32_t t = 0; t < batch->n_tokens; t++)
         if (batch->logits ? batch->logits[t] != 0 : t == batch->n_tokens - 1) ctx->s.out_rows[ctx->stats.n_outputs++] = t;
 

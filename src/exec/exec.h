@@ -37,6 +37,12 @@ struct exec_stats {
     /* Where a step with a GPU spent the host's time: computing the CPU's shards and experts, and
      * waiting for the GPU (hand-offs, the end of the step). */
     double host_compute_ms, host_wait_ms;
+    /* A replayed decode step's hand-offs, timed on the GPU (PSHARD_TRACE_HANDOFFS; else 0): the
+     * GPU's work between them (from a layer's go to the next layer's ready) and the hand-offs
+     * themselves (from ready until the GPU goes on: its own part of the layer, then waiting for
+     * the host's), over handoffs layers. */
+    double gpu_between_ms, gpu_handoff_ms;
+    int32_t handoffs;
 };
 
 struct exec_ctx;

@@ -383,6 +383,7 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
         CORE_TRY(cuda_host_alloc((sizeof(int32_t) + sizeof(float)) * B * k, &g->host_route));
         CORE_TRY(cuda_event_create(false, &g->route_ready));
         CORE_TRY(cuda_flags_alloc(2 * (size_t)hp->n_layers, &g->flags, &g->flags_dev));
+        if (getenv("PSHARD_TRACE_HANDOFFS")) CORE_TRY(cuda_stamps_alloc(2 * (size_t)hp->n_layers, &g->stamps, &g->stamps_dev));
     }
     if (plan_streams(plan)) {
         uint64_t before = 0, after = 0, total = 0;
@@ -461,6 +462,7 @@ void exec_gpu_free(struct exec_gpu *g) {
     cuda_pinned_release(&g->host_route);
     if (g->route_ready) cuda_event_destroy(g->route_ready);
     cuda_pinned_release(&g->flags);
+    cuda_pinned_release(&g->stamps);
     for (int s = 0; s < PLAN_STAGING_SLOTS; s++) {
         if (g->filled[s]) cuda_event_destroy(g->filled[s]);
         if (g->freed[s]) cuda_event_destroy(g->freed[s]);

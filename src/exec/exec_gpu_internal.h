@@ -54,6 +54,10 @@ struct exec_gpu {
      * in host_moe). */
     struct cuda_pinned flags;
     uint32_t *flags_dev;
+    /* With PSHARD_TRACE_HANDOFFS set: the GPU's clock at each flag, two per layer (raised, and
+     * its wait for the host over), read back after each replayed step. */
+    struct cuda_pinned stamps;
+    uint64_t *stamps_dev;
     /* the model file's mappings, registered for streaming */
     struct cuda_pinned *registered;
     uint32_t n_registered;

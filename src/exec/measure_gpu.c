@@ -146,8 +146,8 @@ static pshard_status capture_handoffs(struct gpu_bench *b) {
         st = cuda_copy_d2d(b->dev, (uint8_t *)b->dev + profile_sizes[PROFILE_SIZES - 1] / 2,
                            profile_sizes[PROFILE_SIZES - 1] / 2, b->s);
         if (st == PSHARD_OK) st = cuda_copy_d2h(b->host, b->x, 16384, b->s);
-        if (st == PSHARD_OK) st = cuda_flag_raise(b->flags_dev + 2 * i, b->s);
-        if (st == PSHARD_OK) st = cuda_flag_wait(b->flags_dev + 2 * i + 1, b->s);
+        if (st == PSHARD_OK) st = cuda_flag_raise(b->flags_dev + 2 * i, NULL, b->s);
+        if (st == PSHARD_OK) st = cuda_flag_wait(b->flags_dev + 2 * i + 1, NULL, b->s);
         if (st == PSHARD_OK) st = cuda_copy_h2d(b->x, b->host, 16384, b->s);
         if (st == PSHARD_OK) st = cuda_add(b->y, b->x, 4096, b->s);
     }

@@ -280,6 +280,9 @@ static pshard_status route_down(struct exec_ctx *ctx, struct exec_gpu *g, int64_
                          g->stream);
 }
 
+/* Where the GPU writes its clock as flag i is raised or waited on (NULL: not traced). */
+static uint64_t *stamp(const struct exec_gpu *g, int i) { return g->stamps_dev ? g->stamps_dev + i : NULL; }
+
 /* The host's waits on the GPU, timed into the step's stats. */
 static pshard_status timed_wait(struct exec_ctx *ctx, pshard_status st, double since_ms) {
     ctx->stats.host_wait_ms += core_now_ms() - since_ms;
@@ -310,14 +313,14 @@ static pshard_status sum_up(struct exec_ctx *ctx, struct exec_gpu *g, int64_t n)
 
 static pshard_status cpu_experts_begin(struct exec_ctx *ctx, struct exec_gpu *g, int il, int64_t n) {
     CORE_TRY(route_down(ctx, g, n));
-    if (g->capturing) return cuda_flag_raise(g->flags_dev + 2 * il, g->stream);
+    if (g->capturing) return cuda_flag_raise(g->flags_dev + 2 * il, stamp(g, 2 * il), g->stream);
     return cuda_event_record(g->route_ready, g->stream);
 }
 
 static pshard_status cpu_experts_end(struct exec_ctx *ctx, struct exec_gpu *g, const struct shard *s, int64_t n,
                                      uint32_t first) {
     if (g->capturing) { /* the host's part runs at replay (replay_handoffs) */
-        CORE_TRY(cuda_flag_wait(g->flags_dev + 2 * s->layer + 1, g->stream));
+        CORE_TRY(cuda_flag_wait(g->flags_dev + 2 * s->layer + 1, stamp(g, 2 * s->layer + 1), g->stream));
     } else {
         const double t0 = core_now_ms();
         CORE_TRY(timed_wait(ctx, cuda_event_sync(g->route_ready), t0));
@@ -348,7 +351,8 @@ static pshard_status split_ffn_shard(struct exec_ctx *ctx, struct exec_gpu *g, u
     const uint32_t f = tier->ffn_rows_gpu[il];
     CORE_TRY(cuda_rmsnorm(g->x, l->ffn_norm, g->xn, n, d, hp->rms_eps, g->stream));
     CORE_TRY(cuda_copy_d2h(g->host_xn.ptr, g->xn, sizeof(float) * (size_t)n * d, g->stream));
-    CORE_TRY(g->capturing ? cuda_flag_raise(g->flags_dev + 2 * il, g->stream) : cuda_event_record(g->route_ready, g->stream));
+    CORE_TRY(g->capturing ? cuda_flag_raise(g->flags_dev + 2 * il, stamp(g, 2 * il), g->stream)
+                          : cuda_event_record(g->route_ready, g->stream));
     struct cuda_matrix gate = l->ffn_gate, up = l->ffn_up, down = l->ffn_down;
     gate.n_rows = up.n_rows = f;
     down.n_cols = f; /* the first f columns of each row: row_bytes keeps the full stride */
@@ -356,7 +360,7 @@ static pshard_status split_ffn_shard(struct exec_ctx *ctx, struct exec_gpu *g, u
     CORE_TRY(cuda_add(g->x, g->proj, n * d, g->stream));
     ctx->stats.streamed_bytes += plan_unit_bytes(&ctx->model->shards[index], 0) * f / hp->n_ff;
     if (g->capturing) { /* the host's part runs at replay (replay_handoffs) */
-        CORE_TRY(cuda_flag_wait(g->flags_dev + 2 * il + 1, g->stream));
+        CORE_TRY(cuda_flag_wait(g->flags_dev + 2 * il + 1, stamp(g, 2 * il + 1), g->stream));
     } else {
         const double t0 = core_now_ms();
         CORE_TRY(timed_wait(ctx, cuda_event_sync(g->route_ready), t0));
@@ -365,17 +369,22 @@ static pshard_status split_ffn_shard(struct exec_ctx *ctx, struct exec_gpu *g, u
     return sum_up(ctx, g, n);
 }
 
-/* The host's side of a replayed step's hand-offs, in the step's order (every MoE shard of the
- * tier that leaves experts to the CPU, every FFN it splits with the CPU): wait for the input,
+/* Whether shard i of the tier hands off to the CPU in the middle: an MoE shard that leaves
+ * experts to the CPU, or an FFN it splits with the CPU. */
+static bool hands_off(const struct exec_ctx *ctx, const struct plan_tier *tier, uint32_t i) {
+    const struct shard *s = &ctx->model->shards[i];
+    if (s->kind == SHARD_MOE) return tier->shard[i] != PLACE_CPU && tier->experts_gpu[s->layer] < s->n_expert;
+    return tier->shard[i] == PLACE_STREAMED && plan_ffn_split(tier, s);
+}
+
+/* The host's side of a replayed step's hand-offs, in the step's order: wait for the input,
  * compute, let the GPU go on. */
 static pshard_status replay_handoffs(struct exec_ctx *ctx, struct exec_gpu *g, const struct plan_tier *tier) {
     volatile uint32_t *flags = g->flags.ptr;
     for (uint32_t i = 0; i < ctx->model->n_shards; i++) {
         const struct shard *s = &ctx->model->shards[i];
-        const bool split_moe = s->kind == SHARD_MOE && tier->shard[i] != PLACE_CPU &&
-                               tier->experts_gpu[s->layer] < s->n_expert;
-        const bool split_ffn = tier->shard[i] == PLACE_STREAMED && plan_ffn_split(tier, s);
-        if (!split_moe && !split_ffn) continue;
+        if (!hands_off(ctx, tier, i)) continue;
+        const bool split_moe = s->kind == SHARD_MOE;
         const double t0 = core_now_ms();
         CORE_TRY(timed_wait(ctx, cuda_flag_host_wait(flags + 2 * s->layer, g->stream), t0));
         if (split_moe) cpu_experts(ctx, g, s, 1, tier->experts_gpu[s->layer]);
@@ -574,16 +583,34 @@ static pshard_status replay_decode(struct exec_ctx *ctx, struct exec_gpu *g, con
     return replay_handoffs(ctx, g, tier);
 }
 
+/* After a traced replay has finished: the GPU's clock at each hand-off into the step's stats. */
+static void read_stamps(struct exec_ctx *ctx, const struct exec_gpu *g, const struct plan_tier *tier) {
+    const uint64_t *t = g->stamps.ptr;
+    uint64_t went_on = 0; /* the last hand-off's end */
+    for (uint32_t i = 0; i < ctx->model->n_shards; i++) {
+        if (!hands_off(ctx, tier, i)) continue;
+        const int il = (int)ctx->model->shards[i].layer;
+        const uint64_t ready = t[2 * il], go = t[2 * il + 1];
+        if (!ready || go < ready) return; /* not written this step: nothing to say */
+        if (went_on && ready >= went_on) ctx->stats.gpu_between_ms += (double)(ready - went_on) / 1e6;
+        ctx->stats.gpu_handoff_ms += (double)(go - ready) / 1e6;
+        ctx->stats.handoffs++;
+        went_on = go;
+    }
+}
+
 pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
     struct exec_gpu *g = ctx->gpu;
     const struct plan_tier *tier = plan_tier_for(&ctx->plan, b->n_tokens);
     CORE_TRY(upload_batch(ctx, g, b));
     if (!tier->ring && tier->any_gpu) CORE_TRY(ensure_lent(ctx, g));
-    if (plan_tier_replays(tier, b->n_tokens) && ctx->stats.n_outputs == 1 && !g->no_graphs)
+    const bool replayed = plan_tier_replays(tier, b->n_tokens) && ctx->stats.n_outputs == 1 && !g->no_graphs;
+    if (replayed)
         CORE_TRY(replay_decode(ctx, g, tier, b));
     else
         CORE_TRY(enqueue_step(ctx, g, tier, b));
     CORE_TRY(stream_done(ctx, g));
+    if (replayed && g->stamps_dev) read_stamps(ctx, g, tier);
     if (tier->shard[ctx->model->n_shards - 1] != PLACE_CPU)
         memcpy(ctx->s.logits, g->host_logits.ptr, sizeof(float) * (size_t)ctx->stats.n_outputs * ctx->model->hp.n_vocab);
     return PSHARD_OK;

@@ -1,9 +1,10 @@
 /* GPU test: the device arena (alignment, exhaustion, marks, report), the context's measured
  * size, streams and events ordering a copy before a kernel, pinned host memory (cudaMallocHost,
  * cudaHostRegister of an unaligned malloc range and of a read-only mmapped file), and the
- * asynchronous copies. */
+ * asynchronous copies; hand-off flags in a replayed graph, with the GPU's clock stamped at each. */
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "device_test.h"
@@ -133,6 +134,39 @@ static void test_register(struct dt *d) {
     free(buf);
 }
 
+/* A graph raises flag 0 and waits on flag 1, stamping the GPU's clock at both; the host waits
+ * for flag 0, sleeps 2 ms, raises flag 1. Replayed twice: the flags are lowered again for the
+ * next replay, and the stamps say the GPU waited about as long as the host slept. */
+static void test_flags(struct dt *d) {
+    struct cuda_pinned flags = {0}, stamps = {0};
+    uint32_t *flags_dev;
+    uint64_t *stamps_dev;
+    DT_CHECK(cuda_flags_alloc(2, &flags, &flags_dev));
+    DT_CHECK(cuda_stamps_alloc(2, &stamps, &stamps_dev));
+    volatile uint32_t *f = flags.ptr;
+    volatile uint64_t *t = stamps.ptr;
+    cuda_graph graph;
+    DT_CHECK(cuda_graph_capture_begin(d->s));
+    DT_CHECK(cuda_flag_raise(flags_dev, stamps_dev, d->s));
+    DT_CHECK(cuda_flag_wait(flags_dev + 1, stamps_dev + 1, d->s));
+    DT_CHECK(cuda_graph_capture_end(d->s, &graph));
+    for (int replay = 0; replay < 2; replay++) {
+        DT_CHECK(cuda_graph_launch(graph, d->s));
+        DT_CHECK(cuda_flag_host_wait(f, d->s));
+        const bool lowered = f[0] == 0;
+        nanosleep(&(struct timespec){0, 2000000}, NULL);
+        cuda_flag_host_raise(f + 1);
+        DT_CHECK(cuda_stream_sync(d->s));
+        const double waited_ms = t[1] >= t[0] ? (double)(t[1] - t[0]) / 1e6 : -1;
+        dt_case(d, lowered && f[1] == 0 && t[0] > 0 && waited_ms >= 1.5 && waited_ms < 1000,
+                "flags, replay %d: the host saw the GPU's flag and lowered it, the GPU waited %.2f ms for the host's "
+                "(slept 2 ms) and lowered it", replay, waited_ms);
+    }
+    cuda_graph_destroy(graph);
+    cuda_pinned_release(&stamps);
+    cuda_pinned_release(&flags);
+}
+
 int main(void) {
     struct dt d;
     dt_init(&d, "test_cuda_memory", 256 << 20);
@@ -140,5 +174,6 @@ int main(void) {
     test_arena(&d);
     test_streams(&d);
     test_register(&d);
+    test_flags(&d);
     return dt_finish(&d);
 }

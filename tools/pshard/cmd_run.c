@@ -169,6 +169,11 @@ void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *s) {
             fprintf(stderr, "decode step: %.2f ms, of which the host computed its shards and experts %.2f ms and waited "
                             "for the GPU %.2f ms\n",
                     s->decode_ms / (s->n_generated - 1), s->decode_host_compute_ms, s->decode_host_wait_ms);
+        if (s->decode_handoffs > 0)
+            fprintf(stderr, "hand-offs (GPU clock, per decode step): %d, taking %.2f ms from each layer's input going "
+                            "down to the GPU going on (%.1f us each); the GPU worked %.2f ms between them\n",
+                    s->decode_handoffs, s->decode_gpu_handoff_ms, s->decode_gpu_handoff_ms * 1e3 / s->decode_handoffs,
+                    s->decode_gpu_between_ms);
     }
     if (s->predicted_decode_step_ms > 0)
         fprintf(stderr, "planner's prediction: prompt %.0f ms, decode %.1f tok/s (measured/predicted is learned into "
