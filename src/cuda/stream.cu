@@ -230,22 +230,22 @@ extern "C" pshard_status cuda_host_alloc(size_t bytes, struct cuda_pinned *out) 
     return PSHARD_OK;
 }
 
-extern "C" pshard_status cuda_flags_alloc(size_t n, struct cuda_pinned *out, uint32_t **dev) {
-    CORE_TRY(cuda_host_alloc(sizeof(uint32_t) * n, out));
+/* Zeroed pinned memory and the address the GPU reads and writes it through. */
+static pshard_status mapped_zeroed(size_t bytes, struct cuda_pinned *out, void **dev) {
+    CORE_TRY(cuda_host_alloc(bytes, out));
     memset(out->ptr, 0, out->bytes);
     const void *d = NULL;
     const pshard_status st = cuda_host_device_pointer(out->ptr, &d);
-    *dev = (uint32_t *)d;
+    *dev = (void *)d;
     return st;
 }
 
+extern "C" pshard_status cuda_flags_alloc(size_t n, struct cuda_pinned *out, uint32_t **dev) {
+    return mapped_zeroed(sizeof(uint32_t) * n, out, (void **)dev);
+}
+
 extern "C" pshard_status cuda_stamps_alloc(size_t n, struct cuda_pinned *out, uint64_t **dev) {
-    CORE_TRY(cuda_host_alloc(sizeof(uint64_t) * n, out));
-    memset(out->ptr, 0, out->bytes);
-    const void *d = NULL;
-    const pshard_status st = cuda_host_device_pointer(out->ptr, &d);
-    *dev = (uint64_t *)d;
-    return st;
+    return mapped_zeroed(sizeof(uint64_t) * n, out, (void **)dev);
 }
 
 extern "C" void cuda_pinned_release(struct cuda_pinned *p) {
