@@ -312,6 +312,20 @@ static void test_static_stages_attention(void **state) {
     /* hidden behind the CPU: the copies add (next to) nothing to the step */
     assert_true(a.seconds >= free_copies.seconds && a.pcie_s > 0);
     assert_true(a.seconds - free_copies.seconds < 0.2 * (a.pcie_s - free_copies.pcie_s));
+    /* The copies share host memory with the CPU's FFNs they run beside: with the measured shares
+     * at 1 and room for both nothing slows; with the ceiling below what the two ask, the staged
+     * step grows (the CPU's part of it too), and the step reading in place does not. */
+    for (int i = 0; i < PROFILE_SIZES; i++) prof.h2d_gbps[i] = 12;
+    prof.cpu_share_under_h2d = prof.h2d_share_under_cpu = 1;
+    prof.host_read_gbps = 1e6;
+    struct cost_step wide_staged, wide_in_place, narrow_staged, narrow_in_place;
+    cost_step(&prof, &model, &staged, &staged.tier[0], 1, 1000, &wide_staged);
+    cost_step(&prof, &model, &in_place, &in_place.tier[0], 1, 1000, &wide_in_place);
+    prof.host_read_gbps = 1; /* the CPU reads at 1 GB/s here, the copies at 12 */
+    cost_step(&prof, &model, &staged, &staged.tier[0], 1, 1000, &narrow_staged);
+    cost_step(&prof, &model, &in_place, &in_place.tier[0], 1, 1000, &narrow_in_place);
+    assert_true(narrow_staged.seconds > wide_staged.seconds && narrow_staged.cpu_s > wide_staged.cpu_s);
+    assert_true(fabs(narrow_in_place.seconds - wide_in_place.seconds) < 1e-12);
     free(units);
     plan_free(&staged);
     plan_free(&in_place);
