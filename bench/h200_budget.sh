@@ -3,6 +3,7 @@
 # 16 threads, context 4096, micro-batch 1024), sampling the device memory the driver reports
 # every 0.2 s. Each case is SHAPE:BUDGET:PLAN[:SHARE], e.g. qwen30b:2G:dynamic.
 # Usage: bench/h200_budget.sh OUT_DIR CASE...
+#   (PSHARD_TRACE_HANDOFFS=1 in the environment adds the GPU-timed hand-offs of decode steps)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$1
@@ -36,7 +37,7 @@ for case in "$@"; do
   echo "== $shape, budget $budget, plan $plan ${share:+share $share}"
   $bin/pshard plan -m "$model" --vram-budget "$budget" --plan "$plan" -c 4096 -b 1024 ${share:+--stream-share $share} | tail -2
   $bin/pshard run -m "$model" --vram-budget "$budget" --plan "$plan" ${share:+--stream-share $share} --raw \
-    --temp 0 --ignore-eos -n 129 -c 4096 -b 1024 -t 16 -p "$(cat "$out/prompt_$shape.txt")" 2>&1 >/dev/null | grep -v '^\s*$' | tail -6
+    --temp 0 --ignore-eos -n 129 -c 4096 -b 1024 -t 16 -p "$(cat "$out/prompt_$shape.txt")" 2>&1 >/dev/null | grep -v '^\s*$' | tail -7
   sleep 0.5
   kill $smi
   peak=$(sort -n "$out/smi_${shape}_${budget}_${plan}.txt" | tail -1)
