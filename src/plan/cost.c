@@ -81,13 +81,16 @@ static double host_memory_share(const struct profile *pr, double cpu_bps, double
     return ceiling > 0 && asked > ceiling ? ceiling / asked : 1;
 }
 
-/* How much longer the CPU (reading host memory at cpu_bps) and a copy beside it take for each
- * second they run together: the shares measured beside each other, at most what their shared
- * bandwidth allows. */
-static void beside_copies(const struct profile *pr, double cpu_bps, double copy_bps, double *cpu_more, double *copy_more) {
-    const double shared = host_memory_share(pr, cpu_bps, copy_bps);
-    *cpu_more = 1 / fmin(pr->cpu_share_under_h2d > 0 ? pr->cpu_share_under_h2d : 1, shared) - 1;
-    *copy_more = 1 / fmin(pr->h2d_share_under_cpu > 0 ? pr->h2d_share_under_cpu : 1, shared) - 1;
+/* How much longer the CPU (reading host memory at cpu_bps) and the GPU's use of host memory
+ * beside it (copies, or kernels reading in place, at pcie_bps) take for each second they run
+ * together: the shares measured beside each other, at most what their shared bandwidth allows. */
+static void side_by_side(const struct profile *pr, bool copies, double cpu_bps, double pcie_bps, double *cpu_more,
+                         double *pcie_more) {
+    const double cpu_share = copies ? pr->cpu_share_under_h2d : pr->cpu_share_under_reads;
+    const double pcie_share = copies ? pr->h2d_share_under_cpu : pr->reads_share_under_cpu;
+    const double shared = host_memory_share(pr, cpu_bps, pcie_bps);
+    *cpu_more = 1 / fmin(cpu_share > 0 ? cpu_share : 1, shared) - 1;
+    *pcie_more = 1 / fmin(pcie_share > 0 ? pcie_share : 1, shared) - 1;
 }
 
 /* The CPU computes (reading `bytes` of host memory). In a static ring tier the copies already
@@ -98,15 +101,17 @@ static void cpu_busy(struct walk *w, double compute_s, int jobs, double bytes) {
     const double ahead = w->copy_free - w->out->seconds;
     if (w->clocked && ahead > 0 && compute_s > 0) {
         double cpu_more, copy_more;
-        beside_copies(pr, bytes / compute_s, profile_at_size(pr->h2d_gbps, (double)w->p->slot_bytes) * 1e9, &cpu_more,
-                      &copy_more);
+        side_by_side(pr, true, bytes / compute_s, profile_at_size(pr->h2d_gbps, (double)w->p->slot_bytes) * 1e9,
+                     &cpu_more, &copy_more);
         const double overlap = compute_s < ahead ? compute_s : ahead;
         w->copy_free += overlap * copy_more;
         compute_s += overlap * cpu_more;
     }
-    if (w->clocked && compute_s > 0 && w->n_cpu < COST_CPU_SPANS)
-        w->cpu[w->n_cpu].from = w->out->seconds, w->cpu[w->n_cpu].to = w->out->seconds + compute_s,
+    if (w->clocked && compute_s > 0 && w->n_cpu < COST_CPU_SPANS) {
+        w->cpu[w->n_cpu].from = w->out->seconds;
+        w->cpu[w->n_cpu].to = w->out->seconds + compute_s;
         w->cpu[w->n_cpu++].bps = bytes / compute_s;
+    }
     const double busy = compute_s + jobs * pr->cpu_step_s;
     w->out->cpu_s += busy;
     w->out->overhead_s += jobs * pr->cpu_step_s;
@@ -147,7 +152,7 @@ static void copy_ahead(struct walk *w, double bytes, int k) {
         const double from = fmax(start, w->cpu[i].from), to = fmin(start + copy, w->cpu[i].to);
         if (to <= from) continue;
         double cpu_more, copy_more;
-        beside_copies(w->prof, w->cpu[i].bps, gbps * 1e9, &cpu_more, &copy_more);
+        side_by_side(w->prof, true, w->cpu[i].bps, gbps * 1e9, &cpu_more, &copy_more);
         copy += (to - from) * copy_more;
         cpu_lost += (to - from) * cpu_more;
     }
@@ -186,15 +191,12 @@ double cost_touched(double range, double E, double k, double n) {
 static void split_sides(struct walk *w, double gpu, int kernels, int ops, double stream, double stream_bytes,
                         double cpu, double cpu_bytes) {
     const struct profile *pr = w->prof;
-    if (stream > 0 && cpu > 0) {
-        /* Staged copies, or kernels reading host memory in place, as measured beside the CPU. */
-        const double cpu_share = w->t->ring ? pr->cpu_share_under_h2d : pr->cpu_share_under_reads;
-        const double gpu_share = w->t->ring ? pr->h2d_share_under_cpu : pr->reads_share_under_cpu;
-        const double shared = host_memory_share(pr, cpu_bytes / cpu, stream_bytes / stream);
-        const double cs = fmin(cpu_share > 0 ? cpu_share : 1, shared), hs = fmin(gpu_share > 0 ? gpu_share : 1, shared);
+    if (stream > 0 && cpu > 0) { /* staged copies (ring tiers) or reads in place, beside the CPU */
+        double cpu_more, pcie_more;
+        side_by_side(pr, w->t->ring, cpu_bytes / cpu, stream_bytes / stream, &cpu_more, &pcie_more);
         const double overlap = cpu < stream ? cpu : stream;
-        cpu += overlap * (1 / cs - 1);
-        gpu += overlap * (1 / hs - 1);
+        cpu += overlap * cpu_more;
+        gpu += overlap * pcie_more;
     }
     /* Replayed, the host meets the graph at flags; launched, it waits on an event. */
     const double meet = w->graph && pr->graph_round_trip_s > 0 ? pr->graph_round_trip_s : pr->round_trip_s;
