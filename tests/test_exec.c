@@ -9,11 +9,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "exec/exec.h"
 #include "exec/exec_internal.h"
+#include "exec/measure_internal.h"
 #include "plan/plan.h"
 
 struct fixture {
@@ -148,8 +151,43 @@ static void test_ffn_rows_add_up(void **state) {
     free(whole), free(a), free(b);
 }
 
+/* Profiling sees other work on the cores: a child process spinning on every core for 0.6 s takes
+ * most of the machine's CPU time, none of it this process's own; this process spinning itself
+ * is not other work. */
+static void test_others_share(void **state) {
+    (void)state;
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    struct measure_cpu_clock from;
+    if (!measure_cpu_clock(&from)) skip(); /* no /proc/stat: profiling does without */
+    const double spin_until = from.wall_s + 0.6;
+    pid_t kids[64];
+    int n_kids = 0;
+    for (long i = 0; i < cores && n_kids < 64; i++) {
+        const pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            struct measure_cpu_clock now;
+            do measure_cpu_clock(&now);
+            while (now.wall_s < spin_until);
+            _exit(0);
+        }
+        kids[n_kids++] = pid;
+    }
+    for (int i = 0; i < n_kids; i++) waitpid(kids[i], NULL, 0);
+    const double busy = measure_others_share(&from);
+    assert_true(busy > 0.5 && busy <= 1.05);
+    /* Its own spinning: not counted. */
+    struct measure_cpu_clock mine, now;
+    assert_true(measure_cpu_clock(&mine));
+    do measure_cpu_clock(&now);
+    while (now.wall_s < mine.wall_s + 0.3);
+    const double own = measure_others_share(&mine);
+    assert_true(own >= 0 && own < busy);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_others_share),
         cmocka_unit_test(test_ffn_rows_add_up),
         cmocka_unit_test(test_mixed_batch_equals_separate),
         cmocka_unit_test(test_bad_batches_change_nothing),

@@ -170,7 +170,7 @@ pshard_status measure_cpu_rates(const struct measure_request *req, const struct 
             p->host_read_gbps = (double)words * 8 / measure_time_best(read_step, &b) / 1e9;
             free(mem);
         }
-        p->cpu_step_s = measure_time_steps(empty_step, &b) / 100;
+        p->cpu_step_s = measure_time_best(empty_step, &b) / 100;
     }
     for (int f = 0; f < sh->n_dense && st == PSHARD_OK && !measure_out_of_time(); f++) {
         measure_report(req, "CPU matmul", 0.05 + 0.25 * f / sh->n_dense);

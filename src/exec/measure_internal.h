@@ -88,6 +88,16 @@ void measure_cpu_matmul_step(void *arg, int rep);
 void measure_route_random(struct cpu_bench *b, int n_expert, int rep);
 void measure_empty_job(void *arg, int thread, int n_threads);
 
+/* The machine's CPU clock: all cores' busy time (steal included), this process's own CPU time,
+ * and the wall clock. */
+struct measure_cpu_clock {
+    double busy_s, own_s, wall_s;
+};
+bool measure_cpu_clock(struct measure_cpu_clock *c);
+/* Other work's share of all the cores since `from` (0 to 1): what other processes (and other
+ * virtual machines, as steal) took; -1 where it cannot be read (no /proc/stat, under 50 ms). */
+double measure_others_share(const struct measure_cpu_clock *from);
+
 pshard_status measure_cpu_rates(const struct measure_request *req, const struct shapes *sh, struct threadpool *pool,
                                 struct profile *p);
 pshard_status measure_gpu_rates(const struct measure_request *req, const struct shapes *sh, struct threadpool *pool,
