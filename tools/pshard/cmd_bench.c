@@ -286,6 +286,7 @@ static pshard_status oracle_config(const struct oracle_opts *o, const struct mod
             for (uint32_t c = 0; c < PLAN_MAX_CANDIDATES; c++) r->measured[c] = r->predicted[c] = INFINITY;
         }
     if (!weighed->n_candidates) { /* everything fits: one plan, nothing to choose */
+        fprintf(stderr, "  the model fits the budget whole: one plan, nothing to choose (not counted)\n");
         *n_rows = 0;
         return PSHARD_OK;
     }
