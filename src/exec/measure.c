@@ -135,8 +135,8 @@ void measure_report(const struct measure_request *req, const char *what, double 
     if (req->progress) req->progress(req->user, what, done);
 }
 
-/* A profile taken on the H200 machine with other work on its cores had its CPU matmul and
- * expert rates 2-3x slow, host memory at 56 against 100 GB/s and the thread pool's empty step
+/* A profile taken on the H200 machine with other work on its cores had its CPU rates up to
+ * 19x slow (experts 2.4x), host memory at 56 against 100 GB/s and the thread pool's empty step
  * at 0.51 ms against 3.4 us; the planner then chose plans up to 68% slower than the best
  * (bench/RESULTS.md). So the CPU's rates are measured when other work leaves the cores alone. */
 bool measure_cpu_clock(struct measure_cpu_clock *c) {
