@@ -444,10 +444,10 @@ static void test_auto_picks_the_fastest_per_tier(void **state) {
 
 /* Experts: resident evenly over the layers, the rest split by the stream share (dynamic) or on
  * the CPU (static); the router stays resident. */
-static void test_moe_experts_by_range(void **state) {
-    (void)state;
-    struct plan_request r = base;
-    struct plan p;
+/* Room for 15 experts beyond tiny-moe's dense part, the routers and the staging slots (a piece
+ * is every expert of this tiny model): 8 layers get 1 or 2 each. *m0_out: its first MoE shard,
+ * *slot_out: the staging slot's size. */
+static int64_t moe_split_budget(const struct shard **m0_out, uint64_t *slot_out) {
     const struct shard *m0 = NULL;
     uint64_t shared = 0;
     for (uint32_t i = 0; i < moe.n_shards; i++)
@@ -460,15 +460,24 @@ static void test_moe_experts_by_range(void **state) {
     for (uint32_t i = 0; i < moe.n_shards; i++)
         if (moe.shards[i].kind != SHARD_MOE && moe.shards[i].kind != SHARD_EMBED)
             everything += moe.shards[i].weight_bytes + moe.shards[i].kv_bytes_per_token * 2048;
-    /* Room for 15 experts beyond the dense part, the routers and the staging slots (a piece is
-     * every expert of this tiny model): 8 layers get 1 or 2 each. */
     uint64_t slot = plan_unit_bytes(m0, m0->n_expert);
     for (uint32_t i = 0; i < moe.n_shards; i++)
         if (moe.shards[i].kind == SHARD_ATTN && plan_unit_bytes(&moe.shards[i], 0) > slot)
             slot = plan_unit_bytes(&moe.shards[i], 0);
+    *m0_out = m0;
+    *slot_out = slot;
+    return (int64_t)(fixed_streaming() + everything + shared + 15 * m0->expert_bytes + PLAN_MIN_SLOTS * slot + 4096);
+}
+
+static void test_moe_experts_by_range(void **state) {
+    (void)state;
+    struct plan_request r = base;
+    struct plan p;
+    const struct shard *m0;
+    uint64_t slot;
     r.family = PLAN_DYNAMIC;
     r.stream_share = 0.25f;
-    r.vram_budget = (int64_t)(fixed_streaming() + everything + shared + 15 * m0->expert_bytes + PLAN_MIN_SLOTS * slot + 4096);
+    r.vram_budget = moe_split_budget(&m0, &slot);
     assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
     if (p.n_slots > PLAN_MIN_SLOTS) { /* a budget this size gets the deeper ring: give it the room */
         r.vram_budget += (int64_t)((p.n_slots - PLAN_MIN_SLOTS) * slot);
@@ -497,6 +506,41 @@ static void test_moe_experts_by_range(void **state) {
     for (uint32_t l = 0; l < moe.hp.n_layers; l++)
         assert_int_equal(p.tier[PLAN_TIER_DECODE].experts_gpu[l], p.experts_resident[l]);
     assert_int_equal(p.tier[PLAN_TIER_DECODE].pcie_bytes_per_token, 0);
+    plan_free(&p);
+}
+
+/* A split MoE layer's experts read in place beside the CPU's take the expert kernel's measured
+ * shares (expert_reads_share_under_cpu, cpu_share_under_expert_reads), not the dense kernel's:
+ * lowering them slows both sides of tiny-moe's decode step, and lowering the dense pair does not. */
+static void test_cost_expert_reads_beside_cpu(void **state) {
+    (void)state;
+    struct profile prof;
+    plan_profile(NULL, &prof); /* the defaults, with a GPU */
+    prof.host_read_gbps = 1e6; /* no shared ceiling: the shares alone */
+    prof.launch_s = 0;         /* the GPU's side is its kernels, not the host's launches */
+    struct plan_request r = base;
+    const struct shard *m0;
+    uint64_t slot;
+    r.family = PLAN_DYNAMIC;
+    r.stream_share = 0.5f;
+    r.vram_budget = moe_split_budget(&m0, &slot);
+    r.profile = &prof;
+    struct plan p;
+    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+    const struct plan_tier *t = &p.tier[PLAN_TIER_DECODE];
+    assert_false(t->ring);
+    assert_true(t->host_bytes_per_token > 0 && t->pcie_bytes_per_token > 0); /* split, read in place */
+    prof.expert_reads_share_under_cpu = prof.cpu_share_under_expert_reads = 1;
+    prof.reads_share_under_cpu = prof.cpu_share_under_reads = 1;
+    struct cost_step alone, dense_low, expert_low;
+    cost_step(&prof, &moe, &p, t, 1, 1000, &alone);
+    prof.reads_share_under_cpu = prof.cpu_share_under_reads = 0.5;
+    cost_step(&prof, &moe, &p, t, 1, 1000, &dense_low);
+    assert_true(fabs(dense_low.gpu_s - alone.gpu_s) < 1e-12 && fabs(dense_low.cpu_s - alone.cpu_s) < 1e-12);
+    prof.expert_reads_share_under_cpu = prof.cpu_share_under_expert_reads = 0.5;
+    cost_step(&prof, &moe, &p, t, 1, 1000, &expert_low);
+    assert_true(expert_low.gpu_s > alone.gpu_s && expert_low.cpu_s > alone.cpu_s);
+    assert_true(expert_low.seconds > alone.seconds);
     plan_free(&p);
 }
 
@@ -750,6 +794,7 @@ int main(void) {
         cmocka_unit_test(test_cost_model_and_learning), cmocka_unit_test(test_dynamic_balances_from_the_profile),
         cmocka_unit_test(test_dynamic_ring_tiers_stage_alike), cmocka_unit_test(test_cost_launches_and_hand_offs),
         cmocka_unit_test(test_lent_slots), cmocka_unit_test(test_cost_attention_call),
+        cmocka_unit_test(test_cost_expert_reads_beside_cpu),
         cmocka_unit_test(test_static_stages_attention), cmocka_unit_test(test_dynamic_splits_ffn_rows),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -54,6 +54,7 @@ static struct profile sample(void) {
     p.round_trip_s = 5.4321e-5;
     p.graph_round_trip_s = 2.345e-5;
     p.reads_share_under_cpu = 0.61, p.cpu_share_under_reads = 0.73;
+    p.expert_reads_share_under_cpu = 0.47, p.cpu_share_under_expert_reads = 0.89;
     p.zero_copy_experts[4] = 1.0 / 31.25e9;
     p.cpu_moe_call_s = 7.5e-5;
     p.kernel_s = 4.25e-6;
@@ -133,6 +134,8 @@ static void assert_profiles_equal(const struct profile *a, const struct profile 
     assert_true(a->round_trip_s == b->round_trip_s);
     assert_true(a->graph_round_trip_s == b->graph_round_trip_s);
     assert_true(a->reads_share_under_cpu == b->reads_share_under_cpu && a->cpu_share_under_reads == b->cpu_share_under_reads);
+    assert_true(a->expert_reads_share_under_cpu == b->expert_reads_share_under_cpu &&
+                a->cpu_share_under_expert_reads == b->cpu_share_under_expert_reads);
     assert_true(a->h2d_share_under_cpu == b->h2d_share_under_cpu);
     assert_true(a->cpu_share_under_h2d == b->cpu_share_under_h2d);
 }

@@ -32,7 +32,7 @@ void measure_route_random(struct cpu_bench *b, int n_expert, int rep) {
         }
 }
 
-static void cpu_experts_step(void *arg, int rep) {
+void measure_cpu_experts_step(void *arg, int rep) {
     struct cpu_bench *b = arg;
     measure_route_random(b, (int)b->gate.m.n_experts, rep);
     const struct cpu_matrix g = measure_synth_copy(&b->gate, rep), u = measure_synth_copy(&b->up, rep), d = measure_synth_copy(&b->down, rep);
@@ -40,6 +40,39 @@ static void cpu_experts_step(void *arg, int rep) {
     cpu_quantize_acts(b->pool, &g, b->x, b->n_tokens, b->acts, &acts);
     struct moe_routing routing = {b->n_tokens, b->k, b->ids, b->weights, 0, 0};
     cpu_moe(b->pool, &g, &u, &d, &acts, &routing, &b->scratch, b->y);
+}
+
+void measure_cpu_bench_close(struct cpu_bench *b) {
+    free(b->x), free(b->y), free(b->acts), free(b->ids), free(b->weights), free(b->scratch_mem);
+    free(b->kv), free(b->q), free(b->out);
+    free(b->gate.data), free(b->up.data), free(b->down.data);
+    memset(b, 0, sizeof *b);
+}
+
+pshard_status measure_cpu_experts_open(const struct shapes *sh, struct threadpool *pool, struct cpu_bench *b) {
+    const int64_t E = sh->n_expert, ff = sh->n_ff_exp, d = sh->n_embd, k = sh->k;
+    const int64_t width = ff > d ? ff : d;
+    memset(b, 0, sizeof *b);
+    b->pool = pool, b->n_tokens = 1, b->k = (int)k;
+    b->x = calloc((size_t)width, sizeof(float));
+    b->y = calloc((size_t)width * k, sizeof(float));
+    b->acts = malloc(cpu_acts_bytes(QUANT_F32, width, k));
+    b->ids = calloc((size_t)k, sizeof *b->ids);
+    b->weights = calloc((size_t)k, sizeof *b->weights);
+    const size_t scratch = cpu_moe_scratch_bytes(1, (int)k, E, d, ff, QUANT_F32);
+    b->scratch_mem = malloc(scratch);
+    pshard_status st = PSHARD_OK;
+    if (!b->x || !b->y || !b->acts || !b->ids || !b->weights || !b->scratch_mem)
+        st = core_fail(PSHARD_ERR_NOMEM, "out of memory while measuring");
+    if (st == PSHARD_OK) {
+        cpu_moe_scratch_init(&b->scratch, b->scratch_mem, 1, (int)k, E, d, ff, QUANT_F32);
+        for (int64_t i = 0; i < width; i++) b->x[i] = (float)((i * 37) % 101 - 50) / 50.0f;
+        st = measure_synth_make(sh->gate[0], ff, d, E, BIG_BYTES / 3, &b->gate);
+    }
+    if (st == PSHARD_OK) st = measure_synth_make(sh->gate[0], ff, d, E, BIG_BYTES / 3, &b->up);
+    if (st == PSHARD_OK) st = measure_synth_make(sh->down[0], d, ff, E, BIG_BYTES / 3, &b->down);
+    if (st != PSHARD_OK) measure_cpu_bench_close(b);
+    return st;
 }
 
 /* One token's experts limited to the last expert: the fixed cost of a call that computes few. */
@@ -122,7 +155,7 @@ static pshard_status measure_cpu_experts(struct cpu_bench *b, const struct shape
             /* Bytes of the experts a random routing touches, on average. */
             const double touched = cost_touched((double)E, (double)E, sh->k, (double)b->n_tokens);
             const double expert = (double)(b->gate.bytes + b->up.bytes + b->down.bytes) / E;
-            const double s = b->n_tokens <= 16 ? measure_time_best(cpu_experts_step, b) : measure_time_steps(cpu_experts_step, b);
+            const double s = b->n_tokens <= 16 ? measure_time_best(measure_cpu_experts_step, b) : measure_time_steps(measure_cpu_experts_step, b);
             rate->s_per_byte[i] = s / (touched * expert);
             if (i == 0) {
                 b->n_tokens = 1;
@@ -193,7 +226,6 @@ pshard_status measure_cpu_rates(const struct measure_request *req, const struct 
             p->cpu_attn[i] = measure_time_best(cpu_attn_step, &b) / ((double)b.n_tokens * b.cells * kv_per_cell);
         }
     }
-    free(b.x), free(b.y), free(b.acts), free(b.ids), free(b.weights), free(b.kv), free(b.q), free(b.out);
-    free(b.scratch_mem);
+    measure_cpu_bench_close(&b);
     return st;
 }

@@ -190,9 +190,9 @@ static pshard_status in_place_unit(struct gpu_bench *b, int i) {
  * short units fill the launch queue, and the host, blocked in a launch while the GPU drains it,
  * would run no matmuls for most of the time measured (the CPU's share read 0.27-0.34 with the
  * expert model's small matrices, 0.87-1.0 with the dense model's large ones). */
-static pshard_status beside_cpu_once(struct gpu_bench *b, struct cpu_bench *c, double cpu_alone, double unit_alone,
-                                pshard_status (*unit)(struct gpu_bench *, int), cuda_stream s, double *cpu_share,
-                                double *gpu_share) {
+static pshard_status beside_cpu_once(struct gpu_bench *b, struct cpu_bench *c, step_fn cpu_step, double cpu_alone,
+                                     double unit_alone, pshard_status (*unit)(struct gpu_bench *, int), cuda_stream s,
+                                     double *cpu_share, double *gpu_share) {
     const int n_units = (int)(0.25 / (unit_alone > 1e-6 ? unit_alone : 1e-6)) + 2;
     cuda_event done_event = NULL;
     cuda_graph units = NULL;
@@ -209,7 +209,7 @@ static pshard_status beside_cpu_once(struct gpu_bench *b, struct cpu_bench *c, d
     int reps = 0;
     bool done = st != PSHARD_OK;
     while (!done) {
-        measure_cpu_matmul_step(c, ++reps);
+        cpu_step(c, ++reps);
         st = cuda_event_done(done_event, &done);
         done |= st != PSHARD_OK;
     }
@@ -226,13 +226,13 @@ static pshard_status beside_cpu_once(struct gpu_bench *b, struct cpu_bench *c, d
 }
 
 /* The best of three (anything else on the machine can only lower a share). */
-static pshard_status beside_cpu(struct gpu_bench *b, struct cpu_bench *c, double cpu_alone, double unit_alone,
-                                pshard_status (*unit)(struct gpu_bench *, int), cuda_stream s, double *cpu_share,
-                                double *gpu_share) {
+static pshard_status beside_cpu(struct gpu_bench *b, struct cpu_bench *c, step_fn cpu_step, double cpu_alone,
+                                double unit_alone, pshard_status (*unit)(struct gpu_bench *, int), cuda_stream s,
+                                double *cpu_share, double *gpu_share) {
     *cpu_share = *gpu_share = 0;
     for (int i = 0; i < 3; i++) {
         double cs, gs;
-        CORE_TRY(beside_cpu_once(b, c, cpu_alone, unit_alone, unit, s, &cs, &gs));
+        CORE_TRY(beside_cpu_once(b, c, cpu_step, cpu_alone, unit_alone, unit, s, &cs, &gs));
         *cpu_share = cs > *cpu_share ? cs : *cpu_share;
         *gpu_share = gs > *gpu_share ? gs : *gpu_share;
     }
@@ -269,6 +269,44 @@ static pshard_status gpu_matrix(struct gpu_bench *b, enum quant_type t, int64_t 
     free(host);
     b->m_base = dev;
     b->m.data = dev;
+    return st;
+}
+
+enum { ROUTINGS = 64 }; /* one-token routings the expert units cycle through */
+
+/* One token's experts read from host memory in place, routed by one of ROUTINGS routings (a
+ * single routing would read the same experts, soon from the GPU's L2). */
+static pshard_status expert_read_unit(struct gpu_bench *b, int i) {
+    const size_t at = (size_t)(i % ROUTINGS) * (size_t)b->moe.k;
+    return cuda_moe_ffn(&b->moe, b->x, b->ids + at, b->weights + at, 1, b->y, false, b->work, b->work_bytes, b->s);
+}
+
+static void expert_reads_step(void *arg, int rep) {
+    struct gpu_bench *b = arg;
+    for (int i = 0; i < 4; i++) keep(b, expert_read_unit(b, rep * 4 + i));
+    gpu_sync_step(b);
+}
+
+/* The expert kernel reading one token's experts in place beside the CPU computing one token's
+ * experts, as a split MoE layer's decode step runs them: each one's rate against its rate
+ * alone. (qwen30b on the H200: dynamic plans whose in-place expert reads were the longer side
+ * ran 1.16-1.30x their prediction from the dense probe's shares, those whose CPU side was the
+ * longer 0.97-1.09x.) ids and w: host room for ROUTINGS routings. */
+static pshard_status experts_beside_cpu(struct gpu_bench *b, const struct shapes *sh, struct profile *p, int32_t *ids,
+                                        float *w) {
+    struct cpu_bench route = {.ids = ids, .weights = w, .n_tokens = ROUTINGS, .k = sh->k};
+    measure_route_random(&route, (int)sh->n_expert, 7);
+    CORE_TRY(cuda_copy_h2d(b->ids, ids, sizeof *ids * ROUTINGS * sh->k, b->s));
+    CORE_TRY(cuda_copy_h2d(b->weights, w, sizeof *w * ROUTINGS * sh->k, b->s));
+    CORE_TRY(cuda_stream_sync(b->s));
+    const double read_alone = measure_time_steps(expert_reads_step, b) / 4;
+    CORE_TRY(b->st);
+    struct cpu_bench c;
+    CORE_TRY(measure_cpu_experts_open(sh, b->pool, &c));
+    const double cpu_alone = measure_time_steps(measure_cpu_experts_step, &c);
+    const pshard_status st = beside_cpu(b, &c, measure_cpu_experts_step, cpu_alone, read_alone, expert_read_unit, b->s,
+                                        &p->cpu_share_under_expert_reads, &p->expert_reads_share_under_cpu);
+    measure_cpu_bench_close(&c);
     return st;
 }
 
@@ -310,6 +348,7 @@ static pshard_status zero_copy_experts(struct gpu_bench *b, const struct shapes 
         const double touched = cost_touched((double)E, (double)E, sh->k, (double)b->n_tokens);
         p->zero_copy_experts[i] = total / 4 / (touched * expert);
     }
+    if (st == PSHARD_OK && b->pool && !measure_out_of_time()) st = experts_beside_cpu(b, sh, p, ids, w);
     free(ids), free(w);
     cuda_pinned_release(&host);
     return st;
@@ -521,16 +560,16 @@ static pshard_status measure_transfers(const struct measure_request *req, const 
         if (st == PSHARD_OK) {
             b->d2h = false, b->copy_bytes = profile_sizes[PROFILE_SIZES - 2], b->n_copies = 1;
             const double copy_alone = measure_time_steps(copy_step, b);
-            st = beside_cpu(b, &c, cpu_alone, copy_alone, copy_unit, b->copy, &p->cpu_share_under_h2d,
-                            &p->h2d_share_under_cpu);
+            st = beside_cpu(b, &c, measure_cpu_matmul_step, cpu_alone, copy_alone, copy_unit, b->copy,
+                            &p->cpu_share_under_h2d, &p->h2d_share_under_cpu);
         }
         if (st == PSHARD_OK) {
             st = gpu_matrix(b, sh->dense[0], sh->rows, sh->n_embd, 1, BIG_BYTES / 6, true);
             b->n_tokens = 1;
             const double read_alone = st == PSHARD_OK ? measure_time_steps(gpu_matmul_step, b) / 4 : 0;
             if (st == PSHARD_OK)
-                st = beside_cpu(b, &c, cpu_alone, read_alone, in_place_unit, b->s, &p->cpu_share_under_reads,
-                                &p->reads_share_under_cpu);
+                st = beside_cpu(b, &c, measure_cpu_matmul_step, cpu_alone, read_alone, in_place_unit, b->s,
+                                &p->cpu_share_under_reads, &p->reads_share_under_cpu);
             cuda_pinned_release(&b->pinned);
         }
         free(c.x), free(c.y), free(c.acts), free(c.gate.data);

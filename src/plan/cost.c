@@ -82,13 +82,22 @@ static double host_memory_share(const struct profile *pr, double cpu_bps, double
     return ceiling > 0 && asked > ceiling ? ceiling / asked : 1;
 }
 
+/* How the GPU uses host memory beside the CPU: pinned copies, a dense kernel reading in place,
+ * or the expert kernel reading a token's experts in place (scattered rows, which the H200
+ * machine's oracle found slowed more beside the CPU than dense reads). */
+enum host_use { HOST_COPIES, HOST_READS, HOST_EXPERT_READS };
+
 /* How much longer the CPU (reading host memory at cpu_bps) and the GPU's use of host memory
- * beside it (copies, or kernels reading in place, at pcie_bps) take for each second they run
- * together: the shares measured beside each other, at most what their shared bandwidth allows. */
-static void side_by_side(const struct profile *pr, bool copies, double cpu_bps, double pcie_bps, double *cpu_more,
-                         double *pcie_more) {
-    const double cpu_share = copies ? pr->cpu_share_under_h2d : pr->cpu_share_under_reads;
-    const double pcie_share = copies ? pr->h2d_share_under_cpu : pr->reads_share_under_cpu;
+ * beside it (at pcie_bps) take for each second they run together: the shares measured beside
+ * each other, at most what their shared bandwidth allows. */
+static void side_by_side(const struct profile *pr, enum host_use use, double cpu_bps, double pcie_bps,
+                         double *cpu_more, double *pcie_more) {
+    const double cpu_share = use == HOST_COPIES ? pr->cpu_share_under_h2d
+                             : use == HOST_READS ? pr->cpu_share_under_reads
+                                                 : pr->cpu_share_under_expert_reads;
+    const double pcie_share = use == HOST_COPIES ? pr->h2d_share_under_cpu
+                              : use == HOST_READS ? pr->reads_share_under_cpu
+                                                  : pr->expert_reads_share_under_cpu;
     const double shared = host_memory_share(pr, cpu_bps, pcie_bps);
     *cpu_more = 1 / fmin(cpu_share > 0 ? cpu_share : 1, shared) - 1;
     *pcie_more = 1 / fmin(pcie_share > 0 ? pcie_share : 1, shared) - 1;
@@ -102,7 +111,7 @@ static void cpu_busy(struct walk *w, double compute_s, int jobs, double bytes) {
     const double ahead = w->copy_free - w->out->seconds;
     if (w->clocked && ahead > 0 && compute_s > 0) {
         double cpu_more, copy_more;
-        side_by_side(pr, true, bytes / compute_s, profile_at_size(pr->h2d_gbps, (double)w->p->slot_bytes) * 1e9,
+        side_by_side(pr, HOST_COPIES, bytes / compute_s, profile_at_size(pr->h2d_gbps, (double)w->p->slot_bytes) * 1e9,
                      &cpu_more, &copy_more);
         const double overlap = compute_s < ahead ? compute_s : ahead;
         w->copy_free += overlap * copy_more;
@@ -153,7 +162,7 @@ static void copy_ahead(struct walk *w, double bytes, int k) {
         const double from = fmax(start, w->cpu[i].from), to = fmin(start + copy, w->cpu[i].to);
         if (to <= from) continue;
         double cpu_more, copy_more;
-        side_by_side(w->prof, true, w->cpu[i].bps, gbps * 1e9, &cpu_more, &copy_more);
+        side_by_side(w->prof, HOST_COPIES, w->cpu[i].bps, gbps * 1e9, &cpu_more, &copy_more);
         copy += (to - from) * copy_more;
         cpu_lost += (to - from) * cpu_more;
     }
@@ -187,14 +196,16 @@ double cost_touched(double range, double E, double k, double n) {
 
 /* A layer split between the GPU (gpu seconds of compute, `stream` of them waiting on
  * stream_bytes of host memory) and the CPU (cpu seconds reading cpu_bytes), both at once: each
- * slows the other's use of host memory as measured together, and at most as their shared
- * bandwidth allows; the input goes down and the CPU's sum comes back up (a hand-off). */
-static void split_sides(struct walk *w, double gpu, int kernels, int ops, double stream, double stream_bytes,
-                        double cpu, double cpu_bytes) {
+ * slows the other's use of host memory as measured together (for an MoE layer's experts, the
+ * expert kernel's reads beside the CPU's experts), and at most as their shared bandwidth
+ * allows; the input goes down and the CPU's sum comes back up (a hand-off). */
+static void split_sides(struct walk *w, bool experts, double gpu, int kernels, int ops, double stream,
+                        double stream_bytes, double cpu, double cpu_bytes) {
     const struct profile *pr = w->prof;
     if (stream > 0 && cpu > 0) { /* staged copies (ring tiers) or reads in place, beside the CPU */
+        const enum host_use use = w->t->ring ? HOST_COPIES : experts ? HOST_EXPERT_READS : HOST_READS;
         double cpu_more, pcie_more;
-        side_by_side(pr, w->t->ring, cpu_bytes / cpu, stream_bytes / stream, &cpu_more, &pcie_more);
+        side_by_side(pr, use, cpu_bytes / cpu, stream_bytes / stream, &cpu_more, &pcie_more);
         const double overlap = cpu < stream ? cpu : stream;
         cpu += overlap * cpu_more;
         gpu += overlap * pcie_more;
@@ -220,7 +231,7 @@ static void split_ffn(struct walk *w, const struct shard *s) {
     const double stream = (double)bytes * gpu_part * profile_at_tokens(w->prof->zero_copy, w->n);
     const double cpu = matrices_s(w, s, false, w->n, &bytes, &count) * (1 - gpu_part) +
                        (count + extra_jobs[SHARD_FFN]) * w->prof->cpu_step_s;
-    split_sides(w, gpu_compute > stream ? gpu_compute : stream, extra_kernels[SHARD_FFN],
+    split_sides(w, false, gpu_compute > stream ? gpu_compute : stream, extra_kernels[SHARD_FFN],
                 extra_kernels[SHARD_FFN] + MATRIX_OPS * count + HAND_OFF_OPS, stream, (double)bytes * gpu_part, cpu,
                 (double)bytes * (1 - gpu_part));
 }
@@ -302,7 +313,7 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
     }
     /* Split: the CPU computes [g, E) while the GPU computes its share. */
     const double cpu_bytes = cost_touched(E - g, E, k, n) * eb;
-    split_sides(w, gpu, kernels, ops, stream, moved, pr->cpu_moe_call_s + cpu_bytes * cost_rate(pr->cpu_experts, type, n),
+    split_sides(w, true, gpu, kernels, ops, stream, moved, pr->cpu_moe_call_s + cpu_bytes * cost_rate(pr->cpu_experts, type, n),
                 cpu_bytes);
 }
 

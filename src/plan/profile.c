@@ -87,6 +87,7 @@ void profile_defaults(struct profile *p) {
     p->h2d_share_under_cpu = 0.8;
     p->cpu_share_under_h2d = 0.8;
     p->reads_share_under_cpu = p->cpu_share_under_reads = 0.8;
+    p->expert_reads_share_under_cpu = p->cpu_share_under_expert_reads = 0.8;
 }
 
 /* ---- fingerprint and path */
@@ -295,6 +296,8 @@ static json_t *profile_json(const struct profile *p) {
     ok &= put(root, "cpu_share_under_h2d", json_real(p->cpu_share_under_h2d));
     ok &= put(root, "reads_share_under_cpu", json_real(p->reads_share_under_cpu));
     ok &= put(root, "cpu_share_under_reads", json_real(p->cpu_share_under_reads));
+    ok &= put(root, "expert_reads_share_under_cpu", json_real(p->expert_reads_share_under_cpu));
+    ok &= put(root, "cpu_share_under_expert_reads", json_real(p->cpu_share_under_expert_reads));
     if (ok) return root;
     json_decref(root);
     return NULL;
@@ -502,6 +505,8 @@ static pshard_status profile_from_json(const char *path, json_t *root, struct pr
     CORE_TRY(read_real(path, root, "cpu_share_under_h2d", &p->cpu_share_under_h2d));
     CORE_TRY(read_real(path, root, "reads_share_under_cpu", &p->reads_share_under_cpu));
     CORE_TRY(read_real(path, root, "cpu_share_under_reads", &p->cpu_share_under_reads));
+    CORE_TRY(read_real(path, root, "expert_reads_share_under_cpu", &p->expert_reads_share_under_cpu));
+    CORE_TRY(read_real(path, root, "cpu_share_under_expert_reads", &p->cpu_share_under_expert_reads));
     return PSHARD_OK;
 }
 

@@ -16,7 +16,7 @@
 
 #include "pshard.h"
 
-#define PROFILE_VERSION 8
+#define PROFILE_VERSION 9
 enum {
     PROFILE_TOKENS = 6,   /* token counts: 1, 4, 16, 64, 256, 1024 */
     PROFILE_SIZES = 5,    /* transfer sizes: 64 KiB, 512 KiB, 4 MiB, 32 MiB, 128 MiB */
@@ -90,6 +90,10 @@ struct profile {
     double h2d_share_under_cpu, cpu_share_under_h2d;
     /* The same with a kernel reading host memory in place (how decode steps stream) instead. */
     double reads_share_under_cpu, cpu_share_under_reads;
+    /* And with the expert kernel reading one token's experts in place beside the CPU computing
+     * one token's experts (how a split MoE layer's decode step runs). Measured with a model
+     * that has experts; until then, the defaults. */
+    double expert_reads_share_under_cpu, cpu_share_under_expert_reads;
 
     /* Learned while running, per model (what the cost model misses differs by model): measured
      * over predicted step time, per plan family (in enum plan_family's order) and size of step

@@ -68,9 +68,11 @@ static void print_gpu(const struct profile *p) {
            p->launch_s * 1e6, p->graph_node_s * 1e6, p->kernel_s * 1e6, p->sync_s * 1e6, p->round_trip_s * 1e6,
            p->graph_round_trip_s * 1e6, p->cpu_moe_call_s * 1e6, p->gpu_attn_call_s * 1e6);
     printf("  together: a copy keeps %.0f%% of its speed while the CPU computes, the CPU %.0f%% of its; "
-           "reads in place keep %.0f%%, the CPU %.0f%%\n",
+           "reads in place keep %.0f%%, the CPU %.0f%%",
            100 * p->h2d_share_under_cpu, 100 * p->cpu_share_under_h2d, 100 * p->reads_share_under_cpu,
            100 * p->cpu_share_under_reads);
+    printf("; experts read in place keep %.0f%% beside the CPU's experts, which keep %.0f%%\n",
+           100 * p->expert_reads_share_under_cpu, 100 * p->cpu_share_under_expert_reads);
 }
 
 static void print_profile(const struct profile *p, const char *path) {
