@@ -544,6 +544,33 @@ static void test_cost_expert_reads_beside_cpu(void **state) {
     plan_free(&p);
 }
 
+/* A ring tier's copies run on their own clock in MoE layers too: where the copies are the longer
+ * side, more GPU work (attention twice as slow) hides behind them instead of adding to the step. */
+static void test_cost_moe_ring_copies_hide_gpu_work(void **state) {
+    (void)state;
+    struct profile prof;
+    plan_profile(NULL, &prof); /* the defaults, with a GPU */
+    for (int i = 0; i < PROFILE_SIZES; i++) prof.h2d_gbps[i] = 0.5; /* copies the longer side */
+    struct plan_request r = base;
+    const struct shard *m0;
+    uint64_t slot;
+    r.family = PLAN_GPU;
+    r.vram_budget = moe_split_budget(&m0, &slot);
+    r.profile = &prof;
+    struct plan p;
+    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+    const struct plan_tier *t = &p.tier[plan_prompt_tier(&p)];
+    assert_true(t->ring);
+    struct cost_step a, b;
+    cost_step(&prof, &moe, &p, t, 64, 1000, &a);
+    for (int i = 0; i < PROFILE_TOKENS; i++) prof.gpu_attn[i] *= 2;
+    cost_step(&prof, &moe, &p, t, 64, 1000, &b);
+    assert_true(b.gpu_s > a.gpu_s);
+    assert_true(a.pcie_s > a.gpu_s);
+    assert_true(b.seconds - a.seconds < 0.1 * (b.gpu_s - a.gpu_s));
+    plan_free(&p);
+}
+
 /* Launches and hand-offs in the cost model: a one-token step whose shards are all on the GPU is
  * replayed as a graph (launch latency does not pace it; its split MoE layers meet the host at
  * the graph's hand-off), a two-token step is launched kernel by kernel (paced by launches; the
@@ -794,7 +821,7 @@ int main(void) {
         cmocka_unit_test(test_cost_model_and_learning), cmocka_unit_test(test_dynamic_balances_from_the_profile),
         cmocka_unit_test(test_dynamic_ring_tiers_stage_alike), cmocka_unit_test(test_cost_launches_and_hand_offs),
         cmocka_unit_test(test_lent_slots), cmocka_unit_test(test_cost_attention_call),
-        cmocka_unit_test(test_cost_expert_reads_beside_cpu),
+        cmocka_unit_test(test_cost_expert_reads_beside_cpu), cmocka_unit_test(test_cost_moe_ring_copies_hide_gpu_work),
         cmocka_unit_test(test_static_stages_attention), cmocka_unit_test(test_dynamic_splits_ffn_rows),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
