@@ -572,7 +572,7 @@ static pshard_status measure_transfers(const struct measure_request *req, const 
                                 &p->cpu_share_under_reads, &p->reads_share_under_cpu);
             cuda_pinned_release(&b->pinned);
         }
-        free(c.x), free(c.y), free(c.acts), free(c.gate.data);
+        measure_cpu_bench_close(&c);
     }
     cuda_pinned_release(&host);
     cuda_arena_reset(&b->arena, mark);
