@@ -142,6 +142,9 @@ struct plan {
     int8_t chosen[PLAN_TIERS];   /* index into candidates, -1 when not searched */
     double predicted[PLAN_TIERS];
     double predicted_ttft, predicted_decode; /* a 1K-token prompt (or half the context) */
+    /* auto: the typical request each resident set served (its tiers at their best), and the CPU
+     * alone; ttft 0 where the set was not weighed (it does not fit, or equals the ring's). */
+    struct { double ttft, decode; } weighed_set[PLAN_SETS], weighed_cpu;
     int32_t n_batch, n_ctx;
 };
 

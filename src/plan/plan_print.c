@@ -1,5 +1,6 @@
 /* Printing plans: each shard's place per tier, the candidates auto weighed with their predicted
  * times, the budget's breakdown and the bytes a decode token moves. */
+#include <math.h>
 #include <stdio.h>
 
 #include "plan/cost.h"
@@ -77,9 +78,24 @@ static void print_candidates(const struct plan *p, FILE *out) {
         fprintf(out, " %8.0fM %7.0fM %8.0fM %9.1fM %9.1fM\n", mb(k->vram_weights), mb(k->vram_kv), mb(k->vram_staging),
                 mb(k->host_bytes_per_token), mb(k->pcie_bytes_per_token));
     }
+    const int n_prompt = p->n_ctx / 2 < 1024 ? p->n_ctx / 2 : 1024;
     fprintf(out, "predicted: %.3f s to the first token of a %d-token prompt, then %.1f tokens/s; the tiers share one "
                  "resident set, so switching between them copies nothing\n",
-            p->predicted_ttft, p->n_ctx / 2 < 1024 ? p->n_ctx / 2 : 1024, p->predicted_decode > 0 ? 1 / p->predicted_decode : 0);
+            p->predicted_ttft, n_prompt, p->predicted_decode > 0 ? 1 / p->predicted_decode : 0);
+    /* Which set, and why: each one's typical request, its tiers at their best. */
+    fprintf(out, "resident sets weighed, for a %d-token prompt then 128 tokens (the soonest wins):\n", n_prompt);
+    static const enum plan_set order[] = {PLAN_SET_RING, PLAN_SET_NO_RING, PLAN_SET_ALL_KV};
+    const int chosen = p->chosen[0] >= 0 ? p->chosen[0] : -1;
+    const bool cpu_chosen = chosen >= 0 && p->candidates[chosen].family == PLAN_CPU;
+    for (size_t i = 0; i <= sizeof order / sizeof order[0]; i++) {
+        const bool cpu = i == sizeof order / sizeof order[0];
+        const double ttft = cpu ? p->weighed_cpu.ttft : p->weighed_set[order[i]].ttft;
+        const double decode = cpu ? p->weighed_cpu.decode : p->weighed_set[order[i]].decode;
+        if (ttft <= 0 || !isfinite(ttft) || !isfinite(decode)) continue;
+        const bool is_chosen = cpu ? cpu_chosen : !cpu_chosen && chosen >= 0 && p->candidates[chosen].set == order[i];
+        fprintf(out, "  %-10s %8.3f s + 128 x %.4f s = %7.2f s%s\n", cpu ? "CPU alone" : plan_set_name(order[i]), ttft,
+                decode, ttft + 128 * decode, is_chosen ? "   chosen" : "");
+    }
 }
 
 void plan_print(const struct plan *p, const struct model *m, FILE *out) {

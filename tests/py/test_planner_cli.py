@@ -55,6 +55,25 @@ def test_plan_prints_every_candidate_and_one_choice_per_tier(default_model):
     vram = next(l for l in lines if l.startswith("VRAM:"))
     parts = [float(x) for x in re.findall(r"([\d.]+) MB", vram.split(";")[0])]
     assert sum(parts) <= 150 * 1.048576 + 0.5  # everything in the budget (MiB printed as MB)
+    # Why this resident set: each set's typical request, the soonest chosen, and it is the set of
+    # the tiers' choices (or the CPU alone).
+    at = next(i for i, l in enumerate(lines) if l.startswith("resident sets weighed"))
+    sets = []
+    for line in lines[at + 1:]:
+        m = re.match(r"^  (ring|no ring|all KV|CPU alone)\s+([\d.]+) s \+ 128 x ([\d.]+) s =\s+([\d.]+) s(   chosen)?$",
+                     line)
+        if not m:
+            break
+        sets.append((m.group(1), float(m.group(2)) + 128 * float(m.group(3)), float(m.group(4)), bool(m.group(5))))
+    assert len(sets) >= 2 and any(name == "CPU alone" for name, *_ in sets), sets
+    for name, total, printed, _ in sets:
+        assert abs(total - printed) <= 0.01 + 1e-3 * printed, (name, total, printed)
+    chosen = [s for s in sets if s[3]]
+    assert len(chosen) == 1 and chosen[0][2] == min(printed for _, _, printed, _ in sets), sets
+    tier_sets = {resident_set(name) for name, cells in rows for cell in cells if cell.endswith("*")}
+    label = {"": "ring", "(no ring)": "no ring", "(all KV)": "all KV"}
+    assert chosen[0][0] == "CPU alone" or tier_sets == {next(k for k, v in label.items() if v == chosen[0][0])}, \
+        (chosen, tier_sets)
 
 
 def test_plan_names_the_minimum_budget(default_model):
