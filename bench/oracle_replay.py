@@ -5,7 +5,8 @@ the machine that ran the oracle) gives every candidate's predicted time and the 
 the measured times say which candidate really was fastest.
 
 Usage: bench/oracle_replay.py PSHARD PROFILE MODEL_DIR ORACLE.json[:PROFILE.json] [...]
-(an oracle run's file may name its own profile after a colon; PROFILE is for the others)
+(an oracle run's file may name its own profile after a colon; PROFILE is for the others; a profile
+of an older format is read with the fields added since set to what its format meant)
 Prints one line per configuration and the summary `pshard bench --oracle` prints: how often the
 choice was the measured best (among all candidates, and among those over the chosen plan's
 resident set), how much slower when not, and the median prediction error."""
@@ -14,6 +15,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 
 
 def canonical(label):
@@ -34,9 +36,51 @@ def resident_set(name):
     return name[name.find("("):] if "(" in name else ""
 
 
+# Fields a profile format added, with what the format before meant by their absence: format 9's
+# expert reads beside the CPU were, in format 8, the dense reads' shares.
+UPGRADES = {9: {"expert_reads_share_under_cpu": "reads_share_under_cpu",
+                "cpu_share_under_expert_reads": "cpu_share_under_reads"}}
+
+
+def upgraded(profile, refusal):
+    """A copy of profile brought up to the format this pshard reads, where `pshard plan` refused it
+    for its format (older oracle runs' profiles): each added field takes the value its format's
+    predecessor stood for. None where the refusal is for something else."""
+    m = re.search(r"profile format version (\d+) \(this pshard reads (\d+)\)", refusal)
+    if not m:
+        return None
+    p, have, want = json.load(open(profile)), int(m.group(1)), int(m.group(2))
+    for version in range(have + 1, want + 1):
+        if version not in UPGRADES:
+            sys.exit("%s: format %d, and no upgrade to format %d is known" % (profile, have, version))
+        for field, like in UPGRADES[version].items():
+            p.setdefault(field, p[like])
+    p["version"] = want
+    out = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+    json.dump(p, out)
+    out.close()
+    print("(%s: format %d read as %d)" % (profile, have, want))
+    return out.name
+
+
+READ_AS = {}  # profile -> the upgraded copy read in its place
+
+
 def plan_table(pshard, profile, model, budget_gb, ctx, batch):
-    out = subprocess.run([pshard, "plan", "-m", model, "--profile", profile, "--vram-budget", "%dG" % budget_gb,
-                          "-c", str(ctx), "-b", str(batch)], capture_output=True, text=True, check=True).stdout
+    args = ["-m", model, "--vram-budget", "%dG" % budget_gb, "-c", str(ctx), "-b", str(batch)]
+
+    def plan(p):
+        return subprocess.run([pshard, "plan", "--profile", p] + args, capture_output=True, text=True)
+
+    proc = plan(READ_AS.get(profile, profile))
+    if proc.returncode != 0 and profile not in READ_AS:
+        newer = upgraded(profile, proc.stderr)
+        if newer:
+            READ_AS[profile] = newer
+            proc = plan(newer)
+    if proc.returncode != 0:
+        sys.exit("pshard plan: " + proc.stderr.strip())
+    out = proc.stdout
     lines = out.splitlines()
     start = next(i for i, l in enumerate(lines) if l.startswith("candidates"))
     header = lines[start + 1].split()
