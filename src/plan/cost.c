@@ -29,7 +29,7 @@ double cost_rate(const struct profile_rate table[PROFILE_FORMATS], uint32_t type
 
 static double gbps_s(double bytes, double gbps) { return gbps > 0 ? bytes / (gbps * 1e9) : 0; }
 
-enum { COST_CPU_SPANS = 512 }; /* the CPU spans a clocked ring tier's walk keeps (more are not weighed) */
+enum { COST_CPU_SPANS = 512 }; /* the CPU spans a ring tier's walk keeps (more are not weighed) */
 
 /* Where a step's work stands as the walk goes on. */
 struct walk {
@@ -40,11 +40,12 @@ struct walk {
     double n, n_out, ctx; /* tokens, output rows of the head, mean attended cells */
     bool graph, on_gpu;
     struct cost_step *out;
-    /* A ring tier's copies, on their own clock: they run ahead while the CPU computes (static
-     * tiers, and every ring tier of a dense model: its gpu tiers run the attention of layers
-     * whose KV cache is in host memory on the CPU). The ring unit the walk is at, when the copy stream is free, when each slot's reader is
-     * done (all on the step's clock, out->seconds). */
-    bool clocked;
+    /* A ring tier's copies, on their own clock: they run ahead while the GPU computes other
+     * units and while the CPU computes (a static tier's CPU FFNs, a dense gpu tier's attention
+     * of layers whose KV cache is in host memory). Summed shard by shard as max(copy, compute)
+     * instead, llama8b's 16-token gpu step at 2 GB was predicted at 0.41 s against 0.25 s
+     * measured on the H200. The ring unit the walk is at, when the copy stream is free, when
+     * each slot's reader is done (all on the step's clock, out->seconds). */
     uint32_t unit;
     double copy_free, slot_free[PLAN_STAGING_SLOTS];
     /* ... and when the CPU computed, reading host memory at what rate: a copy scheduled into that
@@ -103,13 +104,13 @@ static void side_by_side(const struct profile *pr, enum host_use use, double cpu
     *pcie_more = 1 / fmin(pcie_share > 0 ? pcie_share : 1, shared) - 1;
 }
 
-/* The CPU computes (reading `bytes` of host memory). In a clocked ring tier the copies already
+/* The CPU computes (reading `bytes` of host memory). In a ring tier the copies already
  * running ahead share host memory with it, and both take longer for it; copies scheduled later
  * into this time do the same (copy_ahead), from the span kept here. */
 static void cpu_busy(struct walk *w, double compute_s, int jobs, double bytes) {
     const struct profile *pr = w->prof;
     const double ahead = w->copy_free - w->out->seconds;
-    if (w->clocked && ahead > 0 && compute_s > 0) {
+    if (w->t->ring && ahead > 0 && compute_s > 0) {
         double cpu_more, copy_more;
         side_by_side(pr, HOST_COPIES, bytes / compute_s, profile_at_size(pr->h2d_gbps, (double)w->p->slot_bytes) * 1e9,
                      &cpu_more, &copy_more);
@@ -117,7 +118,7 @@ static void cpu_busy(struct walk *w, double compute_s, int jobs, double bytes) {
         w->copy_free += overlap * copy_more;
         compute_s += overlap * cpu_more;
     }
-    if (w->clocked && compute_s > 0 && w->n_cpu < COST_CPU_SPANS) {
+    if (w->t->ring && compute_s > 0 && w->n_cpu < COST_CPU_SPANS) {
         w->cpu[w->n_cpu].from = w->out->seconds;
         w->cpu[w->n_cpu].to = w->out->seconds + compute_s;
         w->cpu[w->n_cpu++].bps = bytes / compute_s;
@@ -149,7 +150,7 @@ static double attention_s(const struct walk *w, const struct shard *s, bool gpu)
     return call + w->n * w->ctx * per_cell * profile_at_tokens(r, w->n);
 }
 
-/* A clocked ring tier's unit copied into slot k as soon as the copy stream and the slot are free
+/* A ring tier's unit copied into slot k as soon as the copy stream and the slot are free
  * (the slot's reader done): the step waits only for what the copy has not finished by now. */
 static void copy_ahead(struct walk *w, double bytes, int k) {
     const double gbps = profile_at_size(w->prof->h2d_gbps, bytes);
@@ -202,8 +203,8 @@ double cost_touched(double range, double E, double k, double n) {
 static void split_sides(struct walk *w, bool experts, double gpu, int kernels, int ops, double stream,
                         double stream_bytes, double cpu, double cpu_bytes) {
     const struct profile *pr = w->prof;
-    if (stream > 0 && cpu > 0) { /* staged copies (ring tiers) or reads in place, beside the CPU */
-        const enum host_use use = w->t->ring ? HOST_COPIES : experts ? HOST_EXPERT_READS : HOST_READS;
+    if (stream > 0 && cpu > 0) { /* reads in place, beside the CPU */
+        const enum host_use use = experts ? HOST_EXPERT_READS : HOST_READS; /* ring tiers do not split */
         double cpu_more, pcie_more;
         side_by_side(pr, use, cpu_bytes / cpu, stream_bytes / stream, &cpu_more, &pcie_more);
         const double overlap = cpu < stream ? cpu : stream;
@@ -257,7 +258,7 @@ static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
     int slot = -1;
     if (place == PLACE_STREAMED && s->kind != SHARD_EMBED && !plan_reads_lent(w->p, w->t, i)) {
         const struct profile *pr = w->prof;
-        if (w->clocked && plan_shard_units(w->p, s, place)) {
+        if (w->t->ring && plan_shard_units(w->p, s, place)) {
             slot = (int)(w->unit % w->p->n_slots);
             copy_ahead(w, (double)bytes, slot);
         } else {
@@ -273,7 +274,7 @@ static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
     if (slot >= 0) w->slot_free[slot] = w->out->seconds;
 }
 
-/* An MoE shard of a clocked ring tier whose experts all run on the GPU: the router, shared and
+/* An MoE shard of a ring tier (its experts all run on the GPU): the router, shared and
  * resident parts (gpu seconds), then each staged piece of experts, computed once its copy (on
  * the copy clock, copy_ahead) has landed in its slot. Summing each piece's max(copy, compute)
  * instead charged the GPU's other work on top of copies that in fact run meanwhile: qwen30b's
@@ -311,24 +312,21 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
     const double r = w->p->experts_resident[s->layer], g = w->t->experts_gpu[s->layer];
     const double gpu_rate = cost_rate(pr->gpu_experts, type, n);
     double gpu = matrices_s(w, s, true, n, &shared_bytes, &count) + cost_touched(r, E, k, n) * eb * gpu_rate;
-    if (w->clocked && g > r && g >= E) { /* a ring tier: every piece staged, on the copy clock */
+    if (w->t->ring && g > r) { /* every piece staged, on the copy clock (ring tiers stream all) */
         staged_pieces(w, s, gpu, count, gpu_rate);
         return;
     }
     double stream = 0, moved = 0;
-    if (g > r) {
-        /* In place: only the touched experts' bytes cross PCIe. Ring: every piece is copied. */
-        moved = w->t->ring ? (g - r) * eb : cost_touched(g - r, E, k, n) * eb;
-        stream = w->t->ring ? gbps_s(moved, profile_at_size(pr->h2d_gbps, eb * (w->p->piece_experts ? w->p->piece_experts : 1)))
-                            : moved * profile_at_tokens(pr->zero_copy_experts, n);
+    if (g > r) { /* in place: only the touched experts' bytes cross PCIe */
+        moved = cost_touched(g - r, E, k, n) * eb;
+        stream = moved * profile_at_tokens(pr->zero_copy_experts, n);
         const double compute = cost_touched(g - r, E, k, n) * eb * gpu_rate;
         gpu += compute > stream ? compute : stream;
     }
-    /* Small kernels: routing, norms, adds; the experts of each range (and staged piece) are
-     * launches of their own. */
-    const int pieces = g > r ? (w->t->ring ? (int)ceil((g - r) / (w->p->piece_experts ? w->p->piece_experts : 1)) : 1) : 0;
-    const int kernels = extra_kernels[SHARD_MOE] + (g > r ? 3 : 0) + (w->t->ring ? 3 * pieces : 0);
-    const int ops = extra_kernels[SHARD_MOE] + MATRIX_OPS * count + EXPERT_CALL_OPS * ((r > 0) + pieces) +
+    /* Small kernels: routing, norms, adds; the experts of each range are launches of their own. */
+    const int streamed = g > r;
+    const int kernels = extra_kernels[SHARD_MOE] + 3 * streamed;
+    const int ops = extra_kernels[SHARD_MOE] + MATRIX_OPS * count + EXPERT_CALL_OPS * ((r > 0) + streamed) +
                     (g < E ? HAND_OFF_OPS : 0);
     if (g >= E) {
         w->out->pcie_s += stream;
@@ -373,10 +371,6 @@ void cost_step(const struct profile *prof, const struct model *m, const struct p
     const double n = n_tokens > 0 ? n_tokens : 1;
     struct walk w = {.prof = prof, .m = m, .p = p, .t = t, .n = n, .n_out = 1, .ctx = n_past + (n + 1) / 2, .out = out};
     w.graph = plan_tier_replays(t, n_tokens);
-    /* Summing each shard's max(copy, compute) would charge a dense gpu tier's CPU attention on
-     * top of copies that in fact run on meanwhile: llama8b at 2 GB, 16 tokens, 0.41 s predicted
-     * against 0.25 s measured on the H200 (and staged_pieces for MoE layers). */
-    w.clocked = t->ring && p->n_slots > 0;
     if (!prof->has_gpu && t->any_gpu) {
         out->seconds = INFINITY;
         return;
@@ -385,15 +379,9 @@ void cost_step(const struct profile *prof, const struct model *m, const struct p
         const struct shard *s = &m->shards[i];
         if (s->kind == SHARD_MOE) moe_shard(&w, s, i);
         else dense_shard(&w, s, i);
-        if (w.clocked) w.unit += plan_shard_units(p, s, t->shard[i]);
+        if (t->ring) w.unit += plan_shard_units(p, s, t->shard[i]);
     }
     move_to(&w, false); /* logits back to the host */
-    if (t->ring && !w.clocked) {
-        /* The first slot's fill is not hidden behind compute. */
-        const double fill = gbps_s((double)p->slot_bytes, profile_at_size(prof->h2d_gbps, (double)p->slot_bytes));
-        out->seconds += fill;
-        out->pcie_s += fill;
-    }
     if (t->any_gpu && !w.graph) out->overhead_s += prof->sync_s, out->seconds += prof->sync_s;
     out->raw_seconds = out->seconds;
     const double scale = learned_scale(prof, m, t->family, profile_token_index(n_tokens));
