@@ -296,14 +296,11 @@ static pshard_status stream_done(struct exec_ctx *ctx, struct exec_gpu *g) {
 
 /* Once the routing is down: the CPU's experts into host_moe. */
 static void cpu_experts(struct exec_ctx *ctx, struct exec_gpu *g, const struct shard *s, int64_t n, uint32_t first) {
-    const double t0 = core_now_ms();
     const size_t k = ctx->model->hp.n_expert_used;
-    memcpy(ctx->s.xn, g->host_xn.ptr, sizeof(float) * (size_t)n * ctx->model->hp.n_embd);
     const int32_t *ids = g->host_route.ptr;
     const float *weights = (const float *)(ids + (size_t)n * k);
     shard_moe_cpu_experts(ctx, s->layer, n, ids, weights, (int32_t)first, (int32_t)s->n_expert, g->host_moe.ptr);
     ctx->stats.weight_bytes_read += (uint64_t)n * k * s->expert_bytes * (s->n_expert - first) / s->n_expert;
-    ctx->stats.host_compute_ms += core_now_ms() - t0;
 }
 
 static pshard_status sum_up(struct exec_ctx *ctx, struct exec_gpu *g, int64_t n) {
@@ -311,33 +308,46 @@ static pshard_status sum_up(struct exec_ctx *ctx, struct exec_gpu *g, int64_t n)
     return cuda_add(g->x, g->proj, n * ctx->model->hp.n_embd, g->stream);
 }
 
-static pshard_status cpu_experts_begin(struct exec_ctx *ctx, struct exec_gpu *g, int il, int64_t n) {
-    CORE_TRY(route_down(ctx, g, n));
-    if (g->capturing) return cuda_flag_raise(g->flags_dev + 2 * il, stamp(g, 2 * il), g->stream);
-    return cuda_event_record(g->route_ready, g->stream);
-}
-
-static pshard_status cpu_experts_end(struct exec_ctx *ctx, struct exec_gpu *g, const struct shard *s, int64_t n,
-                                     uint32_t first) {
-    if (g->capturing) { /* the host's part runs at replay (replay_handoffs) */
-        CORE_TRY(cuda_flag_wait(g->flags_dev + 2 * s->layer + 1, stamp(g, 2 * s->layer + 1), g->stream));
-    } else {
-        const double t0 = core_now_ms();
-        CORE_TRY(timed_wait(ctx, cuda_event_sync(g->route_ready), t0));
-        cpu_experts(ctx, g, s, n, first);
-    }
-    return sum_up(ctx, g, n);
-}
-
 /* ---- dense FFNs split by rows with the CPU (plan ffn_rows_gpu) */
 
 /* Once the input is down: the CPU's rows [first, n_ff) into host_moe. */
 static void cpu_ffn_rows(struct exec_ctx *ctx, struct exec_gpu *g, const struct shard *s, int64_t n, uint32_t first) {
+    shard_ffn_cpu_rows(ctx, s->layer, n, first, ctx->model->hp.n_ff, g->host_moe.ptr);
+}
+
+/* ---- hand-offs of a layer split with the CPU (an MoE shard's experts, an FFN's rows) */
+
+/* The host's part of shard s in the tier, into host_moe, once its input (and routing) is down;
+ * timed into the step's stats. */
+static void host_part(struct exec_ctx *ctx, struct exec_gpu *g, const struct plan_tier *tier, const struct shard *s,
+                      int64_t n) {
     const double t0 = core_now_ms();
-    const struct model_hparams *hp = &ctx->model->hp;
-    memcpy(ctx->s.xn, g->host_xn.ptr, sizeof(float) * (size_t)n * hp->n_embd);
-    shard_ffn_cpu_rows(ctx, s->layer, n, first, hp->n_ff, g->host_moe.ptr);
+    memcpy(ctx->s.xn, g->host_xn.ptr, sizeof(float) * (size_t)n * ctx->model->hp.n_embd);
+    if (s->kind == SHARD_MOE) cpu_experts(ctx, g, s, n, tier->experts_gpu[s->layer]);
+    else cpu_ffn_rows(ctx, g, s, n, tier->ffn_rows_gpu[s->layer]);
     ctx->stats.host_compute_ms += core_now_ms() - t0;
+}
+
+/* The input of layer il's host part is queued down: let the host start (a flag in a captured
+ * graph, an event launched kernel by kernel). */
+static pshard_status hand_down(struct exec_gpu *g, int il) {
+    return g->capturing ? cuda_flag_raise(g->flags_dev + 2 * il, stamp(g, 2 * il), g->stream)
+                        : cuda_event_record(g->route_ready, g->stream);
+}
+
+/* The host's part comes back up and adds into the residual stream. Captured, the GPU waits on
+ * the flag the host raises at replay (replay_handoffs); launched, the host waits for the input
+ * and computes its part now. */
+static pshard_status hand_back(struct exec_ctx *ctx, struct exec_gpu *g, const struct plan_tier *tier,
+                               const struct shard *s, int64_t n) {
+    if (g->capturing) {
+        CORE_TRY(cuda_flag_wait(g->flags_dev + 2 * s->layer + 1, stamp(g, 2 * s->layer + 1), g->stream));
+    } else {
+        const double t0 = core_now_ms();
+        CORE_TRY(timed_wait(ctx, cuda_event_sync(g->route_ready), t0));
+        host_part(ctx, g, tier, s, n);
+    }
+    return sum_up(ctx, g, n);
 }
 
 /* The GPU computes rows [0, f) of gate and up and those columns of down, reading host memory in
@@ -351,22 +361,14 @@ static pshard_status split_ffn_shard(struct exec_ctx *ctx, struct exec_gpu *g, u
     const uint32_t f = tier->ffn_rows_gpu[il];
     CORE_TRY(cuda_rmsnorm(g->x, l->ffn_norm, g->xn, n, d, hp->rms_eps, g->stream));
     CORE_TRY(cuda_copy_d2h(g->host_xn.ptr, g->xn, sizeof(float) * (size_t)n * d, g->stream));
-    CORE_TRY(g->capturing ? cuda_flag_raise(g->flags_dev + 2 * il, stamp(g, 2 * il), g->stream)
-                          : cuda_event_record(g->route_ready, g->stream));
+    CORE_TRY(hand_down(g, il));
     struct cuda_matrix gate = l->ffn_gate, up = l->ffn_up, down = l->ffn_down;
     gate.n_rows = up.n_rows = f;
     down.n_cols = f; /* the first f columns of each row: row_bytes keeps the full stride */
     CORE_TRY(swiglu_ffn(ctx, g, &gate, &up, &down, n, g->proj));
     CORE_TRY(cuda_add(g->x, g->proj, n * d, g->stream));
     ctx->stats.streamed_bytes += plan_unit_bytes(&ctx->model->shards[index], 0) * f / hp->n_ff;
-    if (g->capturing) { /* the host's part runs at replay (replay_handoffs) */
-        CORE_TRY(cuda_flag_wait(g->flags_dev + 2 * il + 1, stamp(g, 2 * il + 1), g->stream));
-    } else {
-        const double t0 = core_now_ms();
-        CORE_TRY(timed_wait(ctx, cuda_event_sync(g->route_ready), t0));
-        cpu_ffn_rows(ctx, g, &ctx->model->shards[index], n, f);
-    }
-    return sum_up(ctx, g, n);
+    return hand_back(ctx, g, tier, &ctx->model->shards[index], n);
 }
 
 /* Whether shard i of the tier hands off to the CPU in the middle: an MoE shard that leaves
@@ -384,11 +386,9 @@ static pshard_status replay_handoffs(struct exec_ctx *ctx, struct exec_gpu *g, c
     for (uint32_t i = 0; i < ctx->model->n_shards; i++) {
         const struct shard *s = &ctx->model->shards[i];
         if (!hands_off(ctx, tier, i)) continue;
-        const bool split_moe = s->kind == SHARD_MOE;
         const double t0 = core_now_ms();
         CORE_TRY(timed_wait(ctx, cuda_flag_host_wait(flags + 2 * s->layer, g->stream), t0));
-        if (split_moe) cpu_experts(ctx, g, s, 1, tier->experts_gpu[s->layer]);
-        else cpu_ffn_rows(ctx, g, s, 1, tier->ffn_rows_gpu[s->layer]);
+        host_part(ctx, g, tier, s, 1);
         cuda_flag_host_raise(flags + 2 * s->layer + 1);
     }
     return PSHARD_OK;
@@ -406,7 +406,10 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
     CORE_TRY(project(ctx, g, &l->gate_inp, g->xn, n, g->router));
     CORE_TRY(cuda_moe_route(g->router, n, (int)E, (int)hp->n_expert_used, ctx->w.norm_expert_weights, g->expert_ids,
                             g->expert_weights, s));
-    if (on_gpu < E) CORE_TRY(cpu_experts_begin(ctx, g, il, n));
+    if (on_gpu < E) {
+        CORE_TRY(route_down(ctx, g, n));
+        CORE_TRY(hand_down(g, il));
+    }
     /* Experts add straight into the residual stream. The host does not see the GPU's routing,
      * so the bytes count the experts a batch of this size touches on average. */
     const uint64_t touched = (uint64_t)(n * hp->n_expert_used < E ? n * hp->n_expert_used : E);
@@ -434,7 +437,7 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
         CORE_TRY(swiglu_ffn(ctx, g, &l->gate_shexp, &l->up_shexp, &l->down_shexp, n, g->proj));
         CORE_TRY(cuda_add(g->x, g->proj, n * d, s));
     }
-    if (on_gpu < E) CORE_TRY(cpu_experts_end(ctx, g, shard, n, on_gpu));
+    if (on_gpu < E) CORE_TRY(hand_back(ctx, g, tier, shard, n));
     return PSHARD_OK;
 }
 
