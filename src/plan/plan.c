@@ -605,7 +605,6 @@ static pshard_status search(const struct model *m, const struct plan_request *re
     uint32_t n_cands = 0;
     int8_t chosen[PLAN_SETS][PLAN_TIERS];
     struct { enum plan_family family; float share; } pick[PLAN_SETS][PLAN_TIERS];
-    struct { double ttft, decode; } weighed[PLAN_SETS] = {{0, 0}};
     static const enum plan_set sets[] = {PLAN_SET_RING, PLAN_SET_NO_RING, PLAN_SET_ALL_KV};
     pshard_status fits = PSHARD_OK;
     bool any_fits = false, ring_has_all_kv = false;
@@ -642,7 +641,7 @@ static pshard_status search(const struct model *m, const struct plan_request *re
         for (int t = 0; t < PLAN_TIERS; t++) set_tier(m, req, prof, p, t, pick[set][t].family, pick[set][t].share);
         double ttft, decode;
         cost_request(prof, m, p, n_prompt, req->n_batch, 128, &ttft, &decode);
-        weighed[set].ttft = ttft, weighed[set].decode = decode;
+        p->weighed_set[set].ttft = ttft, p->weighed_set[set].decode = decode;
         if (ttft + 128 * decode < best_total) best_total = ttft + 128 * decode, best_set = (int)set;
     }
     if (!any_fits) return fits; /* not even without the ring: the message names the minimum */
@@ -673,8 +672,6 @@ static pshard_status search(const struct model *m, const struct plan_request *re
         p->family = p->tier[0].family;
     }
     account(m, req, costs, p);
-    for (int set = 0; set < PLAN_SETS; set++)
-        p->weighed_set[set].ttft = weighed[set].ttft, p->weighed_set[set].decode = weighed[set].decode;
     p->weighed_cpu.ttft = cpu_ttft, p->weighed_cpu.decode = cpu_decode;
     return PSHARD_OK;
 }
