@@ -21,7 +21,7 @@ static struct gguf_file *file, *moe_file;
 static struct model model, moe;
 static char moe_path[256];
 static const struct plan_gpu_costs costs = {100 << 20, 20 << 20, 10 << 20, 32 << 20, 256 << 10};
-static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false, false, false};
+static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false, false, false, false};
 
 static int setup(void **state) {
     (void)state;
@@ -785,6 +785,76 @@ static void test_dynamic_balances_from_the_profile(void **state) {
     }
 }
 
+/* Routed tiers: balanced dynamic one-token tiers split each token's experts by its routing, by
+ * the quota the cost model finds least, which it predicts no slower than the range split. */
+static void test_routed_split(void **state) {
+    (void)state;
+    const int32_t ids[4] = {5, 1, 9, 12};
+    uint8_t quota[PLAN_MAX_ROUTED + 1] = {0};
+    bool gpu[4];
+    quota[3] = 2; /* three past the resident four: the GPU reads the first two in routing order */
+    plan_routed_split(ids, 4, 4, quota, gpu);
+    assert_true(gpu[0] && !gpu[1] && gpu[2] && !gpu[3]);
+    quota[3] = 0;
+    plan_routed_split(ids, 4, 4, quota, gpu);
+    assert_true(!gpu[0] && !gpu[1] && !gpu[2] && !gpu[3]);
+
+    struct profile prof;
+    plan_profile(NULL, &prof); /* the defaults, with a GPU */
+    const char *type = NULL;
+    for (uint32_t i = 0; i < moe.n_shards && !type; i++)
+        for (uint32_t k = 0; k < moe.shards[i].n_tensors; k++)
+            if (moe.shards[i].tensors[k]->n_dims == 3) type = quant_type_name(moe.shards[i].tensors[k]->type);
+    struct profile_rate *cpu = profile_rate_add(prof.cpu_experts, type);
+    assert_non_null(cpu);
+    struct plan_request r = base;
+    const struct shard *m0;
+    uint64_t slot;
+    r.family = PLAN_DYNAMIC;
+    r.vram_budget = moe_split_budget(&m0, &slot);
+    r.profile = &prof;
+    r.routed_split = true;
+    const int k = (int)moe.hp.n_expert_used;
+    assert_true(k >= 2 && k <= PLAN_MAX_ROUTED);
+    /* Bytes alone decide: no fixed costs of calls, launches and hand-offs. */
+    prof.cpu_moe_call_s = prof.cpu_step_s = prof.launch_s = prof.graph_node_s = prof.kernel_s = prof.sync_s = 0;
+    prof.round_trip_s = prof.graph_round_trip_s = 0;
+    static const double cpu_over_stream[] = {20, 1, 0.05};
+    for (int c = 0; c < 3; c++) {
+        for (int i = 0; i < PROFILE_TOKENS; i++) cpu->s_per_byte[i] = cpu_over_stream[c] * prof.zero_copy_experts[i];
+        struct plan p;
+        assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+        struct plan_tier *t = &p.tier[PLAN_TIER_DECODE];
+        assert_false(p.tier[1].routed); /* four-token steps split by range */
+        if (c == 2) { /* a fast CPU: the GPU would read none in place, so no routed split */
+            assert_false(t->routed);
+            plan_free(&p);
+            continue;
+        }
+        assert_true(t->routed && !t->ring);
+        assert_int_equal(t->routed_quota[0], 0);
+        for (int n = 1; n <= k; n++) assert_true(t->routed_quota[n] <= n);
+        if (c == 0) assert_int_equal(t->routed_quota[k], k); /* a slow CPU: the GPU reads them all */
+        else assert_true(t->routed_quota[k] > 0 && t->routed_quota[k] < k); /* alike: they share */
+        struct cost_step routed, by_range;
+        cost_step(&prof, &moe, &p, t, 1, 1000, &routed);
+        t->routed = false;
+        cost_step(&prof, &moe, &p, t, 1, 1000, &by_range);
+        assert_true(routed.seconds <= by_range.seconds + 1e-12);
+        plan_free(&p);
+    }
+    r.routed_split = false;
+    struct plan p;
+    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+    assert_false(p.tier[PLAN_TIER_DECODE].routed);
+    plan_free(&p);
+    r.routed_split = true;
+    r.stream_share = 0.5f; /* a share given: by range */
+    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+    assert_false(p.tier[PLAN_TIER_DECODE].routed);
+    plan_free(&p);
+}
+
 static void test_parse(void **state) {
     (void)state;
     int64_t b;
@@ -823,6 +893,7 @@ int main(void) {
         cmocka_unit_test(test_lent_slots), cmocka_unit_test(test_cost_attention_call),
         cmocka_unit_test(test_cost_expert_reads_beside_cpu), cmocka_unit_test(test_cost_moe_ring_copies_hide_gpu_work),
         cmocka_unit_test(test_static_stages_attention), cmocka_unit_test(test_dynamic_splits_ffn_rows),
+        cmocka_unit_test(test_routed_split),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

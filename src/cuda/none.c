@@ -221,6 +221,11 @@ pshard_status cuda_moe_route(const float *logits, int64_t n_tokens, int n_expert
     (void)logits, (void)n_tokens, (void)n_expert, (void)k, (void)normalize, (void)ids, (void)weights, (void)s;
     return no_cuda();
 }
+pshard_status cuda_moe_routed_mask(const int32_t *ids, int k, int first, const uint8_t *quota, int n_expert,
+                                   uint8_t *mask, cuda_stream s) {
+    (void)ids, (void)k, (void)first, (void)quota, (void)n_expert, (void)mask, (void)s;
+    return no_cuda();
+}
 size_t cuda_moe_work_bytes(const struct cuda_moe *m, int64_t n_tokens) { (void)m, (void)n_tokens; return 0; }
 pshard_status cuda_moe_ffn(const struct cuda_moe *m, const float *x, const int32_t *ids, const float *weights,
                            int64_t n_tokens, float *out, bool accumulate, void *work, size_t work_bytes,

@@ -295,13 +295,14 @@ static pshard_status register_file(struct exec_gpu *g, const struct gguf_file *f
 }
 
 /* Expert masks of every MoE layer: the resident range, each tier's streamed range, and the
- * staged pieces of the prompt tier. */
+ * staged pieces of the prompt tier; then the routed tiers' quotas and their mask. */
 static pshard_status make_masks(struct exec_gpu *g, const struct exec_ctx *ctx) {
     const struct plan *plan = &ctx->plan;
     const uint32_t E = plan->n_expert, L = plan->n_layers;
     if (!E) return PSHARD_OK;
     const uint32_t P = plan->piece_experts ? (E + plan->piece_experts - 1) / plan->piece_experts : 0;
-    const size_t per_layer = (size_t)E * (1 + PLAN_TIERS + P), bytes = per_layer * L;
+    const size_t per_layer = (size_t)E * (1 + PLAN_TIERS + P), quotas = PLAN_TIERS * (PLAN_MAX_ROUTED + 1);
+    const size_t bytes = per_layer * L + quotas + E;
     uint8_t *host = calloc(bytes, 1);
     if (!host) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
     for (uint32_t l = 0; l < L; l++) {
@@ -314,6 +315,8 @@ static pshard_status make_masks(struct exec_gpu *g, const struct exec_ctx *ctx) 
             for (uint32_t e = r + p * plan->piece_experts; e < r + (p + 1) * plan->piece_experts && e < E; e++)
                 m[(size_t)E * (1 + PLAN_TIERS + p) + e] = 1;
     }
+    for (int t = 0; t < PLAN_TIERS; t++)
+        memcpy(host + per_layer * L + t * (PLAN_MAX_ROUTED + 1), plan->tier[t].routed_quota, PLAN_MAX_ROUTED + 1);
     pshard_status st = carve(g, bytes, "activations", (void **)&g->masks);
     if (st == PSHARD_OK) st = upload(g, g->masks, host, bytes);
     free(host);
@@ -324,6 +327,8 @@ static pshard_status make_masks(struct exec_gpu *g, const struct exec_ctx *ctx) 
         for (int t = 0; t < PLAN_TIERS; t++) g->layers[l].mask_streamed[t] = m + (size_t)E * (1 + t);
         g->layers[l].mask_pieces = m + (size_t)E * (1 + PLAN_TIERS);
     }
+    for (int t = 0; t < PLAN_TIERS; t++) g->routed_quota[t] = g->masks + per_layer * L + t * (PLAN_MAX_ROUTED + 1);
+    g->routed_mask = g->masks + per_layer * L + quotas;
     return PSHARD_OK;
 }
 

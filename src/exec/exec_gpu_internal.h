@@ -62,6 +62,10 @@ struct exec_gpu {
     struct cuda_pinned *registered;
     uint32_t n_registered;
     uint8_t *masks; /* device expert masks of every layer */
+    /* A routed tier's one-token steps: each tier's quota on the device, and the mask of the
+     * experts the GPU reads in place, rewritten from the routing layer by layer. */
+    const uint8_t *routed_quota[PLAN_TIERS];
+    uint8_t *routed_mask;
     /* the staging ring: slots in the arena, filled on the copy stream ahead of use */
     cuda_stream copy;
     uint8_t *slot[PLAN_STAGING_SLOTS];

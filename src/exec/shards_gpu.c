@@ -294,11 +294,36 @@ static pshard_status stream_done(struct exec_ctx *ctx, struct exec_gpu *g) {
     return timed_wait(ctx, cuda_stream_sync(g->stream), t0);
 }
 
-/* Once the routing is down: the CPU's experts into host_moe. */
-static void cpu_experts(struct exec_ctx *ctx, struct exec_gpu *g, const struct shard *s, int64_t n, uint32_t first) {
+/* Whether a step of n tokens in the tier splits its experts by routing (plan_tier.routed), in
+ * the layers it splits with the CPU. */
+static bool routed_step(const struct plan_tier *tier, int64_t n) { return tier->routed && n == 1; }
+
+/* Once the routing is down: the CPU's experts into host_moe; in a routed step, those of the
+ * token's experts past the resident ones that the GPU does not read (the GPU's marked out of
+ * the CPU's range). */
+static void cpu_experts(struct exec_ctx *ctx, struct exec_gpu *g, const struct plan_tier *tier, const struct shard *s,
+                        int64_t n) {
     const size_t k = ctx->model->hp.n_expert_used;
     const int32_t *ids = g->host_route.ptr;
     const float *weights = (const float *)(ids + (size_t)n * k);
+    uint32_t first = tier->experts_gpu[s->layer];
+    if (routed_step(tier, n)) {
+        bool gpu[PLAN_MAX_ROUTED];
+        int32_t routed[PLAN_MAX_ROUTED];
+        first = ctx->plan.experts_resident[s->layer];
+        plan_routed_split(ids, (int)k, (int32_t)first, tier->routed_quota, gpu);
+        uint64_t mine = 0, read = 0;
+        for (size_t j = 0; j < k; j++) {
+            routed[j] = gpu[j] ? -1 : ids[j];
+            mine += routed[j] >= (int32_t)first;
+            read += gpu[j];
+        }
+        /* The host sees this routing (the GPU's side of the step was counted when captured). */
+        ctx->stats.weight_bytes_read += (mine + read) * s->expert_bytes;
+        ctx->stats.streamed_bytes += read * s->expert_bytes;
+        shard_moe_cpu_experts(ctx, s->layer, n, routed, weights, (int32_t)first, (int32_t)s->n_expert, g->host_moe.ptr);
+        return;
+    }
     shard_moe_cpu_experts(ctx, s->layer, n, ids, weights, (int32_t)first, (int32_t)s->n_expert, g->host_moe.ptr);
     ctx->stats.weight_bytes_read += (uint64_t)n * k * s->expert_bytes * (s->n_expert - first) / s->n_expert;
 }
@@ -323,7 +348,7 @@ static void host_part(struct exec_ctx *ctx, struct exec_gpu *g, const struct pla
                       int64_t n) {
     const double t0 = core_now_ms();
     memcpy(ctx->s.xn, g->host_xn.ptr, sizeof(float) * (size_t)n * ctx->model->hp.n_embd);
-    if (s->kind == SHARD_MOE) cpu_experts(ctx, g, s, n, tier->experts_gpu[s->layer]);
+    if (s->kind == SHARD_MOE) cpu_experts(ctx, g, tier, s, n);
     else cpu_ffn_rows(ctx, g, s, n, tier->ffn_rows_gpu[s->layer]);
     ctx->stats.host_compute_ms += core_now_ms() - t0;
 }
@@ -419,7 +444,13 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
         CORE_TRY(cuda_moe_ffn(&resident, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work, g->work_bytes, s));
         ctx->stats.weight_bytes_read += touched * shard->expert_bytes * r / E;
     }
-    if (on_gpu > r) {
+    if (on_gpu < E && routed_step(tier, n)) {
+        struct cuda_moe streamed = l->moe_host;
+        CORE_TRY(cuda_moe_routed_mask(g->expert_ids, (int)hp->n_expert_used, (int)r, g->routed_quota[tier - ctx->plan.tier],
+                                      (int)E, g->routed_mask, s));
+        streamed.expert_mask = g->routed_mask;
+        CORE_TRY(cuda_moe_ffn(&streamed, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work, g->work_bytes, s));
+    } else if (on_gpu > r) {
         if (tier->ring) {
             CORE_TRY(staged_experts(ctx, g, index, il, n, on_gpu));
         } else {

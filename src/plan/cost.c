@@ -200,8 +200,12 @@ double cost_touched(double range, double E, double k, double n) {
  * slows the other's use of host memory as measured together (for an MoE layer's experts, the
  * expert kernel's reads beside the CPU's experts), and at most as their shared bandwidth
  * allows; the input goes down and the CPU's sum comes back up (a hand-off). */
-static void split_sides(struct walk *w, bool experts, double gpu, int kernels, int ops, double stream,
-                        double stream_bytes, double cpu, double cpu_bytes) {
+struct split_time {
+    double side, gpu, cpu, stream, hand_off;
+};
+
+static struct split_time split_time(const struct walk *w, bool experts, double gpu, int kernels, int ops, double stream,
+                                    double stream_bytes, double cpu, double cpu_bytes) {
     const struct profile *pr = w->prof;
     if (stream > 0 && cpu > 0) { /* reads in place, beside the CPU */
         const enum host_use use = experts ? HOST_EXPERT_READS : HOST_READS; /* ring tiers do not split */
@@ -215,12 +219,21 @@ static void split_sides(struct walk *w, bool experts, double gpu, int kernels, i
     const double meet = w->graph && pr->graph_round_trip_s > 0 ? pr->graph_round_trip_s : pr->round_trip_s;
     const double hand_off = meet + gbps_s(w->n * w->m->hp.n_embd * 4.0 * 2, profile_at_size(pr->d2h_gbps, 65536));
     gpu = gpu_time(w, gpu, kernels, ops);
-    const double side = gpu > cpu + hand_off ? gpu : cpu + hand_off;
-    w->out->gpu_s += gpu;
-    w->out->cpu_s += cpu;
-    w->out->pcie_s += stream;
-    w->out->overhead_s += hand_off;
-    w->out->seconds += side;
+    return (struct split_time){gpu > cpu + hand_off ? gpu : cpu + hand_off, gpu, cpu, stream, hand_off};
+}
+
+/* Adds a split layer's time, or `weight` times it (one of its routings, weighed by its odds). */
+static void split_add(struct walk *w, struct split_time t, double weight) {
+    w->out->gpu_s += weight * t.gpu;
+    w->out->cpu_s += weight * t.cpu;
+    w->out->pcie_s += weight * t.stream;
+    w->out->overhead_s += weight * t.hand_off;
+    w->out->seconds += weight * t.side;
+}
+
+static void split_sides(struct walk *w, bool experts, double gpu, int kernels, int ops, double stream,
+                        double stream_bytes, double cpu, double cpu_bytes) {
+    split_add(w, split_time(w, experts, gpu, kernels, ops, stream, stream_bytes, cpu, cpu_bytes), 1);
 }
 
 /* A dense FFN split by rows (ffn_rows_gpu): the GPU's rows read in place, the CPU's at its rate. */
@@ -294,6 +307,35 @@ static void staged_pieces(struct walk *w, const struct shard *s, double gpu, int
     }
 }
 
+static double log_choose(double n, double k) {
+    return k < 0 || k > n ? -INFINITY : lgamma(n + 1) - lgamma(k + 1) - lgamma(n - k + 1);
+}
+
+/* The odds that `hit` of k experts drawn from E land among `among` of them. */
+static double hypergeometric(double E, double among, int k, int hit) {
+    return exp(log_choose(among, hit) + log_choose(E - among, k - hit) - log_choose(E, k));
+}
+
+/* An MoE layer split with the CPU, for `res` experts (a token's, or a step's on average) the GPU
+ * computes from VRAM, `in_place` it reads from host memory and `cpu` the CPU computes; `gpu`
+ * holds its other work (router, shared experts). */
+static struct split_time moe_split(const struct walk *w, const struct shard *s, double gpu, int count, double res,
+                                   double in_place, double cpu, bool streams) {
+    const struct profile *pr = w->prof;
+    const double eb = (double)s->expert_bytes, n = w->n;
+    const uint32_t type = shard_expert_type(s);
+    const double gpu_rate = cost_rate(pr->gpu_experts, type, n), moved = in_place * eb;
+    const double stream = moved * profile_at_tokens(pr->zero_copy_experts, n);
+    gpu += res * eb * gpu_rate + fmax(moved * gpu_rate, stream);
+    /* Small kernels: routing, norms, adds; the experts of each range are launches of their own
+     * (a routed tier's one more, its mask). */
+    const int kernels = extra_kernels[SHARD_MOE] + 3 * streams + w->t->routed;
+    const int ops = extra_kernels[SHARD_MOE] + MATRIX_OPS * count +
+                    EXPERT_CALL_OPS * ((w->p->experts_resident[s->layer] > 0) + streams) + HAND_OFF_OPS + w->t->routed;
+    return split_time(w, true, gpu, kernels, ops, stream, moved, pr->cpu_moe_call_s + cpu * eb * cost_rate(pr->cpu_experts, type, n),
+                      cpu * eb);
+}
+
 static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
     const struct profile *pr = w->prof;
     const double E = s->n_expert, k = w->m->hp.n_expert_used, eb = (double)s->expert_bytes, n = w->n;
@@ -311,32 +353,62 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
     move_to(w, true);
     const double r = w->p->experts_resident[s->layer], g = w->t->experts_gpu[s->layer];
     const double gpu_rate = cost_rate(pr->gpu_experts, type, n);
-    double gpu = matrices_s(w, s, true, n, &shared_bytes, &count) + cost_touched(r, E, k, n) * eb * gpu_rate;
+    double gpu = matrices_s(w, s, true, n, &shared_bytes, &count);
+    if (g >= E || w->t->ring) gpu += cost_touched(r, E, k, n) * eb * gpu_rate;
     if (w->t->ring && g > r) { /* every piece staged, on the copy clock (ring tiers stream all) */
         staged_pieces(w, s, gpu, count, gpu_rate);
         return;
     }
-    double stream = 0, moved = 0;
-    if (g > r) { /* in place: only the touched experts' bytes cross PCIe */
-        moved = cost_touched(g - r, E, k, n) * eb;
-        stream = moved * profile_at_tokens(pr->zero_copy_experts, n);
-        const double compute = cost_touched(g - r, E, k, n) * eb * gpu_rate;
-        gpu += compute > stream ? compute : stream;
-    }
-    /* Small kernels: routing, norms, adds; the experts of each range are launches of their own. */
-    const int streamed = g > r;
-    const int kernels = extra_kernels[SHARD_MOE] + 3 * streamed;
-    const int ops = extra_kernels[SHARD_MOE] + MATRIX_OPS * count + EXPERT_CALL_OPS * ((r > 0) + streamed) +
-                    (g < E ? HAND_OFF_OPS : 0);
     if (g >= E) {
+        double stream = 0;
+        if (g > r) { /* in place: only the touched experts' bytes cross PCIe */
+            const double moved = cost_touched(g - r, E, k, n) * eb;
+            stream = moved * profile_at_tokens(pr->zero_copy_experts, n);
+            gpu += fmax(moved * gpu_rate, stream);
+        }
         w->out->pcie_s += stream;
-        gpu_busy(w, gpu, kernels, ops);
+        gpu_busy(w, gpu, extra_kernels[SHARD_MOE] + 3 * (g > r),
+                 extra_kernels[SHARD_MOE] + MATRIX_OPS * count + EXPERT_CALL_OPS * ((r > 0) + (g > r)));
         return;
     }
-    /* Split: the CPU computes [g, E) while the GPU computes its share. */
-    const double cpu_bytes = cost_touched(E - g, E, k, n) * eb;
-    split_sides(w, true, gpu, kernels, ops, stream, moved, pr->cpu_moe_call_s + cpu_bytes * cost_rate(pr->cpu_experts, type, n),
-                cpu_bytes);
+    /* Split: the CPU computes [g, E) while the GPU computes its share. One token routes to k
+     * experts, so the two sides' shares vary from token to token and the layer takes the longer
+     * one each time: weighed over the routings (by range, or by the tier's routed quota). */
+    if (n == 1 && k <= PLAN_MAX_ROUTED) {
+        const int K = (int)k;
+        for (int res = 0; res <= K; res++)
+            for (int in_place = 0; in_place <= K - res; in_place++) {
+                const int cpu = K - res - in_place;
+                double odds;
+                if (w->t->routed)
+                    odds = in_place == w->t->routed_quota[K - res] ? hypergeometric(E, r, K, res) : 0;
+                else
+                    odds = exp(log_choose(r, res) + log_choose(g - r, in_place) + log_choose(E - g, cpu) - log_choose(E, K));
+                if (odds > 1e-12) split_add(w, moe_split(w, s, gpu, count, res, in_place, cpu, g > r || w->t->routed), odds);
+            }
+        return;
+    }
+    const double moved = g > r ? cost_touched(g - r, E, k, n) : 0;
+    split_add(w, moe_split(w, s, gpu, count, cost_touched(r, E, k, n), moved, cost_touched(E - g, E, k, n), g > r), 1);
+}
+
+void cost_routed_quota(const struct profile *prof, const struct model *m, const struct plan *p, const struct plan_tier *t,
+                       uint8_t quota[PLAN_MAX_ROUTED + 1]) {
+    memset(quota, 0, PLAN_MAX_ROUTED + 1);
+    const struct shard *s = NULL;
+    for (uint32_t i = 0; i < m->n_shards && !s; i++)
+        if (m->shards[i].kind == SHARD_MOE && m->shards[i].expert_bytes) s = &m->shards[i];
+    const int k = (int)m->hp.n_expert_used;
+    if (!s || k > PLAN_MAX_ROUTED) return;
+    struct cost_step out = {0};
+    const struct walk w = {.prof = prof, .m = m, .p = p, .t = t, .n = 1, .n_out = 1, .graph = true, .out = &out};
+    for (int n = 1; n <= k; n++) {
+        double best = INFINITY;
+        for (int q = 0; q <= n; q++) {
+            const double side = moe_split(&w, s, 0, 0, k - n, q, n - q, true).side;
+            if (side < best) best = side, quota[n] = (uint8_t)q;
+        }
+    }
 }
 
 /* The model's entry in prof->refine, -1 when running it has taught nothing yet. */

@@ -32,6 +32,12 @@ double cost_rate(const struct profile_rate table[PROFILE_FORMATS], uint32_t type
  * at random. */
 double cost_touched(double range, double E, double k, double n);
 
+/* A routed tier's quota (plan_tier.routed_quota): for each count N of a token's experts that
+ * are not resident, how many of them the GPU reads in place so the layer, split with the CPU,
+ * takes least. */
+void cost_routed_quota(const struct profile *prof, const struct model *m, const struct plan *p, const struct plan_tier *t,
+                       uint8_t quota[PLAN_MAX_ROUTED + 1]);
+
 /* One step of `n_tokens` new tokens after `n_past` cached positions, under tier t of plan p. */
 void cost_step(const struct profile *prof, const struct model *m, const struct plan *p, const struct plan_tier *t,
                int32_t n_tokens, int32_t n_past, struct cost_step *out);

@@ -318,6 +318,7 @@ static void place_tier(const struct model *m, const struct plan_request *req, co
                                      (t->family == PLAN_DYNAMIC && t->min_tokens >= PLAN_RING_ALL_MIN_TOKENS) ||
                                      (t->family == PLAN_STATIC && req->stage_static));
     const bool stream_all = t->family == PLAN_GPU || (t->family == PLAN_DYNAMIC && ring_ok);
+    const bool balanced = share <= 0 && req->stream_share <= 0;
     if (share <= 0) share = req->stream_share > 0 ? req->stream_share : balanced_share(m, prof, t->min_tokens);
     if (share > 1) share = 1;
     uint32_t n_ffn = 0, ffn_seen = 0;
@@ -354,6 +355,15 @@ static void place_tier(const struct model *m, const struct plan_request *req, co
             *place = stream ? PLACE_STREAMED : PLACE_CPU;
             t->ring |= ring_ok && *place == PLACE_STREAMED && s->kind == SHARD_FFN;
         }
+    }
+    t->routed = req->routed_split && balanced && t->family == PLAN_DYNAMIC && !t->ring && t->min_tokens == 1 &&
+                m->hp.n_expert && m->hp.n_expert_used <= PLAN_MAX_ROUTED;
+    memset(t->routed_quota, 0, sizeof t->routed_quota);
+    if (t->routed) {
+        cost_routed_quota(prof, m, p, t, t->routed_quota);
+        bool reads = false; /* none read in place: the CPU takes them all, as a range split would */
+        for (int n = 1; n <= PLAN_MAX_ROUTED; n++) reads |= t->routed_quota[n] > 0;
+        t->routed = reads;
     }
     /* Without the ring, the units it leaves in the slots run on the GPU from there. */
     if (!t->ring && p->lent)
@@ -485,6 +495,7 @@ static uint64_t slot_size(const struct model *m, struct plan *p) {
 static void reset_places(struct plan *p) {
     for (int t = 0; t < PLAN_TIERS; t++) {
         p->tier[t].family = PLAN_CPU;
+        p->tier[t].routed = false;
         p->tier[t].min_tokens = plan_tier_tokens[t];
         for (uint32_t i = 0; i < p->n_shards; i++) p->tier[t].shard[i] = PLACE_CPU;
         for (uint32_t l = 0; l < p->n_layers; l++) p->tier[t].experts_gpu[l] = p->tier[t].ffn_rows_gpu[l] = 0;
@@ -529,7 +540,7 @@ static void set_tier(const struct model *m, const struct plan_request *req, cons
     if (family == PLAN_CPU) {
         for (uint32_t i = 0; i < p->n_shards; i++) tier->shard[i] = PLACE_CPU;
         for (uint32_t l = 0; l < p->n_layers; l++) tier->experts_gpu[l] = 0;
-        tier->ring = false;
+        tier->ring = tier->routed = false;
         return;
     }
     place_tier(m, req, prof, p, t, share, p->n_slots > 0);
@@ -544,7 +555,10 @@ static uint64_t tier_key(const struct plan *p, int t) {
     for (uint32_t l = 0; l < p->n_layers; l++)
         h = (h ^ tier->experts_gpu[l] ^ (uint64_t)tier->ffn_rows_gpu[l] << 32 ^ (uint64_t)p->experts_resident[l] << 20 ^
              (uint64_t)p->kv_gpu[l] << 40) * 1099511628211ull;
-    return (h ^ tier->ring) * 1099511628211ull;
+    h = (h ^ tier->ring) * 1099511628211ull;
+    if (tier->routed)
+        for (int n = 0; n <= PLAN_MAX_ROUTED; n++) h = (h ^ (uint64_t)tier->routed_quota[n] << 8 ^ 1) * 1099511628211ull;
+    return h;
 }
 
 /* The predicted seconds of a step of n tokens in tier t, at the end of the context. */

@@ -73,12 +73,16 @@ struct plan_request {
                              slots (plan.lent) */
     bool split_ffn;       /* dynamic tiers without the ring split every dense FFN they do not keep
                              resident by rows between the GPU (reading in place) and the CPU, both
-                             at once, instead of streaming whole layers; not yet measured on a GPU,
-                             so off by default */
+                             at once, instead of streaming whole layers */
     bool stage_static;    /* static tiers copy the attention they stream into the ring's slots
                              ahead of use, while the CPU computes the FFN before it, instead of
-                             reading it in place; not yet measured on a GPU, so off by default */
+                             reading it in place */
+    bool routed_split;    /* balanced dynamic tiers split a one-token step's experts by its routing
+                             (plan_tier.routed) rather than by expert range */
 };
+
+/* The most experts a token routes to for which a tier can split them by routing. */
+enum { PLAN_MAX_ROUTED = 16 };
 
 struct plan_tier {
     enum plan_family family;
@@ -92,6 +96,14 @@ struct plan_tier {
     bool shards_gpu;         /* every shard on the GPU but perhaps the embedding (an MoE layer may
                                 still split its experts): a decode step is replayed as a graph */
     bool ring;               /* streamed shards are copied through the staging slots */
+    /* One-token steps split each MoE layer's experts by the token's routing instead of by range:
+     * of the N experts it routes to past the resident ones, the GPU reads the first
+     * routed_quota[N] (in routing order) in place and the CPU computes the rest, so every token
+     * gives each side its share (a range split leaves one side waiting whenever the routing
+     * falls unevenly on the two ranges). Balanced dynamic tiers without the ring; larger steps
+     * of the tier split by experts_gpu as usual. */
+    bool routed;
+    uint8_t routed_quota[PLAN_MAX_ROUTED + 1];
     uint64_t host_bytes_per_token; /* weight bytes the CPU reads from host memory per decode token */
     uint64_t pcie_bytes_per_token; /* weight bytes streamed over PCIe per decode token */
     uint64_t gpu_bytes_per_token;  /* weight bytes the GPU reads from VRAM per decode token */
@@ -183,6 +195,18 @@ static inline int32_t plan_tier_step_tokens(const struct plan *p, int t) {
 /* The tier of the plan's largest steps (a full micro-batch of a prompt). */
 static inline int plan_prompt_tier(const struct plan *p) {
     return (int)(plan_tier_for(p, p->n_batch > 0 ? p->n_batch : 1) - p->tier);
+}
+
+/* Which of one token's k routed experts (ids) the GPU reads in place in a routed tier: gpu[j]
+ * for the first quota[N] in routing order of the N not resident (id >= first, the layer's
+ * experts_resident). The GPU applies the same rule (cuda_moe_routed_mask). */
+static inline void plan_routed_split(const int32_t *ids, int k, int32_t first, const uint8_t *quota, bool *gpu) {
+    int n = 0, taken = 0;
+    for (int j = 0; j < k; j++) n += ids[j] >= first;
+    for (int j = 0; j < k; j++) {
+        gpu[j] = ids[j] >= first && taken < quota[n];
+        taken += gpu[j];
+    }
 }
 
 /* Where shard i lives across the tiers: RESIDENT, STREAMED (in some tier) or CPU. */

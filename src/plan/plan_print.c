@@ -119,6 +119,14 @@ void plan_print(const struct plan *p, const struct model *m, FILE *out) {
     }
     if (p->n_expert)
         fprintf(out, "(MoE shards on the GPU: experts resident/streamed/on the CPU; router and shared parts resident)\n");
+    const struct plan_tier *decode = &p->tier[PLAN_TIER_DECODE];
+    if (decode->routed) {
+        const int k = (int)m->hp.n_expert_used;
+        fprintf(out, "(one-token steps split where the layer splits by each token's routing, not by range: of N of its %d "
+                     "experts not resident, the GPU reads in place N=", k);
+        for (int n = 1; n <= k; n++) fprintf(out, "%s%d:%d", n > 1 ? " " : "", n, decode->routed_quota[n]);
+        fprintf(out, "; the CPU computes the rest)\n");
+    }
     if (plan_splits_ffn(p))
         fprintf(out, "(FFN shards split with the CPU: rows resident/streamed/on the CPU, both sides at once)\n");
     if (plan_lends(p))

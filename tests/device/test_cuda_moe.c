@@ -1,9 +1,11 @@
 /* GPU test: MoE routing against cpu_moe_route (same experts, weights to float rounding), and the
  * expert FFN: up to 8 tokens against cpu_moe (the same quantized activations); beyond, the
  * f16 tensor-core path against a double-precision FFN on f16-rounded operands. Also a subset
- * of experts (mask), accumulation into the output, and per-expert pointer tables. */
+ * of experts (mask), accumulation into the output, and per-expert pointer tables; and a routed
+ * split's mask against the planner's rule (plan_routed_split). */
 #include "cpu/moe.h"
 #include "device_test.h"
+#include "plan/plan.h"
 
 struct experts {
     enum quant_type gate_type, down_type;
@@ -198,6 +200,44 @@ static void test_ffn(struct dt *d, enum quant_type gate_type, enum quant_type do
     free(x), free(w), free(ids), free(logits), free(mask), free(wref), free(want), free(got), free(base);
 }
 
+/* The mask of one token's experts the GPU reads in a routed split, against plan_routed_split, over
+ * random routings, resident ranges and quotas. */
+static void test_routed_mask(struct dt *d, int n_expert, int k, int trials) {
+    const size_t mark = cuda_arena_mark(&d->arena);
+    int32_t *dids = dt_alloc(d, 4 * (size_t)k);
+    uint8_t *dquota = dt_alloc(d, PLAN_MAX_ROUTED + 1), *dmask = dt_alloc(d, (size_t)n_expert);
+    uint8_t *mask = dt_malloc((size_t)n_expert), quota[PLAN_MAX_ROUTED + 1];
+    int32_t ids[PLAN_MAX_ROUTED];
+    bool gpu[PLAN_MAX_ROUTED];
+    int wrong = 0, marked = 0;
+    for (int t = 0; t < trials; t++) {
+        float logits[2048];
+        dt_fill(logits, n_expert, -3.0f, 3.0f);
+        float w[PLAN_MAX_ROUTED];
+        cpu_moe_route(logits, 1, n_expert, k, true, ids, w);
+        const int first = t % 3 == 0 ? 0 : (int)(logits[0] * 1000.0f + 3000.0f) % n_expert;
+        for (int n = 0; n <= PLAN_MAX_ROUTED; n++) quota[n] = (uint8_t)(n ? (int)(logits[n] * 100.0f + 300.0f) % (n + 1) : 0);
+        DT_CHECK(cuda_copy_h2d(dids, ids, 4 * (size_t)k, d->s));
+        DT_CHECK(cuda_copy_h2d(dquota, quota, sizeof quota, d->s));
+        DT_CHECK(cuda_moe_routed_mask(dids, k, first, dquota, n_expert, dmask, d->s));
+        dt_download(d, mask, dmask, (size_t)n_expert);
+        plan_routed_split(ids, k, first, quota, gpu);
+        int set = 0;
+        for (int j = 0; j < k; j++) {
+            wrong += mask[ids[j]] != gpu[j];
+            set += gpu[j];
+        }
+        int total = 0;
+        for (int e = 0; e < n_expert; e++) total += mask[e];
+        wrong += total != set;
+        marked += set;
+    }
+    dt_case(d, wrong == 0 && marked > 0, "routed mask, top %d of %d, %d routings: %d experts marked, %d differ from the rule", k,
+            n_expert, trials, marked, wrong);
+    cuda_arena_reset(&d->arena, mark);
+    free(mask);
+}
+
 int main(void) {
     struct dt d;
     dt_init(&d, "test_cuda_moe", 1u << 30);
@@ -206,6 +246,8 @@ int main(void) {
     test_route(&d, 37, 64, 4, false);
     test_route(&d, 300, 128, 8, true);
     test_route(&d, 5, 8, 2, true);
+    test_routed_mask(&d, 128, 8, 200);
+    test_routed_mask(&d, 8, 2, 50);
     const int64_t tokens[] = {1, 3, 8, 20, 70};
     for (size_t i = 0; i < sizeof tokens / sizeof tokens[0]; i++) {
         test_ffn(&d, QUANT_Q4_0, QUANT_Q4_0, 16, 4, 256, 512, tokens[i], PLAIN);
