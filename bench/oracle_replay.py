@@ -42,15 +42,31 @@ UPGRADES = {9: {"expert_reads_share_under_cpu": "reads_share_under_cpu",
                 "cpu_share_under_expert_reads": "cpu_share_under_reads"}}
 
 
-def upgraded(profile, refusal):
+def query_heads_per_kv(model):
+    """The model's query heads per KV head (its GGUF's attention head counts)."""
+    from gguf import GGUFReader
+    fields = GGUFReader(model).fields
+    def value(suffix):
+        key = next(k for k in fields if k.endswith(suffix))
+        return int(fields[key].parts[fields[key].data[0]][0])
+    return value(".attention.head_count") / value(".attention.head_count_kv")
+
+
+def upgraded(profile, refusal, model):
     """A copy of profile brought up to the format this pshard reads, where `pshard plan` refused it
     for its format (older oracle runs' profiles): each added field takes the value its format's
-    predecessor stood for. None where the refusal is for something else."""
+    predecessor stood for; format 10's CPU attention is per query head, where format 9 counted a
+    KV byte once (taken here as measured with the model replayed). None where the refusal is for
+    something else."""
     m = re.search(r"profile format version (\d+) \(this pshard reads (\d+)\)", refusal)
     if not m:
         return None
     p, have, want = json.load(open(profile)), int(m.group(1)), int(m.group(2))
     for version in range(have + 1, want + 1):
+        if version == 10:
+            group = query_heads_per_kv(model)
+            p["cpu_attn"] = [v / group for v in p["cpu_attn"]]
+            continue
         if version not in UPGRADES:
             sys.exit("%s: format %d, and no upgrade to format %d is known" % (profile, have, version))
         for field, like in UPGRADES[version].items():
@@ -63,7 +79,7 @@ def upgraded(profile, refusal):
     return out.name
 
 
-READ_AS = {}  # profile -> the upgraded copy read in its place
+READ_AS = {}  # (profile, model) -> the upgraded copy read in its place
 
 
 def plan_table(pshard, profile, model, budget_gb, ctx, batch):
@@ -72,11 +88,11 @@ def plan_table(pshard, profile, model, budget_gb, ctx, batch):
     def plan(p):
         return subprocess.run([pshard, "plan", "--profile", p] + args, capture_output=True, text=True)
 
-    proc = plan(READ_AS.get(profile, profile))
-    if proc.returncode != 0 and profile not in READ_AS:
-        newer = upgraded(profile, proc.stderr)
+    proc = plan(READ_AS.get((profile, model), profile))
+    if proc.returncode != 0 and (profile, model) not in READ_AS:
+        newer = upgraded(profile, proc.stderr, model)
         if newer:
-            READ_AS[profile] = newer
+            READ_AS[(profile, model)] = newer
             proc = plan(newer)
     if proc.returncode != 0:
         sys.exit("pshard plan: " + proc.stderr.strip())

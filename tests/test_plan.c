@@ -603,6 +603,31 @@ static void test_cost_attention_call(void **state) {
     plan_free(&p);
 }
 
+/* The CPU's attention reads each KV head once per query head it serves: its time is the rate
+ * per query head's KV byte times the KV bytes times the query heads per KV head. */
+static void test_cost_cpu_attention_per_query_head(void **state) {
+    (void)state;
+    struct profile prof;
+    plan_profile(NULL, &prof);
+    struct plan_request r = base;
+    r.family = PLAN_CPU;
+    r.profile = &prof;
+    struct plan p;
+    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    const double group = (double)model.hp.n_head / model.hp.n_head_kv;
+    assert_true(model.hp.n_head_kv > 0 && fabs(cost_query_heads_per_kv(&model) - group) < 1e-12);
+    double kv = 0;
+    for (uint32_t i = 0; i < model.n_shards; i++) kv += (double)model.shards[i].kv_bytes_per_token;
+    struct cost_step a, b;
+    for (int i = 0; i < PROFILE_TOKENS; i++) prof.cpu_attn[i] = 1e-11;
+    cost_step(&prof, &model, &p, &p.tier[PLAN_TIER_DECODE], 1, 1000, &a);
+    for (int i = 0; i < PROFILE_TOKENS; i++) prof.cpu_attn[i] = 2e-11;
+    cost_step(&prof, &model, &p, &p.tier[PLAN_TIER_DECODE], 1, 1000, &b);
+    /* (the step attends its own cell too) */
+    assert_true(fabs((b.seconds - a.seconds) / (1000 * kv * group * 1e-11) - 1) < 0.005);
+    plan_free(&p);
+}
+
 static void test_cost_launches_and_hand_offs(void **state) {
     (void)state;
     struct profile base_prof;
@@ -893,7 +918,7 @@ int main(void) {
         cmocka_unit_test(test_lent_slots), cmocka_unit_test(test_cost_attention_call),
         cmocka_unit_test(test_cost_expert_reads_beside_cpu), cmocka_unit_test(test_cost_moe_ring_copies_hide_gpu_work),
         cmocka_unit_test(test_static_stages_attention), cmocka_unit_test(test_dynamic_splits_ffn_rows),
-        cmocka_unit_test(test_routed_split),
+        cmocka_unit_test(test_routed_split), cmocka_unit_test(test_cost_cpu_attention_per_query_head),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

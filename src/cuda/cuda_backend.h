@@ -251,6 +251,10 @@ pshard_status cuda_get_rows(const struct cuda_matrix *m, const int32_t *rows, in
 /* out = x / rms(x) * w per row of n (w may be NULL); for q/k norms pass heads as rows. */
 pshard_status cuda_rmsnorm(const float *x, const float *w, float *out, int64_t n_rows, int64_t n, float eps,
                            cuda_stream s);
+/* The same, also writing out to `mirror` (host memory the GPU writes in place, or NULL), there
+ * before anything the stream signals after it. */
+pshard_status cuda_rmsnorm_mirror(const float *x, const float *w, float *out, float *mirror, int64_t n_rows, int64_t n,
+                                  float eps, cuda_stream s);
 pshard_status cuda_add(float *acc, const float *x, int64_t n, cuda_stream s);
 pshard_status cuda_add_bias(float *x, const float *bias, int64_t n_rows, int64_t n, cuda_stream s);
 /* out[i] = silu(gate[i]) * up[i] (out may be gate). */
@@ -308,6 +312,11 @@ pshard_status cuda_attention_prefill(const struct cuda_attn_shape *a, const stru
  * renormalized to sum 1 when `normalize`. ids/weights [n_tokens][k] on the device. */
 pshard_status cuda_moe_route(const float *logits, int64_t n_tokens, int n_expert, int k, bool normalize, int32_t *ids,
                              float *weights, cuda_stream s);
+/* The same, also writing ids and then weights to `mirror` ([n_tokens * k] ids, then as many
+ * weights: host memory the GPU writes in place, or NULL), there before anything the stream
+ * signals after it. */
+pshard_status cuda_moe_route_mirror(const float *logits, int64_t n_tokens, int n_expert, int k, bool normalize,
+                                    int32_t *ids, float *weights, int32_t *mirror, cuda_stream s);
 
 /* One token's split by routing (plan_routed_split): mask [n_expert] = 1 for the experts of
  * ids [k] the GPU reads in place, the first quota[N] in routing order of the N from `first` on

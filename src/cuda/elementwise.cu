@@ -7,7 +7,7 @@
 enum { NORM_THREADS = 256 };
 
 __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float *x, const float *w, float *out, int64_t n,
-                                                               float eps) {
+                                                               float eps, float *mirror) {
     __shared__ double partial[NORM_THREADS / 32];
     const float *xr = x + (int64_t)blockIdx.x * n;
     float *o = out + (int64_t)blockIdx.x * n;
@@ -21,7 +21,13 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float *x, c
 #pragma unroll
     for (int i = 0; i < NORM_THREADS / 32; i++) total += partial[i];
     const float scale = 1.0f / sqrtf((float)(total / (double)n) + eps);
-    for (int64_t i = threadIdx.x; i < n; i += NORM_THREADS) o[i] = w ? __fmul_rn(__fmul_rn(xr[i], scale), w[i]) : __fmul_rn(xr[i], scale);
+    float *m = mirror ? mirror + (int64_t)blockIdx.x * n : nullptr;
+    for (int64_t i = threadIdx.x; i < n; i += NORM_THREADS) {
+        const float v = w ? __fmul_rn(__fmul_rn(xr[i], scale), w[i]) : __fmul_rn(xr[i], scale);
+        o[i] = v;
+        if (m) m[i] = v;
+    }
+    if (m) __threadfence_system(); /* in host memory before anything this stream signals later */
 }
 
 __global__ void add_kernel(float *acc, const float *x, int64_t n) {
@@ -43,13 +49,18 @@ __global__ void swiglu_kernel(const float *gate, const float *up, float *out, in
 
 static unsigned blocks_for(int64_t n) { return (unsigned)ceil_div(n, 256); }
 
-extern "C" pshard_status cuda_rmsnorm(const float *x, const float *w, float *out, int64_t n_rows, int64_t n, float eps,
-                                      cuda_stream s) {
+extern "C" pshard_status cuda_rmsnorm_mirror(const float *x, const float *w, float *out, float *mirror, int64_t n_rows,
+                                             int64_t n, float eps, cuda_stream s) {
     CUDA_ARG(n > 0 && n_rows >= 0 && n_rows < (1ll << 31), "rmsnorm: %lld rows of %lld", (long long)n_rows, (long long)n);
     if (n_rows == 0) return PSHARD_OK;
-    rmsnorm_kernel<<<(unsigned)n_rows, NORM_THREADS, 0, raw_stream(s)>>>(x, w, out, n, eps);
+    rmsnorm_kernel<<<(unsigned)n_rows, NORM_THREADS, 0, raw_stream(s)>>>(x, w, out, n, eps, mirror);
     CUDA_TRY_LAUNCH("rmsnorm");
     return PSHARD_OK;
+}
+
+extern "C" pshard_status cuda_rmsnorm(const float *x, const float *w, float *out, int64_t n_rows, int64_t n, float eps,
+                                      cuda_stream s) {
+    return cuda_rmsnorm_mirror(x, w, out, NULL, n_rows, n, eps, s);
 }
 
 extern "C" pshard_status cuda_add(float *acc, const float *x, int64_t n, cuda_stream s) {

@@ -31,7 +31,8 @@ __device__ void block_argmax(float v, int i, float *sv, int *si, float *out_v, i
 
 /* One block per token. */
 __global__ void __launch_bounds__(ROUTE_THREADS) route_kernel(const float *logits, int n_expert, int k, bool normalize,
-                                                              int32_t *ids, float *weights) {
+                                                              int32_t *ids, float *weights, int32_t *mirror,
+                                                              int64_t n_pairs) {
     __shared__ float probs[MOE_MAX_EXPERTS], pick[MOE_MAX_EXPERTS];
     __shared__ float sv[ROUTE_THREADS / 32], best_v, chosen_w[MOE_MAX_K];
     __shared__ int si[ROUTE_THREADS / 32], best_i;
@@ -71,17 +72,31 @@ __global__ void __launch_bounds__(ROUTE_THREADS) route_kernel(const float *logit
         float wsum = 0.0f;
         for (int j = 0; j < k; j++) wsum += chosen_w[j];
         for (int j = 0; j < k; j++) weights[t * k + j] = normalize ? chosen_w[j] / wsum : chosen_w[j];
+        if (mirror) {
+            for (int j = 0; j < k; j++) {
+                mirror[t * k + j] = ids[t * k + j];
+                ((float *)(mirror + n_pairs))[t * k + j] = weights[t * k + j];
+            }
+            __threadfence_system(); /* in host memory before anything this stream signals later */
+        }
     }
+}
+
+extern "C" pshard_status cuda_moe_route_mirror(const float *logits, int64_t n_tokens, int n_expert, int k,
+                                               bool normalize, int32_t *ids, float *weights, int32_t *mirror,
+                                               cuda_stream s) {
+    CUDA_ARG(n_expert > 0 && n_expert <= MOE_MAX_EXPERTS && k > 0 && k <= n_expert && k <= MOE_MAX_K,
+             "MoE routing: top %d of %d experts", k, n_expert);
+    if (n_tokens == 0) return PSHARD_OK;
+    route_kernel<<<(unsigned)n_tokens, ROUTE_THREADS, 0, raw_stream(s)>>>(logits, n_expert, k, normalize, ids, weights,
+                                                                          mirror, n_tokens * k);
+    CUDA_TRY_LAUNCH("moe route");
+    return PSHARD_OK;
 }
 
 extern "C" pshard_status cuda_moe_route(const float *logits, int64_t n_tokens, int n_expert, int k, bool normalize,
                                         int32_t *ids, float *weights, cuda_stream s) {
-    CUDA_ARG(n_expert > 0 && n_expert <= MOE_MAX_EXPERTS && k > 0 && k <= n_expert && k <= MOE_MAX_K,
-             "MoE routing: top %d of %d experts", k, n_expert);
-    if (n_tokens == 0) return PSHARD_OK;
-    route_kernel<<<(unsigned)n_tokens, ROUTE_THREADS, 0, raw_stream(s)>>>(logits, n_expert, k, normalize, ids, weights);
-    CUDA_TRY_LAUNCH("moe route");
-    return PSHARD_OK;
+    return cuda_moe_route_mirror(logits, n_tokens, n_expert, k, normalize, ids, weights, NULL, s);
 }
 
 /* ---- a routed split: which of one token's experts the GPU reads in place */

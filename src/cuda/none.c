@@ -216,6 +216,16 @@ pshard_status cuda_attention_prefill(const struct cuda_attn_shape *a, const stru
     return no_cuda();
 }
 
+pshard_status cuda_moe_route_mirror(const float *logits, int64_t n_tokens, int n_expert, int k, bool normalize,
+                                    int32_t *ids, float *weights, int32_t *mirror, cuda_stream s) {
+    (void)logits, (void)n_tokens, (void)n_expert, (void)k, (void)normalize, (void)ids, (void)weights, (void)mirror, (void)s;
+    return no_cuda();
+}
+pshard_status cuda_rmsnorm_mirror(const float *x, const float *w, float *out, float *mirror, int64_t n_rows, int64_t n,
+                                  float eps, cuda_stream s) {
+    (void)x, (void)w, (void)out, (void)mirror, (void)n_rows, (void)n, (void)eps, (void)s;
+    return no_cuda();
+}
 pshard_status cuda_moe_route(const float *logits, int64_t n_tokens, int n_expert, int k, bool normalize, int32_t *ids,
                              float *weights, cuda_stream s) {
     (void)logits, (void)n_tokens, (void)n_expert, (void)k, (void)normalize, (void)ids, (void)weights, (void)s;

@@ -386,6 +386,9 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
         CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_xn));
         CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_moe));
         CORE_TRY(cuda_host_alloc((sizeof(int32_t) + sizeof(float)) * B * k, &g->host_route));
+        CORE_TRY(cuda_host_device_pointer(g->host_xn.ptr, (const void **)&g->xn_to_host));
+        CORE_TRY(cuda_host_device_pointer(g->host_moe.ptr, (const void **)&g->moe_from_host));
+        CORE_TRY(cuda_host_device_pointer(g->host_route.ptr, (const void **)&g->route_to_host));
         CORE_TRY(cuda_event_create(false, &g->route_ready));
         CORE_TRY(cuda_flags_alloc(2 * (size_t)hp->n_layers, &g->flags, &g->flags_dev));
         if (getenv("PSHARD_TRACE_HANDOFFS")) CORE_TRY(cuda_stamps_alloc(2 * (size_t)hp->n_layers, &g->stamps, &g->stamps_dev));

@@ -48,6 +48,10 @@ struct exec_gpu {
     /* pinned host buffers: uploads of the batch, the logits coming back, weight staging, the
      * residual stream crossing PCIe, and what the CPU's experts need and return */
     struct cuda_pinned host_in, host_logits, staging, host_x, host_xn, host_route, host_moe;
+    /* ... the hand-offs' buffers as the GPU addresses them: its kernels write the input and the
+     * routing there and read the CPU's sum from there in place, without copies */
+    float *xn_to_host, *moe_from_host;
+    int32_t *route_to_host;
     cuda_event route_ready; /* the routing of the current MoE shard has reached host_route */
     /* A replayed decode step that splits MoE layers with the CPU meets the host at flags in
      * pinned host memory, two per layer: ready (the routing is down) and go (the CPU's sum is

@@ -219,7 +219,9 @@ pshard_status measure_cpu_rates(const struct measure_request *req, const struct 
     if (st == PSHARD_OK) {
         measure_report(req, "CPU attention", 0.45);
         b.attn = &sh->attn;
-        const double kv_per_cell = (double)sh->attn.n_head_kv * (sh->attn.head_k + sh->attn.head_v) * 2;
+        /* Per query head: each reads its KV head's cells (a format-9 profile counted each KV
+         * byte once, which made a model with more query heads per KV head look faster). */
+        const double kv_per_cell = (double)sh->attn.n_head * (sh->attn.head_k + sh->attn.head_v) * 2;
         for (int i = 0; i < PROFILE_TOKENS; i++) {
             b.n_tokens = profile_tokens[i] < 64 ? profile_tokens[i] : 64; /* the rate is flat past this */
             b.cells = profile_tokens[i] < 64 ? ATTN_CTX : ATTN_CTX_PROMPT;

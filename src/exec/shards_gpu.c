@@ -29,6 +29,25 @@ static pshard_status project(struct exec_ctx *ctx, struct exec_gpu *g, const str
     return PSHARD_OK;
 }
 
+/* Projections of one input by several matrices (q, k and v; gate and up): at matrix-vector
+ * sizes, where their activations share a format, the input is quantized once for all. */
+static pshard_status project_each(struct exec_ctx *ctx, struct exec_gpu *g, const struct cuda_matrix *const *m, int count,
+                                  const float *x, int64_t n, float *const *y) {
+    bool once = n <= CUDA_MATVEC_MAX_TOKENS;
+    for (int i = 1; i < count; i++)
+        once = once && cuda_act_type(m[i]->type) == cuda_act_type(m[0]->type) && m[i]->n_cols == m[0]->n_cols;
+    if (!once) {
+        for (int i = 0; i < count; i++) CORE_TRY(project(ctx, g, m[i], x, n, y[i]));
+        return PSHARD_OK;
+    }
+    CORE_TRY(cuda_quantize(cuda_act_type(m[0]->type), x, m[0]->n_cols, n, g->work, g->stream));
+    for (int i = 0; i < count; i++) {
+        ctx->stats.weight_bytes_read += (uint64_t)m[i]->n_rows * quant_row_bytes(m[i]->type, m[i]->n_cols);
+        CORE_TRY(cuda_matvec(m[i], g->work, (int)n, y[i], m[i]->n_rows, g->stream));
+    }
+    return PSHARD_OK;
+}
+
 static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il, const struct gpu_layer *l,
                                const struct exec_batch *b) {
     const struct model_hparams *hp = &ctx->model->hp;
@@ -36,9 +55,9 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
     const int64_t k_width = ctx->kv.k_width, v_width = ctx->kv.v_width;
     cuda_stream s = g->stream;
     CORE_TRY(cuda_rmsnorm(g->x, l->attn_norm, g->xn, n, d, hp->rms_eps, s));
-    CORE_TRY(project(ctx, g, &l->wq, g->xn, n, g->q));
-    CORE_TRY(project(ctx, g, &l->wk, g->xn, n, g->k));
-    CORE_TRY(project(ctx, g, &l->wv, g->xn, n, g->v));
+    const struct cuda_matrix *qkv[3] = {&l->wq, &l->wk, &l->wv};
+    float *const qkv_out[3] = {g->q, g->k, g->v};
+    CORE_TRY(project_each(ctx, g, qkv, 3, g->xn, n, qkv_out));
     if (l->bq) CORE_TRY(cuda_add_bias(g->q, l->bq, n, q_width, s));
     if (l->bk) CORE_TRY(cuda_add_bias(g->k, l->bk, n, k_width, s));
     if (l->bv) CORE_TRY(cuda_add_bias(g->v, l->bv, n, v_width, s));
@@ -70,8 +89,9 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
 
 static pshard_status swiglu_ffn(struct exec_ctx *ctx, struct exec_gpu *g, const struct cuda_matrix *gate,
                                 const struct cuda_matrix *up, const struct cuda_matrix *down, int64_t n, float *y) {
-    CORE_TRY(project(ctx, g, gate, g->xn, n, g->gate));
-    CORE_TRY(project(ctx, g, up, g->xn, n, g->up));
+    const struct cuda_matrix *gate_up[2] = {gate, up};
+    float *const gate_up_out[2] = {g->gate, g->up};
+    CORE_TRY(project_each(ctx, g, gate_up, 2, g->xn, n, gate_up_out));
     CORE_TRY(cuda_swiglu(g->gate, g->up, g->gate, n * gate->n_rows, g->stream));
     return project(ctx, g, down, g->gate, n, y);
 }
@@ -268,17 +288,10 @@ static pshard_status staged_experts(struct exec_ctx *ctx, struct exec_gpu *g, ui
     return PSHARD_OK;
 }
 
-/* The CPU's experts [first, n_expert): the routing and normalized input come down, the
- * thread pool computes while the GPU works on its own experts, the sum goes back up. Launched
- * kernel by kernel, the host waits on an event; in a replayed graph, on a flag (hand-offs
- * below). */
-static pshard_status route_down(struct exec_ctx *ctx, struct exec_gpu *g, int64_t n) {
-    const size_t k = ctx->model->hp.n_expert_used;
-    CORE_TRY(cuda_copy_d2h(g->host_xn.ptr, g->xn, sizeof(float) * (size_t)n * ctx->model->hp.n_embd, g->stream));
-    CORE_TRY(cuda_copy_d2h(g->host_route.ptr, g->expert_ids, sizeof(int32_t) * (size_t)n * k, g->stream));
-    return cuda_copy_d2h((int32_t *)g->host_route.ptr + (size_t)n * k, g->expert_weights, sizeof(float) * (size_t)n * k,
-                         g->stream);
-}
+/* The CPU's share of a split layer: the normalized input (and an MoE layer's routing) go down,
+ * written to host memory by the kernels that make them; the thread pool computes while the GPU
+ * works on its own share; the sum comes back up, read in place by the add. Launched kernel by
+ * kernel, the host waits on an event; in a replayed graph, on a flag (hand-offs below). */
 
 /* Where the GPU writes its clock as flag i is raised or waited on (NULL: not traced). */
 static uint64_t *stamp(const struct exec_gpu *g, int i) { return g->stamps_dev ? g->stamps_dev + i : NULL; }
@@ -329,8 +342,7 @@ static void cpu_experts(struct exec_ctx *ctx, struct exec_gpu *g, const struct p
 }
 
 static pshard_status sum_up(struct exec_ctx *ctx, struct exec_gpu *g, int64_t n) {
-    CORE_TRY(cuda_copy_h2d(g->proj, g->host_moe.ptr, sizeof(float) * (size_t)n * ctx->model->hp.n_embd, g->stream));
-    return cuda_add(g->x, g->proj, n * ctx->model->hp.n_embd, g->stream);
+    return cuda_add(g->x, g->moe_from_host, n * ctx->model->hp.n_embd, g->stream);
 }
 
 /* ---- dense FFNs split by rows with the CPU (plan ffn_rows_gpu) */
@@ -384,8 +396,7 @@ static pshard_status split_ffn_shard(struct exec_ctx *ctx, struct exec_gpu *g, u
     const struct gpu_layer *l = &g->layers[il];
     const int64_t n = b->n_tokens, d = hp->n_embd;
     const uint32_t f = tier->ffn_rows_gpu[il];
-    CORE_TRY(cuda_rmsnorm(g->x, l->ffn_norm, g->xn, n, d, hp->rms_eps, g->stream));
-    CORE_TRY(cuda_copy_d2h(g->host_xn.ptr, g->xn, sizeof(float) * (size_t)n * d, g->stream));
+    CORE_TRY(cuda_rmsnorm_mirror(g->x, l->ffn_norm, g->xn, g->xn_to_host, n, d, hp->rms_eps, g->stream));
     CORE_TRY(hand_down(g, il));
     struct cuda_matrix gate = l->ffn_gate, up = l->ffn_up, down = l->ffn_down;
     gate.n_rows = up.n_rows = f;
@@ -427,14 +438,12 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
     const int64_t n = b->n_tokens, d = hp->n_embd;
     const uint32_t r = ctx->plan.experts_resident[il], on_gpu = tier->experts_gpu[il], E = hp->n_expert;
     cuda_stream s = g->stream;
-    CORE_TRY(cuda_rmsnorm(g->x, l->ffn_norm, g->xn, n, d, hp->rms_eps, s));
+    const bool split = on_gpu < E;
+    CORE_TRY(cuda_rmsnorm_mirror(g->x, l->ffn_norm, g->xn, split ? g->xn_to_host : NULL, n, d, hp->rms_eps, s));
     CORE_TRY(project(ctx, g, &l->gate_inp, g->xn, n, g->router));
-    CORE_TRY(cuda_moe_route(g->router, n, (int)E, (int)hp->n_expert_used, ctx->w.norm_expert_weights, g->expert_ids,
-                            g->expert_weights, s));
-    if (on_gpu < E) {
-        CORE_TRY(route_down(ctx, g, n));
-        CORE_TRY(hand_down(g, il));
-    }
+    CORE_TRY(cuda_moe_route_mirror(g->router, n, (int)E, (int)hp->n_expert_used, ctx->w.norm_expert_weights,
+                                   g->expert_ids, g->expert_weights, split ? g->route_to_host : NULL, s));
+    if (split) CORE_TRY(hand_down(g, il));
     /* Experts add straight into the residual stream. The host does not see the GPU's routing,
      * so the bytes count the experts a batch of this size touches on average. */
     const uint64_t touched = (uint64_t)(n * hp->n_expert_used < E ? n * hp->n_expert_used : E);
@@ -444,7 +453,7 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
         CORE_TRY(cuda_moe_ffn(&resident, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work, g->work_bytes, s));
         ctx->stats.weight_bytes_read += touched * shard->expert_bytes * r / E;
     }
-    if (on_gpu < E && routed_step(tier, n)) {
+    if (split && routed_step(tier, n)) {
         struct cuda_moe streamed = l->moe_host;
         CORE_TRY(cuda_moe_routed_mask(g->expert_ids, (int)hp->n_expert_used, (int)r, g->routed_quota[tier - ctx->plan.tier],
                                       (int)E, g->routed_mask, s));
@@ -468,7 +477,7 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
         CORE_TRY(swiglu_ffn(ctx, g, &l->gate_shexp, &l->up_shexp, &l->down_shexp, n, g->proj));
         CORE_TRY(cuda_add(g->x, g->proj, n * d, s));
     }
-    if (on_gpu < E) CORE_TRY(hand_back(ctx, g, tier, shard, n));
+    if (split) CORE_TRY(hand_back(ctx, g, tier, shard, n));
     return PSHARD_OK;
 }
 

@@ -13,8 +13,9 @@
 static const int extra_kernels[SHARD_KIND_COUNT] = {1, 7, 3, 6, 2};
 /* Launches the host makes: per matrix product (the activations' conversion, the product), per
  * expert call (grouping, two conversions, three products, the gated unit, the weighted sum), and
- * per CPU/GPU hand-off of an MoE layer (three copies down, an event or flag, a copy up, an add). */
-enum { MATRIX_OPS = 2, EXPERT_CALL_OPS = 8, HAND_OFF_OPS = 6 };
+ * per CPU/GPU hand-off of a split layer (an event or flag, and the add that reads the CPU's sum in
+ * place; the kernels before it write the input down themselves). */
+enum { MATRIX_OPS = 2, EXPERT_CALL_OPS = 8, HAND_OFF_OPS = 2 };
 static const int extra_jobs[SHARD_KIND_COUNT] = {0, 3, 2, 3, 1};
 
 double cost_rate(const struct profile_rate table[PROFILE_FORMATS], uint32_t type, double n) {
@@ -142,9 +143,11 @@ static void move_to(struct walk *w, bool gpu) {
 }
 
 /* Attention over the cache: seconds for n tokens attending ctx cells each; on the GPU, a step
- * below 64 tokens (the split-KV kernel) also pays the call's fixed part. */
+ * below 64 tokens (the split-KV kernel) also pays the call's fixed part. The CPU's rate is per
+ * KV byte each query head reads (qwen30b's eight query heads per KV head ran 1.7x slower per KV
+ * byte than llama8b's four on the H200); the GPU's kernel reads a KV head once for its group. */
 static double attention_s(const struct walk *w, const struct shard *s, bool gpu) {
-    const double per_cell = (double)s->kv_bytes_per_token;
+    const double per_cell = (double)s->kv_bytes_per_token * (gpu ? 1 : cost_query_heads_per_kv(w->m));
     const double *r = gpu ? w->prof->gpu_attn : w->prof->cpu_attn;
     const double call = gpu && w->n < PROFILE_PROMPT_ATTN ? w->prof->gpu_attn_call_s : 0;
     return call + w->n * w->ctx * per_cell * profile_at_tokens(r, w->n);
@@ -189,6 +192,10 @@ static double matrices_s(const struct walk *w, const struct shard *s, bool gpu, 
         (*count)++;
     }
     return sec;
+}
+
+double cost_query_heads_per_kv(const struct model *m) {
+    return m->hp.n_head_kv > 0 ? (double)m->hp.n_head / m->hp.n_head_kv : 1;
 }
 
 double cost_touched(double range, double E, double k, double n) {

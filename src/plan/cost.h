@@ -32,6 +32,9 @@ double cost_rate(const struct profile_rate table[PROFILE_FORMATS], uint32_t type
  * at random. */
 double cost_touched(double range, double E, double k, double n);
 
+/* Query heads per KV head (the CPU's attention reads a KV head once for each). */
+double cost_query_heads_per_kv(const struct model *m);
+
 /* A routed tier's quota (plan_tier.routed_quota): for each count N of a token's experts that
  * are not resident, how many of them the GPU reads in place so the layer, split with the CPU,
  * takes least. */

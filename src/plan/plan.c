@@ -392,7 +392,8 @@ static void unit_benefit(const struct model *m, const struct plan_request *req, 
         if (model_tensor_is_matrix(t) && !model_tensor_is_experts(t))
             saved += t->n_bytes * (cost_rate(prof->cpu_matmul, t->type, 1) - cost_rate(prof->gpu_matmul, t->type, 1));
     }
-    if (s->kind == SHARD_ATTN) saved += (double)kv_bytes(s, req) / req->n_seq * (prof->cpu_attn[0] - prof->gpu_attn[0]);
+    if (s->kind == SHARD_ATTN)
+        saved += (double)kv_bytes(s, req) / req->n_seq * (prof->cpu_attn[0] * cost_query_heads_per_kv(m) - prof->gpu_attn[0]);
     u->benefit = saved / (double)(u->bytes ? u->bytes : 1);
     (void)kv_separate;
 }

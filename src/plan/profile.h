@@ -16,7 +16,7 @@
 
 #include "pshard.h"
 
-#define PROFILE_VERSION 9
+#define PROFILE_VERSION 10
 enum {
     PROFILE_TOKENS = 6,   /* token counts: 1, 4, 16, 64, 256, 1024 */
     PROFILE_SIZES = 5,    /* transfer sizes: 64 KiB, 512 KiB, 4 MiB, 32 MiB, 128 MiB */
@@ -61,7 +61,8 @@ struct profile {
     double host_read_gbps;                           /* streaming read of host memory, GB/s */
     struct profile_rate cpu_matmul[PROFILE_FORMATS]; /* dense matrix times n tokens */
     struct profile_rate cpu_experts[PROFILE_FORMATS];/* one expert's matrices times its tokens */
-    double cpu_attn[PROFILE_TOKENS];                 /* seconds per KV byte read per new token */
+    double cpu_attn[PROFILE_TOKENS];                 /* seconds per KV byte per query head that reads it
+                                                        (a KV head serves n_head / n_head_kv), per new token */
     double cpu_step_s;                               /* fixed cost of a CPU shard (thread pool wake) */
     double cpu_moe_call_s;                           /* fixed cost of computing some experts on the CPU */
 
