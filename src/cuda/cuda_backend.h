@@ -267,6 +267,10 @@ pshard_status cuda_rope_table(const struct rope_params *p, const float *freq_fac
 /* Rotate x [n_tokens][n_heads * head_size] in place with cs [n_tokens][n_dims]. */
 pshard_status cuda_rope_apply(const struct rope_params *p, const float *cs, float *x, int64_t n_tokens, int n_heads,
                               int head_size, cuda_stream s);
+/* Per head of x [n_tokens][n_heads][head_size]: RMSNorm (weights w [head_size]) and then the
+ * rotation, in one kernel, with the results of cuda_rmsnorm and cuda_rope_apply to the bit. */
+pshard_status cuda_norm_rope(const struct rope_params *p, const float *cs, float *x, const float *w, float eps,
+                             int64_t n_tokens, int n_heads, int head_size, cuda_stream s);
 
 /* ---- KV cache and attention ------------------------------------------------------------------ */
 

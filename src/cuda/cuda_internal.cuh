@@ -100,4 +100,21 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+/* RMSNorm's scale for one row, computed by a block of NORM_THREADS threads as src/cpu/elementwise.c
+ * does: squares summed in double (in this thread and warp order), an IEEE sqrt and division. */
+enum { NORM_THREADS = 256 };
+__device__ inline float rms_scale(const float *xr, int64_t n, float eps) {
+    __shared__ double partial[NORM_THREADS / 32];
+    double sum = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += NORM_THREADS) sum += (double)xr[i] * xr[i];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = sum;
+    __syncthreads();
+    double total = 0.0;
+#pragma unroll
+    for (int i = 0; i < NORM_THREADS / 32; i++) total += partial[i];
+    return 1.0f / sqrtf((float)(total / (double)n) + eps);
+}
+
 #endif

@@ -4,23 +4,11 @@
  * bit unless the double sums round differently. */
 #include "cuda/cuda_internal.cuh"
 
-enum { NORM_THREADS = 256 };
-
 __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float *x, const float *w, float *out, int64_t n,
                                                                float eps, float *mirror) {
-    __shared__ double partial[NORM_THREADS / 32];
     const float *xr = x + (int64_t)blockIdx.x * n;
     float *o = out + (int64_t)blockIdx.x * n;
-    double sum = 0.0;
-    for (int64_t i = threadIdx.x; i < n; i += NORM_THREADS) sum += (double)xr[i] * xr[i];
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = sum;
-    __syncthreads();
-    double total = 0.0;
-#pragma unroll
-    for (int i = 0; i < NORM_THREADS / 32; i++) total += partial[i];
-    const float scale = 1.0f / sqrtf((float)(total / (double)n) + eps);
+    const float scale = rms_scale(xr, n, eps);
     float *m = mirror ? mirror + (int64_t)blockIdx.x * n : nullptr;
     for (int64_t i = threadIdx.x; i < n; i += NORM_THREADS) {
         const float v = w ? __fmul_rn(__fmul_rn(xr[i], scale), w[i]) : __fmul_rn(xr[i], scale);

@@ -77,6 +77,45 @@ __global__ void rope_apply_kernel(const rope_dev r, const float *cs, float *x, i
     v[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
 }
 
+/* A head's RMSNorm (w: its weights, as rmsnorm_kernel) and then its rotation (as
+ * rope_apply_kernel), bit for bit, in one pass: one block per head of a token. */
+__global__ void __launch_bounds__(NORM_THREADS) norm_rope_kernel(const rope_dev r, const float *cs, float *x, const float *w,
+                                                                 float eps, int n_heads, int head_size) {
+    extern __shared__ float normed[];
+    const int64_t th = blockIdx.x, t = th / n_heads;
+    float *v = x + th * head_size;
+    const float scale = rms_scale(v, head_size, eps);
+    for (int i = threadIdx.x; i < head_size; i += NORM_THREADS)
+        normed[i] = w ? __fmul_rn(__fmul_rn(v[i], scale), w[i]) : __fmul_rn(v[i], scale);
+    __syncthreads();
+    const int half = r.n_dims / 2;
+    for (int i = threadIdx.x; i < head_size; i += NORM_THREADS) {
+        if (i >= r.n_dims) {
+            v[i] = normed[i];
+            continue;
+        }
+        const bool second = r.neox ? i >= half : i % 2 == 1;
+        const int pair = r.neox ? (second ? i - half : i) : i / 2;
+        const int a = r.neox ? pair : 2 * pair, b = r.neox ? pair + half : 2 * pair + 1;
+        const float c = cs[t * r.n_dims + 2 * pair], s = cs[t * r.n_dims + 2 * pair + 1];
+        const float x0 = normed[a], x1 = normed[b];
+        v[i] = second ? __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c)) : __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    }
+}
+
+extern "C" pshard_status cuda_norm_rope(const struct rope_params *p, const float *cs, float *x, const float *w, float eps,
+                                        int64_t n_tokens, int n_heads, int head_size, cuda_stream s) {
+    CUDA_ARG(p->n_dims > 0 && p->n_dims % 2 == 0 && p->n_dims <= head_size && head_size <= 4096,
+             "norm+rope: %d of %d dimensions", p->n_dims, head_size);
+    const int64_t rows = n_tokens * n_heads;
+    if (rows == 0) return PSHARD_OK;
+    CUDA_ARG(rows < (1ll << 31), "norm+rope: %lld heads", (long long)rows);
+    norm_rope_kernel<<<(unsigned)rows, NORM_THREADS, sizeof(float) * (size_t)head_size, raw_stream(s)>>>(
+        rope_prepare(p, NULL), cs, x, w, eps, n_heads, head_size);
+    CUDA_TRY_LAUNCH("norm_rope");
+    return PSHARD_OK;
+}
+
 extern "C" pshard_status cuda_rope_table(const struct rope_params *p, const float *freq_factors, const int32_t *pos,
                                          int64_t n_tokens, float *cs, cuda_stream s) {
     CUDA_ARG(p->n_dims > 0 && p->n_dims % 2 == 0, "rope: %d rotated dimensions", p->n_dims);

@@ -91,6 +91,7 @@ struct exec_gpu {
     uint64_t decode_graph_bytes, decode_graph_streamed;
     bool no_graphs; /* PSHARD_NO_CUDA_GRAPHS set: launch kernel by kernel */
     bool capturing; /* enqueueing into a graph: arguments must hold for every replay */
+    bool rope_ready; /* the step's rotation table is made (by its first attention on the GPU) */
 };
 
 #endif

@@ -61,11 +61,20 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
     if (l->bq) CORE_TRY(cuda_add_bias(g->q, l->bq, n, q_width, s));
     if (l->bk) CORE_TRY(cuda_add_bias(g->k, l->bk, n, k_width, s));
     if (l->bv) CORE_TRY(cuda_add_bias(g->v, l->bv, n, v_width, s));
-    if (l->q_norm) CORE_TRY(cuda_rmsnorm(g->q, l->q_norm, g->q, n * hp->n_head, hp->head_dim_k, hp->rms_eps, s));
-    if (l->k_norm) CORE_TRY(cuda_rmsnorm(g->k, l->k_norm, g->k, n * hp->n_head_kv, hp->head_dim_k, hp->rms_eps, s));
-    CORE_TRY(cuda_rope_table(&ctx->w.rope, g->rope_freqs, g->pos, n, g->rope_cs, s));
-    CORE_TRY(cuda_rope_apply(&ctx->w.rope, g->rope_cs, g->q, n, (int)hp->n_head, (int)hp->head_dim_k, s));
-    CORE_TRY(cuda_rope_apply(&ctx->w.rope, g->rope_cs, g->k, n, (int)hp->n_head_kv, (int)hp->head_dim_k, s));
+    /* Every layer rotates by the same positions: the table is made once a step. */
+    if (!g->rope_ready) CORE_TRY(cuda_rope_table(&ctx->w.rope, g->rope_freqs, g->pos, n, g->rope_cs, s));
+    g->rope_ready = true;
+    if (l->q_norm) {
+        CORE_TRY(cuda_norm_rope(&ctx->w.rope, g->rope_cs, g->q, l->q_norm, hp->rms_eps, n, (int)hp->n_head, (int)hp->head_dim_k, s));
+    } else {
+        CORE_TRY(cuda_rope_apply(&ctx->w.rope, g->rope_cs, g->q, n, (int)hp->n_head, (int)hp->head_dim_k, s));
+    }
+    if (l->k_norm) {
+        CORE_TRY(cuda_norm_rope(&ctx->w.rope, g->rope_cs, g->k, l->k_norm, hp->rms_eps, n, (int)hp->n_head_kv,
+                                (int)hp->head_dim_k, s));
+    } else {
+        CORE_TRY(cuda_rope_apply(&ctx->w.rope, g->rope_cs, g->k, n, (int)hp->n_head_kv, (int)hp->head_dim_k, s));
+    }
     CORE_TRY(cuda_kv_store(&g->kv[il], g->k, g->v, k_width, v_width, g->seq, g->pos, n, s));
 
     /* A prompt of one sequence of a query tile or more goes to the tensor-core kernel; anything
@@ -577,6 +586,7 @@ static pshard_status enqueue_step(struct exec_ctx *ctx, struct exec_gpu *g, cons
                                   const struct exec_batch *b) {
     const struct model *model = ctx->model;
     CORE_TRY(cuda_copy_h2d(g->tokens, g->host_in.ptr, 4 * (size_t)ctx->params.n_batch * sizeof(int32_t), g->stream));
+    g->rope_ready = false;
     if (tier->ring) CORE_TRY(ring_start(ctx, g, tier));
     bool x_on_gpu = false;
     for (uint32_t i = 0; i < model->n_shards; i++) {

@@ -94,6 +94,21 @@ static void test_rope(struct dt *d, const char *name, struct rope_params p, int 
     dt_download(d, x_got, dx, 4 * (size_t)(n_tokens * width));
     for (int64_t t = 0; t < n_tokens; t++) cpu_rope_apply(&p, cs + t * p.n_dims, x + t * width, n_heads, head_size);
     dt_case(d, dt_max_err(x_got, x, n_tokens * width, 1.0, &where) == 0.0, "rope apply %-8s: exact", name);
+
+    /* A head norm and the rotation in one kernel: the two kernels' result to the bit. */
+    float *wn = dt_malloc(4 * (size_t)head_size);
+    dt_fill(wn, head_size, 0.5f, 1.5f);
+    dt_fill(x, n_tokens * width, -2.0f, 2.0f);
+    const float *dwn = dt_upload(d, wn, 4 * (size_t)head_size);
+    float *two = dt_upload(d, x, 4 * (size_t)(n_tokens * width)), *one = dt_upload(d, x, 4 * (size_t)(n_tokens * width));
+    DT_CHECK(cuda_rmsnorm(two, dwn, two, n_tokens * n_heads, head_size, 1e-6f, d->s));
+    DT_CHECK(cuda_rope_apply(&p, dcs, two, n_tokens, n_heads, head_size, d->s));
+    DT_CHECK(cuda_norm_rope(&p, dcs, one, dwn, 1e-6f, n_tokens, n_heads, head_size, d->s));
+    dt_download(d, x, two, 4 * (size_t)(n_tokens * width));
+    dt_download(d, x_got, one, 4 * (size_t)(n_tokens * width));
+    dt_case(d, memcmp(x, x_got, 4 * (size_t)(n_tokens * width)) == 0, "norm+rope %-8s: the same bits as norm, then rope",
+            name);
+    free(wn);
     cuda_arena_reset(&d->arena, mark);
     free(ff), free(cs), free(cs_got), free(x), free(x_got);
 }
