@@ -166,11 +166,83 @@ static void test_matmul_against_dequantized(void **state) {
     free(wf), free(x), free(deq), free(y), free(wq), free(acts);
 }
 
+/* The expert FFN equals its products done one at a time (quantize, dot, gated unit, quantize,
+ * dot, weighted sum in expert order), to the bit: for down formats whose activations quantize a
+ * unit of rows at a time inside the gate/up pass (Q8_0, Q8_1) and for one that cannot (Q8_K). */
+static void test_moe_matches_its_products(void **state) {
+    (void)state;
+    static const struct { enum quant_type gate, down; int64_t n_embd, n_ff; } cases[] = {
+        {QUANT_Q4_0, QUANT_Q8_0, 64, 96}, {QUANT_Q4_1, QUANT_Q5_1, 64, 128}, {QUANT_Q4_0, QUANT_Q4_K, 256, 256}};
+    struct threadpool *pool;
+    assert_int_equal(threadpool_create(3, &pool), PSHARD_OK);
+    const int E = 6, k = 2;
+    const int64_t n_tok = 5;
+    uint32_t seed = 11;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t d = cases[c].n_embd, ff = cases[c].n_ff;
+        struct cpu_matrix mats[3];
+        const enum quant_type types[3] = {cases[c].gate, cases[c].gate, cases[c].down};
+        const int64_t rows[3] = {ff, ff, d}, cols[3] = {d, d, ff};
+        for (int m = 0; m < 3; m++) {
+            const size_t row_bytes = quant_row_bytes(types[m], cols[m]);
+            uint8_t *data = malloc(row_bytes * (size_t)(rows[m] * E));
+            float *row = malloc(sizeof(float) * (size_t)cols[m]);
+            for (int64_t r = 0; r < rows[m] * E; r++) {
+                for (int64_t i = 0; i < cols[m]; i++) row[i] = frand(&seed) * 0.2f;
+                assert_int_equal(quant_quantize_row(types[m], row, data + r * row_bytes, cols[m]), PSHARD_OK);
+            }
+            free(row);
+            mats[m] = (struct cpu_matrix){types[m], data, cols[m], rows[m], E, row_bytes, quant_kernels_get(types[m])};
+        }
+        float *x = malloc(sizeof(float) * (size_t)(n_tok * d)), *logits = malloc(sizeof(float) * (size_t)(n_tok * E));
+        for (int64_t i = 0; i < n_tok * d; i++) x[i] = frand(&seed);
+        for (int64_t i = 0; i < n_tok * E; i++) logits[i] = frand(&seed);
+        int32_t ids[5 * 2];
+        float w[5 * 2];
+        cpu_moe_route(logits, n_tok, E, k, true, ids, w);
+        uint8_t *acts_buf = malloc(cpu_acts_bytes(types[0], d, n_tok) + 64);
+        struct cpu_acts acts;
+        cpu_quantize_acts(pool, &mats[0], x, n_tok, acts_buf, &acts);
+        void *scratch_mem = malloc(cpu_moe_scratch_bytes(n_tok, k, E, d, ff, QUANT_F32));
+        struct moe_scratch scratch;
+        cpu_moe_scratch_init(&scratch, scratch_mem, n_tok, k, E, d, ff, QUANT_F32);
+        float *got = malloc(sizeof(float) * (size_t)(n_tok * d)), *want = calloc((size_t)(n_tok * d), sizeof(float));
+        struct moe_routing routing = {n_tok, k, ids, w, 0, 0};
+        cpu_moe(pool, &mats[0], &mats[1], &mats[2], &acts, &routing, &scratch, got);
+
+        float *g = malloc(sizeof(float) * (size_t)ff), *u = malloc(sizeof(float) * (size_t)ff), *y = malloc(sizeof(float) * (size_t)d);
+        uint8_t *ax = malloc(cpu_acts_bytes(types[0], d, 1) + 64), *ah = malloc(cpu_acts_bytes(types[2], ff, 1) + 64);
+        for (int64_t t = 0; t < n_tok; t++)
+            for (int e = 0; e < E; e++) /* a token's experts add in expert order */
+                for (int j = 0; j < k; j++) {
+                    if (ids[t * k + j] != e) continue;
+                    const struct cpu_matrix ge = cpu_matrix_expert(&mats[0], e), ue = cpu_matrix_expert(&mats[1], e),
+                                            de = cpu_matrix_expert(&mats[2], e);
+                    struct cpu_acts a1, a2;
+                    cpu_quantize_acts(NULL, &ge, x + t * d, 1, ax, &a1);
+                    for (int64_t r = 0; r < ff; r++) {
+                        g[r] = ge.kernels->vec_dot(d, (const uint8_t *)ge.data + r * ge.row_bytes, a1.data);
+                        u[r] = ue.kernels->vec_dot(d, (const uint8_t *)ue.data + r * ue.row_bytes, a1.data);
+                    }
+                    cpu_swiglu(g, u, g, ff);
+                    cpu_quantize_acts(NULL, &de, g, 1, ah, &a2);
+                    for (int64_t r = 0; r < d; r++)
+                        y[r] = de.kernels->vec_dot(ff, (const uint8_t *)de.data + r * de.row_bytes, a2.data);
+                    for (int64_t r = 0; r < d; r++) want[t * d + r] += w[t * k + j] * y[r];
+                }
+        if (memcmp(got, want, sizeof(float) * (size_t)(n_tok * d)) != 0)
+            fail_msg("%s/%s experts: not the products' result", quant_type_name(types[0]), quant_type_name(types[2]));
+        for (int m = 0; m < 3; m++) free((void *)mats[m].data);
+        free(x), free(logits), free(acts_buf), free(scratch_mem), free(got), free(want), free(g), free(u), free(y), free(ax), free(ah);
+    }
+    threadpool_free(pool);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_threadpool_covers_every_index_once), cmocka_unit_test(test_rope_matches_formula),
         cmocka_unit_test(test_attention_matches_naive_softmax),   cmocka_unit_test(test_topk_and_router),
-        cmocka_unit_test(test_matmul_against_dequantized),
+        cmocka_unit_test(test_matmul_against_dequantized), cmocka_unit_test(test_moe_matches_its_products),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -84,6 +84,11 @@ struct moe_job {
     int n_active;
     float *out_a, *out_b;           /* [pairs][a->n_rows], grouped order */
     _Atomic int64_t next;           /* units claimed so far */
+    /* Gate and up: when not NULL, each unit also applies the gated unit to its rows and
+     * quantizes them into these activations for down (a unit's rows being whole blocks of
+     * their format), so no pass over all rows is needed between the two products. */
+    const struct cpu_acts *hidden;
+    const struct quant_kernels *hidden_kernels; /* down's, which quantize them */
 };
 
 /* Rows r0..r1 of one expert for its grouped activation rows i0..i1: four rows at a time where
@@ -121,7 +126,23 @@ static void moe_worker(void *p, int thread, int n_threads) {
             const struct cpu_matrix mb = cpu_matrix_expert(job->b, e);
             expert_rows(&mb, job->acts, i0, i1, r0, r1, job->out_b);
         }
+        if (job->hidden)
+            for (int32_t i = i0; i < i1; i++) {
+                float *g = job->out_a + i * n_rows + r0;
+                cpu_swiglu(g, job->out_b + i * n_rows + r0, g, r1 - r0);
+                const size_t piece = job->hidden->row_bytes / (size_t)blocks;
+                job->hidden_kernels->quantize_act(g, (uint8_t *)job->hidden->data + i * job->hidden->row_bytes + r0 / MOE_ROW_BLOCK * piece,
+                                                  r1 - r0);
+            }
     }
+}
+
+/* Whether a unit's rows of the hidden layer quantize on their own: whole blocks of down's
+ * activation format, laid end to end in a row (Q8_0 and Q8_1 blocks of 32; not Q8_K's 256). */
+static bool by_unit(const struct quant_kernels *down, int64_t n_ff) {
+    return n_ff % MOE_ROW_BLOCK == 0 &&
+           quant_act_row_bytes(down, MOE_ROW_BLOCK) * (size_t)(n_ff / MOE_ROW_BLOCK) == quant_act_row_bytes(down, n_ff) &&
+           quant_act_row_bytes(down, MOE_ROW_BLOCK) > 0;
 }
 
 void cpu_moe(struct threadpool *pool, const struct cpu_matrix *gate_exps, const struct cpu_matrix *up_exps,
@@ -137,12 +158,16 @@ void cpu_moe(struct threadpool *pool, const struct cpu_matrix *gate_exps, const 
     for (int64_t i = 0; i < pairs; i++)
         memcpy((uint8_t *)grouped.data + i * acts->row_bytes,
                (const uint8_t *)acts->data + (s->pairs[i] / routing->k) * acts->row_bytes, acts->row_bytes);
-    struct moe_job job = {gate_exps, up_exps, &grouped, s, n_active, s->gate, s->up, 0};
+    struct cpu_acts hidden = {down_exps->kernels->act_type, n_ff, pairs, quant_act_row_bytes(down_exps->kernels, n_ff),
+                              s->act_buf}; /* grouped order too */
+    struct moe_job job = {gate_exps, up_exps, &grouped, s, n_active, s->gate, s->up, 0, NULL, down_exps->kernels};
+    if (by_unit(down_exps->kernels, n_ff)) job.hidden = &hidden;
     threadpool_run(pool, moe_worker, &job);
-    cpu_swiglu_parallel(pool, s->gate, s->up, s->gate, pairs * n_ff); /* rows are contiguous */
-    struct cpu_acts hidden; /* grouped order too */
-    cpu_quantize_acts(pool, down_exps, s->gate, pairs, s->act_buf, &hidden);
-    struct moe_job down_job = {down_exps, NULL, &hidden, s, n_active, s->down, NULL, 0};
+    if (!job.hidden) {
+        cpu_swiglu_parallel(pool, s->gate, s->up, s->gate, pairs * n_ff); /* rows are contiguous */
+        cpu_quantize_acts(pool, down_exps, s->gate, pairs, s->act_buf, &hidden);
+    }
+    struct moe_job down_job = {down_exps, NULL, &hidden, s, n_active, s->down, NULL, 0, NULL, NULL};
     threadpool_run(pool, moe_worker, &down_job);
     /* Weighted sum; a token's experts are added in expert order, whatever its batch. */
     memset(out, 0, sizeof(float) * (size_t)(routing->n_tokens * n_embd));
