@@ -21,7 +21,7 @@ static struct gguf_file *file, *moe_file;
 static struct model model, moe;
 static char moe_path[256];
 static const struct plan_gpu_costs costs = {100 << 20, 20 << 20, 10 << 20, 32 << 20, 256 << 10};
-static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false, false, false, false};
+static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false, false, false, false, NULL, 0};
 
 static int setup(void **state) {
     (void)state;
@@ -874,6 +874,21 @@ static void test_routed_split(void **state) {
     assert_false(p.tier[PLAN_TIER_DECODE].routed);
     plan_free(&p);
     r.routed_split = true;
+    /* A quota given (tests, comparison) replaces the cost model's, if it fits the model. */
+    assert_int_equal(k, 2); /* tiny-moe: top 2 */
+    const uint8_t given[3] = {0, 0, 1}, too_many[3] = {0, 2, 1};
+    r.routed_quota = given;
+    r.routed_quota_count = k;
+    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+    assert_true(p.tier[PLAN_TIER_DECODE].routed);
+    assert_memory_equal(p.tier[PLAN_TIER_DECODE].routed_quota, given, 3);
+    plan_free(&p);
+    r.routed_quota = too_many;
+    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_ERR_INVALID_ARG);
+    r.routed_quota = given;
+    r.routed_quota_count = k - 1;
+    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_ERR_INVALID_ARG);
+    r.routed_quota = NULL;
     r.stream_share = 0.5f; /* a share given: by range */
     assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
     assert_false(p.tier[PLAN_TIER_DECODE].routed);

@@ -116,7 +116,29 @@ static struct plan_request request_for(const struct exec_params *p, bool gpu_wan
     return (struct plan_request){gpu_wanted ? p->plan : PLAN_CPU, p->vram_budget, p->n_ctx, p->n_batch, p->n_seq,
                                  p->stream_share, p->staging, p->profile, env_switch("PSHARD_LEND_SLOTS", true),
                                  env_switch("PSHARD_SPLIT_FFN", true), env_switch("PSHARD_STAGE_STATIC", true),
-                                 env_switch("PSHARD_ROUTED_SPLIT", true)};
+                                 env_switch("PSHARD_ROUTED_SPLIT", true), NULL, 0};
+}
+
+/* PSHARD_ROUTED_QUOTA=q1,q2,...,qk (for tests and comparison): routed tiers' GPU share of a
+ * token's experts, for 1..k of them not resident, in place of the cost model's (plan_build
+ * checks it against the model). Sets req->routed_quota to quota when given. */
+static pshard_status routed_quota_from_env(uint8_t quota[PLAN_MAX_ROUTED + 1], struct plan_request *req) {
+    const char *v = getenv("PSHARD_ROUTED_QUOTA");
+    if (!v || !*v) return PSHARD_OK;
+    int n = 0;
+    quota[0] = 0;
+    for (const char *s = v; *s;) {
+        char *end;
+        const long q = strtol(s, &end, 10);
+        if (end == s || q < 0 || q > PLAN_MAX_ROUTED || n == PLAN_MAX_ROUTED || (*end && *end != ','))
+            return core_fail(PSHARD_ERR_INVALID_ARG, "PSHARD_ROUTED_QUOTA=%s: want up to %d counts 0..%d, comma-separated", v,
+                             PLAN_MAX_ROUTED, PLAN_MAX_ROUTED);
+        quota[++n] = (uint8_t)q;
+        s = *end ? end + 1 : end;
+    }
+    req->routed_quota = quota;
+    req->routed_quota_count = n;
+    return PSHARD_OK;
 }
 
 static pshard_status build_plan(const struct model *model, const struct model_weights *w, const struct exec_params *p,
@@ -128,7 +150,9 @@ static pshard_status build_plan(const struct model *model, const struct model_we
             return core_fail(PSHARD_ERR_UNSUPPORTED, "no CUDA device: run on the CPU (budget 0 or --plan cpu)");
         CORE_TRY(exec_gpu_costs(model, w, p, &costs));
     }
-    const struct plan_request req = request_for(p, gpu_wanted);
+    struct plan_request req = request_for(p, gpu_wanted);
+    uint8_t quota[PLAN_MAX_ROUTED + 1];
+    CORE_TRY(routed_quota_from_env(quota, &req));
     return plan_build(model, &req, &costs, out);
 }
 
@@ -138,7 +162,9 @@ pshard_status exec_make_plan(const struct model *model, const struct exec_params
     struct plan_gpu_costs costs = {0};
     pshard_status st = PSHARD_OK;
     if (params->plan != PLAN_CPU && params->vram_budget != 0) st = exec_gpu_costs(model, &w, params, &costs);
-    const struct plan_request req = request_for(params, params->vram_budget != 0);
+    struct plan_request req = request_for(params, params->vram_budget != 0);
+    uint8_t quota[PLAN_MAX_ROUTED + 1];
+    if (st == PSHARD_OK) st = routed_quota_from_env(quota, &req);
     if (st == PSHARD_OK) st = plan_build(model, &req, &costs, out);
     model_weights_free(&w);
     return st;

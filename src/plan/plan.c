@@ -359,7 +359,9 @@ static void place_tier(const struct model *m, const struct plan_request *req, co
     t->routed = req->routed_split && balanced && t->family == PLAN_DYNAMIC && !t->ring && t->min_tokens == 1 &&
                 m->hp.n_expert && m->hp.n_expert_used <= PLAN_MAX_ROUTED;
     memset(t->routed_quota, 0, sizeof t->routed_quota);
-    if (t->routed) {
+    if (t->routed && req->routed_quota) {
+        memcpy(t->routed_quota, req->routed_quota, (size_t)req->routed_quota_count + 1);
+    } else if (t->routed) {
         cost_routed_quota(prof, m, p, t, t->routed_quota);
         bool reads = false; /* none read in place: the CPU takes them all, as a range split would */
         for (int n = 1; n <= PLAN_MAX_ROUTED; n++) reads |= t->routed_quota[n] > 0;
@@ -761,6 +763,16 @@ static pshard_status build(const struct model *m, const struct plan_request *req
 pshard_status plan_build(const struct model *model, const struct plan_request *req, const struct plan_gpu_costs *costs,
                          struct plan *out) {
     memset(out, 0, sizeof *out);
+    if (req->routed_quota && model->hp.n_expert) { /* (a dense model has nothing to split by routing) */
+        const int k = (int)model->hp.n_expert_used;
+        if (req->routed_quota_count != k)
+            return core_fail(PSHARD_ERR_INVALID_ARG, "the routed quota gives %d counts; this model routes a token to %d experts",
+                             req->routed_quota_count, k);
+        for (int n = 1; n <= k; n++)
+            if (req->routed_quota[n] > n)
+                return core_fail(PSHARD_ERR_INVALID_ARG, "the routed quota gives %d of %d experts not resident to the GPU",
+                                 req->routed_quota[n], n);
+    }
     out->n_shards = model->n_shards;
     out->n_layers = model->hp.n_layers;
     out->n_expert = model->hp.n_expert;

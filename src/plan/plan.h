@@ -79,6 +79,9 @@ struct plan_request {
                              reading it in place */
     bool routed_split;    /* balanced dynamic tiers split a one-token step's experts by its routing
                              (plan_tier.routed) rather than by expert range */
+    const uint8_t *routed_quota; /* [1 + n_expert_used]: the routed tiers' quota given (entry n for n
+                             experts not resident; tests, comparison); NULL: the cost model's */
+    int routed_quota_count;      /* entries given after [0] */
 };
 
 /* The most experts a token routes to for which a tier can split them by routing. */
