@@ -21,7 +21,7 @@ static struct gguf_file *file, *moe_file;
 static struct model model, moe;
 static char moe_path[256];
 static const struct plan_gpu_costs costs = {100 << 20, 20 << 20, 10 << 20, 32 << 20, 256 << 10};
-static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false, false, false, false, NULL, 0};
+static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false, false, false, false, NULL, 0, false};
 
 static int setup(void **state) {
     (void)state;
@@ -512,21 +512,26 @@ static void test_moe_experts_by_range(void **state) {
 /* A split MoE layer's experts read in place beside the CPU's take the expert kernel's measured
  * shares (expert_reads_share_under_cpu, cpu_share_under_expert_reads), not the dense kernel's:
  * lowering them slows both sides of tiny-moe's decode step, and lowering the dense pair does not. */
-static void test_cost_expert_reads_beside_cpu(void **state) {
-    (void)state;
-    struct profile prof;
-    plan_profile(NULL, &prof); /* the defaults, with a GPU */
-    prof.host_read_gbps = 1e6; /* no shared ceiling: the shares alone */
-    prof.launch_s = 0;         /* the GPU's side is its kernels, not the host's launches */
+/* tiny-moe, dynamic at share 0.5 at a budget where its MoE layers split with the CPU. */
+static void split_moe_plan(const struct profile *prof, struct plan *p) {
     struct plan_request r = base;
     const struct shard *m0;
     uint64_t slot;
     r.family = PLAN_DYNAMIC;
     r.stream_share = 0.5f;
     r.vram_budget = moe_split_budget(&m0, &slot);
-    r.profile = &prof;
+    r.profile = prof;
+    assert_int_equal(plan_build(&moe, &r, &costs, p), PSHARD_OK);
+}
+
+static void test_cost_expert_reads_beside_cpu(void **state) {
+    (void)state;
+    struct profile prof;
+    plan_profile(NULL, &prof); /* the defaults, with a GPU */
+    prof.host_read_gbps = 1e6; /* no shared ceiling: the shares alone */
+    prof.launch_s = 0;         /* the GPU's side is its kernels, not the host's launches */
     struct plan p;
-    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+    split_moe_plan(&prof, &p);
     const struct plan_tier *t = &p.tier[PLAN_TIER_DECODE];
     assert_false(t->ring);
     assert_true(t->host_bytes_per_token > 0 && t->pcie_bytes_per_token > 0); /* split, read in place */
@@ -895,6 +900,27 @@ static void test_routed_split(void **state) {
     plan_free(&p);
 }
 
+/* One expert call (plan.one_expert_call): the resident experts run beside the reads in place
+ * instead of before them, in one call's kernels instead of two: predicted faster wherever a
+ * layer has both. */
+static void test_cost_one_expert_call(void **state) {
+    (void)state;
+    struct profile prof;
+    plan_profile(NULL, &prof); /* the defaults, with a GPU */
+    struct plan p;
+    split_moe_plan(&prof, &p);
+    const struct plan_tier *t = &p.tier[PLAN_TIER_DECODE];
+    bool both = false;
+    for (uint32_t l = 0; l < p.n_layers; l++) both |= p.experts_resident[l] > 0 && t->experts_gpu[l] > p.experts_resident[l];
+    assert_true(both && !t->ring);
+    struct cost_step two, one;
+    cost_step(&prof, &moe, &p, t, 1, 1000, &two);
+    p.one_expert_call = true;
+    cost_step(&prof, &moe, &p, t, 1, 1000, &one);
+    assert_true(one.seconds < two.seconds);
+    plan_free(&p);
+}
+
 static void test_parse(void **state) {
     (void)state;
     int64_t b;
@@ -934,6 +960,7 @@ int main(void) {
         cmocka_unit_test(test_cost_expert_reads_beside_cpu), cmocka_unit_test(test_cost_moe_ring_copies_hide_gpu_work),
         cmocka_unit_test(test_static_stages_attention), cmocka_unit_test(test_dynamic_splits_ffn_rows),
         cmocka_unit_test(test_routed_split), cmocka_unit_test(test_cost_cpu_attention_per_query_head),
+        cmocka_unit_test(test_cost_one_expert_call),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

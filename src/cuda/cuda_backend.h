@@ -324,9 +324,10 @@ pshard_status cuda_moe_route_mirror(const float *logits, int64_t n_tokens, int n
 
 /* One token's split by routing (plan_routed_split): mask [n_expert] = 1 for the experts of
  * ids [k] the GPU reads in place, the first quota[N] in routing order of the N from `first` on
- * (quota [k + 1] on the device); 0 elsewhere. */
+ * (quota [k + 1] on the device), and with resident_too for its experts below `first`; 0
+ * elsewhere. */
 pshard_status cuda_moe_routed_mask(const int32_t *ids, int k, int first, const uint8_t *quota, int n_expert,
-                                   uint8_t *mask, cuda_stream s);
+                                   bool resident_too, uint8_t *mask, cuda_stream s);
 
 struct cuda_moe {
     struct cuda_matrix gate, up, down; /* 3-D expert tensors: [n_expert][rows][row_bytes] */

@@ -102,9 +102,9 @@ extern "C" pshard_status cuda_moe_route(const float *logits, int64_t n_tokens, i
 /* ---- a routed split: which of one token's experts the GPU reads in place */
 
 /* plan_routed_split's rule, into a mask of the experts: of the token's N experts from `first`
- * on, the first quota[N] in routing order. */
+ * on, the first quota[N] in routing order; and, with resident_too, those below `first`. */
 __global__ void routed_mask_kernel(const int32_t *ids, int k, int first, const uint8_t *quota, int n_expert,
-                                   uint8_t *mask) {
+                                   bool resident_too, uint8_t *mask) {
     for (int e = threadIdx.x; e < n_expert; e += blockDim.x) mask[e] = 0;
     __syncthreads();
     if (threadIdx.x != 0) return;
@@ -113,14 +113,15 @@ __global__ void routed_mask_kernel(const int32_t *ids, int k, int first, const u
     for (int j = 0; j < k; j++) {
         const int e = ids[j];
         if (e >= first && e < n_expert && taken < quota[n]) mask[e] = 1, taken++;
+        else if (resident_too && e >= 0 && e < first) mask[e] = 1;
     }
 }
 
 extern "C" pshard_status cuda_moe_routed_mask(const int32_t *ids, int k, int first, const uint8_t *quota, int n_expert,
-                                              uint8_t *mask, cuda_stream s) {
+                                              bool resident_too, uint8_t *mask, cuda_stream s) {
     CUDA_ARG(n_expert > 0 && n_expert <= MOE_MAX_EXPERTS && k > 0 && k <= n_expert && k <= MOE_MAX_K && first >= 0,
              "MoE routed split: top %d of %d experts from %d", k, n_expert, first);
-    routed_mask_kernel<<<1, 128, 0, raw_stream(s)>>>(ids, k, first, quota, n_expert, mask);
+    routed_mask_kernel<<<1, 128, 0, raw_stream(s)>>>(ids, k, first, quota, n_expert, resident_too, mask);
     CUDA_TRY_LAUNCH("moe routed mask");
     return PSHARD_OK;
 }

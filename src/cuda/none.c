@@ -237,8 +237,8 @@ pshard_status cuda_moe_route(const float *logits, int64_t n_tokens, int n_expert
     return no_cuda();
 }
 pshard_status cuda_moe_routed_mask(const int32_t *ids, int k, int first, const uint8_t *quota, int n_expert,
-                                   uint8_t *mask, cuda_stream s) {
-    (void)ids, (void)k, (void)first, (void)quota, (void)n_expert, (void)mask, (void)s;
+                                   bool resident_too, uint8_t *mask, cuda_stream s) {
+    (void)ids, (void)k, (void)first, (void)quota, (void)n_expert, (void)resident_too, (void)mask, (void)s;
     return no_cuda();
 }
 size_t cuda_moe_work_bytes(const struct cuda_moe *m, int64_t n_tokens) { (void)m, (void)n_tokens; return 0; }

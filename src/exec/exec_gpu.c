@@ -110,8 +110,35 @@ static pshard_status upload_experts(struct exec_gpu *g, const struct gguf_tensor
     return PSHARD_OK;
 }
 
+/* Tables of where each expert's gate, up and down are: [0, r) in VRAM (moe), the rest in host
+ * memory (moe_host), for one call over both (plan.one_expert_call). */
+static pshard_status expert_tables(struct exec_gpu *g, uint32_t r, struct gpu_layer *l) {
+    const int E = l->moe_host.n_expert;
+    const struct cuda_matrix *vram[3] = {&l->moe.gate, &l->moe.up, &l->moe.down};
+    const struct cuda_matrix *host[3] = {&l->moe_host.gate, &l->moe_host.up, &l->moe_host.down};
+    const void **table = malloc(sizeof(void *) * (size_t)E * 3);
+    if (!table) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    for (int m = 0; m < 3; m++) {
+        const size_t stride = (size_t)host[m]->n_rows * host[m]->row_bytes;
+        for (int e = 0; e < E; e++)
+            table[m * E + e] = (const uint8_t *)((uint32_t)e < r ? vram[m]->data : host[m]->data) + stride * (size_t)e;
+    }
+    void **dev = NULL;
+    pshard_status st = cuda_arena_alloc(&g->arena, sizeof(void *) * (size_t)E * 3, "activations", (void **)&dev);
+    if (st == PSHARD_OK) st = upload(g, dev, table, sizeof(void *) * (size_t)E * 3);
+    free(table);
+    CORE_TRY(st);
+    l->moe_all = l->moe_host;
+    l->moe_all.gate_ptrs = (const void *const *)dev;
+    l->moe_all.up_ptrs = (const void *const *)dev + E;
+    l->moe_all.down_ptrs = (const void *const *)dev + 2 * E;
+    l->moe_all.gate.data = l->moe_all.up.data = l->moe_all.down.data = NULL;
+    return PSHARD_OK;
+}
+
 static pshard_status upload_ffn(struct exec_gpu *g, const struct layer_weights *w, const struct model_hparams *hp,
-                                bool resident, uint32_t experts_resident, bool experts_streamed, struct gpu_layer *l) {
+                                bool resident, uint32_t experts_resident, bool experts_streamed, bool one_call,
+                                struct gpu_layer *l) {
     CORE_TRY(vector(g, w->ffn_norm, &l->ffn_norm));
     CORE_TRY(vector(g, w->gate_inp_shexp, &l->gate_inp_shexp));
     CORE_TRY(bind_matrix(g, w->ffn_gate, resident, &l->ffn_gate));
@@ -138,6 +165,8 @@ static pshard_status upload_ffn(struct exec_gpu *g, const struct layer_weights *
             CORE_TRY(host_matrix(w->gate_exps, &l->moe_host.gate));
             CORE_TRY(host_matrix(w->up_exps, &l->moe_host.up));
             CORE_TRY(host_matrix(w->down_exps, &l->moe_host.down));
+            if (one_call && experts_resident > 0 && experts_resident < hp->n_expert)
+                CORE_TRY(expert_tables(g, experts_resident, l));
         }
     }
     return PSHARD_OK;
@@ -210,6 +239,9 @@ pshard_status exec_gpu_costs(const struct model *model, const struct model_weigh
     out->host_mapping = ((gguf_file_bytes(model->file) / 512 >> 20) + 2) << 20;
     /* Every tensor of a layer (and the KV cache) is carved on its own, each rounded up. */
     out->activations += (uint64_t)hp->n_layers * 32 * CUDA_ARENA_ALIGN + (1 << 20);
+    /* An MoE layer's expert tables (one call) and its masks past the pieces' (in the slack above). */
+    out->activations += (uint64_t)hp->n_layers * hp->n_expert * (3 * sizeof(void *) + 2 * PLAN_TIERS) +
+                        (uint64_t)hp->n_layers * 2 * CUDA_ARENA_ALIGN;
     return PSHARD_OK;
 }
 
@@ -274,8 +306,12 @@ pshard_status exec_gpu_clear_kv(struct exec_ctx *ctx) {
 }
 
 static bool experts_streamed(const struct plan *plan, int layer) {
-    for (int t = 0; t < PLAN_TIERS; t++)
-        if (plan->tier[t].experts_gpu[layer] > plan->experts_resident[layer]) return true;
+    for (int t = 0; t < PLAN_TIERS; t++) {
+        const struct plan_tier *tier = &plan->tier[t];
+        if (tier->experts_gpu[layer] > plan->experts_resident[layer]) return true;
+        /* (a routed tier may read some whatever its range) */
+        if (tier->routed && tier->experts_gpu[layer] < plan->n_expert) return true;
+    }
     return false;
 }
 
@@ -294,14 +330,15 @@ static pshard_status register_file(struct exec_gpu *g, const struct gguf_file *f
     return PSHARD_OK;
 }
 
-/* Expert masks of every MoE layer: the resident range, each tier's streamed range, and the
- * staged pieces of the prompt tier; then the routed tiers' quotas and their mask. */
+/* Expert masks of every MoE layer: the resident range, each tier's streamed range, each tier's
+ * GPU range (resident and streamed), and the staged pieces of the prompt tier; then the routed
+ * tiers' quotas and their mask. */
 static pshard_status make_masks(struct exec_gpu *g, const struct exec_ctx *ctx) {
     const struct plan *plan = &ctx->plan;
     const uint32_t E = plan->n_expert, L = plan->n_layers;
     if (!E) return PSHARD_OK;
     const uint32_t P = plan->piece_experts ? (E + plan->piece_experts - 1) / plan->piece_experts : 0;
-    const size_t per_layer = (size_t)E * (1 + PLAN_TIERS + P), quotas = PLAN_TIERS * (PLAN_MAX_ROUTED + 1);
+    const size_t per_layer = (size_t)E * (1 + 2 * PLAN_TIERS + P), quotas = PLAN_TIERS * (PLAN_MAX_ROUTED + 1);
     const size_t bytes = per_layer * L + quotas + E;
     uint8_t *host = calloc(bytes, 1);
     if (!host) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
@@ -310,10 +347,13 @@ static pshard_status make_masks(struct exec_gpu *g, const struct exec_ctx *ctx) 
         const uint32_t r = plan->experts_resident[l];
         for (uint32_t e = 0; e < r; e++) m[e] = 1;
         for (int t = 0; t < PLAN_TIERS; t++)
-            for (uint32_t e = r; e < plan->tier[t].experts_gpu[l]; e++) m[(size_t)E * (1 + t) + e] = 1;
+            for (uint32_t e = 0; e < plan->tier[t].experts_gpu[l] && e < E; e++) {
+                if (e >= r) m[(size_t)E * (1 + t) + e] = 1;
+                m[(size_t)E * (1 + PLAN_TIERS + t) + e] = 1;
+            }
         for (uint32_t p = 0; p < P; p++)
             for (uint32_t e = r + p * plan->piece_experts; e < r + (p + 1) * plan->piece_experts && e < E; e++)
-                m[(size_t)E * (1 + PLAN_TIERS + p) + e] = 1;
+                m[(size_t)E * (1 + 2 * PLAN_TIERS + p) + e] = 1;
     }
     for (int t = 0; t < PLAN_TIERS; t++)
         memcpy(host + per_layer * L + t * (PLAN_MAX_ROUTED + 1), plan->tier[t].routed_quota, PLAN_MAX_ROUTED + 1);
@@ -324,8 +364,11 @@ static pshard_status make_masks(struct exec_gpu *g, const struct exec_ctx *ctx) 
     for (uint32_t l = 0; l < L; l++) {
         const uint8_t *m = g->masks + l * per_layer;
         g->layers[l].mask_resident = m;
-        for (int t = 0; t < PLAN_TIERS; t++) g->layers[l].mask_streamed[t] = m + (size_t)E * (1 + t);
-        g->layers[l].mask_pieces = m + (size_t)E * (1 + PLAN_TIERS);
+        for (int t = 0; t < PLAN_TIERS; t++) {
+            g->layers[l].mask_streamed[t] = m + (size_t)E * (1 + t);
+            g->layers[l].mask_gpu[t] = m + (size_t)E * (1 + PLAN_TIERS + t);
+        }
+        g->layers[l].mask_pieces = m + (size_t)E * (1 + 2 * PLAN_TIERS);
     }
     for (int t = 0; t < PLAN_TIERS; t++) g->routed_quota[t] = g->masks + per_layer * L + t * (PLAN_MAX_ROUTED + 1);
     g->routed_mask = g->masks + per_layer * L + quotas;
@@ -432,7 +475,8 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
         case SHARD_MOE:
             CORE_TRY(upload_ffn(g, &ctx->w.layers[s->layer], hp, resident || s->kind == SHARD_MOE,
                                 s->kind == SHARD_MOE ? plan->experts_resident[s->layer] : 0,
-                                s->kind == SHARD_MOE && experts_streamed(plan, s->layer), &g->layers[s->layer]));
+                                s->kind == SHARD_MOE && experts_streamed(plan, s->layer), plan->one_expert_call,
+                                &g->layers[s->layer]));
             break;
         case SHARD_HEAD:
             CORE_TRY(bind_matrix(g, ctx->w.output, resident, &g->output));

@@ -439,6 +439,42 @@ static pshard_status replay_handoffs(struct exec_ctx *ctx, struct exec_gpu *g, c
     return PSHARD_OK;
 }
 
+/* An MoE layer's experts on the GPU in calls of their own: the resident ones from VRAM, then
+ * the streamed ones (read in place, by range or by the routing, or staged through the ring). */
+static pshard_status experts_apart(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t index, int il,
+                                   const struct plan_tier *tier, int64_t n, bool routed, uint64_t touched) {
+    const struct model_hparams *hp = &ctx->model->hp;
+    const struct gpu_layer *l = &g->layers[il];
+    const struct shard *shard = &ctx->model->shards[index];
+    const uint32_t r = ctx->plan.experts_resident[il], on_gpu = tier->experts_gpu[il], E = hp->n_expert;
+    cuda_stream s = g->stream;
+    if (r) {
+        struct cuda_moe resident = l->moe;
+        resident.expert_mask = r < E ? l->mask_resident : NULL;
+        CORE_TRY(cuda_moe_ffn(&resident, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work, g->work_bytes, s));
+        ctx->stats.weight_bytes_read += touched * shard->expert_bytes * r / E;
+    }
+    if (routed) {
+        struct cuda_moe streamed = l->moe_host;
+        CORE_TRY(cuda_moe_routed_mask(g->expert_ids, (int)hp->n_expert_used, (int)r, g->routed_quota[tier - ctx->plan.tier],
+                                      (int)E, false, g->routed_mask, s));
+        streamed.expert_mask = g->routed_mask;
+        CORE_TRY(cuda_moe_ffn(&streamed, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work, g->work_bytes, s));
+    } else if (on_gpu > r) {
+        if (tier->ring) {
+            CORE_TRY(staged_experts(ctx, g, index, il, n, on_gpu));
+        } else {
+            struct cuda_moe streamed = l->moe_host;
+            streamed.expert_mask = l->mask_streamed[tier - ctx->plan.tier];
+            CORE_TRY(cuda_moe_ffn(&streamed, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work,
+                                  g->work_bytes, s));
+            ctx->stats.streamed_bytes += touched * shard->expert_bytes * (on_gpu - r) / E;
+        }
+        ctx->stats.weight_bytes_read += touched * shard->expert_bytes * (on_gpu - r) / E;
+    }
+    return PSHARD_OK;
+}
+
 static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t index, int il,
                                const struct plan_tier *tier, const struct exec_batch *b) {
     const struct model_hparams *hp = &ctx->model->hp;
@@ -456,29 +492,21 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
     /* Experts add straight into the residual stream. The host does not see the GPU's routing,
      * so the bytes count the experts a batch of this size touches on average. */
     const uint64_t touched = (uint64_t)(n * hp->n_expert_used < E ? n * hp->n_expert_used : E);
-    if (r) {
-        struct cuda_moe resident = l->moe;
-        resident.expert_mask = r < E ? l->mask_resident : NULL;
-        CORE_TRY(cuda_moe_ffn(&resident, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work, g->work_bytes, s));
-        ctx->stats.weight_bytes_read += touched * shard->expert_bytes * r / E;
-    }
-    if (split && routed_step(tier, n)) {
-        struct cuda_moe streamed = l->moe_host;
-        CORE_TRY(cuda_moe_routed_mask(g->expert_ids, (int)hp->n_expert_used, (int)r, g->routed_quota[tier - ctx->plan.tier],
-                                      (int)E, g->routed_mask, s));
-        streamed.expert_mask = g->routed_mask;
-        CORE_TRY(cuda_moe_ffn(&streamed, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work, g->work_bytes, s));
-    } else if (on_gpu > r) {
-        if (tier->ring) {
-            CORE_TRY(staged_experts(ctx, g, index, il, n, on_gpu));
-        } else {
-            struct cuda_moe streamed = l->moe_host;
-            streamed.expert_mask = l->mask_streamed[tier - ctx->plan.tier];
-            CORE_TRY(cuda_moe_ffn(&streamed, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work,
-                                  g->work_bytes, s));
-            ctx->stats.streamed_bytes += touched * shard->expert_bytes * (on_gpu - r) / E;
+    const bool routed = split && routed_step(tier, n);
+    if (l->moe_all.gate_ptrs && !tier->ring && (routed || on_gpu > r)) {
+        /* One call: the resident experts from VRAM and the streamed ones in place, side by side. */
+        struct cuda_moe all = l->moe_all;
+        all.expert_mask = l->mask_gpu[tier - ctx->plan.tier];
+        if (routed) {
+            CORE_TRY(cuda_moe_routed_mask(g->expert_ids, (int)hp->n_expert_used, (int)r,
+                                          g->routed_quota[tier - ctx->plan.tier], (int)E, true, g->routed_mask, s));
+            all.expert_mask = g->routed_mask;
         }
-        ctx->stats.weight_bytes_read += touched * shard->expert_bytes * (on_gpu - r) / E;
+        CORE_TRY(cuda_moe_ffn(&all, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work, g->work_bytes, s));
+        ctx->stats.weight_bytes_read += touched * shard->expert_bytes * (routed ? r : on_gpu) / E;
+        if (!routed) ctx->stats.streamed_bytes += touched * shard->expert_bytes * (on_gpu - r) / E;
+    } else {
+        CORE_TRY(experts_apart(ctx, g, index, il, tier, n, routed, touched));
     }
     if (l->gate_shexp.data) {
         if (l->gate_inp_shexp)

@@ -326,6 +326,13 @@ static double hypergeometric(double E, double among, int k, int hit) {
 /* An MoE layer split with the CPU, for `res` experts (a token's, or a step's on average) the GPU
  * computes from VRAM, `in_place` it reads from host memory and `cpu` the CPU computes; `gpu`
  * holds its other work (router, shared experts). */
+/* Whether an MoE layer's resident and streamed experts run as one call (plan.one_expert_call:
+ * where some are resident and some not, outside ring tiers). */
+static bool one_expert_call(const struct walk *w, const struct shard *s) {
+    const uint32_t r = w->p->experts_resident[s->layer];
+    return w->p->one_expert_call && r > 0 && r < s->n_expert && !w->t->ring;
+}
+
 static struct split_time moe_split(const struct walk *w, const struct shard *s, double gpu, int count, double res,
                                    double in_place, double cpu, bool streams) {
     const struct profile *pr = w->prof;
@@ -333,13 +340,15 @@ static struct split_time moe_split(const struct walk *w, const struct shard *s, 
     const uint32_t type = shard_expert_type(s);
     const double gpu_rate = cost_rate(pr->gpu_experts, type, n), moved = in_place * eb;
     const double stream = moved * profile_at_tokens(pr->zero_copy_experts, n);
-    gpu += res * eb * gpu_rate + fmax(moved * gpu_rate, stream);
+    const bool one = one_expert_call(w, s) && streams;
+    /* In one call the resident experts run beside the reads in place; in two, before them. */
+    gpu += one ? fmax((res + in_place) * eb * gpu_rate, stream) : res * eb * gpu_rate + fmax(moved * gpu_rate, stream);
     /* Small kernels: routing, norms, adds; and each expert call's own (grouping, conversions,
      * the gated unit, the weighted sum: replayed, each is a graph node however little it does;
      * counting three per streamed call and none for the resident one, the oracle's qwen30b
      * candidates were predicted 14.9% off at the median, 12.5% counting all eight); a routed
      * tier's mask. */
-    const int calls = (w->p->experts_resident[s->layer] > 0) + streams;
+    const int calls = one ? 1 : (w->p->experts_resident[s->layer] > 0) + streams;
     const int kernels = extra_kernels[SHARD_MOE] + EXPERT_CALL_OPS * calls + w->t->routed;
     const int ops = extra_kernels[SHARD_MOE] + MATRIX_OPS * count + EXPERT_CALL_OPS * calls + HAND_OFF_OPS + w->t->routed;
     return split_time(w, true, gpu, kernels, ops, stream, moved, pr->cpu_moe_call_s + cpu * eb * cost_rate(pr->cpu_experts, type, n),
@@ -364,7 +373,8 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
     const double r = w->p->experts_resident[s->layer], g = w->t->experts_gpu[s->layer];
     const double gpu_rate = cost_rate(pr->gpu_experts, type, n);
     double gpu = matrices_s(w, s, true, n, &shared_bytes, &count);
-    if (g >= E || w->t->ring) gpu += cost_touched(r, E, k, n) * eb * gpu_rate;
+    const bool one = one_expert_call(w, s) && g > r;
+    if ((g >= E && !one) || w->t->ring) gpu += cost_touched(r, E, k, n) * eb * gpu_rate;
     if (w->t->ring && g > r) { /* every piece staged, on the copy clock (ring tiers stream all) */
         staged_pieces(w, s, gpu, count, gpu_rate);
         return;
@@ -374,11 +384,12 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
         if (g > r) { /* in place: only the touched experts' bytes cross PCIe */
             const double moved = cost_touched(g - r, E, k, n) * eb;
             stream = moved * profile_at_tokens(pr->zero_copy_experts, n);
-            gpu += fmax(moved * gpu_rate, stream);
+            gpu += one ? fmax(moved * gpu_rate + cost_touched(r, E, k, n) * eb * gpu_rate, stream) : fmax(moved * gpu_rate, stream);
         }
         w->out->pcie_s += stream;
-        gpu_busy(w, gpu, extra_kernels[SHARD_MOE] + EXPERT_CALL_OPS * ((g > r) + (r > 0)),
-                 extra_kernels[SHARD_MOE] + MATRIX_OPS * count + EXPERT_CALL_OPS * ((r > 0) + (g > r)));
+        const int calls = one ? 1 : (g > r) + (r > 0);
+        gpu_busy(w, gpu, extra_kernels[SHARD_MOE] + EXPERT_CALL_OPS * calls,
+                 extra_kernels[SHARD_MOE] + MATRIX_OPS * count + EXPERT_CALL_OPS * calls);
         return;
     }
     /* Split: the CPU computes [g, E) while the GPU computes its share. One token routes to k

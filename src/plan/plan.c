@@ -789,6 +789,7 @@ pshard_status plan_build(const struct model *model, const struct plan_request *r
     }
     out->n_batch = req->n_batch;
     out->n_ctx = req->n_ctx;
+    out->one_expert_call = req->one_expert_call;
     struct profile defaults;
     const struct profile *prof = plan_profile(req->profile, &defaults);
     pshard_status st = ok ? build(model, req, costs, prof, out) : core_fail(PSHARD_ERR_NOMEM, "out of memory");

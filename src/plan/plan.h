@@ -82,6 +82,8 @@ struct plan_request {
     const uint8_t *routed_quota; /* [1 + n_expert_used]: the routed tiers' quota given (entry n for n
                              experts not resident; tests, comparison); NULL: the cost model's */
     int routed_quota_count;      /* entries given after [0] */
+    bool one_expert_call; /* a layer's resident and streamed experts in one expert call (tables of
+                             each expert's place); not yet measured on a GPU, so off by default */
 };
 
 /* The most experts a token routes to for which a tier can split them by routing. */
@@ -150,6 +152,7 @@ struct plan {
      * when no ring step ran since). NULL when the plan lends nothing. */
     bool *lent;
     bool any_gpu, any_cpu_attention;
+    bool one_expert_call; /* the GPU's experts of an MoE layer, resident and streamed, in one call */
     struct plan_budget budget;
     /* auto: what was weighed and what each tier was predicted to take (seconds per step) */
     uint32_t n_candidates;

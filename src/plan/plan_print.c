@@ -119,6 +119,8 @@ void plan_print(const struct plan *p, const struct model *m, FILE *out) {
     }
     if (p->n_expert)
         fprintf(out, "(MoE shards on the GPU: experts resident/streamed/on the CPU; router and shared parts resident)\n");
+    if (p->n_expert && p->one_expert_call)
+        fprintf(out, "(an MoE layer's resident and streamed experts are computed in one call)\n");
     const struct plan_tier *decode = &p->tier[PLAN_TIER_DECODE];
     if (decode->routed) {
         const int k = (int)m->hp.n_expert_used;

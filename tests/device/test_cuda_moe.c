@@ -201,7 +201,7 @@ static void test_ffn(struct dt *d, enum quant_type gate_type, enum quant_type do
 }
 
 /* The mask of one token's experts the GPU reads in a routed split, against plan_routed_split, over
- * random routings, resident ranges and quotas. */
+ * random routings, resident ranges and quotas (every other one with the resident experts too). */
 static void test_routed_mask(struct dt *d, int n_expert, int k, int trials) {
     const size_t mark = cuda_arena_mark(&d->arena);
     int32_t *dids = dt_alloc(d, 4 * (size_t)k);
@@ -219,13 +219,15 @@ static void test_routed_mask(struct dt *d, int n_expert, int k, int trials) {
         for (int n = 0; n <= PLAN_MAX_ROUTED; n++) quota[n] = (uint8_t)(n ? (int)(logits[n] * 100.0f + 300.0f) % (n + 1) : 0);
         DT_CHECK(cuda_copy_h2d(dids, ids, 4 * (size_t)k, d->s));
         DT_CHECK(cuda_copy_h2d(dquota, quota, sizeof quota, d->s));
-        DT_CHECK(cuda_moe_routed_mask(dids, k, first, dquota, n_expert, dmask, d->s));
+        const bool resident_too = t % 2 == 1; /* one expert call: the resident ones as well */
+        DT_CHECK(cuda_moe_routed_mask(dids, k, first, dquota, n_expert, resident_too, dmask, d->s));
         dt_download(d, mask, dmask, (size_t)n_expert);
         plan_routed_split(ids, k, first, quota, gpu);
         int set = 0;
         for (int j = 0; j < k; j++) {
-            wrong += mask[ids[j]] != gpu[j];
-            set += gpu[j];
+            const bool want = gpu[j] || (resident_too && ids[j] < first);
+            wrong += mask[ids[j]] != want;
+            set += want;
         }
         int total = 0;
         for (int e = 0; e < n_expert; e++) total += mask[e];
