@@ -11,8 +11,8 @@ static plan over the all-KV set at a budget that streams attention covers it), a
 split tiny-llama's FFNs by rows with the CPU; PSHARD_LEND_SLOTS=0, PSHARD_STAGE_STATIC=0 and
 PSHARD_SPLIT_FFN=0 in the environment turn each off, PSHARD_ROUTED_QUOTA=0,1 has the balanced
 dynamic tiers' one-token steps give the CPU a share of each token's experts, and
-PSHARD_ONE_EXPERT_CALL=1 computes an MoE layer's resident and streamed experts in one call (ctest
-runs each so too).
+PSHARD_ONE_EXPERT_CALL=0 computes an MoE layer's resident and streamed experts in two calls rather
+than one (ctest runs each so too).
 Usage: tests/device/test_plans.py BUILD_DIR"""
 import os
 import re
