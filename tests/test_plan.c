@@ -509,6 +509,51 @@ static void test_moe_experts_by_range(void **state) {
     plan_free(&p);
 }
 
+/* An MoE layer's router is what lets the GPU take its experts at all, so every layer's comes
+ * before any attention matrix or the head, however these weigh per byte (qwen235b at 2 GB kept one
+ * router of 94 and computed the other layers' experts on the CPU, prompts included). Over budgets
+ * from the least a dynamic plan takes to room for everything, with the CPU's attention slow (so
+ * attention weighs the most per byte): wherever an attention matrix or the head is resident,
+ * every MoE layer is on the GPU, and with the ring streams all its experts in prompts. */
+static void test_moe_routers_first(void **state) {
+    (void)state;
+    struct profile prof;
+    plan_profile(NULL, &prof);
+    for (int i = 0; i < PROFILE_TOKENS; i++) prof.cpu_attn[i] *= 100;
+    uint64_t everything = 0, step = UINT64_MAX;
+    for (uint32_t i = 0; i < moe.n_shards; i++) {
+        everything += moe.shards[i].weight_bytes + moe.shards[i].kv_bytes_per_token * 2048;
+        if (moe.shards[i].kind == SHARD_MOE && moe.shards[i].expert_bytes) {
+            const uint64_t router = moe.shards[i].weight_bytes - (uint64_t)moe.shards[i].n_expert * moe.shards[i].expert_bytes;
+            if (router / 2 < step) step = router / 2;
+        }
+    }
+    struct plan_request r = base;
+    r.family = PLAN_DYNAMIC;
+    r.profile = &prof;
+    int built = 0, some_attention = 0;
+    for (uint64_t budget = fixed_streaming(); budget < fixed_streaming() + everything; budget += step) {
+        r.vram_budget = (int64_t)budget;
+        struct plan p;
+        if (plan_build(&moe, &r, &costs, &p) != PSHARD_OK) continue;
+        built++;
+        const struct plan_tier *prompt = &p.tier[plan_prompt_tier(&p)];
+        bool dense_resident = false, routers_all = true;
+        for (uint32_t i = 0; i < moe.n_shards; i++) {
+            const struct shard *s = &moe.shards[i];
+            if (s->kind == SHARD_MOE)
+                routers_all &= prompt->shard[i] != PLACE_CPU && (!p.n_slots || prompt->experts_gpu[s->layer] == s->n_expert);
+            else if (s->kind != SHARD_EMBED)
+                dense_resident |= prompt->shard[i] == PLACE_RESIDENT;
+        }
+        some_attention += dense_resident;
+        assert_true(!dense_resident || routers_all);
+        assert_true(used(&p) <= p.budget.total);
+        plan_free(&p);
+    }
+    assert_true(built > 10 && some_attention > 0);
+}
+
 /* A split MoE layer's experts read in place beside the CPU's take the expert kernel's measured
  * shares (expert_reads_share_under_cpu, cpu_share_under_expert_reads), not the dense kernel's:
  * lowering them slows both sides of tiny-moe's decode step, and lowering the dense pair does not. */
@@ -701,7 +746,7 @@ static void test_cost_model_and_learning(void **state) {
     struct profile prof;
     plan_profile(NULL, &prof); /* the defaults, with a GPU */
     struct plan_request r = base;
-    r.family = PLAN_GPU;
+    r.family = PLAN_DYNAMIC;
     r.profile = &prof;
     struct plan small, large;
     r.vram_budget = (int64_t)(fixed() + attention_and_kv(&model, 2048) + (8 << 20));
@@ -961,6 +1006,7 @@ int main(void) {
         cmocka_unit_test(test_static_stages_attention), cmocka_unit_test(test_dynamic_splits_ffn_rows),
         cmocka_unit_test(test_routed_split), cmocka_unit_test(test_cost_cpu_attention_per_query_head),
         cmocka_unit_test(test_cost_one_expert_call),
+        cmocka_unit_test(test_moe_routers_first),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

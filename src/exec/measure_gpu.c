@@ -239,6 +239,22 @@ static pshard_status beside_cpu(struct gpu_bench *b, struct cpu_bench *c, step_f
     return PSHARD_OK;
 }
 
+/* The work buffer: 256 MB, or what the model's largest expert step needs (qwen235b's experts
+ * at 1024 tokens need more; their rate there went unmeasured, and the cost model took such
+ * prompt steps' experts as free). */
+static size_t moe_work_bytes(const struct shapes *sh, int64_t n_tokens) {
+    size_t bytes = (size_t)256 << 20;
+    for (int f = 0; f < sh->n_moe; f++) {
+        const struct cuda_moe m = {.gate = {.type = sh->gate[f], .n_cols = sh->n_embd, .n_rows = sh->n_ff_exp},
+                                   .up = {.type = sh->gate[f], .n_cols = sh->n_embd, .n_rows = sh->n_ff_exp},
+                                   .down = {.type = sh->down[f], .n_cols = sh->n_ff_exp, .n_rows = sh->n_embd},
+                                   .n_expert = sh->n_expert, .k = sh->k};
+        const size_t need = cuda_moe_work_bytes(&m, n_tokens);
+        if (need > bytes) bytes = need;
+    }
+    return bytes;
+}
+
 static pshard_status carve(struct gpu_bench *b, size_t bytes, void **out) {
     return cuda_arena_alloc(&b->arena, bytes, "measure", out);
 }
@@ -592,12 +608,12 @@ pshard_status measure_gpu_rates(const struct measure_request *req, const struct 
     }
     b.s = cuda_ctx_compute_stream(b.cuda);
     b.copy = cuda_ctx_copy_stream(b.cuda);
-    const size_t arena = (size_t)6 * BIG_BYTES + ((size_t)1 << 30);
-    if (st == PSHARD_OK) st = cuda_arena_create(&b.arena, arena);
     const int64_t B = profile_tokens[PROFILE_TOKENS - 1];
     const int64_t width = sh->rows > sh->n_embd ? sh->rows : sh->n_embd, k = sh->k > 0 ? sh->k : 1;
+    b.work_bytes = moe_work_bytes(sh, B);
+    const size_t arena = (size_t)6 * BIG_BYTES + ((size_t)768 << 20) + b.work_bytes;
+    if (st == PSHARD_OK) st = cuda_arena_create(&b.arena, arena);
     void *blas = NULL;
-    b.work_bytes = (size_t)256 << 20;
     if (st == PSHARD_OK) st = carve(&b, CUDA_BLAS_WORKSPACE_BYTES, &blas);
     if (st == PSHARD_OK) st = cuda_ctx_set_blas_workspace(b.cuda, blas, CUDA_BLAS_WORKSPACE_BYTES);
     if (st == PSHARD_OK) st = carve(&b, sizeof(float) * B * width, (void **)&b.x);

@@ -379,6 +379,17 @@ static pshard_status check_reals(const char *path, const char *key, const json_t
     return PSHARD_OK;
 }
 
+/* A rate the profiler could not measure at some token counts is 0 there (older profiles: qwen235b's
+ * GPU experts at 1024 tokens, whose step outgrew the work buffer); read as free, it made such
+ * prompt steps' experts cost nothing. Those points take the nearest measured one's rate, the one
+ * below first. */
+static void hold_unmeasured(double v[PROFILE_TOKENS]) {
+    for (int i = 1; i < PROFILE_TOKENS; i++)
+        if (!(v[i] > 0)) v[i] = v[i - 1];
+    for (int i = PROFILE_TOKENS - 2; i >= 0; i--)
+        if (!(v[i] > 0)) v[i] = v[i + 1];
+}
+
 static pshard_status read_real(const char *path, json_t *root, const char *key, double *out) {
     return check_real(path, key, lookup(root, key), out);
 }
@@ -440,6 +451,7 @@ static pshard_status read_rates(const char *path, json_t *root, const char *key,
                              sizeof table[i].format - 1);
         memcpy(table[i].format, format, strlen(format) + 1);
         CORE_TRY(check_reals(path, name, value, table[i].s_per_byte, PROFILE_TOKENS));
+        hold_unmeasured(table[i].s_per_byte);
         i++;
     }
     return PSHARD_OK;

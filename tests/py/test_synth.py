@@ -356,6 +356,21 @@ def test_list_and_dry_run():
     assert "blk.3.ffn_down_exps.weight" in dry and "[128, 256, 8]" in dry
 
 
+def test_header_only(tmp_path):
+    """--header-only: the same header as the full file (the gguf package reads every tensor's
+    name, shape and offset alike), the file its full size, the data a hole of zeros."""
+    full = synth(tmp_path, "tiny-moe", name="full.gguf")
+    head = synth(tmp_path, "tiny-moe", "--header-only", name="head.gguf")
+    assert head.stat().st_size == full.stat().st_size
+    assert head.stat().st_blocks * 512 < full.stat().st_size // 4  # a hole takes no space
+    a, b = gguf.GGUFReader(str(full)), gguf.GGUFReader(str(head))
+    assert [(t.name, list(t.shape), t.data_offset) for t in a.tensors] == \
+        [(t.name, list(t.shape), t.data_offset) for t in b.tensors]
+    data_start = min(t.data_offset for t in b.tensors)
+    assert full.read_bytes()[:data_start] == head.read_bytes()[:data_start]
+    assert not any(b.tensors[-1].data.tobytes())
+
+
 @pytest.mark.parametrize("args,message", [
     (["--shape", "nope", "-o", "x.gguf"], "unknown shape"),
     (["--shape", "tiny-llama", "-o", "x.gguf", "--bogus"], "unknown option"),

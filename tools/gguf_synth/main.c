@@ -21,7 +21,7 @@ struct options {
     long long layers, vocab, context; /* -1: the shape's own */
     int matrix_type, expert_type;     /* -1: the shape's own */
     int tied;                         /* -1: the shape's own, else 0/1 */
-    bool list, dry_run, quiet, progress;
+    bool list, dry_run, quiet, progress, header_only;
     int io;                           /* enum synth_io */
 };
 
@@ -45,6 +45,9 @@ static void usage(FILE *out) {
             "  --threads N         writer threads (default: all cores)\n"
             "  --dry-run           print the tensor list and sizes, write nothing\n"
             "  --progress          show progress even for small files\n"
+            "  --header-only       write the metadata and tensor table; the tensor data is left a\n"
+            "                      hole that reads as zeros and takes no space (for `pshard plan`\n"
+            "                      and `pshard info` where the weights do not fit)\n"
             "  --mmap, --no-mmap   fill a shared mapping of the file, or pwrite() chunks\n"
             "                      (default: mapping on tmpfs, pwrite elsewhere: faster each)\n"
             "  --quiet             print nothing but errors\n"
@@ -163,6 +166,8 @@ static int parse_args(int argc, char **argv, struct options *o, int *exit_code) 
             o->quiet = true;
         } else if (!strcmp(arg, "--progress")) {
             o->progress = true;
+        } else if (!strcmp(arg, "--header-only")) {
+            o->header_only = true;
         } else if (!strcmp(arg, "--mmap")) {
             o->io = SYNTH_IO_MMAP;
         } else if (!strcmp(arg, "--no-mmap")) {
@@ -276,9 +281,13 @@ int main(int argc, char **argv) {
     const uint64_t total = header.len + model.data_bytes;
     struct synth_write_options wo = {.path = o.output, .seed = o.seed, .n_threads = o.n_threads,
                                      .progress = !o.quiet && (o.progress || total >= (1ull << 30)),
-                                     .io = (enum synth_io)o.io};
+                                     .io = (enum synth_io)o.io, .header_only = o.header_only};
     if (synth_write_file(&model, &header, &wo, &seconds) != PSHARD_OK) goto done;
-    if (!o.quiet) {
+    if (!o.quiet && o.header_only) {
+        fprintf(stderr, "gguf-synth: wrote %s: %s, %u layers, %zu tensors, %zu tokens; the header only (%llu "
+                "bytes), its %llu bytes of tensor data a hole of zeros\n", o.output, shape.name, shape.n_layer,
+                model.n_tensors, vocab.n_tokens, (unsigned long long)header.len, (unsigned long long)model.data_bytes);
+    } else if (!o.quiet) {
         char size[32];
         format_bytes(size, sizeof size, total);
         fprintf(stderr, "gguf-synth: wrote %s: %s, %u layers, %zu tensors, %zu tokens, %s (%llu bytes) "

@@ -143,6 +143,7 @@ struct synth_write_options {
     int n_threads;
     bool progress; /* percent and GB/s on stderr */
     enum synth_io { SYNTH_IO_AUTO, SYNTH_IO_MMAP, SYNTH_IO_PWRITE } io;
+    bool header_only; /* the tensor data a hole (zeros), written in no time and no space */
 };
 
 pshard_status synth_write_file(const struct synth_model *model, const struct synth_buf *header,

@@ -141,9 +141,9 @@ static void print_progress(uint64_t done, uint64_t total, double seconds, bool t
 /* Size the file (holes read as zeros, which is what the padding needs) after checking the
  * free space, so a full disk fails at once. No fallocate: on tmpfs it zero-fills every page
  * before we overwrite it, which costs as much as the writing. */
-static pshard_status size_file(int fd, uint64_t total, const char *path) {
+static pshard_status size_file(int fd, uint64_t total, const char *path, bool hole) {
     struct statvfs fs;
-    if (fstatvfs(fd, &fs) == 0 && (uint64_t)fs.f_bavail * fs.f_frsize < total)
+    if (!hole && fstatvfs(fd, &fs) == 0 && (uint64_t)fs.f_bavail * fs.f_frsize < total)
         return core_fail(PSHARD_ERR_IO, "%s: not enough space: %.2f GB needed, %.2f GB free", path,
                          total / 1e9, (double)fs.f_bavail * fs.f_frsize / 1e9);
     if (ftruncate(fd, (off_t)total) != 0)
@@ -195,7 +195,12 @@ static pshard_status run_workers(struct write_state *st, int n_threads, uint64_t
 static pshard_status write_data(struct write_state *st, const struct synth_buf *header,
                                 uint64_t total, const struct synth_write_options *opts,
                                 const char *tmp_path) {
-    CORE_TRY(size_file(st->fd, total, tmp_path));
+    CORE_TRY(size_file(st->fd, total, tmp_path, opts->header_only));
+    if (opts->header_only) {
+        if (!write_all(st->fd, header->data, header->len, 0))
+            return core_fail(PSHARD_ERR_IO, "writing the header of %s: %s", tmp_path, strerror(errno));
+        return PSHARD_OK;
+    }
     bool use_mmap = opts->io == SYNTH_IO_MMAP;
     if (opts->io == SYNTH_IO_AUTO) {
         struct statfs fs;
