@@ -187,6 +187,22 @@ static void test_round_trip(void **state) {
     assert_int_equal(access(tmp, F_OK), -1); /* renamed away */
 }
 
+/* A rate left unmeasured at some token counts (0: an older profiler skipped qwen235b's GPU experts
+ * at 1024 tokens) reads as the nearest measured point, the one below first, never as free. */
+static void test_unmeasured_points_hold(void **state) {
+    (void)state;
+    struct profile saved = sample(), loaded;
+    struct profile_rate *r = &saved.gpu_experts[0];
+    assert_true(r->format[0] && r->s_per_byte[1] > 0 && r->s_per_byte[4] > 0);
+    const double at256 = r->s_per_byte[4], at4 = r->s_per_byte[1];
+    r->s_per_byte[5] = 0, r->s_per_byte[0] = 0;
+    assert_int_equal(profile_save(path, &saved), PSHARD_OK);
+    assert_int_equal(profile_load(path, &here, &loaded), PSHARD_OK);
+    const struct profile_rate *l = profile_rate_find(loaded.gpu_experts, saved.gpu_experts[0].format);
+    assert_non_null(l);
+    assert_true(l->s_per_byte[5] == at256 && l->s_per_byte[0] == at4 && l->s_per_byte[4] == at256);
+}
+
 static void test_path(void **state) {
     (void)state;
     const char *dir = getenv("PSHARD_CACHE_DIR");
@@ -421,6 +437,7 @@ static void test_rate_tables(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),          cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_unmeasured_points_hold),
         cmocka_unit_test(test_path),              cmocka_unit_test(test_fingerprint),
         cmocka_unit_test(test_refuses_another_machine), cmocka_unit_test(test_refuses_old_and_other_versions),
         cmocka_unit_test(test_refuses_malformed), cmocka_unit_test(test_missing_file),
