@@ -323,9 +323,6 @@ static double hypergeometric(double E, double among, int k, int hit) {
     return exp(log_choose(among, hit) + log_choose(E - among, k - hit) - log_choose(E, k));
 }
 
-/* An MoE layer split with the CPU, for `res` experts (a token's, or a step's on average) the GPU
- * computes from VRAM, `in_place` it reads from host memory and `cpu` the CPU computes; `gpu`
- * holds its other work (router, shared experts). */
 /* Whether an MoE layer's resident and streamed experts run as one call (plan.one_expert_call:
  * where some are resident and some not, outside ring tiers). */
 static bool one_expert_call(const struct walk *w, const struct shard *s) {
@@ -333,6 +330,9 @@ static bool one_expert_call(const struct walk *w, const struct shard *s) {
     return w->p->one_expert_call && r > 0 && r < s->n_expert && !w->t->ring;
 }
 
+/* An MoE layer split with the CPU, for `res` experts (a token's, or a step's on average) the GPU
+ * computes from VRAM, `in_place` it reads from host memory and `cpu` the CPU computes; `gpu`
+ * holds its other work (router, shared experts). */
 static struct split_time moe_split(const struct walk *w, const struct shard *s, double gpu, int count, double res,
                                    double in_place, double cpu, bool streams) {
     const struct profile *pr = w->prof;

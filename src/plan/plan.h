@@ -83,7 +83,7 @@ struct plan_request {
                              experts not resident; tests, comparison); NULL: the cost model's */
     int routed_quota_count;      /* entries given after [0] */
     bool one_expert_call; /* a layer's resident and streamed experts in one expert call (tables of
-                             each expert's place); not yet measured on a GPU, so off by default */
+                             each expert's place) rather than two, resident ones first */
 };
 
 /* The most experts a token routes to for which a tier can split them by routing. */

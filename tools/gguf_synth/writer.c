@@ -196,13 +196,8 @@ static pshard_status write_data(struct write_state *st, const struct synth_buf *
                                 uint64_t total, const struct synth_write_options *opts,
                                 const char *tmp_path) {
     CORE_TRY(size_file(st->fd, total, tmp_path, opts->header_only));
-    if (opts->header_only) {
-        if (!write_all(st->fd, header->data, header->len, 0))
-            return core_fail(PSHARD_ERR_IO, "writing the header of %s: %s", tmp_path, strerror(errno));
-        return PSHARD_OK;
-    }
-    bool use_mmap = opts->io == SYNTH_IO_MMAP;
-    if (opts->io == SYNTH_IO_AUTO) {
+    bool use_mmap = opts->io == SYNTH_IO_MMAP && !opts->header_only;
+    if (opts->io == SYNTH_IO_AUTO && !opts->header_only) {
         struct statfs fs;
         use_mmap = fstatfs(st->fd, &fs) == 0 && fs.f_type == TMPFS_MAGIC;
     }
@@ -217,6 +212,7 @@ static pshard_status write_data(struct write_state *st, const struct synth_buf *
     } else if (!write_all(st->fd, header->data, header->len, 0)) {
         return core_fail(PSHARD_ERR_IO, "writing the header of %s: %s", tmp_path, strerror(errno));
     }
+    if (opts->header_only) return PSHARD_OK; /* the data stays a hole */
     pshard_status status = run_workers(st, opts->n_threads, total - header->len, opts->progress);
     if (st->map) {
         munmap(st->map, total);
