@@ -95,18 +95,21 @@ struct moe_job {
  * the format has a four-token kernel (bit-identical to one at a time). */
 static void expert_rows(const struct cpu_matrix *m, const struct cpu_acts *acts, int32_t i0, int32_t i1, int64_t r0,
                         int64_t r1, float *out) {
-    const uint8_t *w = m->data, *a = acts->data;
+    const uint8_t *w = m->data, *a = acts->data, *const end = w + r1 * m->row_bytes;
     int32_t i = i0;
     if (m->kernels->vec_dot4)
         for (; i + 4 <= i1; i += 4)
             for (int64_t r = r0; r < r1; r++) {
                 float four[4];
+                if (i == i0) cpu_prefetch_next_rows(w + r * m->row_bytes, m->row_bytes, end);
                 m->kernels->vec_dot4(m->n_cols, w + r * m->row_bytes, a + i * acts->row_bytes, acts->row_bytes, four);
                 for (int j = 0; j < 4; j++) out[(i + j) * m->n_rows + r] = four[j];
             }
     for (; i < i1; i++)
-        for (int64_t r = r0; r < r1; r++)
+        for (int64_t r = r0; r < r1; r++) {
+            if (i == i0) cpu_prefetch_next_rows(w + r * m->row_bytes, m->row_bytes, end);
             out[i * m->n_rows + r] = m->kernels->vec_dot(m->n_cols, w + r * m->row_bytes, a + i * acts->row_bytes);
+        }
 }
 
 /* Units of (expert, block of rows), claimed one at a time: experts with many tokens take
