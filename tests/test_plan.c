@@ -893,7 +893,7 @@ static void test_routed_split(void **state) {
     assert_true(k >= 2 && k <= PLAN_MAX_ROUTED);
     /* Bytes alone decide: no fixed costs of calls, launches and hand-offs. */
     prof.cpu_moe_call_s = prof.cpu_step_s = prof.launch_s = prof.graph_node_s = prof.kernel_s = prof.sync_s = 0;
-    prof.round_trip_s = prof.graph_round_trip_s = 0;
+    prof.round_trip_s = prof.graph_round_trip_s = prof.zero_copy_expert_call_s = 0;
     static const double cpu_over_stream[] = {20, 1, 0.05};
     for (int c = 0; c < 3; c++) {
         for (int i = 0; i < PROFILE_TOKENS; i++) cpu->s_per_byte[i] = cpu_over_stream[c] * prof.zero_copy_experts[i];
@@ -913,6 +913,19 @@ static void test_routed_split(void **state) {
         else assert_true(t->routed_quota[k] > 0 && t->routed_quota[k] < k); /* alike: they share */
         struct cost_step routed, by_range;
         cost_step(&prof, &moe, &p, t, 1, 1000, &routed);
+        /* A one-token call reading experts in place pays a fixed part besides their bytes. */
+        prof.zero_copy_expert_call_s = 1e-3;
+        struct cost_step with_call;
+        cost_step(&prof, &moe, &p, t, 1, 1000, &with_call);
+        assert_true(with_call.seconds > routed.seconds);
+        if (c == 1) { /* reading any in place now costs a millisecond: the CPU takes them all */
+            struct plan q;
+            assert_int_equal(plan_build(&moe, &r, &costs, &q), PSHARD_OK);
+            for (int n = 0; q.tier[PLAN_TIER_DECODE].routed && n <= k; n++)
+                assert_int_equal(q.tier[PLAN_TIER_DECODE].routed_quota[n], 0);
+            plan_free(&q);
+        }
+        prof.zero_copy_expert_call_s = 0;
         t->routed = false;
         cost_step(&prof, &moe, &p, t, 1, 1000, &by_range);
         assert_true(routed.seconds <= by_range.seconds + 1e-12);

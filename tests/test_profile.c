@@ -57,6 +57,7 @@ static struct profile sample(void) {
     p.expert_reads_share_under_cpu = 0.47, p.cpu_share_under_expert_reads = 0.89;
     p.zero_copy_experts[4] = 1.0 / 31.25e9;
     p.cpu_moe_call_s = 7.5e-5;
+    p.zero_copy_expert_call_s = 3.25e-5;
     p.kernel_s = 4.25e-6;
     p.gpu_attn_call_s = 3.125e-5;
     snprintf(p.refine[0].model, sizeof p.refine[0].model, "llama 2x64 e0 0.01 GB");
@@ -126,6 +127,7 @@ static void assert_profiles_equal(const struct profile *a, const struct profile 
     assert_true(!memcmp(a->zero_copy, b->zero_copy, sizeof a->zero_copy));
     assert_true(!memcmp(a->zero_copy_experts, b->zero_copy_experts, sizeof a->zero_copy_experts));
     assert_true(a->cpu_moe_call_s == b->cpu_moe_call_s);
+    assert_true(a->zero_copy_expert_call_s == b->zero_copy_expert_call_s);
     assert_true(a->kernel_s == b->kernel_s);
     assert_true(!memcmp(a->refine, b->refine, sizeof a->refine));
     assert_true(a->launch_s == b->launch_s);

@@ -307,9 +307,11 @@ static void expert_reads_step(void *arg, int rep) {
  * experts, as a split MoE layer's decode step runs them: each one's rate against its rate
  * alone. (qwen30b on the H200: dynamic plans whose in-place expert reads were the longer side
  * ran 1.16-1.30x their prediction from the dense probe's shares, those whose CPU side was the
- * longer 0.97-1.09x.) ids and w: host room for ROUTINGS routings. */
+ * longer 0.97-1.09x.) Alone, the reads are also timed at 2 experts a token: a call's fixed part
+ * and its rate per byte (`expert` bytes an expert) apart. ids and w: host room for ROUTINGS
+ * routings. */
 static pshard_status experts_beside_cpu(struct gpu_bench *b, const struct shapes *sh, struct profile *p, int32_t *ids,
-                                        float *w) {
+                                        float *w, double expert) {
     struct cpu_bench route = {.ids = ids, .weights = w, .n_tokens = ROUTINGS, .k = sh->k};
     measure_route_random(&route, (int)sh->n_expert, 7);
     CORE_TRY(cuda_copy_h2d(b->ids, ids, sizeof *ids * ROUTINGS * sh->k, b->s));
@@ -317,6 +319,17 @@ static pshard_status experts_beside_cpu(struct gpu_bench *b, const struct shapes
     CORE_TRY(cuda_stream_sync(b->s));
     const double read_alone = measure_time_steps(expert_reads_step, b) / 4;
     CORE_TRY(b->st);
+    if (sh->k > 2) { /* pairs of one routing's experts: distinct */
+        b->moe.k = 2;
+        const double two = measure_time_steps(expert_reads_step, b) / 4;
+        b->moe.k = sh->k;
+        CORE_TRY(b->st);
+        const double each = (read_alone - two) / (sh->k - 2);
+        if (each > 0 && two > 2 * each) {
+            p->zero_copy_expert_call_s = two - 2 * each;
+            p->zero_copy_experts[0] = each / expert;
+        }
+    }
     struct cpu_bench c;
     CORE_TRY(measure_cpu_experts_open(sh, b->pool, &c));
     const double cpu_alone = measure_time_steps(measure_cpu_experts_step, &c);
@@ -344,6 +357,7 @@ static pshard_status zero_copy_experts(struct gpu_bench *b, const struct shapes 
     float *w = malloc(sizeof *w * B * sh->k);
     if (!ids || !w) st = core_fail(PSHARD_ERR_NOMEM, "out of memory while measuring");
     const double expert = (double)(2 * gate + down) / E;
+    p->zero_copy_expert_call_s = 0; /* unless fitted below, zero_copy_experts[0] holds it */
     /* Each routing's first read: 4 routings per token count, each timed once. */
     for (int i = 0; st == PSHARD_OK && i < PROFILE_TOKENS; i++) {
         b->n_tokens = profile_tokens[i];
@@ -364,7 +378,7 @@ static pshard_status zero_copy_experts(struct gpu_bench *b, const struct shapes 
         const double touched = cost_touched((double)E, (double)E, sh->k, (double)b->n_tokens);
         p->zero_copy_experts[i] = total / 4 / (touched * expert);
     }
-    if (st == PSHARD_OK && b->pool && !measure_out_of_time()) st = experts_beside_cpu(b, sh, p, ids, w);
+    if (st == PSHARD_OK && b->pool && !measure_out_of_time()) st = experts_beside_cpu(b, sh, p, ids, w, expert);
     free(ids), free(w);
     cuda_pinned_release(&host);
     return st;

@@ -330,6 +330,12 @@ static bool one_expert_call(const struct walk *w, const struct shard *s) {
     return w->p->one_expert_call && r > 0 && r < s->n_expert && !w->t->ring;
 }
 
+/* The expert kernel reading `bytes` of experts in place in a step of n tokens; one token's call
+ * pays its fixed part besides (the rates of more tokens were measured with it). */
+static double expert_reads_s(const struct profile *pr, double bytes, double n) {
+    return bytes > 0 ? bytes * profile_at_tokens(pr->zero_copy_experts, n) + (n < 2 ? pr->zero_copy_expert_call_s : 0) : 0;
+}
+
 /* An MoE layer split with the CPU, for `res` experts (a token's, or a step's on average) the GPU
  * computes from VRAM, `in_place` it reads from host memory and `cpu` the CPU computes; `gpu`
  * holds its other work (router, shared experts). */
@@ -339,7 +345,7 @@ static struct split_time moe_split(const struct walk *w, const struct shard *s, 
     const double eb = (double)s->expert_bytes, n = w->n;
     const uint32_t type = shard_expert_type(s);
     const double gpu_rate = cost_rate(pr->gpu_experts, type, n), moved = in_place * eb;
-    const double stream = moved * profile_at_tokens(pr->zero_copy_experts, n);
+    const double stream = expert_reads_s(pr, moved, n);
     const bool one = one_expert_call(w, s) && streams;
     /* In one call the resident experts run beside the reads in place; in two, before them. */
     gpu += one ? fmax((res + in_place) * eb * gpu_rate, stream) : res * eb * gpu_rate + fmax(moved * gpu_rate, stream);
@@ -383,7 +389,7 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
         double stream = 0;
         if (g > r) { /* in place: only the touched experts' bytes cross PCIe */
             const double moved = cost_touched(g - r, E, k, n) * eb;
-            stream = moved * profile_at_tokens(pr->zero_copy_experts, n);
+            stream = expert_reads_s(pr, moved, n);
             gpu += one ? fmax(moved * gpu_rate + cost_touched(r, E, k, n) * eb * gpu_rate, stream) : fmax(moved * gpu_rate, stream);
         }
         w->out->pcie_s += stream;

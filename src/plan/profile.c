@@ -77,6 +77,7 @@ void profile_defaults(struct profile *p) {
         p->zero_copy[i] = 1 / 10e9 * (profile_tokens[i] > 8 ? profile_tokens[i] / 8.0 : 1);
         p->zero_copy_experts[i] = 1 / 8e9 * (profile_tokens[i] > 8 ? profile_tokens[i] / 8.0 : 1);
     }
+    p->zero_copy_expert_call_s = 20e-6;
     p->cpu_moe_call_s = 60e-6;
     p->launch_s = 5e-6;
     p->graph_node_s = 2e-6;
@@ -286,6 +287,7 @@ static json_t *profile_json(const struct profile *p) {
     }
     ok &= refine && put(root, "refine", refine);
     ok &= put(root, "zero_copy_experts", reals_json(p->zero_copy_experts, PROFILE_TOKENS));
+    ok &= put(root, "zero_copy_expert_call_s", json_real(p->zero_copy_expert_call_s));
     ok &= put(root, "cpu_moe_call_s", json_real(p->cpu_moe_call_s));
     ok &= put(root, "launch_s", json_real(p->launch_s));
     ok &= put(root, "graph_node_s", json_real(p->graph_node_s));
@@ -507,6 +509,7 @@ static pshard_status profile_from_json(const char *path, json_t *root, struct pr
         }
     }
     CORE_TRY(read_reals(path, root, "zero_copy_experts", p->zero_copy_experts, PROFILE_TOKENS));
+    CORE_TRY(read_real(path, root, "zero_copy_expert_call_s", &p->zero_copy_expert_call_s));
     CORE_TRY(read_real(path, root, "cpu_moe_call_s", &p->cpu_moe_call_s));
     CORE_TRY(read_real(path, root, "launch_s", &p->launch_s));
     CORE_TRY(read_real(path, root, "graph_node_s", &p->graph_node_s));

@@ -16,7 +16,7 @@
 
 #include "pshard.h"
 
-#define PROFILE_VERSION 10
+#define PROFILE_VERSION 11
 enum {
     PROFILE_TOKENS = 6,   /* token counts: 1, 4, 16, 64, 256, 1024 */
     PROFILE_SIZES = 5,    /* transfer sizes: 64 KiB, 512 KiB, 4 MiB, 32 MiB, 128 MiB */
@@ -78,6 +78,10 @@ struct profile {
      * count (a kernel may read its weights more than once when it takes many tokens): a dense
      * matmul, and the expert kernel per byte of the experts the tokens chose. */
     double zero_copy[PROFILE_TOKENS], zero_copy_experts[PROFILE_TOKENS];
+    /* One token's expert call reading n experts in place takes this plus their bytes at
+     * zero_copy_experts[0] (fitted from calls of 2 and of k experts: on the H200, about 40 us
+     * plus 54 us an expert, so 2 experts cost 30 us more than the bytes of 8 say). */
+    double zero_copy_expert_call_s;
     double launch_s;          /* one kernel launch, queued */
     double graph_node_s;      /* one kernel of a replayed CUDA graph */
     double kernel_s;          /* a small kernel's shortest run (a matvec of a few rows, in a graph) */

@@ -63,6 +63,7 @@ static void print_gpu(const struct profile *p) {
     for (int i = 0; i < PROFILE_TOKENS; i++) printf(" %9.3g", p->zero_copy[i] > 0 ? 1e-9 / p->zero_copy[i] : 0);
     printf("\n  %-19s", "in place: experts");
     for (int i = 0; i < PROFILE_TOKENS; i++) printf(" %9.3g", p->zero_copy_experts[i] > 0 ? 1e-9 / p->zero_copy_experts[i] : 0);
+    printf(" (one token's call: %.1f us besides its bytes)", p->zero_copy_expert_call_s * 1e6);
     printf("\n  launch %.1f us, graph node %.2f us, small kernel %.1f us, sync %.1f us, hand-off %.1f us (in a graph "
            "%.1f us), CPU expert call %.1f us, GPU attention call %.1f us besides its cells\n",
            p->launch_s * 1e6, p->graph_node_s * 1e6, p->kernel_s * 1e6, p->sync_s * 1e6, p->round_trip_s * 1e6,
