@@ -23,19 +23,6 @@ struct cpu_matrix {
     const struct quant_kernels *kernels;
 };
 
-/* Weight rows read from host memory at one token are bandwidth-bound, yet a core computing
- * them keeps too few reads in flight: on the H200 machine's Xeon, 16 threads computing qwen30b's
- * Q4_0 experts read 59 GB/s of a 101 GB/s host, and 76 GB/s when each row started by asking for
- * the next rows' cache lines (bench/RESULTS.md). So a row's computation first asks for the
- * cache lines of the row CPU_PREFETCH_AHEAD bytes or more past it, if that row ends by `end`. */
-enum { CPU_PREFETCH_AHEAD = 2048 };
-static inline void cpu_prefetch_next_rows(const uint8_t *row, size_t row_bytes, const uint8_t *end) {
-    const size_t rows = row_bytes >= CPU_PREFETCH_AHEAD ? 1 : (CPU_PREFETCH_AHEAD + row_bytes - 1) / row_bytes;
-    const uint8_t *from = row + rows * row_bytes, *to = from + row_bytes;
-    if (to > end) return;
-    for (const uint8_t *p = from; p < to; p += 64) __builtin_prefetch(p, 0, 3);
-}
-
 struct gguf_tensor;
 /* View a 2-D (or 3-D, for experts) GGUF tensor; fails on unsupported types. */
 pshard_status cpu_matrix_from_tensor(const struct gguf_tensor *t, struct cpu_matrix *out);

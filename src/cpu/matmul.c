@@ -78,22 +78,17 @@ void cpu_matmul_rows(const struct cpu_matrix *m, const struct cpu_acts *acts, in
         for (int64_t r0 = row_begin; r0 < row_end; r0 += ROW_BLOCK) {
             int64_t r1 = r0 + ROW_BLOCK < row_end ? r0 + ROW_BLOCK : row_end;
             int64_t t = t0;
-            /* The first pass over these rows reads them from memory: the rows ahead are asked for. */
-            const uint8_t *const end = w + row_end * m->row_bytes;
             /* Four tokens per weight-row pass where the format has it (same results as one by one). */
             if (m->kernels->vec_dot4)
                 for (; t + 4 <= t1; t += 4)
                     for (int64_t r = r0; r < r1; r++) {
                         float out[4];
-                        if (t == 0) cpu_prefetch_next_rows(w + r * m->row_bytes, m->row_bytes, end);
                         m->kernels->vec_dot4(m->n_cols, w + r * m->row_bytes, a + t * acts->row_bytes, acts->row_bytes, out);
                         for (int j = 0; j < 4; j++) y[(t + j) * y_stride + r] = out[j];
                     }
             for (; t < t1; t++)
-                for (int64_t r = r0; r < r1; r++) {
-                    if (t == 0) cpu_prefetch_next_rows(w + r * m->row_bytes, m->row_bytes, end);
+                for (int64_t r = r0; r < r1; r++)
                     y[t * y_stride + r] = m->kernels->vec_dot(m->n_cols, w + r * m->row_bytes, a + t * acts->row_bytes);
-                }
         }
     }
 }
