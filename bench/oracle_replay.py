@@ -56,7 +56,8 @@ def upgraded(profile, refusal, model):
     """A copy of profile brought up to the format this pshard reads, where `pshard plan` refused it
     for its format (older oracle runs' profiles): each added field takes the value its format's
     predecessor stood for; format 10's CPU attention is per query head, where format 9 counted a
-    KV byte once (taken here as measured with the model replayed). None where the refusal is for
+    KV byte once (taken here as measured with the model replayed); format 11's fixed part of an
+    in-place expert call was inside format 10's rate per byte (zero apart). None where the refusal is for
     something else."""
     m = re.search(r"profile format version (\d+) \(this pshard reads (\d+)\)", refusal)
     if not m:
@@ -66,6 +67,10 @@ def upgraded(profile, refusal, model):
         if version == 10:
             group = query_heads_per_kv(model)
             p["cpu_attn"] = [v / group for v in p["cpu_attn"]]
+            continue
+        if version == 11:  # one token's in-place expert call: its fixed part was in the rate;
+            p.setdefault("zero_copy_expert_call_s", 0.0)  # host memory served to both: unmeasured
+            p.setdefault("host_served_gbps", 0.0)
             continue
         if version not in UPGRADES:
             sys.exit("%s: format %d, and no upgrade to format %d is known" % (profile, have, version))

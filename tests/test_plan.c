@@ -395,6 +395,15 @@ static void test_dynamic_splits_ffn_rows(void **state) {
     cost_step(&prof, &model, &split, b, 1, 1000, &narrow_b);
     assert_true(narrow_b.seconds > wide_b.seconds && narrow_b.cpu_s > wide_b.cpu_s);
     assert_true(fabs(narrow_a.seconds - wide_a.seconds) < 1e-12);
+    /* Host memory seen serving both at once faster than the cores read alone: that is the
+     * ceiling (the cores' own rate is no bound on the two together). */
+    prof.host_served_gbps = 1e6;
+    struct cost_step served_b;
+    cost_step(&prof, &model, &split, b, 1, 1000, &served_b);
+    assert_true(fabs(served_b.seconds - wide_b.seconds) < 1e-12);
+    prof.host_served_gbps = 10; /* below the cores' 15: the cores' rate holds */
+    cost_step(&prof, &model, &split, b, 1, 1000, &served_b);
+    assert_true(fabs(served_b.seconds - narrow_b.seconds) < 1e-12);
     plan_free(&by_layer);
     plan_free(&split);
 }

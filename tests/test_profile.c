@@ -49,6 +49,7 @@ static struct profile sample(void) {
     p.has_gpu = true;
     p.seconds = 12.345;
     p.host_read_gbps = 1.0 / 3.0;
+    p.host_served_gbps = 2.0 / 3.0;
     p.cpu_matmul[0].s_per_byte[3] = 0.1 + 0.2; /* not a short decimal */
     p.h2d_gbps[2] = 24.6789012345678;
     p.round_trip_s = 5.4321e-5;
@@ -114,6 +115,7 @@ static void assert_profiles_equal(const struct profile *a, const struct profile 
     assert_int_equal(a->measured, b->measured);
     assert_true(a->seconds == b->seconds);
     assert_true(a->host_read_gbps == b->host_read_gbps);
+    assert_true(a->host_served_gbps == b->host_served_gbps);
     assert_rates_equal(a->cpu_matmul, b->cpu_matmul);
     assert_rates_equal(a->cpu_experts, b->cpu_experts);
     assert_reals_equal(a->cpu_attn, b->cpu_attn, PROFILE_TOKENS);

@@ -225,9 +225,12 @@ static pshard_status beside_cpu_once(struct gpu_bench *b, struct cpu_bench *c, s
     return PSHARD_OK;
 }
 
-/* The best of three (anything else on the machine can only lower a share). */
+/* The best of three (anything else on the machine can only lower a share). A CPU step reads
+ * cpu_bytes of host memory and a unit unit_bytes: what host memory served both at once, in GB/s,
+ * raises p->host_served_gbps (a ceiling on the two together can be no lower). */
 static pshard_status beside_cpu(struct gpu_bench *b, struct cpu_bench *c, step_fn cpu_step, double cpu_alone,
-                                double unit_alone, pshard_status (*unit)(struct gpu_bench *, int), cuda_stream s,
+                                double cpu_bytes, double unit_alone, double unit_bytes,
+                                pshard_status (*unit)(struct gpu_bench *, int), cuda_stream s, struct profile *p,
                                 double *cpu_share, double *gpu_share) {
     *cpu_share = *gpu_share = 0;
     for (int i = 0; i < 3; i++) {
@@ -235,6 +238,10 @@ static pshard_status beside_cpu(struct gpu_bench *b, struct cpu_bench *c, step_f
         CORE_TRY(beside_cpu_once(b, c, cpu_step, cpu_alone, unit_alone, unit, s, &cs, &gs));
         *cpu_share = cs > *cpu_share ? cs : *cpu_share;
         *gpu_share = gs > *gpu_share ? gs : *gpu_share;
+        if (cpu_alone > 0 && unit_alone > 0) {
+            const double served = (cs * cpu_bytes / cpu_alone + gs * unit_bytes / unit_alone) / 1e9;
+            p->host_served_gbps = served > p->host_served_gbps ? served : p->host_served_gbps;
+        }
     }
     return PSHARD_OK;
 }
@@ -333,8 +340,10 @@ static pshard_status experts_beside_cpu(struct gpu_bench *b, const struct shapes
     struct cpu_bench c;
     CORE_TRY(measure_cpu_experts_open(sh, b->pool, &c));
     const double cpu_alone = measure_time_steps(measure_cpu_experts_step, &c);
-    const pshard_status st = beside_cpu(b, &c, measure_cpu_experts_step, cpu_alone, read_alone, expert_read_unit, b->s,
-                                        &p->cpu_share_under_expert_reads, &p->expert_reads_share_under_cpu);
+    const double touched = sh->k * (double)(c.gate.bytes + c.up.bytes + c.down.bytes) / (double)sh->n_expert;
+    const pshard_status st = beside_cpu(b, &c, measure_cpu_experts_step, cpu_alone, touched, read_alone, sh->k * expert,
+                                        expert_read_unit, b->s, p, &p->cpu_share_under_expert_reads,
+                                        &p->expert_reads_share_under_cpu);
     measure_cpu_bench_close(&c);
     return st;
 }
@@ -591,16 +600,18 @@ static pshard_status measure_transfers(const struct measure_request *req, const 
         if (st == PSHARD_OK) {
             b->d2h = false, b->copy_bytes = profile_sizes[PROFILE_SIZES - 2], b->n_copies = 1;
             const double copy_alone = measure_time_steps(copy_step, b);
-            st = beside_cpu(b, &c, measure_cpu_matmul_step, cpu_alone, copy_alone, copy_unit, b->copy,
-                            &p->cpu_share_under_h2d, &p->h2d_share_under_cpu);
+            st = beside_cpu(b, &c, measure_cpu_matmul_step, cpu_alone, (double)c.gate.bytes, copy_alone,
+                            (double)b->copy_bytes, copy_unit, b->copy, p, &p->cpu_share_under_h2d,
+                            &p->h2d_share_under_cpu);
         }
         if (st == PSHARD_OK) {
             st = gpu_matrix(b, sh->dense[0], sh->rows, sh->n_embd, 1, BIG_BYTES / 6, true);
             b->n_tokens = 1;
             const double read_alone = st == PSHARD_OK ? measure_time_steps(gpu_matmul_step, b) / 4 : 0;
             if (st == PSHARD_OK)
-                st = beside_cpu(b, &c, measure_cpu_matmul_step, cpu_alone, read_alone, in_place_unit, b->s,
-                                &p->cpu_share_under_reads, &p->reads_share_under_cpu);
+                st = beside_cpu(b, &c, measure_cpu_matmul_step, cpu_alone, (double)c.gate.bytes, read_alone,
+                                (double)b->m_bytes, in_place_unit, b->s, p, &p->cpu_share_under_reads,
+                                &p->reads_share_under_cpu);
             cuda_pinned_release(&b->pinned);
         }
         measure_cpu_bench_close(&c);
@@ -618,6 +629,7 @@ pshard_status measure_gpu_rates(const struct measure_request *req, const struct 
     pshard_status st = cuda_device_identify(0, name, sizeof name, &p->fp.driver);
     if (st == PSHARD_OK) {
         snprintf(p->fp.gpu, sizeof p->fp.gpu, "%.127s", name);
+        p->host_served_gbps = 0; /* raised by the probes that run both sides at once */
         p->has_gpu = true;
     }
     b.s = cuda_ctx_compute_stream(b.cuda);

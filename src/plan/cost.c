@@ -75,12 +75,16 @@ static void gpu_busy(struct walk *w, double compute_s, int small_kernels, int op
 
 /* The share of its own speed each side keeps while the CPU reads host memory at cpu_bps and the
  * GPU at pcie_bps (copies or in-place reads) at the same time: host memory serves both from one
- * bandwidth, the CPU's streaming read rate (host_read_gbps), so what they ask beyond it slows
- * both alike. On the H200 machine the CPU reads about 80 GB/s alone and the GPU 49 GB/s in
- * place, against 100 GB/s; split layers then ran 25-35% longer than predicted without this,
- * everywhere both sides ran at once and nowhere else (bench/RESULTS.md). */
+ * bandwidth, so what they ask beyond it slows both alike. On the H200 machine the CPU reads
+ * about 80 GB/s alone and the GPU 49 GB/s in place, against 100 GB/s; split layers then ran
+ * 25-35% longer than predicted without this, everywhere both sides ran at once and nowhere else
+ * (bench/RESULTS.md). The bandwidth is the CPU's streaming read rate (host_read_gbps), or what
+ * the profile saw served to both at once where that was more: on the H200 machine 16 cores alone
+ * read 64-133 GB/s on different starts, where the together probes' shares times their rates
+ * alone came to 90-136, and llama8b's split FFNs ran up to 30% faster than a ceiling of the
+ * cores' rate said (bench/RESULTS.md). */
 static double host_memory_share(const struct profile *pr, double cpu_bps, double pcie_bps) {
-    const double ceiling = pr->host_read_gbps * 1e9, asked = cpu_bps + pcie_bps;
+    const double ceiling = fmax(pr->host_read_gbps, pr->host_served_gbps) * 1e9, asked = cpu_bps + pcie_bps;
     return ceiling > 0 && asked > ceiling ? ceiling / asked : 1;
 }
 

@@ -264,6 +264,7 @@ static json_t *profile_json(const struct profile *p) {
     ok &= put(root, "tokens", integers_json(tokens, PROFILE_TOKENS));
     ok &= put(root, "sizes", integers_json(sizes, PROFILE_SIZES));
     ok &= put(root, "host_read_gbps", json_real(p->host_read_gbps));
+    ok &= put(root, "host_served_gbps", json_real(p->host_served_gbps));
     ok &= put(root, "cpu_matmul", rates_json(p->cpu_matmul));
     ok &= put(root, "cpu_experts", rates_json(p->cpu_experts));
     ok &= put(root, "cpu_attn", reals_json(p->cpu_attn, PROFILE_TOKENS));
@@ -471,6 +472,7 @@ static pshard_status profile_from_json(const char *path, json_t *root, struct pr
     CORE_TRY(read_bool(path, root, "measured", &p->measured));
     CORE_TRY(read_real(path, root, "seconds", &p->seconds));
     CORE_TRY(read_real(path, root, "host_read_gbps", &p->host_read_gbps));
+    CORE_TRY(read_real(path, root, "host_served_gbps", &p->host_served_gbps));
     CORE_TRY(read_rates(path, root, "cpu_matmul", p->cpu_matmul));
     CORE_TRY(read_rates(path, root, "cpu_experts", p->cpu_experts));
     CORE_TRY(read_reals(path, root, "cpu_attn", p->cpu_attn, PROFILE_TOKENS));

@@ -59,6 +59,9 @@ struct profile {
 
     /* Host memory and the CPU (at fp.threads threads). */
     double host_read_gbps;                           /* streaming read of host memory, GB/s */
+    double host_served_gbps; /* host memory served to the CPU and the GPU at once in the probes that run
+                                them together (GB/s; 0: not measured): their shared ceiling is at least
+                                this, and the CPU's cores alone may not reach it (host_read_gbps) */
     struct profile_rate cpu_matmul[PROFILE_FORMATS]; /* dense matrix times n tokens */
     struct profile_rate cpu_experts[PROFILE_FORMATS];/* one expert's matrices times its tokens */
     double cpu_attn[PROFILE_TOKENS];                 /* seconds per KV byte per query head that reads it

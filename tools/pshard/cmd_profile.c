@@ -79,7 +79,8 @@ static void print_gpu(const struct profile *p) {
 static void print_profile(const struct profile *p, const char *path) {
     printf("profile %s\n  CPU %s, %d threads; GPU %s (driver %d); pshard %s; %s in %.1f s\n", path, p->fp.cpu, p->fp.threads,
            p->fp.gpu[0] ? p->fp.gpu : "none", p->fp.driver, p->pshard, p->measured ? "measured" : "defaults", p->seconds);
-    printf("  host memory read %.1f GB/s; a CPU job costs %.1f us\n", p->host_read_gbps, p->cpu_step_s * 1e6);
+    printf("  host memory read %.1f GB/s (served %.1f GB/s to the CPU and the GPU at once); a CPU job costs %.1f us\n",
+           p->host_read_gbps, p->host_served_gbps, p->cpu_step_s * 1e6);
     printf("  weight GB/s at tokens per step:");
     for (int i = 0; i < PROFILE_TOKENS; i++) printf(" %9d", profile_tokens[i]);
     printf("\n");
