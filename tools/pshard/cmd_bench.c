@@ -9,8 +9,9 @@
  * (the cache truncated back between runs); the median counts. The planner's choices run first;
  * a candidate slower than three times the best so far is cut short after two such runs (it is
  * not the best, and its time is known), and one the cost model predicts at over SKIP_FACTOR times the
- * best measured time is not run at all -- it could be the best only if the prediction were off
- * by that factor; the summary counts these. A candidate that places a tier exactly as one
+ * best measured time (where none is measured yet, the prediction for the tier's choice) is not
+ * run at all -- it could be the best only if the predictions were off by that factor; the summary
+ * counts these. A candidate that places a tier exactly as one
  * already measured is that plan: it takes the measured time instead of running again, and is
  * not loaded at all when that holds in every tier. Close calls are timed twice: where the
  * choice and the fastest other plan lie within CLOSE of each other, both are loaded again,
@@ -50,7 +51,8 @@ struct oracle_row {
     int32_t n_tokens;
     double measured[PLAN_MAX_CANDIDATES], predicted[PLAN_MAX_CANDIDATES];
     bool cut[PLAN_MAX_CANDIDATES]; /* stopped after one run */
-    bool skipped[PLAN_MAX_CANDIDATES]; /* predicted over SKIP_FACTOR times a measured time: not run */
+    bool skipped[PLAN_MAX_CANDIDATES]; /* predicted over SKIP_FACTOR times a measured time (or the choice's
+                                          prediction, none measured yet): not run */
     bool rechecked[PLAN_MAX_CANDIDATES]; /* a close call: timed with a second load, the two averaged */
     int chosen, tier;
 };
@@ -349,8 +351,13 @@ static pshard_status oracle_config(const struct oracle_opts *o, const struct mod
             }
             double best = INFINITY;
             for (uint32_t j = 0; j < weighed->n_candidates; j++) best = r->measured[j] < best ? r->measured[j] : best;
-            /* Predicted far slower than a time already measured: not run (counted as skipped). */
-            if (isfinite(best) && r->predicted[c] > SKIP_FACTOR * best) {
+            /* Predicted far slower than a time already measured, or, where none is yet, than the
+             * prediction of the tier's choice (a plan chosen for another tier runs here first):
+             * not run (counted as skipped). */
+            const double bound = isfinite(best)                       ? best
+                                 : r->chosen >= 0 && r->chosen != c ? weighed->candidates[r->chosen].seconds[r->tier]
+                                                                    : INFINITY;
+            if (isfinite(bound) && r->predicted[c] > SKIP_FACTOR * bound) {
                 r->skipped[c] = true;
                 fprintf(stderr, " %d:skip", r->n_tokens);
                 continue;
@@ -502,7 +509,8 @@ int cmd_bench(int argc, char **argv) {
     printf("prediction error (|predicted/measured - 1|): median %.1f%% for the chosen plans, %.1f%% over all %d "
            "candidates measured in full\n",
            s.n_errors ? 100 * median(s.errors, s.n_errors) : 0, s.n_all ? 100 * median(s.all_errors, s.n_all) : 0, s.n_all);
-    printf("candidate steps timed: %d; not run, predicted over %dx slower than one measured: %d\n", s.runs, SKIP_FACTOR,
+    printf("candidate steps timed: %d; not run, predicted over %dx slower than one measured (or than the choice's "
+           "prediction, before any was measured): %d\n", s.runs, SKIP_FACTOR,
            s.skipped);
     return 0;
 fail:
