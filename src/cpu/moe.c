@@ -95,13 +95,14 @@ struct moe_job {
  * for the hardware's prefetcher to get ahead: on the H200 machine's Xeon, 16 threads computing
  * qwen30b's Q4_0 experts for one token read 59 GB/s of a 101 GB/s host, and 76 GB/s when each
  * row first asked for the cache lines of the rows after it (bench/RESULTS.md). So the first pass
- * over row r asks for the row PREFETCH_AHEAD bytes or more past it, if that is before r_end. */
+ * over a row asks for the row PREFETCH_AHEAD bytes or more past it (rows_ahead rows), if that
+ * one is the unit's. */
 enum { PREFETCH_AHEAD = 2048 };
-static inline void prefetch_ahead(const struct cpu_matrix *m, int64_t r, int64_t r_end) {
-    const int64_t ahead = m->row_bytes >= PREFETCH_AHEAD ? 1 : (int64_t)((PREFETCH_AHEAD + m->row_bytes - 1) / m->row_bytes);
-    if (r + ahead >= r_end) return;
-    const uint8_t *row = (const uint8_t *)m->data + (r + ahead) * m->row_bytes;
-    for (size_t b = 0; b < m->row_bytes; b += 64) __builtin_prefetch(row + b, 0, 3);
+static int64_t rows_ahead(size_t row_bytes) {
+    return row_bytes >= PREFETCH_AHEAD ? 1 : (int64_t)((PREFETCH_AHEAD + row_bytes - 1) / row_bytes);
+}
+static inline void prefetch_row(const uint8_t *row, size_t row_bytes) {
+    for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(row + b, 0, 3);
 }
 
 /* Rows r0..r1 of one expert for its grouped activation rows i0..i1: four rows at a time where
@@ -109,18 +110,19 @@ static inline void prefetch_ahead(const struct cpu_matrix *m, int64_t r, int64_t
 static void expert_rows(const struct cpu_matrix *m, const struct cpu_acts *acts, int32_t i0, int32_t i1, int64_t r0,
                         int64_t r1, float *out) {
     const uint8_t *w = m->data, *a = acts->data;
+    const int64_t ahead = rows_ahead(m->row_bytes);
     int32_t i = i0;
     if (m->kernels->vec_dot4)
         for (; i + 4 <= i1; i += 4)
             for (int64_t r = r0; r < r1; r++) {
                 float four[4];
-                if (i == i0) prefetch_ahead(m, r, r1);
+                if (i == i0 && r + ahead < r1) prefetch_row(w + (r + ahead) * m->row_bytes, m->row_bytes);
                 m->kernels->vec_dot4(m->n_cols, w + r * m->row_bytes, a + i * acts->row_bytes, acts->row_bytes, four);
                 for (int j = 0; j < 4; j++) out[(i + j) * m->n_rows + r] = four[j];
             }
     for (; i < i1; i++)
         for (int64_t r = r0; r < r1; r++) {
-            if (i == i0) prefetch_ahead(m, r, r1);
+            if (i == i0 && r + ahead < r1) prefetch_row(w + (r + ahead) * m->row_bytes, m->row_bytes);
             out[i * m->n_rows + r] = m->kernels->vec_dot(m->n_cols, w + r * m->row_bytes, a + i * acts->row_bytes);
         }
 }
