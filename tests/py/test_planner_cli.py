@@ -130,12 +130,14 @@ def test_profile_cache_written_shown_and_refused_elsewhere(default_model, tmp_pa
 
 def test_oracle_options(default_model):
     """The oracle's options are checked before it looks for a GPU (so this never starts a run)."""
-    for bad in (["--tiers", "0"], ["--budgets", "2X"], ["--recheck-all"], []):
+    for bad in (["--tiers", "0"], ["--budgets", "2X"], ["--recheck-all"], ["--recheck", "5"], ["--recheck", "-1"],
+                ["--recheck", "2x"], ["--recheck"], []):
         proc = pshard("bench", "--oracle", *(["-m", default_model] if bad else []), *bad)
         assert proc.returncode == 2, (bad, proc.stderr)
         assert "pshard bench:" in proc.stderr and "no CUDA device" not in proc.stderr
-    proc = pshard("bench", "--oracle", "-m", default_model, "--no-recheck", "--bogus")
-    assert proc.returncode == 2 and "'--bogus'" in proc.stderr and "'--no-recheck'" not in proc.stderr
+    for good in (["--no-recheck"], ["--recheck", "4"], ["--recheck", "0"]):
+        proc = pshard("bench", "--oracle", "-m", default_model, *good, "--bogus")
+        assert proc.returncode == 2 and "'--bogus'" in proc.stderr and "'%s'" % good[-1] not in proc.stderr
     help = pshard("bench", "--help")
     assert help.returncode == 0 and "--no-recheck" in help.stdout
 

@@ -13,10 +13,13 @@
  * run at all -- it could be the best only if the predictions were off by that factor; the summary
  * counts these. A candidate that places a tier exactly as one
  * already measured is that plan: it takes the measured time instead of running again, and is
- * not loaded at all when that holds in every tier. Close calls are timed twice: where the
- * choice and the fastest other plan lie within CLOSE of each other, both are loaded again,
- * timed again, and each plan's two times averaged (repeat runs of a plan differ by a median 5%,
- * so one run would decide such a pair by chance; both sides are re-timed, whichever led). */
+ * not loaded at all when that holds in every tier. Close calls are timed over several loads:
+ * where the choice and the fastest other plan lie within CLOSE of each other, both are loaded
+ * again (twice by default) and each plan's time is the median over its loads. Loads of one plan
+ * differ by 5-18% (where its host buffers land, how the threads fall on cores), more than most
+ * close calls, so one load would decide such a pair by chance. The loads go in rounds whose order
+ * alternates (the first pass's order reversed, then as it was), so a machine that drifts over the
+ * minutes favours no plan. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -32,7 +35,7 @@
 #include "gguf/gguf.h"
 #include "plan/cost.h"
 
-enum { MAX_LIST = 16, MAX_MODELS = 4, SKIP_FACTOR = 3 };
+enum { MAX_LIST = 16, MAX_MODELS = 4, SKIP_FACTOR = 3, MAX_LOADS = 5 };
 static const double CLOSE = 0.15;
 
 struct oracle_opts {
@@ -42,7 +45,7 @@ struct oracle_opts {
     int32_t contexts[MAX_LIST], tiers[MAX_LIST];
     int n_budgets, n_contexts, n_tiers;
     int32_t n_batch, n_threads, reps;
-    bool recheck; /* time close calls a second time (on unless --no-recheck) */
+    int recheck; /* loads more of each close call (--recheck N, default 2; 0 with --no-recheck) */
     const char *json;
 };
 
@@ -53,21 +56,24 @@ struct oracle_row {
     bool cut[PLAN_MAX_CANDIDATES]; /* stopped after one run */
     bool skipped[PLAN_MAX_CANDIDATES]; /* predicted over SKIP_FACTOR times a measured time (or the choice's
                                           prediction, none measured yet): not run */
-    bool rechecked[PLAN_MAX_CANDIDATES]; /* a close call: timed with a second load, the two averaged */
+    bool rechecked[PLAN_MAX_CANDIDATES]; /* a close call: timed over more loads, the median counts */
+    double loads[PLAN_MAX_CANDIDATES][MAX_LOADS]; /* a rechecked candidate's time on each load */
+    int n_loads[PLAN_MAX_CANDIDATES];
     int chosen, tier;
 };
 
 static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard bench --oracle -m MODEL [-m MODEL ...] [--budgets 2G,4G,8G,16G]\n"
                  "                    [--contexts 1024,4096,16384] [--tiers 1,16,256,1024] [-b BATCH] [-t THREADS]\n"
-                 "                    [--reps N] [--no-recheck] [--json FILE]\n"
+                 "                    [--reps N] [--recheck N | --no-recheck] [--json FILE]\n"
                  "  For every model, budget, context and tokens per step: runs every candidate plan the\n"
                  "  planner weighs, times a step of each, and reports whether the planner chose the fastest,\n"
                  "  how much slower its choice was when not, and the cost model's prediction error. Uses\n"
                  "  this machine's profile (measured first when none is cached). A step is timed N times\n"
                  "  (default 5) below 16 tokens, twice below 256, once from 256, after one warm-up run.\n"
                  "  Where the choice and the fastest other plan are within 15%%, both are loaded and timed\n"
-                 "  again and their times averaged (--no-recheck: once only).\n");
+                 "  N more times (default 2, at most 4; --no-recheck: none), in rounds of alternating order,\n"
+                 "  and each one's time is the median over its loads.\n");
 }
 
 static int parse_list(const char *text, bool sizes, int64_t *out, int *n) {
@@ -89,6 +95,15 @@ static int parse_list(const char *text, bool sizes, int64_t *out, int *n) {
     return *n ? 0 : -1;
 }
 
+/* A whole number in [0, max]. */
+static bool parse_count(const char *text, int max, int *out) {
+    char *end;
+    const long v = strtol(text, &end, 10);
+    if (*text == '\0' || *end || v < 0 || v > max) return false;
+    *out = (int)v;
+    return true;
+}
+
 static int parse_opts(int argc, char **argv, struct oracle_opts *o) {
     static const int64_t budgets[] = {2ll << 30, 4ll << 30, 8ll << 30, 16ll << 30};
     static const int32_t contexts[] = {1024, 4096, 16384}, tiers[] = {1, 16, 256, 1024};
@@ -97,7 +112,7 @@ static int parse_opts(int argc, char **argv, struct oracle_opts *o) {
     memcpy(o->budgets, budgets, sizeof budgets);
     memcpy(o->contexts, contexts, sizeof contexts);
     memcpy(o->tiers, tiers, sizeof tiers);
-    o->n_batch = 1024, o->reps = 5, o->recheck = true;
+    o->n_batch = 1024, o->reps = 5, o->recheck = 2;
     bool oracle = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -123,8 +138,10 @@ static int parse_opts(int argc, char **argv, struct oracle_opts *o) {
             o->n_threads = atoi(argv[++i]);
         } else if (!strcmp(a, "--reps") && v && atoi(v) > 0) {
             o->reps = atoi(argv[++i]);
+        } else if (!strcmp(a, "--recheck") && v && parse_count(v, MAX_LOADS - 1, &n)) {
+            o->recheck = n, i++;
         } else if (!strcmp(a, "--no-recheck")) {
-            o->recheck = false;
+            o->recheck = 0;
         } else if (!strcmp(a, "--json") && v) {
             o->json = argv[++i];
         } else {
@@ -227,10 +244,12 @@ static int fastest_other(const struct plan *weighed, const struct oracle_row *r,
     return best;
 }
 
-/* Close calls timed again (see the top of this file): every candidate in one, loaded once more.
- * One that fails to run again keeps its first time. */
+/* Close calls timed again (see the top of this file): every candidate in one loaded o->recheck
+ * more times, in rounds that run the first pass's order reversed, then as it was; each plan's
+ * time becomes the median over its loads. A load that fails leaves the times it had. */
 static void recheck_close_calls(const struct oracle_opts *o, const struct model *m, const struct exec_params *params,
-                                const struct plan *weighed, int32_t ctx, struct oracle_row *rows, int n_rows) {
+                                const struct plan *weighed, int32_t ctx, const int *order, int n_order,
+                                struct oracle_row *rows, int n_rows) {
     bool want[PLAN_MAX_CANDIDATES][MAX_LIST] = {{false}};
     for (int k = 0; k < n_rows; k++) {
         const struct oracle_row *r = &rows[k];
@@ -239,35 +258,50 @@ static void recheck_close_calls(const struct oracle_opts *o, const struct model 
         if (fabs(plan_time(weighed, r, r->chosen) / plan_time(weighed, r, other) - 1) < CLOSE)
             want[r->chosen][k] = want[other][k] = true;
     }
-    for (uint32_t c = 0; c < weighed->n_candidates; c++) {
-        int n_want = 0;
-        for (int k = 0; k < n_rows; k++) n_want += want[c][k];
-        if (!n_want) continue;
-        char label[48];
-        plan_candidate_name(&weighed->candidates[c], label, sizeof label);
-        fprintf(stderr, "  again: %-15s", label);
-        const struct exec_params cp = candidate_params(params, &weighed->candidates[c]);
-        struct exec_ctx *ex = NULL;
-        pshard_status st = exec_create(m, &cp, &ex);
-        if (st == PSHARD_OK) st = exec_fill_seq(ex, 0, 0);
-        for (int k = 0; st == PSHARD_OK && k < n_rows; k++) {
-            struct oracle_row *r = &rows[k];
-            if (!want[c][k]) continue;
-            double again;
-            bool cut;
-            st = exec_fill_seq(ex, 0, ctx - r->n_tokens);
-            if (st == PSHARD_OK) st = time_step(ex, m, r->n_tokens, ctx, reps_for(o, r->n_tokens), INFINITY, &again, &cut);
-            if (st != PSHARD_OK) break;
-            /* The plan's two times averaged, for every candidate that is this plan in the tier. */
-            const double mean = (plan_time(weighed, r, (int)c) + again) / 2;
+    for (int k = 0; k < n_rows; k++) /* the first pass is each plan's first load */
+        for (uint32_t c = 0; c < weighed->n_candidates; c++)
+            if (want[c][k]) rows[k].loads[c][0] = plan_time(weighed, &rows[k], (int)c), rows[k].n_loads[c] = 1;
+    for (int round = 0; round < o->recheck; round++) {
+        for (int j = 0; j < n_order; j++) {
+            const int c = order[round % 2 ? j : n_order - 1 - j];
+            int n_want = 0;
+            for (int k = 0; k < n_rows; k++) n_want += want[c][k];
+            if (!n_want) continue;
+            char label[48];
+            plan_candidate_name(&weighed->candidates[c], label, sizeof label);
+            fprintf(stderr, "  again: %-15s", label);
+            const struct exec_params cp = candidate_params(params, &weighed->candidates[c]);
+            struct exec_ctx *ex = NULL;
+            pshard_status st = exec_create(m, &cp, &ex);
+            if (st == PSHARD_OK) st = exec_fill_seq(ex, 0, 0);
+            for (int k = 0; st == PSHARD_OK && k < n_rows; k++) {
+                struct oracle_row *r = &rows[k];
+                if (!want[c][k]) continue;
+                double again;
+                bool cut;
+                st = exec_fill_seq(ex, 0, ctx - r->n_tokens);
+                if (st == PSHARD_OK) st = time_step(ex, m, r->n_tokens, ctx, reps_for(o, r->n_tokens), INFINITY, &again, &cut);
+                if (st != PSHARD_OK) break;
+                r->loads[c][r->n_loads[c]++] = again;
+                fprintf(stderr, " %d:%.4g", r->n_tokens, again);
+            }
+            fputc('\n', stderr);
+            exec_free(ex);
+            if (st != PSHARD_OK) fprintf(stderr, "  (%s not timed again: %s)\n", label, pshard_last_error());
+        }
+    }
+    /* The plan's median over its loads, for every candidate that is this plan in the tier. */
+    for (int k = 0; k < n_rows; k++) {
+        struct oracle_row *r = &rows[k];
+        for (uint32_t c = 0; c < weighed->n_candidates; c++) {
+            if (r->n_loads[c] < 2) continue;
+            double v[MAX_LOADS];
+            memcpy(v, r->loads[c], sizeof v[0] * (size_t)r->n_loads[c]);
+            const double mid = median(v, r->n_loads[c]);
             for (uint32_t e = 0; e < weighed->n_candidates; e++)
                 if (weighed->candidates[e].key[r->tier] == weighed->candidates[c].key[r->tier] && isfinite(r->measured[e]))
-                    r->measured[e] = mean, r->rechecked[e] = true;
-            fprintf(stderr, " %d:%.4g", r->n_tokens, again);
+                    r->measured[e] = mid, r->rechecked[e] = true;
         }
-        fputc('\n', stderr);
-        exec_free(ex);
-        if (st != PSHARD_OK) fprintf(stderr, "  (%s not timed again: %s)\n", label, pshard_last_error());
     }
 }
 
@@ -376,7 +410,7 @@ static pshard_status oracle_config(const struct oracle_opts *o, const struct mod
             for (int k = 0; k < *n_rows; k++) rows[k].measured[c] = INFINITY;
         }
     }
-    if (o->recheck) recheck_close_calls(o, m, &params, weighed, ctx, rows, *n_rows);
+    if (o->recheck) recheck_close_calls(o, m, &params, weighed, ctx, order, n_order, rows, *n_rows);
     return PSHARD_OK;
 }
 
@@ -390,6 +424,8 @@ struct summary {
     double worst_in_set;
     double errors[4096], all_errors[16384];
     int n_errors, n_all;
+    double spreads[4096]; /* a close call's loads: slowest over fastest, less one */
+    int n_spreads;
 };
 
 
@@ -422,6 +458,12 @@ static void summarize_row(const struct plan *weighed, const struct oracle_row *r
     if (set_slowdown > s->worst_in_set) s->worst_in_set = set_slowdown;
     if (isfinite(chosen) && s->n_errors < 4096) s->errors[s->n_errors++] = fabs(r->predicted[r->chosen] / chosen - 1);
     for (uint32_t c = 0; c < weighed->n_candidates; c++) s->skipped += r->skipped[c], s->runs += isfinite(r->measured[c]);
+    for (uint32_t c = 0; c < weighed->n_candidates; c++) {
+        if (r->n_loads[c] < 2 || s->n_spreads == 4096) continue;
+        double lo = INFINITY, hi = 0;
+        for (int i = 0; i < r->n_loads[c]; i++) lo = fmin(lo, r->loads[c][i]), hi = fmax(hi, r->loads[c][i]);
+        s->spreads[s->n_spreads++] = hi / lo - 1;
+    }
     for (uint32_t c = 0; c < weighed->n_candidates; c++)
         if (isfinite(r->measured[c]) && !r->cut[c] && s->n_all < 16384)
             s->all_errors[s->n_all++] = fabs(r->predicted[c] / r->measured[c] - 1);
@@ -439,11 +481,17 @@ static void summarize_row(const struct plan *weighed, const struct oracle_row *r
             char label[48];
             plan_candidate_name(&weighed->candidates[c], label, sizeof label);
             fprintf(json, "%s{\"plan\": \"%s\", \"measured_s\": %.6g, \"predicted_s\": %.6g, \"cut\": %s, \"skipped\": %s, "
-                          "\"rechecked\": %s, \"placement\": \"%016llx\"}",
+                          "\"rechecked\": %s, \"placement\": \"%016llx\"",
                     c ? ", " : "", label, isfinite(r->measured[c]) ? r->measured[c] : -1,
                     isfinite(r->predicted[c]) ? r->predicted[c] : -1, r->cut[c] ? "true" : "false",
                     r->skipped[c] ? "true" : "false", r->rechecked[c] ? "true" : "false",
                     (unsigned long long)weighed->candidates[c].key[r->tier]);
+            if (r->n_loads[c] > 1) {
+                fprintf(json, ", \"loads\": [");
+                for (int i = 0; i < r->n_loads[c]; i++) fprintf(json, "%s%.6g", i ? ", " : "", r->loads[c][i]);
+                fprintf(json, "]");
+            }
+            fprintf(json, "}");
         }
         fprintf(json, "]}\n");
     }
@@ -512,6 +560,11 @@ int cmd_bench(int argc, char **argv) {
     printf("candidate steps timed: %d; not run, predicted over %dx slower than one measured (or than the choice's "
            "prediction, before any was measured): %d\n", s.runs, SKIP_FACTOR,
            s.skipped);
+    const double spread = s.n_spreads ? median(s.spreads, s.n_spreads) : 0; /* sorts them */
+    if (s.n_spreads)
+        printf("close calls timed over more loads: %d times of a plan; its slowest load over its fastest, median "
+               "+%.1f%%, at most +%.1f%%\n",
+               s.n_spreads, 100 * spread, 100 * s.spreads[s.n_spreads - 1]);
     return 0;
 fail:
     if (json) fclose(json);
