@@ -451,6 +451,36 @@ static void test_auto_picks_the_fastest_per_tier(void **state) {
     plan_free(&p);
 }
 
+/* The resident set: the soonest typical request, or within PLAN_SET_MARGIN of it the soonest
+ * first token; checked against every set weighed, at budgets from tight to ample. */
+static void test_auto_resident_set(void **state) {
+    (void)state;
+    int checked = 0;
+    for (int mb = 8; mb <= 160; mb += 8) {
+        struct plan p;
+        struct plan_request r = base;
+        r.vram_budget = (int64_t)(fixed_streaming() + attention_and_kv(&model, 2048)) + ((int64_t)mb << 20);
+        assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+        if (p.n_candidates && p.chosen[0] >= 0 && p.candidates[p.chosen[0]].family != PLAN_CPU) {
+            const int set = p.candidates[p.chosen[0]].set;
+            double soonest = INFINITY;
+            for (int s = 0; s < PLAN_SETS; s++)
+                if (p.weighed_set[s].ttft > 0) soonest = fmin(soonest, p.weighed_set[s].ttft + 128 * p.weighed_set[s].decode);
+            const double ttft = p.weighed_set[set].ttft, total = ttft + 128 * p.weighed_set[set].decode;
+            assert_true(ttft > 0 && total <= soonest * (1 + PLAN_SET_MARGIN) + 1e-12);
+            for (int s = 0; s < PLAN_SETS; s++) /* none as soon within the margin came first sooner */
+                if (s != set && p.weighed_set[s].ttft > 0 &&
+                    p.weighed_set[s].ttft + 128 * p.weighed_set[s].decode <= soonest * (1 + PLAN_SET_MARGIN))
+                    assert_true(p.weighed_set[s].ttft >= ttft);
+            for (int t = 0; t < PLAN_TIERS; t++) /* every tier over that set */
+                assert_int_equal(p.candidates[p.chosen[t]].set, set);
+            checked++;
+        }
+        plan_free(&p);
+    }
+    assert_true(checked > 4);
+}
+
 /* Experts: resident evenly over the layers, the rest split by the stream share (dynamic) or on
  * the CPU (static); the router stays resident. */
 /* Room for 15 experts beyond tiny-moe's dense part, the routers and the staging slots (a piece
@@ -1019,7 +1049,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_budget_zero_is_cpu),          cmocka_unit_test(test_everything_fits_is_gpu),
         cmocka_unit_test(test_static_fills_by_priority),    cmocka_unit_test(test_gpu_streams_what_does_not_fit),
-        cmocka_unit_test(test_auto_picks_the_fastest_per_tier), cmocka_unit_test(test_moe_experts_by_range),
+        cmocka_unit_test(test_auto_picks_the_fastest_per_tier),
+        cmocka_unit_test(test_auto_resident_set), cmocka_unit_test(test_moe_experts_by_range),
         cmocka_unit_test(test_too_small_names_the_minimum), cmocka_unit_test(test_parse),
         cmocka_unit_test(test_cost_model_and_learning), cmocka_unit_test(test_dynamic_balances_from_the_profile),
         cmocka_unit_test(test_dynamic_ring_tiers_stage_alike), cmocka_unit_test(test_cost_launches_and_hand_offs),

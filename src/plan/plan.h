@@ -52,6 +52,9 @@ extern const int32_t plan_tier_tokens[PLAN_TIERS]; /* 1, 4, 16, 64, 256, 1024 */
  * format, so down's columns split on a block boundary). */
 enum { PLAN_SPLIT_ROWS = 256 };
 enum { PLAN_RING_MIN_TOKENS = 16, PLAN_RING_ALL_MIN_TOKENS = 64, PLAN_STAGING_SLOTS = 4, PLAN_MIN_SLOTS = 2, PLAN_PIECE_MAX_BYTES = 128 << 20 };
+/* auto: a resident set whose typical request is predicted within this fraction of the soonest
+ * wins when its first token comes sooner (see search in plan.c). */
+#define PLAN_SET_MARGIN 0.05
 /* Candidates the planner weighs for a tier (auto): families, with dynamic at several shares. */
 enum { PLAN_MAX_CANDIDATES = 24 };
 /* What the budget holds, in bytes: total is the budget; the device arena is all of it but
