@@ -674,8 +674,7 @@ static pshard_status search(const struct model *m, const struct plan_request *re
      * (llama8b at 4 GB: the set without the ring predicted 5% faster per token, measured 1%
      * slower), while a prompt read in place instead of copied through the ring is slower by
      * far (3.5x there). */
-    const int soonest = best_set;
-    for (int set = 0; soonest >= 0 && set < PLAN_SETS; set++) {
+    for (int set = 0; best_set >= 0 && set < PLAN_SETS; set++) {
         const double ttft = p->weighed_set[set].ttft, total = ttft + 128 * p->weighed_set[set].decode;
         if (ttft > 0 && total <= best_total * (1 + PLAN_SET_MARGIN) && ttft < p->weighed_set[best_set].ttft) best_set = set;
     }

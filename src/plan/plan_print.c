@@ -84,8 +84,8 @@ static void print_candidates(const struct plan *p, FILE *out) {
             p->predicted_ttft, n_prompt, p->predicted_decode > 0 ? 1 / p->predicted_decode : 0);
     /* Which set, and why: each one's typical request, its tiers at their best. */
     fprintf(out, "resident sets weighed, for a %d-token prompt then 128 tokens (the soonest wins, or within %.0f%% of it the "
-                 "soonest first token):\n", n_prompt,
-            100 * PLAN_SET_MARGIN);
+                 "soonest first token):\n",
+            n_prompt, 100 * PLAN_SET_MARGIN);
     static const enum plan_set order[] = {PLAN_SET_RING, PLAN_SET_NO_RING, PLAN_SET_ALL_KV};
     const int chosen = p->chosen[0] >= 0 ? p->chosen[0] : -1;
     const bool cpu_chosen = chosen >= 0 && p->candidates[chosen].family == PLAN_CPU;
