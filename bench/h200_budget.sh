@@ -37,7 +37,8 @@ for case in "$@"; do
   echo "== $shape, budget $budget, plan $plan ${share:+share $share}"
   $bin/pshard plan -m "$model" --vram-budget "$budget" --plan "$plan" -c 4096 -b 1024 ${share:+--stream-share $share} | tail -2
   $bin/pshard run -m "$model" --vram-budget "$budget" --plan "$plan" ${share:+--stream-share $share} --raw \
-    --temp 0 --ignore-eos -n 129 -c 4096 -b 1024 -t 16 -p "$(cat "$out/prompt_$shape.txt")" 2>&1 >/dev/null | grep -v '^\s*$' | tail -7
+    --temp 0 --ignore-eos -n 129 -c 4096 -b 1024 -t 16 -p "$(cat "$out/prompt_$shape.txt")" 2>&1 >/dev/null | grep -v '^\s*$' | tail -7 ||
+    echo "(the run failed)" # and the sampler below is still stopped
   sleep 0.5
   kill $smi
   peak=$(sort -n "$out/smi_${shape}_${budget}_${plan}.txt" | tail -1)

@@ -52,6 +52,10 @@ typedef struct pshard_params {
     int resident_set;    /* gpu, static and dynamic plans: 0 as the family wants; else one of the sets the
                             automatic planner weighs: 1 without room for the staging ring, 2 with it,
                             3 with it and every layer's KV cache first (`pshard plan --set`) */
+    int decode_set;      /* automatic plans: 0 decode steps (fewer than 16 tokens) run over a resident set of
+                            their own where the planner predicts that pays, VRAM carved anew when the
+                            phase changes; -1 over the prompt steps' set; 1..3 over that set (as
+                            resident_set) whenever it differs from the prompt steps' (`--decode-set`) */
     int no_profile;      /* automatic plans: use conservative defaults rather than measuring this
                             machine on first use (the measured profile is cached per machine) */
     pshard_progress_cb progress;
@@ -140,7 +144,12 @@ typedef struct pshard_info {
     /* On the GPU: device memory outside the arena (CUDA context, cuBLAS) and the arena's parts. */
     uint64_t vram_context_bytes, vram_arena_bytes, vram_weight_bytes, vram_kv_bytes, vram_activation_bytes,
         vram_work_bytes, vram_staging_bytes, vram_mapping_bytes;
-    char plan[64]; /* the plan's families: "decode/prompt", e.g. "dynamic/gpu" */
+    /* Decode steps over a resident set of their own: VRAM carved anew at each change of phase, so far
+     * this many times, taking this long in all (the arena's parts above are the current phase's). */
+    int32_t phase_changes;
+    double phase_change_ms;
+    char plan[64]; /* the plan's families: "decode/prompt", e.g. "dynamic/gpu"; "+ decode set" when decode
+                      steps run over a resident set of their own */
     int profile_measured; /* the machine profile: 1 measured (cached or now), 0 defaults */
     double predicted_ttft_s, predicted_decode_s; /* the cost model's prediction for the plan */
 } pshard_info;

@@ -21,7 +21,7 @@ static struct gguf_file *file, *moe_file;
 static struct model model, moe;
 static char moe_path[256];
 static const struct plan_gpu_costs costs = {100 << 20, 20 << 20, 10 << 20, 32 << 20, 256 << 10};
-static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false, false, false, false, NULL, 0, false};
+static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false, false, false, false, NULL, 0, false, false, -1};
 
 static int setup(void **state) {
     (void)state;
@@ -479,6 +479,53 @@ static void test_auto_resident_set(void **state) {
         plan_free(&p);
     }
     assert_true(checked > 4);
+}
+
+/* Phases: decode steps get a plan of their own over another resident set only for one sequence,
+ * only where the request with both changes counted beats the one set by more than the margin;
+ * its plan is that set's, and it is what the decode tiers choose and predict. */
+static void test_auto_phases(void **state) {
+    (void)state;
+    int two = 0, weighed = 0;
+    for (int mb = 4; mb <= 200; mb += 4) {
+        for (int variant = 0; variant < 3; variant++) {
+            struct plan p;
+            struct plan_request r = base;
+            r.phases = variant != 1;
+            r.n_seq = variant == 2 ? 2 : 1;
+            r.vram_budget = (int64_t)(fixed_streaming() + attention_and_kv(&model, 2048) * r.n_seq) + ((int64_t)mb << 20);
+            assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+            const struct plan_phases *ph = &p.weighed_phases;
+            if (variant != 0) assert_null(p.decode), assert_false(ph->weighed);
+            if (ph->weighed) {
+                weighed++;
+                const double one = p.weighed_set[ph->prompt].ttft + 128 * p.weighed_set[ph->prompt].decode;
+                const double pair = p.weighed_set[ph->prompt].ttft + ph->to_decode + 128 * p.weighed_set[ph->decode].decode +
+                                    ph->to_prompt;
+                assert_true(ph->to_decode > 0 && ph->to_prompt > 0 && ph->prompt != ph->decode);
+                assert_true((p.decode != NULL) == (pair < one * (1 - PLAN_SET_MARGIN)));
+                assert_int_equal(p.candidates[p.chosen[plan_prompt_tier(&p)]].set, ph->prompt);
+            }
+            if (p.decode) {
+                two++;
+                assert_ptr_equal(plan_for_step(&p, 1), p.decode);
+                assert_ptr_equal(plan_for_step(&p, PLAN_PHASE_TOKENS), &p);
+                assert_null(p.decode->decode);
+                for (int t = 0; t < PLAN_TIERS; t++) {
+                    const enum plan_set set = plan_tier_tokens[t] < PLAN_PHASE_TOKENS ? ph->decode : ph->prompt;
+                    assert_int_equal(p.candidates[p.chosen[t]].set, set);
+                    assert_true(p.decode->chosen[t] >= 0 && p.decode->candidates[p.decode->chosen[t]].set == ph->decode);
+                }
+                assert_true(fabs(p.predicted[0] - p.decode->predicted[0]) <= 1e-12);
+                const struct plan_budget *b = &p.decode->budget;
+                assert_true(b->weights + b->kv + b->activations + b->work + b->blas + b->staging + b->mapping <= b->total);
+                assert_true(b->total == p.budget.total);
+            }
+            plan_free(&p);
+        }
+    }
+    fprintf(stderr, "phases weighed at %d budgets, two phases at %d\n", weighed, two);
+    assert_true(weighed > 4 && two > 0);
 }
 
 /* Experts: resident evenly over the layers, the rest split by the stream share (dynamic) or on
@@ -1059,7 +1106,7 @@ int main(void) {
         cmocka_unit_test(test_static_stages_attention), cmocka_unit_test(test_dynamic_splits_ffn_rows),
         cmocka_unit_test(test_routed_split), cmocka_unit_test(test_cost_cpu_attention_per_query_head),
         cmocka_unit_test(test_cost_one_expert_call),
-        cmocka_unit_test(test_moe_routers_first),
+        cmocka_unit_test(test_moe_routers_first), cmocka_unit_test(test_auto_phases),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -182,6 +182,9 @@ struct cuda_pinned {
  * Registered with cudaHostRegisterMapped, so kernels can also read the range in place
  * (cuda_host_device_pointer). */
 pshard_status cuda_host_register(void *ptr, size_t bytes, bool required, struct cuda_pinned *out);
+/* Pin an existing range that copies from the device write into (read-write only), widened to
+ * whole pages; where that fails, PSHARD_OK with pinned = false (copies then run pageable). */
+pshard_status cuda_host_register_writable(void *ptr, size_t bytes, struct cuda_pinned *out);
 /* The address kernels read a pinned or registered host byte through (zero-copy: each read
  * crosses PCIe, so a kernel that reads its weights once streams them at close to copy speed). */
 pshard_status cuda_host_device_pointer(const void *host, const void **dev);

@@ -122,6 +122,9 @@ pshard_status cuda_host_register(void *ptr, size_t bytes, bool required, struct 
     out->bytes = bytes;
     return required ? no_cuda() : PSHARD_OK; /* pageable memory is all there is */
 }
+pshard_status cuda_host_register_writable(void *ptr, size_t bytes, struct cuda_pinned *out) {
+    return cuda_host_register(ptr, bytes, false, out);
+}
 pshard_status cuda_host_device_pointer(const void *host, const void **dev) {
     (void)host;
     *dev = NULL;

@@ -201,6 +201,20 @@ extern "C" pshard_status cuda_host_register(void *ptr, size_t bytes, bool requir
                      out->base_bytes / 1048576.0, out->base, cudaGetErrorString(err), cudaGetErrorString(err2));
 }
 
+extern "C" pshard_status cuda_host_register_writable(void *ptr, size_t bytes, struct cuda_pinned *out) {
+    memset(out, 0, sizeof *out);
+    out->ptr = ptr;
+    out->bytes = bytes;
+    CUDA_ARG(ptr && bytes > 0, "cudaHostRegister: empty range");
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t begin = (uintptr_t)ptr & ~(page - 1);
+    out->base = (void *)begin;
+    out->base_bytes = (((uintptr_t)ptr + bytes + page - 1) & ~(page - 1)) - begin;
+    if (cudaHostRegister(out->base, out->base_bytes, cudaHostRegisterPortable) == cudaSuccess) out->pinned = true;
+    else cudaGetLastError(); /* stays pageable: correct, slower */
+    return PSHARD_OK;
+}
+
 extern "C" pshard_status cuda_host_device_pointer(const void *host, const void **dev) {
     void *p = NULL;
     cudaError_t err = cudaHostGetDevicePointer(&p, (void *)host, 0);

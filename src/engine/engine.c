@@ -52,7 +52,8 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
     if (gguf_find(ctx->file, "tokenizer.chat_template")) CORE_TRY(gguf_get_str(ctx->file, "tokenizer.chat_template", &tpl));
     chat_template_detect(tpl.data, tpl.len, &ctx->chat);
     struct exec_params ep = {p->n_ctx, p->n_batch, 1, p->n_threads, (enum plan_family)p->plan, p->vram_budget,
-                             p->stream_share, p->resident_set > 0 ? p->resident_set - 1 : -1, NULL};
+                             p->stream_share, p->resident_set > 0 ? p->resident_set - 1 : -1, NULL,
+                             p->decode_set > 0 ? p->decode_set - 1 : p->decode_set < 0 ? PLAN_DECODE_SAME : PLAN_DECODE_WEIGHED};
     if (p->gpu) ep.plan = PLAN_GPU, ep.vram_budget = -1;
     if (ep.n_ctx <= 0) {
         ep.n_ctx = 4096;
@@ -96,6 +97,11 @@ pshard_status pshard_open(const pshard_params *params, pshard_ctx **out) {
     if (params->resident_set && !params->gpu && !plan_takes_set((enum plan_family)params->plan))
         return core_fail(PSHARD_ERR_INVALID_ARG, "a resident set (--set) places a gpu, static or dynamic plan; "
                                                  "name one with --plan");
+    if (params->decode_set < -1 || params->decode_set > PLAN_SETS)
+        return core_fail(PSHARD_ERR_INVALID_ARG, "decode set %d is not one of -1..%d", params->decode_set, PLAN_SETS);
+    if (params->decode_set && (params->gpu || params->plan != PLAN_AUTO))
+        return core_fail(PSHARD_ERR_INVALID_ARG, "a decode set (--decode-set) is the automatic plan's choice; leave --plan "
+                                                 "as auto");
     pshard_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
     ctx->params = *params;
@@ -134,8 +140,8 @@ void pshard_get_info(const pshard_ctx *ctx, pshard_info *info) {
     for (uint64_t i = 0; i < gguf_tensor_count(ctx->file); i++) info->weight_bytes += gguf_tensor_at(ctx->file, i)->n_bytes;
     info->kv_bytes = exec_kv_bytes(ctx->exec);
     const struct plan *plan = exec_get_plan(ctx->exec);
-    snprintf(info->plan, sizeof info->plan, "%s/%s", plan_family_name(plan->tier[PLAN_TIER_DECODE].family),
-             plan_family_name(plan->tier[plan_prompt_tier(plan)].family));
+    snprintf(info->plan, sizeof info->plan, "%s/%s%s", plan_family_name(plan_for_step(plan, 1)->tier[PLAN_TIER_DECODE].family),
+             plan_family_name(plan->tier[plan_prompt_tier(plan)].family), plan->decode ? " + decode set" : "");
     info->profile_measured = ctx->profile.measured;
     info->predicted_ttft_s = plan->predicted_ttft;
     info->predicted_decode_s = plan->predicted_decode;
@@ -150,5 +156,7 @@ void pshard_get_info(const pshard_ctx *ctx, pshard_info *info) {
         info->vram_work_bytes = vram->work_bytes;
         info->vram_staging_bytes = vram->staging_bytes;
         info->vram_mapping_bytes = vram->mapping_bytes;
+        info->phase_changes = (int32_t)vram->switches;
+        info->phase_change_ms = vram->switch_ms;
     }
 }

@@ -118,7 +118,7 @@ static struct plan_request request_for(const struct exec_params *p, bool gpu_wan
                                  p->stream_share, p->staging, p->profile, env_switch("PSHARD_LEND_SLOTS", true),
                                  env_switch("PSHARD_SPLIT_FFN", true), env_switch("PSHARD_STAGE_STATIC", true),
                                  env_switch("PSHARD_ROUTED_SPLIT", true), NULL, 0,
-                                 env_switch("PSHARD_ONE_EXPERT_CALL", true)};
+                                 env_switch("PSHARD_ONE_EXPERT_CALL", true), p->decode_set != PLAN_DECODE_SAME, p->decode_set};
 }
 
 /* PSHARD_ROUTED_QUOTA=q1,q2,...,qk (for tests and comparison): routed tiers' GPU share of a
@@ -184,8 +184,11 @@ static pshard_status create(struct exec_ctx *ctx) {
     if (!ctx->mats) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
     CORE_TRY(view_layers(ctx));
     CORE_TRY(build_plan(ctx->model, &ctx->w, p, &ctx->plan));
+    ctx->active = &ctx->plan;
+    /* Two phases keep every layer's KV cache on the host too: a change of phase moves it there
+     * and back. */
     CORE_TRY(kv_cache_init(&ctx->kv, (int32_t)hp->n_layers, p->n_seq, p->n_ctx, (int64_t)hp->n_head_kv * hp->head_dim_k,
-                           (int64_t)hp->n_head_kv * hp->head_dim_v, ctx->plan.any_cpu_attention));
+                           (int64_t)hp->n_head_kv * hp->head_dim_v, ctx->plan.any_cpu_attention || ctx->plan.decode));
     CORE_TRY(alloc_scratch(ctx));
     ctx->next_pos = malloc(sizeof(int32_t) * (size_t)p->n_seq);
     if (!ctx->next_pos) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
@@ -260,7 +263,10 @@ pshard_status exec_step(struct exec_ctx *ctx, const struct exec_batch *batch) {
         if (batch->logits ? batch->logits[t] != 0 : t == batch->n_tokens - 1) ctx->s.out_rows[ctx->stats.n_outputs++] = t;
 
     if (ctx->gpu) {
-        pshard_status st = exec_gpu_step(ctx, batch);
+        const struct plan *runs = plan_for_step(&ctx->plan, batch->n_tokens);
+        pshard_status st = runs != ctx->active ? exec_gpu_switch(ctx, runs) : PSHARD_OK;
+        if (st != PSHARD_OK) return core_fail_context(st, "changing to the %s phase's plan", runs == &ctx->plan ? "prompt" : "decode");
+        st = exec_gpu_step(ctx, batch);
         if (st != PSHARD_OK) return core_fail_context(st, "step on the GPU");
     } else {
         for (uint32_t i = 0; i < model->n_shards; i++) {

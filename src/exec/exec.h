@@ -19,6 +19,9 @@ struct exec_params {
     float stream_share;  /* dynamic plans: share of the non-resident experts streamed (0: balanced) */
     int32_t staging;     /* gpu, static, dynamic: the resident set (enum plan_set); -1 as the family wants */
     const struct profile *profile; /* auto plans: the machine's profile (NULL: conservative defaults) */
+    int32_t decode_set;  /* auto: PLAN_DECODE_WEIGHED, decode steps over a set of their own where the planner
+                            finds it pays; PLAN_DECODE_SAME, one set for every step; else decode steps
+                            over this set (enum plan_set) */
 };
 
 struct exec_batch {

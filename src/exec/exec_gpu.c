@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/log.h"
+#include "core/timer.h"
 #include "exec/exec_gpu_internal.h"
 
 enum { UPLOAD_CHUNK_BYTES = 64 << 20 };
@@ -31,6 +32,14 @@ static pshard_status upload(struct exec_gpu *g, void *dst, const void *src, size
     return PSHARD_OK;
 }
 
+/* Copy weights (the model file's bytes) to the device: straight from the mapping where it is
+ * registered (at pinned speed, on the compute stream; nothing to wait for), else through the
+ * pinned buffer. */
+static pshard_status upload_weights(struct exec_gpu *g, void *dst, const void *src, size_t bytes) {
+    if (g->n_registered) return cuda_copy_h2d(dst, src, bytes, g->stream);
+    return upload(g, dst, src, bytes);
+}
+
 /* The device copy of a tensor, uploaded on first use (a tied head shares the embedding's). */
 static pshard_status device_tensor(struct exec_gpu *g, const struct gguf_tensor *t, const void **out) {
     *out = NULL;
@@ -44,7 +53,7 @@ static pshard_status device_tensor(struct exec_gpu *g, const struct gguf_tensor 
         return core_fail(PSHARD_ERR_INTERNAL, "more device tensors than the model has");
     void *dev;
     CORE_TRY(cuda_arena_alloc(&g->arena, t->n_bytes, "weights", &dev));
-    CORE_TRY(upload(g, dev, t->data, t->n_bytes));
+    CORE_TRY(upload_weights(g, dev, t->data, t->n_bytes));
     g->uploaded[g->n_uploaded++] = (struct gpu_tensor){t, dev};
     g->report.weight_bytes += align_up(t->n_bytes);
     *out = dev;
@@ -103,7 +112,7 @@ static pshard_status upload_experts(struct exec_gpu *g, const struct gguf_tensor
     const size_t per = t->n_bytes / (size_t)t->ne[2];
     void *dev;
     CORE_TRY(cuda_arena_alloc(&g->arena, per * r, "weights", &dev));
-    CORE_TRY(upload(g, dev, t->data, per * r));
+    CORE_TRY(upload_weights(g, dev, t->data, per * r));
     g->report.weight_bytes += align_up(per * r);
     *m = (struct cuda_matrix){(enum quant_type)t->type, dev, t->ne[0], t->ne[1], r,
                               quant_row_bytes((enum quant_type)t->type, t->ne[0])};
@@ -282,7 +291,7 @@ static pshard_status carve_kv(struct exec_gpu *g, const struct exec_ctx *ctx) {
     const struct kv_cache *kv = &ctx->kv;
     const size_t before = g->arena.used;
     for (int32_t il = 0; il < kv->n_layers; il++) {
-        if (!ctx->plan.kv_gpu[il]) continue; /* this layer's attention and KV stay on the host */
+        if (!ctx->active->kv_gpu[il]) continue; /* this layer's attention and KV stay on the host */
         struct cuda_kv_layer *l = &g->kv[il];
         l->seq_stride_k = (int64_t)kv->n_ctx * kv->k_width;
         l->seq_stride_v = (int64_t)kv->n_ctx * kv->v_width;
@@ -334,7 +343,7 @@ static pshard_status register_file(struct exec_gpu *g, const struct gguf_file *f
  * GPU range (resident and streamed), and the staged pieces of the prompt tier; then the routed
  * tiers' quotas and their mask. */
 static pshard_status make_masks(struct exec_gpu *g, const struct exec_ctx *ctx) {
-    const struct plan *plan = &ctx->plan;
+    const struct plan *plan = ctx->active;
     const uint32_t E = plan->n_expert, L = plan->n_layers;
     if (!E) return PSHARD_OK;
     const uint32_t P = plan->piece_experts ? (E + plan->piece_experts - 1) / plan->piece_experts : 0;
@@ -379,7 +388,7 @@ static pshard_status make_masks(struct exec_gpu *g, const struct exec_ctx *ctx) 
  * resident, so they share one list), in the order a step uses them; also for a plan that lends
  * the slots to tiers without the ring. */
 static pshard_status make_ring(struct exec_gpu *g, const struct exec_ctx *ctx) {
-    const struct plan *plan = &ctx->plan;
+    const struct plan *plan = ctx->active;
     const bool lends = plan_lends(plan);
     int ring = 0, gpu = -1;
     for (int t = PLAN_TIERS - 1; t >= 0; t--) gpu = plan->tier[t].family != PLAN_CPU ? t : gpu;
@@ -389,8 +398,8 @@ static pshard_status make_ring(struct exec_gpu *g, const struct exec_ctx *ctx) {
     g->copy = cuda_ctx_copy_stream(g->cuda);
     for (uint32_t s = 0; s < plan->n_slots; s++) {
         CORE_TRY(carve(g, plan->slot_bytes, "staging", (void **)&g->slot[s]));
-        CORE_TRY(cuda_event_create(false, &g->filled[s]));
-        CORE_TRY(cuda_event_create(false, &g->freed[s]));
+        if (!g->filled[s]) CORE_TRY(cuda_event_create(false, &g->filled[s]));
+        if (!g->freed[s]) CORE_TRY(cuda_event_create(false, &g->freed[s]));
     }
     g->units = calloc(plan_ring_units_max(plan), sizeof *g->units);
     if (!g->units) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
@@ -405,53 +414,13 @@ static pshard_status make_ring(struct exec_gpu *g, const struct exec_ctx *ctx) {
     return PSHARD_OK;
 }
 
-static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
+/* The arena's contents under the active plan: cuBLAS's workspace, work buffers, the KV cache of
+ * the layers in VRAM, activations, expert masks, the staging ring, and the resident weights
+ * (uploaded) or the device views of the streamed ones. */
+static pshard_status carve_plan(struct exec_gpu *g, struct exec_ctx *ctx) {
     const struct model *model = ctx->model;
     const struct model_hparams *hp = &model->hp;
-    const struct plan *plan = &ctx->plan;
-    CORE_TRY(cuda_ctx_create(0, &g->cuda));
-    g->no_graphs = getenv("PSHARD_NO_CUDA_GRAPHS") != NULL;
-    g->stream = cuda_ctx_compute_stream(g->cuda);
-    g->report.context_bytes = cuda_ctx_info(g->cuda)->context_bytes + cuda_ctx_info(g->cuda)->blas_bytes;
-    g->attn_shape = (struct cuda_attn_shape){(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k,
-                                             (int)hp->head_dim_v, 1.0f / sqrtf((float)hp->head_dim_k)};
-    g->layers = calloc(hp->n_layers, sizeof *g->layers);
-    g->kv = calloc((size_t)ctx->kv.n_layers, sizeof *g->kv);
-    g->cap_uploaded = (uint32_t)gguf_tensor_count(model->file);
-    g->uploaded = calloc(g->cap_uploaded ? g->cap_uploaded : 1, sizeof *g->uploaded);
-    if (!g->layers || !g->kv || !g->uploaded) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
-    const size_t B = (size_t)ctx->params.n_batch, d = hp->n_embd, k = hp->n_expert_used ? hp->n_expert_used : 1;
-    CORE_TRY(cuda_host_alloc(UPLOAD_CHUNK_BYTES, &g->staging));
-    CORE_TRY(cuda_host_alloc(sizeof(int32_t) * B * 4, &g->host_in));
-    CORE_TRY(cuda_host_alloc(sizeof(float) * B * hp->n_vocab, &g->host_logits));
-    CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_x)); /* activations crossing PCIe */
-    if (hp->n_expert || plan_splits_ffn(plan)) { /* hand-offs of layers split with the CPU */
-        CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_xn));
-        CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_moe));
-        CORE_TRY(cuda_host_alloc((sizeof(int32_t) + sizeof(float)) * B * k, &g->host_route));
-        CORE_TRY(cuda_host_device_pointer(g->host_xn.ptr, (const void **)&g->xn_to_host));
-        CORE_TRY(cuda_host_device_pointer(g->host_moe.ptr, (const void **)&g->moe_from_host));
-        CORE_TRY(cuda_host_device_pointer(g->host_route.ptr, (const void **)&g->route_to_host));
-        CORE_TRY(cuda_event_create(false, &g->route_ready));
-        CORE_TRY(cuda_flags_alloc(2 * (size_t)hp->n_layers, &g->flags, &g->flags_dev));
-        if (getenv("PSHARD_TRACE_HANDOFFS")) CORE_TRY(cuda_stamps_alloc(2 * (size_t)hp->n_layers, &g->stamps, &g->stamps_dev));
-    }
-    if (plan_streams(plan)) {
-        uint64_t before = 0, after = 0, total = 0;
-        CORE_TRY(cuda_device_memory(&before, &total));
-        CORE_TRY(register_file(g, model->file));
-        CORE_TRY(cuda_device_memory(&after, &total));
-        g->report.mapping_bytes = before > after ? before - after : 0;
-        if (g->report.mapping_bytes > plan->budget.mapping)
-            LOG_W("mapping the model file for the GPU took %.1f MB of device memory, %.1f MB more than the plan "
-                     "reserved: the budget is exceeded by that much", g->report.mapping_bytes / 1e6,
-                     (g->report.mapping_bytes - plan->budget.mapping) / 1e6);
-    }
-
-    /* The arena is the plan's budget less the file mapping's reserve; the plan made sure its
-     * parts fit. */
-    CORE_TRY(cuda_arena_create(&g->arena, plan->budget.total - plan->budget.mapping));
-    g->report.arena_bytes = g->arena.size;
+    const struct plan *plan = ctx->active;
     void *blas;
     CORE_TRY(carve(g, CUDA_BLAS_WORKSPACE_BYTES, "cublas", &blas));
     CORE_TRY(cuda_ctx_set_blas_workspace(g->cuda, blas, CUDA_BLAS_WORKSPACE_BYTES));
@@ -463,6 +432,7 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
     CORE_TRY(make_masks(g, ctx));
     CORE_TRY(make_ring(g, ctx));
     g->report.staging_bytes = (uint64_t)plan->n_slots * plan->slot_bytes * (g->n_units > 0);
+    g->report.weight_bytes = 0;
     for (uint32_t i = 0; i < model->n_shards; i++) {
         const struct shard *s = &model->shards[i];
         const enum placement place = plan_shard_place(plan, i);
@@ -486,6 +456,127 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
         }
         if (s->kind == SHARD_ATTN && !g->rope_freqs) CORE_TRY(vector(g, ctx->w.rope_freqs, &g->rope_freqs));
     }
+    return PSHARD_OK;
+}
+
+/* Forget what the arena holds under the active plan, to carve it for another. */
+static void forget_plan(struct exec_gpu *g, const struct exec_ctx *ctx) {
+    cuda_graph_destroy(g->decode_graph);
+    g->decode_graph = NULL;
+    g->decode_graph_bytes = g->decode_graph_streamed = 0;
+    free(g->units);
+    g->units = NULL;
+    g->n_units = g->next_fill = g->next_use = 0;
+    memset(g->slot, 0, sizeof g->slot);
+    memset(g->slot_used, 0, sizeof g->slot_used);
+    g->ring_tier = NULL;
+    g->ring_passed = g->lent_ready = g->rope_ready = false;
+    g->n_uploaded = 0;
+    memset(g->layers, 0, sizeof *g->layers * ctx->model->hp.n_layers);
+    memset(g->kv, 0, sizeof *g->kv * (size_t)ctx->kv.n_layers);
+    memset(&g->token_embd, 0, sizeof g->token_embd);
+    memset(&g->output, 0, sizeof g->output);
+    g->output_norm = g->rope_freqs = NULL;
+    g->masks = g->routed_mask = NULL;
+    memset(g->routed_quota, 0, sizeof g->routed_quota);
+    cuda_arena_reset(&g->arena, 0);
+}
+
+/* The cached cells of every layer whose KV cache is in VRAM, copied to the host's cache (down)
+ * or from it. */
+static pshard_status move_kv(struct exec_gpu *g, struct exec_ctx *ctx, bool down) {
+    const struct kv_cache *kv = &ctx->kv;
+    for (int32_t il = 0; il < kv->n_layers; il++) {
+        const struct cuda_kv_layer *l = &g->kv[il];
+        if (!l->k) continue;
+        for (int32_t s = 0; s < kv->n_seq; s++) {
+            const size_t cells = (size_t)kv->seq_len[s];
+            if (!cells) continue;
+            uint16_t *k = kv_cache_k(kv, il, s), *v = kv_cache_v(kv, il, s);
+            uint16_t *dk = l->k + l->seq_stride_k * s, *dv = l->v + l->seq_stride_v * s;
+            const size_t kb = sizeof(uint16_t) * cells * (size_t)kv->k_width, vb = sizeof(uint16_t) * cells * (size_t)kv->v_width;
+            CORE_TRY(down ? cuda_copy_d2h(k, dk, kb, g->stream) : cuda_copy_h2d(dk, k, kb, g->stream));
+            CORE_TRY(down ? cuda_copy_d2h(v, dv, vb, g->stream) : cuda_copy_h2d(dv, v, vb, g->stream));
+        }
+    }
+    return cuda_stream_sync(g->stream);
+}
+
+pshard_status exec_gpu_switch(struct exec_ctx *ctx, const struct plan *to) {
+    struct exec_gpu *g = ctx->gpu;
+    if (g->broken) return core_fail(PSHARD_ERR_INTERNAL, "the GPU's memory was left half carved by a failed change of plan");
+    const double t0 = core_now_ms();
+    CORE_TRY(cuda_stream_sync(g->stream));
+    if (g->copy) CORE_TRY(cuda_stream_sync(g->copy));
+    CORE_TRY(move_kv(g, ctx, true));
+    g->broken = true;
+    forget_plan(g, ctx);
+    ctx->active = to;
+    CORE_TRY(carve_plan(g, ctx));
+    CORE_TRY(move_kv(g, ctx, false));
+    g->broken = false;
+    g->report.switches++;
+    g->report.switch_ms += core_now_ms() - t0;
+    return PSHARD_OK;
+}
+
+static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
+    const struct model *model = ctx->model;
+    const struct model_hparams *hp = &model->hp;
+    const struct plan *plan = ctx->active, *decode = ctx->plan.decode;
+    CORE_TRY(cuda_ctx_create(0, &g->cuda));
+    g->no_graphs = getenv("PSHARD_NO_CUDA_GRAPHS") != NULL;
+    g->stream = cuda_ctx_compute_stream(g->cuda);
+    g->report.context_bytes = cuda_ctx_info(g->cuda)->context_bytes + cuda_ctx_info(g->cuda)->blas_bytes;
+    g->attn_shape = (struct cuda_attn_shape){(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k,
+                                             (int)hp->head_dim_v, 1.0f / sqrtf((float)hp->head_dim_k)};
+    g->layers = calloc(hp->n_layers, sizeof *g->layers);
+    g->kv = calloc((size_t)ctx->kv.n_layers, sizeof *g->kv);
+    g->cap_uploaded = (uint32_t)gguf_tensor_count(model->file);
+    g->uploaded = calloc(g->cap_uploaded ? g->cap_uploaded : 1, sizeof *g->uploaded);
+    if (!g->layers || !g->kv || !g->uploaded) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    const size_t B = (size_t)ctx->params.n_batch, d = hp->n_embd, k = hp->n_expert_used ? hp->n_expert_used : 1;
+    CORE_TRY(cuda_host_alloc(UPLOAD_CHUNK_BYTES, &g->staging));
+    CORE_TRY(cuda_host_alloc(sizeof(int32_t) * B * 4, &g->host_in));
+    CORE_TRY(cuda_host_alloc(sizeof(float) * B * hp->n_vocab, &g->host_logits));
+    CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_x)); /* activations crossing PCIe */
+    /* (what either phase's plan needs) */
+    if (hp->n_expert || plan_splits_ffn(plan) || (decode && plan_splits_ffn(decode))) { /* hand-offs of split layers */
+        CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_xn));
+        CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_moe));
+        CORE_TRY(cuda_host_alloc((sizeof(int32_t) + sizeof(float)) * B * k, &g->host_route));
+        CORE_TRY(cuda_host_device_pointer(g->host_xn.ptr, (const void **)&g->xn_to_host));
+        CORE_TRY(cuda_host_device_pointer(g->host_moe.ptr, (const void **)&g->moe_from_host));
+        CORE_TRY(cuda_host_device_pointer(g->host_route.ptr, (const void **)&g->route_to_host));
+        CORE_TRY(cuda_event_create(false, &g->route_ready));
+        CORE_TRY(cuda_flags_alloc(2 * (size_t)hp->n_layers, &g->flags, &g->flags_dev));
+        if (getenv("PSHARD_TRACE_HANDOFFS")) CORE_TRY(cuda_stamps_alloc(2 * (size_t)hp->n_layers, &g->stamps, &g->stamps_dev));
+    }
+    uint64_t mapping = plan->budget.mapping;
+    if (decode && decode->budget.mapping > mapping) mapping = decode->budget.mapping;
+    if (plan_streams(plan) || (decode && plan_streams(decode))) {
+        uint64_t before = 0, after = 0, total = 0;
+        CORE_TRY(cuda_device_memory(&before, &total));
+        CORE_TRY(register_file(g, model->file));
+        CORE_TRY(cuda_device_memory(&after, &total));
+        g->report.mapping_bytes = before > after ? before - after : 0;
+        if (g->report.mapping_bytes > mapping)
+            LOG_W("mapping the model file for the GPU took %.1f MB of device memory, %.1f MB more than the plan "
+                     "reserved: the budget is exceeded by that much", g->report.mapping_bytes / 1e6,
+                     (g->report.mapping_bytes - mapping) / 1e6);
+    }
+    if (decode && ctx->kv.k) { /* moved at each change of phase: pinned, where the system lets it */
+        const struct kv_cache *kv = &ctx->kv;
+        const size_t cells = (size_t)kv->n_layers * kv->n_seq * kv->n_ctx;
+        CORE_TRY(cuda_host_register_writable(kv->k, sizeof(uint16_t) * cells * (size_t)kv->k_width, &g->kv_host[0]));
+        CORE_TRY(cuda_host_register_writable(kv->v, sizeof(uint16_t) * cells * (size_t)kv->v_width, &g->kv_host[1]));
+    }
+
+    /* The arena is the plan's budget less the file mapping's reserve; the planner made sure each
+     * phase's parts fit. */
+    CORE_TRY(cuda_arena_create(&g->arena, plan->budget.total - mapping));
+    g->report.arena_bytes = g->arena.size;
+    CORE_TRY(carve_plan(g, ctx));
     return cuda_stream_sync(g->stream);
 }
 
@@ -522,6 +613,8 @@ void exec_gpu_free(struct exec_gpu *g) {
     free(g->units);
     cuda_graph_destroy(g->decode_graph);
     for (uint32_t p = 0; p < g->n_registered; p++) cuda_pinned_release(&g->registered[p]);
+    cuda_pinned_release(&g->kv_host[0]);
+    cuda_pinned_release(&g->kv_host[1]);
     free(g->registered);
     if (g->cuda) cuda_ctx_destroy(g->cuda);
     free(g->layers);

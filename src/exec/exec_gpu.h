@@ -12,6 +12,7 @@
 
 struct exec_ctx;
 struct exec_batch;
+struct plan;
 
 /* Device memory breakdown, for the load report. */
 struct gpu_memory_report {
@@ -19,6 +20,8 @@ struct gpu_memory_report {
     uint64_t arena_bytes;
     uint64_t weight_bytes, kv_bytes, activation_bytes, work_bytes, staging_bytes;
     uint64_t mapping_bytes; /* measured: what registering the model file took, inside the budget */
+    uint32_t switches;      /* changes of phase so far (plan.decode) */
+    double switch_ms;       /* the time they took, all together */
 };
 
 struct exec_gpu;
@@ -35,6 +38,10 @@ pshard_status exec_gpu_costs(const struct model *model, const struct model_weigh
 /* Carve an arena of exactly the plan's budget and upload the resident shards' weights. */
 pshard_status exec_gpu_create(struct exec_ctx *ctx, struct exec_gpu **out);
 void exec_gpu_free(struct exec_gpu *gpu);
+/* Carve the arena anew for plan `to` (a change of phase, plan.decode): the cached KV cells of the
+ * layers in VRAM go to the host's cache, `to`'s resident weights are copied up, then the KV
+ * cells of the layers `to` keeps in VRAM. Between steps; afterwards ctx->active is `to`. */
+pshard_status exec_gpu_switch(struct exec_ctx *ctx, const struct plan *to);
 /* Zero the KV cells in VRAM (benchmarks that time steps at a context they did not compute). */
 pshard_status exec_gpu_clear_kv(struct exec_ctx *ctx);
 const struct gpu_memory_report *exec_gpu_report(const struct exec_gpu *gpu);

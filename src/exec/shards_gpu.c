@@ -149,7 +149,7 @@ static pshard_status ring_fill(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
     const struct plan_unit *u = &g->units[j];
     const struct shard *s = &ctx->model->shards[u->shard];
     const struct layer_weights *w = &ctx->w.layers[s->layer];
-    const uint32_t slot = j % ctx->plan.n_slots;
+    const uint32_t slot = j % ctx->active->n_slots;
     if (g->slot_used[slot]) CORE_TRY(cuda_stream_wait(g->copy, g->freed[slot]));
     const struct gguf_tensor *tensors[4];
     size_t offset[4] = {0}, bytes[4];
@@ -187,8 +187,8 @@ static pshard_status ring_pass(struct exec_ctx *ctx, struct exec_gpu *g) {
 }
 
 static pshard_status ring_start(struct exec_ctx *ctx, struct exec_gpu *g, const struct plan_tier *tier) {
-    if (ctx->plan.lent) /* steps before may have read lent units: the fills wait for them */
-        for (uint32_t k = 0; k < ctx->plan.n_slots; k++) {
+    if (ctx->active->lent) /* steps before may have read lent units: the fills wait for them */
+        for (uint32_t k = 0; k < ctx->active->n_slots; k++) {
             CORE_TRY(cuda_event_record(g->freed[k], g->stream));
             g->slot_used[k] = true;
         }
@@ -196,7 +196,7 @@ static pshard_status ring_start(struct exec_ctx *ctx, struct exec_gpu *g, const 
     g->ring_tier = tier;
     g->ring_passed = false;
     g->next_use = 0;
-    for (g->next_fill = 0; g->next_fill < g->n_units && g->next_fill < ctx->plan.n_slots; g->next_fill++)
+    for (g->next_fill = 0; g->next_fill < g->n_units && g->next_fill < ctx->active->n_slots; g->next_fill++)
         CORE_TRY(ring_fill_for_step(ctx, g, g->next_fill));
     return ring_pass(ctx, g);
 }
@@ -206,7 +206,7 @@ static pshard_status ring_acquire(struct exec_ctx *ctx, struct exec_gpu *g, uint
                                   uint8_t **slot) {
     if (g->next_use >= g->n_units || g->units[g->next_use].shard != shard || g->units[g->next_use].first != first)
         return core_fail(PSHARD_ERR_INTERNAL, "staging ring out of step at shard %u", shard);
-    const uint32_t k = g->next_use % ctx->plan.n_slots;
+    const uint32_t k = g->next_use % ctx->active->n_slots;
     CORE_TRY(cuda_stream_wait(g->stream, g->filled[k]));
     *slot = g->slot[k];
     return PSHARD_OK;
@@ -214,7 +214,7 @@ static pshard_status ring_acquire(struct exec_ctx *ctx, struct exec_gpu *g, uint
 
 /* The compute that reads the current unit is enqueued: free its slot and refill it. */
 static pshard_status ring_release(struct exec_ctx *ctx, struct exec_gpu *g) {
-    const uint32_t k = g->next_use % ctx->plan.n_slots;
+    const uint32_t k = g->next_use % ctx->active->n_slots;
     CORE_TRY(cuda_event_record(g->freed[k], g->stream));
     g->slot_used[k] = true;
     g->next_use++;
@@ -247,24 +247,24 @@ static pshard_status staged_dense(struct exec_ctx *ctx, struct exec_gpu *g, uint
 /* ---- the slots lent to tiers without the ring (plan.lent): the ring's last units */
 
 static uint32_t last_units(const struct exec_ctx *ctx, const struct exec_gpu *g) {
-    return g->n_units > ctx->plan.n_slots ? g->n_units - ctx->plan.n_slots : 0;
+    return g->n_units > ctx->active->n_slots ? g->n_units - ctx->active->n_slots : 0;
 }
 
 /* The slot holding lent shard `index` (make_ring checked that one does). */
 static uint8_t *lent_slot(const struct exec_ctx *ctx, const struct exec_gpu *g, uint32_t index) {
     for (uint32_t j = last_units(ctx, g); j < g->n_units; j++)
-        if (g->units[j].shard == index) return g->slot[j % ctx->plan.n_slots];
+        if (g->units[j].shard == index) return g->slot[j % ctx->active->n_slots];
     return NULL;
 }
 
 /* Before a step without the ring: unless a ring step left the lent units in their slots, copy
  * them there; the compute stream waits for the copies. */
 static pshard_status ensure_lent(struct exec_ctx *ctx, struct exec_gpu *g) {
-    if (!ctx->plan.lent || g->lent_ready) return PSHARD_OK;
+    if (!ctx->active->lent || g->lent_ready) return PSHARD_OK;
     for (uint32_t j = last_units(ctx, g); j < g->n_units; j++) {
-        if (!ctx->plan.lent[g->units[j].shard]) continue;
+        if (!ctx->active->lent[g->units[j].shard]) continue;
         CORE_TRY(ring_fill(ctx, g, j));
-        CORE_TRY(cuda_stream_wait(g->stream, g->filled[j % ctx->plan.n_slots]));
+        CORE_TRY(cuda_stream_wait(g->stream, g->filled[j % ctx->active->n_slots]));
     }
     g->lent_ready = true;
     return PSHARD_OK;
@@ -277,7 +277,7 @@ static pshard_status ensure_lent(struct exec_ctx *ctx, struct exec_gpu *g) {
 static pshard_status staged_experts(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t index, int il, int64_t n,
                                     uint32_t end) {
     const struct gpu_layer *l = &g->layers[il];
-    const uint32_t piece = ctx->plan.piece_experts, r = ctx->plan.experts_resident[il];
+    const uint32_t piece = ctx->active->piece_experts, r = ctx->active->experts_resident[il];
     for (uint32_t first = r; first < end; first += piece) {
         uint8_t *slot;
         CORE_TRY(ring_acquire(ctx, g, index, first, &slot));
@@ -289,7 +289,7 @@ static pshard_status staged_experts(struct exec_ctx *ctx, struct exec_gpu *g, ui
         size_t at = 0;
         for (int m = 0; m < 3; at += cuda_align(bytes[m]), m++)
             mats[m]->data = (const void *)((uintptr_t)(slot + at) - (uintptr_t)offset[m]);
-        view.expert_mask = l->mask_pieces + (size_t)((first - r) / piece) * ctx->plan.n_expert;
+        view.expert_mask = l->mask_pieces + (size_t)((first - r) / piece) * ctx->active->n_expert;
         CORE_TRY(cuda_moe_ffn(&view, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work, g->work_bytes,
                               g->stream));
         CORE_TRY(ring_release(ctx, g));
@@ -332,7 +332,7 @@ static void cpu_experts(struct exec_ctx *ctx, struct exec_gpu *g, const struct p
     if (routed_step(tier, n)) {
         bool gpu[PLAN_MAX_ROUTED];
         int32_t routed[PLAN_MAX_ROUTED];
-        first = ctx->plan.experts_resident[s->layer];
+        first = ctx->active->experts_resident[s->layer];
         plan_routed_split(ids, (int)k, (int32_t)first, tier->routed_quota, gpu);
         uint64_t mine = 0, read = 0;
         for (size_t j = 0; j < k; j++) {
@@ -446,7 +446,7 @@ static pshard_status experts_apart(struct exec_ctx *ctx, struct exec_gpu *g, uin
     const struct model_hparams *hp = &ctx->model->hp;
     const struct gpu_layer *l = &g->layers[il];
     const struct shard *shard = &ctx->model->shards[index];
-    const uint32_t r = ctx->plan.experts_resident[il], on_gpu = tier->experts_gpu[il], E = hp->n_expert;
+    const uint32_t r = ctx->active->experts_resident[il], on_gpu = tier->experts_gpu[il], E = hp->n_expert;
     cuda_stream s = g->stream;
     if (r) {
         struct cuda_moe resident = l->moe;
@@ -456,7 +456,7 @@ static pshard_status experts_apart(struct exec_ctx *ctx, struct exec_gpu *g, uin
     }
     if (routed) {
         struct cuda_moe streamed = l->moe_host;
-        CORE_TRY(cuda_moe_routed_mask(g->expert_ids, (int)hp->n_expert_used, (int)r, g->routed_quota[tier - ctx->plan.tier],
+        CORE_TRY(cuda_moe_routed_mask(g->expert_ids, (int)hp->n_expert_used, (int)r, g->routed_quota[tier - ctx->active->tier],
                                       (int)E, false, g->routed_mask, s));
         streamed.expert_mask = g->routed_mask;
         CORE_TRY(cuda_moe_ffn(&streamed, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work, g->work_bytes, s));
@@ -465,7 +465,7 @@ static pshard_status experts_apart(struct exec_ctx *ctx, struct exec_gpu *g, uin
             CORE_TRY(staged_experts(ctx, g, index, il, n, on_gpu));
         } else {
             struct cuda_moe streamed = l->moe_host;
-            streamed.expert_mask = l->mask_streamed[tier - ctx->plan.tier];
+            streamed.expert_mask = l->mask_streamed[tier - ctx->active->tier];
             CORE_TRY(cuda_moe_ffn(&streamed, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work,
                                   g->work_bytes, s));
             ctx->stats.streamed_bytes += touched * shard->expert_bytes * (on_gpu - r) / E;
@@ -481,7 +481,7 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
     const struct gpu_layer *l = &g->layers[il];
     const struct shard *shard = &ctx->model->shards[index];
     const int64_t n = b->n_tokens, d = hp->n_embd;
-    const uint32_t r = ctx->plan.experts_resident[il], on_gpu = tier->experts_gpu[il], E = hp->n_expert;
+    const uint32_t r = ctx->active->experts_resident[il], on_gpu = tier->experts_gpu[il], E = hp->n_expert;
     cuda_stream s = g->stream;
     const bool split = on_gpu < E;
     CORE_TRY(cuda_rmsnorm_mirror(g->x, l->ffn_norm, g->xn, split ? g->xn_to_host : NULL, n, d, hp->rms_eps, s));
@@ -496,10 +496,10 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
     if (l->moe_all.gate_ptrs && !tier->ring && (routed || on_gpu > r)) {
         /* One call: the resident experts from VRAM and the streamed ones in place, side by side. */
         struct cuda_moe all = l->moe_all;
-        all.expert_mask = l->mask_gpu[tier - ctx->plan.tier];
+        all.expert_mask = l->mask_gpu[tier - ctx->active->tier];
         if (routed) {
             CORE_TRY(cuda_moe_routed_mask(g->expert_ids, (int)hp->n_expert_used, (int)r,
-                                          g->routed_quota[tier - ctx->plan.tier], (int)E, true, g->routed_mask, s));
+                                          g->routed_quota[tier - ctx->active->tier], (int)E, true, g->routed_mask, s));
             all.expert_mask = g->routed_mask;
         }
         CORE_TRY(cuda_moe_ffn(&all, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work, g->work_bytes, s));
@@ -559,7 +559,7 @@ static pshard_status gpu_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
     case SHARD_FFN:
         if (staged) return staged_dense(ctx, g, index, shard, b);
         if (streamed && plan_ffn_split(tier, shard)) return split_ffn_shard(ctx, g, index, shard->layer, tier, b);
-        if (plan_reads_lent(&ctx->plan, tier, index)) return dense_in_slot(ctx, g, shard, lent_slot(ctx, g, index), b);
+        if (plan_reads_lent(ctx->active, tier, index)) return dense_in_slot(ctx, g, shard, lent_slot(ctx, g, index), b);
         if (streamed) ctx->stats.streamed_bytes += plan_unit_bytes(shard, 0);
         return shard->kind == SHARD_ATTN ? attn_shard(ctx, g, shard->layer, &g->layers[shard->layer], b)
                                          : ffn_shard(ctx, g, &g->layers[shard->layer], b);
@@ -682,7 +682,8 @@ static void read_stamps(struct exec_ctx *ctx, const struct exec_gpu *g, const st
 
 pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
     struct exec_gpu *g = ctx->gpu;
-    const struct plan_tier *tier = plan_tier_for(&ctx->plan, b->n_tokens);
+    if (g->broken) return core_fail(PSHARD_ERR_INTERNAL, "the GPU's memory was left half carved by a failed change of plan");
+    const struct plan_tier *tier = plan_tier_for(ctx->active, b->n_tokens);
     CORE_TRY(upload_batch(ctx, g, b));
     if (!tier->ring && tier->any_gpu) CORE_TRY(ensure_lent(ctx, g));
     const bool replayed = plan_tier_replays(tier, b->n_tokens) && ctx->stats.n_outputs == 1 && !g->no_graphs;

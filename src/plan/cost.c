@@ -523,11 +523,28 @@ void cost_request(const struct profile *prof, const struct model *m, const struc
     double ttft = 0;
     for (int32_t done = 0; done < n_prompt;) {
         const int32_t n = n_prompt - done < n_batch ? n_prompt - done : n_batch;
-        cost_step(prof, m, p, plan_tier_for(p, n), n, done, &c);
+        const struct plan *runs = plan_for_step(p, n);
+        cost_step(prof, m, runs, plan_tier_for(runs, n), n, done, &c);
         ttft += c.seconds;
         done += n;
     }
-    cost_step(prof, m, p, plan_tier_for(p, 1), 1, n_prompt + n_gen / 2, &c);
+    const struct plan *runs = plan_for_step(p, 1);
+    cost_step(prof, m, runs, plan_tier_for(runs, 1), 1, n_prompt + n_gen / 2, &c);
     *ttft_s = ttft;
     *decode_s = c.seconds;
+}
+
+double cost_kv_position_bytes(const struct model *m, const struct plan *p) {
+    const struct model_hparams *hp = &m->hp;
+    const double per_layer = 2.0 * hp->n_head_kv * ((double)hp->head_dim_k + hp->head_dim_v);
+    double bytes = 0;
+    for (uint32_t l = 0; l < p->n_layers; l++) bytes += p->kv_gpu[l] ? per_layer : 0;
+    return bytes;
+}
+
+double cost_switch(const struct profile *prof, const struct model *m, double up_bytes, double down_bytes) {
+    const double h2d = prof->h2d_gbps[PROFILE_SIZES - 1] * 1e9, d2h = prof->d2h_gbps[PROFILE_SIZES - 1] * 1e9;
+    if (!(h2d > 0) || !(d2h > 0)) return INFINITY;
+    /* Besides the copies: draining both streams, and capturing the decode step's graph anew. */
+    return up_bytes / h2d + down_bytes / d2h + 2 * prof->sync_s + 4.0 * m->n_shards * prof->launch_s;
 }

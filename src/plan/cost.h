@@ -59,4 +59,13 @@ void cost_model_key(const struct model *m, char *out, size_t size);
 void cost_request(const struct profile *prof, const struct model *m, const struct plan *p, int32_t n_prompt,
                   int32_t n_batch, int32_t n_gen, double *ttft_s, double *decode_s);
 
+/* KV bytes per cached position (one sequence) of the layers plan p keeps in VRAM. */
+double cost_kv_position_bytes(const struct model *m, const struct plan *p);
+
+/* Seconds to carve VRAM anew when the phase changes (plan.decode): up_bytes copied to the GPU
+ * (the other set's resident weights, the KV of its layers in VRAM) and down_bytes back (the KV
+ * of the layers the set before kept there), besides draining the streams and capturing the
+ * decode step's graph again. */
+double cost_switch(const struct profile *prof, const struct model *m, double up_bytes, double down_bytes);
+
 #endif

@@ -67,6 +67,18 @@ pshard_status plan_parse_set(const char *text, enum plan_set *set) {
     return core_fail(PSHARD_ERR_INVALID_ARG, "unknown resident set '%s' (ring, no-ring or all-kv)", text);
 }
 
+pshard_status plan_parse_decode_set(const char *text, int32_t *decode_set) {
+    enum plan_set set;
+    if (!strcmp(text, "same")) {
+        *decode_set = PLAN_DECODE_SAME;
+        return PSHARD_OK;
+    }
+    if (plan_parse_set(text, &set) != PSHARD_OK)
+        return core_fail(PSHARD_ERR_INVALID_ARG, "unknown decode set '%s' (ring, no-ring, all-kv or same)", text);
+    *decode_set = (int32_t)set;
+    return PSHARD_OK;
+}
+
 pshard_status plan_parse_size(const char *text, int64_t *bytes) {
     char *end;
     errno = 0;
@@ -631,9 +643,12 @@ static pshard_status search(const struct model *m, const struct plan_request *re
     static const enum plan_set sets[] = {PLAN_SET_RING, PLAN_SET_NO_RING, PLAN_SET_ALL_KV};
     pshard_status fits = PSHARD_OK;
     bool any_fits = false, ring_has_all_kv = false;
+    double weights[PLAN_SETS] = {0}, kv_position[PLAN_SETS] = {0};
     memset(p->weighed_set, 0, sizeof p->weighed_set);
+    memset(&p->weighed_phases, 0, sizeof p->weighed_phases);
     for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
         const enum plan_set set = sets[si];
+        if (req->staging >= 0 && set != (enum plan_set)req->staging) continue; /* one set asked for */
         fits = resident_set(m, req, costs, prof, budget, set != PLAN_SET_NO_RING, set == PLAN_SET_ALL_KV, p);
         if (fits != PSHARD_OK) continue;
         any_fits = true;
@@ -666,6 +681,8 @@ static pshard_status search(const struct model *m, const struct plan_request *re
         double ttft, decode;
         cost_request(prof, m, p, n_prompt, req->n_batch, 128, &ttft, &decode);
         p->weighed_set[set].ttft = ttft, p->weighed_set[set].decode = decode;
+        account(m, req, costs, p);
+        weights[set] = (double)p->budget.weights, kv_position[set] = cost_kv_position_bytes(m, p);
         if (ttft + 128 * decode < best_total) best_total = ttft + 128 * decode, best_set = (int)set;
     }
     if (!any_fits) return fits; /* not even without the ring: the message names the minimum */
@@ -678,6 +695,25 @@ static pshard_status search(const struct model *m, const struct plan_request *re
         const double ttft = p->weighed_set[set].ttft, total = ttft + 128 * p->weighed_set[set].decode;
         if (ttft > 0 && total <= best_total * (1 + PLAN_SET_MARGIN) && ttft < p->weighed_set[best_set].ttft) best_set = set;
     }
+    /* Phases: decode steps over another set than the prompt's, paying a request's two switches,
+     * when that beats the one set by more than PLAN_SET_MARGIN (the margin the cost model's
+     * decode error between sets asks for). */
+    int decode_set = best_set;
+    double beyond_prompt = INFINITY;
+    const bool forced = req->decode_set >= 0;
+    for (int set = 0; best_set >= 0 && req->phases && req->n_seq == 1 && set < PLAN_SETS; set++) {
+        if (set == best_set || !(p->weighed_set[set].ttft > 0) || (forced && set != req->decode_set)) continue;
+        const double to_decode = cost_switch(prof, m, weights[set] + n_prompt * kv_position[set], n_prompt * kv_position[best_set]);
+        const double to_prompt = cost_switch(prof, m, weights[best_set] + (n_prompt + 128) * kv_position[best_set],
+                                             (n_prompt + 128) * kv_position[set]);
+        const double beyond = to_decode + 128 * p->weighed_set[set].decode + to_prompt;
+        if (beyond >= beyond_prompt) continue;
+        beyond_prompt = beyond;
+        p->weighed_phases = (struct plan_phases){true, (enum plan_set)best_set, (enum plan_set)set, to_decode, to_prompt};
+    }
+    const double one_set = best_set >= 0 ? p->weighed_set[best_set].ttft + 128 * p->weighed_set[best_set].decode : INFINITY;
+    if (p->weighed_phases.weighed && (forced || p->weighed_set[best_set].ttft + beyond_prompt < one_set * (1 - PLAN_SET_MARGIN)))
+        decode_set = (int)p->weighed_phases.decode;
     /* Everything on the CPU. */
     reset_places(p);
     account(m, req, costs, p);
@@ -692,7 +728,7 @@ static pshard_status search(const struct model *m, const struct plan_request *re
     }
     memcpy(p->candidates, cands, sizeof cands[0] * n_cands);
     p->n_candidates = n_cands;
-    if (best_set < 0 || cpu_ttft + 128 * cpu_decode < best_total) {
+    if (best_set < 0 || (req->staging < 0 && cpu_ttft + 128 * cpu_decode < best_total)) {
         for (int t = 0; t < PLAN_TIERS; t++) p->chosen[t] = (int8_t)(n_cands - 1);
         p->family = PLAN_CPU;
         p->budget.total = budget;
@@ -703,6 +739,16 @@ static pshard_status search(const struct model *m, const struct plan_request *re
             p->chosen[t] = chosen[best_set][t];
         }
         p->family = p->tier[0].family;
+        if (decode_set != best_set) {
+            /* The decode phase's plan: the same search over its set alone. */
+            struct plan_request one = *req;
+            one.staging = decode_set, one.phases = false;
+            p->decode = calloc(1, sizeof *p->decode);
+            if (!p->decode) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+            CORE_TRY(plan_build(m, &one, costs, p->decode));
+            for (int t = 0; t < PLAN_TIERS; t++)
+                if (plan_tier_tokens[t] < PLAN_PHASE_TOKENS) p->chosen[t] = chosen[decode_set][t];
+        }
     }
     account(m, req, costs, p);
     p->weighed_cpu.ttft = cpu_ttft, p->weighed_cpu.decode = cpu_decode;
@@ -813,8 +859,11 @@ pshard_status plan_build(const struct model *model, const struct plan_request *r
         plan_free(out);
         return st;
     }
-    /* What the cost model predicts for the plan as built. */
-    for (int t = 0; t < PLAN_TIERS; t++) out->predicted[t] = step_seconds(prof, model, req, out, t, plan_tier_step_tokens(out, t));
+    /* What the cost model predicts for the plan as built (the decode phase's steps by its plan). */
+    for (int t = 0; t < PLAN_TIERS; t++) {
+        const int32_t n = plan_tier_step_tokens(out, t);
+        out->predicted[t] = step_seconds(prof, model, req, plan_for_step(out, n), t, n);
+    }
     cost_request(prof, model, out, req->n_ctx / 2 < 1024 ? req->n_ctx / 2 : 1024, req->n_batch, 128, &out->predicted_ttft,
                  &out->predicted_decode);
     return PSHARD_OK;
@@ -829,6 +878,9 @@ const struct profile *plan_profile(const struct profile *prof, struct profile *s
 }
 
 void plan_free(struct plan *plan) {
+    if (plan->decode) plan_free(plan->decode);
+    free(plan->decode);
+    plan->decode = NULL;
     for (int t = 0; t < PLAN_TIERS; t++) {
         free(plan->tier[t].shard);
         free(plan->tier[t].experts_gpu);

@@ -55,6 +55,10 @@ enum { PLAN_RING_MIN_TOKENS = 16, PLAN_RING_ALL_MIN_TOKENS = 64, PLAN_STAGING_SL
 /* auto: a resident set whose typical request is predicted within this fraction of the soonest
  * wins when its first token comes sooner (see search in plan.c). */
 #define PLAN_SET_MARGIN 0.05
+/* Phases (auto, one sequence): steps of fewer than PLAN_PHASE_TOKENS tokens (decoding) may run a
+ * plan of their own over another resident set than prompt steps (plan.decode); VRAM is carved
+ * anew when the phase changes. */
+enum { PLAN_PHASE_TOKENS = PLAN_RING_MIN_TOKENS };
 /* Candidates the planner weighs for a tier (auto): families, with dynamic at several shares. */
 enum { PLAN_MAX_CANDIDATES = 24 };
 /* What the budget holds, in bytes: total is the budget; the device arena is all of it but
@@ -87,6 +91,10 @@ struct plan_request {
     int routed_quota_count;      /* entries given after [0] */
     bool one_expert_call; /* a layer's resident and streamed experts in one expert call (tables of
                              each expert's place) rather than two, resident ones first */
+    bool phases;          /* auto, one sequence: decode steps may run a plan of their own over
+                             another resident set (plan.decode) */
+    int32_t decode_set;   /* phases: -1 as the planner weighs; else decode steps over this set
+                             whenever it differs from the prompt's (tests, comparison) */
 };
 
 /* The most experts a token routes to for which a tier can split them by routing. */
@@ -166,6 +174,16 @@ struct plan {
     /* auto: the typical request each resident set served (its tiers at their best), and the CPU
      * alone; ttft 0 where the set was not weighed (it does not fit, or equals the ring's). */
     struct { double ttft, decode; } weighed_set[PLAN_SETS], weighed_cpu;
+    /* auto, phases: the best pair of a prompt set and another decode set, with the switches of
+     * one typical request (to decode after its prompt, back before the next prompt); weighed
+     * false where no pair was (one sequence only, or a single set fits). */
+    struct plan_phases { bool weighed; enum plan_set prompt, decode; double to_decode, to_prompt; } weighed_phases;
+    /* auto, phases: steps of fewer than PLAN_PHASE_TOKENS tokens run this plan, over another
+     * resident set (the executor carves VRAM anew between the two: the other set's weights are
+     * copied up and the KV cache of the layers whose attention moves goes across). Its chosen
+     * and predicted tiers are also this plan's (chosen indexes this plan's candidates). NULL:
+     * one plan serves every step. */
+    struct plan *decode;
     int32_t n_batch, n_ctx;
 };
 
@@ -187,6 +205,11 @@ static inline const struct plan_tier *plan_tier_for(const struct plan *p, int32_
     int t = PLAN_TIERS - 1;
     while (t > 0 && n_tokens < p->tier[t].min_tokens) t--;
     return &p->tier[t];
+}
+
+/* The plan a step of n tokens runs: the decode phase's below PLAN_PHASE_TOKENS, where there is one. */
+static inline const struct plan *plan_for_step(const struct plan *p, int32_t n_tokens) {
+    return p->decode && n_tokens < PLAN_PHASE_TOKENS ? p->decode : p;
 }
 
 /* Whether a one-output step of n tokens in tier t is captured once as a CUDA graph and replayed:
@@ -254,6 +277,11 @@ static inline bool plan_reads_lent(const struct plan *p, const struct plan_tier 
     return p->lent && p->lent[i] && !t->ring && t->shard[i] == PLACE_STREAMED;
 }
 
+/* auto: decode steps' resident set as asked (exec_params.decode_set): as the planner weighs, the
+ * prompt steps' set, or one named. */
+enum { PLAN_DECODE_WEIGHED = -1, PLAN_DECODE_SAME = -2 };
+/* "ring", "no-ring", "all-kv" (that set) or "same" (PLAN_DECODE_SAME). */
+pshard_status plan_parse_decode_set(const char *text, int32_t *decode_set);
 /* Parse "2G", "2048M", "512K", "0", "1.5G" into bytes. */
 pshard_status plan_parse_size(const char *text, int64_t *bytes);
 pshard_status plan_parse_family(const char *text, enum plan_family *family);

@@ -79,15 +79,22 @@ static void print_candidates(const struct plan *p, FILE *out) {
                 mb(k->host_bytes_per_token), mb(k->pcie_bytes_per_token));
     }
     const int n_prompt = p->n_ctx / 2 < 1024 ? p->n_ctx / 2 : 1024;
-    fprintf(out, "predicted: %.3f s to the first token of a %d-token prompt, then %.1f tokens/s; the tiers share one "
-                 "resident set, so switching between them copies nothing\n",
-            p->predicted_ttft, n_prompt, p->predicted_decode > 0 ? 1 / p->predicted_decode : 0);
+    fprintf(out, "predicted: %.3f s to the first token of a %d-token prompt, then %.1f tokens/s; ", p->predicted_ttft, n_prompt,
+            p->predicted_decode > 0 ? 1 / p->predicted_decode : 0);
+    if (p->decode)
+        fprintf(out, "steps of fewer than %d tokens run over the %s set, larger ones over the %s set: VRAM is carved anew "
+                     "when the phase changes (predicted %.0f ms to decode, %.0f ms back)\n",
+                PLAN_PHASE_TOKENS, plan_set_name(p->weighed_phases.decode), plan_set_name(p->weighed_phases.prompt),
+                1e3 * p->weighed_phases.to_decode, 1e3 * p->weighed_phases.to_prompt);
+    else
+        fprintf(out, "the tiers share one resident set, so switching between them copies nothing\n");
     /* Which set, and why: each one's typical request, its tiers at their best. */
     fprintf(out, "resident sets weighed, for a %d-token prompt then 128 tokens (the soonest wins, or within %.0f%% of it the "
-                 "soonest first token):\n",
-            n_prompt, 100 * PLAN_SET_MARGIN);
+                 "soonest first token; decoding over another set wins where the request, both changes counted, is more "
+                 "than %.0f%% sooner):\n",
+            n_prompt, 100 * PLAN_SET_MARGIN, 100 * PLAN_SET_MARGIN);
     static const enum plan_set order[] = {PLAN_SET_RING, PLAN_SET_NO_RING, PLAN_SET_ALL_KV};
-    const int chosen = p->chosen[0] >= 0 ? p->chosen[0] : -1;
+    const int chosen = p->chosen[last] >= 0 ? p->chosen[last] : -1;
     const bool cpu_chosen = chosen >= 0 && p->candidates[chosen].family == PLAN_CPU;
     for (size_t i = 0; i <= sizeof order / sizeof order[0]; i++) {
         const bool cpu = i == sizeof order / sizeof order[0];
@@ -96,19 +103,38 @@ static void print_candidates(const struct plan *p, FILE *out) {
         if (ttft <= 0 || !isfinite(ttft) || !isfinite(decode)) continue;
         const bool is_chosen = cpu ? cpu_chosen : !cpu_chosen && chosen >= 0 && p->candidates[chosen].set == order[i];
         fprintf(out, "  %-10s %8.3f s + 128 x %.4f s = %7.2f s%s\n", cpu ? "CPU alone" : plan_set_name(order[i]), ttft,
-                decode, ttft + 128 * decode, is_chosen ? "   chosen" : "");
+                decode, ttft + 128 * decode, is_chosen && !p->decode ? "   chosen" : is_chosen ? "   chosen for prompts" : "");
     }
+    const struct plan_phases *ph = &p->weighed_phases;
+    if (ph->weighed) {
+        const double ttft = p->weighed_set[ph->prompt].ttft, decode = p->weighed_set[ph->decode].decode;
+        fprintf(out, "  %s, then decoding over %s: %.3f s + %.3f s + 128 x %.4f s + %.3f s = %.2f s%s\n",
+                plan_set_name(ph->prompt), plan_set_name(ph->decode), ttft, ph->to_decode, decode, ph->to_prompt,
+                ttft + ph->to_decode + 128 * decode + ph->to_prompt, p->decode ? "   chosen" : "");
+    }
+}
+
+/* A plan's VRAM, one line. */
+static void print_budget(const struct plan *p, const char *what, FILE *out) {
+    const struct plan_budget *b = &p->budget;
+    fprintf(out, "VRAM%s: weights %.1f MB + KV %.1f MB + activations %.1f MB + work %.1f MB + cuBLAS %.1f MB + staging "
+                 "%.1f MB (%u slots of %.1f MB) + file mapping %.1f MB; %.1f MB of the budget unused\n",
+            what, mb(b->weights), mb(b->kv), mb(b->activations), mb(b->work), mb(b->blas), mb(b->staging), p->n_slots,
+            mb(p->slot_bytes), mb(b->mapping), mb(b->free));
 }
 
 void plan_print(const struct plan *p, const struct model *m, FILE *out) {
     const int last = plan_prompt_tier(p);
-    const struct plan_tier *d = &p->tier[PLAN_TIER_DECODE], *pr = &p->tier[last];
-    fprintf(out, "plan %s: VRAM budget %.0f MB; per tier (tokens per step):", plan_family_name(p->family),
+    const struct plan *dp = plan_for_step(p, 1); /* the decode phase's plan */
+    const struct plan_tier *d = &dp->tier[PLAN_TIER_DECODE], *pr = &p->tier[last];
+    fprintf(out, "plan %s: VRAM budget %.0f MB; per tier (tokens per step):", plan_family_name(dp->family),
             mb(p->budget.total));
     for (int t = 0; t <= last; t++) {
         char label[24];
         tier_label(p, t, label, sizeof label);
-        fprintf(out, " %s '%s'%s", label, plan_family_name(p->tier[t].family), p->tier[t].ring ? " (ring)" : "");
+        const struct plan *runs = plan_for_step(p, plan_tier_tokens[t]);
+        fprintf(out, " %s '%s'%s%s", label, plan_family_name(runs->tier[t].family), runs->tier[t].ring ? " (ring)" : "",
+                runs != p ? " (decode set)" : "");
     }
     fputc('\n', out);
     if (p->n_candidates) {
@@ -131,28 +157,32 @@ void plan_print(const struct plan *p, const struct model *m, FILE *out) {
         for (int n = 1; n <= k; n++) fprintf(out, "%s%d:%d", n > 1 ? " " : "", n, decode->routed_quota[n]);
         fprintf(out, "; the CPU computes the rest)\n");
     }
-    if (plan_splits_ffn(p))
+    if (plan_splits_ffn(p) || plan_splits_ffn(dp))
         fprintf(out, "(FFN shards split with the CPU: rows resident/streamed/on the CPU, both sides at once)\n");
+    if (p->decode)
+        fprintf(out, "(decode: its own resident set, carved when the phase changes; KV: prompt/decode phase where they "
+                     "differ)\n");
     if (plan_lends(p))
         fprintf(out, "(IN SLOT: read from the staging slot where the ring's last step left it; copied there first "
                      "when no prompt step has used the ring yet)\n");
-    fprintf(out, "  %-5s %-6s %5s %-12s %-12s %12s %6s\n", "#", "shard", "layer", "decode", "prompt", "weights MB", "KV");
+    fprintf(out, "  %-5s %-6s %5s %-12s %-12s %12s %9s\n", "#", "shard", "layer", "decode", "prompt", "weights MB", "KV");
     for (uint32_t i = 0; i < m->n_shards; i++) {
         const struct shard *s = &m->shards[i];
         char layer[16] = "-";
         if (s->layer >= 0) snprintf(layer, sizeof layer, "%d", s->layer);
         fprintf(out, "  %-5u %-6s %5s", i, shard_kind_name(s->kind), layer);
-        print_place(p, m, d, s, i, out);
+        print_place(dp, m, d, s, i, out);
         print_place(p, m, pr, s, i, out);
         fprintf(out, " %12.1f", mb(s->weight_bytes));
-        if (s->kind == SHARD_ATTN) fprintf(out, " %6s", p->kv_gpu[s->layer] ? "VRAM" : "host");
+        if (s->kind == SHARD_ATTN) {
+            const char *kv = p->kv_gpu[s->layer] ? "VRAM" : "host", *kv_decode = dp->kv_gpu[s->layer] ? "VRAM" : "host";
+            if (kv == kv_decode) fprintf(out, " %9s", kv);
+            else fprintf(out, " %4s/%4s", kv, kv_decode);
+        }
         fputc('\n', out);
     }
-    const struct plan_budget *b = &p->budget;
-    fprintf(out, "VRAM: weights %.1f MB + KV %.1f MB + activations %.1f MB + work %.1f MB + cuBLAS %.1f MB + staging "
-                 "%.1f MB (%u slots of %.1f MB) + file mapping %.1f MB; %.1f MB of the budget unused\n",
-            mb(b->weights), mb(b->kv), mb(b->activations), mb(b->work), mb(b->blas), mb(b->staging), p->n_slots,
-            mb(p->slot_bytes), mb(b->mapping), mb(b->free));
+    print_budget(p, p->decode ? " in prompt steps" : "", out);
+    if (p->decode) print_budget(dp, " in decode steps", out);
     fprintf(out, "per decode token: %.1f MB of weights read by the CPU from host memory, %.1f MB streamed over PCIe, "
                  "%.1f MB read by the GPU from VRAM\n",
             mb(d->host_bytes_per_token), mb(d->pcie_bytes_per_token), mb(d->gpu_bytes_per_token));
@@ -167,8 +197,9 @@ void plan_print_times(const struct plan *p, const struct model *m, const struct 
     fprintf(out, "  %-10s %9s %9s %9s %9s %15s\n", "tokens", "step", "GPU", "CPU", "PCIe", "launches, waits");
     for (int t = 0; t <= plan_prompt_tier(p); t++) {
         const int32_t n = plan_tier_step_tokens(p, t);
+        const struct plan *runs = plan_for_step(p, n);
         struct cost_step c;
-        cost_step(prof, m, p, &p->tier[t], n, p->n_ctx > n ? p->n_ctx - n : 0, &c);
+        cost_step(prof, m, runs, &runs->tier[t], n, p->n_ctx > n ? p->n_ctx - n : 0, &c);
         char label[24];
         tier_label(p, t, label, sizeof label);
         fprintf(out, "  %-10s %9.2f %9.2f %9.2f %9.2f %15.2f\n", label, c.seconds * 1e3, c.gpu_s * 1e3, c.cpu_s * 1e3,

@@ -12,7 +12,10 @@ split tiny-llama's FFNs by rows with the CPU; PSHARD_LEND_SLOTS=0, PSHARD_STAGE_
 PSHARD_SPLIT_FFN=0 in the environment turn each off, PSHARD_ROUTED_QUOTA=0,1 has the balanced
 dynamic tiers' one-token steps give the CPU a share of each token's experts, and
 PSHARD_ONE_EXPERT_CALL=0 computes an MoE layer's resident and streamed experts in two calls rather
-than one (ctest runs each so too).
+than one (ctest runs each so too). Auto plans whose decode steps run over another resident set than
+their prompt steps (--decode-set, each set that differs from the prompt's) change phase between
+steps of a mixed run (20, 3, 1, 17 and 5 tokens in turn: the KV cache moves both ways) and between
+a prompt of more than 16 tokens and its continuation; the arena stays the budget.
 Usage: tests/device/test_plans.py BUILD_DIR"""
 import os
 import re
@@ -79,6 +82,17 @@ def decimal_mb(size):
     return float(value) * {"B": 1e-6, "KB": 1e-3, "MB": 1, "GB": 1e3}[unit]
 
 
+MIXED_STEPS = "20,3,1,17,5"  # prompt and decode steps in turn: a two-phase plan changes phase at each
+LONG_PROMPT = "One morning, as Gregor Samsa was waking up from anxious dreams, he discovered that in bed he"
+
+
+def decode_sets(model, budget):
+    """The sets auto's decode steps may be asked to run over at this budget: those the plan then
+    marks as the decode set (they differ from the prompt steps')."""
+    return [s for s in ("ring", "no-ring", "all-kv")
+            if "(decode set)" in plan_text(model, budget, "auto", ["--no-profile", "--decode-set", s])]
+
+
 def run_config(path, shape, wtype, family, budget, extra, tokens, cpu, cpu_runs, tmp):
     """One plan at one budget against the CPU; returns [(ok or None for a note, text)]."""
     report = []
@@ -91,13 +105,14 @@ def run_config(path, shape, wtype, family, budget, extra, tokens, cpu, cpu_runs,
     spread = cpu.std(axis=1, keepdims=True)
     top2 = np.sort(cpu, axis=1)[:, -2:]
     clear = top2[:, 1] - top2[:, 0] >= eq.NEAR_TIE  # positions whose CPU choice is no near-tie
-    for batch in (1, 64):
-        got = eq.logits(path, tokens, False, batch, os.path.join(tmp, "p.f32"), placement)
+    for batch, steps in ((1, []), (64, []), (64, ["--steps", MIXED_STEPS])):
+        got = eq.logits(path, tokens, False, batch, os.path.join(tmp, "p.f32"), placement + steps)
+        run = "steps of " + MIXED_STEPS if steps else "batch %d" % batch
         rel = np.abs(got - cpu) / spread
         same = got.argmax(1) == cpu.argmax(1)
         agree, agree_clear = same.mean(), same[clear].mean() if clear.any() else 0.0
-        report.append((None, "%s, batch %d: median %.2g, top-1 %.3f (%.3f of the %d positions without a near-tie)"
-                       % (label, batch, np.median(rel), agree, agree_clear, clear.sum())))
+        report.append((None, "%s, %s: median %.2g, top-1 %.3f (%.3f of the %d positions without a near-tie)"
+                       % (label, run, np.median(rel), agree, agree_clear, clear.sum())))
         # Rounding may flip the top token where the CPU's top two are near-tied (as the greedy
         # check allows), and in MoE prompt steps it moves routing too (test_gpu_equivalence: up
         # to a third of positions; tiny-moe Q8_0 read 0.844-0.885 in every family here, the gpu
@@ -108,7 +123,7 @@ def run_config(path, shape, wtype, family, budget, extra, tokens, cpu, cpu_runs,
         top1 = ((agree >= limit or (clear.mean() >= 0.5 and agree_clear >= 0.95))
                 and (not clear.any() or agree_clear >= 0.95))
         report.append((np.isfinite(got).all() and np.median(rel) < 0.1 and top1,
-                       "%s: batch %d computes the CPU's function" % (label, batch)))
+                       "%s: %s computes the CPU's function" % (label, run)))
     arena = tokens_agree(path, label, placement, cpu_runs, tmp, report)
     # The arena is the budget less the file mapping's reserve (both MiB in the plan; the load
     # report prints decimal units), and the mapping took no more than its reserve.
@@ -151,12 +166,19 @@ def main():
             tokens = rng.integers(0, 1000, 96).tolist()
             cpu = eq.logits(path, tokens, False, 64, os.path.join(tmp, "c.f32"))
             cpu_runs = {p: greedy(path, p, [])[0] for p in prompts}
+            cpu_runs[LONG_PROMPT] = greedy(path, LONG_PROMPT, [])[0]
             configs = []
             for family in ("gpu", "static", "dynamic", "auto") if wtype == "Q8_0" else ("gpu", "dynamic"):
                 low = minimum_mb(path, family)
                 for budget in (low + 1, low + 3) if family != "auto" else (low + 2,):
                     # auto: chosen with the default costs, so the test does not measure the machine
                     configs.append((family, "%dM" % budget, ["--no-profile"] if family == "auto" else []))
+            low = minimum_mb(path, "auto")
+            phased = [("auto", "%dM" % mb, ["--no-profile", "--decode-set", s])
+                      for mb in (low + 2, low + 6) for s in decode_sets(path, "%dM" % mb)]
+            if not phased:
+                raise SystemExit("%s %s: no budget where auto decodes over another set" % (shape, wtype))
+            configs += phased
             if shape == "tiny-llama":
                 configs.append(("static", streaming_attention_budget(path), ["--set", "all-kv"]))
             if shape == "tiny-moe":

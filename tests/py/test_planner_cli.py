@@ -74,6 +74,41 @@ def test_plan_prints_every_candidate_and_one_choice_per_tier(default_model):
     label = {"": "ring", "(no ring)": "no ring", "(all KV)": "all KV"}
     assert chosen[0][0] == "CPU alone" or tier_sets == {next(k for k, v in label.items() if v == chosen[0][0])}, \
         (chosen, tier_sets)
+    # Decoding over another set was weighed, with both changes of phase counted, and not taken.
+    pair = lines[at + 1 + len(sets)]
+    m = re.match(r"^  (ring|no ring|all KV), then decoding over (ring|no ring|all KV): ([\d.]+) s \+ ([\d.]+) s \+ 128 x "
+                 r"([\d.]+) s \+ ([\d.]+) s = ([\d.]+) s$", pair)
+    assert m and m.group(1) == chosen[0][0] != m.group(2), pair
+    ttft, to_decode, decode, to_prompt, total = (float(m.group(i)) for i in range(3, 8))
+    assert to_decode > 0 and to_prompt > 0 and abs(ttft + to_decode + 128 * decode + to_prompt - total) <= 0.01 + 1e-3 * total
+    assert total >= chosen[0][2] * 0.95 - 0.01  # not sooner by more than the margin
+
+
+def test_plan_decode_set_of_its_own(default_model):
+    """--decode-set asks auto to decode over another resident set: the steps below 16 tokens run
+    over it, the larger ones over the prompt's, and each phase's VRAM is within the budget."""
+    base = ["plan", "-m", default_model, "--vram-budget", "150M", "-c", "2048", "-b", "512", "--no-profile"]
+    proc = pshard(*base, "--decode-set", "no-ring")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    tiers = re.findall(r"(\d+(?:-\d+|\+)) '(\w+)'( \(ring\))?( \(decode set\))?", lines[1])
+    assert [t for t, *_ in tiers if _[2]] == ["1-3", "4-15"] and all(not ring for _, _, ring, d in tiers if d), lines[1]
+    assert re.search(r"steps of fewer than 16 tokens run over the no ring set, larger ones over the ring set", proc.stdout)
+    assert re.search(r"then decoding over no ring: .*   chosen$", proc.stdout, re.M)
+    for phase in ("prompt", "decode"):
+        vram = next(l for l in lines if l.startswith("VRAM in %s steps:" % phase))
+        parts = [float(x) for x in re.findall(r"([\d.]+) MB", vram.split(";")[0])]
+        assert sum(parts) <= 150 * 1.048576 + 0.5, vram
+    # The decode column places shards as the no-ring set does; the prompt column as the ring's.
+    alone = pshard(*base, "--plan", tiers[0][1], "--set", "no-ring").stdout.splitlines()
+    shards = lambda text: [l.split()[3] for l in text if re.match(r"^  \d+\s+(embed|attn|ffn|head)\s", l)]
+    assert shards(lines) == shards(alone)
+    same = pshard(*base, "--decode-set", "same")
+    assert same.returncode == 0 and "(decode set)" not in same.stdout and "share one resident set" in same.stdout
+    bad = pshard(*base, "--decode-set", "fast")
+    assert bad.returncode == 2 and "unknown decode set 'fast'" in bad.stderr
+    refused = pshard("run", "-m", default_model, "-p", "hi", "-n", "1", "--plan", "cpu", "--decode-set", "ring")
+    assert refused.returncode != 0 and "--decode-set" in refused.stderr
 
 
 def test_plan_names_the_minimum_budget(default_model):

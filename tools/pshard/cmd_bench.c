@@ -309,7 +309,7 @@ static void recheck_close_calls(const struct oracle_opts *o, const struct model 
 static pshard_status oracle_config(const struct oracle_opts *o, const struct model *m, const struct profile *prof,
                                    int64_t budget, int32_t ctx, struct oracle_row *rows, int *n_rows,
                                    struct plan *weighed, double cpu_cache[MAX_LIST]) {
-    struct exec_params params = {ctx, o->n_batch, 1, o->n_threads, PLAN_AUTO, budget, 0, -1, prof};
+    struct exec_params params = {ctx, o->n_batch, 1, o->n_threads, PLAN_AUTO, budget, 0, -1, prof, PLAN_DECODE_WEIGHED};
     CORE_TRY(exec_make_plan(m, &params, weighed));
     *n_rows = 0;
     for (int k = 0; k < o->n_tiers; k++)
@@ -372,7 +372,8 @@ static pshard_status oracle_config(const struct oracle_opts *o, const struct mod
             struct oracle_row *r = &rows[k];
             const struct plan *plan = exec_get_plan(ex);
             struct cost_step cs;
-            cost_step(prof, m, plan, plan_tier_for(plan, r->n_tokens), r->n_tokens, ctx - r->n_tokens, &cs);
+            const struct plan *runs = plan_for_step(plan, r->n_tokens);
+            cost_step(prof, m, runs, plan_tier_for(runs, r->n_tokens), r->n_tokens, ctx - r->n_tokens, &cs);
             r->predicted[c] = cs.seconds;
             if (same[k] >= 0) {
                 r->measured[c] = r->measured[same[k]], r->cut[c] = r->cut[same[k]];

@@ -1,5 +1,6 @@
 /* `pshard eval`: run a given token sequence (or a tokenized text) through the model and write
  * the logits of every position, for comparing engines and placements. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,10 +11,11 @@
 
 static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard eval [-m MODEL] (--tokens 1,2,3 | -p TEXT) -o LOGITS.f32 [-c N] [-b N] [-t N]\n"
-                 "       [--gpu | --vram-budget SIZE [--plan auto|cpu|gpu|static|dynamic]\n"
-                 "       [--stream-share F] [--set ring|no-ring|all-kv]]\n"
+                 "       [--steps N,N,...] [--gpu | --vram-budget SIZE [--plan auto|cpu|gpu|static|dynamic]\n"
+                 "       [--stream-share F] [--set ring|no-ring|all-kv] [--decode-set ring|no-ring|all-kv|same]]\n"
                  "  Writes float32 logits [n_tokens][n_vocab] of every position to the output file and prints\n"
-                 "  the argmax of each position. -p tokenizes TEXT as `run --raw` does.\n");
+                 "  the argmax of each position. -p tokenizes TEXT as `run --raw` does. Steps carry -b tokens\n"
+                 "  each, or with --steps the counts given in turn (each at most -b), repeated to the end.\n");
 }
 
 static int parse_tokens(const char *text, int32_t **out, int32_t *n) {
@@ -44,7 +46,7 @@ static int parse_tokens(const char *text, int32_t **out, int32_t *n) {
 }
 
 int cmd_eval(int argc, char **argv) {
-    const char *tokens_arg = NULL, *out_path = NULL, *prompt = NULL, *model = NULL;
+    const char *tokens_arg = NULL, *out_path = NULL, *prompt = NULL, *model = NULL, *steps_arg = NULL;
     pshard_params params;
     pshard_params_default(&params);
     params.prefault = 0;
@@ -53,6 +55,7 @@ int cmd_eval(int argc, char **argv) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { print_usage(stdout); return 0; }
         else if (!strcmp(argv[i], "--tokens") && v) tokens_arg = argv[++i];
         else if (!strcmp(argv[i], "-p") && v) prompt = argv[++i];
+        else if (!strcmp(argv[i], "--steps") && v) steps_arg = argv[++i];
         else if (!strcmp(argv[i], "-o") && v) out_path = argv[++i];
         else if (!strcmp(argv[i], "-m") && v) model = argv[++i];
         else if (!strcmp(argv[i], "-c") && v) params.n_ctx = atoi(argv[++i]);
@@ -77,6 +80,13 @@ int cmd_eval(int argc, char **argv) {
                 fprintf(stderr, "pshard eval: --stream-share: %s\n", pshard_last_error());
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--decode-set") && v) {
+            int32_t set;
+            if (plan_parse_decode_set(argv[++i], &set) != PSHARD_OK) {
+                fprintf(stderr, "pshard eval: --decode-set: %s\n", pshard_last_error());
+                return 2;
+            }
+            params.decode_set = set == PLAN_DECODE_SAME ? -1 : set + 1;
         } else if (!strcmp(argv[i], "--set") && v) {
             enum plan_set set;
             if (plan_parse_set(argv[++i], &set) != PSHARD_OK) {
@@ -99,11 +109,20 @@ int cmd_eval(int argc, char **argv) {
         fprintf(stderr, "pshard eval: %s\n", pshard_last_error());
         return 1;
     }
-    int32_t *ids = NULL, n = 0;
+    int32_t *ids = NULL, n = 0, *steps = NULL, n_steps = 0;
     int rc = 1;
     if (tokens_arg && parse_tokens(tokens_arg, &ids, &n) != 0) {
         fprintf(stderr, "pshard eval: --tokens expects comma-separated token ids\n");
         goto done;
+    }
+    if (steps_arg) {
+        bool ok = parse_tokens(steps_arg, &steps, &n_steps) == 0;
+        for (int32_t k = 0; ok && k < n_steps; k++) ok = steps[k] >= 1 && steps[k] <= ctx->params.n_batch;
+        if (!ok) {
+            fprintf(stderr, "pshard eval: --steps expects comma-separated token counts from 1 to the batch size (%d)\n",
+                    ctx->params.n_batch);
+            goto done;
+        }
     }
     if (prompt) {
         struct tok_ids t = {0};
@@ -121,8 +140,9 @@ int cmd_eval(int argc, char **argv) {
     }
     const int32_t n_batch = ctx->params.n_batch, n_vocab = exec_n_vocab(ctx->exec);
     printf("argmax:");
-    for (int32_t start = 0; start < n; start += n_batch) {
-        const int32_t m = n - start < n_batch ? n - start : n_batch;
+    for (int32_t start = 0, m, k = 0; start < n; start += m, k++) {
+        const int32_t want = steps ? steps[k % n_steps] : n_batch;
+        m = n - start < want ? n - start : want;
         for (int32_t i = 0; i < m; i++) {
             ctx->batch_pos[i] = start + i;
             ctx->batch_logits[i] = 1;
@@ -145,6 +165,7 @@ int cmd_eval(int argc, char **argv) {
     rc = fclose(out) == 0 ? 0 : 1;
 done:
     free(ids);
+    free(steps);
     pshard_close(ctx);
     return rc;
 }

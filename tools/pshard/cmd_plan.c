@@ -13,7 +13,7 @@
 static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard plan [-m MODEL] --vram-budget SIZE [--plan auto|cpu|gpu|static|dynamic] [-c CTX]\n"
                  "                   [-b BATCH] [--parallel N] [-t THREADS] [--stream-share F]\n"
-                 "                   [--set ring|no-ring|all-kv]\n"
+                 "                   [--set ring|no-ring|all-kv] [--decode-set ring|no-ring|all-kv|same]\n"
                  "                   [--no-profile | --profile FILE]\n"
                  "  Prints the plan of every token tier (steps of 1-3, 4-15, ... tokens) and, for auto, every\n"
                  "  candidate the planner weighed with its predicted seconds per step, VRAM and bytes moved\n"
@@ -24,7 +24,9 @@ static void print_usage(FILE *out) {
                  "  conservative defaults (always with --no-profile); --profile FILE plans with a profile\n"
                  "  saved elsewhere (another machine's). --set places gpu, static or dynamic over one of the\n"
                  "  resident sets auto weighs: room for the staging ring or not, or the ring and every\n"
-                 "  layer's KV cache first.\n"
+                 "  layer's KV cache first. auto may run decode steps over another set than prompt steps\n"
+                 "  (VRAM carved anew when the phase changes); --decode-set SET asks for that set, or\n"
+                 "  `same` for one set throughout.\n"
                  "  Nothing is loaded onto the GPU.\n");
 }
 
@@ -32,7 +34,7 @@ int cmd_plan(int argc, char **argv) {
     const char *model_path = NULL;
     bool no_profile = false;
     const char *profile_file = NULL;
-    struct exec_params p = {4096, 512, 1, 0, PLAN_AUTO, -1, 0.0f, -1, NULL};
+    struct exec_params p = {4096, 512, 1, 0, PLAN_AUTO, -1, 0.0f, -1, NULL, PLAN_DECODE_WEIGHED};
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -60,6 +62,11 @@ int cmd_plan(int argc, char **argv) {
                 return 2;
             }
             p.staging = (int32_t)set;
+        } else if (!strcmp(argv[i], "--decode-set") && v) {
+            if (plan_parse_decode_set(argv[++i], &p.decode_set) != PSHARD_OK) {
+                fprintf(stderr, "pshard plan: --decode-set: %s\n", pshard_last_error());
+                return 2;
+            }
         } else if (!strcmp(argv[i], "--parallel") && v) {
             p.n_seq = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "-t") && v) {

@@ -40,6 +40,10 @@ static void print_usage(FILE *out, const char *cmd) {
             "                          all-kv (room for the staging ring or not, or the ring and every\n"
             "                          layer's KV cache first), as `pshard plan --set` names them\n"
             "                          (default: as the plan's family wants)\n"
+            "  --decode-set SET        auto plans: decode steps (fewer than 16 tokens) over this resident set\n"
+            "                          (ring, no-ring, all-kv), VRAM carved anew when the phase changes, or\n"
+            "                          `same` for the prompt steps' set (default: another set where the\n"
+            "                          planner predicts it pays)\n"
             "  --no-profile            auto plans: choose with conservative defaults rather than this\n"
             "                          machine's measured profile (measured once, on first use)\n"
             "  --ids                   print the generated token ids after the text\n"
@@ -107,6 +111,14 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
         else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) { if (NUM(1, 65536)) return -1; o->params.n_batch = (int32_t)x; }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (NUM(1, 1024)) return -1; o->params.n_threads = (int32_t)x; }
         else if (!strcmp(a, "--stream-share")) { if (NUM(0, 1)) return -1; o->params.stream_share = (float)x; }
+        else if (!strcmp(a, "--decode-set") && v) {
+            int32_t set;
+            if (plan_parse_decode_set(argv[++i], &set) != PSHARD_OK) {
+                fprintf(stderr, "pshard: --decode-set: %s\n", pshard_last_error());
+                return -1;
+            }
+            o->params.decode_set = set == PLAN_DECODE_SAME ? -1 : set + 1;
+        }
         else if (!strcmp(a, "--set") && v) {
             enum plan_set set;
             if (plan_parse_set(argv[++i], &set) != PSHARD_OK) {
@@ -176,6 +188,10 @@ void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *s) {
                     s->decode_handoffs, s->decode_gpu_handoff_ms, s->decode_gpu_handoff_ms * 1e3 / s->decode_handoffs,
                     s->decode_gpu_between_ms);
     }
+    if (info.phase_changes > 0)
+        fprintf(stderr, "changes of phase (decode steps over a resident set of their own, VRAM carved anew): %d so far, "
+                        "%.1f ms each\n",
+                info.phase_changes, info.phase_change_ms / info.phase_changes);
     if (s->predicted_decode_step_ms > 0)
         fprintf(stderr, "planner's prediction: prompt %.0f ms, decode %.1f tok/s (measured/predicted is learned into "
                         "this machine's profile)\n",
