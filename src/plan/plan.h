@@ -36,7 +36,8 @@ enum { PLAN_FAMILY_COUNT = PLAN_DYNAMIC + 1 };
 
 /* Token tiers: a step of n new tokens runs the last tier whose min_tokens <= n (tiers past the
  * micro-batch size never run). Each tier has its own plan over one shared resident set, so
- * switching between tiers copies nothing. */
+ * switching between tiers copies nothing (but for decode steps over a set of their own:
+ * plan.decode). */
 enum { PLAN_TIERS = 6, PLAN_TIER_DECODE = 0 };
 extern const int32_t plan_tier_tokens[PLAN_TIERS]; /* 1, 4, 16, 64, 256, 1024 */
 /* The staging ring: gpu tiers of at least PLAN_RING_MIN_TOKENS tokens, and dynamic ones of at
