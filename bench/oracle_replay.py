@@ -162,7 +162,7 @@ def main():
         best_n += slower <= 0
         within += slower <= 0.10
         worst = max(worst, slower)
-        # A plan's tiers share one resident set: its best there (or the CPU alone) is in reach.
+        # A phase's tiers share one resident set: its best there (or the CPU alone) is in reach.
         reach = {n: t for n, t in lower.items() if resident_set(n) in (None, resident_set(chosen))}
         set_slower = lower[chosen] / min(reach.values()) - 1
         set_best += set_slower <= 0
@@ -178,7 +178,7 @@ def main():
             100 * slower, 100 * (pred / lower[chosen] - 1)))
     print("\n%d configurations: the choice was the measured best in %d (%.0f%%), within 10%% in %d; at worst %.1f%% "
           "slower" % (configs, best_n, 100.0 * best_n / max(configs, 1), within, 100 * worst))
-    print("against the candidates over the chosen plan's resident set (its tiers share one): the measured best in %d "
+    print("against the candidates over the resident set the choice runs over (a phase's tiers share one): the measured best in %d "
           "(%.0f%%), within 10%% in %d; at worst %.1f%% slower" % (set_best, 100.0 * set_best / max(configs, 1),
                                                                     set_within, 100 * set_worst))
     print("prediction error: median %.1f%% for the chosen plans, %.1f%% over %d measured candidates" % (

@@ -552,7 +552,7 @@ int cmd_bench(int argc, char **argv) {
            "at worst %.1f%% slower\n",
            s.configs, (core_now_ms() - t0) / 1e3, s.best, s.configs ? 100.0 * s.best / s.configs : 0, s.within10,
            100 * s.worst_slowdown);
-    printf("against the candidates over the chosen plan's resident set (its tiers share one): the measured best in %d "
+    printf("against the candidates over the resident set the choice runs over (a phase's tiers share one): the measured best in %d "
            "(%.0f%%), within 10%% in %d; at worst %.1f%% slower\n",
            s.best_in_set, s.configs ? 100.0 * s.best_in_set / s.configs : 0, s.within10_in_set, 100 * s.worst_in_set);
     printf("prediction error (|predicted/measured - 1|): median %.1f%% for the chosen plans, %.1f%% over all %d "
