@@ -170,17 +170,21 @@ extern "C" pshard_status cuda_memset(void *dst_dev, int value, size_t bytes, cud
 
 /* ---- pinned host memory */
 
-extern "C" pshard_status cuda_host_register(void *ptr, size_t bytes, bool required, struct cuda_pinned *out) {
+/* The range a registration of [ptr, ptr + bytes) covers: registration works on whole pages, and an
+ * mmapped tensor rarely starts on one. */
+static void page_span(void *ptr, size_t bytes, struct cuda_pinned *out) {
     memset(out, 0, sizeof *out);
     out->ptr = ptr;
     out->bytes = bytes;
-    CUDA_ARG(ptr && bytes > 0, "cudaHostRegister: empty range");
-    /* Registration works on whole pages; an mmapped tensor rarely starts on one. */
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     const uintptr_t begin = (uintptr_t)ptr & ~(page - 1);
-    const uintptr_t end = ((uintptr_t)ptr + bytes + page - 1) & ~(page - 1);
     out->base = (void *)begin;
-    out->base_bytes = end - begin;
+    out->base_bytes = (((uintptr_t)ptr + bytes + page - 1) & ~(page - 1)) - begin;
+}
+
+extern "C" pshard_status cuda_host_register(void *ptr, size_t bytes, bool required, struct cuda_pinned *out) {
+    page_span(ptr, bytes, out);
+    CUDA_ARG(ptr && bytes > 0, "cudaHostRegister: empty range");
     /* Read-only first: a PROT_READ file mapping can only be registered that way. */
     cudaError_t err = cudaHostRegister(out->base, out->base_bytes, cudaHostRegisterReadOnly | cudaHostRegisterPortable | cudaHostRegisterMapped);
     if (err == cudaSuccess) {
@@ -202,14 +206,8 @@ extern "C" pshard_status cuda_host_register(void *ptr, size_t bytes, bool requir
 }
 
 extern "C" pshard_status cuda_host_register_writable(void *ptr, size_t bytes, struct cuda_pinned *out) {
-    memset(out, 0, sizeof *out);
-    out->ptr = ptr;
-    out->bytes = bytes;
+    page_span(ptr, bytes, out);
     CUDA_ARG(ptr && bytes > 0, "cudaHostRegister: empty range");
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    const uintptr_t begin = (uintptr_t)ptr & ~(page - 1);
-    out->base = (void *)begin;
-    out->base_bytes = (((uintptr_t)ptr + bytes + page - 1) & ~(page - 1)) - begin;
     if (cudaHostRegister(out->base, out->base_bytes, cudaHostRegisterPortable) == cudaSuccess) out->pinned = true;
     else cudaGetLastError(); /* stays pageable: correct, slower */
     return PSHARD_OK;

@@ -520,6 +520,11 @@ pshard_status exec_gpu_switch(struct exec_ctx *ctx, const struct plan *to) {
     return PSHARD_OK;
 }
 
+/* Whether the plan of either phase (plan.decode) has what `has` asks. */
+static bool either_phase(const struct exec_ctx *ctx, bool (*has)(const struct plan *)) {
+    return has(&ctx->plan) || (ctx->plan.decode && has(ctx->plan.decode));
+}
+
 static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
     const struct model *model = ctx->model;
     const struct model_hparams *hp = &model->hp;
@@ -540,8 +545,7 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
     CORE_TRY(cuda_host_alloc(sizeof(int32_t) * B * 4, &g->host_in));
     CORE_TRY(cuda_host_alloc(sizeof(float) * B * hp->n_vocab, &g->host_logits));
     CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_x)); /* activations crossing PCIe */
-    /* (what either phase's plan needs) */
-    if (hp->n_expert || plan_splits_ffn(plan) || (decode && plan_splits_ffn(decode))) { /* hand-offs of split layers */
+    if (hp->n_expert || either_phase(ctx, plan_splits_ffn)) { /* hand-offs of layers split with the CPU */
         CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_xn));
         CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_moe));
         CORE_TRY(cuda_host_alloc((sizeof(int32_t) + sizeof(float)) * B * k, &g->host_route));
@@ -554,7 +558,7 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
     }
     uint64_t mapping = plan->budget.mapping;
     if (decode && decode->budget.mapping > mapping) mapping = decode->budget.mapping;
-    if (plan_streams(plan) || (decode && plan_streams(decode))) {
+    if (either_phase(ctx, plan_streams)) {
         uint64_t before = 0, after = 0, total = 0;
         CORE_TRY(cuda_device_memory(&before, &total));
         CORE_TRY(register_file(g, model->file));

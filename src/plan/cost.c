@@ -535,10 +535,11 @@ void cost_request(const struct profile *prof, const struct model *m, const struc
 }
 
 double cost_kv_position_bytes(const struct model *m, const struct plan *p) {
-    const struct model_hparams *hp = &m->hp;
-    const double per_layer = 2.0 * hp->n_head_kv * ((double)hp->head_dim_k + hp->head_dim_v);
     double bytes = 0;
-    for (uint32_t l = 0; l < p->n_layers; l++) bytes += p->kv_gpu[l] ? per_layer : 0;
+    for (uint32_t i = 0; i < m->n_shards; i++) {
+        const struct shard *s = &m->shards[i];
+        if (s->kind == SHARD_ATTN && p->kv_gpu[s->layer]) bytes += (double)s->kv_bytes_per_token;
+    }
     return bytes;
 }
 
