@@ -4,12 +4,14 @@ without a GPU: for each configuration, `pshard plan --profile PROFILE` (the prof
 the machine that ran the oracle) gives every candidate's predicted time and the planner's choice;
 the measured times say which candidate really was fastest.
 
-Usage: bench/oracle_replay.py PSHARD PROFILE MODEL_DIR ORACLE.json[:PROFILE.json] [...]
+Usage: bench/oracle_replay.py [--by-plan] PSHARD PROFILE MODEL_DIR ORACLE.json[:PROFILE.json] [...]
 (an oracle run's file may name its own profile after a colon; PROFILE is for the others; a profile
 of an older format is read with the fields added since set to what its format meant)
 Prints one line per configuration and the summary `pshard bench --oracle` prints: how often the
 choice was the measured best (among all candidates, and among those over the chosen plan's
-resident set), how much slower when not, and the median prediction error."""
+resident set), how much slower when not, and the median prediction error. --by-plan adds, per
+model, candidate and tokens per step, the median signed prediction error (where the cost model is
+off, and which way)."""
 import json
 import re
 import statistics
@@ -118,7 +120,12 @@ def plan_table(pshard, profile, model, budget_gb, ctx, batch):
 
 
 def main():
-    pshard, profile, model_dir, files = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+    args = sys.argv[1:]
+    by_plan = "--by-plan" in args
+    if by_plan:
+        args.remove("--by-plan")
+    pshard, profile, model_dir, files = args[0], args[1], args[2], args[3:]
+    signed = {}  # (model, candidate) -> tokens -> signed errors
     rows = []
     for item in files:
         f, _, own = item.partition(":")
@@ -173,6 +180,7 @@ def main():
         for name, t in measured.items():
             if name in table:
                 all_errors.append(abs(table[name][tier][0] / t - 1))
+                signed.setdefault((r["model"], name), {}).setdefault(r["tokens"], []).append(table[name][tier][0] / t - 1)
         print("%-14s %3dG %6d %5d  %-20s %-20s %8.4f %8.4f %+7.1f%% pred %+7.1f%%" % (
             r["model"][:14], r["budget_gb"], r["context"], r["tokens"], chosen, best, lower[chosen], lower[best],
             100 * slower, 100 * (pred / lower[chosen] - 1)))
@@ -184,6 +192,13 @@ def main():
     print("prediction error: median %.1f%% for the chosen plans, %.1f%% over %d measured candidates" % (
         100 * statistics.median(errors) if errors else 0, 100 * statistics.median(all_errors) if all_errors else 0,
         len(all_errors)))
+    if by_plan:
+        columns = sorted({n for by_tokens in signed.values() for n in by_tokens})
+        print("\nmedian signed prediction error (predicted over measured, less one), by tokens per step:")
+        print("%-14s %-28s" % ("model", "candidate") + "".join("%8d" % n for n in columns))
+        for (model, name), by_tokens in sorted(signed.items()):
+            print("%-14s %-28s" % (model[:14], name) + "".join(
+                "%+7.0f%%" % (100 * statistics.median(by_tokens[n])) if n in by_tokens else "%8s" % "" for n in columns))
 
 
 if __name__ == "__main__":

@@ -808,7 +808,9 @@ static void test_cost_launches_and_hand_offs(void **state) {
     cost_step(&prof, &moe, &p, t, 1, 100, &one_slow);
     cost_step(&prof, &moe, &p, t, 2, 100, &two_slow);
     assert_true(one_slow.seconds == one.seconds);
-    assert_true(two_slow.seconds - two.seconds >= 0.99 * split * extra);
+    /* Less a little: where the later side was in doubt, the expected wait for it (cost.c,
+     * later_side) already held part of what a side known to be later adds. */
+    assert_true(two_slow.seconds - two.seconds >= 0.95 * split * extra);
     plan_free(&p);
 }
 
