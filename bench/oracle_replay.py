@@ -105,6 +105,9 @@ def plan_table(pshard, profile, model, budget_gb, ctx, batch):
         sys.exit("pshard plan: " + proc.stderr.strip())
     out = proc.stdout
     lines = out.splitlines()
+    # Tiers whose plan starts before their fewest tokens (where it is predicted faster than the
+    # tier's before): steps from there run it.
+    moved = {int(m.group(3)): int(m.group(1)) for m in re.finditer(r"steps of (\d+)-(\d+) tokens run the (\d+)-token tier", out)}
     start = next(i for i, l in enumerate(lines) if l.startswith("candidates"))
     header = lines[start + 1].split()
     tiers = [int(h.split("-")[0].rstrip("+")) for h in header[1:] if re.match(r"^\d", h)]
@@ -116,7 +119,7 @@ def plan_table(pshard, profile, model, budget_gb, ctx, batch):
         name = canonical(m.group(1))
         cells = m.group(2).split()[:len(tiers)]
         table[name] = {t: (float(c.rstrip("*=")), c.endswith("*")) for t, c in zip(tiers, cells)}
-    return tiers, table
+    return tiers, table, moved
 
 
 def main():
@@ -144,8 +147,9 @@ def main():
         key = (profile, r["model"], r["budget_gb"], r["context"])
         if key not in cache:
             cache[key] = plan_table(pshard, profile, "%s/%s" % (model_dir, r["model"]), r["budget_gb"], r["context"], 1024)
-        tiers, table = cache[key]
-        tier = max(t for t in tiers if t <= r["tokens"])
+        tiers, table, moved = cache[key]
+        tier = max(t for t in tiers if t <= r["tokens"])  # where the candidates ran (each its own plan)
+        run_tier = max(t for t in tiers if moved.get(t, t) <= r["tokens"])  # the tier the chosen plan runs
         # Candidates that place everything alike in this tier (equal predictions) are one plan:
         # its time is the mean of their runs.
         runs = {}
@@ -157,7 +161,9 @@ def main():
         measured = {canonical(c["plan"]): c["measured_s"] for c in r["candidates"] if c["measured_s"] > 0 and not c["cut"]}
         if not plan_time:
             continue
-        chosen = next((name for name, cells in table.items() if cells[tier][1]), None)
+        # A tier that starts sooner: its choice, taken as placing the step as that candidate's own
+        # plan does (so for gpu through the ring; the oracle itself matches placements exactly).
+        chosen = next((name for name, cells in table.items() if cells[run_tier][1]), None)
         if chosen not in plan_time:
             print("%-14s %3dG %6d %5d  chosen %-20s was not measured" % (r["model"][:14], r["budget_gb"], r["context"],
                                                                          r["tokens"], chosen))

@@ -208,6 +208,17 @@ static inline const struct plan_tier *plan_tier_for(const struct plan *p, int32_
     return &p->tier[t];
 }
 
+/* The tier whose candidates a step of n tokens is weighed in (plan_tier_tokens; the plan's own
+ * tiers may start sooner: plan_tier_for). */
+static inline int plan_weighed_tier(int32_t n_tokens) {
+    int t = PLAN_TIERS - 1;
+    while (t > 0 && n_tokens < plan_tier_tokens[t]) t--;
+    return t;
+}
+
+/* Tier t's placement as a number: two plans that place everything alike there share it. */
+uint64_t plan_tier_key(const struct plan *p, int t);
+
 /* The plan a step of n tokens runs: the decode phase's below PLAN_PHASE_TOKENS, where there is one. */
 static inline const struct plan *plan_for_step(const struct plan *p, int32_t n_tokens) {
     return p->decode && n_tokens < PLAN_PHASE_TOKENS ? p->decode : p;

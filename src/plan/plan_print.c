@@ -24,12 +24,21 @@ static void print_place(const struct plan *p, const struct model *m, const struc
     }
 }
 
-static void tier_label(const struct plan *p, int t, char *buf, size_t size) {
-    const int32_t lo = p->tier[t].min_tokens;
-    const int32_t hi = t + 1 < PLAN_TIERS ? p->tier[t + 1].min_tokens - 1 : 0;
+static void range_label(int32_t lo, int32_t hi, char *buf, size_t size) {
     if (lo == hi) snprintf(buf, size, "%d", lo);
     else if (hi) snprintf(buf, size, "%d-%d", lo, hi);
     else snprintf(buf, size, "%d+", lo);
+}
+
+/* The steps tier t runs in this plan (its start moves down where the tier's plan is predicted
+ * faster than the one before: plan.c, move_boundaries). */
+static void tier_label(const struct plan *p, int t, char *buf, size_t size) {
+    range_label(p->tier[t].min_tokens, t + 1 < PLAN_TIERS ? p->tier[t + 1].min_tokens - 1 : 0, buf, size);
+}
+
+/* The steps a tier's candidates are weighed for. */
+static void weighed_label(int t, char *buf, size_t size) {
+    range_label(plan_tier_tokens[t], t + 1 < PLAN_TIERS ? plan_tier_tokens[t + 1] - 1 : 0, buf, size);
 }
 
 const char *plan_set_name(enum plan_set set) {
@@ -59,7 +68,7 @@ static void print_candidates(const struct plan *p, FILE *out) {
     fprintf(out, "  %-26s", "plan");
     for (int t = 0; t <= last; t++) {
         char label[24];
-        tier_label(p, t, label, sizeof label);
+        weighed_label(t, label, sizeof label);
         fprintf(out, " %11s", label);
     }
     fprintf(out, " %9s %8s %9s %10s %10s\n", "VRAM wts", "KV", "staging", "host B/tok", "PCIe B/tok");
@@ -137,6 +146,11 @@ void plan_print(const struct plan *p, const struct model *m, FILE *out) {
                 runs != p ? " (decode set)" : "");
     }
     fputc('\n', out);
+    for (int t = 1; t <= last; t++)
+        if (p->tier[t].min_tokens < plan_tier_tokens[t])
+            fprintf(out, "(steps of %d-%d tokens run the %d-token tier's plan, predicted faster there than the %d-token "
+                         "tier's)\n", p->tier[t].min_tokens, plan_tier_tokens[t] - 1, plan_tier_tokens[t],
+                    plan_tier_tokens[t - 1]);
     if (p->n_candidates) {
         print_candidates(p, out);
     } else if (p->any_gpu) {
@@ -192,7 +206,7 @@ void plan_print_times(const struct plan *p, const struct model *m, const struct 
     if (!p->any_gpu) return;
     struct profile defaults;
     prof = plan_profile(prof, &defaults);
-    fprintf(out, "where a step's time goes (predicted ms at the tier's fewest tokens; the GPU and the CPU work at once "
+    fprintf(out, "where a step's time goes (predicted ms per step of each tier's plan at the tier's fewest tokens; the GPU and the CPU work at once "
                  "in split layers, so the parts add up to more than the step):\n");
     fprintf(out, "  %-10s %9s %9s %9s %9s %15s\n", "tokens", "step", "GPU", "CPU", "PCIe", "launches, waits");
     for (int t = 0; t <= plan_prompt_tier(p); t++) {
@@ -200,9 +214,7 @@ void plan_print_times(const struct plan *p, const struct model *m, const struct 
         const struct plan *runs = plan_for_step(p, n);
         struct cost_step c;
         cost_step(prof, m, runs, &runs->tier[t], n, p->n_ctx > n ? p->n_ctx - n : 0, &c);
-        char label[24];
-        tier_label(p, t, label, sizeof label);
-        fprintf(out, "  %-10s %9.2f %9.2f %9.2f %9.2f %15.2f\n", label, c.seconds * 1e3, c.gpu_s * 1e3, c.cpu_s * 1e3,
+        fprintf(out, "  %-10d %9.2f %9.2f %9.2f %9.2f %15.2f\n", n, c.seconds * 1e3, c.gpu_s * 1e3, c.cpu_s * 1e3,
                 c.pcie_s * 1e3, c.overhead_s * 1e3);
     }
 }

@@ -202,3 +202,31 @@ def test_resident_set_needs_a_family(default_model, tmp_path):
         proc = pshard(*cmd, "-m", default_model, "--vram-budget", "150M", "--set", "ring")
         assert proc.returncode != 0 and "--plan" in proc.stderr, (cmd, proc.stderr)
         assert not (tmp_path / "l.f32").exists()
+
+
+def test_prompt_tier_starts_where_its_plan_is_predicted_faster(tmp_path):
+    """qwen30b at 2 GB with the H200 machine's profile: the 16-token tier splits experts with the
+    CPU, whose step grows with the tokens, and the 64-token tier copies them through the ring; the
+    64-token tier's plan starts where it is predicted faster (measured there: 0.29 s against 0.56 s
+    at 63 tokens). The plan line shows the tiers as they run, the candidates' table as weighed."""
+    model = tmp_path / "qwen30b.gguf"
+    synth = subprocess.run([os.path.join(BUILD, "gguf-synth"), "--shape", "qwen30b", "--header-only", "--quiet", "-o",
+                            str(model)], capture_output=True, text=True)
+    assert synth.returncode == 0, synth.stderr
+    profile = os.path.join(os.path.dirname(__file__), "..", "data", "profile", "h200-qwen30b.json")
+    proc = pshard("plan", "-m", str(model), "--vram-budget", "2G", "-c", "4096", "-b", "1024", "--profile", profile)
+    assert proc.returncode == 0, proc.stderr
+    moved = re.search(r"\(steps of (\d+)-63 tokens run the 64-token tier's plan, predicted faster there than the "
+                      r"16-token tier's\)", proc.stdout)
+    assert moved, proc.stdout
+    start = int(moved.group(1))
+    assert 16 < start < 64
+    head = next(l for l in proc.stdout.splitlines() if l.startswith("plan "))
+    tiers = dict(re.findall(r"(\d+(?:-\d+|\+)) '(\w+)'", head))
+    assert tiers["16-%d" % (start - 1)] == "dynamic" and tiers["%d-255" % start] == "gpu", head
+    table = next(l for l in proc.stdout.splitlines() if l.strip().startswith("plan ") and "16-63" in l)
+    assert "64-255" in table  # the candidates are weighed for the tiers as they were
+    # One family in every tier (--plan gpu): nothing to start sooner.
+    same = pshard("plan", "-m", str(model), "--vram-budget", "2G", "-c", "4096", "-b", "1024", "--plan", "gpu",
+                  "--profile", profile)
+    assert same.returncode == 0 and "run the 64-token tier's plan" not in same.stdout
