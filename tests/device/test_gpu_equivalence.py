@@ -43,8 +43,10 @@ def run(*args):
     return subprocess.run([PSHARD, *args], capture_output=True, text=True, timeout=600)
 
 
-def logits(model, tokens, gpu, batch, out, placement=None):
+def logits(model, tokens, gpu, batch, out, placement=None, steps=None):
     args = ["eval", "-m", model, "--tokens", ",".join(map(str, tokens)), "-b", str(batch), "-o", out]
+    if steps:
+        args += ["--steps", ",".join(map(str, steps))]
     proc = run(*args, *(placement or (["--gpu"] if gpu else [])))
     if proc.returncode != 0:
         raise SystemExit("pshard eval failed: " + proc.stderr)
@@ -139,7 +141,12 @@ def greedy(model, prompt, gpu):
 
 def greedy_tokens(model, label, tmp):
     """Greedy continuations on CPU and GPU agree, or part only where the CPU's two best logits
-    are within NEAR_TIE of each other."""
+    are within NEAR_TIE of each other, or within what the two computations differ by at that
+    step: the GPU's logits there, computed as the run computed them (the prompt in one step
+    through the prefill kernels, then a token a step), less the CPU's, at their largest. In an
+    MoE model a prompt's f16 activations can route a position to another expert than the CPU's
+    8-bit ones (the logits checks above allow it at a share of positions), and the cache carries
+    that to the tokens after it."""
     identical = 0
     for prompt in PROMPTS:
         cpu, gpu = greedy(model, prompt, False), greedy(model, prompt, True)
@@ -148,10 +155,14 @@ def greedy_tokens(model, label, tmp):
             identical += 1
             continue
         ids = prompt_token_ids(model, prompt)
-        l = logits(model, ids + cpu[:step], False, 64, os.path.join(tmp, "b.f32"))[-1]
+        prefix = ids + cpu[:step]
+        l = logits(model, prefix, False, 64, os.path.join(tmp, "b.f32"))[-1]
+        g = logits(model, prefix, True, max(64, len(ids)), os.path.join(tmp, "g.f32"), steps=[len(ids)] + [1] * step)[-1]
         top2 = np.sort(l)[-2:]
-        check(top2[1] - top2[0] < NEAR_TIE, "%s, %r: GPU parts from the CPU at step %d only at a near-tie (gap %.3f)"
-              % (label, prompt[:24], step, top2[1] - top2[0]))
+        gap, apart = top2[1] - top2[0], np.abs(g - l).max()
+        check(int(np.argmax(g)) == gpu[step] and (gap < NEAR_TIE or gap <= 2 * apart),
+              "%s, %r: GPU parts from the CPU at step %d only at a near-tie (gap %.3f; the two computations %.3f apart "
+              "there at most)" % (label, prompt[:24], step, gap, apart))
     # Random weights put near-ties everywhere (gaps of 0.001-0.06 were seen), so whole identical
     # continuations are rare here; the default model's are compared on CPU machines.
     print("     %s: %d of %d prompts identical for 64 tokens" % (label, identical, len(PROMPTS)))
