@@ -41,7 +41,8 @@ def resident_set(name):
 # Fields a profile format added, with what the format before meant by their absence: format 9's
 # expert reads beside the CPU were, in format 8, the dense reads' shares.
 UPGRADES = {9: {"expert_reads_share_under_cpu": "reads_share_under_cpu",
-                "cpu_share_under_expert_reads": "cpu_share_under_reads"}}
+                "cpu_share_under_expert_reads": "cpu_share_under_reads"},
+            12: {"gpu_attn_long": "gpu_attn"}}  # format 11 measured attention over one cache length
 
 
 def query_heads_per_kv(model):

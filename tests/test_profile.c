@@ -61,6 +61,7 @@ static struct profile sample(void) {
     p.zero_copy_expert_call_s = 3.25e-5;
     p.kernel_s = 4.25e-6;
     p.gpu_attn_call_s = 3.125e-5;
+    p.gpu_attn_long[2] = 2.0 / 3.0 * 1e-12;
     snprintf(p.refine[0].model, sizeof p.refine[0].model, "llama 2x64 e0 0.01 GB");
     p.refine[0].scale[3][0] = 1.375;
     return p;
@@ -124,6 +125,7 @@ static void assert_profiles_equal(const struct profile *a, const struct profile 
     assert_rates_equal(a->gpu_matmul, b->gpu_matmul);
     assert_rates_equal(a->gpu_experts, b->gpu_experts);
     assert_reals_equal(a->gpu_attn, b->gpu_attn, PROFILE_TOKENS);
+    assert_reals_equal(a->gpu_attn_long, b->gpu_attn_long, PROFILE_TOKENS);
     assert_reals_equal(a->h2d_gbps, b->h2d_gbps, PROFILE_SIZES);
     assert_reals_equal(a->d2h_gbps, b->d2h_gbps, PROFILE_SIZES);
     assert_true(!memcmp(a->zero_copy, b->zero_copy, sizeof a->zero_copy));
@@ -404,6 +406,27 @@ static void test_interpolation(void **state) {
     assert_true(profile_at_size(sizes, 1e12) == 16);
 }
 
+/* GPU attention's rate between the short and the long cache's, in log cells: split-KV steps
+ * over the whole cache, prompt steps (from PROFILE_PROMPT_ATTN tokens) over their causal window. */
+static void test_attention_by_cache_length(void **state) {
+    (void)state;
+    struct profile p;
+    profile_defaults(&p);
+    for (int i = 0; i < PROFILE_TOKENS; i++) p.gpu_attn[i] = 1e-12, p.gpu_attn_long[i] = 3e-12;
+    assert_true(profile_gpu_attn(&p, 16, 100) == 1e-12); /* below the short cache: its rate */
+    assert_true(profile_gpu_attn(&p, 16, PROFILE_ATTN_CELLS) == 1e-12);
+    assert_float_equal(profile_gpu_attn(&p, 16, 2.0 * PROFILE_ATTN_CELLS), 1e-12 + 2e-12 / 3, 1e-24); /* 32K = 8 x 4K */
+    assert_true(profile_gpu_attn(&p, 16, PROFILE_ATTN_LONG_CELLS) == 3e-12);
+    assert_true(profile_gpu_attn(&p, 1, 1e6) == 3e-12); /* beyond the long one: its rate */
+    /* 64 tokens attend a window of their own: the short one's mean is 1024 - 32 cells. */
+    assert_true(profile_gpu_attn(&p, 64, PROFILE_ATTN_WINDOW - 32) == 1e-12);
+    assert_true(profile_gpu_attn(&p, 64, PROFILE_ATTN_LONG_WINDOW - 32) == 3e-12);
+    assert_true(profile_gpu_attn(&p, 64, 4000) > 1e-12 && profile_gpu_attn(&p, 64, 4000) < 3e-12);
+    /* Unmeasured (zero) long rates fall back to the short ones. */
+    for (int i = 0; i < PROFILE_TOKENS; i++) p.gpu_attn_long[i] = 0;
+    assert_true(profile_gpu_attn(&p, 16, 1e6) == 1e-12);
+}
+
 static void test_rate_tables(void **state) {
     (void)state;
     struct profile_rate table[PROFILE_FORMATS];
@@ -445,7 +468,7 @@ int main(void) {
         cmocka_unit_test(test_path),              cmocka_unit_test(test_fingerprint),
         cmocka_unit_test(test_refuses_another_machine), cmocka_unit_test(test_refuses_old_and_other_versions),
         cmocka_unit_test(test_refuses_malformed), cmocka_unit_test(test_missing_file),
-        cmocka_unit_test(test_save_refuses_nan),  cmocka_unit_test(test_interpolation),
+        cmocka_unit_test(test_save_refuses_nan),  cmocka_unit_test(test_interpolation), cmocka_unit_test(test_attention_by_cache_length),
         cmocka_unit_test(test_rate_tables),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

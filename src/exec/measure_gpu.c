@@ -393,6 +393,53 @@ static pshard_status zero_copy_experts(struct gpu_bench *b, const struct shapes 
     return st;
 }
 
+/* GPU attention's rates over a cache of `cells` cells (steps below PROFILE_PROMPT_ATTN tokens,
+ * which attend all of it) and a prompt window of `window` cells (the larger steps, each token
+ * attending its causal part): seconds per KV byte per new token, into rates[] (left as they
+ * were where a step does not fit the work buffer). With find_call, the split-KV kernel's fixed part is measured too, into *call_s (one
+ * token over a quarter of the cache against the whole); otherwise *call_s is taken as given. */
+static pshard_status attention_rates(struct gpu_bench *b, int64_t cells, int64_t window, int32_t *pos,
+                                     double rates[PROFILE_TOKENS], bool find_call, double *call_s) {
+    const struct cuda_attn_shape *a = &b->attn;
+    const double kv_per_cell = (double)a->n_head_kv * (a->head_k + a->head_v) * 2;
+    const int64_t room = cells > window ? cells : window;
+    CORE_TRY(carve(b, sizeof(uint16_t) * room * a->n_head_kv * a->head_k, (void **)&b->kv.k));
+    CORE_TRY(carve(b, sizeof(uint16_t) * room * a->n_head_kv * a->head_v, (void **)&b->kv.v));
+    CORE_TRY(cuda_memset(b->kv.k, 0x22, sizeof(uint16_t) * room * a->n_head_kv * a->head_k, b->s));
+    CORE_TRY(cuda_memset(b->kv.v, 0x22, sizeof(uint16_t) * room * a->n_head_kv * a->head_v, b->s));
+    b->kv.seq_stride_k = room * a->n_head_kv * a->head_k;
+    b->kv.seq_stride_v = room * a->n_head_kv * a->head_v;
+    double quarter_s = 0;
+    pshard_status st = PSHARD_OK;
+    for (int i = find_call ? -1 : 0; i < PROFILE_TOKENS && st == PSHARD_OK; i++) {
+        /* i = -1: one token over a quarter of the cache. Decode-sized steps attend the whole
+         * cache; prompt steps their own causal window. */
+        const int64_t want = profile_tokens[i < 0 ? 0 : i];
+        const bool small = want < PROFILE_PROMPT_ATTN;
+        b->cells = i < 0 ? cells / 4 : small ? cells : window;
+        const int64_t n = small ? want : (want < window ? want : window);
+        for (int64_t t = 0; t < n; t++) pos[t] = (int32_t)(small ? b->cells - 1 : window - n + t);
+        b->n_tokens = n;
+        st = cuda_copy_h2d(b->pos, pos, sizeof *pos * n, b->s);
+        if (st == PSHARD_OK) st = cuda_stream_sync(b->s);
+        if (st != PSHARD_OK || cuda_attention_decode_work_bytes(&b->attn, n, (int32_t)b->cells) > b->work_bytes) continue;
+        const double seconds = measure_time_steps(gpu_attn_step, b) / 4;
+        /* Prompt tokens attend on average half their window. */
+        const double attended = small ? (double)b->cells : (double)window - n / 2.0;
+        if (i < 0) {
+            quarter_s = seconds;
+            continue;
+        }
+        if (i == 0 && find_call) { /* a call at the full cache less its cells' share, from the quarter's */
+            const double per_cell = (seconds - quarter_s) / (cells - cells / 4);
+            *call_s = per_cell > 0 && seconds > cells * per_cell ? seconds - cells * per_cell : 0;
+        }
+        const double fixed = small ? *call_s : 0;
+        rates[i] = (seconds > 2 * fixed ? seconds - fixed : seconds / 2) / ((double)n * attended * kv_per_cell);
+    }
+    return st;
+}
+
 static pshard_status measure_gpu_tables(const struct measure_request *req, const struct shapes *sh, struct gpu_bench *b,
                                         struct profile *p) {
     const size_t mark = cuda_arena_mark(&b->arena);
@@ -460,51 +507,31 @@ static pshard_status measure_gpu_tables(const struct measure_request *req, const
         CORE_TRY(st);
         cuda_arena_reset(&b->arena, mark);
     }
-    /* Attention over a cache of ATTN_CTX cells (a quarter of it too, for the call's fixed part). */
+    /* Attention over a cache of ATTN_CTX cells (a quarter of it too, for the call's fixed part),
+     * then over a long one, where a layer's KV no longer stays in the GPU's cache between the
+     * tokens of a step: the cost model takes the rate between the two by the cache's length. */
     measure_report(req, "GPU attention", 0.75);
     const struct cpu_attn_shape *a = &sh->attn;
     b->attn = (struct cuda_attn_shape){a->n_head, a->n_head_kv, a->head_k, a->head_v, a->scale};
-    const double kv_per_cell = (double)a->n_head_kv * (a->head_k + a->head_v) * 2;
-    CORE_TRY(carve(b, sizeof(uint16_t) * ATTN_CTX * a->n_head_kv * a->head_k, (void **)&b->kv.k));
-    CORE_TRY(carve(b, sizeof(uint16_t) * ATTN_CTX * a->n_head_kv * a->head_v, (void **)&b->kv.v));
-    CORE_TRY(cuda_memset(b->kv.k, 0x22, sizeof(uint16_t) * ATTN_CTX * a->n_head_kv * a->head_k, b->s));
-    CORE_TRY(cuda_memset(b->kv.v, 0x22, sizeof(uint16_t) * ATTN_CTX * a->n_head_kv * a->head_v, b->s));
-    b->kv.seq_stride_k = (int64_t)ATTN_CTX * a->n_head_kv * a->head_k;
-    b->kv.seq_stride_v = (int64_t)ATTN_CTX * a->n_head_kv * a->head_v;
-    const int64_t B = profile_tokens[PROFILE_TOKENS - 1];
-    int32_t *pos = malloc(sizeof *pos * B);
+    int32_t *pos = malloc(sizeof *pos * profile_tokens[PROFILE_TOKENS - 1]);
     if (!pos) return core_fail(PSHARD_ERR_NOMEM, "out of memory while measuring");
-    double call_s = 0; /* the split-KV kernel's fixed part, from one token over two cache sizes */
-    pshard_status st = PSHARD_OK;
-    for (int i = -1; i < PROFILE_TOKENS && st == PSHARD_OK; i++) {
-        /* i = -1: one token over a quarter of the cache. Decode-sized steps attend the whole
-         * cache; prompt steps their own causal window. */
-        const int64_t want = profile_tokens[i < 0 ? 0 : i];
-        const bool small = want < PROFILE_PROMPT_ATTN;
-        b->cells = i < 0 ? ATTN_CTX / 4 : small ? ATTN_CTX : ATTN_CTX_PROMPT;
-        const int64_t n = small ? want : (want < ATTN_CTX_PROMPT ? want : ATTN_CTX_PROMPT);
-        for (int64_t t = 0; t < n; t++) pos[t] = (int32_t)(small ? b->cells - 1 : ATTN_CTX_PROMPT - n + t);
-        b->n_tokens = n;
-        st = cuda_copy_h2d(b->pos, pos, sizeof *pos * n, b->s);
-        if (st == PSHARD_OK) st = cuda_stream_sync(b->s);
-        if (st != PSHARD_OK || cuda_attention_decode_work_bytes(&b->attn, n, (int32_t)b->cells) > b->work_bytes) continue;
-        const double seconds = measure_time_steps(gpu_attn_step, b) / 4;
-        /* Prompt tokens attend on average half their window. */
-        const double cells = small ? (double)b->cells : (double)ATTN_CTX_PROMPT - n / 2.0;
-        if (i < 0) {
-            call_s = seconds;
-            continue;
-        }
-        if (i == 0) { /* a call at the full cache less its cells' share, from the quarter's */
-            const double per_cell = (seconds - call_s) / (ATTN_CTX - ATTN_CTX / 4);
-            call_s = per_cell > 0 && seconds > ATTN_CTX * per_cell ? seconds - ATTN_CTX * per_cell : 0;
-            p->gpu_attn_call_s = call_s;
-        }
-        const double fixed = small ? call_s : 0;
-        p->gpu_attn[i] = (seconds > 2 * fixed ? seconds - fixed : seconds / 2) / ((double)n * cells * kv_per_cell);
+    pshard_status st = attention_rates(b, ATTN_CTX, ATTN_CTX_PROMPT, pos, p->gpu_attn, true, &p->gpu_attn_call_s);
+    cuda_arena_reset(&b->arena, mark);
+    /* The long cache is worth having, not needing: without room or time for it, the short one's
+     * rates stand for both. */
+    memcpy(p->gpu_attn_long, p->gpu_attn, sizeof p->gpu_attn);
+    if (st == PSHARD_OK && !measure_out_of_time()) {
+        double rates[PROFILE_TOKENS] = {0};
+        if (attention_rates(b, PROFILE_ATTN_LONG_CELLS, PROFILE_ATTN_LONG_WINDOW, pos, rates, false, &p->gpu_attn_call_s) ==
+                PSHARD_OK &&
+            b->st == PSHARD_OK)
+            for (int i = 0; i < PROFILE_TOKENS; i++)
+                if (rates[i] > 0) p->gpu_attn_long[i] = rates[i];
+        b->st = PSHARD_OK;
+        core_clear_error();
+        cuda_arena_reset(&b->arena, mark);
     }
     free(pos);
-    cuda_arena_reset(&b->arena, mark);
     return st ? st : b->st;
 }
 

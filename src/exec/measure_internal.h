@@ -17,8 +17,8 @@
 enum {
     BIG_BYTES = 384 << 20,   /* working set of bandwidth-bound loops: past any L3 */
     SMALL_BYTES = 48 << 20,  /* compute-bound loops (many tokens) */
-    ATTN_CTX = 4096,         /* cells a decode token attends */
-    ATTN_CTX_PROMPT = 1024,  /* cells each prompt token attends (prompt steps) */
+    ATTN_CTX = PROFILE_ATTN_CELLS,           /* cells a decode token attends */
+    ATTN_CTX_PROMPT = PROFILE_ATTN_WINDOW,   /* cells each prompt token attends (prompt steps) */
 };
 
 /* The model's shapes and formats to measure. */

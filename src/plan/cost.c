@@ -149,12 +149,13 @@ static void move_to(struct walk *w, bool gpu) {
 /* Attention over the cache: seconds for n tokens attending ctx cells each; on the GPU, a step
  * below 64 tokens (the split-KV kernel) also pays the call's fixed part. The CPU's rate is per
  * KV byte each query head reads (qwen30b's eight query heads per KV head ran 1.7x slower per KV
- * byte than llama8b's four on the H200); the GPU's kernel reads a KV head once for its group. */
+ * byte than llama8b's four on the H200); the GPU's kernel reads a KV head once for its group,
+ * at a rate that depends on how long the cache is (profile_gpu_attn). */
 static double attention_s(const struct walk *w, const struct shard *s, bool gpu) {
     const double per_cell = (double)s->kv_bytes_per_token * (gpu ? 1 : cost_query_heads_per_kv(w->m));
-    const double *r = gpu ? w->prof->gpu_attn : w->prof->cpu_attn;
+    const double rate = gpu ? profile_gpu_attn(w->prof, w->n, w->ctx) : profile_at_tokens(w->prof->cpu_attn, w->n);
     const double call = gpu && w->n < PROFILE_PROMPT_ATTN ? w->prof->gpu_attn_call_s : 0;
-    return call + w->n * w->ctx * per_cell * profile_at_tokens(r, w->n);
+    return call + w->n * w->ctx * per_cell * rate;
 }
 
 /* A ring tier's unit copied into slot k as soon as the copy stream and the slot are free

@@ -67,7 +67,7 @@ void profile_defaults(struct profile *p) {
     /* has_gpu stays false: a caller with a GPU switches it on and uses these numbers. */
     fill_rates(p->gpu_matmul, gpu_s_per_byte, 64);
     fill_rates(p->gpu_experts, gpu_s_per_byte * 1.5, 64);
-    for (int i = 0; i < PROFILE_TOKENS; i++) p->gpu_attn[i] = gpu_s_per_byte;
+    for (int i = 0; i < PROFILE_TOKENS; i++) p->gpu_attn[i] = p->gpu_attn_long[i] = gpu_s_per_byte;
     p->gpu_attn_call_s = 10e-6;
     for (int i = 0; i < PROFILE_SIZES; i++) {
         /* Small copies pay the fixed cost of a DMA transfer. */
@@ -198,6 +198,17 @@ double profile_at_size(const double values[PROFILE_SIZES], double bytes) {
     return interpolate(values, points, PROFILE_SIZES, bytes);
 }
 
+double profile_gpu_attn(const struct profile *p, double n, double cells) {
+    const bool prompt = n >= PROFILE_PROMPT_ATTN;
+    const double short_cells = prompt ? PROFILE_ATTN_WINDOW - fmin(n, PROFILE_ATTN_WINDOW) / 2 : PROFILE_ATTN_CELLS;
+    const double long_cells = prompt ? PROFILE_ATTN_LONG_WINDOW - fmin(n, PROFILE_ATTN_LONG_WINDOW) / 2 : PROFILE_ATTN_LONG_CELLS;
+    const double at_short = profile_at_tokens(p->gpu_attn, n), at_long = profile_at_tokens(p->gpu_attn_long, n);
+    if (!(at_long > 0) || cells <= short_cells) return at_short;
+    if (cells >= long_cells) return at_long;
+    const double f = log(cells / short_cells) / log(long_cells / short_cells);
+    return at_short + f * (at_long - at_short);
+}
+
 /* ---- writing */
 
 /* Takes ownership of `value` (NULL when building it failed, e.g. json_real of a NaN). */
@@ -273,6 +284,7 @@ static json_t *profile_json(const struct profile *p) {
     ok &= put(root, "gpu_matmul", rates_json(p->gpu_matmul));
     ok &= put(root, "gpu_experts", rates_json(p->gpu_experts));
     ok &= put(root, "gpu_attn", reals_json(p->gpu_attn, PROFILE_TOKENS));
+    ok &= put(root, "gpu_attn_long", reals_json(p->gpu_attn_long, PROFILE_TOKENS));
     ok &= put(root, "gpu_attn_call_s", json_real(p->gpu_attn_call_s));
     ok &= put(root, "h2d_gbps", reals_json(p->h2d_gbps, PROFILE_SIZES));
     ok &= put(root, "d2h_gbps", reals_json(p->d2h_gbps, PROFILE_SIZES));
@@ -481,6 +493,7 @@ static pshard_status profile_from_json(const char *path, json_t *root, struct pr
     CORE_TRY(read_rates(path, root, "gpu_matmul", p->gpu_matmul));
     CORE_TRY(read_rates(path, root, "gpu_experts", p->gpu_experts));
     CORE_TRY(read_reals(path, root, "gpu_attn", p->gpu_attn, PROFILE_TOKENS));
+    CORE_TRY(read_reals(path, root, "gpu_attn_long", p->gpu_attn_long, PROFILE_TOKENS));
     CORE_TRY(read_real(path, root, "gpu_attn_call_s", &p->gpu_attn_call_s));
     CORE_TRY(read_reals(path, root, "h2d_gbps", p->h2d_gbps, PROFILE_SIZES));
     CORE_TRY(read_reals(path, root, "d2h_gbps", p->d2h_gbps, PROFILE_SIZES));

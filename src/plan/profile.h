@@ -16,7 +16,7 @@
 
 #include "pshard.h"
 
-#define PROFILE_VERSION 11
+#define PROFILE_VERSION 12
 enum {
     PROFILE_TOKENS = 6,   /* token counts: 1, 4, 16, 64, 256, 1024 */
     PROFILE_SIZES = 5,    /* transfer sizes: 64 KiB, 512 KiB, 4 MiB, 32 MiB, 128 MiB */
@@ -26,6 +26,15 @@ enum {
     PROFILE_MODELS = 8,   /* models whose step times are learned from (the latest kept) */
     PROFILE_PROMPT_ATTN = 64, /* steps of one sequence from this many tokens take the prompt attention
                                  kernel, smaller ones the split-KV kernel (cuda_attention_prefill_pays) */
+    /* GPU attention is measured over two caches: split-KV steps attend PROFILE_ATTN_CELLS cells
+     * and PROFILE_ATTN_LONG_CELLS, prompt steps a window of PROFILE_ATTN_WINDOW and
+     * PROFILE_ATTN_LONG_WINDOW cells (on the H200, qwen30b's 16-token steps over a 16K cache
+     * took 13-32% longer than the short cache's rate said: a layer's 8 MB of KV stays in L2 as
+     * each token of the step reads it again, 32 MB does not). */
+    PROFILE_ATTN_CELLS = 4096,
+    PROFILE_ATTN_LONG_CELLS = 32768,
+    PROFILE_ATTN_WINDOW = 1024,
+    PROFILE_ATTN_LONG_WINDOW = 8192,
 };
 extern const int32_t profile_tokens[PROFILE_TOKENS];
 extern const uint64_t profile_sizes[PROFILE_SIZES];
@@ -74,6 +83,7 @@ struct profile {
     struct profile_rate gpu_matmul[PROFILE_FORMATS];   /* weights resident in VRAM */
     struct profile_rate gpu_experts[PROFILE_FORMATS];
     double gpu_attn[PROFILE_TOKENS];                   /* seconds per KV byte read per new token */
+    double gpu_attn_long[PROFILE_TOKENS];              /* the same over the long cache (or window) */
     double gpu_attn_call_s; /* an attention call of a step below 64 tokens (the split-KV kernel) costs
                                this besides its cells: the kernel's fixed part, apart from gpu_attn */
     double h2d_gbps[PROFILE_SIZES], d2h_gbps[PROFILE_SIZES]; /* pinned copies by size */
@@ -139,5 +149,8 @@ double profile_at_tokens(const double values[PROFILE_TOKENS], double n_tokens);
 /* The index of the last of profile_tokens[] at or below n_tokens (0 below the first). */
 int profile_token_index(int32_t n_tokens);
 double profile_at_size(const double values[PROFILE_SIZES], double bytes);
+/* The GPU's attention rate (seconds per KV byte per new token) for steps of n tokens attending
+ * `cells` cells on average: between the two caches' rates in log cells, clamped at each. */
+double profile_gpu_attn(const struct profile *p, double n_tokens, double cells);
 
 #endif
