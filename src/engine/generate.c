@@ -141,23 +141,21 @@ static void predict_and_learn(pshard_ctx *ctx, int32_t from, int32_t n_prompt, p
     double prefill = 0, prefill_raw = 0;
     for (int32_t done = from; done < n_prompt; done += n_batch) {
         const int32_t n = n_prompt - done < n_batch ? n_prompt - done : n_batch;
-        const struct plan *runs = plan_for_step(plan, n);
-        cost_step(&ctx->profile, &ctx->model, runs, plan_tier_for(runs, n), n, done, &c);
+        cost_plan_step(&ctx->profile, &ctx->model, plan, n, done, &c);
         prefill += c.seconds, prefill_raw += c.raw_seconds;
     }
-    const struct plan *decodes = plan_for_step(plan, 1);
-    cost_step(&ctx->profile, &ctx->model, decodes, plan_tier_for(decodes, 1), 1, n_prompt + s->n_generated / 2, &c);
+    cost_plan_step(&ctx->profile, &ctx->model, plan, 1, n_prompt + s->n_generated / 2, &c);
     s->predicted_prefill_ms = prefill * 1e3;
     s->predicted_decode_step_ms = c.seconds * 1e3;
     bool learned = false;
     if (s->n_prompt >= PLAN_RING_MIN_TOKENS) {
         const int32_t first = n_prompt - from < n_batch ? n_prompt - from : n_batch;
-        cost_learn(&ctx->profile, &ctx->model, plan_tier_for(plan_for_step(plan, first), first)->family, first, prefill_raw,
+        cost_learn(&ctx->profile, &ctx->model, plan_step_tier(plan, first)->family, first, prefill_raw,
                    s->prefill_ms / 1e3);
         learned = true;
     }
     if (s->n_generated > 8 && s->decode_ms > 0) {
-        cost_learn(&ctx->profile, &ctx->model, plan_tier_for(decodes, 1)->family, 1, c.raw_seconds,
+        cost_learn(&ctx->profile, &ctx->model, plan_step_tier(plan, 1)->family, 1, c.raw_seconds,
                    s->decode_ms / 1e3 / (s->n_generated - 1));
         learned = true;
     }

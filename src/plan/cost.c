@@ -554,19 +554,23 @@ void cost_learn(struct profile *prof, const struct model *m, enum plan_family fa
     *r = *r > 0 ? (*r + ratio) / 2 : ratio;
 }
 
+void cost_plan_step(const struct profile *prof, const struct model *m, const struct plan *p, int32_t n_tokens,
+                    int32_t n_past, struct cost_step *out) {
+    const struct plan *runs = plan_for_step(p, n_tokens);
+    cost_step(prof, m, runs, plan_tier_for(runs, n_tokens), n_tokens, n_past, out);
+}
+
 void cost_request(const struct profile *prof, const struct model *m, const struct plan *p, int32_t n_prompt,
                   int32_t n_batch, int32_t n_gen, double *ttft_s, double *decode_s) {
     struct cost_step c;
     double ttft = 0;
     for (int32_t done = 0; done < n_prompt;) {
         const int32_t n = n_prompt - done < n_batch ? n_prompt - done : n_batch;
-        const struct plan *runs = plan_for_step(p, n);
-        cost_step(prof, m, runs, plan_tier_for(runs, n), n, done, &c);
+        cost_plan_step(prof, m, p, n, done, &c);
         ttft += c.seconds;
         done += n;
     }
-    const struct plan *runs = plan_for_step(p, 1);
-    cost_step(prof, m, runs, plan_tier_for(runs, 1), 1, n_prompt + n_gen / 2, &c);
+    cost_plan_step(prof, m, p, 1, n_prompt + n_gen / 2, &c);
     *ttft_s = ttft;
     *decode_s = c.seconds;
 }

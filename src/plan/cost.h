@@ -41,6 +41,11 @@ double cost_query_heads_per_kv(const struct model *m);
 void cost_routed_quota(const struct profile *prof, const struct model *m, const struct plan *p, const struct plan_tier *t,
                        uint8_t quota[PLAN_MAX_ROUTED + 1]);
 
+/* A step of n_tokens as plan p runs it: in its phase's plan (plan_for_step), in the tier that
+ * step takes there (cost_step, below). */
+void cost_plan_step(const struct profile *prof, const struct model *m, const struct plan *p, int32_t n_tokens,
+                    int32_t n_past, struct cost_step *out);
+
 /* One step of `n_tokens` new tokens after `n_past` cached positions, under tier t of plan p. */
 void cost_step(const struct profile *prof, const struct model *m, const struct plan *p, const struct plan_tier *t,
                int32_t n_tokens, int32_t n_past, struct cost_step *out);

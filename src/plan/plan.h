@@ -224,6 +224,11 @@ static inline const struct plan *plan_for_step(const struct plan *p, int32_t n_t
     return p->decode && n_tokens < PLAN_PHASE_TOKENS ? p->decode : p;
 }
 
+/* The tier a step of n tokens runs, in the plan it runs (plan_for_step). */
+static inline const struct plan_tier *plan_step_tier(const struct plan *p, int32_t n_tokens) {
+    return plan_tier_for(plan_for_step(p, n_tokens), n_tokens);
+}
+
 /* Whether a one-output step of n tokens in tier t is captured once as a CUDA graph and replayed:
  * one token, every shard on the GPU but perhaps the embedding, no ring. */
 static inline bool plan_tier_replays(const struct plan_tier *t, int32_t n_tokens) {

@@ -381,8 +381,7 @@ static pshard_status oracle_config(const struct oracle_opts *o, const struct mod
             struct oracle_row *r = &rows[k];
             const struct plan *plan = exec_get_plan(ex);
             struct cost_step cs;
-            const struct plan *runs = plan_for_step(plan, r->n_tokens);
-            cost_step(prof, m, runs, plan_tier_for(runs, r->n_tokens), r->n_tokens, ctx - r->n_tokens, &cs);
+            cost_plan_step(prof, m, plan, r->n_tokens, ctx - r->n_tokens, &cs);
             r->predicted[c] = cs.seconds;
             if (same[k] >= 0) {
                 r->measured[c] = r->measured[same[k]], r->cut[c] = r->cut[same[k]];
