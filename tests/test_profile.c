@@ -425,6 +425,15 @@ static void test_attention_by_cache_length(void **state) {
     /* Unmeasured (zero) long rates fall back to the short ones. */
     for (int i = 0; i < PROFILE_TOKENS; i++) p.gpu_attn_long[i] = 0;
     assert_true(profile_gpu_attn(&p, 16, 1e6) == 1e-12);
+    /* Each kernel's rate comes from its own points: 63 tokens run the split-KV kernel (timed at
+     * 1, 4 and 16 tokens), so take the 16-token rate, not one halfway to the prompt kernel's. */
+    for (int i = 0; i < PROFILE_TOKENS; i++) p.gpu_attn[i] = profile_tokens[i] < PROFILE_PROMPT_ATTN ? 4e-12 : 1e-12;
+    assert_true(profile_gpu_attn(&p, 63, 100) == 4e-12);
+    assert_true(profile_gpu_attn(&p, 40, 100) == 4e-12);
+    assert_true(profile_gpu_attn(&p, 64, 100) == 1e-12);
+    assert_true(profile_gpu_attn(&p, 100, 100) == 1e-12);
+    p.gpu_attn[1] = 2e-12; /* 4 tokens */
+    assert_float_equal(profile_gpu_attn(&p, 8, 100), 3e-12, 1e-24); /* halfway in log tokens */
 }
 
 static void test_rate_tables(void **state) {

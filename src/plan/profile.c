@@ -198,11 +198,24 @@ double profile_at_size(const double values[PROFILE_SIZES], double bytes) {
     return interpolate(values, points, PROFILE_SIZES, bytes);
 }
 
+/* A GPU attention rate at n tokens from the points its kernel was timed at: the split-KV
+ * kernel's (fewer than PROFILE_PROMPT_ATTN tokens) or the prompt kernel's, never a mix (a
+ * 63-token step runs the split-KV kernel, as slow per token as at 16 tokens, not halfway to
+ * the prompt kernel's rate at 64). */
+static double attn_at_tokens(const double values[PROFILE_TOKENS], double n) {
+    double points[PROFILE_TOKENS];
+    int first = 0, count = 0;
+    for (int i = 0; i < PROFILE_TOKENS; i++) points[i] = profile_tokens[i];
+    while (first + count < PROFILE_TOKENS && profile_tokens[first + count] < PROFILE_PROMPT_ATTN) count++;
+    if (n >= PROFILE_PROMPT_ATTN || count == 0) first = count, count = PROFILE_TOKENS - count;
+    return interpolate(values + first, points + first, count, n);
+}
+
 double profile_gpu_attn(const struct profile *p, double n, double cells) {
     const bool prompt = n >= PROFILE_PROMPT_ATTN;
     const double short_cells = prompt ? PROFILE_ATTN_WINDOW - fmin(n, PROFILE_ATTN_WINDOW) / 2 : PROFILE_ATTN_CELLS;
     const double long_cells = prompt ? PROFILE_ATTN_LONG_WINDOW - fmin(n, PROFILE_ATTN_LONG_WINDOW) / 2 : PROFILE_ATTN_LONG_CELLS;
-    const double at_short = profile_at_tokens(p->gpu_attn, n), at_long = profile_at_tokens(p->gpu_attn_long, n);
+    const double at_short = attn_at_tokens(p->gpu_attn, n), at_long = attn_at_tokens(p->gpu_attn_long, n);
     if (!(at_long > 0) || cells <= short_cells) return at_short;
     if (cells >= long_cells) return at_long;
     const double f = log(cells / short_cells) / log(long_cells / short_cells);
