@@ -1094,6 +1094,29 @@ static void test_parse(void **state) {
         assert_int_equal(plan_parse_share(bad_share[i], &share), PSHARD_ERR_INVALID_ARG);
 }
 
+/* Expert rates between the measured token counts go by token-expert pairs: where the time of a
+ * step is proportional to its pairs (compute-bound), a step between two measured counts costs in
+ * proportion too; at the measured counts the rate is what was measured. */
+static void test_cost_expert_rate_by_pairs(void **state) {
+    (void)state;
+    const double E = 128, k = 8;
+    double v[PROFILE_TOKENS];
+    for (int i = 0; i < PROFILE_TOKENS; i++) /* one second per pair, per touched byte of one expert */
+        v[i] = profile_tokens[i] / cost_touched(E, E, k, profile_tokens[i]);
+    for (int i = 0; i < PROFILE_TOKENS; i++)
+        assert_float_equal(cost_expert_rate_of(v, E, k, profile_tokens[i]), v[i], 1e-9 * v[i]);
+    const double n = 32, pairs_rate = n / cost_touched(E, E, k, n);
+    assert_float_equal(cost_expert_rate_of(v, E, k, n), pairs_rate, 1e-9 * pairs_rate);
+    /* Per touched byte, half way (in log tokens) between 16 and 64 would be a sixth dearer. */
+    assert_true((v[2] + v[3]) / 2 > 1.15 * pairs_rate);
+    /* A table's row is found by format, as cost_rate finds it. */
+    struct profile_rate table[PROFILE_FORMATS];
+    memset(table, 0, sizeof table);
+    struct profile_rate *row = profile_rate_add(table, "Q4_0");
+    memcpy(row->s_per_byte, v, sizeof v);
+    assert_float_equal(cost_expert_rate(table, QUANT_Q4_0, E, k, n), pairs_rate, 1e-9 * pairs_rate);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_budget_zero_is_cpu),          cmocka_unit_test(test_everything_fits_is_gpu),
@@ -1107,7 +1130,7 @@ int main(void) {
         cmocka_unit_test(test_cost_expert_reads_beside_cpu), cmocka_unit_test(test_cost_moe_ring_copies_hide_gpu_work),
         cmocka_unit_test(test_static_stages_attention), cmocka_unit_test(test_dynamic_splits_ffn_rows),
         cmocka_unit_test(test_routed_split), cmocka_unit_test(test_cost_cpu_attention_per_query_head),
-        cmocka_unit_test(test_cost_one_expert_call),
+        cmocka_unit_test(test_cost_one_expert_call), cmocka_unit_test(test_cost_expert_rate_by_pairs),
         cmocka_unit_test(test_moe_routers_first), cmocka_unit_test(test_auto_phases),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -28,6 +28,26 @@ double cost_rate(const struct profile_rate table[PROFILE_FORMATS], uint32_t type
     return worst > 0 ? worst : 1e-9;
 }
 
+double cost_expert_rate_of(const double values[PROFILE_TOKENS], double E, double k, double n) {
+    /* The share of experts touched, per token: the time per pair over time per touched byte. */
+    double per_pair[PROFILE_TOKENS];
+    for (int i = 0; i < PROFILE_TOKENS; i++) {
+        const double t = profile_tokens[i];
+        per_pair[i] = values[i] * cost_touched(1, E, k, t) / t;
+    }
+    const double share = cost_touched(1, E, k, n);
+    return share > 0 ? profile_at_tokens(per_pair, n) * n / share : profile_at_tokens(values, n);
+}
+
+double cost_expert_rate(const struct profile_rate table[PROFILE_FORMATS], uint32_t type, double E, double k, double n) {
+    const struct profile_rate *r = profile_rate_find(table, quant_type_name(type));
+    if (r && r->s_per_byte[0] > 0) return cost_expert_rate_of(r->s_per_byte, E, k, n);
+    double worst = 0;
+    for (int i = 0; i < PROFILE_FORMATS; i++)
+        if (table[i].format[0]) worst = fmax(worst, cost_expert_rate_of(table[i].s_per_byte, E, k, n));
+    return worst > 0 ? worst : 1e-9;
+}
+
 static double gbps_s(double bytes, double gbps) { return gbps > 0 ? bytes / (gbps * 1e9) : 0; }
 
 enum { COST_CPU_SPANS = 512 }; /* the CPU spans a ring tier's walk keeps (more are not weighed) */
@@ -337,8 +357,12 @@ static bool one_expert_call(const struct walk *w, const struct shard *s) {
 
 /* The expert kernel reading `bytes` of experts in place in a step of n tokens; one token's call
  * pays its fixed part besides (the rates of more tokens were measured with it). */
-static double expert_reads_s(const struct profile *pr, double bytes, double n) {
-    return bytes > 0 ? bytes * profile_at_tokens(pr->zero_copy_experts, n) + (n < 2 ? pr->zero_copy_expert_call_s : 0) : 0;
+static double expert_reads_s(const struct walk *w, const struct shard *s, double bytes) {
+    const struct profile *pr = w->prof;
+    const double k = w->m->hp.n_expert_used, n = w->n;
+    return bytes > 0 ? bytes * cost_expert_rate_of(pr->zero_copy_experts, s->n_expert, k, n) +
+                           (n < 2 ? pr->zero_copy_expert_call_s : 0)
+                     : 0;
 }
 
 /* How the experts a step touches fall between two sides: the GPU's range of `a` experts and the
@@ -383,8 +407,9 @@ static struct split_time moe_split(const struct walk *w, const struct shard *s, 
     const struct profile *pr = w->prof;
     const double eb = (double)s->expert_bytes, n = w->n;
     const uint32_t type = shard_expert_type(s);
-    const double gpu_rate = cost_rate(pr->gpu_experts, type, n), moved = in_place * eb;
-    const double stream = expert_reads_s(pr, moved, n);
+    const double E = s->n_expert, k = w->m->hp.n_expert_used;
+    const double gpu_rate = cost_expert_rate(pr->gpu_experts, type, E, k, n), moved = in_place * eb;
+    const double stream = expert_reads_s(w, s, moved);
     const bool one = one_expert_call(w, s) && streams;
     /* In one call the resident experts run beside the reads in place; in two, before them. */
     gpu += one ? fmax((res + in_place) * eb * gpu_rate, stream) : res * eb * gpu_rate + fmax(moved * gpu_rate, stream);
@@ -396,7 +421,7 @@ static struct split_time moe_split(const struct walk *w, const struct shard *s, 
     const int calls = one ? 1 : (w->p->experts_resident[s->layer] > 0) + streams;
     const int kernels = extra_kernels[SHARD_MOE] + EXPERT_CALL_OPS * calls + w->t->routed;
     const int ops = extra_kernels[SHARD_MOE] + MATRIX_OPS * count + EXPERT_CALL_OPS * calls + HAND_OFF_OPS + w->t->routed;
-    return split_time(w, true, gpu, kernels, ops, stream, moved, pr->cpu_moe_call_s + cpu * eb * cost_rate(pr->cpu_experts, type, n),
+    return split_time(w, true, gpu, kernels, ops, stream, moved, pr->cpu_moe_call_s + cpu * eb * cost_expert_rate(pr->cpu_experts, type, E, k, n),
                       cpu * eb);
 }
 
@@ -410,13 +435,13 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
         move_to(w, false);
         const double touched = cost_touched(E, E, k, n) * eb;
         const double sec = matrices_s(w, s, false, n, &shared_bytes, &count) + pr->cpu_moe_call_s +
-                           touched * cost_rate(pr->cpu_experts, type, n);
+                           touched * cost_expert_rate(pr->cpu_experts, type, E, k, n);
         cpu_busy(w, sec, count + 3 + extra_jobs[SHARD_MOE], (double)shared_bytes + touched);
         return;
     }
     move_to(w, true);
     const double r = w->p->experts_resident[s->layer], g = w->t->experts_gpu[s->layer];
-    const double gpu_rate = cost_rate(pr->gpu_experts, type, n);
+    const double gpu_rate = cost_expert_rate(pr->gpu_experts, type, E, k, n);
     double gpu = matrices_s(w, s, true, n, &shared_bytes, &count);
     const bool one = one_expert_call(w, s) && g > r;
     if ((g >= E && !one) || w->t->ring) gpu += cost_touched(r, E, k, n) * eb * gpu_rate;
@@ -428,7 +453,7 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
         double stream = 0;
         if (g > r) { /* in place: only the touched experts' bytes cross PCIe */
             const double moved = cost_touched(g - r, E, k, n) * eb;
-            stream = expert_reads_s(pr, moved, n);
+            stream = expert_reads_s(w, s, moved);
             gpu += one ? fmax(moved * gpu_rate + cost_touched(r, E, k, n) * eb * gpu_rate, stream) : fmax(moved * gpu_rate, stream);
         }
         w->out->pcie_s += stream;

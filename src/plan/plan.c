@@ -300,8 +300,9 @@ static uint32_t ffn_type(const struct model *m) {
 static float balanced_share(const struct model *m, const struct profile *prof, int32_t n) {
     double cpu, stream;
     if (m->hp.n_expert) {
-        cpu = cost_rate(prof->cpu_experts, expert_type(m), n);
-        stream = profile_at_tokens(prof->zero_copy_experts, n);
+        const double E = m->hp.n_expert, k = m->hp.n_expert_used;
+        cpu = cost_expert_rate(prof->cpu_experts, expert_type(m), E, k, n);
+        stream = cost_expert_rate_of(prof->zero_copy_experts, E, k, n);
     } else {
         cpu = cost_rate(prof->cpu_matmul, ffn_type(m), n);
         stream = profile_at_tokens(prof->zero_copy, n);
