@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Score the planner against step times measured by `pshard bench --oracle` (its --json output),
-without a GPU: for each configuration, `pshard plan --profile PROFILE` (the profile measured on
-the machine that ran the oracle) gives every candidate's predicted time and the planner's choice;
-the measured times say which candidate really was fastest.
+without a GPU: for each configuration, `pshard plan --profile PROFILE --tokens ...` (the profile
+measured on the machine that ran the oracle) gives every candidate's predicted time at each step
+size timed and the candidate the plan runs there; the measured times say which candidate really
+was fastest.
 
 Usage: bench/oracle_replay.py [--by-plan] PSHARD PROFILE MODEL_DIR ORACLE.json[:PROFILE.json] [...]
 (an oracle run's file may name its own profile after a colon; PROFILE is for the others; a profile
@@ -90,8 +91,12 @@ def upgraded(profile, refusal, model):
 READ_AS = {}  # (profile, model) -> the upgraded copy read in its place
 
 
-def plan_table(pshard, profile, model, budget_gb, ctx, batch):
-    args = ["-m", model, "--vram-budget", "%dG" % budget_gb, "-c", str(ctx), "-b", str(batch)]
+def plan_table(pshard, profile, model, budget_gb, ctx, batch, tokens):
+    """Every candidate's predicted seconds per step at each of `tokens`, as `pshard plan --tokens`
+    prices them (each candidate's own plan, at the end of the context), with whether the
+    automatic plan runs that candidate's placement there: {name: {n: (seconds, chosen)}}."""
+    args = ["-m", model, "--vram-budget", "%dG" % budget_gb, "-c", str(ctx), "-b", str(batch),
+            "--tokens", ",".join(str(n) for n in tokens)]
 
     def plan(p):
         return subprocess.run([pshard, "plan", "--profile", p] + args, capture_output=True, text=True)
@@ -104,23 +109,17 @@ def plan_table(pshard, profile, model, budget_gb, ctx, batch):
             proc = plan(newer)
     if proc.returncode != 0:
         sys.exit("pshard plan: " + proc.stderr.strip())
-    out = proc.stdout
-    lines = out.splitlines()
-    # Tiers whose plan starts before their fewest tokens (where it is predicted faster than the
-    # tier's before): steps from there run it.
-    moved = {int(m.group(3)): int(m.group(1)) for m in re.finditer(r"steps of (\d+)-(\d+) tokens run the (\d+)-token tier", out)}
-    start = next(i for i, l in enumerate(lines) if l.startswith("candidates"))
-    header = lines[start + 1].split()
-    tiers = [int(h.split("-")[0].rstrip("+")) for h in header[1:] if re.match(r"^\d", h)]
+    lines = proc.stdout.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("steps ("))
+    columns = [int(n) for n in lines[start + 1].split()[1:]]
     table = {}
     for line in lines[start + 2:]:
-        if not line.startswith("  ") or line.startswith("  #"):
-            break
         m = re.match(r"^  (.+?)\s{2,}(\d.*)$", line)
-        name = canonical(m.group(1))
-        cells = m.group(2).split()[:len(tiers)]
-        table[name] = {t: (float(c.rstrip("*=")), c.endswith("*")) for t, c in zip(tiers, cells)}
-    return tiers, table, moved
+        if not m:
+            break
+        cells = m.group(2).split()
+        table[canonical(m.group(1))] = {n: (float(c.rstrip("*")), c.endswith("*")) for n, c in zip(columns, cells)}
+    return table
 
 
 def main():
@@ -138,6 +137,9 @@ def main():
                 rows.append((own or profile, json.loads(line)))
             except ValueError:
                 pass  # a line cut short (the run was stopped while writing it)
+    tokens = {}  # (profile, model, budget, context) -> the step sizes timed there
+    for profile, r in rows:
+        tokens.setdefault((profile, r["model"], r["budget_gb"], r["context"]), set()).add(r["tokens"])
     cache = {}
     best_n = within = configs = 0
     worst = 0.0
@@ -147,24 +149,22 @@ def main():
     for profile, r in rows:
         key = (profile, r["model"], r["budget_gb"], r["context"])
         if key not in cache:
-            cache[key] = plan_table(pshard, profile, "%s/%s" % (model_dir, r["model"]), r["budget_gb"], r["context"], 1024)
-        tiers, table, moved = cache[key]
-        tier = max(t for t in tiers if t <= r["tokens"])  # where the candidates ran (each its own plan)
-        run_tier = max(t for t in tiers if moved.get(t, t) <= r["tokens"])  # the tier the chosen plan runs
-        # Candidates that place everything alike in this tier (equal predictions) are one plan:
-        # its time is the mean of their runs.
+            cache[key] = plan_table(pshard, profile, "%s/%s" % (model_dir, r["model"]), r["budget_gb"], r["context"], 1024,
+                                    sorted(tokens[key]))
+        n = r["tokens"]
+        table = {name: cells[n] for name, cells in cache[key].items()}
+        # Candidates that place the step alike (equal predictions) are one plan: its time is the
+        # mean of their runs.
         runs = {}
         for c in r["candidates"]:
             name = canonical(c["plan"])
             if c["measured_s"] > 0 and name in table:
-                runs.setdefault(table[name][tier][0], []).append(c["measured_s"])
-        plan_time = {name: statistics.mean(runs[cells[tier][0]]) for name, cells in table.items() if cells[tier][0] in runs}
+                runs.setdefault(table[name][0], []).append(c["measured_s"])
+        plan_time = {name: statistics.mean(runs[cell[0]]) for name, cell in table.items() if cell[0] in runs}
         measured = {canonical(c["plan"]): c["measured_s"] for c in r["candidates"] if c["measured_s"] > 0 and not c["cut"]}
         if not plan_time:
             continue
-        # A tier that starts sooner: its choice, taken as placing the step as that candidate's own
-        # plan does (so for gpu through the ring; the oracle itself matches placements exactly).
-        chosen = next((name for name, cells in table.items() if cells[run_tier][1]), None)
+        chosen = next((name for name, cell in table.items() if cell[1]), None)
         if chosen not in plan_time:
             print("%-14s %3dG %6d %5d  chosen %-20s was not measured" % (r["model"][:14], r["budget_gb"], r["context"],
                                                                          r["tokens"], chosen))
@@ -182,12 +182,12 @@ def main():
         set_best += set_slower <= 0
         set_within += set_slower <= 0.10
         set_worst = max(set_worst, set_slower)
-        pred = table[chosen][tier][0]
+        pred = table[chosen][0]
         errors.append(abs(pred / lower[chosen] - 1))
         for name, t in measured.items():
             if name in table:
-                all_errors.append(abs(table[name][tier][0] / t - 1))
-                signed.setdefault((r["model"], name), {}).setdefault(r["tokens"], []).append(table[name][tier][0] / t - 1)
+                all_errors.append(abs(table[name][0] / t - 1))
+                signed.setdefault((r["model"], name), {}).setdefault(n, []).append(table[name][0] / t - 1)
         print("%-14s %3dG %6d %5d  %-20s %-20s %8.4f %8.4f %+7.1f%% pred %+7.1f%%" % (
             r["model"][:14], r["budget_gb"], r["context"], r["tokens"], chosen, best, lower[chosen], lower[best],
             100 * slower, 100 * (pred / lower[chosen] - 1)))

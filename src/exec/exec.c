@@ -172,6 +172,15 @@ pshard_status exec_make_plan(const struct model *model, const struct exec_params
     return st;
 }
 
+struct exec_params exec_params_for_candidate(const struct exec_params *params, const struct plan_candidate *cand) {
+    struct exec_params cp = *params;
+    cp.plan = cand->family;
+    cp.stream_share = cand->share;
+    cp.staging = (int32_t)cand->set;
+    if (cand->family == PLAN_CPU) cp.vram_budget = 0;
+    return cp;
+}
+
 const struct plan *exec_get_plan(const struct exec_ctx *ctx) { return &ctx->plan; }
 
 static pshard_status create(struct exec_ctx *ctx) {

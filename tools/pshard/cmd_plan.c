@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "cli.h"
+#include "core/error.h"
+#include "plan/cost.h"
 #include "exec/exec.h"
 #include "exec/measure.h"
 #include "plan/profile.h"
@@ -14,7 +16,7 @@ static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard plan [-m MODEL] --vram-budget SIZE [--plan auto|cpu|gpu|static|dynamic] [-c CTX]\n"
                  "                   [-b BATCH] [--parallel N] [-t THREADS] [--stream-share F]\n"
                  "                   [--set ring|no-ring|all-kv] [--decode-set ring|no-ring|all-kv|same]\n"
-                 "                   [--no-profile | --profile FILE]\n"
+                 "                   [--no-profile | --profile FILE] [--tokens N,N,...]\n"
                  "  Prints the plan of every token tier (steps of 1-3, 4-15, ... tokens) and, for auto, every\n"
                  "  candidate the planner weighed with its predicted seconds per step, VRAM and bytes moved\n"
                  "  per token; then each shard's place in decode and in full prompt steps (RESIDENT in VRAM,\n"
@@ -26,8 +28,61 @@ static void print_usage(FILE *out) {
                  "  resident sets auto weighs: room for the staging ring or not, or the ring and every\n"
                  "  layer's KV cache first. auto may run decode steps over another set than prompt steps\n"
                  "  (VRAM carved anew when the phase changes); --decode-set SET asks for that set, or\n"
-                 "  `same` for one set throughout.\n"
+                 "  `same` for one set throughout. --tokens prices steps of those many tokens (at the end of\n"
+                 "  the context) under every candidate, and marks the one the plan runs there.\n"
                  "  Nothing is loaded onto the GPU.\n");
+}
+
+enum { MAX_TOKENS = 16 };
+
+/* One row of --tokens: a plan's predicted seconds per step of each listed size. */
+static void print_step_row(const char *label, const struct model *m, const struct exec_params *p, const struct plan *plan,
+                           const int64_t *tokens, int n_tokens, const bool *mark) {
+    struct profile defaults;
+    const struct profile *prof = plan_profile(p->profile, &defaults);
+    printf("  %-28s", label);
+    for (int k = 0; k < n_tokens; k++) {
+        const int32_t n = (int32_t)tokens[k];
+        struct cost_step c;
+        cost_plan_step(prof, m, plan, n, p->n_ctx > n ? p->n_ctx - n : 0, &c);
+        printf(" %9.4g%c", c.seconds, mark && mark[k] ? '*' : ' ');
+    }
+    putchar('\n');
+}
+
+/* --tokens: every candidate's predicted step at each size, as the candidate alone would run it,
+ * the one the automatic plan runs marked (its tier's choice, or where a tier starts sooner the
+ * candidate that places the step alike), as `pshard bench --oracle` counts it. */
+static pshard_status print_steps(const struct model *m, const struct exec_params *p, const struct plan *plan,
+                                 const int64_t *tokens, int n_tokens) {
+    printf("steps (predicted seconds per step at the end of the context%s):\n  %-28s",
+           plan->n_candidates ? "; * = the candidate the plan runs there" : "", "plan");
+    for (int k = 0; k < n_tokens; k++) printf(" %9lld ", (long long)tokens[k]);
+    putchar('\n');
+    if (!plan->n_candidates) {
+        print_step_row("this plan", m, p, plan, tokens, n_tokens, NULL);
+        return PSHARD_OK;
+    }
+    for (uint32_t c = 0; c < plan->n_candidates; c++) {
+        bool mark[MAX_TOKENS] = {false};
+        for (int k = 0; k < n_tokens; k++) {
+            const int32_t n = (int32_t)tokens[k];
+            const int tier = plan_weighed_tier(n), runs = (int)(plan_tier_for(plan, n) - plan->tier);
+            mark[k] = runs == tier ? plan->chosen[tier] == (int)c
+                                   : plan->candidates[c].key[tier] == plan_tier_key(plan, runs);
+            /* (with twins, the first of them) */
+            for (uint32_t e = 0; e < c && mark[k] && runs != tier; e++)
+                if (plan->candidates[e].key[tier] == plan->candidates[c].key[tier]) mark[k] = false;
+        }
+        const struct exec_params cp = exec_params_for_candidate(p, &plan->candidates[c]);
+        struct plan alone;
+        CORE_TRY(exec_make_plan(m, &cp, &alone));
+        char label[48];
+        plan_candidate_name(&plan->candidates[c], label, sizeof label);
+        print_step_row(label, m, p, &alone, tokens, n_tokens, mark);
+        plan_free(&alone);
+    }
+    return PSHARD_OK;
 }
 
 int cmd_plan(int argc, char **argv) {
@@ -35,6 +90,8 @@ int cmd_plan(int argc, char **argv) {
     bool no_profile = false;
     const char *profile_file = NULL;
     struct exec_params p = {4096, 512, 1, 0, PLAN_AUTO, -1, 0.0f, -1, NULL, PLAN_DECODE_WEIGHED};
+    int64_t tokens[MAX_TOKENS];
+    int n_tokens = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -67,6 +124,11 @@ int cmd_plan(int argc, char **argv) {
                 fprintf(stderr, "pshard plan: --decode-set: %s\n", pshard_last_error());
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--tokens") && v) {
+            if (cli_parse_list(argv[++i], false, tokens, MAX_TOKENS, &n_tokens) != 0) {
+                fprintf(stderr, "pshard plan: --tokens takes up to %d whole numbers of tokens, such as 16,32,63\n", MAX_TOKENS);
+                return 2;
+            }
         } else if (!strcmp(argv[i], "--parallel") && v) {
             p.n_seq = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "-t") && v) {
@@ -84,6 +146,12 @@ int cmd_plan(int argc, char **argv) {
         fprintf(stderr, "pshard plan: -c, -b and --parallel must be positive\n");
         return 2;
     }
+    for (int k = 0; k < n_tokens; k++)
+        if (tokens[k] > p.n_batch || tokens[k] > p.n_ctx) {
+            fprintf(stderr, "pshard plan: --tokens: a step of %lld tokens is over the micro-batch (-b %d) or the context (-c %d)\n",
+                    (long long)tokens[k], p.n_batch, p.n_ctx);
+            return 2;
+        }
     if (p.staging >= 0 && !plan_takes_set(p.plan)) {
         fprintf(stderr, "pshard plan: --set places a gpu, static or dynamic plan; name one with --plan\n");
         return 2;
@@ -119,6 +187,7 @@ int cmd_plan(int argc, char **argv) {
     if (st == PSHARD_OK) {
         plan_print(&plan, &model, stdout);
         plan_print_times(&plan, &model, p.profile, stdout);
+        if (n_tokens) st = print_steps(&model, &p, &plan, tokens, n_tokens);
         plan_free(&plan);
     }
     model_free(&model);
