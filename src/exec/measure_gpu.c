@@ -508,8 +508,8 @@ static pshard_status measure_gpu_tables(const struct measure_request *req, const
         cuda_arena_reset(&b->arena, mark);
     }
     /* Attention over a cache of ATTN_CTX cells (a quarter of it too, for the call's fixed part),
-     * then over a long one, where a layer's KV no longer stays in the GPU's cache between the
-     * tokens of a step: the cost model takes the rate between the two by the cache's length. */
+     * then over a long one, whose rate per cell differs: the cost model takes the rate between
+     * the two by the cache's length. */
     measure_report(req, "GPU attention", 0.75);
     const struct cpu_attn_shape *a = &sh->attn;
     b->attn = (struct cuda_attn_shape){a->n_head, a->n_head_kv, a->head_k, a->head_v, a->scale};
