@@ -103,6 +103,13 @@ def test_plan_decode_set_of_its_own(default_model):
     alone = pshard(*base, "--plan", tiers[0][1], "--set", "no-ring").stdout.splitlines()
     shards = lambda text: [l.split()[3] for l in text if re.match(r"^  \d+\s+(embed|attn|ffn|head)\s", l)]
     assert shards(lines) == shards(alone)
+    # --tokens marks a candidate over the decode set below 16 tokens, over the prompt's above.
+    priced = pshard(*base, "--decode-set", "no-ring", "--tokens", "1,4,16,64")
+    assert priced.returncode == 0, priced.stderr
+    _, rows = steps_table(priced.stdout)
+    marked = [[name for name, cells in rows.items() if cells[k][1]] for k in range(4)]
+    assert all(len(m) == 1 for m in marked), marked
+    assert [resident_set(m[0]) for m in marked] == ["(no ring)", "(no ring)", "", ""], marked
     same = pshard(*base, "--decode-set", "same")
     assert same.returncode == 0 and "(decode set)" not in same.stdout and "share one resident set" in same.stdout
     bad = pshard(*base, "--decode-set", "fast")
