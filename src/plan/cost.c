@@ -18,16 +18,6 @@ static const int extra_kernels[SHARD_KIND_COUNT] = {1, 7, 3, 6, 2};
 enum { MATRIX_OPS = 2, EXPERT_CALL_OPS = 8, HAND_OFF_OPS = 2 };
 static const int extra_jobs[SHARD_KIND_COUNT] = {0, 3, 2, 3, 1};
 
-double cost_rate(const struct profile_rate table[PROFILE_FORMATS], uint32_t type, double n) {
-    const struct profile_rate *r = profile_rate_find(table, quant_type_name(type));
-    if (r && r->s_per_byte[0] > 0) return profile_at_tokens(r->s_per_byte, n);
-    double worst = 0;
-    for (int i = 0; i < PROFILE_FORMATS; i++)
-        if (table[i].format[0] && profile_at_tokens(table[i].s_per_byte, n) > worst)
-            worst = profile_at_tokens(table[i].s_per_byte, n);
-    return worst > 0 ? worst : 1e-9;
-}
-
 double cost_expert_rate_of(const double values[PROFILE_TOKENS], double E, double k, double n) {
     /* The share of experts touched, per token: the time per pair over time per touched byte. */
     double per_pair[PROFILE_TOKENS];
@@ -39,13 +29,24 @@ double cost_expert_rate_of(const double values[PROFILE_TOKENS], double E, double
     return share > 0 ? profile_at_tokens(per_pair, n) * n / share : profile_at_tokens(values, n);
 }
 
-double cost_expert_rate(const struct profile_rate table[PROFILE_FORMATS], uint32_t type, double E, double k, double n) {
+/* A rate table at n tokens: the format's row, or the slowest row when the format was not
+ * measured (a conservative guess); experts (E > 0) by token-expert pairs, the rest per byte
+ * (cost_expert_rate_of of no experts). */
+static double table_rate(const struct profile_rate table[PROFILE_FORMATS], uint32_t type, double E, double k, double n) {
     const struct profile_rate *r = profile_rate_find(table, quant_type_name(type));
     if (r && r->s_per_byte[0] > 0) return cost_expert_rate_of(r->s_per_byte, E, k, n);
     double worst = 0;
     for (int i = 0; i < PROFILE_FORMATS; i++)
         if (table[i].format[0]) worst = fmax(worst, cost_expert_rate_of(table[i].s_per_byte, E, k, n));
     return worst > 0 ? worst : 1e-9;
+}
+
+double cost_rate(const struct profile_rate table[PROFILE_FORMATS], uint32_t type, double n) {
+    return table_rate(table, type, 0, 0, n);
+}
+
+double cost_expert_rate(const struct profile_rate table[PROFILE_FORMATS], uint32_t type, double E, double k, double n) {
+    return table_rate(table, type, E, k, n);
 }
 
 static double gbps_s(double bytes, double gbps) { return gbps > 0 ? bytes / (gbps * 1e9) : 0; }

@@ -38,7 +38,7 @@ double cost_touched(double range, double E, double k, double n);
  * the CPU's experts take time by pairs, and per touched byte they would be priced as if a step
  * of 32 tokens were half way (in log tokens) between 16 and 64, 14-22% slow on qwen30b. */
 double cost_expert_rate(const struct profile_rate table[PROFILE_FORMATS], uint32_t type, double E, double k, double n);
-double cost_expert_rate_of(const double values[PROFILE_TOKENS], double E, double k, double n);
+double cost_expert_rate_of(const double values[PROFILE_TOKENS], double E, double k, double n); /* E = 0: per byte */
 
 /* Query heads per KV head (the CPU's attention reads a KV head once for each). */
 double cost_query_heads_per_kv(const struct model *m);

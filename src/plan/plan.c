@@ -598,6 +598,14 @@ static int32_t tier_top_tokens(const struct plan_request *req, int t) {
     return top < req->n_batch ? top : req->n_batch;
 }
 
+int plan_step_candidate(const struct plan *p, int32_t n_tokens) {
+    const int tier = plan_weighed_tier(n_tokens), runs = (int)(plan_tier_for(p, n_tokens) - p->tier);
+    if (runs == tier) return p->chosen[tier];
+    for (uint32_t c = 0; c < p->n_candidates; c++)
+        if (p->candidates[c].key[tier] == plan_tier_key(p, runs)) return (int)c;
+    return -1;
+}
+
 /* A step runs its tier's plan up to the next tier's fewest tokens. Where the next tier's plan is
  * predicted faster before that, the next tier starts there: a tier's plan is chosen for the whole
  * tier (both ends weighed), and a plan that splits with the CPU or reads weights in place grows

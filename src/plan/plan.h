@@ -219,6 +219,10 @@ static inline int plan_weighed_tier(int32_t n_tokens) {
 /* Tier t's placement as a number: two plans that place everything alike there share it. */
 uint64_t plan_tier_key(const struct plan *p, int t);
 
+/* auto: the candidate a step of n tokens runs as: its weighed tier's choice, or where a tier
+ * starts sooner, the first candidate placing the step as the plan does; -1 where none does. */
+int plan_step_candidate(const struct plan *p, int32_t n_tokens);
+
 /* The plan a step of n tokens runs: the decode phase's below PLAN_PHASE_TOKENS, where there is one. */
 static inline const struct plan *plan_for_step(const struct plan *p, int32_t n_tokens) {
     return p->decode && n_tokens < PLAN_PHASE_TOKENS ? p->decode : p;

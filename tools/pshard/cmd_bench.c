@@ -290,16 +290,9 @@ static pshard_status oracle_config(const struct oracle_opts *o, const struct mod
             memset(r, 0, sizeof *r);
             r->n_tokens = o->tiers[k];
             r->tier = plan_weighed_tier(r->n_tokens);
-            r->chosen = weighed->chosen[r->tier];
-            const int runs = (int)(plan_tier_for(weighed, r->n_tokens) - weighed->tier);
-            if (runs != r->tier) { /* a tier that starts sooner: the candidate placing this step as it does */
-                r->chosen = -1;
-                for (uint32_t c = 0; c < weighed->n_candidates && r->chosen < 0; c++)
-                    if (weighed->candidates[c].key[r->tier] == plan_tier_key(weighed, runs)) r->chosen = (int)c;
-                if (r->chosen < 0)
-                    fprintf(stderr, "  %d tokens: the plan runs a placement no candidate has here (not counted)\n",
-                            r->n_tokens);
-            }
+            r->chosen = plan_step_candidate(weighed, r->n_tokens);
+            if (r->chosen < 0 && weighed->n_candidates)
+                fprintf(stderr, "  %d tokens: the plan runs a placement no candidate has here (not counted)\n", r->n_tokens);
             for (uint32_t c = 0; c < PLAN_MAX_CANDIDATES; c++) r->measured[c] = r->predicted[c] = INFINITY;
         }
     if (!weighed->n_candidates) { /* everything fits: one plan, nothing to choose */

@@ -65,15 +65,7 @@ static pshard_status print_steps(const struct model *m, const struct exec_params
     }
     for (uint32_t c = 0; c < plan->n_candidates; c++) {
         bool mark[MAX_TOKENS] = {false};
-        for (int k = 0; k < n_tokens; k++) {
-            const int32_t n = (int32_t)tokens[k];
-            const int tier = plan_weighed_tier(n), runs = (int)(plan_tier_for(plan, n) - plan->tier);
-            mark[k] = runs == tier ? plan->chosen[tier] == (int)c
-                                   : plan->candidates[c].key[tier] == plan_tier_key(plan, runs);
-            /* (with twins, the first of them) */
-            for (uint32_t e = 0; e < c && mark[k] && runs != tier; e++)
-                if (plan->candidates[e].key[tier] == plan->candidates[c].key[tier]) mark[k] = false;
-        }
+        for (int k = 0; k < n_tokens; k++) mark[k] = plan_step_candidate(plan, (int32_t)tokens[k]) == (int)c;
         const struct exec_params cp = exec_params_for_candidate(p, &plan->candidates[c]);
         struct plan alone;
         CORE_TRY(exec_make_plan(m, &cp, &alone));
