@@ -208,6 +208,72 @@ static void bench_attention(void) {
     }
 }
 
+/* Steps of a few to a hundred tokens of one sequence at the end of a long cache: the split-KV
+ * kernel (which reads the cache once per token) against the tensor-core prompt kernel (once per
+ * tile of 64 queries, one block per head and tile), to say from how many tokens the prompt
+ * kernel pays at each cache length (cuda_attention_prefill_pays). Layers rotate through copies
+ * larger than the L2 cache. */
+static void bench_attention_crossover(void) {
+    printf("\n### attention: split-KV against the prompt kernel, one sequence\n\n"
+           "| shape | cache cells | tokens | split-KV | prompt kernel |\n|---|---|---|---|---|\n");
+    const int shapes[][3] = {{32, 4, 128}, {32, 8, 128}};
+    const char *names[] = {"qwen30b 32/4 x 128", "llama8b 32/8 x 128"};
+    const int ctxs[] = {1024, 4096, 16384, 32768};
+    const int tokens[] = {8, 16, 24, 32, 40, 48, 56, 63, 64, 96, 128};
+    const int n_tok = (int)(sizeof tokens / sizeof tokens[0]), max_tok = 128;
+    for (int s = 0; s < 2; s++) {
+        const struct cuda_attn_shape a = {shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][2],
+                                          1.0f / sqrtf((float)shapes[s][2])};
+        const int64_t width = (int64_t)a.n_head_kv * a.head_k, max_ctx = 32768;
+        const size_t layer_bytes = 2 * (size_t)(max_ctx * width);
+        const int layers = 4;
+        const size_t mark = cuda_arena_mark(&D.arena);
+        uint16_t *k = dt_alloc(&D, layer_bytes * layers), *v = dt_alloc(&D, layer_bytes * layers);
+        random_device(k, layer_bytes * layers, MASK_F16);
+        random_device(v, layer_bytes * layers, MASK_F16);
+        const size_t q_floats = (size_t)max_tok * a.n_head * a.head_k;
+        float *q = dt_alloc(&D, sizeof(float) * q_floats), *hq = dt_malloc(sizeof(float) * q_floats);
+        dt_fill(hq, (int64_t)q_floats, -1.0f, 1.0f);
+        DT_CHECK(cuda_copy_h2d(q, hq, sizeof(float) * q_floats, D.s));
+        free(hq);
+        float *out = dt_alloc(&D, sizeof(float) * (size_t)max_tok * a.n_head * a.head_v);
+        size_t wb = 0;
+        for (int c = 0; c < 4; c++)
+            for (int t = 0; t < n_tok; t++) {
+                const size_t need = cuda_attention_decode_work_bytes(&a, tokens[t], ctxs[c]);
+                wb = need > wb ? need : wb;
+            }
+        void *work = dt_alloc(&D, wb);
+        int32_t hseq[128] = {0}, hpos[128];
+        int32_t *seq = dt_upload(&D, hseq, sizeof hseq), *pos = dt_alloc(&D, sizeof hpos);
+        for (int c = 0; c < 4; c++)
+            for (int t = 0; t < n_tok; t++) {
+                const int nt = tokens[t], ctx = ctxs[c];
+                for (int i = 0; i < nt; i++) hpos[i] = ctx - nt + i;
+                DT_CHECK(cuda_copy_h2d(pos, hpos, sizeof(int32_t) * (size_t)nt, D.s));
+                double us[2];
+                for (int kernel = 0; kernel < 2; kernel++) {
+                    const int iters = 16;
+                    for (int it = -1; it < iters; it++) {
+                        if (it == 0) DT_CHECK(cuda_event_record(ev0, D.s));
+                        const int l = (it + layers) % layers;
+                        struct cuda_kv_layer kv = {(uint16_t *)((uint8_t *)k + layer_bytes * (size_t)l),
+                                                   (uint16_t *)((uint8_t *)v + layer_bytes * (size_t)l), max_ctx * width,
+                                                   max_ctx * width};
+                        if (kernel == 0)
+                            DT_CHECK(cuda_attention_decode(&a, &kv, q, seq, pos, nt, ctx, out, work, wb, D.s));
+                        else
+                            DT_CHECK(cuda_attention_prefill(&a, &kv, q, 0, pos, nt, out, D.s));
+                    }
+                    DT_CHECK(cuda_event_record(ev1, D.s));
+                    us[kernel] = elapsed_ms() * 1e3 / iters;
+                }
+                printf("| %s | %d | %d | %.1f us | %.1f us%s |\n", names[s], ctx, nt, us[0], us[1], us[1] < us[0] ? " *" : "");
+            }
+        cuda_arena_reset(&D.arena, mark);
+    }
+}
+
 static void bench_moe(void) {
     printf("\n### MoE layer, qwen30b shape (128 experts, top 8, 2048 x 768, Q4_0)\n\n| tokens | time | rate |\n|---|---|---|\n");
     const int n_expert = 128, k = 8, layers = 4;
@@ -262,7 +328,7 @@ static void bench_moe(void) {
     cuda_arena_reset(&D.arena, mark);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     dt_init(&D, "cuda_bench", (size_t)6 << 30);
     dt_seed(7);
     DT_CHECK(cuda_event_create(true, &ev0));
@@ -273,11 +339,17 @@ int main(void) {
            info->blas_bytes / 1048576.0);
     void *ws = dt_alloc(&D, CUDA_BLAS_WORKSPACE_BYTES);
     DT_CHECK(cuda_ctx_set_blas_workspace(D.ctx, ws, CUDA_BLAS_WORKSPACE_BYTES));
-    bench_copy();
-    bench_matvec();
-    bench_gemm();
-    bench_attention();
-    bench_moe();
+    if (argc > 1 && !strcmp(argv[1], "attention")) { /* just the attention tables */
+        bench_attention();
+        bench_attention_crossover();
+    } else {
+        bench_copy();
+        bench_matvec();
+        bench_gemm();
+        bench_attention();
+        bench_attention_crossover();
+        bench_moe();
+    }
     uint64_t free_b, total_b;
     DT_CHECK(cuda_device_memory(&free_b, &total_b));
     char report[2048];

@@ -43,7 +43,9 @@ def resident_set(name):
 # expert reads beside the CPU were, in format 8, the dense reads' shares.
 UPGRADES = {9: {"expert_reads_share_under_cpu": "reads_share_under_cpu",
                 "cpu_share_under_expert_reads": "cpu_share_under_reads"},
-            12: {"gpu_attn_long": "gpu_attn"}}  # format 11 measured attention over one cache length
+            12: {"gpu_attn_long": "gpu_attn"},  # format 11 measured attention over one cache length
+            13: {"expert_reads_share_under_cpu_16": "expert_reads_share_under_cpu",  # format 12 measured
+                 "cpu_share_under_expert_reads_16": "cpu_share_under_expert_reads"}}  # one token's only
 
 
 def query_heads_per_kv(model):

@@ -12,6 +12,8 @@
 
 #include <cmocka.h>
 
+#include "cuda/cuda_backend.h"
+
 #include "plan/cost.h"
 #include "plan/plan.h"
 #include "plan/profile.h"
@@ -711,8 +713,10 @@ static void test_cost_moe_ring_copies_hide_gpu_work(void **state) {
  * replayed as a graph (launch latency does not pace it; its split MoE layers meet the host at
  * the graph's hand-off), a two-token step is launched kernel by kernel (paced by launches; the
  * event hand-off). */
-/* A GPU attention call of a step below 64 tokens (the split-KV kernel) pays the profile's fixed
- * part once per layer; prompt-sized steps (the prompt kernel) do not. */
+/* GPU attention in the cost model follows the executor's kernel (cuda_attention_prefill_pays):
+ * a split-KV step pays the profile's fixed part once per layer and takes the split-KV points'
+ * rate; a prompt-kernel step pays no fixed part, takes the prompt kernel's rate (its points from
+ * PROFILE_PROMPT_ATTN tokens) and, below a full tile, costs what a tile of 64 queries does. */
 static void test_cost_attention_call(void **state) {
     (void)state;
     struct profile prof;
@@ -725,16 +729,36 @@ static void test_cost_attention_call(void **state) {
     struct plan p;
     assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
     uint32_t layers = 0;
-    for (uint32_t i = 0; i < model.n_shards; i++) layers += model.shards[i].kind == SHARD_ATTN;
-    static const int32_t steps[] = {1, 4, 16, 63, 64, 256};
+    double kv = 0;
+    for (uint32_t i = 0; i < model.n_shards; i++) {
+        layers += model.shards[i].kind == SHARD_ATTN;
+        kv += (double)model.shards[i].kv_bytes_per_token;
+    }
+    const struct cuda_attn_shape shape = {(int)model.hp.n_head, (int)model.hp.n_head_kv, (int)model.hp.head_dim_k,
+                                          (int)model.hp.head_dim_v, 1};
+    static const int32_t steps[] = {1, 4, 16, 40, 63, 64, 256};
     for (size_t k = 0; k < sizeof steps / sizeof steps[0]; k++) {
-        struct cost_step a, b;
+        const int32_t n = steps[k];
+        const bool prompt = cuda_attention_prefill_pays(&shape, n);
+        if (n < 8) assert_false(prompt); /* a few tokens: always the split-KV kernel */
+        const struct plan_tier *t = plan_tier_for(&p, n);
+        struct cost_step a, b, c;
         prof.gpu_attn_call_s = 0;
-        cost_step(&prof, &model, &p, plan_tier_for(&p, steps[k]), steps[k], 1000, &a);
+        cost_step(&prof, &model, &p, t, n, 1000, &a);
         prof.gpu_attn_call_s = 1e-4;
-        cost_step(&prof, &model, &p, plan_tier_for(&p, steps[k]), steps[k], 1000, &b);
-        const double extra = steps[k] < PROFILE_PROMPT_ATTN ? layers * 1e-4 : 0;
-        assert_true(fabs(b.seconds - a.seconds - extra) < 1e-9);
+        cost_step(&prof, &model, &p, t, n, 1000, &b);
+        assert_true(fabs(b.seconds - a.seconds - (prompt ? 0 : layers * 1e-4)) < 1e-9);
+        /* One kernel's rates changed by d: the step's time by what it reads at the new rate. */
+        prof.gpu_attn_call_s = 0;
+        const double d = 1e-12;
+        for (int i = 0; i < PROFILE_TOKENS; i++)
+            if ((profile_tokens[i] >= PROFILE_PROMPT_ATTN) == prompt) prof.gpu_attn[i] += d, prof.gpu_attn_long[i] += d;
+        cost_step(&prof, &model, &p, t, n, 1000, &c);
+        const double tokens = prompt && n < PROFILE_PROMPT_ATTN ? PROFILE_PROMPT_ATTN : n;
+        const double want = tokens * (1000 + (n + 1) / 2.0) * kv * d;
+        assert_true(fabs(c.seconds - a.seconds - want) < 1e-9 * want);
+        for (int i = 0; i < PROFILE_TOKENS; i++)
+            if ((profile_tokens[i] >= PROFILE_PROMPT_ATTN) == prompt) prof.gpu_attn[i] -= d, prof.gpu_attn_long[i] -= d;
     }
     plan_free(&p);
 }

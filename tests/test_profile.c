@@ -413,27 +413,29 @@ static void test_attention_by_cache_length(void **state) {
     struct profile p;
     profile_defaults(&p);
     for (int i = 0; i < PROFILE_TOKENS; i++) p.gpu_attn[i] = 1e-12, p.gpu_attn_long[i] = 3e-12;
-    assert_true(profile_gpu_attn(&p, 16, 100) == 1e-12); /* below the short cache: its rate */
-    assert_true(profile_gpu_attn(&p, 16, PROFILE_ATTN_CELLS) == 1e-12);
-    assert_float_equal(profile_gpu_attn(&p, 16, 2.0 * PROFILE_ATTN_CELLS), 1e-12 + 2e-12 / 3, 1e-24); /* 32K = 8 x 4K */
-    assert_true(profile_gpu_attn(&p, 16, PROFILE_ATTN_LONG_CELLS) == 3e-12);
-    assert_true(profile_gpu_attn(&p, 1, 1e6) == 3e-12); /* beyond the long one: its rate */
+    assert_true(profile_gpu_attn(&p, 16, 100, false) == 1e-12); /* below the short cache: its rate */
+    assert_true(profile_gpu_attn(&p, 16, PROFILE_ATTN_CELLS, false) == 1e-12);
+    assert_float_equal(profile_gpu_attn(&p, 16, 2.0 * PROFILE_ATTN_CELLS, false), 1e-12 + 2e-12 / 3, 1e-24); /* 32K = 8 x 4K */
+    assert_true(profile_gpu_attn(&p, 16, PROFILE_ATTN_LONG_CELLS, false) == 3e-12);
+    assert_true(profile_gpu_attn(&p, 1, 1e6, false) == 3e-12); /* beyond the long one: its rate */
     /* 64 tokens attend a window of their own: the short one's mean is 1024 - 32 cells. */
-    assert_true(profile_gpu_attn(&p, 64, PROFILE_ATTN_WINDOW - 32) == 1e-12);
-    assert_true(profile_gpu_attn(&p, 64, PROFILE_ATTN_LONG_WINDOW - 32) == 3e-12);
-    assert_true(profile_gpu_attn(&p, 64, 4000) > 1e-12 && profile_gpu_attn(&p, 64, 4000) < 3e-12);
+    assert_true(profile_gpu_attn(&p, 64, PROFILE_ATTN_WINDOW - 32, true) == 1e-12);
+    assert_true(profile_gpu_attn(&p, 64, PROFILE_ATTN_LONG_WINDOW - 32, true) == 3e-12);
+    assert_true(profile_gpu_attn(&p, 64, 4000, true) > 1e-12 && profile_gpu_attn(&p, 64, 4000, true) < 3e-12);
     /* Unmeasured (zero) long rates fall back to the short ones. */
     for (int i = 0; i < PROFILE_TOKENS; i++) p.gpu_attn_long[i] = 0;
-    assert_true(profile_gpu_attn(&p, 16, 1e6) == 1e-12);
-    /* Each kernel's rate comes from its own points: 63 tokens run the split-KV kernel (timed at
-     * 1, 4 and 16 tokens), so take the 16-token rate, not one halfway to the prompt kernel's. */
+    assert_true(profile_gpu_attn(&p, 16, 1e6, false) == 1e-12);
+    /* Each kernel's rate comes from its own points: 63 tokens by the split-KV kernel (timed at
+     * 1, 4 and 16 tokens) take the 16-token rate, not one halfway to the prompt kernel's; 40
+     * tokens by the prompt kernel its rate at 64, its first point. */
     for (int i = 0; i < PROFILE_TOKENS; i++) p.gpu_attn[i] = profile_tokens[i] < PROFILE_PROMPT_ATTN ? 4e-12 : 1e-12;
-    assert_true(profile_gpu_attn(&p, 63, 100) == 4e-12);
-    assert_true(profile_gpu_attn(&p, 40, 100) == 4e-12);
-    assert_true(profile_gpu_attn(&p, 64, 100) == 1e-12);
-    assert_true(profile_gpu_attn(&p, 100, 100) == 1e-12);
+    assert_true(profile_gpu_attn(&p, 63, 100, false) == 4e-12);
+    assert_true(profile_gpu_attn(&p, 40, 100, false) == 4e-12);
+    assert_true(profile_gpu_attn(&p, 40, 100, true) == 1e-12);
+    assert_true(profile_gpu_attn(&p, 64, 100, true) == 1e-12);
+    assert_true(profile_gpu_attn(&p, 100, 100, true) == 1e-12);
     p.gpu_attn[1] = 2e-12; /* 4 tokens */
-    assert_float_equal(profile_gpu_attn(&p, 8, 100), 3e-12, 1e-24); /* halfway in log tokens */
+    assert_float_equal(profile_gpu_attn(&p, 8, 100, false), 3e-12, 1e-24); /* halfway in log tokens */
 }
 
 static void test_rate_tables(void **state) {

@@ -149,8 +149,15 @@ __global__ void __launch_bounds__(AP_THREADS) attn_prefill_kernel(const ap_args 
     }
 }
 
+extern "C" int64_t cuda_attention_prefill_from(const struct cuda_attn_shape *a) {
+    if (!cuda_attention_prefill_supported(a)) return 0;
+    const int64_t from = 5 * (int64_t)(a->n_head / a->n_head_kv);
+    return from < AP_Q ? from : AP_Q;
+}
+
 extern "C" bool cuda_attention_prefill_pays(const struct cuda_attn_shape *a, int64_t n_tokens) {
-    return n_tokens >= AP_Q && cuda_attention_prefill_supported(a);
+    const int64_t from = cuda_attention_prefill_from(a);
+    return from > 0 && n_tokens >= from;
 }
 
 extern "C" bool cuda_attention_prefill_supported(const struct cuda_attn_shape *a) {

@@ -305,11 +305,17 @@ pshard_status cuda_attention_decode(const struct cuda_attn_shape *a, const struc
  * 64 cells, f16 products with f32 accumulation and online softmax; head_k, head_v multiples of
  * 16 up to 128. Probabilities are rounded to f16 for the P.V product. */
 bool cuda_attention_prefill_supported(const struct cuda_attn_shape *a);
-/* Whether n tokens of one sequence should take the prompt kernel: from a full tile of queries
- * on. Below, a block costs what a full tile's does and n_head blocks leave most of the GPU idle
- * while each scans the whole cache (qwen30b at 4K context: 2-16-token steps took ~25 ms more
- * than one-token steps); the decode kernel spreads the cache over the GPU instead. */
+/* Whether n tokens of one sequence should take the prompt kernel: from 5 tokens per query head
+ * a KV head serves (its group), and from a full tile of 64 queries at the most. Below a tile a
+ * block costs what a full tile's does, and n_head blocks each scan the whole cache; the decode
+ * kernel spreads the cache over the GPU instead, but reads it once per token (once for a KV
+ * head's group), so it pays for fewer tokens the smaller the group. On the H200, over caches of
+ * 1K-32K cells, the prompt kernel was the faster from 40 tokens with groups of 8 (qwen30b: 2.36
+ * against 4.09 ms at 63 tokens over 16K cells) and from 24 with groups of 4 (llama8b); the
+ * decode kernel at 32 and 16 tokens (bench/cuda_kernels.md). */
 bool cuda_attention_prefill_pays(const struct cuda_attn_shape *a, int64_t n_tokens);
+/* The fewest tokens of one sequence that take the prompt kernel (as above; 0: never). */
+int64_t cuda_attention_prefill_from(const struct cuda_attn_shape *a);
 pshard_status cuda_attention_prefill(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv, const float *q,
                                      int32_t seq, const int32_t *pos, int64_t n_tokens, float *out, cuda_stream s);
 

@@ -77,7 +77,7 @@ static void gpu_attn_step(void *arg, int rep) {
     struct gpu_bench *b = arg;
     (void)rep;
     for (int i = 0; i < 4; i++) {
-        if (cuda_attention_prefill_pays(&b->attn, b->n_tokens))
+        if (b->n_tokens >= PROFILE_PROMPT_ATTN && cuda_attention_prefill_supported(&b->attn))
             keep(b, cuda_attention_prefill(&b->attn, &b->kv, b->q, 0, b->pos, b->n_tokens, b->out, b->s));
         else
             keep(b, cuda_attention_decode(&b->attn, &b->kv, b->q, b->seq, b->pos, b->n_tokens, (int32_t)b->cells, b->out,
@@ -295,13 +295,14 @@ static pshard_status gpu_matrix(struct gpu_bench *b, enum quant_type t, int64_t 
     return st;
 }
 
-enum { ROUTINGS = 64 }; /* one-token routings the expert units cycle through */
+enum { ROUTINGS = 64 }; /* routings of a step the expert units cycle through */
 
-/* One token's experts read from host memory in place, routed by one of ROUTINGS routings (a
- * single routing would read the same experts, soon from the GPU's L2). */
+/* A step's experts (b->n_tokens tokens) read from host memory in place, routed by one of
+ * ROUTINGS routings (a single routing would read the same experts, soon from the GPU's L2). */
 static pshard_status expert_read_unit(struct gpu_bench *b, int i) {
-    const size_t at = (size_t)(i % ROUTINGS) * (size_t)b->moe.k;
-    return cuda_moe_ffn(&b->moe, b->x, b->ids + at, b->weights + at, 1, b->y, false, b->work, b->work_bytes, b->s);
+    const size_t at = (size_t)(i % ROUTINGS) * (size_t)b->n_tokens * (size_t)b->moe.k;
+    return cuda_moe_ffn(&b->moe, b->x, b->ids + at, b->weights + at, b->n_tokens, b->y, false, b->work, b->work_bytes,
+                        b->s);
 }
 
 static void expert_reads_step(void *arg, int rep) {
@@ -310,23 +311,24 @@ static void expert_reads_step(void *arg, int rep) {
     gpu_sync_step(b);
 }
 
-/* The expert kernel reading one token's experts in place beside the CPU computing one token's
- * experts, as a split MoE layer's decode step runs them: each one's rate against its rate
- * alone. (qwen30b on the H200: dynamic plans whose in-place expert reads were the longer side
- * ran 1.16-1.30x their prediction from the dense probe's shares, those whose CPU side was the
- * longer 0.97-1.09x.) Alone, the reads are also timed at 2 experts a token: a call's fixed part
- * and its rate per byte (`expert` bytes an expert) apart. ids and w: host room for ROUTINGS
- * routings. */
+/* The expert kernel reading a step's experts in place beside the CPU computing a step's experts
+ * (n tokens each), as a split MoE layer runs them: each one's rate against its rate alone, into
+ * *cpu_share and *reads_share. (qwen30b on the H200: dynamic plans whose in-place expert reads
+ * were the longer side ran 1.16-1.30x their prediction from the dense probe's shares, those
+ * whose CPU side was the longer 0.97-1.09x.) Alone, one token's reads are also timed at 2
+ * experts a token: a call's fixed part and its rate per byte (`expert` bytes an expert) apart.
+ * ids and w: host room for ROUTINGS routings of n tokens. */
 static pshard_status experts_beside_cpu(struct gpu_bench *b, const struct shapes *sh, struct profile *p, int32_t *ids,
-                                        float *w, double expert) {
-    struct cpu_bench route = {.ids = ids, .weights = w, .n_tokens = ROUTINGS, .k = sh->k};
+                                        float *w, double expert, int64_t n, double *cpu_share, double *reads_share) {
+    struct cpu_bench route = {.ids = ids, .weights = w, .n_tokens = ROUTINGS * n, .k = sh->k};
     measure_route_random(&route, (int)sh->n_expert, 7);
-    CORE_TRY(cuda_copy_h2d(b->ids, ids, sizeof *ids * ROUTINGS * sh->k, b->s));
-    CORE_TRY(cuda_copy_h2d(b->weights, w, sizeof *w * ROUTINGS * sh->k, b->s));
+    CORE_TRY(cuda_copy_h2d(b->ids, ids, sizeof *ids * ROUTINGS * n * sh->k, b->s));
+    CORE_TRY(cuda_copy_h2d(b->weights, w, sizeof *w * ROUTINGS * n * sh->k, b->s));
     CORE_TRY(cuda_stream_sync(b->s));
+    b->n_tokens = n;
     const double read_alone = measure_time_steps(expert_reads_step, b) / 4;
     CORE_TRY(b->st);
-    if (sh->k > 2) { /* pairs of one routing's experts: distinct */
+    if (n == 1 && sh->k > 2) { /* pairs of one routing's experts: distinct */
         b->moe.k = 2;
         const double two = measure_time_steps(expert_reads_step, b) / 4;
         b->moe.k = sh->k;
@@ -338,12 +340,12 @@ static pshard_status experts_beside_cpu(struct gpu_bench *b, const struct shapes
         }
     }
     struct cpu_bench c;
-    CORE_TRY(measure_cpu_experts_open(sh, b->pool, &c));
+    CORE_TRY(measure_cpu_experts_open(sh, b->pool, n, &c));
     const double cpu_alone = measure_time_steps(measure_cpu_experts_step, &c);
-    const double touched = sh->k * (double)(c.gate.bytes + c.up.bytes + c.down.bytes) / (double)sh->n_expert;
-    const pshard_status st = beside_cpu(b, &c, measure_cpu_experts_step, cpu_alone, touched, read_alone, sh->k * expert,
-                                        expert_read_unit, b->s, p, &p->cpu_share_under_expert_reads,
-                                        &p->expert_reads_share_under_cpu);
+    const double E = (double)sh->n_expert, experts = cost_touched(E, E, sh->k, (double)n);
+    const double touched = experts * (double)(c.gate.bytes + c.up.bytes + c.down.bytes) / E;
+    const pshard_status st = beside_cpu(b, &c, measure_cpu_experts_step, cpu_alone, touched, read_alone, experts * expert,
+                                        expert_read_unit, b->s, p, cpu_share, reads_share);
     measure_cpu_bench_close(&c);
     return st;
 }
@@ -387,7 +389,15 @@ static pshard_status zero_copy_experts(struct gpu_bench *b, const struct shapes 
         const double touched = cost_touched((double)E, (double)E, sh->k, (double)b->n_tokens);
         p->zero_copy_experts[i] = total / 4 / (touched * expert);
     }
-    if (st == PSHARD_OK && b->pool && !measure_out_of_time()) st = experts_beside_cpu(b, sh, p, ids, w, expert);
+    if (st == PSHARD_OK && b->pool && !measure_out_of_time())
+        st = experts_beside_cpu(b, sh, p, ids, w, expert, 1, &p->cpu_share_under_expert_reads,
+                                &p->expert_reads_share_under_cpu);
+    /* Steps of more tokens: where time is short, they keep one token's shares. */
+    p->cpu_share_under_expert_reads_16 = p->cpu_share_under_expert_reads;
+    p->expert_reads_share_under_cpu_16 = p->expert_reads_share_under_cpu;
+    if (st == PSHARD_OK && b->pool && !measure_out_of_time() && PROFILE_SPLIT_TOKENS * ROUTINGS <= B)
+        st = experts_beside_cpu(b, sh, p, ids, w, expert, PROFILE_SPLIT_TOKENS, &p->cpu_share_under_expert_reads_16,
+                                &p->expert_reads_share_under_cpu_16);
     free(ids), free(w);
     cuda_pinned_release(&host);
     return st;

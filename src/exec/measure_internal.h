@@ -85,12 +85,13 @@ struct cpu_bench {
 };
 
 void measure_cpu_matmul_step(void *arg, int rep);
-/* One token's experts, routed at random (rep seeds the routing). */
+/* A step's experts (b->n_tokens tokens), routed at random (rep seeds the routing). */
 void measure_cpu_experts_step(void *arg, int rep);
-/* A bench computing one token's experts of the model's first expert formats, as a split MoE
- * layer's decode step does (for work beside the GPU's); closed with measure_cpu_bench_close,
- * which frees what any cpu_bench holds. */
-pshard_status measure_cpu_experts_open(const struct shapes *sh, struct threadpool *pool, struct cpu_bench *b);
+/* A bench computing n_tokens tokens' experts of the model's first expert formats, as a split
+ * MoE layer's step does (for work beside the GPU's); closed with measure_cpu_bench_close, which
+ * frees what any cpu_bench holds. */
+pshard_status measure_cpu_experts_open(const struct shapes *sh, struct threadpool *pool, int64_t n_tokens,
+                                       struct cpu_bench *b);
 void measure_cpu_bench_close(struct cpu_bench *b);
 void measure_route_random(struct cpu_bench *b, int n_expert, int rep);
 void measure_empty_job(void *arg, int thread, int n_threads);

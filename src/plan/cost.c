@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cuda/cuda_backend.h"
 #include "quant/types.h"
 
 /* Small kernels a shard launches on the GPU besides its matrix products (norms, rope, KV store,
@@ -114,17 +115,31 @@ static double host_memory_share(const struct profile *pr, double cpu_bps, double
  * machine's oracle found slowed more beside the CPU than dense reads). */
 enum host_use { HOST_COPIES, HOST_READS, HOST_EXPERT_READS };
 
+/* The shares of their speed the expert kernel's reads in place and the CPU's experts keep beside
+ * each other in a step of n tokens: measured at one token and at PROFILE_SPLIT_TOKENS, between
+ * them in log n, and the latter's beyond. qwen30b's split steps of 16 tokens on the H200, priced
+ * with one token's shares (the CPU kept 90% of its speed), were predicted 10-16% fast wherever
+ * the two sides were about even; with a share of 80% for the CPU, within 5%. */
+static double expert_share(double one, double many, double n) {
+    if (n <= 1) return one;
+    if (n >= PROFILE_SPLIT_TOKENS) return many;
+    const double f = log(n) / log(PROFILE_SPLIT_TOKENS);
+    return one + f * (many - one);
+}
+
 /* How much longer the CPU (reading host memory at cpu_bps) and the GPU's use of host memory
- * beside it (at pcie_bps) take for each second they run together: the shares measured beside
- * each other, at most what their shared bandwidth allows. */
-static void side_by_side(const struct profile *pr, enum host_use use, double cpu_bps, double pcie_bps,
+ * beside it (at pcie_bps) take for each second they run together in a step of n tokens: the
+ * shares measured beside each other, at most what their shared bandwidth allows. */
+static void side_by_side(const struct profile *pr, enum host_use use, double n, double cpu_bps, double pcie_bps,
                          double *cpu_more, double *pcie_more) {
-    const double cpu_share = use == HOST_COPIES ? pr->cpu_share_under_h2d
-                             : use == HOST_READS ? pr->cpu_share_under_reads
-                                                 : pr->cpu_share_under_expert_reads;
-    const double pcie_share = use == HOST_COPIES ? pr->h2d_share_under_cpu
-                              : use == HOST_READS ? pr->reads_share_under_cpu
-                                                  : pr->expert_reads_share_under_cpu;
+    const double cpu_share =
+        use == HOST_COPIES ? pr->cpu_share_under_h2d
+        : use == HOST_READS ? pr->cpu_share_under_reads
+                            : expert_share(pr->cpu_share_under_expert_reads, pr->cpu_share_under_expert_reads_16, n);
+    const double pcie_share =
+        use == HOST_COPIES ? pr->h2d_share_under_cpu
+        : use == HOST_READS ? pr->reads_share_under_cpu
+                            : expert_share(pr->expert_reads_share_under_cpu, pr->expert_reads_share_under_cpu_16, n);
     const double shared = host_memory_share(pr, cpu_bps, pcie_bps);
     *cpu_more = 1 / fmin(cpu_share > 0 ? cpu_share : 1, shared) - 1;
     *pcie_more = 1 / fmin(pcie_share > 0 ? pcie_share : 1, shared) - 1;
@@ -138,7 +153,7 @@ static void cpu_busy(struct walk *w, double compute_s, int jobs, double bytes) {
     const double ahead = w->copy_free - w->out->seconds;
     if (w->t->ring && ahead > 0 && compute_s > 0) {
         double cpu_more, copy_more;
-        side_by_side(pr, HOST_COPIES, bytes / compute_s, profile_at_size(pr->h2d_gbps, (double)w->p->slot_bytes) * 1e9,
+        side_by_side(pr, HOST_COPIES, w->n, bytes / compute_s, profile_at_size(pr->h2d_gbps, (double)w->p->slot_bytes) * 1e9,
                      &cpu_more, &copy_more);
         const double overlap = compute_s < ahead ? compute_s : ahead;
         w->copy_free += overlap * copy_more;
@@ -167,16 +182,22 @@ static void move_to(struct walk *w, bool gpu) {
     w->on_gpu = gpu;
 }
 
-/* Attention over the cache: seconds for n tokens attending ctx cells each; on the GPU, a step
- * below 64 tokens (the split-KV kernel) also pays the call's fixed part. The CPU's rate is per
- * KV byte each query head reads (qwen30b's eight query heads per KV head ran 1.7x slower per KV
- * byte than llama8b's four on the H200); the GPU's kernel reads a KV head once for its group,
- * at a rate that depends on how long the cache is (profile_gpu_attn). */
+/* Attention over the cache: seconds for n tokens attending ctx cells each. The CPU's rate is
+ * per KV byte each query head reads (qwen30b's eight query heads per KV head ran 1.7x slower
+ * per KV byte than llama8b's four on the H200); the GPU's kernels read a KV head once for its
+ * group, at a rate that depends on how long the cache is (profile_gpu_attn). On the GPU a step
+ * runs the kernel the executor picks (cuda_attention_prefill_pays): the split-KV kernel pays
+ * the call's fixed part besides, and the prompt kernel costs a full tile of queries at fewer
+ * tokens. */
 static double attention_s(const struct walk *w, const struct shard *s, bool gpu) {
     const double per_cell = (double)s->kv_bytes_per_token * (gpu ? 1 : cost_query_heads_per_kv(w->m));
-    const double rate = gpu ? profile_gpu_attn(w->prof, w->n, w->ctx) : profile_at_tokens(w->prof->cpu_attn, w->n);
-    const double call = gpu && w->n < PROFILE_PROMPT_ATTN ? w->prof->gpu_attn_call_s : 0;
-    return call + w->n * w->ctx * per_cell * rate;
+    if (!gpu) return w->n * w->ctx * per_cell * profile_at_tokens(w->prof->cpu_attn, w->n);
+    const struct model_hparams *hp = &w->m->hp;
+    const struct cuda_attn_shape a = {(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v, 1};
+    const bool prompt = cuda_attention_prefill_pays(&a, (int64_t)w->n); /* a step of one sequence */
+    const double n = prompt ? fmax(w->n, PROFILE_PROMPT_ATTN) : w->n;
+    const double call = prompt ? 0 : w->prof->gpu_attn_call_s;
+    return call + n * w->ctx * per_cell * profile_gpu_attn(w->prof, n, w->ctx, prompt);
 }
 
 /* A ring tier's unit copied into slot k as soon as the copy stream and the slot are free
@@ -192,7 +213,7 @@ static void copy_ahead(struct walk *w, double bytes, int k) {
         const double from = fmax(start, w->cpu[i].from), to = fmin(start + copy, w->cpu[i].to);
         if (to <= from) continue;
         double cpu_more, copy_more;
-        side_by_side(w->prof, HOST_COPIES, w->cpu[i].bps, gbps * 1e9, &cpu_more, &copy_more);
+        side_by_side(w->prof, HOST_COPIES, w->n, w->cpu[i].bps, gbps * 1e9, &cpu_more, &copy_more);
         copy += (to - from) * copy_more;
         cpu_lost += (to - from) * cpu_more;
     }
@@ -243,7 +264,7 @@ static struct split_time split_time(const struct walk *w, bool experts, double g
     if (stream > 0 && cpu > 0) { /* reads in place, beside the CPU */
         const enum host_use use = experts ? HOST_EXPERT_READS : HOST_READS; /* ring tiers do not split */
         double cpu_more, pcie_more;
-        side_by_side(pr, use, cpu_bytes / cpu, stream_bytes / stream, &cpu_more, &pcie_more);
+        side_by_side(pr, use, w->n, cpu_bytes / cpu, stream_bytes / stream, &cpu_more, &pcie_more);
         const double overlap = cpu < stream ? cpu : stream;
         cpu += overlap * cpu_more;
         gpu += overlap * pcie_more;

@@ -89,6 +89,7 @@ void profile_defaults(struct profile *p) {
     p->cpu_share_under_h2d = 0.8;
     p->reads_share_under_cpu = p->cpu_share_under_reads = 0.8;
     p->expert_reads_share_under_cpu = p->cpu_share_under_expert_reads = 0.8;
+    p->expert_reads_share_under_cpu_16 = p->cpu_share_under_expert_reads_16 = 0.8;
 }
 
 /* ---- fingerprint and path */
@@ -199,23 +200,22 @@ double profile_at_size(const double values[PROFILE_SIZES], double bytes) {
 }
 
 /* A GPU attention rate at n tokens from the points its kernel was timed at: the split-KV
- * kernel's (fewer than PROFILE_PROMPT_ATTN tokens) or the prompt kernel's, never a mix (a
- * 63-token step runs the split-KV kernel, as slow per token as at 16 tokens, not halfway to
- * the prompt kernel's rate at 64). */
-static double attn_at_tokens(const double values[PROFILE_TOKENS], double n) {
+ * kernel's (below PROFILE_PROMPT_ATTN tokens) or the prompt kernel's, never a mix (a 32-token
+ * step of the split-KV kernel is as slow per token as at 16 tokens, not halfway to the prompt
+ * kernel's rate at 64). */
+static double attn_at_tokens(const double values[PROFILE_TOKENS], double n, bool prompt) {
     double points[PROFILE_TOKENS];
     int first = 0, count = 0;
     for (int i = 0; i < PROFILE_TOKENS; i++) points[i] = profile_tokens[i];
     while (first + count < PROFILE_TOKENS && profile_tokens[first + count] < PROFILE_PROMPT_ATTN) count++;
-    if (n >= PROFILE_PROMPT_ATTN || count == 0) first = count, count = PROFILE_TOKENS - count;
+    if (prompt || count == 0) first = count, count = PROFILE_TOKENS - count;
     return interpolate(values + first, points + first, count, n);
 }
 
-double profile_gpu_attn(const struct profile *p, double n, double cells) {
-    const bool prompt = n >= PROFILE_PROMPT_ATTN;
+double profile_gpu_attn(const struct profile *p, double n, double cells, bool prompt) {
     const double short_cells = prompt ? PROFILE_ATTN_WINDOW - fmin(n, PROFILE_ATTN_WINDOW) / 2 : PROFILE_ATTN_CELLS;
     const double long_cells = prompt ? PROFILE_ATTN_LONG_WINDOW - fmin(n, PROFILE_ATTN_LONG_WINDOW) / 2 : PROFILE_ATTN_LONG_CELLS;
-    const double at_short = attn_at_tokens(p->gpu_attn, n), at_long = attn_at_tokens(p->gpu_attn_long, n);
+    const double at_short = attn_at_tokens(p->gpu_attn, n, prompt), at_long = attn_at_tokens(p->gpu_attn_long, n, prompt);
     if (!(at_long > 0) || cells <= short_cells) return at_short;
     if (cells >= long_cells) return at_long;
     const double f = log(cells / short_cells) / log(long_cells / short_cells);
@@ -326,6 +326,8 @@ static json_t *profile_json(const struct profile *p) {
     ok &= put(root, "cpu_share_under_reads", json_real(p->cpu_share_under_reads));
     ok &= put(root, "expert_reads_share_under_cpu", json_real(p->expert_reads_share_under_cpu));
     ok &= put(root, "cpu_share_under_expert_reads", json_real(p->cpu_share_under_expert_reads));
+    ok &= put(root, "expert_reads_share_under_cpu_16", json_real(p->expert_reads_share_under_cpu_16));
+    ok &= put(root, "cpu_share_under_expert_reads_16", json_real(p->cpu_share_under_expert_reads_16));
     if (ok) return root;
     json_decref(root);
     return NULL;
@@ -550,6 +552,8 @@ static pshard_status profile_from_json(const char *path, json_t *root, struct pr
     CORE_TRY(read_real(path, root, "cpu_share_under_reads", &p->cpu_share_under_reads));
     CORE_TRY(read_real(path, root, "expert_reads_share_under_cpu", &p->expert_reads_share_under_cpu));
     CORE_TRY(read_real(path, root, "cpu_share_under_expert_reads", &p->cpu_share_under_expert_reads));
+    CORE_TRY(read_real(path, root, "expert_reads_share_under_cpu_16", &p->expert_reads_share_under_cpu_16));
+    CORE_TRY(read_real(path, root, "cpu_share_under_expert_reads_16", &p->cpu_share_under_expert_reads_16));
     return PSHARD_OK;
 }
 

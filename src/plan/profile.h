@@ -16,7 +16,7 @@
 
 #include "pshard.h"
 
-#define PROFILE_VERSION 12
+#define PROFILE_VERSION 13
 enum {
     PROFILE_TOKENS = 6,   /* token counts: 1, 4, 16, 64, 256, 1024 */
     PROFILE_SIZES = 5,    /* transfer sizes: 64 KiB, 512 KiB, 4 MiB, 32 MiB, 128 MiB */
@@ -24,8 +24,10 @@ enum {
     PROFILE_MAX_AGE_DAYS = 90,
     PROFILE_FAMILIES = 5, /* auto, cpu, gpu, static, dynamic */
     PROFILE_MODELS = 8,   /* models whose step times are learned from (the latest kept) */
-    PROFILE_PROMPT_ATTN = 64, /* steps of one sequence from this many tokens take the prompt attention
-                                 kernel, smaller ones the split-KV kernel (cuda_attention_prefill_pays) */
+    PROFILE_PROMPT_ATTN = 64, /* GPU attention is timed with the split-KV kernel below this many tokens
+                                 and the prompt kernel (a full tile of queries) from it; a model's
+                                 steps change kernels at cuda_attention_prefill_from, 40 tokens for
+                                 qwen30b, and the cost model follows them */
     /* GPU attention is measured over two caches: split-KV steps attend PROFILE_ATTN_CELLS cells
      * and PROFILE_ATTN_LONG_CELLS, prompt steps a window of PROFILE_ATTN_WINDOW and
      * PROFILE_ATTN_LONG_WINDOW cells, since the rate per cell depends on the length (on the
@@ -35,6 +37,7 @@ enum {
     PROFILE_ATTN_LONG_CELLS = 32768,
     PROFILE_ATTN_WINDOW = 1024,
     PROFILE_ATTN_LONG_WINDOW = 8192,
+    PROFILE_SPLIT_TOKENS = 16, /* a split MoE layer's prompt step, as measured beside the CPU */
 };
 extern const int32_t profile_tokens[PROFILE_TOKENS];
 extern const uint64_t profile_sizes[PROFILE_SIZES];
@@ -109,9 +112,12 @@ struct profile {
     /* The same with a kernel reading host memory in place (how decode steps stream) instead. */
     double reads_share_under_cpu, cpu_share_under_reads;
     /* And with the expert kernel reading one token's experts in place beside the CPU computing
-     * one token's experts (how a split MoE layer's decode step runs). Measured with a model
-     * that has experts; until then, the defaults. */
+     * one token's experts (how a split MoE layer's decode step runs), then the same for steps of
+     * PROFILE_SPLIT_TOKENS tokens (format 13): the CPU's experts of many tokens kept less of
+     * their speed beside the reads than one token's did (see cost.c, expert_shares). Measured
+     * with a model that has experts; until then, the defaults. */
     double expert_reads_share_under_cpu, cpu_share_under_expert_reads;
+    double expert_reads_share_under_cpu_16, cpu_share_under_expert_reads_16;
 
     /* Learned while running, per model (what the cost model misses differs by model): measured
      * over predicted step time, per plan family (in enum plan_family's order) and size of step
@@ -150,7 +156,8 @@ double profile_at_tokens(const double values[PROFILE_TOKENS], double n_tokens);
 int profile_token_index(int32_t n_tokens);
 double profile_at_size(const double values[PROFILE_SIZES], double bytes);
 /* The GPU's attention rate (seconds per KV byte per new token) for steps of n tokens attending
- * `cells` cells on average: between the two caches' rates in log cells, clamped at each. */
-double profile_gpu_attn(const struct profile *p, double n_tokens, double cells);
+ * `cells` cells on average, run by the prompt kernel or the split-KV one (from the points that
+ * kernel was timed at): between the two caches' rates in log cells, clamped at each. */
+double profile_gpu_attn(const struct profile *p, double n_tokens, double cells, bool prompt);
 
 #endif

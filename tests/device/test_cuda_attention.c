@@ -98,5 +98,19 @@ int main(void) {
     prefill(&d, 32, 8, 128, 300, 0);
     prefill(&d, 16, 4, 128, 77, 150);          /* continuing a prefix */
     prefill(&d, 4, 1, 96, 65, 3);
+    /* Less than a tile of queries at the end of a long cache, as steps of a few dozen tokens
+     * now run it (cuda_attention_prefill_pays): qwen30b's and llama8b's groups. */
+    prefill(&d, 32, 4, 128, 40, 3000);
+    prefill(&d, 32, 8, 128, 20, 1500);
+    /* Which kernel: 5 tokens per query head of a KV head's group, a full tile at the most. */
+    static const struct { int n_head, n_head_kv, tokens; bool prompt; } pick[] = {
+        {32, 4, 39, false}, {32, 4, 40, true}, {32, 8, 19, false}, {32, 8, 20, true},
+        {32, 32, 5, true},  {64, 4, 63, false}, {64, 4, 64, true}, {32, 4, 1, false}};
+    for (size_t i = 0; i < sizeof pick / sizeof pick[0]; i++) {
+        const struct cuda_attn_shape a = {pick[i].n_head, pick[i].n_head_kv, 128, 128, 1};
+        dt_case(&d, cuda_attention_prefill_pays(&a, pick[i].tokens) == pick[i].prompt,
+                "attention kernel for %d tokens, heads %d/%d: %s", pick[i].tokens, pick[i].n_head, pick[i].n_head_kv,
+                pick[i].prompt ? "prompt" : "split-KV");
+    }
     return dt_finish(&d);
 }

@@ -72,8 +72,10 @@ static void print_gpu(const struct profile *p) {
            "reads in place keep %.0f%%, the CPU %.0f%%",
            100 * p->h2d_share_under_cpu, 100 * p->cpu_share_under_h2d, 100 * p->reads_share_under_cpu,
            100 * p->cpu_share_under_reads);
-    printf("; experts read in place keep %.0f%% beside the CPU's experts, which keep %.0f%%\n",
-           100 * p->expert_reads_share_under_cpu, 100 * p->cpu_share_under_expert_reads);
+    printf("; experts read in place keep %.0f%% beside the CPU's experts, which keep %.0f%% (steps of %d tokens: "
+           "%.0f%% and %.0f%%)\n",
+           100 * p->expert_reads_share_under_cpu, 100 * p->cpu_share_under_expert_reads, PROFILE_SPLIT_TOKENS,
+           100 * p->expert_reads_share_under_cpu_16, 100 * p->cpu_share_under_expert_reads_16);
 }
 
 static void print_profile(const struct profile *p, const char *path) {
