@@ -2,12 +2,14 @@
  * bench/cuda_kernels.md: the context's size, the HBM copy bandwidth (the ceiling), matvec GB/s
  * per format at 1..8 tokens on 4096 x 14336 matrices, prefill GEMM TFLOP/s (fused kernel
  * against dequantize + cuBLAS) at 512 and 1024 tokens, attention (decode at 4K context,
- * prefill of 1K tokens) and one MoE layer of qwen30b's shape. Weights rotate through copies
+ * prefill of 1K tokens, and the two kernels against each other for steps of 8-128 tokens of one
+ * sequence over caches of 1K-32K cells) and one MoE layer of qwen30b's shape. Weights rotate through copies
  * larger than the L2 cache so every number is an HBM number. Speed does not depend on the
  * values, so weights are random bytes.
  *
  * Build: with the device tests (tests/device/CMakeLists.txt), as cuda_bench.
- * Run:   build-dev/cuda_bench   (tests/device/run.sh runs it after the tests) */
+ * Run:   build-dev/cuda_bench   (tests/device/run.sh runs it after the tests);
+ *        build-dev/cuda_bench attention   the attention tables alone */
 #include <time.h>
 
 #include "device_test.h"

@@ -640,11 +640,17 @@ static void record_candidate(const struct profile *prof, const struct model *m, 
     for (int t = 0; t < PLAN_TIERS; t++) {
         const int32_t lo = plan_tier_step_tokens(p, t), hi = tier_top_tokens(req, t);
         cand->seconds[t] = step_seconds(prof, m, req, p, t, lo);
-        /* Tiers of prompt chunks (where the ring may run) weigh both ends per token: reading
-         * weights in place costs more per token as steps grow, copying them less. Smaller tiers
-         * are judged at their fewest tokens (decode, parallel decode). */
+        /* A tier is judged at its fewest tokens, where its steps start; move_boundaries then
+         * starts the next tier's plan wherever that is the faster. The last tier of prompt
+         * chunks (where the ring may run) has none after it and weighs both its ends per token:
+         * reading weights in place costs more per token as steps grow, copying them less. Judged
+         * at both ends, the middle tiers lost their low ends on the H200: qwen30b at 8 GB ran its
+         * 16-token steps through the ring's gpu plan, 41% slower than the dynamic split, which was
+         * predicted faster there but slower at 63 tokens, where the next tier's gpu plan takes
+         * over anyway (bench/RESULTS.md). */
+        const bool last = t + 1 >= PLAN_TIERS || plan_tier_tokens[t + 1] > req->n_batch;
         cand->score[t] = cand->seconds[t] / lo;
-        cand->score[t] += lo < PLAN_RING_MIN_TOKENS || hi <= lo ? cand->score[t] : step_seconds(prof, m, req, p, t, hi) / hi;
+        cand->score[t] += lo < PLAN_RING_MIN_TOKENS || hi <= lo || !last ? cand->score[t] : step_seconds(prof, m, req, p, t, hi) / hi;
         cand->key[t] = plan_tier_key(p, t);
     }
 }
