@@ -10,7 +10,9 @@
  * Build: with the device tests (tests/device/CMakeLists.txt), as cuda_bench.
  * Run:   build-dev/cuda_bench   (tests/device/run.sh runs it after the tests);
  *        build-dev/cuda_bench attention   the attention tables alone */
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "device_test.h"
 
@@ -276,6 +278,72 @@ static void bench_attention_crossover(void) {
     }
 }
 
+/* Matrix products reading their weights from host memory in place (how streamed shards run):
+ * llama8b's FFN shape in Q4_0, four copies cycled, in memory from cudaMallocHost (as the profile
+ * measures) and in a registered file mapping (as the executor reads the model), with a work
+ * buffer the size of the profile's (256 MB) and of plans' (64 MB; llama8b at 4 GB: 14 MB): above 8 tokens a product
+ * dequantizes the rows to f16 in chunks the work buffer holds, then multiplies them. */
+static void bench_in_place(void) {
+    printf("\n### matmul reading host memory in place, llama8b FFN 14336 x 4096 Q4_0, weight GB/s\n\n"
+           "| memory | work buffer | 1 token | 8 | 16 | 64 |\n|---|---|---|---|---|---|\n");
+    const int64_t rows = 14336, cols = 4096, copies = 4;
+    const size_t row = quant_row_bytes(QUANT_Q4_0, cols), bytes = row * (size_t)rows;
+    const size_t mark = cuda_arena_mark(&D.arena);
+    float *x = dt_alloc(&D, sizeof(float) * 64 * (size_t)cols), *y = dt_alloc(&D, sizeof(float) * 64 * (size_t)rows);
+    float *hx = dt_malloc(sizeof(float) * 64 * (size_t)cols);
+    dt_fill(hx, 64 * cols, -1.0f, 1.0f);
+    DT_CHECK(cuda_copy_h2d(x, hx, sizeof(float) * 64 * (size_t)cols, D.s));
+    free(hx);
+    void *work = dt_alloc(&D, (size_t)256 << 20);
+    /* Random quants with scales of small halves (no infinities). */
+    uint8_t *image = dt_malloc(bytes * copies);
+    for (size_t i = 0; i < bytes * copies; i++) image[i] = (uint8_t)dt_next();
+    for (size_t r = 0; r < (size_t)rows * copies; r++)
+        for (size_t b = 0; b < row; b += 18) image[r * row + b + 1] = 0x1c; /* half exponent near 2^-8 */
+    struct cuda_pinned alloc = {0}, reg = {0};
+    DT_CHECK(cuda_host_alloc(bytes * copies, &alloc));
+    memcpy(alloc.ptr, image, bytes * copies);
+    char path[] = "/dev/shm/cuda_bench_XXXXXX";
+    const int fd = mkstemp(path);
+    if (fd < 0 || write(fd, image, bytes * copies) != (ssize_t)(bytes * copies)) {
+        printf("(no file in /dev/shm: skipped)\n");
+        return;
+    }
+    void *map = mmap(NULL, bytes * copies, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    unlink(path);
+    free(image);
+    if (map == MAP_FAILED) return;
+    DT_CHECK(cuda_host_register(map, bytes * copies, true, &reg));
+    const void *host[2] = {alloc.ptr, map};
+    const char *names[2] = {"cudaMallocHost", "registered file mapping"};
+    const size_t works[3] = {(size_t)256 << 20, (size_t)64 << 20, (size_t)14 << 20};
+    const int tokens[4] = {1, 8, 16, 64};
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *dev;
+        DT_CHECK(cuda_host_device_pointer(host[h], (const void **)&dev));
+        for (int wi = 0; wi < 3; wi++) {
+            printf("| %s | %zu MB |", names[h], works[wi] >> 20);
+            for (int t = 0; t < 4; t++) {
+                const int iters = 8;
+                for (int it = -1; it < iters; it++) {
+                    if (it == 0) DT_CHECK(cuda_event_record(ev0, D.s));
+                    const struct cuda_matrix m = {QUANT_Q4_0, dev + bytes * (size_t)((it + copies) % copies), cols, rows, 1, row};
+                    DT_CHECK(cuda_matmul(D.ctx, &m, x, tokens[t], y, rows, work, works[wi], D.s));
+                }
+                DT_CHECK(cuda_event_record(ev1, D.s));
+                const double ms = elapsed_ms() / iters;
+                printf(" %.1f (%.2f ms) |", bytes / (ms * 1e6), ms);
+            }
+            printf("\n");
+        }
+    }
+    cuda_pinned_release(&reg);
+    cuda_pinned_release(&alloc);
+    munmap(map, bytes * copies);
+    cuda_arena_reset(&D.arena, mark);
+}
+
 static void bench_moe(void) {
     printf("\n### MoE layer, qwen30b shape (128 experts, top 8, 2048 x 768, Q4_0)\n\n| tokens | time | rate |\n|---|---|---|\n");
     const int n_expert = 128, k = 8, layers = 4;
@@ -344,12 +412,15 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "attention")) { /* just the attention tables */
         bench_attention();
         bench_attention_crossover();
+    } else if (argc > 1 && !strcmp(argv[1], "in-place")) {
+        bench_in_place();
     } else {
         bench_copy();
         bench_matvec();
         bench_gemm();
         bench_attention();
         bench_attention_crossover();
+        bench_in_place();
         bench_moe();
     }
     uint64_t free_b, total_b;

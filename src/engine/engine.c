@@ -63,9 +63,11 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
     if (ep.n_batch > ep.n_ctx) ep.n_batch = ep.n_ctx;
     /* An automatic plan under a budget the model does not fit whole is chosen by the cost model
      * from this machine's profile (measured on first use). */
+    bool resident = p->gpu && cuda_device_count() > 0;
     if (ep.plan == PLAN_AUTO && ep.vram_budget > 0 && cuda_device_count() > 0) {
         bool fits_whole;
         CORE_TRY(fits_whole_in(&ctx->model, &ep, &fits_whole)); /* also: a budget too small fails here */
+        resident = fits_whole;
         if (!fits_whole) {
             bool measured_now;
             CORE_TRY(exec_machine_profile(&ctx->model, p->n_threads, p->no_profile ? PROFILE_DEFAULTS : PROFILE_MEASURE,
@@ -73,6 +75,15 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
             ep.profile = &ctx->profile;
             ctx->learn = ctx->profile.measured;
         }
+    }
+    /* All of it in VRAM (it fits the budget whole, or --gpu): nothing to choose, but the
+     * predicted speed comes from this machine's profile where one is cached (not measured for
+     * it, and not taught by its runs: resident steps say nothing of streamed ones). */
+    if (resident && !p->no_profile) {
+        bool measured_now;
+        if (exec_machine_profile(&ctx->model, p->n_threads, PROFILE_CACHED, NULL, NULL, &ctx->profile, &measured_now) ==
+            PSHARD_OK)
+            ep.profile = &ctx->profile;
     }
     ctx->params.n_ctx = ep.n_ctx;
     ctx->params.n_batch = ep.n_batch;

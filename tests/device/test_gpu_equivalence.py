@@ -3,7 +3,8 @@
 models within tolerance at every position (token by token, through the decode kernels, and as
 one prompt, through the prefill kernels), and greedy tokens equal to the CPU's up to numerical
 near-ties. (The default model cannot travel to the GPU machine; its tiny stand-ins are Q4_1 and
-Q8_0 like its matrices.) Exits 0 with a "skipped" line where no GPU exists.
+Q8_0 like its matrices.) Also: an all-GPU run's printed prediction comes from the cached machine
+profile where there is one. Exits 0 with a "skipped" line where no GPU exists.
 Usage: tests/device/test_gpu_equivalence.py BUILD_DIR"""
 import os
 import subprocess
@@ -175,6 +176,28 @@ def prompt_token_ids(model, prompt):
     return [int(x) for x in proc.stdout.split()]
 
 
+def prediction_from_cached_profile(model, tmp):
+    """A model that fits VRAM whole (--gpu) has nothing to choose, but its printed prediction comes
+    from this machine's cached profile when one is there (read, not measured: the run takes no
+    profiling time), and says it is from default costs only with --no-profile or no profile."""
+    env = dict(os.environ, PSHARD_CACHE_DIR=os.path.join(tmp, "profile-cache"))
+    def pshard_env(*args):
+        return subprocess.run([PSHARD, *args], capture_output=True, text=True, timeout=600, env=env)
+    def stderr_of(extra):
+        proc = pshard_env("run", "-m", model, "--raw", "-p", "x", "-n", "1", "-t", "4", "--gpu", *extra)
+        check(proc.returncode == 0, "pshard run --gpu %s: exit %d%s" % (" ".join(extra), proc.returncode,
+                                                                        "" if proc.returncode == 0 else " " + proc.stderr[-300:]))
+        return proc.stderr
+    check("from default costs" in stderr_of([]), "--gpu without a cached profile: the prediction says it is from default costs")
+    measured = pshard_env("profile", "-m", model, "-t", "4")
+    check(measured.returncode == 0, "pshard profile: exit %d%s" % (measured.returncode,
+                                                                 "" if measured.returncode == 0 else " " + measured.stderr[-300:]))
+    cached = stderr_of([])
+    check("from default costs" not in cached and "measuring" not in cached,
+          "--gpu with a cached profile: the prediction is from it, nothing measured")
+    check("from default costs" in stderr_of(["--no-profile"]), "--gpu --no-profile: the prediction says it is from default costs")
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         probe_model = os.path.join(tmp, "probe.gguf")
@@ -184,6 +207,7 @@ def main():
         if "no CUDA device" in probe.stderr:
             print("no CUDA device: skipped")
             return 0
+        prediction_from_cached_profile(probe_model, tmp)
         tiny_models(tmp)
         hybrid_plans(tmp)
         for wtype in ("Q4_1", "Q8_0"):
