@@ -1,12 +1,16 @@
 /* CPU operators against direct formulas: thread pool ranges, RoPE, online-softmax attention,
  * top-k, router, matmul against dequantize-then-dot. */
+#include <dirent.h>
 #include <math.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -48,6 +52,63 @@ static void test_threadpool_covers_every_index_once(void **state) {
         }
         threadpool_free(pool);
     }
+}
+
+/* Threads stopped by a signal whose handler holds them until released (a thread the OS does
+ * not schedule, as when another process takes the cores). */
+static volatile sig_atomic_t held_count, hold;
+
+static void hold_here(int sig) {
+    (void)sig;
+    __atomic_fetch_add(&held_count, 1, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&hold, __ATOMIC_SEQ_CST)) usleep(100);
+}
+
+/* This process's thread ids (at most `max`). */
+static int thread_ids(pid_t *tids, int max) {
+    DIR *dir = opendir("/proc/self/task");
+    int n = 0;
+    if (!dir) return 0;
+    for (struct dirent *e; (e = readdir(dir)) && n < max;)
+        if (e->d_name[0] != '.') tids[n++] = (pid_t)atoi(e->d_name);
+    closedir(dir);
+    return n;
+}
+
+/* A job is done once its parts are, whoever runs them: with every worker stopped between jobs,
+ * the caller runs them all (a pool that waited for each worker to come by would hang here). */
+static void test_threadpool_runs_without_its_workers(void **state) {
+    (void)state;
+    pid_t before[64], after[64], workers[64];
+    const int n_before = thread_ids(before, 64);
+    struct threadpool *pool;
+    assert_int_equal(threadpool_create(4, &pool), PSHARD_OK);
+    int64_t hits[100] = {0};
+    struct count_job job = {100, hits};
+    threadpool_run(pool, count_worker, &job); /* the workers are up and idle */
+    const int n_after = thread_ids(after, 64);
+    int n_workers = 0;
+    for (int i = 0; i < n_after; i++) {
+        int old = 0;
+        for (int j = 0; j < n_before; j++) old |= after[i] == before[j];
+        if (!old) workers[n_workers++] = after[i];
+    }
+    assert_int_equal(n_workers, 3);
+    struct sigaction sa, was;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = hold_here;
+    sigemptyset(&sa.sa_mask);
+    assert_int_equal(sigaction(SIGUSR1, &sa, &was), 0);
+    hold = 1, held_count = 0;
+    for (int i = 0; i < n_workers; i++) assert_int_equal(syscall(SYS_tgkill, getpid(), workers[i], SIGUSR1), 0);
+    while (__atomic_load_n(&held_count, __ATOMIC_SEQ_CST) < n_workers) usleep(100);
+    for (int rep = 0; rep < 20; rep++) threadpool_run(pool, count_worker, &job);
+    for (int64_t i = 0; i < 100; i++) assert_int_equal(hits[i], 21);
+    hold = 0; /* the workers go on: later jobs may use them again */
+    for (int rep = 0; rep < 20; rep++) threadpool_run(pool, count_worker, &job);
+    for (int64_t i = 0; i < 100; i++) assert_int_equal(hits[i], 41);
+    threadpool_free(pool);
+    sigaction(SIGUSR1, &was, NULL);
 }
 
 static void test_rope_matches_formula(void **state) {
@@ -246,7 +307,8 @@ static void test_moe_matches_its_products(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_threadpool_covers_every_index_once), cmocka_unit_test(test_rope_matches_formula),
+        cmocka_unit_test(test_threadpool_covers_every_index_once),
+        cmocka_unit_test(test_threadpool_runs_without_its_workers), cmocka_unit_test(test_rope_matches_formula),
         cmocka_unit_test(test_attention_matches_naive_softmax),   cmocka_unit_test(test_topk_and_router),
         cmocka_unit_test(test_matmul_against_dequantized), cmocka_unit_test(test_moe_matches_its_products),
     };
