@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -61,7 +62,8 @@ static volatile sig_atomic_t held_count, hold;
 static void hold_here(int sig) {
     (void)sig;
     __atomic_fetch_add(&held_count, 1, __ATOMIC_SEQ_CST);
-    while (__atomic_load_n(&hold, __ATOMIC_SEQ_CST)) usleep(100);
+    const struct timespec pause = {0, 100000};
+    while (__atomic_load_n(&hold, __ATOMIC_SEQ_CST)) nanosleep(&pause, NULL); /* async-signal-safe */
 }
 
 /* This process's thread ids (at most `max`). */
