@@ -58,6 +58,8 @@ typedef struct pshard_params {
                             resident_set) whenever it differs from the prompt steps' (`--decode-set`) */
     int no_profile;      /* automatic plans: use conservative defaults rather than measuring this
                             machine on first use (the measured profile is cached per machine) */
+    int32_t n_predict;   /* automatic plans: the tokens a request is expected to generate, which the
+                            planner weighs its choices by (a prompt, then this many); 0: 128 */
     pshard_progress_cb progress;
     void *progress_user;
     /* Called while this machine is measured for planning (first use): what, and the fraction done. */

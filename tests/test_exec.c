@@ -33,7 +33,7 @@ static int setup(void **state) {
         return -1;
     }
     if (model_load(f.file, &f.model) != PSHARD_OK) return -1;
-    struct exec_params p = {64, 16, 3, 2, PLAN_CPU, 0, 0.0f, -1, NULL, PLAN_DECODE_WEIGHED};
+    struct exec_params p = {64, 16, 3, 2, PLAN_CPU, 0, 0.0f, -1, NULL, PLAN_DECODE_WEIGHED, 0};
     if (exec_create(&f.model, &p, &f.ctx) != PSHARD_OK) return -1;
     *state = &f;
     return 0;

@@ -118,7 +118,8 @@ static struct plan_request request_for(const struct exec_params *p, bool gpu_wan
                                  p->stream_share, p->staging, p->profile, env_switch("PSHARD_LEND_SLOTS", true),
                                  env_switch("PSHARD_SPLIT_FFN", true), env_switch("PSHARD_STAGE_STATIC", true),
                                  env_switch("PSHARD_ROUTED_SPLIT", true), NULL, 0,
-                                 env_switch("PSHARD_ONE_EXPERT_CALL", true), p->decode_set != PLAN_DECODE_SAME, p->decode_set};
+                                 env_switch("PSHARD_ONE_EXPERT_CALL", true), p->decode_set != PLAN_DECODE_SAME, p->decode_set,
+                                 p->n_decode};
 }
 
 /* PSHARD_ROUTED_QUOTA=q1,q2,...,qk (for tests and comparison): routed tiers' GPU share of a

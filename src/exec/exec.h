@@ -22,6 +22,7 @@ struct exec_params {
     int32_t decode_set;  /* auto: PLAN_DECODE_WEIGHED, decode steps over a set of their own where the planner
                             finds it pays; PLAN_DECODE_SAME, one set for every step; else decode steps
                             over this set (enum plan_set) */
+    int32_t n_decode;    /* auto: tokens a request generates, which the planner weighs by (0: 128) */
 };
 
 struct exec_batch {

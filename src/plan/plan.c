@@ -663,16 +663,24 @@ static bool family_applies(const struct model *m, const struct plan *p, enum pla
     return false;
 }
 
+/* The tokens the typical request generates after a prompt of n_prompt: as asked, or
+ * PLAN_TYPICAL_DECODE, within what the context holds. */
+static int32_t typical_decode(const struct plan_request *req, int32_t n_prompt) {
+    const int32_t want = req->n_decode > 0 ? req->n_decode : PLAN_TYPICAL_DECODE, room = req->n_ctx - n_prompt;
+    return want < room ? want : room > 1 ? room : 1;
+}
+
 /* auto: for each resident set (with and without room for the staging ring), every tier weighs
  * static, gpu and dynamic at several shares by the cost model and keeps the fastest; the
- * resident set whose tiers serve a typical request (a prompt of up to 1K tokens, then decode)
- * soonest wins. A plan with everything on the CPU is weighed too. */
+ * resident set whose tiers serve a typical request (a prompt of up to 1K tokens, then the tokens
+ * it generates: typical_decode) soonest wins. A plan with everything on the CPU is weighed too. */
 static pshard_status search(const struct model *m, const struct plan_request *req, const struct plan_gpu_costs *costs,
                             const struct profile *prof, uint64_t budget, struct plan *p) {
     /* Dynamic at share 0: balanced, so streaming and the CPU finish together. */
     static const struct { enum plan_family family; float share; } menu[] = {
         {PLAN_STATIC, 0}, {PLAN_GPU, 0}, {PLAN_DYNAMIC, 0}, {PLAN_DYNAMIC, 0.25f}, {PLAN_DYNAMIC, 0.5f}, {PLAN_DYNAMIC, 0.75f}};
     const int32_t n_prompt = req->n_ctx / 2 < 1024 ? req->n_ctx / 2 : 1024;
+    const int32_t n_out = typical_decode(req, n_prompt);
     double best_total = INFINITY;
     int best_set = -1;
     struct plan_candidate cands[PLAN_MAX_CANDIDATES];
@@ -718,11 +726,11 @@ static pshard_status search(const struct model *m, const struct plan_request *re
         if (chosen[set][0] < 0) continue;
         for (int t = 0; t < PLAN_TIERS; t++) set_tier(m, req, prof, p, t, pick[set][t].family, pick[set][t].share);
         double ttft, decode;
-        cost_request(prof, m, p, n_prompt, req->n_batch, 128, &ttft, &decode);
+        cost_request(prof, m, p, n_prompt, req->n_batch, n_out, &ttft, &decode);
         p->weighed_set[set].ttft = ttft, p->weighed_set[set].decode = decode;
         account(m, req, costs, p);
         weights[set] = (double)p->budget.weights, kv_position[set] = cost_kv_position_bytes(m, p);
-        if (ttft + 128 * decode < best_total) best_total = ttft + 128 * decode, best_set = (int)set;
+        if (ttft + n_out * decode < best_total) best_total = ttft + n_out * decode, best_set = (int)set;
     }
     if (!any_fits) return fits; /* not even without the ring: the message names the minimum */
     /* Within PLAN_SET_MARGIN of the soonest, the set with the soonest first token wins. Sets
@@ -731,7 +739,7 @@ static pshard_status search(const struct model *m, const struct plan_request *re
      * slower), while a prompt read in place instead of copied through the ring is slower by
      * far (3.5x there). */
     for (int set = 0; best_set >= 0 && set < PLAN_SETS; set++) {
-        const double ttft = p->weighed_set[set].ttft, total = ttft + 128 * p->weighed_set[set].decode;
+        const double ttft = p->weighed_set[set].ttft, total = ttft + n_out * p->weighed_set[set].decode;
         if (ttft > 0 && total <= best_total * (1 + PLAN_SET_MARGIN) && ttft < p->weighed_set[best_set].ttft) best_set = set;
     }
     /* Phases: decode steps over another set than the prompt's, paying a request's two switches,
@@ -743,21 +751,21 @@ static pshard_status search(const struct model *m, const struct plan_request *re
     for (int set = 0; best_set >= 0 && req->phases && req->n_seq == 1 && set < PLAN_SETS; set++) {
         if (set == best_set || !(p->weighed_set[set].ttft > 0) || (forced && set != req->decode_set)) continue;
         const double to_decode = cost_switch(prof, m, weights[set] + n_prompt * kv_position[set], n_prompt * kv_position[best_set]);
-        const double to_prompt = cost_switch(prof, m, weights[best_set] + (n_prompt + 128) * kv_position[best_set],
-                                             (n_prompt + 128) * kv_position[set]);
-        const double beyond = to_decode + 128 * p->weighed_set[set].decode + to_prompt;
+        const double to_prompt = cost_switch(prof, m, weights[best_set] + (n_prompt + n_out) * kv_position[best_set],
+                                             (n_prompt + n_out) * kv_position[set]);
+        const double beyond = to_decode + n_out * p->weighed_set[set].decode + to_prompt;
         if (beyond >= beyond_prompt) continue;
         beyond_prompt = beyond;
         p->weighed_phases = (struct plan_phases){true, (enum plan_set)best_set, (enum plan_set)set, to_decode, to_prompt};
     }
-    const double one_set = best_set >= 0 ? p->weighed_set[best_set].ttft + 128 * p->weighed_set[best_set].decode : INFINITY;
+    const double one_set = best_set >= 0 ? p->weighed_set[best_set].ttft + n_out * p->weighed_set[best_set].decode : INFINITY;
     if (p->weighed_phases.weighed && (forced || p->weighed_set[best_set].ttft + beyond_prompt < one_set * (1 - PLAN_SET_MARGIN)))
         decode_set = (int)p->weighed_phases.decode;
     /* Everything on the CPU. */
     reset_places(p);
     account(m, req, costs, p);
     double cpu_ttft, cpu_decode;
-    cost_request(prof, m, p, n_prompt, req->n_batch, 128, &cpu_ttft, &cpu_decode);
+    cost_request(prof, m, p, n_prompt, req->n_batch, n_out, &cpu_ttft, &cpu_decode);
     if (n_cands < PLAN_MAX_CANDIDATES) {
         struct plan_candidate *cand = &cands[n_cands];
         memset(cand, 0, sizeof *cand);
@@ -767,7 +775,7 @@ static pshard_status search(const struct model *m, const struct plan_request *re
     }
     memcpy(p->candidates, cands, sizeof cands[0] * n_cands);
     p->n_candidates = n_cands;
-    if (best_set < 0 || (req->staging < 0 && cpu_ttft + 128 * cpu_decode < best_total)) {
+    if (best_set < 0 || (req->staging < 0 && cpu_ttft + n_out * cpu_decode < best_total)) {
         for (int t = 0; t < PLAN_TIERS; t++) p->chosen[t] = (int8_t)(n_cands - 1);
         p->family = PLAN_CPU;
         p->budget.total = budget;
@@ -891,6 +899,7 @@ pshard_status plan_build(const struct model *model, const struct plan_request *r
     }
     out->n_batch = req->n_batch;
     out->n_ctx = req->n_ctx;
+    out->n_decode = typical_decode(req, req->n_ctx / 2 < 1024 ? req->n_ctx / 2 : 1024);
     out->one_expert_call = req->one_expert_call;
     struct profile defaults;
     const struct profile *prof = plan_profile(req->profile, &defaults);
@@ -904,8 +913,8 @@ pshard_status plan_build(const struct model *model, const struct plan_request *r
         const int32_t n = plan_tier_step_tokens(out, t);
         out->predicted[t] = step_seconds(prof, model, req, plan_for_step(out, n), t, n);
     }
-    cost_request(prof, model, out, req->n_ctx / 2 < 1024 ? req->n_ctx / 2 : 1024, req->n_batch, 128, &out->predicted_ttft,
-                 &out->predicted_decode);
+    cost_request(prof, model, out, req->n_ctx / 2 < 1024 ? req->n_ctx / 2 : 1024, req->n_batch, out->n_decode,
+                 &out->predicted_ttft, &out->predicted_decode);
     return PSHARD_OK;
 }
 

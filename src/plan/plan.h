@@ -96,7 +96,12 @@ struct plan_request {
                              another resident set (plan.decode) */
     int32_t decode_set;   /* phases: -1 as the planner weighs; else decode steps over this set
                              whenever it differs from the prompt's (tests, comparison) */
+    int32_t n_decode;     /* auto: the tokens the typical request generates after its prompt, which
+                             resident sets and phases are weighed by (0: PLAN_TYPICAL_DECODE) */
 };
+
+/* auto: the typical request generates this many tokens unless told (plan_request.n_decode). */
+enum { PLAN_TYPICAL_DECODE = 128 };
 
 /* The most experts a token routes to for which a tier can split them by routing. */
 enum { PLAN_MAX_ROUTED = 16 };
@@ -186,6 +191,7 @@ struct plan {
      * one plan serves every step. */
     struct plan *decode;
     int32_t n_batch, n_ctx;
+    int32_t n_decode; /* the tokens the typical request generated, as weighed (typical_decode) */
 };
 
 /* Size of the GPU-side buffers a plan needs besides weights and KV, for these shapes. Filled

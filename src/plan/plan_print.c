@@ -98,10 +98,11 @@ static void print_candidates(const struct plan *p, FILE *out) {
     else
         fprintf(out, "the tiers share one resident set, so switching between them copies nothing\n");
     /* Which set, and why: each one's typical request, its tiers at their best. */
-    fprintf(out, "resident sets weighed, for a %d-token prompt then 128 tokens (the soonest wins, or within %.0f%% of it the "
+    const int n_out = p->n_decode;
+    fprintf(out, "resident sets weighed, for a %d-token prompt then %d tokens (the soonest wins, or within %.0f%% of it the "
                  "soonest first token; decoding over another set wins where the request, both changes counted, is more "
                  "than %.0f%% sooner):\n",
-            n_prompt, 100 * PLAN_SET_MARGIN, 100 * PLAN_SET_MARGIN);
+            n_prompt, n_out, 100 * PLAN_SET_MARGIN, 100 * PLAN_SET_MARGIN);
     static const enum plan_set order[] = {PLAN_SET_RING, PLAN_SET_NO_RING, PLAN_SET_ALL_KV};
     const int chosen = p->chosen[last] >= 0 ? p->chosen[last] : -1;
     const bool cpu_chosen = chosen >= 0 && p->candidates[chosen].family == PLAN_CPU;
@@ -111,15 +112,15 @@ static void print_candidates(const struct plan *p, FILE *out) {
         const double decode = cpu ? p->weighed_cpu.decode : p->weighed_set[order[i]].decode;
         if (ttft <= 0 || !isfinite(ttft) || !isfinite(decode)) continue;
         const bool is_chosen = cpu ? cpu_chosen : !cpu_chosen && chosen >= 0 && p->candidates[chosen].set == order[i];
-        fprintf(out, "  %-10s %8.3f s + 128 x %.4f s = %7.2f s%s\n", cpu ? "CPU alone" : plan_set_name(order[i]), ttft,
-                decode, ttft + 128 * decode, is_chosen && !p->decode ? "   chosen" : is_chosen ? "   chosen for prompts" : "");
+        fprintf(out, "  %-10s %8.3f s + %d x %.4f s = %7.2f s%s\n", cpu ? "CPU alone" : plan_set_name(order[i]), ttft,
+                n_out, decode, ttft + n_out * decode, is_chosen && !p->decode ? "   chosen" : is_chosen ? "   chosen for prompts" : "");
     }
     const struct plan_phases *ph = &p->weighed_phases;
     if (ph->weighed) {
         const double ttft = p->weighed_set[ph->prompt].ttft, decode = p->weighed_set[ph->decode].decode;
-        fprintf(out, "  %s, then decoding over %s: %.3f s + %.3f s + 128 x %.4f s + %.3f s = %.2f s%s\n",
-                plan_set_name(ph->prompt), plan_set_name(ph->decode), ttft, ph->to_decode, decode, ph->to_prompt,
-                ttft + ph->to_decode + 128 * decode + ph->to_prompt, p->decode ? "   chosen" : "");
+        fprintf(out, "  %s, then decoding over %s: %.3f s + %.3f s + %d x %.4f s + %.3f s = %.2f s%s\n",
+                plan_set_name(ph->prompt), plan_set_name(ph->decode), ttft, ph->to_decode, n_out, decode, ph->to_prompt,
+                ttft + ph->to_decode + n_out * decode + ph->to_prompt, p->decode ? "   chosen" : "");
     }
 }
 

@@ -211,6 +211,28 @@ def test_resident_set_needs_a_family(default_model, tmp_path):
         assert not (tmp_path / "l.f32").exists()
 
 
+def test_typical_request_length_weighs_the_decode_set(tmp_path):
+    """auto weighs resident sets by a prompt and the tokens a request generates (-n, else 128):
+    llama8b at 2 GB with the H200 machine's profile runs decode steps over a set of their own for
+    128 tokens and more, which two VRAM re-carvings a request do not pay for when it generates 8."""
+    model = tmp_path / "llama8b.gguf"
+    synth = subprocess.run([os.path.join(BUILD, "gguf-synth"), "--shape", "llama8b", "--header-only", "--quiet", "-o",
+                            str(model)], capture_output=True, text=True)
+    assert synth.returncode == 0, synth.stderr
+    profile = os.path.join(os.path.dirname(__file__), "..", "data", "profile", "h200-qwen30b.json")
+    def head(*extra, then=128):
+        proc = pshard("plan", "-m", str(model), "--vram-budget", "2G", "-c", "4096", "--profile", profile, *extra)
+        assert proc.returncode == 0, proc.stderr
+        assert "then %d tokens" % then in proc.stdout, proc.stdout  # the sets' table says what it weighed
+        return next(l for l in proc.stdout.splitlines() if l.startswith("plan "))
+    assert "(decode set)" in head() and "(decode set)" in head("-n", "128")
+    assert "(decode set)" in head("-n", "-1", then=4096 - 1024)  # to the context's end
+    assert "(decode set)" not in head("-n", "8", then=8)
+    for bad in ("x", "-2", "8k", ""):
+        proc = pshard("plan", "-m", str(model), "--vram-budget", "2G", "--profile", profile, "-n", bad)
+        assert proc.returncode == 2 and "-n takes" in proc.stderr, (bad, proc.stderr)
+
+
 def test_prompt_tier_starts_where_its_plan_is_predicted_faster(tmp_path):
     """qwen30b at 2 GB with the H200 machine's profile: the 16-token tier splits experts with the
     CPU, whose step grows with the tokens, and the 64-token tier copies them through the ring; the

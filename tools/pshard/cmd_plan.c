@@ -16,7 +16,7 @@ static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard plan [-m MODEL] --vram-budget SIZE [--plan auto|cpu|gpu|static|dynamic] [-c CTX]\n"
                  "                   [-b BATCH] [--parallel N] [-t THREADS] [--stream-share F]\n"
                  "                   [--set ring|no-ring|all-kv] [--decode-set ring|no-ring|all-kv|same]\n"
-                 "                   [--no-profile | --profile FILE] [--tokens N,N,...]\n"
+                 "                   [--no-profile | --profile FILE] [--tokens N,N,...] [-n N]\n"
                  "  Prints the plan of every token tier (steps of 1-3, 4-15, ... tokens) and, for auto, every\n"
                  "  candidate the planner weighed with its predicted seconds per step, VRAM and bytes moved\n"
                  "  per token; then each shard's place in decode and in full prompt steps (RESIDENT in VRAM,\n"
@@ -29,7 +29,9 @@ static void print_usage(FILE *out) {
                  "  layer's KV cache first. auto may run decode steps over another set than prompt steps\n"
                  "  (VRAM carved anew when the phase changes); --decode-set SET asks for that set, or\n"
                  "  `same` for one set throughout. --tokens prices steps of those many tokens (at the end of\n"
-                 "  the context) under every candidate, and marks the one the plan runs there.\n"
+                 "  the context) under every candidate, and marks the one the plan runs there. auto weighs\n"
+                 "  resident sets by a typical request: a prompt of 1K tokens (or half the context), then 128\n"
+                 "  generated tokens, or N with -n N (-1: to the context's end), as `pshard run -n N` does.\n"
                  "  Nothing is loaded onto the GPU.\n");
 }
 
@@ -81,7 +83,7 @@ int cmd_plan(int argc, char **argv) {
     const char *model_path = NULL;
     bool no_profile = false;
     const char *profile_file = NULL;
-    struct exec_params p = {4096, 512, 1, 0, PLAN_AUTO, -1, 0.0f, -1, NULL, PLAN_DECODE_WEIGHED};
+    struct exec_params p = {4096, 512, 1, 0, PLAN_AUTO, -1, 0.0f, -1, NULL, PLAN_DECODE_WEIGHED, 0};
     int64_t tokens[MAX_TOKENS];
     int n_tokens = 0;
     for (int i = 1; i < argc; i++) {
@@ -121,6 +123,14 @@ int cmd_plan(int argc, char **argv) {
                 fprintf(stderr, "pshard plan: --tokens takes up to %d whole numbers of tokens, such as 16,32,63\n", MAX_TOKENS);
                 return 2;
             }
+        } else if (!strcmp(argv[i], "-n") && v) {
+            char *end;
+            const long n = strtol(argv[++i], &end, 10);
+            if (*end || end == argv[i] || n < -1 || n > 1000000000L) {
+                fprintf(stderr, "pshard plan: -n takes the tokens a request generates (-1: to the context's end)\n");
+                return 2;
+            }
+            p.n_decode = n < 0 ? INT32_MAX : n < 1 ? 1 : (int32_t)n;
         } else if (!strcmp(argv[i], "--parallel") && v) {
             p.n_seq = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "-t") && v) {

@@ -16,7 +16,9 @@ static void print_usage(FILE *out, const char *cmd) {
             "usage: pshard %s [-m MODEL] %s[options]\n"
             "  -m, --model PATH        GGUF model (default: SmolLM2-135M-Instruct, or $PSHARD_MODEL)\n"
             "%s"
-            "  -n, --n-predict N       most tokens to generate (default 256; -1: until the context is full)\n"
+            "  -n, --n-predict N       most tokens to generate (default 256; -1: until the context is full);\n"
+            "                          given, the automatic plan weighs its choices by a prompt and this many\n"
+            "                          generated tokens (else 128), as `pshard plan -n N` shows\n"
             "  -c, --ctx-size N        context length (default 4096, at most the model's)\n"
             "  -b, --batch-size N      prompt tokens per step (default 512)\n"
             "  -t, --threads N         CPU threads (default: all cores)\n"
@@ -106,7 +108,12 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
             o->system = argv[++i];
             if (!strcmp(o->system, "default")) o->system = NULL, o->gen.default_system = 1;
         }
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) { if (NUM(-1, 1e9)) return -1; o->gen.n_predict = (int32_t)x; }
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
+            if (NUM(-1, 1e9)) return -1;
+            o->gen.n_predict = (int32_t)x;
+            /* The planner weighs its choices by a request of this many tokens (to the context's end: -1). */
+            o->params.n_predict = x < 0 ? INT32_MAX : x < 1 ? 1 : (int32_t)x;
+        }
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { if (NUM(1, 1 << 24)) return -1; o->params.n_ctx = (int32_t)x; }
         else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) { if (NUM(1, 65536)) return -1; o->params.n_batch = (int32_t)x; }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (NUM(1, 1024)) return -1; o->params.n_threads = (int32_t)x; }
