@@ -118,8 +118,9 @@ enum host_use { HOST_COPIES, HOST_READS, HOST_EXPERT_READS };
 /* The shares of their speed the expert kernel's reads in place and the CPU's experts keep beside
  * each other in a step of n tokens: measured at one token and at PROFILE_SPLIT_TOKENS, between
  * them in log n, and the latter's beyond. qwen30b's split steps of 16 tokens on the H200, priced
- * with one token's shares (the CPU kept 90% of its speed), were predicted 10-16% fast wherever
- * the two sides were about even; with a share of 80% for the CPU, within 5%. */
+ * with one token's shares (the CPU kept 90-100% of its speed), were predicted 10-16% fast
+ * wherever the two sides were about even; five profiles then measured 87-100% for the CPU's
+ * experts and 89-94% for the reads at 16 tokens (bench/RESULTS.md). */
 static double expert_share(double one, double many, double n) {
     if (n <= 1) return one;
     if (n >= PROFILE_SPLIT_TOKENS) return many;
