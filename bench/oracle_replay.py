@@ -177,8 +177,11 @@ def main():
         slower = lower[chosen] / lower[best] - 1
         # Close calls are timed over several loads: where the choice's fastest load beat the
         # best's slowest, one more load could have ranked them the other way.
-        loads = {canonical(c["plan"]): c["loads"] for c in r["candidates"] if len(c.get("loads") or []) > 1}
-        if slower > 0 and chosen in loads and best in loads and min(loads[chosen]) <= max(loads[best]):
+        # (A close call's loads are kept on one of the candidates that place the step alike.)
+        loads = {table[canonical(c["plan"])][0]: c["loads"] for c in r["candidates"]
+                 if len(c.get("loads") or []) > 1 and canonical(c["plan"]) in table}
+        mine, theirs = loads.get(table[chosen][0]), loads.get(table[best][0])
+        if slower > 0 and mine and theirs and mine is not theirs and min(mine) <= max(theirs):
             overlapped += 1
         configs += 1
         best_n += slower <= 0

@@ -205,7 +205,6 @@ static double plan_time(const struct plan *weighed, const struct oracle_row *r, 
 /* Runs of a step of n tokens: fewer for longer steps. */
 static int reps_for(const struct oracle_opts *o, int32_t n) { return n >= 256 ? 1 : n >= 16 && o->reps > 2 ? 2 : o->reps; }
 
-/* The executor's parameters for one candidate. */
 /* The fastest plan in row r other than the one candidate c places (twins of c excluded). */
 static int fastest_other(const struct plan *weighed, const struct oracle_row *r, int c) {
     int best = -1;
@@ -403,6 +402,14 @@ struct summary {
     int overlapped; /* choices not the best, both timed over loads, the choice's fastest load faster than the best's slowest */
 };
 
+/* The candidate that holds the loads of the plan c places, c or a twin (a close call's loads are
+ * kept on one of them); -1 if it was not timed over loads. */
+static int with_loads(const struct plan *weighed, const struct oracle_row *r, int c) {
+    for (uint32_t e = 0; e < weighed->n_candidates; e++)
+        if (weighed->candidates[e].key[r->tier] == weighed->candidates[c].key[r->tier] && r->n_loads[e] > 1) return (int)e;
+    return -1;
+}
+
 /* A candidate's fastest and slowest time over its loads. */
 static void load_range(const struct oracle_row *r, int c, double *lo, double *hi) {
     *lo = INFINITY, *hi = 0;
@@ -446,10 +453,11 @@ static void summarize_row(const struct plan *weighed, const struct oracle_row *r
         s->spreads[s->n_spreads++] = hi / lo - 1;
     }
     /* One more load could have ranked the two the other way. */
-    if (slowdown > 0 && r->n_loads[r->chosen] > 1 && r->n_loads[best] > 1) {
+    const int chosen_loads = with_loads(weighed, r, r->chosen), best_loads = with_loads(weighed, r, best);
+    if (slowdown > 0 && chosen_loads >= 0 && best_loads >= 0 && chosen_loads != best_loads) {
         double chosen_lo, chosen_hi, best_lo, best_hi;
-        load_range(r, r->chosen, &chosen_lo, &chosen_hi);
-        load_range(r, best, &best_lo, &best_hi);
+        load_range(r, chosen_loads, &chosen_lo, &chosen_hi);
+        load_range(r, best_loads, &best_lo, &best_hi);
         s->overlapped += chosen_lo <= best_hi;
     }
     for (uint32_t c = 0; c < weighed->n_candidates; c++)
