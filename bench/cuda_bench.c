@@ -305,15 +305,16 @@ static void bench_in_place(void) {
     memcpy(alloc.ptr, image, bytes * copies);
     char path[] = "/dev/shm/cuda_bench_XXXXXX";
     const int fd = mkstemp(path);
-    if (fd < 0 || write(fd, image, bytes * copies) != (ssize_t)(bytes * copies)) {
-        printf("(no file in /dev/shm: skipped)\n");
+    const bool written = fd >= 0 && write(fd, image, bytes * copies) == (ssize_t)(bytes * copies);
+    void *map = written ? mmap(NULL, bytes * copies, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (fd >= 0) close(fd), unlink(path);
+    free(image);
+    if (map == MAP_FAILED) {
+        printf("(no file mapping in /dev/shm: skipped)\n");
+        cuda_pinned_release(&alloc);
+        cuda_arena_reset(&D.arena, mark);
         return;
     }
-    void *map = mmap(NULL, bytes * copies, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    unlink(path);
-    free(image);
-    if (map == MAP_FAILED) return;
     DT_CHECK(cuda_host_register(map, bytes * copies, true, &reg));
     const void *host[2] = {alloc.ptr, map};
     const char *names[2] = {"cudaMallocHost", "registered file mapping"};

@@ -607,8 +607,8 @@ int plan_step_candidate(const struct plan *p, int32_t n_tokens) {
 }
 
 /* A step runs its tier's plan up to the next tier's fewest tokens. Where the next tier's plan is
- * predicted faster before that, the next tier starts there: a tier's plan is chosen for the whole
- * tier (both ends weighed), and a plan that splits with the CPU or reads weights in place grows
+ * predicted faster before that, the next tier starts there: a tier's plan is chosen at the tier's
+ * fewest tokens (record_candidate), and a plan that splits with the CPU or reads weights in place grows
  * with the tokens where the ring's copies do not (qwen30b at 2 GB on the H200: the 16-token
  * tier's dynamic split took 0.17 s at 16 tokens and 0.56 s at 63, the 64-token tier's gpu plan
  * through the ring 0.29 s at both). Prompt tiers only: decode tiers (and phases) keep theirs.
@@ -663,24 +663,24 @@ static bool family_applies(const struct model *m, const struct plan *p, enum pla
     return false;
 }
 
-/* The tokens the typical request generates after a prompt of n_prompt: as asked, or
+/* The tokens the typical request generates after its prompt (plan_typical_prompt): as asked, or
  * PLAN_TYPICAL_DECODE, within what the context holds. */
-static int32_t typical_decode(const struct plan_request *req, int32_t n_prompt) {
-    const int32_t want = req->n_decode > 0 ? req->n_decode : PLAN_TYPICAL_DECODE, room = req->n_ctx - n_prompt;
+static int32_t typical_generated(const struct plan_request *req) {
+    const int32_t want = req->n_decode > 0 ? req->n_decode : PLAN_TYPICAL_DECODE;
+    const int32_t room = req->n_ctx - plan_typical_prompt(req->n_ctx);
     return want < room ? want : room > 1 ? room : 1;
 }
 
 /* auto: for each resident set (with and without room for the staging ring), every tier weighs
  * static, gpu and dynamic at several shares by the cost model and keeps the fastest; the
  * resident set whose tiers serve a typical request (a prompt of up to 1K tokens, then the tokens
- * it generates: typical_decode) soonest wins. A plan with everything on the CPU is weighed too. */
+ * it generates: typical_generated) soonest wins. A plan with everything on the CPU is weighed too. */
 static pshard_status search(const struct model *m, const struct plan_request *req, const struct plan_gpu_costs *costs,
                             const struct profile *prof, uint64_t budget, struct plan *p) {
     /* Dynamic at share 0: balanced, so streaming and the CPU finish together. */
     static const struct { enum plan_family family; float share; } menu[] = {
         {PLAN_STATIC, 0}, {PLAN_GPU, 0}, {PLAN_DYNAMIC, 0}, {PLAN_DYNAMIC, 0.25f}, {PLAN_DYNAMIC, 0.5f}, {PLAN_DYNAMIC, 0.75f}};
-    const int32_t n_prompt = req->n_ctx / 2 < 1024 ? req->n_ctx / 2 : 1024;
-    const int32_t n_out = typical_decode(req, n_prompt);
+    const int32_t n_prompt = plan_typical_prompt(req->n_ctx), n_out = typical_generated(req);
     double best_total = INFINITY;
     int best_set = -1;
     struct plan_candidate cands[PLAN_MAX_CANDIDATES];
@@ -899,7 +899,7 @@ pshard_status plan_build(const struct model *model, const struct plan_request *r
     }
     out->n_batch = req->n_batch;
     out->n_ctx = req->n_ctx;
-    out->n_decode = typical_decode(req, req->n_ctx / 2 < 1024 ? req->n_ctx / 2 : 1024);
+    out->n_decode = typical_generated(req);
     out->one_expert_call = req->one_expert_call;
     struct profile defaults;
     const struct profile *prof = plan_profile(req->profile, &defaults);
@@ -913,7 +913,7 @@ pshard_status plan_build(const struct model *model, const struct plan_request *r
         const int32_t n = plan_tier_step_tokens(out, t);
         out->predicted[t] = step_seconds(prof, model, req, plan_for_step(out, n), t, n);
     }
-    cost_request(prof, model, out, req->n_ctx / 2 < 1024 ? req->n_ctx / 2 : 1024, req->n_batch, out->n_decode,
+    cost_request(prof, model, out, plan_typical_prompt(req->n_ctx), req->n_batch, out->n_decode,
                  &out->predicted_ttft, &out->predicted_decode);
     return PSHARD_OK;
 }

@@ -103,6 +103,9 @@ struct plan_request {
 /* auto: the typical request generates this many tokens unless told (plan_request.n_decode). */
 enum { PLAN_TYPICAL_DECODE = 128 };
 
+/* auto: the typical request's prompt, 1K tokens or half the context. */
+static inline int32_t plan_typical_prompt(int32_t n_ctx) { return n_ctx / 2 < 1024 ? n_ctx / 2 : 1024; }
+
 /* The most experts a token routes to for which a tier can split them by routing. */
 enum { PLAN_MAX_ROUTED = 16 };
 
@@ -191,7 +194,7 @@ struct plan {
      * one plan serves every step. */
     struct plan *decode;
     int32_t n_batch, n_ctx;
-    int32_t n_decode; /* the tokens the typical request generated, as weighed (typical_decode) */
+    int32_t n_decode; /* the tokens the typical request generated, as weighed (plan.c: typical_generated) */
 };
 
 /* Size of the GPU-side buffers a plan needs besides weights and KV, for these shapes. Filled

@@ -87,7 +87,7 @@ static void print_candidates(const struct plan *p, FILE *out) {
         fprintf(out, " %8.0fM %7.0fM %8.0fM %9.1fM %9.1fM\n", mb(k->vram_weights), mb(k->vram_kv), mb(k->vram_staging),
                 mb(k->host_bytes_per_token), mb(k->pcie_bytes_per_token));
     }
-    const int n_prompt = p->n_ctx / 2 < 1024 ? p->n_ctx / 2 : 1024;
+    const int n_prompt = plan_typical_prompt(p->n_ctx);
     fprintf(out, "predicted: %.3f s to the first token of a %d-token prompt, then %.1f tokens/s; ", p->predicted_ttft, n_prompt,
             p->predicted_decode > 0 ? 1 / p->predicted_decode : 0);
     if (p->decode)

@@ -48,6 +48,10 @@ int cli_default_model(char *out, size_t out_size);
  * items or a bad one. */
 int cli_parse_list(const char *text, bool sizes, int64_t *out, int max, int *n);
 
+/* -n's count as the tokens a request generates for the planner to weigh (pshard_params.n_predict):
+ * -1 (to the context's end) as the most there are, 0 as 1. */
+int32_t cli_request_tokens(long long n);
+
 /* "1.23 GB", "456.7 MB", "12.0 KB", "17 B" (powers of 1000, as disk sizes are quoted). */
 const char *cli_format_bytes(uint64_t bytes, char *buf, size_t buf_size);
 

@@ -1,4 +1,4 @@
-/* Comma-separated lists on the command line (`pshard bench --budgets`, `pshard plan --tokens`). */
+/* Numbers on the command line: comma-separated lists (`pshard bench --budgets`, `pshard plan --tokens`), -n. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,3 +29,5 @@ int cli_parse_list(const char *text, bool sizes, int64_t *out, int max, int *n) 
         at = comma;
     }
 }
+
+int32_t cli_request_tokens(long long n) { return n < 0 ? INT32_MAX : n < 1 ? 1 : n > INT32_MAX ? INT32_MAX : (int32_t)n; }

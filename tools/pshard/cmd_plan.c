@@ -130,7 +130,7 @@ int cmd_plan(int argc, char **argv) {
                 fprintf(stderr, "pshard plan: -n takes the tokens a request generates (-1: to the context's end)\n");
                 return 2;
             }
-            p.n_decode = n < 0 ? INT32_MAX : n < 1 ? 1 : (int32_t)n;
+            p.n_decode = cli_request_tokens(n);
         } else if (!strcmp(argv[i], "--parallel") && v) {
             p.n_seq = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "-t") && v) {

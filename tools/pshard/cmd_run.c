@@ -111,8 +111,7 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
             if (NUM(-1, 1e9)) return -1;
             o->gen.n_predict = (int32_t)x;
-            /* The planner weighs its choices by a request of this many tokens (to the context's end: -1). */
-            o->params.n_predict = x < 0 ? INT32_MAX : x < 1 ? 1 : (int32_t)x;
+            o->params.n_predict = cli_request_tokens((long long)x); /* the planner weighs by it */
         }
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { if (NUM(1, 1 << 24)) return -1; o->params.n_ctx = (int32_t)x; }
         else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) { if (NUM(1, 65536)) return -1; o->params.n_batch = (int32_t)x; }
