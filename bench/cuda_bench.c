@@ -3,13 +3,15 @@
  * per format at 1..8 tokens on 4096 x 14336 matrices, prefill GEMM TFLOP/s (fused kernel
  * against dequantize + cuBLAS) at 512 and 1024 tokens, attention (decode at 4K context,
  * prefill of 1K tokens, and the two kernels against each other for steps of 8-128 tokens of one
- * sequence over caches of 1K-32K cells) and one MoE layer of qwen30b's shape. Weights rotate through copies
+ * sequence over caches of 1K-32K cells), products reading host memory in place (by memory kind
+ * and work buffer, and F16 by llama8b's shapes) and one MoE layer of qwen30b's shape. Weights rotate through copies
  * larger than the L2 cache so every number is an HBM number. Speed does not depend on the
  * values, so weights are random bytes.
  *
  * Build: with the device tests (tests/device/CMakeLists.txt), as cuda_bench.
  * Run:   build-dev/cuda_bench   (tests/device/run.sh runs it after the tests);
- *        build-dev/cuda_bench attention   the attention tables alone */
+ *        build-dev/cuda_bench attention   the attention tables alone
+ *        build-dev/cuda_bench in-place    the in-place tables alone */
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -201,9 +203,9 @@ static void bench_attention(void) {
         for (int t = 0; t < 1024; t++) hpos[t] = t;
         int32_t *pos = dt_upload(&D, hpos, sizeof hpos);
         struct cuda_kv_layer kv = {k, v, n_ctx * width, n_ctx * width};
-        DT_CHECK(cuda_attention_prefill(&a, &kv, q, 0, pos, 1024, out, D.s));
+        DT_CHECK(cuda_attention_prefill(&a, &kv, q, 0, pos, 1024, 1024, out, NULL, 0, D.s)); /* 512 blocks: one slice */
         DT_CHECK(cuda_event_record(ev0, D.s));
-        for (int it = 0; it < 10; it++) DT_CHECK(cuda_attention_prefill(&a, &kv, q, 0, pos, 1024, out, D.s));
+        for (int it = 0; it < 10; it++) DT_CHECK(cuda_attention_prefill(&a, &kv, q, 0, pos, 1024, 1024, out, NULL, 0, D.s));
         DT_CHECK(cuda_event_record(ev1, D.s));
         const double ms = elapsed_ms() / 10;
         const double flops = 4.0 * a.n_head * a.head_k * (1024.0 * 1025.0 / 2.0);
@@ -214,12 +216,13 @@ static void bench_attention(void) {
 
 /* Steps of a few to a hundred tokens of one sequence at the end of a long cache: the split-KV
  * kernel (which reads the cache once per token) against the tensor-core prompt kernel (once per
- * tile of 64 queries, one block per head and tile), to say from how many tokens the prompt
- * kernel pays at each cache length (cuda_attention_prefill_pays). Layers rotate through copies
- * larger than the L2 cache. */
+ * tile of 64 queries, one block per head and tile), with one block walking the whole cache and
+ * with the cache in slices, to say from how many tokens the prompt kernel pays at each cache
+ * length (cuda_attention_prefill_pays). Layers rotate through copies larger than the L2 cache. */
 static void bench_attention_crossover(void) {
     printf("\n### attention: split-KV against the prompt kernel, one sequence\n\n"
-           "| shape | cache cells | tokens | split-KV | prompt kernel |\n|---|---|---|---|---|\n");
+           "| shape | cache cells | tokens | split-KV | prompt kernel, one slice | prompt kernel, sliced |\n"
+           "|---|---|---|---|---|---|\n");
     const int shapes[][3] = {{32, 4, 128}, {32, 8, 128}};
     const char *names[] = {"qwen30b 32/4 x 128", "llama8b 32/8 x 128"};
     const int ctxs[] = {1024, 4096, 16384, 32768};
@@ -244,8 +247,10 @@ static void bench_attention_crossover(void) {
         size_t wb = 0;
         for (int c = 0; c < 4; c++)
             for (int t = 0; t < n_tok; t++) {
-                const size_t need = cuda_attention_decode_work_bytes(&a, tokens[t], ctxs[c]);
+                const size_t need = cuda_attention_decode_work_bytes(&a, tokens[t], ctxs[c]),
+                             sliced = cuda_attention_prefill_work_bytes(&a, tokens[t], ctxs[c]);
                 wb = need > wb ? need : wb;
+                wb = sliced > wb ? sliced : wb;
             }
         void *work = dt_alloc(&D, wb);
         int32_t hseq[128] = {0}, hpos[128];
@@ -255,8 +260,8 @@ static void bench_attention_crossover(void) {
                 const int nt = tokens[t], ctx = ctxs[c];
                 for (int i = 0; i < nt; i++) hpos[i] = ctx - nt + i;
                 DT_CHECK(cuda_copy_h2d(pos, hpos, sizeof(int32_t) * (size_t)nt, D.s));
-                double us[2];
-                for (int kernel = 0; kernel < 2; kernel++) {
+                double us[3];
+                for (int kernel = 0; kernel < 3; kernel++) {
                     const int iters = 16;
                     for (int it = -1; it < iters; it++) {
                         if (it == 0) DT_CHECK(cuda_event_record(ev0, D.s));
@@ -267,12 +272,14 @@ static void bench_attention_crossover(void) {
                         if (kernel == 0)
                             DT_CHECK(cuda_attention_decode(&a, &kv, q, seq, pos, nt, ctx, out, work, wb, D.s));
                         else
-                            DT_CHECK(cuda_attention_prefill(&a, &kv, q, 0, pos, nt, out, D.s));
+                            DT_CHECK(cuda_attention_prefill(&a, &kv, q, 0, pos, nt, ctx, out, kernel == 2 ? work : NULL,
+                                                            wb, D.s));
                     }
                     DT_CHECK(cuda_event_record(ev1, D.s));
                     us[kernel] = elapsed_ms() * 1e3 / iters;
                 }
-                printf("| %s | %d | %d | %.1f us | %.1f us%s |\n", names[s], ctx, nt, us[0], us[1], us[1] < us[0] ? " *" : "");
+                printf("| %s | %d | %d | %.1f us | %.1f us | %.1f us%s |\n", names[s], ctx, nt, us[0], us[1], us[2],
+                       us[2] < us[0] ? " *" : "");
             }
         cuda_arena_reset(&D.arena, mark);
     }
@@ -342,6 +349,48 @@ static void bench_in_place(void) {
     cuda_pinned_release(&reg);
     cuda_pinned_release(&alloc);
     munmap(map, bytes * copies);
+    cuda_arena_reset(&D.arena, mark);
+}
+
+/* F16 products reading host memory in place by the shape of llama8b's matrices: cuBLAS reads
+ * them from the mapped pages (above 8 tokens) in as many tiles as the rows give, so the rate may
+ * depend on the shape more than on the bytes. Two copies of each cycled, pinned memory. */
+static void bench_in_place_shapes(void) {
+    printf("\n### F16 matmul reading host memory in place by shape (llama8b), weight GB/s\n\n"
+           "| shape (rows x columns) | 1 token | 8 | 16 | 64 |\n|---|---|---|---|---|\n");
+    static const int64_t shapes[][2] = {{14336, 4096}, {4096, 14336}, {4096, 4096}, {1024, 4096}};
+    const int tokens[4] = {1, 8, 16, 64};
+    const size_t mark = cuda_arena_mark(&D.arena);
+    float *x = dt_alloc(&D, sizeof(float) * 64 * 14336), *y = dt_alloc(&D, sizeof(float) * 64 * 14336);
+    float *hx = dt_malloc(sizeof(float) * 64 * 14336);
+    dt_fill(hx, 64 * 14336, -1.0f, 1.0f);
+    DT_CHECK(cuda_copy_h2d(x, hx, sizeof(float) * 64 * 14336, D.s));
+    free(hx);
+    void *work = dt_alloc(&D, (size_t)64 << 20);
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t rows = shapes[si][0], cols = shapes[si][1];
+        const size_t row = (size_t)cols * 2, bytes = row * (size_t)rows;
+        struct cuda_pinned alloc = {0};
+        DT_CHECK(cuda_host_alloc(2 * bytes, &alloc));
+        uint16_t *h = alloc.ptr;
+        for (size_t i = 0; i < bytes; i++) h[i] = half_from_f32(dt_uniform(-1.0f, 1.0f)); /* both copies */
+        const uint8_t *dev;
+        DT_CHECK(cuda_host_device_pointer(alloc.ptr, (const void **)&dev));
+        printf("| %lld x %lld |", (long long)rows, (long long)cols);
+        for (int t = 0; t < 4; t++) {
+            const int iters = 8;
+            for (int it = -1; it < iters; it++) {
+                if (it == 0) DT_CHECK(cuda_event_record(ev0, D.s));
+                const struct cuda_matrix m = {QUANT_F16, dev + bytes * (size_t)((it + 2) % 2), cols, rows, 1, row};
+                DT_CHECK(cuda_matmul(D.ctx, &m, x, tokens[t], y, rows, work, (size_t)64 << 20, D.s));
+            }
+            DT_CHECK(cuda_event_record(ev1, D.s));
+            const double ms = elapsed_ms() / iters;
+            printf(" %.1f (%.2f ms) |", bytes / (ms * 1e6), ms);
+        }
+        printf("\n");
+        cuda_pinned_release(&alloc);
+    }
     cuda_arena_reset(&D.arena, mark);
 }
 
@@ -415,6 +464,7 @@ int main(int argc, char **argv) {
         bench_attention_crossover();
     } else if (argc > 1 && !strcmp(argv[1], "in-place")) {
         bench_in_place();
+        bench_in_place_shapes();
     } else {
         bench_copy();
         bench_matvec();
@@ -422,6 +472,7 @@ int main(int argc, char **argv) {
         bench_attention();
         bench_attention_crossover();
         bench_in_place();
+        bench_in_place_shapes();
         bench_moe();
     }
     uint64_t free_b, total_b;

@@ -213,8 +213,13 @@ extern "C" pshard_status cuda_attention_decode(const struct cuda_attn_shape *a, 
     if (a->head_v <= AD_THREADS) attn_decode_kernel<1><<<grid, AD_THREADS, smem, raw_stream(s)>>>(p);
     else attn_decode_kernel<2><<<grid, AD_THREADS, smem, raw_stream(s)>>>(p);
     CUDA_TRY_LAUNCH("attention decode");
-    attn_combine_kernel<<<dim3((unsigned)a->n_head, (unsigned)n_tokens), 128, 0, raw_stream(s)>>>(
-        p.part_o, p.part_ml, p.n_splits, a->head_v, out);
+    return cuda_attention_merge(p.part_o, p.part_ml, p.n_splits, a->n_head, a->head_v, n_tokens, out, s);
+}
+
+pshard_status cuda_attention_merge(const float *part_o, const float *part_ml, int n_splits, int n_head, int head_v,
+                                   int64_t n_tokens, float *out, cuda_stream s) {
+    attn_combine_kernel<<<dim3((unsigned)n_head, (unsigned)n_tokens), 128, 0, raw_stream(s)>>>(part_o, part_ml, n_splits,
+                                                                                              head_v, out);
     CUDA_TRY_LAUNCH("attention combine");
     return PSHARD_OK;
 }

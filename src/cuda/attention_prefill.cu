@@ -1,6 +1,8 @@
 /* Prefill attention on tensor cores (flash attention): a block takes 64 queries of one
  * sequence and one head, walks the cache in tiles of 64 cells up to its last position, and
- * keeps the output in shared memory. Each of its 4 warps owns 16 queries: S = Q K^T with WMMA
+ * keeps the output in shared memory. Where the tiles and heads give fewer blocks than fill
+ * the GPU (a few dozen tokens at the end of a long cache), the cache is split into slices, a
+ * block per slice, and the decode kernel's merge combines them (flash-decoding). Each of its 4 warps owns 16 queries: S = Q K^T with WMMA
  * (f16 in, f32 accumulate), then a causal mask, the online softmax in f32 (two lanes per row),
  * P rounded to f16, O = O * rescale + P V with WMMA. The row sums add the same rounded P that
  * multiplies V, so every output is an exact convex combination of the f16 values. */
@@ -11,7 +13,9 @@
 
 using namespace nvcuda;
 
-enum { AP_Q = 64, AP_KV = 64, AP_THREADS = 128, AP_MAX_HEAD = 128, SP = AP_KV + 4, PP = AP_KV + 8 };
+enum { AP_Q = 64, AP_KV = 64, AP_THREADS = 128, AP_MAX_HEAD = 128, SP = AP_KV + 4, PP = AP_KV + 8,
+       AP_TARGET_BLOCKS = 256, /* two blocks (of ~112 KB of shared memory) on each of ~128 SMs */
+       AP_MIN_SPLIT = 512 };   /* cells a slice walks at the least */
 
 struct ap_args {
     const float *q;
@@ -21,6 +25,8 @@ struct ap_args {
     int n_tokens, n_head, group, head_k, head_v;
     float scale;
     float *out;
+    int n_splits, split_len;
+    float *part_o, *part_ml; /* with slices: [token][head][slice] outputs (unnormalized), max and sum */
 };
 
 struct ap_layout {
@@ -59,7 +65,7 @@ __global__ void __launch_bounds__(AP_THREADS) attn_prefill_kernel(const ap_args 
     float *S = (float *)(smem + L.s) + warp * 16 * SP;
     __half *P = (__half *)(smem + L.p) + warp * 16 * PP;
     float *O = (float *)(smem + L.o) + warp * 16 * OP;
-    const int t0 = blockIdx.x * AP_Q, h = blockIdx.y, kvh = h / a.group;
+    const int t0 = blockIdx.x * AP_Q, h = blockIdx.y, kvh = h / a.group, split = blockIdx.z;
 
     if (tid < AP_Q) {
         row_pos[tid] = t0 + tid < a.n_tokens ? a.pos[t0 + tid] : -1;
@@ -74,9 +80,12 @@ __global__ void __launch_bounds__(AP_THREADS) attn_prefill_kernel(const ap_args 
     __syncthreads();
     int kv_end = 0;
     for (int r = 0; r < AP_Q; r++) kv_end = max(kv_end, row_pos[r] + 1);
+    /* This block's slice; the last one runs to the end whatever the caller's bound said. */
+    const int c_begin = split * a.split_len;
+    if (split + 1 < a.n_splits) kv_end = min(kv_end, c_begin + a.split_len);
 
     const uint16_t *kb = a.k + kvh * HK, *vb = a.v + kvh * HV;
-    for (int c0 = 0; c0 < kv_end; c0 += AP_KV) {
+    for (int c0 = c_begin; c0 < kv_end; c0 += AP_KV) {
         /* K and V tiles; cells past the last position are zeros (never garbage: 0 * NaN). */
         for (int i = tid; i < AP_KV * (HK / 8); i += AP_THREADS) {
             const int r = i / (HK / 8), d8 = i % (HK / 8), c = c0 + r;
@@ -105,7 +114,7 @@ __global__ void __launch_bounds__(AP_THREADS) attn_prefill_kernel(const ap_args 
         const int r = lane / 2, R = warp * 16 + r, col0 = (lane % 2) * 32, pos_r = row_pos[R];
         float mx = -INFINITY;
         for (int c = col0; c < col0 + 32; c++) {
-            const float sv = c0 + c <= pos_r ? S[r * SP + c] * a.scale : -INFINITY;
+            const float sv = c0 + c <= pos_r && c0 + c < kv_end ? S[r * SP + c] * a.scale : -INFINITY;
             S[r * SP + c] = sv;
             mx = fmaxf(mx, sv);
         }
@@ -142,6 +151,19 @@ __global__ void __launch_bounds__(AP_THREADS) attn_prefill_kernel(const ap_args 
         __syncthreads(); /* K/V tiles are replaced next */
     }
     __syncwarp();
+    if (a.n_splits > 1) { /* the slice's running output, max and sum, for the merge */
+        for (int i = lane; i < 16 * HV; i += 32) {
+            const int r = i / HV, d = i % HV, t = t0 + warp * 16 + r;
+            if (t < a.n_tokens) a.part_o[(((int64_t)t * a.n_head + h) * a.n_splits + split) * HV + d] = O[r * OP + d];
+        }
+        if (lane < 16 && t0 + warp * 16 + lane < a.n_tokens) {
+            const int R = warp * 16 + lane;
+            const int64_t slot = ((int64_t)(t0 + R) * a.n_head + h) * a.n_splits + split;
+            a.part_ml[slot * 2] = row_m[R];
+            a.part_ml[slot * 2 + 1] = row_l[R];
+        }
+        return;
+    }
     for (int i = lane; i < 16 * HV; i += 32) {
         const int r = i / HV, d = i % HV, R = warp * 16 + r, t = t0 + R;
         if (t < a.n_tokens)
@@ -149,9 +171,42 @@ __global__ void __launch_bounds__(AP_THREADS) attn_prefill_kernel(const ap_args 
     }
 }
 
+/* Slices of the cache for a step of n tokens over up to max_kv_len cells: as many as bring the
+ * tiles' blocks to AP_TARGET_BLOCKS, none shorter than AP_MIN_SPLIT cells; one (no merge) from
+ * 256 tokens on with 32 heads. */
+static void prefill_split(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len, int *n_splits,
+                          int *split_len) {
+    const int64_t blocks = ceil_div(n_tokens > 0 ? n_tokens : 1, AP_Q) * a->n_head, kv = max_kv_len > 0 ? max_kv_len : 1;
+    int64_t splits = ceil_div(AP_TARGET_BLOCKS, blocks);
+    if (splits > kv / AP_MIN_SPLIT) splits = kv / AP_MIN_SPLIT;
+    if (splits < 1) splits = 1;
+    *split_len = (int)(ceil_div(ceil_div(kv, splits), AP_KV) * AP_KV);
+    *n_splits = (int)ceil_div(kv, *split_len);
+}
+
+static size_t split_bytes(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len) {
+    int n_splits, split_len;
+    prefill_split(a, n_tokens, max_kv_len, &n_splits, &split_len);
+    return n_splits > 1 ? (size_t)n_tokens * (size_t)a->n_head * (size_t)n_splits * (size_t)(a->head_v + 2) * sizeof(float)
+                        : 0;
+}
+
+extern "C" size_t cuda_attention_prefill_work_bytes(const struct cuda_attn_shape *a, int64_t n_tokens,
+                                                    int32_t max_kv_len) {
+    /* The slices depend on the count of tiles: each count's most tokens, until one slice. */
+    size_t most = 0;
+    for (int64_t tiles = 1; tiles * AP_Q < n_tokens + AP_Q; tiles++) {
+        const int64_t n = tiles * AP_Q < n_tokens ? tiles * AP_Q : n_tokens;
+        const size_t bytes = split_bytes(a, n, max_kv_len);
+        if (bytes == 0) break;
+        most = bytes > most ? bytes : most;
+    }
+    return most;
+}
+
 extern "C" int64_t cuda_attention_prefill_from(const struct cuda_attn_shape *a) {
     if (!cuda_attention_prefill_supported(a)) return 0;
-    const int64_t from = 5 * (int64_t)(a->n_head / a->n_head_kv);
+    const int64_t group = a->n_head / a->n_head_kv, from = 2 * group > 8 ? 2 * group : 8;
     return from < AP_Q ? from : AP_Q;
 }
 
@@ -167,10 +222,12 @@ extern "C" bool cuda_attention_prefill_supported(const struct cuda_attn_shape *a
 
 extern "C" pshard_status cuda_attention_prefill(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv,
                                                 const float *q, int32_t seq, const int32_t *pos, int64_t n_tokens,
-                                                float *out, cuda_stream s) {
+                                                int32_t max_kv_len, float *out, void *work, size_t work_bytes,
+                                                cuda_stream s) {
     CUDA_ARG(cuda_attention_prefill_supported(a), "prefill attention: heads %d/%d of %d/%d not supported", a->n_head,
              a->n_head_kv, a->head_k, a->head_v);
     CUDA_ARG(n_tokens < (1 << 30), "prefill attention: %lld tokens", (long long)n_tokens);
+    CUDA_ARG(!work || work_bytes >= split_bytes(a, n_tokens, max_kv_len), "prefill attention: work buffer too small");
     if (n_tokens == 0) return PSHARD_OK;
     ap_args p = {};
     p.q = q;
@@ -183,10 +240,18 @@ extern "C" pshard_status cuda_attention_prefill(const struct cuda_attn_shape *a,
     p.n_head = a->n_head, p.group = a->n_head / a->n_head_kv, p.head_k = a->head_k, p.head_v = a->head_v;
     p.scale = a->scale;
     p.out = out;
+    prefill_split(a, n_tokens, max_kv_len, &p.n_splits, &p.split_len);
+    if (!work) p.n_splits = 1, p.split_len = 0; /* no room for slices: one block walks the cache */
+    if (p.n_splits > 1) {
+        p.part_o = (float *)work;
+        p.part_ml = p.part_o + (size_t)n_tokens * a->n_head * p.n_splits * a->head_v;
+    }
     const size_t smem = ap_smem(a->head_k, a->head_v).bytes;
     CUDA_TRY(cudaFuncSetAttribute(attn_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    const dim3 grid((unsigned)ceil_div(n_tokens, AP_Q), (unsigned)a->n_head);
+    const dim3 grid((unsigned)ceil_div(n_tokens, AP_Q), (unsigned)a->n_head, (unsigned)p.n_splits);
     attn_prefill_kernel<<<grid, AP_THREADS, smem, raw_stream(s)>>>(p);
     CUDA_TRY_LAUNCH("attention prefill");
+    if (p.n_splits > 1)
+        CORE_TRY(cuda_attention_merge(p.part_o, p.part_ml, p.n_splits, a->n_head, a->head_v, n_tokens, out, s));
     return PSHARD_OK;
 }

@@ -303,21 +303,27 @@ pshard_status cuda_attention_decode(const struct cuda_attn_shape *a, const struc
 
 /* The same for many tokens of one sequence (a prompt), on tensor cores: tiles of 64 queries x
  * 64 cells, f16 products with f32 accumulation and online softmax; head_k, head_v multiples of
- * 16 up to 128. Probabilities are rounded to f16 for the P.V product. */
+ * 16 up to 128. Probabilities are rounded to f16 for the P.V product. Where a step's query
+ * tiles and heads are too few blocks to fill the GPU, the cache (max_kv_len bounds pos[t] + 1)
+ * is split into slices of 512 cells or more, merged as the decode kernel's are, in `work`:
+ * cuda_attention_prefill_work_bytes for every step of up to n_tokens over up to max_kv_len
+ * cells (0 where none splits); work NULL: never split. */
 bool cuda_attention_prefill_supported(const struct cuda_attn_shape *a);
-/* Whether n tokens of one sequence should take the prompt kernel: from 5 tokens per query head
- * a KV head serves (its group), and from a full tile of 64 queries at the most. Below a tile a
- * block costs what a full tile's does, and n_head blocks each scan the whole cache; the decode
- * kernel spreads the cache over the GPU instead, but reads it once per token (once for a KV
- * head's group), so it pays for fewer tokens the smaller the group. On the H200, over caches of
- * 1K-32K cells, the prompt kernel was the faster from 40 tokens with groups of 8 (qwen30b: 2.36
- * against 4.09 ms at 63 tokens over 16K cells) and from 24 with groups of 4 (llama8b); the
- * decode kernel at 32 and 16 tokens (bench/cuda_kernels.md). */
+/* Whether n tokens of one sequence should take the prompt kernel: from 2 tokens per query head
+ * a KV head serves (its group), 8 at the least, a full tile of 64 queries at the most. Below a
+ * tile a block costs what a full tile's does; the decode kernel reads the cache once per token
+ * (once for a KV head's group), so it pays for fewer tokens the smaller the group. On the H200,
+ * with the cache in slices, the prompt kernel was the faster from 8 tokens over 4K-32K cells
+ * (qwen30b's 63 tokens over 16K cells: 0.37 ms a layer, against 4.09 with split-KV and 2.38
+ * walking the cache in one block); over 1K cells the decode kernel was the faster up to 16
+ * tokens with groups of 8 and 8 with groups of 4, by 17-21 us a layer (bench/cuda_kernels.md). */
 bool cuda_attention_prefill_pays(const struct cuda_attn_shape *a, int64_t n_tokens);
 /* The fewest tokens of one sequence that take the prompt kernel (as above; 0: never). */
 int64_t cuda_attention_prefill_from(const struct cuda_attn_shape *a);
+size_t cuda_attention_prefill_work_bytes(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len);
 pshard_status cuda_attention_prefill(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv, const float *q,
-                                     int32_t seq, const int32_t *pos, int64_t n_tokens, float *out, cuda_stream s);
+                                     int32_t seq, const int32_t *pos, int64_t n_tokens, int32_t max_kv_len, float *out,
+                                     void *work, size_t work_bytes, cuda_stream s);
 
 /* ---- Mixture of experts ---------------------------------------------------------------------- */
 

@@ -57,6 +57,11 @@ static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int cuda_block_elems(enum quant_type type);
 int cuda_block_bytes(enum quant_type type);
 
+/* Merges the slices of attention over a split cache ([token][head][slice] unnormalized outputs,
+ * then their running max and sum) into out [n_tokens][n_head * head_v]: both attention kernels. */
+pshard_status cuda_attention_merge(const float *part_o, const float *part_ml, int n_splits, int n_head, int head_v,
+                                   int64_t n_tokens, float *out, cuda_stream s);
+
 /* ---- device helpers */
 
 /* A half stored at a 2-byte aligned address, as f32. */

@@ -214,9 +214,15 @@ pshard_status cuda_attention_decode(const struct cuda_attn_shape *a, const struc
 bool cuda_attention_prefill_supported(const struct cuda_attn_shape *a) { (void)a; return false; }
 bool cuda_attention_prefill_pays(const struct cuda_attn_shape *a, int64_t n_tokens) { (void)a, (void)n_tokens; return false; }
 int64_t cuda_attention_prefill_from(const struct cuda_attn_shape *a) { (void)a; return 0; }
+size_t cuda_attention_prefill_work_bytes(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len) {
+    (void)a, (void)n_tokens, (void)max_kv_len;
+    return 0;
+}
 pshard_status cuda_attention_prefill(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv, const float *q,
-                                     int32_t seq, const int32_t *pos, int64_t n_tokens, float *out, cuda_stream s) {
-    (void)a, (void)kv, (void)q, (void)seq, (void)pos, (void)n_tokens, (void)out, (void)s;
+                                     int32_t seq, const int32_t *pos, int64_t n_tokens, int32_t max_kv_len, float *out,
+                                     void *work, size_t work_bytes, cuda_stream s) {
+    (void)a, (void)kv, (void)q, (void)seq, (void)pos, (void)n_tokens, (void)max_kv_len, (void)out, (void)work;
+    (void)work_bytes, (void)s;
     return no_cuda();
 }
 

@@ -215,6 +215,7 @@ static size_t work_bytes_needed(const struct model *model, const struct model_we
     grow_work(&work, cuda_matmul_work_bytes(&out, B));
     const struct cuda_attn_shape a = {(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v, 1};
     grow_work(&work, cuda_attention_decode_work_bytes(&a, B, p->n_ctx));
+    grow_work(&work, cuda_attention_prefill_work_bytes(&a, B, p->n_ctx));
     return align_up(work);
 }
 

@@ -78,7 +78,8 @@ static void gpu_attn_step(void *arg, int rep) {
     (void)rep;
     for (int i = 0; i < 4; i++) {
         if (b->n_tokens >= PROFILE_PROMPT_ATTN && cuda_attention_prefill_supported(&b->attn))
-            keep(b, cuda_attention_prefill(&b->attn, &b->kv, b->q, 0, b->pos, b->n_tokens, b->out, b->s));
+            keep(b, cuda_attention_prefill(&b->attn, &b->kv, b->q, 0, b->pos, b->n_tokens, (int32_t)b->cells, b->out,
+                                           b->work, b->work_bytes, b->s));
         else
             keep(b, cuda_attention_decode(&b->attn, &b->kv, b->q, b->seq, b->pos, b->n_tokens, (int32_t)b->cells, b->out,
                                           b->work, b->work_bytes, b->s));
@@ -432,7 +433,9 @@ static pshard_status attention_rates(struct gpu_bench *b, int64_t cells, int64_t
         b->n_tokens = n;
         st = cuda_copy_h2d(b->pos, pos, sizeof *pos * n, b->s);
         if (st == PSHARD_OK) st = cuda_stream_sync(b->s);
-        if (st != PSHARD_OK || cuda_attention_decode_work_bytes(&b->attn, n, (int32_t)b->cells) > b->work_bytes) continue;
+        if (st != PSHARD_OK || cuda_attention_decode_work_bytes(&b->attn, n, (int32_t)b->cells) > b->work_bytes ||
+            cuda_attention_prefill_work_bytes(&b->attn, n, (int32_t)b->cells) > b->work_bytes)
+            continue;
         const double seconds = measure_time_steps(gpu_attn_step, b) / 4;
         /* Prompt tokens attend on average half their window. */
         const double attended = small ? (double)b->cells : (double)window - n / 2.0;

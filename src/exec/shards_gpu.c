@@ -87,7 +87,8 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
     }
     if (g->capturing) max_len = ctx->params.n_ctx; /* a replayed bound must not depend on the position */
     if (one_seq && cuda_attention_prefill_pays(&g->attn_shape, n))
-        CORE_TRY(cuda_attention_prefill(&g->attn_shape, &g->kv[il], g->q, b->seq[0], g->pos, n, g->attn, s));
+        CORE_TRY(cuda_attention_prefill(&g->attn_shape, &g->kv[il], g->q, b->seq[0], g->pos, n, max_len, g->attn, g->work,
+                                        g->work_bytes, s));
     else
         CORE_TRY(cuda_attention_decode(&g->attn_shape, &g->kv[il], g->q, g->seq, g->pos, n, max_len, g->attn, g->work,
                                        g->work_bytes, s));

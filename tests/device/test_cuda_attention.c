@@ -31,8 +31,16 @@ static void reference(const struct cuda_attn_shape *a, const struct cache *c, co
                             c->v + seq[t] * c->n_ctx * c->v_width, pos[t] + 1, 0, a->n_head, out + t * a->n_head * a->head_v);
 }
 
+enum kernel { DECODE, PREFILL, PREFILL_ONE_SLICE };
+
+static const char *slices_label(const struct cuda_attn_shape *a, enum kernel kernel, int64_t n_tokens, int32_t max_len) {
+    if (kernel == PREFILL_ONE_SLICE) return ", one slice";
+    return kernel == PREFILL && cuda_attention_prefill_work_bytes(a, n_tokens, max_len) ? ", sliced" : "";
+}
+
 static void run_case(struct dt *d, const struct cuda_attn_shape *a, int64_t n_ctx, const int32_t *seq,
-                     const int32_t *pos, int64_t n_tokens, bool prefill) {
+                     const int32_t *pos, int64_t n_tokens, enum kernel kernel) {
+    const bool prefill = kernel != DECODE;
     const size_t mark = cuda_arena_mark(&d->arena);
     struct cache c;
     cache_init(d, &c, a, 3, n_ctx);
@@ -45,7 +53,9 @@ static void run_case(struct dt *d, const struct cuda_attn_shape *a, int64_t n_ct
     int32_t max_len = 0;
     for (int64_t t = 0; t < n_tokens; t++) max_len = pos[t] + 1 > max_len ? pos[t] + 1 : max_len;
     if (prefill) {
-        DT_CHECK(cuda_attention_prefill(a, &c.dev, dq, seq[0], dpos, n_tokens, dout, d->s));
+        const size_t wb = cuda_attention_prefill_work_bytes(a, n_tokens, max_len);
+        void *work = kernel == PREFILL_ONE_SLICE ? NULL : dt_alloc(d, wb ? wb : 1);
+        DT_CHECK(cuda_attention_prefill(a, &c.dev, dq, seq[0], dpos, n_tokens, max_len, dout, work, wb, d->s));
     } else {
         const size_t wb = cuda_attention_decode_work_bytes(a, n_tokens, max_len);
         DT_CHECK(cuda_attention_decode(a, &c.dev, dq, dseq, dpos, n_tokens, max_len, dout, dt_alloc(d, wb), wb, d->s));
@@ -54,9 +64,9 @@ static void run_case(struct dt *d, const struct cuda_attn_shape *a, int64_t n_ct
     int64_t where;
     const double tol = prefill ? 2e-3 : 2e-5;
     const double e = dt_max_err(got, want, o_n, 1.0, &where); /* |v| <= 1 */
-    dt_case(d, e <= tol, "attention %-7s heads %2d/%2d x %3d/%3d, %3lld tokens, up to %5d cells: max err %.2e (tol %.0e)",
-            prefill ? "prefill" : "decode", a->n_head, a->n_head_kv, a->head_k, a->head_v, (long long)n_tokens, max_len, e,
-            tol);
+    dt_case(d, e <= tol, "attention %-7s heads %2d/%2d x %3d/%3d, %3lld tokens, up to %5d cells%s: max err %.2e (tol %.0e)",
+            prefill ? "prefill" : "decode", a->n_head, a->n_head_kv, a->head_k, a->head_v, (long long)n_tokens, max_len,
+            slices_label(a, kernel, n_tokens, max_len), e, tol);
     if (!(e <= tol))
         printf("    token %lld head %lld dim %lld: got %.7g want %.7g\n", (long long)(where / (a->n_head * a->head_v)),
                (long long)(where / a->head_v % a->n_head), (long long)(where % a->head_v), got[where], want[where]);
@@ -69,9 +79,9 @@ static void decode_batch(struct dt *d, int n_head, int n_head_kv, int head_k, in
     /* Mixed batch: first cell only, short, long, the last cell, other sequences. */
     const int32_t seq[] = {0, 1, 2, 0, 1, 2, 0};
     const int32_t pos[] = {0, 5, (int32_t)n_ctx - 1, (int32_t)n_ctx / 2, 63, 64, (int32_t)n_ctx - 2};
-    run_case(d, &a, n_ctx, seq, pos, 1, false);
-    run_case(d, &a, n_ctx, seq + 2, pos + 2, 1, false);
-    run_case(d, &a, n_ctx, seq, pos, 7, false);
+    run_case(d, &a, n_ctx, seq, pos, 1, DECODE);
+    run_case(d, &a, n_ctx, seq + 2, pos + 2, 1, DECODE);
+    run_case(d, &a, n_ctx, seq, pos, 7, DECODE);
 }
 
 static void prefill(struct dt *d, int n_head, int n_head_kv, int head, int64_t n_tokens, int32_t first_pos) {
@@ -79,8 +89,10 @@ static void prefill(struct dt *d, int n_head, int n_head_kv, int head, int64_t n
     const int64_t n_ctx = first_pos + n_tokens + 5;
     int32_t *seq = dt_malloc(4 * (size_t)n_tokens), *pos = dt_malloc(4 * (size_t)n_tokens);
     for (int64_t t = 0; t < n_tokens; t++) seq[t] = 1, pos[t] = first_pos + (int32_t)t;
-    run_case(d, &a, n_ctx, seq, pos, n_tokens, true);
-    run_case(d, &a, n_ctx, seq, pos, n_tokens < 40 ? n_tokens : 40, false); /* the decode kernel on a prompt */
+    run_case(d, &a, n_ctx, seq, pos, n_tokens, PREFILL);
+    if (cuda_attention_prefill_work_bytes(&a, n_tokens, first_pos + (int32_t)n_tokens)) /* the cache in slices */
+        run_case(d, &a, n_ctx, seq, pos, n_tokens, PREFILL_ONE_SLICE);
+    run_case(d, &a, n_ctx, seq, pos, n_tokens < 40 ? n_tokens : 40, DECODE); /* the decode kernel on a prompt */
     free(seq), free(pos);
 }
 
@@ -102,10 +114,15 @@ int main(void) {
      * now run it (cuda_attention_prefill_pays): qwen30b's and llama8b's groups. */
     prefill(&d, 32, 4, 128, 40, 3000);
     prefill(&d, 32, 8, 128, 20, 1500);
-    /* Which kernel: 5 tokens per query head of a KV head's group, a full tile at the most. */
+    /* Slices of the cache: three tiles (the last part full) over 9000 cells, and a cache that
+     * ends inside a slice's last tile. */
+    prefill(&d, 32, 4, 128, 130, 9000);
+    prefill(&d, 8, 2, 64, 50, 2000);
+    /* Which kernel: 2 tokens per query head of a KV head's group, 8 at the least, a full tile
+     * at the most. */
     static const struct { int n_head, n_head_kv, tokens; bool prompt; } pick[] = {
-        {32, 4, 39, false}, {32, 4, 40, true}, {32, 8, 19, false}, {32, 8, 20, true},
-        {32, 32, 5, true},  {64, 4, 63, false}, {64, 4, 64, true}, {32, 4, 1, false}};
+        {32, 4, 15, false}, {32, 4, 16, true}, {32, 8, 7, false},  {32, 8, 8, true},  {32, 32, 7, false},
+        {32, 32, 8, true},  {64, 2, 63, false}, {64, 2, 64, true}, {32, 4, 1, false}};
     for (size_t i = 0; i < sizeof pick / sizeof pick[0]; i++) {
         const struct cuda_attn_shape a = {pick[i].n_head, pick[i].n_head_kv, 128, 128, 1};
         dt_case(&d, cuda_attention_prefill_pays(&a, pick[i].tokens) == pick[i].prompt,
