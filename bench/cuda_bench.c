@@ -354,10 +354,11 @@ static void bench_in_place(void) {
 
 /* F16 products reading host memory in place by the shape of llama8b's matrices: cuBLAS reads
  * them from the mapped pages (above 8 tokens) in as many tiles as the rows give, so the rate may
- * depend on the shape more than on the bytes. Two copies of each cycled, pinned memory. */
+ * depend on the shape more than on the bytes. Two copies of each cycled, from pinned memory and
+ * from a registered file mapping. */
 static void bench_in_place_shapes(void) {
     printf("\n### F16 matmul reading host memory in place by shape (llama8b), weight GB/s\n\n"
-           "| shape (rows x columns) | 1 token | 8 | 16 | 64 |\n|---|---|---|---|---|\n");
+           "| shape (rows x columns) | memory | 1 token | 8 | 16 | 64 |\n|---|---|---|---|---|---|\n");
     static const int64_t shapes[][2] = {{14336, 4096}, {4096, 14336}, {4096, 4096}, {1024, 4096}};
     const int tokens[4] = {1, 8, 16, 64};
     const size_t mark = cuda_arena_mark(&D.arena);
@@ -370,25 +371,37 @@ static void bench_in_place_shapes(void) {
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int64_t rows = shapes[si][0], cols = shapes[si][1];
         const size_t row = (size_t)cols * 2, bytes = row * (size_t)rows;
-        struct cuda_pinned alloc = {0};
+        struct cuda_pinned alloc = {0}, reg = {0};
         DT_CHECK(cuda_host_alloc(2 * bytes, &alloc));
         uint16_t *h = alloc.ptr;
         for (size_t i = 0; i < bytes; i++) h[i] = half_from_f32(dt_uniform(-1.0f, 1.0f)); /* both copies */
-        const uint8_t *dev;
-        DT_CHECK(cuda_host_device_pointer(alloc.ptr, (const void **)&dev));
-        printf("| %lld x %lld |", (long long)rows, (long long)cols);
-        for (int t = 0; t < 4; t++) {
-            const int iters = 8;
-            for (int it = -1; it < iters; it++) {
-                if (it == 0) DT_CHECK(cuda_event_record(ev0, D.s));
-                const struct cuda_matrix m = {QUANT_F16, dev + bytes * (size_t)((it + 2) % 2), cols, rows, 1, row};
-                DT_CHECK(cuda_matmul(D.ctx, &m, x, tokens[t], y, rows, work, (size_t)64 << 20, D.s));
+        /* The same bytes in a registered mapping of a file in /dev/shm, as the executor reads a model. */
+        char path[] = "/dev/shm/cuda_bench_XXXXXX";
+        const int fd = mkstemp(path);
+        const bool written = fd >= 0 && write(fd, alloc.ptr, 2 * bytes) == (ssize_t)(2 * bytes);
+        void *map = written ? mmap(NULL, 2 * bytes, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+        if (fd >= 0) close(fd), unlink(path);
+        if (map != MAP_FAILED) DT_CHECK(cuda_host_register(map, 2 * bytes, true, &reg));
+        const void *host[2] = {alloc.ptr, map};
+        const char *kinds[2] = {"cudaMallocHost", "registered file mapping"};
+        for (int k = 0; k < (map != MAP_FAILED ? 2 : 1); k++) {
+            const uint8_t *dev;
+            DT_CHECK(cuda_host_device_pointer(host[k], (const void **)&dev));
+            printf("| %lld x %lld | %s |", (long long)rows, (long long)cols, kinds[k]);
+            for (int t = 0; t < 4; t++) {
+                const int iters = 8;
+                for (int it = -1; it < iters; it++) {
+                    if (it == 0) DT_CHECK(cuda_event_record(ev0, D.s));
+                    const struct cuda_matrix m = {QUANT_F16, dev + bytes * (size_t)((it + 2) % 2), cols, rows, 1, row};
+                    DT_CHECK(cuda_matmul(D.ctx, &m, x, tokens[t], y, rows, work, (size_t)64 << 20, D.s));
+                }
+                DT_CHECK(cuda_event_record(ev1, D.s));
+                const double ms = elapsed_ms() / iters;
+                printf(" %.1f (%.2f ms) |", bytes / (ms * 1e6), ms);
             }
-            DT_CHECK(cuda_event_record(ev1, D.s));
-            const double ms = elapsed_ms() / iters;
-            printf(" %.1f (%.2f ms) |", bytes / (ms * 1e6), ms);
+            printf("\n");
         }
-        printf("\n");
+        if (map != MAP_FAILED) cuda_pinned_release(&reg), munmap(map, 2 * bytes);
         cuda_pinned_release(&alloc);
     }
     cuda_arena_reset(&D.arena, mark);
