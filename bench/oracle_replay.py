@@ -45,7 +45,8 @@ UPGRADES = {9: {"expert_reads_share_under_cpu": "reads_share_under_cpu",
                 "cpu_share_under_expert_reads": "cpu_share_under_reads"},
             12: {"gpu_attn_long": "gpu_attn"},  # format 11 measured attention over one cache length
             13: {"expert_reads_share_under_cpu_16": "expert_reads_share_under_cpu",  # format 12 measured
-                 "cpu_share_under_expert_reads_16": "cpu_share_under_expert_reads"}}  # one token's only
+                 "cpu_share_under_expert_reads_16": "cpu_share_under_expert_reads"},  # one token's only
+            14: {}}  # format 13 read dense weights in place from aligned memory, not the model's offsets
 
 
 def query_heads_per_kv(model):

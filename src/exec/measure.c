@@ -68,6 +68,7 @@ void measure_shapes_of(const struct model *m, struct shapes *s) {
                 if (name_has(&g->name, "gate_exps")) add_type(s->gate, &s->n_moe, (enum quant_type)g->type);
                 if (name_has(&g->name, "down_exps") && s->n_moe) s->down[s->n_moe - 1] = (enum quant_type)g->type;
             } else if (sh->kind != SHARD_EMBED) {
+                if (!s->n_dense) s->host_skew = (uintptr_t)g->data % 256;
                 add_type(s->dense, &s->n_dense, (enum quant_type)g->type);
             }
         }

@@ -25,6 +25,7 @@ struct gpu_bench {
     size_t m_bytes;
     int copies;
     const uint8_t *m_base;
+    size_t host_skew; /* in-place matrices start this far past 256 bytes (shapes.host_skew) */
     /* experts */
     struct cuda_moe moe;
     int32_t *ids;
@@ -281,10 +282,13 @@ static pshard_status gpu_matrix(struct gpu_bench *b, enum quant_type t, int64_t 
     measure_fill(host, b->m_bytes, 9);
     void *dev = NULL;
     pshard_status st;
-    if (zero_copy) {
-        st = cuda_host_alloc(b->m_bytes * b->copies, &b->pinned);
-        for (int c = 0; st == PSHARD_OK && c < b->copies; c++) memcpy((uint8_t *)b->pinned.ptr + b->m_bytes * c, host, b->m_bytes);
+    if (zero_copy) { /* as far past an aligned address as the model's weights lie in its file */
+        const size_t skew = b->host_skew;
+        st = cuda_host_alloc(b->m_bytes * b->copies + skew, &b->pinned);
+        for (int c = 0; st == PSHARD_OK && c < b->copies; c++)
+            memcpy((uint8_t *)b->pinned.ptr + skew + b->m_bytes * c, host, b->m_bytes);
         if (st == PSHARD_OK) st = cuda_host_device_pointer(b->pinned.ptr, (const void **)&dev);
+        if (st == PSHARD_OK) dev = (uint8_t *)dev + skew;
     } else {
         st = carve(b, b->m_bytes * b->copies, &dev);
         for (int c = 0; st == PSHARD_OK && c < b->copies; c++)
@@ -674,6 +678,7 @@ pshard_status measure_gpu_rates(const struct measure_request *req, const struct 
     }
     b.s = cuda_ctx_compute_stream(b.cuda);
     b.copy = cuda_ctx_copy_stream(b.cuda);
+    b.host_skew = sh->host_skew;
     const int64_t B = profile_tokens[PROFILE_TOKENS - 1];
     const int64_t width = sh->rows > sh->n_embd ? sh->rows : sh->n_embd, k = sh->k > 0 ? sh->k : 1;
     b.work_bytes = moe_work_bytes(sh, B);

@@ -16,7 +16,7 @@
 
 #include "pshard.h"
 
-#define PROFILE_VERSION 13
+#define PROFILE_VERSION 14
 enum {
     PROFILE_TOKENS = 6,   /* token counts: 1, 4, 16, 64, 256, 1024 */
     PROFILE_SIZES = 5,    /* transfer sizes: 64 KiB, 512 KiB, 4 MiB, 32 MiB, 128 MiB */
@@ -92,7 +92,8 @@ struct profile {
     double h2d_gbps[PROFILE_SIZES], d2h_gbps[PROFILE_SIZES]; /* pinned copies by size */
     /* Kernels reading registered host memory in place, seconds per weight byte at each token
      * count (a kernel may read its weights more than once when it takes many tokens): a dense
-     * matmul, and the expert kernel per byte of the experts the tokens chose. */
+     * matmul, from as far past a 256-byte boundary as the profiled model's weights lie in its
+     * file (format 14), and the expert kernel per byte of the experts the tokens chose. */
     double zero_copy[PROFILE_TOKENS], zero_copy_experts[PROFILE_TOKENS];
     /* One token's expert call reading n experts in place takes this plus their bytes at
      * zero_copy_experts[0] (fitted from calls of 2 and of k experts: on the H200, about 40 us
