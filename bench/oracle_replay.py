@@ -45,8 +45,7 @@ UPGRADES = {9: {"expert_reads_share_under_cpu": "reads_share_under_cpu",
                 "cpu_share_under_expert_reads": "cpu_share_under_reads"},
             12: {"gpu_attn_long": "gpu_attn"},  # format 11 measured attention over one cache length
             13: {"expert_reads_share_under_cpu_16": "expert_reads_share_under_cpu",  # format 12 measured
-                 "cpu_share_under_expert_reads_16": "cpu_share_under_expert_reads"},  # one token's only
-            14: {}}  # format 13 read dense weights in place from aligned memory, not the model's offsets
+                 "cpu_share_under_expert_reads_16": "cpu_share_under_expert_reads"}}  # one token's only
 
 
 def query_heads_per_kv(model):
@@ -78,6 +77,9 @@ def upgraded(profile, refusal, model):
         if version == 11:  # one token's in-place expert call: its fixed part was in the rate;
             p.setdefault("zero_copy_expert_call_s", 0.0)  # host memory served to both: unmeasured
             p.setdefault("host_served_gbps", 0.0)
+            continue
+        if version == 14:  # format 13 read dense weights in place from aligned memory
+            p.setdefault("in_place_skew", 0)
             continue
         if version not in UPGRADES:
             sys.exit("%s: format %d, and no upgrade to format %d is known" % (profile, have, version))

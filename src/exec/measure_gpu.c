@@ -679,6 +679,7 @@ pshard_status measure_gpu_rates(const struct measure_request *req, const struct 
     b.s = cuda_ctx_compute_stream(b.cuda);
     b.copy = cuda_ctx_copy_stream(b.cuda);
     b.host_skew = sh->host_skew;
+    p->in_place_skew = (int32_t)sh->host_skew;
     const int64_t B = profile_tokens[PROFILE_TOKENS - 1];
     const int64_t width = sh->rows > sh->n_embd ? sh->rows : sh->n_embd, k = sh->k > 0 ? sh->k : 1;
     b.work_bytes = moe_work_bytes(sh, B);

@@ -314,6 +314,7 @@ static json_t *profile_json(const struct profile *p) {
     ok &= refine && put(root, "refine", refine);
     ok &= put(root, "zero_copy_experts", reals_json(p->zero_copy_experts, PROFILE_TOKENS));
     ok &= put(root, "zero_copy_expert_call_s", json_real(p->zero_copy_expert_call_s));
+    ok &= put(root, "in_place_skew", json_integer(p->in_place_skew));
     ok &= put(root, "cpu_moe_call_s", json_real(p->cpu_moe_call_s));
     ok &= put(root, "launch_s", json_real(p->launch_s));
     ok &= put(root, "graph_node_s", json_real(p->graph_node_s));
@@ -540,6 +541,9 @@ static pshard_status profile_from_json(const char *path, json_t *root, struct pr
     }
     CORE_TRY(read_reals(path, root, "zero_copy_experts", p->zero_copy_experts, PROFILE_TOKENS));
     CORE_TRY(read_real(path, root, "zero_copy_expert_call_s", &p->zero_copy_expert_call_s));
+    int64_t skew;
+    CORE_TRY(read_int(path, root, "in_place_skew", 0, 255, &skew));
+    p->in_place_skew = (int32_t)skew;
     CORE_TRY(read_real(path, root, "cpu_moe_call_s", &p->cpu_moe_call_s));
     CORE_TRY(read_real(path, root, "launch_s", &p->launch_s));
     CORE_TRY(read_real(path, root, "graph_node_s", &p->graph_node_s));

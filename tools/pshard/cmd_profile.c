@@ -61,6 +61,7 @@ static void print_gpu(const struct profile *p) {
     printf(" (H2D/D2H)\n");
     printf("  %-19s", "in place: matmul");
     for (int i = 0; i < PROFILE_TOKENS; i++) printf(" %9.3g", p->zero_copy[i] > 0 ? 1e-9 / p->zero_copy[i] : 0);
+    printf(" (from %d bytes past 256, as the profiled model's weights lie)", p->in_place_skew);
     printf("\n  %-19s", "in place: experts");
     for (int i = 0; i < PROFILE_TOKENS; i++) printf(" %9.3g", p->zero_copy_experts[i] > 0 ? 1e-9 / p->zero_copy_experts[i] : 0);
     printf(" (one token's call: %.1f us besides its bytes)", p->zero_copy_expert_call_s * 1e6);
