@@ -360,10 +360,12 @@ static pshard_status zero_copy_experts(struct gpu_bench *b, const struct shapes 
     const size_t gate = cuda_align(quant_row_bytes(sh->gate[0], d) * (size_t)ff * E);
     const size_t down = cuda_align(quant_row_bytes(sh->down[0], ff) * (size_t)d * E);
     struct cuda_pinned host = {0};
-    CORE_TRY(cuda_host_alloc(2 * gate + down, &host));
-    measure_fill(host.ptr, 2 * gate + down, 13);
+    const size_t skew = b->host_skew; /* as far past 256 bytes as the model's weights */
+    CORE_TRY(cuda_host_alloc(2 * gate + down + skew, &host));
+    measure_fill(host.ptr, 2 * gate + down + skew, 13);
     const uint8_t *dev = NULL;
     pshard_status st = cuda_host_device_pointer(host.ptr, (const void **)&dev);
+    if (st == PSHARD_OK) dev += skew;
     b->moe.gate = (struct cuda_matrix){sh->gate[0], dev, d, ff, E, quant_row_bytes(sh->gate[0], d)};
     b->moe.up = (struct cuda_matrix){sh->gate[0], dev + gate, d, ff, E, quant_row_bytes(sh->gate[0], d)};
     b->moe.down = (struct cuda_matrix){sh->down[0], dev + 2 * gate, ff, d, E, quant_row_bytes(sh->down[0], ff)};

@@ -28,10 +28,11 @@ struct shapes {
     struct cpu_attn_shape attn;
     enum quant_type dense[PROFILE_FORMATS], gate[PROFILE_FORMATS], down[PROFILE_FORMATS];
     int n_dense, n_moe;
-    /* Bytes past a 256-byte boundary where the model's first dense matrix starts in its mapped
-     * file (GGUF aligns tensors to 32 bytes): kernels reading weights in place are timed from
-     * as far past one, since cuBLAS read llama8b's F16 weights 96 bytes past one at 33-37 GB/s
-     * where it read them aligned at 51 (H200, 16 tokens). */
+    /* Bytes past a 256-byte boundary where the model's first matrix after the embedding starts
+     * in its mapped file (GGUF aligns tensors to 32 bytes; a file's tensors share the offset
+     * where their sizes are multiples of 256): kernels reading weights in place, dense and
+     * experts, are timed from as far past one, since cuBLAS read llama8b's F16 weights 96 bytes
+     * past one at 33-37 GB/s where it read them aligned at 51 (H200, 16 tokens). */
     size_t host_skew;
 };
 

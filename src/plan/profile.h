@@ -92,10 +92,11 @@ struct profile {
     double h2d_gbps[PROFILE_SIZES], d2h_gbps[PROFILE_SIZES]; /* pinned copies by size */
     /* Kernels reading registered host memory in place, seconds per weight byte at each token
      * count (a kernel may read its weights more than once when it takes many tokens): a dense
-     * matmul, from as far past a 256-byte boundary as the profiled model's weights lie in its
-     * file (format 14), and the expert kernel per byte of the experts the tokens chose. */
+     * matmul, and the expert kernel per byte of the experts the tokens chose; both from as far
+     * past a 256-byte boundary as the profiled model's weights lie in its file (format 14). */
     double zero_copy[PROFILE_TOKENS], zero_copy_experts[PROFILE_TOKENS];
-    int32_t in_place_skew; /* bytes past 256 the dense in-place reads were timed from (0-255) */
+    int32_t in_place_skew; /* bytes past 256 the in-place reads were timed from (0-255): the profiled
+                              model's weights' offset (format 14) */
     /* One token's expert call reading n experts in place takes this plus their bytes at
      * zero_copy_experts[0] (fitted from calls of 2 and of k experts: on the H200, about 40 us
      * plus 54 us an expert, so 2 experts cost 30 us more than the bytes of 8 say). */
