@@ -16,11 +16,18 @@ if [ -z "${PSHARD_BUILD:-}" ]; then
 fi
 start=$(date +%s)
 left() { echo $((seconds - ($(date +%s) - start))); }
+# Every model first, then a pause: CPU rates measured soon after large writes to /dev/shm have
+# read up to 2x slow (bench/RESULTS.md).
+wrote=0
+for case in "$@"; do
+  model=/dev/shm/${case%%:*}.gguf
+  [ -f "$model" ] || { "$bin/gguf-synth" --shape "${case%%:*}" -o "$model" --quiet && wrote=1; } || exit 1
+done
+[ "$wrote" = 0 ] || sleep 20
 n=0
 for case in "$@"; do
   IFS=: read -r shape budgets contexts tiers <<<"$case"
   model=/dev/shm/$shape.gguf
-  [ -f "$model" ] || "$bin/gguf-synth" --shape "$shape" -o "$model" --quiet || exit 1
   [ -f "$out/profile_$shape.txt" ] || "$bin/pshard" profile -m "$model" -t 16 > "$out/profile_$shape.txt" 2>&1
   if [ "$(left)" -le 20 ]; then echo "== $case: no time left"; continue; fi
   n=$((n + 1))
