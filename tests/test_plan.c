@@ -838,17 +838,37 @@ static void test_cost_launches_and_hand_offs(void **state) {
     plan_free(&p);
 }
 
+/* The MB figure after `words` in the last error. */
+static int64_t named_mb(const char *words) {
+    const char *at = strstr(pshard_last_error(), words);
+    assert_non_null(at);
+    return strtoll(at + strlen(words), NULL, 10);
+}
+
+/* A budget too small names the minimum: the named budget builds, one MB less does not. */
 static void test_too_small_names_the_minimum(void **state) {
     (void)state;
-    struct plan p;
-    struct plan_request r = base;
-    r.vram_budget = 64 << 20;
-    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_ERR_RANGE);
-    assert_non_null(strstr(pshard_last_error(), "minimum"));
-    r.family = PLAN_GPU;
-    r.vram_budget = 200 << 20;
-    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_ERR_RANGE);
-    assert_non_null(strstr(pshard_last_error(), "gpu plan needs at least"));
+    static const struct {
+        enum plan_family family;
+        int set; /* plan_request.staging: -1, or a PLAN_SET_* */
+        const char *words;
+    } cases[] = {{PLAN_STATIC, -1, "minimum for this model and context is "},
+                 {PLAN_DYNAMIC, PLAN_SET_RING, "minimum for this model and context is "},
+                 {PLAN_GPU, -1, "gpu plan needs at least "},
+                 {PLAN_STATIC, PLAN_SET_ALL_KV, "static plan needs at least "}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct plan p;
+        struct plan_request r = base;
+        r.family = cases[i].family, r.staging = cases[i].set;
+        r.vram_budget = 1 << 20;
+        assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_ERR_RANGE);
+        const int64_t mb = named_mb(cases[i].words);
+        r.vram_budget = mb << 20;
+        assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+        plan_free(&p);
+        r.vram_budget = (mb - 1) << 20;
+        assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_ERR_RANGE);
+    }
 }
 
 /* The cost model: more VRAM never predicts a slower gpu plan; learning from measured steps

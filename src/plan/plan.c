@@ -529,6 +529,32 @@ static void reset_places(struct plan *p) {
     if (p->lent) memset(p->lent, 0, sizeof *p->lent * p->n_shards);
 }
 
+/* Staging slots a budget holds: PLAN_STAGING_SLOTS where they are a small part of it. */
+static uint32_t slots_for(uint64_t budget, uint64_t slot) {
+    return budget >= 32 * PLAN_STAGING_SLOTS * slot ? PLAN_STAGING_SLOTS : PLAN_MIN_SLOTS;
+}
+
+/* VRAM for every shard and its KV resident, with the GPU's buffers: a budget this large holds
+ * the whole model, one plan for every tier. */
+static uint64_t all_resident_bytes(const struct model *m, const struct plan_request *req, const struct plan_gpu_costs *costs) {
+    uint64_t all = costs->activations + costs->logits + costs->work + costs->blas;
+    for (uint32_t i = 0; i < m->n_shards; i++) all += m->shards[i].weight_bytes + kv_bytes(&m->shards[i], req);
+    return all;
+}
+
+/* The least budget that holds `base` bytes besides the slots it would then have (with_slots),
+ * or the whole model where that is less, whole MB up: what an error names as the minimum. */
+static double minimum_mb(const struct model *m, const struct plan_request *req, const struct plan_gpu_costs *costs,
+                         uint64_t base, uint64_t slot, bool with_slots) {
+    uint64_t least = base;
+    if (with_slots) {
+        least = base + PLAN_MIN_SLOTS * slot;
+        if (slots_for(least, slot) == PLAN_STAGING_SLOTS) least = base + PLAN_STAGING_SLOTS * slot;
+    }
+    const uint64_t all = all_resident_bytes(m, req, costs);
+    return ceil((all < least ? all : least) / 1048576.0);
+}
+
 /* The resident set of a budget with or without the staging ring; every tier starts from it. */
 static pshard_status resident_set(const struct model *m, const struct plan_request *req, const struct plan_gpu_costs *costs,
                                   const struct profile *prof, uint64_t budget, bool staging, bool kv_first, struct plan *p) {
@@ -536,7 +562,7 @@ static pshard_status resident_set(const struct model *m, const struct plan_reque
     p->budget.total = budget;
     const uint64_t fixed = costs->activations + costs->logits + costs->work + costs->blas + costs->host_mapping;
     const uint64_t slot = slot_size(m, p);
-    const uint32_t n_slots = budget >= 32 * PLAN_STAGING_SLOTS * slot ? PLAN_STAGING_SLOTS : PLAN_MIN_SLOTS;
+    const uint32_t n_slots = slots_for(budget, slot);
     const uint64_t ring = staging ? n_slots * slot : 0;
     uint64_t smallest_kv = UINT64_MAX;
     for (uint32_t i = 0; i < m->n_shards; i++)
@@ -544,7 +570,7 @@ static pshard_status resident_set(const struct model *m, const struct plan_reque
     if (budget < fixed + ring + smallest_kv)
         return core_fail(PSHARD_ERR_RANGE, "a VRAM budget of %.0f MB cannot hold even one layer's KV cache besides the "
                          "GPU's buffers; the minimum for this model and context is %.0f MB (or use 0 to run on the CPU)",
-                         budget / 1048576.0, (fixed + ring + smallest_kv) / 1048576.0 + 1);
+                         budget / 1048576.0, minimum_mb(m, req, costs, fixed + smallest_kv, slot, staging));
     if (staging) p->n_slots = n_slots, p->slot_bytes = slot, p->budget.staging = ring;
     CORE_TRY(choose_resident(m, req, prof, budget - fixed - ring, kv_first, p));
     return staging && p->lent ? lend_slots(m, p) : PSHARD_OK;
@@ -814,8 +840,7 @@ static pshard_status build(const struct model *m, const struct plan_request *req
         return PSHARD_OK;
     }
     uint64_t fixed = costs->activations + costs->logits + costs->work + costs->blas;
-    uint64_t all = fixed;
-    for (uint32_t i = 0; i < n; i++) all += m->shards[i].weight_bytes + kv_bytes(&m->shards[i], req);
+    const uint64_t all = all_resident_bytes(m, req, costs);
     const uint64_t budget = req->vram_budget < 0 ? all : (uint64_t)req->vram_budget;
     p->budget.total = budget;
     p->family = req->family;
@@ -848,16 +873,18 @@ static pshard_status build(const struct model *m, const struct plan_request *req
     if (all_attention) {
         /* Every attention on the GPU: its KV, every shard's vectors and every MoE router resident. */
         const uint64_t slot = slot_size(m, p);
-        uint64_t need = fixed + costs->host_mapping + (budget >= 32 * PLAN_STAGING_SLOTS * slot ? PLAN_STAGING_SLOTS : PLAN_MIN_SLOTS) * slot;
+        uint64_t need = fixed + costs->host_mapping; /* besides the slots */
         for (uint32_t j = 0; j < n; j++) {
             const struct shard *q = &m->shards[j];
             need += kv_bytes(q, req) + (q->kind == SHARD_MOE ? shared_bytes(q) : 0) +
                     (q->kind != SHARD_MOE && q->kind != SHARD_EMBED ? q->weight_bytes - matrix_bytes(q) : 0);
         }
-        if (budget < need)
-            return core_fail(PSHARD_ERR_RANGE, "the gpu plan needs at least %.0f MB of VRAM for this model and context "
-                             "(buffers, the staging slots of %.1f MB, the KV cache); the budget is %.0f MB",
-                             need / 1048576.0 + 1, slot / 1048576.0, budget / 1048576.0);
+        if (budget < need + slots_for(budget, slot) * slot)
+            return core_fail(PSHARD_ERR_RANGE, "the %s plan needs at least %.0f MB of VRAM for this model and context "
+                             "(every layer's attention on the GPU: buffers, the staging slots of %.1f MB, the KV cache); "
+                             "the budget is %.0f MB",
+                             plan_family_name(family), minimum_mb(m, req, costs, need, slot, true), slot / 1048576.0,
+                             budget / 1048576.0);
     }
     pshard_status st = resident_set(m, req, costs, prof, budget, staging, all_attention, p);
     if (st != PSHARD_OK && staging && family != PLAN_GPU && !candidate) {
