@@ -1,11 +1,12 @@
 /* Prefill attention on tensor cores (flash attention): a block takes 64 queries of one
  * sequence and one head, walks the cache in tiles of 64 cells up to its last position, and
- * keeps the output in shared memory. Where the tiles and heads give fewer blocks than fill
- * the GPU (a few dozen tokens at the end of a long cache), the cache is split into slices, a
- * block per slice, and the decode kernel's merge combines them (flash-decoding). Each of its 4 warps owns 16 queries: S = Q K^T with WMMA
+ * keeps the output in shared memory. Each of its 4 warps owns 16 queries: S = Q K^T with WMMA
  * (f16 in, f32 accumulate), then a causal mask, the online softmax in f32 (two lanes per row),
  * P rounded to f16, O = O * rescale + P V with WMMA. The row sums add the same rounded P that
- * multiplies V, so every output is an exact convex combination of the f16 values. */
+ * multiplies V, so every output is an exact convex combination of the f16 values. Where the
+ * tiles and heads give fewer blocks than fill the GPU (a few dozen tokens at the end of a long
+ * cache), the cache is split into slices, a block per slice, and the decode kernel's merge
+ * combines them (flash-decoding). */
 #include "cuda/cuda_internal.cuh"
 
 #include <math.h>
@@ -176,7 +177,8 @@ __global__ void __launch_bounds__(AP_THREADS) attn_prefill_kernel(const ap_args 
  * 256 tokens on with 32 heads. */
 static void prefill_split(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len, int *n_splits,
                           int *split_len) {
-    const int64_t blocks = ceil_div(n_tokens > 0 ? n_tokens : 1, AP_Q) * a->n_head, kv = max_kv_len > 0 ? max_kv_len : 1;
+    const int64_t blocks = ceil_div(n_tokens > 0 ? n_tokens : 1, AP_Q) * a->n_head;
+    const int64_t kv = max_kv_len > 0 ? max_kv_len : 1;
     int64_t splits = ceil_div(AP_TARGET_BLOCKS, blocks);
     if (splits > kv / AP_MIN_SPLIT) splits = kv / AP_MIN_SPLIT;
     if (splits < 1) splits = 1;
@@ -187,8 +189,8 @@ static void prefill_split(const struct cuda_attn_shape *a, int64_t n_tokens, int
 static size_t split_bytes(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len) {
     int n_splits, split_len;
     prefill_split(a, n_tokens, max_kv_len, &n_splits, &split_len);
-    return n_splits > 1 ? (size_t)n_tokens * (size_t)a->n_head * (size_t)n_splits * (size_t)(a->head_v + 2) * sizeof(float)
-                        : 0;
+    if (n_splits < 2) return 0;
+    return (size_t)n_tokens * (size_t)a->n_head * (size_t)n_splits * (size_t)(a->head_v + 2) * sizeof(float);
 }
 
 extern "C" size_t cuda_attention_prefill_work_bytes(const struct cuda_attn_shape *a, int64_t n_tokens,
