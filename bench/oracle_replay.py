@@ -78,8 +78,10 @@ def upgraded(profile, refusal, model):
             p.setdefault("zero_copy_expert_call_s", 0.0)  # host memory served to both: unmeasured
             p.setdefault("host_served_gbps", 0.0)
             continue
-        if version == 14:  # format 13 read dense weights in place from aligned memory
-            p.setdefault("in_place_skew", 0)
+        if version == 14:  # format 13 read weights in place from aligned memory only
+            p.setdefault("zero_copy_off", p["zero_copy"])
+            p.setdefault("zero_copy_experts_off", p["zero_copy_experts"])
+            p.setdefault("in_place_skew", 32)
             continue
         if version not in UPGRADES:
             sys.exit("%s: format %d, and no upgrade to format %d is known" % (profile, have, version))

@@ -185,12 +185,14 @@ static void test_others_share(void **state) {
     assert_true(own >= 0 && own < busy);
 }
 
-/* The profile times in-place reads from as far past 256 bytes as the model's first matrix after
- * the embedding starts in its mapping: a multiple of the file's alignment; 0 without a model. */
+/* The model's weights_skew is how far past 256 bytes its first matrix after the embedding starts
+ * in the mapping, a multiple of the file's alignment; the profile's off-alignment reads are timed
+ * from there (0 without a model). */
 static void test_shapes_host_skew(void **state) {
     struct fixture *f = *state;
     struct shapes s;
     measure_shapes_of(&f->model, &s);
+    assert_int_equal(s.host_skew, f->model.weights_skew);
     const struct gguf_tensor *first = NULL;
     for (uint32_t i = 0; i < f->model.n_shards && !first; i++)
         for (uint32_t t = 0; t < f->model.shards[i].n_tensors && !first; t++) {

@@ -873,6 +873,32 @@ static void test_too_small_names_the_minimum(void **state) {
 
 /* The cost model: more VRAM never predicts a slower gpu plan; learning from measured steps
  * scales later predictions by measured over predicted, within bounds. */
+/* Weights read in place cost the profile's aligned rates where the model's lie on 128 bytes, its
+ * off-alignment rates (zero_copy_off) otherwise. */
+static void test_in_place_rates_follow_alignment(void **state) {
+    (void)state;
+    struct profile prof;
+    plan_profile(NULL, &prof);
+    for (int i = 0; i < PROFILE_TOKENS; i++) prof.zero_copy_off[i] = 2 * prof.zero_copy[i];
+    struct plan_request r = base;
+    r.family = PLAN_GPU;
+    r.profile = &prof;
+    r.vram_budget = (int64_t)(fixed() + attention_and_kv(&model, 2048) + (8 << 20));
+    struct plan p;
+    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    struct model aligned = model, off = model, next_line = model;
+    aligned.weights_skew = 0, off.weights_skew = 96, next_line.weights_skew = 128;
+    struct cost_step a, o, n;
+    cost_step(&prof, &aligned, &p, &p.tier[0], 1, 1000, &a);
+    cost_step(&prof, &off, &p, &p.tier[0], 1, 1000, &o);
+    cost_step(&prof, &next_line, &p, &p.tier[0], 1, 1000, &n);
+    assert_true(a.pcie_s > 0);
+    /* PCIe time is the reads (twice as long) and the activations' crossings (the same). */
+    assert_true(o.pcie_s > 1.99 * a.pcie_s && o.pcie_s <= 2 * a.pcie_s && o.seconds > a.seconds);
+    assert_true(n.seconds == a.seconds);
+    plan_free(&p);
+}
+
 static void test_cost_model_and_learning(void **state) {
     (void)state;
     struct profile prof;
@@ -1167,7 +1193,8 @@ int main(void) {
         cmocka_unit_test(test_static_fills_by_priority),    cmocka_unit_test(test_gpu_streams_what_does_not_fit),
         cmocka_unit_test(test_auto_picks_the_fastest_per_tier),
         cmocka_unit_test(test_auto_resident_set), cmocka_unit_test(test_moe_experts_by_range),
-        cmocka_unit_test(test_too_small_names_the_minimum), cmocka_unit_test(test_parse),
+        cmocka_unit_test(test_too_small_names_the_minimum), cmocka_unit_test(test_in_place_rates_follow_alignment),
+        cmocka_unit_test(test_parse),
         cmocka_unit_test(test_cost_model_and_learning), cmocka_unit_test(test_dynamic_balances_from_the_profile),
         cmocka_unit_test(test_dynamic_ring_tiers_stage_alike), cmocka_unit_test(test_cost_launches_and_hand_offs),
         cmocka_unit_test(test_lent_slots), cmocka_unit_test(test_cost_attention_call),

@@ -60,6 +60,7 @@ static struct profile sample(void) {
     p.cpu_moe_call_s = 7.5e-5;
     p.zero_copy_expert_call_s = 3.25e-5;
     p.in_place_skew = 96;
+    p.zero_copy_off[2] = 1.0 / 35.5e9, p.zero_copy_experts_off[1] = 1.0 / 17.75e9;
     p.kernel_s = 4.25e-6;
     p.gpu_attn_call_s = 3.125e-5;
     p.gpu_attn_long[2] = 2.0 / 3.0 * 1e-12;
@@ -134,6 +135,8 @@ static void assert_profiles_equal(const struct profile *a, const struct profile 
     assert_true(a->cpu_moe_call_s == b->cpu_moe_call_s);
     assert_true(a->zero_copy_expert_call_s == b->zero_copy_expert_call_s);
     assert_int_equal(a->in_place_skew, b->in_place_skew);
+    assert_true(!memcmp(a->zero_copy_off, b->zero_copy_off, sizeof a->zero_copy_off));
+    assert_true(!memcmp(a->zero_copy_experts_off, b->zero_copy_experts_off, sizeof a->zero_copy_experts_off));
     assert_true(a->kernel_s == b->kernel_s);
     assert_true(!memcmp(a->refine, b->refine, sizeof a->refine));
     assert_true(a->launch_s == b->launch_s);
@@ -364,6 +367,7 @@ static void test_refuses_malformed(void **state) {
         {"1.375", "-1.375", "\"refine\""},                                              /* negative */
         {"\"in_place_skew\": 96", "\"in_place_skew\": 256", "\"in_place_skew\""},    /* past 255 */
         {"\"in_place_skew\": 96", "\"in_place_skew\": 9.5", "\"in_place_skew\""},    /* not an integer */
+        {"\"zero_copy_off\": [", "\"zero_copy_off\": [1.0, ", "\"zero_copy_off\""},  /* 7 numbers */
     };
     for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
         write_text(path, good);

@@ -59,13 +59,12 @@ void measure_shapes_of(const struct model *m, struct shapes *s) {
     s->k = (int)hp->n_expert_used;
     s->attn = (struct cpu_attn_shape){(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v,
                                       1.0f / sqrtf((float)hp->head_dim_k)};
-    bool skew_found = false;
+    s->host_skew = m->weights_skew;
     for (uint32_t i = 0; i < m->n_shards; i++) {
         const struct shard *sh = &m->shards[i];
         for (uint32_t t = 0; t < sh->n_tensors; t++) {
             const struct gguf_tensor *g = sh->tensors[t];
             if (!model_tensor_is_matrix(g)) continue;
-            if (sh->kind != SHARD_EMBED && !skew_found) s->host_skew = (uintptr_t)g->data % 256, skew_found = true;
             if (model_tensor_is_experts(g)) {
                 if (name_has(&g->name, "gate_exps")) add_type(s->gate, &s->n_moe, (enum quant_type)g->type);
                 if (name_has(&g->name, "down_exps") && s->n_moe) s->down[s->n_moe - 1] = (enum quant_type)g->type;
@@ -224,12 +223,8 @@ pshard_status exec_measure(const struct measure_request *req, struct profile *p)
     return PSHARD_OK;
 }
 
-/* Whether p has rates for every format the model computes with, and, with a GPU, its in-place
- * reads were timed as the model's weights lie: aligned to 128 bytes or not, as the model's are
- * (cuBLAS read F16 weights 96 bytes past 128 about 30% slower on the H200). */
-static bool profile_fits(const struct profile *p, const struct shapes *sh) {
-    if (p->has_gpu && (sh->n_dense || sh->n_moe) && (p->in_place_skew % 128 == 0) != (sh->host_skew % 128 == 0))
-        return false;
+/* Whether p has rates for every format the model computes with. */
+static bool has_formats(const struct profile *p, const struct shapes *sh) {
     for (int i = 0; i < sh->n_dense; i++)
         if (!profile_rate_find(p->cpu_matmul, quant_type_name(sh->dense[i])) ||
             (p->has_gpu && !profile_rate_find(p->gpu_matmul, quant_type_name(sh->dense[i]))))
@@ -257,7 +252,7 @@ pshard_status exec_machine_profile(const struct model *model, int n_threads, enu
     struct profile p;
     const pshard_status loaded = use != PROFILE_DEFAULTS && have_path ? profile_load(path, &here, &p) : PSHARD_ERR_NOT_FOUND;
     const bool cached = loaded == PSHARD_OK;
-    if (cached && (profile_fits(&p, &sh) || use == PROFILE_CACHED)) {
+    if (cached && (has_formats(&p, &sh) || use == PROFILE_CACHED)) {
         *out = p;
         return PSHARD_OK;
     }

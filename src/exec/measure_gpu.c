@@ -25,7 +25,7 @@ struct gpu_bench {
     size_t m_bytes;
     int copies;
     const uint8_t *m_base;
-    size_t host_skew; /* in-place matrices start this far past 256 bytes (shapes.host_skew) */
+    size_t host_skew; /* gpu_matrix's in-place matrices start this far past 256 bytes */
     /* experts */
     struct cuda_moe moe;
     int32_t *ids;
@@ -355,28 +355,23 @@ static pshard_status experts_beside_cpu(struct gpu_bench *b, const struct shapes
     return st;
 }
 
-static pshard_status zero_copy_experts(struct gpu_bench *b, const struct shapes *sh, struct profile *p) {
+/* The expert matrices `skew` bytes into a pinned block (device pointer `base`: gate, up, down). */
+static void place_experts(struct gpu_bench *b, const struct shapes *sh, const uint8_t *base, size_t gate, size_t skew) {
     const int64_t E = sh->n_expert, ff = sh->n_ff_exp, d = sh->n_embd;
-    const size_t gate = cuda_align(quant_row_bytes(sh->gate[0], d) * (size_t)ff * E);
-    const size_t down = cuda_align(quant_row_bytes(sh->down[0], ff) * (size_t)d * E);
-    struct cuda_pinned host = {0};
-    const size_t skew = b->host_skew; /* as far past 256 bytes as the model's weights */
-    CORE_TRY(cuda_host_alloc(2 * gate + down + skew, &host));
-    measure_fill(host.ptr, 2 * gate + down + skew, 13);
-    const uint8_t *dev = NULL;
-    pshard_status st = cuda_host_device_pointer(host.ptr, (const void **)&dev);
-    if (st == PSHARD_OK) dev += skew;
+    const uint8_t *dev = base + skew;
     b->moe.gate = (struct cuda_matrix){sh->gate[0], dev, d, ff, E, quant_row_bytes(sh->gate[0], d)};
     b->moe.up = (struct cuda_matrix){sh->gate[0], dev + gate, d, ff, E, quant_row_bytes(sh->gate[0], d)};
     b->moe.down = (struct cuda_matrix){sh->down[0], dev + 2 * gate, ff, d, E, quant_row_bytes(sh->down[0], ff)};
     b->moe.n_expert = (int)E, b->moe.k = sh->k;
-    const int64_t B = profile_tokens[PROFILE_TOKENS - 1];
-    int32_t *ids = malloc(sizeof *ids * B * sh->k);
-    float *w = malloc(sizeof *w * B * sh->k);
-    if (!ids || !w) st = core_fail(PSHARD_ERR_NOMEM, "out of memory while measuring");
-    const double expert = (double)(2 * gate + down) / E;
-    p->zero_copy_expert_call_s = 0; /* unless fitted below, zero_copy_experts[0] holds it */
-    /* Each routing's first read: 4 routings per token count, each timed once. */
+}
+
+/* Seconds per touched expert byte of the expert kernel reading in place, at each token count:
+ * each routing's first read, 4 routings per token count, each timed once. ids and w: host room
+ * for a routing of the most tokens. */
+static pshard_status expert_read_rates(struct gpu_bench *b, const struct shapes *sh, int32_t *ids, float *w,
+                                       double expert, double rates[PROFILE_TOKENS]) {
+    const int64_t E = sh->n_expert;
+    pshard_status st = PSHARD_OK;
     for (int i = 0; st == PSHARD_OK && i < PROFILE_TOKENS; i++) {
         b->n_tokens = profile_tokens[i];
         if (cuda_moe_work_bytes(&b->moe, b->n_tokens) > b->work_bytes) continue;
@@ -394,8 +389,32 @@ static pshard_status zero_copy_experts(struct gpu_bench *b, const struct shapes 
             total += (core_now_ms() - t0) / 1e3;
         }
         const double touched = cost_touched((double)E, (double)E, sh->k, (double)b->n_tokens);
-        p->zero_copy_experts[i] = total / 4 / (touched * expert);
+        rates[i] = total / 4 / (touched * expert);
     }
+    return st;
+}
+
+/* The expert kernel reading experts in place: rates from aligned memory, the shares beside the
+ * CPU, then the rates from p->in_place_skew bytes past 256 (one token's scaled as the aligned
+ * table's first point, whose call's fixed part the shares' probe fits apart). */
+static pshard_status zero_copy_experts(struct gpu_bench *b, const struct shapes *sh, struct profile *p) {
+    const int64_t E = sh->n_expert, ff = sh->n_ff_exp, d = sh->n_embd;
+    const size_t gate = cuda_align(quant_row_bytes(sh->gate[0], d) * (size_t)ff * E);
+    const size_t down = cuda_align(quant_row_bytes(sh->down[0], ff) * (size_t)d * E);
+    struct cuda_pinned host = {0};
+    CORE_TRY(cuda_host_alloc(2 * gate + down + 256, &host)); /* room to start off alignment */
+    measure_fill(host.ptr, 2 * gate + down + 256, 13);
+    const uint8_t *dev = NULL;
+    pshard_status st = cuda_host_device_pointer(host.ptr, (const void **)&dev);
+    const int64_t B = profile_tokens[PROFILE_TOKENS - 1];
+    int32_t *ids = malloc(sizeof *ids * B * sh->k);
+    float *w = malloc(sizeof *w * B * sh->k);
+    if (st == PSHARD_OK && (!ids || !w)) st = core_fail(PSHARD_ERR_NOMEM, "out of memory while measuring");
+    const double expert = (double)(2 * gate + down) / E;
+    p->zero_copy_expert_call_s = 0; /* unless fitted below, zero_copy_experts[0] holds it */
+    if (st == PSHARD_OK) place_experts(b, sh, dev, gate, 0);
+    if (st == PSHARD_OK) st = expert_read_rates(b, sh, ids, w, expert, p->zero_copy_experts);
+    const double whole_call = p->zero_copy_experts[0];
     if (st == PSHARD_OK && b->pool && !measure_out_of_time())
         st = experts_beside_cpu(b, sh, p, ids, w, expert, 1, &p->cpu_share_under_expert_reads,
                                 &p->expert_reads_share_under_cpu);
@@ -405,8 +424,39 @@ static pshard_status zero_copy_experts(struct gpu_bench *b, const struct shapes 
     if (st == PSHARD_OK && b->pool && !measure_out_of_time() && PROFILE_SPLIT_TOKENS * ROUTINGS <= B)
         st = experts_beside_cpu(b, sh, p, ids, w, expert, PROFILE_SPLIT_TOKENS, &p->cpu_share_under_expert_reads_16,
                                 &p->expert_reads_share_under_cpu_16);
+    memcpy(p->zero_copy_experts_off, p->zero_copy_experts, sizeof p->zero_copy_experts); /* unless measured */
+    if (st == PSHARD_OK && !measure_out_of_time()) {
+        place_experts(b, sh, dev, gate, (size_t)p->in_place_skew);
+        st = expert_read_rates(b, sh, ids, w, expert, p->zero_copy_experts_off);
+        if (st == PSHARD_OK && whole_call > 0)
+            p->zero_copy_experts_off[0] *= p->zero_copy_experts[0] / whole_call;
+        place_experts(b, sh, dev, gate, 0);
+    }
     free(ids), free(w);
     cuda_pinned_release(&host);
+    return st;
+}
+
+/* Seconds per byte of dense products reading pinned host memory in place, the matrices `skew`
+ * bytes past 256, over the model's three matrix shapes, into rates[]. */
+static pshard_status in_place_dense(struct gpu_bench *b, const struct shapes *sh, size_t skew,
+                                    double rates[PROFILE_TOKENS]) {
+    const int64_t shapes[3][2] = {{sh->rows, sh->n_embd}, {sh->n_embd, sh->rows}, {sh->n_embd, sh->n_embd}};
+    double seconds[PROFILE_TOKENS] = {0}, bytes = 0;
+    pshard_status st = PSHARD_OK;
+    b->host_skew = skew;
+    for (int k = 0; k < 3 && st == PSHARD_OK; k++) {
+        st = gpu_matrix(b, sh->dense[0], shapes[k][0], shapes[k][1], 1, BIG_BYTES / 6, true);
+        for (int i = 0; st == PSHARD_OK && i < PROFILE_TOKENS; i++) {
+            b->n_tokens = profile_tokens[i];
+            if (cuda_matmul_work_bytes(&b->m, b->n_tokens) > b->work_bytes) continue;
+            seconds[i] += measure_time_steps(gpu_matmul_step, b) / 4;
+        }
+        bytes += (double)b->m_bytes;
+        cuda_pinned_release(&b->pinned);
+    }
+    b->host_skew = 0;
+    for (int i = 0; st == PSHARD_OK && i < PROFILE_TOKENS; i++) rates[i] = seconds[i] / bytes;
     return st;
 }
 
@@ -609,22 +659,13 @@ static pshard_status measure_transfers(const struct measure_request *req, const 
     }
     /* Kernels reading pinned host memory in place (how small steps stream weights), over the
      * model's three matrix shapes -- wide, tall and square -- since a many-token product may
-     * read its weights more than once, depending on the shape. */
+     * read its weights more than once, depending on the shape; from aligned memory, then from
+     * as far past 256 bytes as the model's weights lie (or 32 bytes where they are aligned). */
     if (st == PSHARD_OK && sh->n_dense) {
         measure_report(req, "reading host memory in place", 0.9);
-        const int64_t shapes[3][2] = {{sh->rows, sh->n_embd}, {sh->n_embd, sh->rows}, {sh->n_embd, sh->n_embd}};
-        double seconds[PROFILE_TOKENS] = {0}, bytes = 0;
-        for (int k = 0; k < 3 && st == PSHARD_OK; k++) {
-            st = gpu_matrix(b, sh->dense[0], shapes[k][0], shapes[k][1], 1, BIG_BYTES / 6, true);
-            for (int i = 0; st == PSHARD_OK && i < PROFILE_TOKENS; i++) {
-                b->n_tokens = profile_tokens[i];
-                if (cuda_matmul_work_bytes(&b->m, b->n_tokens) > b->work_bytes) continue;
-                seconds[i] += measure_time_steps(gpu_matmul_step, b) / 4;
-            }
-            bytes += (double)b->m_bytes;
-            cuda_pinned_release(&b->pinned);
-        }
-        for (int i = 0; st == PSHARD_OK && i < PROFILE_TOKENS; i++) p->zero_copy[i] = seconds[i] / bytes;
+        st = in_place_dense(b, sh, 0, p->zero_copy);
+        memcpy(p->zero_copy_off, p->zero_copy, sizeof p->zero_copy); /* unless measured below */
+        if (st == PSHARD_OK && !measure_out_of_time()) st = in_place_dense(b, sh, p->in_place_skew, p->zero_copy_off);
     }
     /* The expert kernel reading the experts a token chose from host memory in place. */
     if (st == PSHARD_OK && sh->n_moe && cuda_type_supported(sh->gate[0]) && cuda_type_supported(sh->down[0]) &&
@@ -680,8 +721,7 @@ pshard_status measure_gpu_rates(const struct measure_request *req, const struct 
     }
     b.s = cuda_ctx_compute_stream(b.cuda);
     b.copy = cuda_ctx_copy_stream(b.cuda);
-    b.host_skew = sh->host_skew;
-    p->in_place_skew = (int32_t)sh->host_skew;
+    p->in_place_skew = (int32_t)(sh->host_skew % 128 ? sh->host_skew : 32); /* the off-alignment tables' */
     const int64_t B = profile_tokens[PROFILE_TOKENS - 1];
     const int64_t width = sh->rows > sh->n_embd ? sh->rows : sh->n_embd, k = sh->k > 0 ? sh->k : 1;
     b.work_bytes = moe_work_bytes(sh, B);

@@ -28,11 +28,8 @@ struct shapes {
     struct cpu_attn_shape attn;
     enum quant_type dense[PROFILE_FORMATS], gate[PROFILE_FORMATS], down[PROFILE_FORMATS];
     int n_dense, n_moe;
-    /* Bytes past a 256-byte boundary where the model's first matrix after the embedding starts
-     * in its mapped file (GGUF aligns tensors to 32 bytes; a file's tensors share the offset
-     * where their sizes are multiples of 256): kernels reading weights in place, dense and
-     * experts, are timed from as far past one, since cuBLAS read llama8b's F16 weights 96 bytes
-     * past one at 33-37 GB/s where it read them aligned at 51 (H200, 16 tokens). */
+    /* The model's weights_skew (0 without a model): kernels reading weights in place are timed
+     * from aligned memory and from this far past 256 bytes (32 where it is a multiple of 128). */
     size_t host_skew;
 };
 

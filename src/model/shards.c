@@ -73,6 +73,15 @@ static pshard_status add_tensor(struct shard *shard, const struct gguf_tensor *t
     return PSHARD_OK;
 }
 
+/* model.weights_skew: the first matrix after the embedding's offset past 256 bytes. */
+static uint32_t weights_skew(const struct model *m) {
+    for (uint32_t i = 1; i < m->n_shards; i++)
+        for (uint32_t t = 0; t < m->shards[i].n_tensors; t++)
+            if (model_tensor_is_matrix(m->shards[i].tensors[t]))
+                return (uint32_t)((uintptr_t)m->shards[i].tensors[t]->data % 256);
+    return 0;
+}
+
 pshard_status model_load(struct gguf_file *file, struct model *out) {
     memset(out, 0, sizeof *out);
     out->file = file;
@@ -103,6 +112,7 @@ pshard_status model_load(struct gguf_file *file, struct model *out) {
             return st;
         }
     }
+    out->weights_skew = weights_skew(out);
     /* A tied head multiplies by the embedding matrix: it reads those bytes every token. */
     const struct gguf_tensor *embd = gguf_find_tensor(file, "token_embd.weight");
     if (hp->tied_embeddings && embd) {

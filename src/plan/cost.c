@@ -297,7 +297,8 @@ static void split_ffn(struct walk *w, const struct shard *s) {
     uint64_t bytes;
     int count;
     const double gpu_compute = matrices_s(w, s, true, w->n, &bytes, &count) * gpu_part;
-    const double stream = (double)bytes * gpu_part * profile_at_tokens(w->prof->zero_copy, w->n);
+    const double *in_place = profile_in_place(w->prof, w->m->weights_skew, false);
+    const double stream = (double)bytes * gpu_part * profile_at_tokens(in_place, w->n);
     const double cpu = matrices_s(w, s, false, w->n, &bytes, &count) * (1 - gpu_part) +
                        (count + extra_jobs[SHARD_FFN]) * w->prof->cpu_step_s;
     split_sides(w, false, gpu_compute > stream ? gpu_compute : stream, extra_kernels[SHARD_FFN],
@@ -330,8 +331,9 @@ static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
             slot = (int)(w->unit % w->p->n_slots);
             copy_ahead(w, (double)bytes, slot);
         } else {
+            const double *in_place = profile_in_place(pr, w->m->weights_skew, false);
             const double stream = w->t->ring ? gbps_s((double)bytes, profile_at_size(pr->h2d_gbps, (double)bytes))
-                                             : (double)bytes * profile_at_tokens(pr->zero_copy, n);
+                                             : (double)bytes * profile_at_tokens(in_place, n);
             w->out->pcie_s += stream;
             /* In place: the kernel waits on the reads. Ring: copies run ahead of compute. */
             sec = sec > stream ? sec : stream;
@@ -383,7 +385,7 @@ static bool one_expert_call(const struct walk *w, const struct shard *s) {
 static double expert_reads_s(const struct walk *w, const struct shard *s, double bytes) {
     const struct profile *pr = w->prof;
     const double k = w->m->hp.n_expert_used, n = w->n;
-    return bytes > 0 ? bytes * cost_expert_rate_of(pr->zero_copy_experts, s->n_expert, k, n) +
+    return bytes > 0 ? bytes * cost_expert_rate_of(profile_in_place(pr, w->m->weights_skew, true), s->n_expert, k, n) +
                            (n < 2 ? pr->zero_copy_expert_call_s : 0)
                      : 0;
 }

@@ -302,10 +302,10 @@ static float balanced_share(const struct model *m, const struct profile *prof, i
     if (m->hp.n_expert) {
         const double E = m->hp.n_expert, k = m->hp.n_expert_used;
         cpu = cost_expert_rate(prof->cpu_experts, expert_type(m), E, k, n);
-        stream = cost_expert_rate_of(prof->zero_copy_experts, E, k, n);
+        stream = cost_expert_rate_of(profile_in_place(prof, m->weights_skew, true), E, k, n);
     } else {
         cpu = cost_rate(prof->cpu_matmul, ffn_type(m), n);
-        stream = profile_at_tokens(prof->zero_copy, n);
+        stream = profile_at_tokens(profile_in_place(prof, m->weights_skew, false), n);
     }
     return cpu + stream > 0 ? (float)(cpu / (cpu + stream)) : 0.5f;
 }

@@ -76,6 +76,7 @@ void profile_defaults(struct profile *p) {
     for (int i = 0; i < PROFILE_TOKENS; i++) {
         p->zero_copy[i] = 1 / 10e9 * (profile_tokens[i] > 8 ? profile_tokens[i] / 8.0 : 1);
         p->zero_copy_experts[i] = 1 / 8e9 * (profile_tokens[i] > 8 ? profile_tokens[i] / 8.0 : 1);
+        p->zero_copy_off[i] = p->zero_copy[i], p->zero_copy_experts_off[i] = p->zero_copy_experts[i];
     }
     p->zero_copy_expert_call_s = 20e-6;
     p->cpu_moe_call_s = 60e-6;
@@ -212,6 +213,11 @@ static double attn_at_tokens(const double values[PROFILE_TOKENS], double n, bool
     return interpolate(values + first, points + first, count, n);
 }
 
+const double *profile_in_place(const struct profile *p, uint32_t skew, bool experts) {
+    if (skew % 128 == 0) return experts ? p->zero_copy_experts : p->zero_copy;
+    return experts ? p->zero_copy_experts_off : p->zero_copy_off;
+}
+
 double profile_gpu_attn(const struct profile *p, double n, double cells, bool prompt) {
     const double short_cells = prompt ? PROFILE_ATTN_WINDOW - fmin(n, PROFILE_ATTN_WINDOW) / 2 : PROFILE_ATTN_CELLS;
     const double long_cells = prompt ? PROFILE_ATTN_LONG_WINDOW - fmin(n, PROFILE_ATTN_LONG_WINDOW) / 2 : PROFILE_ATTN_LONG_CELLS;
@@ -302,6 +308,7 @@ static json_t *profile_json(const struct profile *p) {
     ok &= put(root, "h2d_gbps", reals_json(p->h2d_gbps, PROFILE_SIZES));
     ok &= put(root, "d2h_gbps", reals_json(p->d2h_gbps, PROFILE_SIZES));
     ok &= put(root, "zero_copy", reals_json(p->zero_copy, PROFILE_TOKENS));
+    ok &= put(root, "zero_copy_off", reals_json(p->zero_copy_off, PROFILE_TOKENS));
     ok &= put(root, "kernel_s", json_real(p->kernel_s));
     json_t *refine = json_array();
     for (int i = 0; refine && i < PROFILE_MODELS && p->refine[i].model[0]; i++) {
@@ -313,6 +320,7 @@ static json_t *profile_json(const struct profile *p) {
     }
     ok &= refine && put(root, "refine", refine);
     ok &= put(root, "zero_copy_experts", reals_json(p->zero_copy_experts, PROFILE_TOKENS));
+    ok &= put(root, "zero_copy_experts_off", reals_json(p->zero_copy_experts_off, PROFILE_TOKENS));
     ok &= put(root, "zero_copy_expert_call_s", json_real(p->zero_copy_expert_call_s));
     ok &= put(root, "in_place_skew", json_integer(p->in_place_skew));
     ok &= put(root, "cpu_moe_call_s", json_real(p->cpu_moe_call_s));
@@ -514,6 +522,7 @@ static pshard_status profile_from_json(const char *path, json_t *root, struct pr
     CORE_TRY(read_reals(path, root, "h2d_gbps", p->h2d_gbps, PROFILE_SIZES));
     CORE_TRY(read_reals(path, root, "d2h_gbps", p->d2h_gbps, PROFILE_SIZES));
     CORE_TRY(read_reals(path, root, "zero_copy", p->zero_copy, PROFILE_TOKENS));
+    CORE_TRY(read_reals(path, root, "zero_copy_off", p->zero_copy_off, PROFILE_TOKENS));
     CORE_TRY(read_real(path, root, "kernel_s", &p->kernel_s));
     const json_t *refine = json_object_get(root, "refine");
     if (!json_is_array(refine) || json_array_size(refine) > PROFILE_MODELS)
@@ -540,6 +549,7 @@ static pshard_status profile_from_json(const char *path, json_t *root, struct pr
         }
     }
     CORE_TRY(read_reals(path, root, "zero_copy_experts", p->zero_copy_experts, PROFILE_TOKENS));
+    CORE_TRY(read_reals(path, root, "zero_copy_experts_off", p->zero_copy_experts_off, PROFILE_TOKENS));
     CORE_TRY(read_real(path, root, "zero_copy_expert_call_s", &p->zero_copy_expert_call_s));
     int64_t skew;
     CORE_TRY(read_int(path, root, "in_place_skew", 0, 255, &skew));

@@ -92,11 +92,13 @@ struct profile {
     double h2d_gbps[PROFILE_SIZES], d2h_gbps[PROFILE_SIZES]; /* pinned copies by size */
     /* Kernels reading registered host memory in place, seconds per weight byte at each token
      * count (a kernel may read its weights more than once when it takes many tokens): a dense
-     * matmul, and the expert kernel per byte of the experts the tokens chose; both from as far
-     * past a 256-byte boundary as the profiled model's weights lie in its file (format 14). */
+     * matmul, and the expert kernel per byte of the experts the tokens chose; from 128-byte
+     * aligned memory, and (_off, format 14) from in_place_skew bytes past 256, not a multiple of
+     * 128: the profiled model's weights' offset, or 32 where that was aligned. A model's reads
+     * take the table of its own weights' alignment (profile_in_place). */
     double zero_copy[PROFILE_TOKENS], zero_copy_experts[PROFILE_TOKENS];
-    int32_t in_place_skew; /* bytes past 256 the in-place reads were timed from (0-255): the profiled
-                              model's weights' offset (format 14) */
+    double zero_copy_off[PROFILE_TOKENS], zero_copy_experts_off[PROFILE_TOKENS];
+    int32_t in_place_skew;
     /* One token's expert call reading n experts in place takes this plus their bytes at
      * zero_copy_experts[0] (fitted from calls of 2 and of k experts: on the H200, about 40 us
      * plus 54 us an expert, so 2 experts cost 30 us more than the bytes of 8 say). */
@@ -162,5 +164,9 @@ double profile_at_size(const double values[PROFILE_SIZES], double bytes);
  * `cells` cells on average, run by the prompt kernel or the split-KV one (from the points that
  * kernel was timed at): between the two caches' rates in log cells, clamped at each. */
 double profile_gpu_attn(const struct profile *p, double n_tokens, double cells, bool prompt);
+
+/* The in-place read rates (seconds per byte by token count; experts or dense) for weights that
+ * lie `skew` bytes past 256 in their file: the aligned table where skew is a multiple of 128. */
+const double *profile_in_place(const struct profile *p, uint32_t skew, bool experts);
 
 #endif

@@ -61,10 +61,15 @@ static void print_gpu(const struct profile *p) {
     printf(" (H2D/D2H)\n");
     printf("  %-19s", "in place: matmul");
     for (int i = 0; i < PROFILE_TOKENS; i++) printf(" %9.3g", p->zero_copy[i] > 0 ? 1e-9 / p->zero_copy[i] : 0);
-    printf(" (from %d bytes past 256, as the profiled model's weights lie)", p->in_place_skew);
+    printf(" (aligned)\n  %-19s", "");
+    for (int i = 0; i < PROFILE_TOKENS; i++) printf(" %9.3g", p->zero_copy_off[i] > 0 ? 1e-9 / p->zero_copy_off[i] : 0);
+    printf(" (%d bytes past 256)", p->in_place_skew);
     printf("\n  %-19s", "in place: experts");
     for (int i = 0; i < PROFILE_TOKENS; i++) printf(" %9.3g", p->zero_copy_experts[i] > 0 ? 1e-9 / p->zero_copy_experts[i] : 0);
-    printf(" (one token's call: %.1f us besides its bytes)", p->zero_copy_expert_call_s * 1e6);
+    printf(" (aligned; one token's call: %.1f us besides its bytes)\n  %-19s", p->zero_copy_expert_call_s * 1e6, "");
+    for (int i = 0; i < PROFILE_TOKENS; i++)
+        printf(" %9.3g", p->zero_copy_experts_off[i] > 0 ? 1e-9 / p->zero_copy_experts_off[i] : 0);
+    printf(" (%d bytes past 256)", p->in_place_skew);
     printf("\n  launch %.1f us, graph node %.2f us, small kernel %.1f us, sync %.1f us, hand-off %.1f us (in a graph "
            "%.1f us), CPU expert call %.1f us, GPU attention call %.1f us besides its cells\n",
            p->launch_s * 1e6, p->graph_node_s * 1e6, p->kernel_s * 1e6, p->sync_s * 1e6, p->round_trip_s * 1e6,
