@@ -66,6 +66,10 @@ static uint64_t attention_and_kv(const struct model *m, int32_t n_ctx) {
 }
 
 static uint64_t fixed(void) { return costs.activations + costs.logits + costs.work + costs.blas; }
+
+/* A budget that streams most weights: the buffers, every layer's attention and KV, and 8 MB. */
+static int64_t small_budget(void) { return (int64_t)(fixed() + attention_and_kv(&model, 2048) + (8 << 20)); }
+
 /* Below everything resident the plan reserves the file mapping too. */
 static uint64_t fixed_streaming(void) { return fixed() + costs.host_mapping; }
 
@@ -139,7 +143,7 @@ static void test_gpu_streams_what_does_not_fit(void **state) {
     struct plan p;
     struct plan_request r = base;
     r.family = PLAN_GPU;
-    r.vram_budget = (int64_t)(fixed() + attention_and_kv(&model, 2048) + (8 << 20));
+    r.vram_budget = small_budget();
     assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
     assert_true(used(&p) <= p.budget.total);
     assert_true(p.n_slots == PLAN_MIN_SLOTS || p.n_slots == PLAN_STAGING_SLOTS);
@@ -180,7 +184,7 @@ static void test_dynamic_ring_tiers_stage_alike(void **state) {
     struct plan_request r = base;
     r.family = PLAN_DYNAMIC;
     r.profile = &prof;
-    r.vram_budget = (int64_t)(fixed() + attention_and_kv(&model, 2048) + (8 << 20));
+    r.vram_budget = small_budget();
     struct plan p;
     assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
     int ring_tiers = 0, first = -1;
@@ -208,7 +212,7 @@ static void test_lent_slots(void **state) {
     (void)state;
     struct plan_request r = base;
     r.family = PLAN_GPU;
-    r.vram_budget = (int64_t)(fixed() + attention_and_kv(&model, 2048) + (8 << 20));
+    r.vram_budget = small_budget();
     struct plan plain, lent;
     assert_int_equal(plan_build(&model, &r, &costs, &plain), PSHARD_OK);
     assert_null(plain.lent); /* off unless asked for */
@@ -344,7 +348,7 @@ static void test_dynamic_splits_ffn_rows(void **state) {
     struct plan_request r = base;
     r.family = PLAN_DYNAMIC;
     r.profile = &prof;
-    r.vram_budget = (int64_t)(fixed() + attention_and_kv(&model, 2048) + (8 << 20));
+    r.vram_budget = small_budget();
     struct plan by_layer, split;
     assert_int_equal(plan_build(&model, &r, &costs, &by_layer), PSHARD_OK);
     assert_false(plan_splits_ffn(&by_layer));
@@ -883,7 +887,7 @@ static void test_in_place_rates_follow_alignment(void **state) {
     struct plan_request r = base;
     r.family = PLAN_GPU;
     r.profile = &prof;
-    r.vram_budget = (int64_t)(fixed() + attention_and_kv(&model, 2048) + (8 << 20));
+    r.vram_budget = small_budget();
     struct plan p;
     assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
     struct model aligned = model, off = model, next_line = model;
@@ -907,7 +911,7 @@ static void test_cost_model_and_learning(void **state) {
     r.family = PLAN_DYNAMIC;
     r.profile = &prof;
     struct plan small, large;
-    r.vram_budget = (int64_t)(fixed() + attention_and_kv(&model, 2048) + (8 << 20));
+    r.vram_budget = small_budget();
     assert_int_equal(plan_build(&model, &r, &costs, &small), PSHARD_OK);
     r.vram_budget = (int64_t)(fixed() + attention_and_kv(&model, 2048) + (64 << 20));
     assert_int_equal(plan_build(&model, &r, &costs, &large), PSHARD_OK);

@@ -25,7 +25,6 @@ struct gpu_bench {
     size_t m_bytes;
     int copies;
     const uint8_t *m_base;
-    size_t host_skew; /* gpu_matrix's in-place matrices start this far past 256 bytes */
     /* experts */
     struct cuda_moe moe;
     int32_t *ids;
@@ -269,9 +268,9 @@ static pshard_status carve(struct gpu_bench *b, size_t bytes, void **out) {
 }
 
 /* A matrix of the model's shape in VRAM (copies of it, for bandwidth-bound loops), or in
- * pinned host memory (zero_copy). */
+ * pinned host memory (zero_copy), starting `skew` bytes past an aligned address. */
 static pshard_status gpu_matrix(struct gpu_bench *b, enum quant_type t, int64_t rows, int64_t cols, int64_t experts,
-                                size_t want, bool zero_copy) {
+                                size_t want, bool zero_copy, size_t skew) {
     const size_t row = quant_row_bytes(t, cols);
     b->m = (struct cuda_matrix){t, NULL, cols, rows, experts, row};
     b->m_bytes = cuda_align(row * (size_t)rows * (size_t)experts);
@@ -282,8 +281,7 @@ static pshard_status gpu_matrix(struct gpu_bench *b, enum quant_type t, int64_t 
     measure_fill(host, b->m_bytes, 9);
     void *dev = NULL;
     pshard_status st;
-    if (zero_copy) { /* as far past an aligned address as the model's weights lie in its file */
-        const size_t skew = b->host_skew;
+    if (zero_copy) { /* `skew` bytes past an aligned address, as a model file's weights may lie */
         st = cuda_host_alloc(b->m_bytes * b->copies + skew, &b->pinned);
         for (int c = 0; st == PSHARD_OK && c < b->copies; c++)
             memcpy((uint8_t *)b->pinned.ptr + skew + b->m_bytes * c, host, b->m_bytes);
@@ -444,9 +442,8 @@ static pshard_status in_place_dense(struct gpu_bench *b, const struct shapes *sh
     const int64_t shapes[3][2] = {{sh->rows, sh->n_embd}, {sh->n_embd, sh->rows}, {sh->n_embd, sh->n_embd}};
     double seconds[PROFILE_TOKENS] = {0}, bytes = 0;
     pshard_status st = PSHARD_OK;
-    b->host_skew = skew;
     for (int k = 0; k < 3 && st == PSHARD_OK; k++) {
-        st = gpu_matrix(b, sh->dense[0], shapes[k][0], shapes[k][1], 1, BIG_BYTES / 6, true);
+        st = gpu_matrix(b, sh->dense[0], shapes[k][0], shapes[k][1], 1, BIG_BYTES / 6, true, skew);
         for (int i = 0; st == PSHARD_OK && i < PROFILE_TOKENS; i++) {
             b->n_tokens = profile_tokens[i];
             if (cuda_matmul_work_bytes(&b->m, b->n_tokens) > b->work_bytes) continue;
@@ -455,7 +452,6 @@ static pshard_status in_place_dense(struct gpu_bench *b, const struct shapes *sh
         bytes += (double)b->m_bytes;
         cuda_pinned_release(&b->pinned);
     }
-    b->host_skew = 0;
     for (int i = 0; st == PSHARD_OK && i < PROFILE_TOKENS; i++) rates[i] = seconds[i] / bytes;
     return st;
 }
@@ -519,7 +515,7 @@ static pshard_status measure_gpu_tables(const struct measure_request *req, const
         for (int i = 0; i < PROFILE_TOKENS; i++) {
             b->n_tokens = profile_tokens[i];
             CORE_TRY(gpu_matrix(b, sh->dense[f], sh->rows, sh->n_embd, 1, b->n_tokens <= 16 ? 4 * BIG_BYTES : SMALL_BYTES,
-                                false));
+                                false, 0));
             r->s_per_byte[i] = measure_time_steps(gpu_matmul_step, b) / 4 / (double)b->m_bytes;
             cuda_arena_reset(&b->arena, mark);
         }
@@ -529,11 +525,11 @@ static pshard_status measure_gpu_tables(const struct measure_request *req, const
         struct profile_rate *r = profile_rate_add(p->gpu_experts, quant_type_name(sh->gate[f]));
         if (!r || !cuda_type_supported(sh->gate[f]) || !cuda_type_supported(sh->down[f])) continue;
         const int64_t E = sh->n_expert, ff = sh->n_ff_exp, d = sh->n_embd;
-        CORE_TRY(gpu_matrix(b, sh->gate[f], ff, d, E, 0, false));
+        CORE_TRY(gpu_matrix(b, sh->gate[f], ff, d, E, 0, false, 0));
         b->moe.gate = b->m;
-        CORE_TRY(gpu_matrix(b, sh->gate[f], ff, d, E, 0, false));
+        CORE_TRY(gpu_matrix(b, sh->gate[f], ff, d, E, 0, false, 0));
         b->moe.up = b->m;
-        CORE_TRY(gpu_matrix(b, sh->down[f], d, ff, E, 0, false));
+        CORE_TRY(gpu_matrix(b, sh->down[f], d, ff, E, 0, false, 0));
         b->moe.down = b->m;
         b->moe.n_expert = (int)E, b->moe.k = sh->k;
         const double expert = (double)(b->moe.gate.row_bytes * ff * 2 + b->moe.down.row_bytes * d);
@@ -559,7 +555,7 @@ static pshard_status measure_gpu_tables(const struct measure_request *req, const
     /* A small kernel's shortest run: products of a few rows, replayed as a graph (each product
      * is two kernels: the activations' quantization and the matvec). */
     if (sh->n_dense && cuda_type_supported(sh->dense[0])) {
-        CORE_TRY(gpu_matrix(b, sh->dense[0], 256, sh->n_embd, 1, 0, false));
+        CORE_TRY(gpu_matrix(b, sh->dense[0], 256, sh->n_embd, 1, 0, false, 0));
         cuda_graph graph = NULL;
         pshard_status st = cuda_graph_capture_begin(b->s);
         for (int i = 0; i < 100 && st == PSHARD_OK; i++)
@@ -692,7 +688,7 @@ static pshard_status measure_transfers(const struct measure_request *req, const 
                             &p->h2d_share_under_cpu);
         }
         if (st == PSHARD_OK) {
-            st = gpu_matrix(b, sh->dense[0], sh->rows, sh->n_embd, 1, BIG_BYTES / 6, true);
+            st = gpu_matrix(b, sh->dense[0], sh->rows, sh->n_embd, 1, BIG_BYTES / 6, true, 0);
             b->n_tokens = 1;
             const double read_alone = st == PSHARD_OK ? measure_time_steps(gpu_matmul_step, b) / 4 : 0;
             if (st == PSHARD_OK)

@@ -52,6 +52,11 @@ static void print_learned(const struct profile *p) {
     }
 }
 
+/* GB/s at each token count from seconds per byte. */
+static void print_gbps(const double s_per_byte[PROFILE_TOKENS]) {
+    for (int i = 0; i < PROFILE_TOKENS; i++) printf(" %9.3g", s_per_byte[i] > 0 ? 1e-9 / s_per_byte[i] : 0);
+}
+
 /* The GPU's part: attention, copies, reads in place, latencies, and work run together. */
 static void print_gpu(const struct profile *p) {
     printf("  %-19s", "KV GB/s: GPU attn");
@@ -60,15 +65,13 @@ static void print_gpu(const struct profile *p) {
     for (int i = 0; i < PROFILE_SIZES; i++) printf(" %.0fK %.1f/%.1f", profile_sizes[i] / 1024.0, p->h2d_gbps[i], p->d2h_gbps[i]);
     printf(" (H2D/D2H)\n");
     printf("  %-19s", "in place: matmul");
-    for (int i = 0; i < PROFILE_TOKENS; i++) printf(" %9.3g", p->zero_copy[i] > 0 ? 1e-9 / p->zero_copy[i] : 0);
+    print_gbps(p->zero_copy);
     printf(" (aligned)\n  %-19s", "");
-    for (int i = 0; i < PROFILE_TOKENS; i++) printf(" %9.3g", p->zero_copy_off[i] > 0 ? 1e-9 / p->zero_copy_off[i] : 0);
-    printf(" (%d bytes past 256)", p->in_place_skew);
-    printf("\n  %-19s", "in place: experts");
-    for (int i = 0; i < PROFILE_TOKENS; i++) printf(" %9.3g", p->zero_copy_experts[i] > 0 ? 1e-9 / p->zero_copy_experts[i] : 0);
+    print_gbps(p->zero_copy_off);
+    printf(" (%d bytes past 256)\n  %-19s", p->in_place_skew, "in place: experts");
+    print_gbps(p->zero_copy_experts);
     printf(" (aligned; one token's call: %.1f us besides its bytes)\n  %-19s", p->zero_copy_expert_call_s * 1e6, "");
-    for (int i = 0; i < PROFILE_TOKENS; i++)
-        printf(" %9.3g", p->zero_copy_experts_off[i] > 0 ? 1e-9 / p->zero_copy_experts_off[i] : 0);
+    print_gbps(p->zero_copy_experts_off);
     printf(" (%d bytes past 256)", p->in_place_skew);
     printf("\n  launch %.1f us, graph node %.2f us, small kernel %.1f us, sync %.1f us, hand-off %.1f us (in a graph "
            "%.1f us), CPU expert call %.1f us, GPU attention call %.1f us besides its cells\n",
