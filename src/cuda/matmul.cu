@@ -1,7 +1,8 @@
 /* cuda_matmul: the choice between the matrix-vector kernel (<= 8 tokens: quantize the
  * activations as the CPU does, then dp4a dots) and the tensor-core paths for many tokens --
  * the fused dequantizing GEMM (gemm.cu), or cuBLAS on f16 weights dequantized chunk by chunk
- * into the caller's work buffer (F16/BF16/F32 weights go to cuBLAS as they are). */
+ * into the caller's work buffer (F16/BF16/F32 weights go to cuBLAS as they are, except F16
+ * weights off a 128-byte boundary, which are copied in chunks first: see off_alignment). */
 #include "cuda/gemm.cuh"
 
 enum { MIN_CHUNK_ROWS = 256 };
@@ -14,13 +15,22 @@ static enum cuda_gemm_path pick_path(const struct cuda_ctx *ctx) {
     return ctx->gemm_path == CUDA_GEMM_AUTO ? CUDA_GEMM_CUBLAS : ctx->gemm_path;
 }
 
-static bool float_weights(enum quant_type t) { return t == QUANT_F16 || t == QUANT_BF16 || t == QUANT_F32; }
+/* Weights cuBLAS reads as they are; F16 keeps room for chunks (off_alignment). */
+static bool no_chunks(enum quant_type t) { return t == QUANT_BF16 || t == QUANT_F32; }
+
+/* F16 weights read in place from a file mapping lie where the file put them (GGUF aligns to
+ * 32 bytes). cuBLAS reads them 28-34% slower over PCIe off a 128-byte boundary (measured on
+ * the H200 at 16 tokens, bench/RESULTS.md); the copy kernel does not mind. Such weights are
+ * copied into the work buffer in chunks and multiplied there (weights in VRAM start aligned). */
+static bool off_alignment(const struct cuda_matrix *m) {
+    return m->type == QUANT_F16 && ((uintptr_t)m->data % 128 != 0 || m->row_bytes % 128 != 0);
+}
 
 extern "C" size_t cuda_matmul_work_bytes(const struct cuda_matrix *m, int64_t n_tokens) {
     if (n_tokens <= CUDA_MATVEC_MAX_TOKENS)
         return align256(cuda_act_row_bytes(cuda_act_type(m->type), m->n_cols) * (size_t)n_tokens);
     const size_t x16 = align256((size_t)n_tokens * (size_t)m->n_cols * 2);
-    if (float_weights(m->type)) return x16;
+    if (no_chunks(m->type)) return x16;
     const int64_t rows = m->n_rows < (int64_t)MIN_CHUNK_ROWS ? m->n_rows : (int64_t)MIN_CHUNK_ROWS;
     return x16 + align256((size_t)rows * (size_t)m->n_cols * 2);
 }
@@ -34,6 +44,22 @@ static pshard_status blas_gemm(struct cuda_ctx *ctx, cudaDataType type, const vo
     BLAS_TRY(cublasSetStream(ctx->blas, st));
     BLAS_TRY(cublasGemmEx(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n_tokens, n_cols, &one, w, type, w_stride, x, type,
                           n_cols, &zero, y, CUDA_R_32F, (int)y_stride, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return PSHARD_OK;
+}
+
+/* Rows to f16 as many at a time as the work buffer holds past the activations (x16_bytes),
+ * each chunk then multiplied by cuBLAS. */
+static pshard_status gemm_in_chunks(struct cuda_ctx *ctx, const struct cuda_matrix *m, int nt, void *work,
+                                    size_t work_bytes, size_t x16_bytes, float *y, int64_t y_stride, cuda_stream s) {
+    const int rows = (int)m->n_rows, cols = (int)m->n_cols;
+    uint16_t *w16 = (uint16_t *)((uint8_t *)work + x16_bytes);
+    int64_t chunk = (int64_t)((work_bytes - x16_bytes) / ((size_t)cols * 2));
+    if (chunk > rows) chunk = rows;
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+        const int64_t n = rows - r0 < chunk ? rows - r0 : chunk;
+        CORE_TRY(cuda_dequantize_f16(m, r0, n, w16, s));
+        CORE_TRY(blas_gemm(ctx, CUDA_R_16F, w16, cols, work, (int)n, nt, cols, y + r0, y_stride, raw_stream(s)));
+    }
     return PSHARD_OK;
 }
 
@@ -58,6 +84,8 @@ extern "C" pshard_status cuda_matmul(struct cuda_ctx *ctx, const struct cuda_mat
     CORE_TRY(cuda_quantize(m->type == QUANT_BF16 ? QUANT_BF16 : QUANT_F16, x, m->n_cols, n_tokens, work, s));
     if (m->type == QUANT_BF16)
         return blas_gemm(ctx, CUDA_R_16BF, m->data, (int)(m->row_bytes / 2), work, rows, nt, cols, y, y_stride, st);
+    if (off_alignment(m) && pick_path(ctx) == CUDA_GEMM_CUBLAS)
+        return gemm_in_chunks(ctx, m, nt, work, work_bytes, x16_bytes, y, y_stride, s);
     if (m->type == QUANT_F16 && pick_path(ctx) == CUDA_GEMM_CUBLAS)
         return blas_gemm(ctx, CUDA_R_16F, m->data, (int)(m->row_bytes / 2), work, rows, nt, cols, y, y_stride, st);
     if (pick_path(ctx) == CUDA_GEMM_FUSED || m->type == QUANT_F16) {
@@ -73,14 +101,5 @@ extern "C" pshard_status cuda_matmul(struct cuda_ctx *ctx, const struct cuda_mat
         a.y_stride = y_stride;
         return gemm_fused_run(m->type, a, (unsigned)ceil_div(nt, GEMM_TILE_M), st);
     }
-    /* Dequantize as many rows at a time as the work buffer holds, then multiply them. */
-    uint16_t *w16 = (uint16_t *)((uint8_t *)work + x16_bytes);
-    int64_t chunk = (int64_t)((work_bytes - x16_bytes) / ((size_t)cols * 2));
-    if (chunk > rows) chunk = rows;
-    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-        const int64_t n = rows - r0 < chunk ? rows - r0 : chunk;
-        CORE_TRY(cuda_dequantize_f16(m, r0, n, w16, s));
-        CORE_TRY(blas_gemm(ctx, CUDA_R_16F, w16, cols, work, (int)n, nt, cols, y + r0, y_stride, st));
-    }
-    return PSHARD_OK;
+    return gemm_in_chunks(ctx, m, nt, work, work_bytes, x16_bytes, y, y_stride, s);
 }

@@ -102,44 +102,76 @@ static void test_matvec(struct dt *d, enum quant_type type, int64_t n_rows, int6
     problem_free(&p);
 }
 
+/* The product as the GPU computes it for many tokens: weights and activations rounded to f16
+ * (bf16 for BF16 weights, unrounded for F32), products summed in double. */
+static float *gemm_reference(const struct problem *p) {
+    const int64_t n_rows = p->n_rows, n_cols = p->n_cols;
+    float *ref = dt_malloc(sizeof(float) * (size_t)(p->n_tokens * n_rows));
+    float (*round)(float) = p->type == QUANT_BF16 ? dt_round_bf16 : dt_round_f16;
+    for (int64_t t = 0; t < p->n_tokens; t++)
+        for (int64_t r = 0; r < n_rows; r++) {
+            double s = 0.0;
+            for (int64_t i = 0; i < n_cols; i++) {
+                const float w = p->wf[r * n_cols + i], x = p->x[t * n_cols + i];
+                s += p->type == QUANT_F32 ? (double)w * x : (double)round(w) * round(x);
+            }
+            ref[t * n_rows + r] = (float)s;
+        }
+    return ref;
+}
+
+/* p->m on the GPU with the least work buffer (the chunked paths then take 256 rows at a time
+ * and loop), against gemm_reference; `what` names the case. */
+static void check_gemm(struct dt *d, const struct problem *p, const char *what) {
+    const int64_t n_rows = p->n_rows, n_tokens = p->n_tokens;
+    float *ref = gemm_reference(p);
+    float *dx = dt_upload(d, p->x, sizeof(float) * (size_t)(n_tokens * p->n_cols));
+    const size_t work_bytes = cuda_matmul_work_bytes(&p->m, n_tokens);
+    void *work = dt_alloc(d, work_bytes);
+    float *dy = dt_alloc(d, sizeof(float) * (size_t)(n_tokens * n_rows));
+    DT_CHECK(cuda_matmul(d->ctx, &p->m, dx, n_tokens, dy, n_rows, work, work_bytes, d->s));
+    float *y = dt_malloc(sizeof(float) * (size_t)(n_tokens * n_rows));
+    dt_download(d, y, dy, sizeof(float) * (size_t)(n_tokens * n_rows));
+    int64_t wt = 0, wr = 0;
+    const double e = worst_error(p, y, n_rows, ref, &wt, &wr);
+    dt_case(d, e <= GEMM_TOL, "gemm %-22s %-4s %4lld x %4lld, %3lld tokens: max rel err %.2e (tol %.0e)", what,
+            quant_type_name(p->type), (long long)n_rows, (long long)p->n_cols, (long long)n_tokens, e, GEMM_TOL);
+    if (!(e <= GEMM_TOL))
+        printf("    token %lld row %lld: got %.9g want %.9g\n", (long long)wt, (long long)wr, y[wt * n_rows + wr],
+               ref[wt * n_rows + wr]);
+    free(ref), free(y);
+}
+
 static void test_gemm(struct dt *d, enum quant_type type, int64_t n_rows, int64_t n_cols, int64_t n_tokens,
                       enum cuda_gemm_path path) {
     const size_t mark = cuda_arena_mark(&d->arena);
     struct problem p;
     problem_init(d, &p, type, n_rows, n_cols, n_tokens);
-    /* The operands as the GPU sees them: weights and activations rounded to f16 (bf16 for
-     * BF16 weights, unrounded for F32), products summed in double. */
-    float *ref = dt_malloc(sizeof(float) * (size_t)(n_tokens * n_rows));
-    float (*round)(float) = type == QUANT_BF16 ? dt_round_bf16 : dt_round_f16;
-    for (int64_t t = 0; t < n_tokens; t++)
-        for (int64_t r = 0; r < n_rows; r++) {
-            double s = 0.0;
-            for (int64_t i = 0; i < n_cols; i++) {
-                const float w = p.wf[r * n_cols + i], x = p.x[t * n_cols + i];
-                s += type == QUANT_F32 ? (double)w * x : (double)round(w) * round(x);
-            }
-            ref[t * n_rows + r] = (float)s;
-        }
     cuda_ctx_set_gemm_path(d->ctx, path);
-    float *dx = dt_upload(d, p.x, sizeof(float) * (size_t)(n_tokens * n_cols));
-    /* The least work: the cuBLAS path then dequantizes 256 rows at a time and loops. */
-    const size_t work_bytes = cuda_matmul_work_bytes(&p.m, n_tokens);
-    void *work = dt_alloc(d, work_bytes);
-    float *dy = dt_alloc(d, sizeof(float) * (size_t)(n_tokens * n_rows));
-    DT_CHECK(cuda_matmul(d->ctx, &p.m, dx, n_tokens, dy, n_rows, work, work_bytes, d->s));
-    float *y = dt_malloc(sizeof(float) * (size_t)(n_tokens * n_rows));
-    dt_download(d, y, dy, sizeof(float) * (size_t)(n_tokens * n_rows));
-    int64_t wt = 0, wr = 0;
-    const double e = worst_error(&p, y, n_rows, ref, &wt, &wr);
-    dt_case(d, e <= GEMM_TOL, "gemm %-6s %-4s %4lld x %4lld, %3lld tokens: max rel err %.2e (tol %.0e)",
-            path == CUDA_GEMM_FUSED ? "fused" : "cublas", quant_type_name(type), (long long)n_rows, (long long)n_cols,
-            (long long)n_tokens, e, GEMM_TOL);
-    if (!(e <= GEMM_TOL))
-        printf("    token %lld row %lld: got %.9g want %.9g\n", (long long)wt, (long long)wr, y[wt * n_rows + wr],
-               ref[wt * n_rows + wr]);
+    check_gemm(d, &p, path == CUDA_GEMM_FUSED ? "fused" : "cublas");
     cuda_ctx_set_gemm_path(d->ctx, CUDA_GEMM_AUTO);
     cuda_arena_reset(&d->arena, mark);
-    free(ref), free(y);
+    problem_free(&p);
+}
+
+/* Weights read in place from pinned host memory `skew` bytes past a 128-byte boundary, as from
+ * a file mapping: off the boundary, F16 weights are copied into the work buffer in chunks. */
+static void test_gemm_in_place(struct dt *d, enum quant_type type, int64_t n_rows, int64_t n_cols, int64_t n_tokens,
+                               size_t skew) {
+    const size_t mark = cuda_arena_mark(&d->arena);
+    struct problem p;
+    problem_init(d, &p, type, n_rows, n_cols, n_tokens);
+    const size_t bytes = p.m.row_bytes * (size_t)n_rows;
+    struct cuda_pinned host;
+    DT_CHECK(cuda_host_alloc(bytes + 128, &host));
+    uint8_t *at = (uint8_t *)host.ptr + (128 - (uintptr_t)host.ptr % 128) % 128 + skew;
+    memcpy(at, p.w, bytes);
+    DT_CHECK(cuda_host_device_pointer(at, &p.m.data));
+    char what[64];
+    snprintf(what, sizeof what, "in place, %zu past 128", skew);
+    check_gemm(d, &p, what);
+    cuda_pinned_release(&host);
+    cuda_arena_reset(&d->arena, mark);
     problem_free(&p);
 }
 
@@ -220,5 +252,10 @@ int main(void) {
             test_gemm(&d, types[t], 300, 512, gemm_tokens[n], CUDA_GEMM_CUBLAS);
         }
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) test_view(&d, types[t], 300, 1024, 512);
+    /* 600 rows: three chunks of the least work buffer (256 rows). */
+    const enum quant_type in_place[] = {QUANT_F16, QUANT_BF16, QUANT_Q4_K};
+    for (size_t t = 0; t < sizeof in_place / sizeof in_place[0]; t++)
+        for (size_t skew = 0; skew < 128; skew += 32) test_gemm_in_place(&d, in_place[t], 600, 512, 16, skew);
+    test_gemm_in_place(&d, QUANT_F16, 600, 512, 130, 96);
     return dt_finish(&d);
 }
