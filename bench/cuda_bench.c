@@ -105,7 +105,7 @@ static void bench_matvec(void) {
             const int nts[] = {1, 2, 4, 8};
             for (int i = 0; i < 4; i++) {
                 const int iters = copies * (copies < 20 ? 200 / copies : 1) + copies;
-                struct cuda_matrix m = {type, w, cols, rows, 1, quant_row_bytes(type, cols)};
+                struct cuda_matrix m = {type, w, cols, rows, 1, quant_row_bytes(type, cols), false};
                 DT_CHECK(cuda_matvec(&m, act, nts[i], y, rows, D.s)); /* warm-up */
                 DT_CHECK(cuda_event_record(ev0, D.s));
                 for (int it = 0; it < iters; it++) {
@@ -133,7 +133,7 @@ static void bench_gemm(void) {
                 const size_t mark = cuda_arena_mark(&D.arena);
                 const int64_t rows = shapes[s][0], cols = shapes[s][1], nt = tokens[n];
                 struct cuda_matrix m = {types[t], random_weights(types[t], rows, cols, 1), cols, rows, 1,
-                                        quant_row_bytes(types[t], cols)};
+                                        quant_row_bytes(types[t], cols), false};
                 float *x = dt_alloc(&D, sizeof(float) * (size_t)(nt * cols)), *y = dt_alloc(&D, sizeof(float) * (size_t)(nt * rows));
                 float *hx = dt_malloc(sizeof(float) * (size_t)(nt * cols));
                 dt_fill(hx, nt * cols, -1.0f, 1.0f);
@@ -336,7 +336,7 @@ static void bench_in_place(void) {
                 const int iters = 8;
                 for (int it = -1; it < iters; it++) {
                     if (it == 0) DT_CHECK(cuda_event_record(ev0, D.s));
-                    const struct cuda_matrix m = {QUANT_Q4_0, dev + bytes * (size_t)((it + copies) % copies), cols, rows, 1, row};
+                    const struct cuda_matrix m = {QUANT_Q4_0, dev + bytes * (size_t)((it + copies) % copies), cols, rows, 1, row, true};
                     DT_CHECK(cuda_matmul(D.ctx, &m, x, tokens[t], y, rows, work, works[wi], D.s));
                 }
                 DT_CHECK(cuda_event_record(ev1, D.s));
@@ -352,10 +352,10 @@ static void bench_in_place(void) {
     cuda_arena_reset(&D.arena, mark);
 }
 
-/* F16 products reading host memory in place by the shape of llama8b's matrices: cuBLAS reads
- * them from the mapped pages (above 8 tokens) in as many tiles as the rows give, so the rate may
- * depend on the shape more than on the bytes. Two copies of each cycled, from pinned memory and
- * from a registered file mapping. */
+/* F16 products reading host memory in place by the shape of llama8b's matrices: cuBLAS reading
+ * the mapped pages itself (above 8 tokens) reads them in as many tiles as the rows give, so its
+ * rate depends on the shape more than on the bytes; the executor's path copies them first. Two
+ * copies of each cycled, from pinned memory and from a registered file mapping. */
 static void bench_in_place_shapes(void) {
     printf("\n### F16 matmul reading host memory in place by shape (llama8b), weight GB/s\n\n"
            "| shape (rows x columns) | memory | 1 token | 8 | 16 | 64 |\n|---|---|---|---|---|---|\n");
@@ -385,10 +385,13 @@ static void bench_in_place_shapes(void) {
         if (fd >= 0) close(fd), unlink(path);
         if (map != MAP_FAILED) DT_CHECK(cuda_host_register(map, mapped, true, &reg));
         /* A model file's tensors are 32-byte aligned, not page aligned (gguf-synth's llama8b: 96 bytes past 128): the mapping 96 bytes in too. */
-        const void *host[3] = {alloc.ptr, map, map};
-        const size_t skip[3] = {0, 0, 96};
-        const char *kinds[3] = {"cudaMallocHost", "registered file mapping", "file mapping, 96 bytes in"};
-        for (int k = 0; k < (map != MAP_FAILED ? 3 : 1); k++) {
+        /* The first row as cuBLAS reads host memory itself; the others as the executor reads a
+         * streamed matrix (in_place: F16 copied into the work buffer in chunks above 8 tokens). */
+        const void *host[4] = {alloc.ptr, alloc.ptr, map, map};
+        const size_t skip[4] = {0, 0, 0, 96};
+        const char *kinds[4] = {"cudaMallocHost, cuBLAS reads it", "cudaMallocHost", "registered file mapping",
+                                "file mapping, 96 bytes in"};
+        for (int k = 0; k < (map != MAP_FAILED ? 4 : 2); k++) {
             const uint8_t *dev;
             DT_CHECK(cuda_host_device_pointer(host[k], (const void **)&dev));
             dev += skip[k];
@@ -397,7 +400,7 @@ static void bench_in_place_shapes(void) {
                 const int iters = 8;
                 for (int it = -1; it < iters; it++) {
                     if (it == 0) DT_CHECK(cuda_event_record(ev0, D.s));
-                    const struct cuda_matrix m = {QUANT_F16, dev + bytes * (size_t)((it + 2) % 2), cols, rows, 1, row};
+                    const struct cuda_matrix m = {QUANT_F16, dev + bytes * (size_t)((it + 2) % 2), cols, rows, 1, row, k > 0};
                     DT_CHECK(cuda_matmul(D.ctx, &m, x, tokens[t], y, rows, work, (size_t)64 << 20, D.s));
                 }
                 DT_CHECK(cuda_event_record(ev1, D.s));
@@ -436,9 +439,9 @@ static void bench_moe(void) {
         const int64_t nt = tokens[i];
         struct cuda_moe m = {0};
         m.n_expert = n_expert, m.k = k;
-        m.gate = (struct cuda_matrix){QUANT_Q4_0, gate, d, ff, n_expert, gb};
-        m.up = (struct cuda_matrix){QUANT_Q4_0, up, d, ff, n_expert, gb};
-        m.down = (struct cuda_matrix){QUANT_Q4_0, down, ff, d, n_expert, db};
+        m.gate = (struct cuda_matrix){QUANT_Q4_0, gate, d, ff, n_expert, gb, false};
+        m.up = (struct cuda_matrix){QUANT_Q4_0, up, d, ff, n_expert, gb, false};
+        m.down = (struct cuda_matrix){QUANT_Q4_0, down, ff, d, n_expert, db, false};
         const size_t wb = cuda_moe_work_bytes(&m, nt);
         const size_t wmark = cuda_arena_mark(&D.arena);
         void *work = dt_alloc(&D, wb);

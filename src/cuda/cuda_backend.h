@@ -207,6 +207,7 @@ struct cuda_matrix {
     const void *data;
     int64_t n_cols, n_rows, n_experts;
     size_t row_bytes;
+    bool in_place; /* data is registered host memory, read over PCIe (a streamed matrix) */
 };
 
 /* Whether the kernels compute with `type` (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,

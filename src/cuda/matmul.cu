@@ -2,7 +2,7 @@
  * activations as the CPU does, then dp4a dots) and the tensor-core paths for many tokens --
  * the fused dequantizing GEMM (gemm.cu), or cuBLAS on f16 weights dequantized chunk by chunk
  * into the caller's work buffer (F16/BF16/F32 weights go to cuBLAS as they are, except F16
- * weights off a 128-byte boundary, which are copied in chunks first: see off_alignment). */
+ * weights read in place, which are copied in chunks first: see copy_first). */
 #include "cuda/gemm.cuh"
 
 enum { MIN_CHUNK_ROWS = 256 };
@@ -15,16 +15,14 @@ static enum cuda_gemm_path pick_path(const struct cuda_ctx *ctx) {
     return ctx->gemm_path == CUDA_GEMM_AUTO ? CUDA_GEMM_CUBLAS : ctx->gemm_path;
 }
 
-/* Weights cuBLAS reads as they are; F16 keeps room for chunks (off_alignment). */
+/* Weights cuBLAS reads as they are; F16 keeps room for chunks (copy_first). */
 static bool no_chunks(enum quant_type t) { return t == QUANT_BF16 || t == QUANT_F32; }
 
-/* F16 weights read in place from a file mapping lie where the file put them (GGUF aligns to
- * 32 bytes). cuBLAS reads them 28-34% slower over PCIe off a 128-byte boundary (measured on
- * the H200 at 16 tokens, bench/RESULTS.md); the copy kernel does not mind. Such weights are
- * copied into the work buffer in chunks and multiplied there (weights in VRAM start aligned). */
-static bool off_alignment(const struct cuda_matrix *m) {
-    return m->type == QUANT_F16 && ((uintptr_t)m->data % 128 != 0 || m->row_bytes % 128 != 0);
-}
+/* F16 weights read in place from host memory, above 8 tokens: cuBLAS reads them through the
+ * mapping at 30-40 GB/s where a copy kernel reads 49-51 (the H200: from 64 tokens on, and
+ * from 16 on where the file put them off a 128-byte boundary, bench/RESULTS.md). They are
+ * copied into the work buffer in chunks, each multiplied there. */
+static bool copy_first(const struct cuda_matrix *m) { return m->type == QUANT_F16 && m->in_place; }
 
 extern "C" size_t cuda_matmul_work_bytes(const struct cuda_matrix *m, int64_t n_tokens) {
     if (n_tokens <= CUDA_MATVEC_MAX_TOKENS)
@@ -84,7 +82,7 @@ extern "C" pshard_status cuda_matmul(struct cuda_ctx *ctx, const struct cuda_mat
     CORE_TRY(cuda_quantize(m->type == QUANT_BF16 ? QUANT_BF16 : QUANT_F16, x, m->n_cols, n_tokens, work, s));
     if (m->type == QUANT_BF16)
         return blas_gemm(ctx, CUDA_R_16BF, m->data, (int)(m->row_bytes / 2), work, rows, nt, cols, y, y_stride, st);
-    if (off_alignment(m) && pick_path(ctx) == CUDA_GEMM_CUBLAS)
+    if (copy_first(m) && pick_path(ctx) == CUDA_GEMM_CUBLAS)
         return gemm_in_chunks(ctx, m, nt, work, work_bytes, x16_bytes, y, y_stride, s);
     if (m->type == QUANT_F16 && pick_path(ctx) == CUDA_GEMM_CUBLAS)
         return blas_gemm(ctx, CUDA_R_16F, m->data, (int)(m->row_bytes / 2), work, rows, nt, cols, y, y_stride, st);

@@ -67,7 +67,7 @@ static pshard_status matrix(struct exec_gpu *g, const struct gguf_tensor *t, str
     const void *dev;
     CORE_TRY(device_tensor(g, t, &dev));
     *m = (struct cuda_matrix){(enum quant_type)t->type, dev, t->ne[0], t->ne[1], t->ne[2],
-                              quant_row_bytes((enum quant_type)t->type, t->ne[0])};
+                              quant_row_bytes((enum quant_type)t->type, t->ne[0]), false};
     return PSHARD_OK;
 }
 
@@ -83,7 +83,7 @@ static pshard_status host_matrix(const struct gguf_tensor *t, struct cuda_matrix
     const void *dev;
     CORE_TRY(cuda_host_device_pointer(t->data, &dev));
     *m = (struct cuda_matrix){(enum quant_type)t->type, dev, t->ne[0], t->ne[1], t->ne[2],
-                              quant_row_bytes((enum quant_type)t->type, t->ne[0])};
+                              quant_row_bytes((enum quant_type)t->type, t->ne[0]), true};
     return PSHARD_OK;
 }
 
@@ -115,7 +115,7 @@ static pshard_status upload_experts(struct exec_gpu *g, const struct gguf_tensor
     CORE_TRY(upload_weights(g, dev, t->data, per * r));
     g->report.weight_bytes += align_up(per * r);
     *m = (struct cuda_matrix){(enum quant_type)t->type, dev, t->ne[0], t->ne[1], r,
-                              quant_row_bytes((enum quant_type)t->type, t->ne[0])};
+                              quant_row_bytes((enum quant_type)t->type, t->ne[0]), false};
     return PSHARD_OK;
 }
 
@@ -188,7 +188,7 @@ static struct cuda_matrix shape_of(const struct gguf_tensor *t) {
     struct cuda_matrix m = {0};
     if (t)
         m = (struct cuda_matrix){(enum quant_type)t->type, NULL, t->ne[0], t->ne[1], t->ne[2],
-                                 quant_row_bytes((enum quant_type)t->type, t->ne[0])};
+                                 quant_row_bytes((enum quant_type)t->type, t->ne[0]), false};
     return m;
 }
 

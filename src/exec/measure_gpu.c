@@ -272,7 +272,7 @@ static pshard_status carve(struct gpu_bench *b, size_t bytes, void **out) {
 static pshard_status gpu_matrix(struct gpu_bench *b, enum quant_type t, int64_t rows, int64_t cols, int64_t experts,
                                 size_t want, bool zero_copy, size_t skew) {
     const size_t row = quant_row_bytes(t, cols);
-    b->m = (struct cuda_matrix){t, NULL, cols, rows, experts, row};
+    b->m = (struct cuda_matrix){t, NULL, cols, rows, experts, row, zero_copy};
     b->m_bytes = cuda_align(row * (size_t)rows * (size_t)experts);
     b->copies = (int)((want + b->m_bytes - 1) / b->m_bytes);
     if (b->copies < 1) b->copies = 1;
@@ -357,9 +357,9 @@ static pshard_status experts_beside_cpu(struct gpu_bench *b, const struct shapes
 static void place_experts(struct gpu_bench *b, const struct shapes *sh, const uint8_t *base, size_t gate, size_t skew) {
     const int64_t E = sh->n_expert, ff = sh->n_ff_exp, d = sh->n_embd;
     const uint8_t *dev = base + skew;
-    b->moe.gate = (struct cuda_matrix){sh->gate[0], dev, d, ff, E, quant_row_bytes(sh->gate[0], d)};
-    b->moe.up = (struct cuda_matrix){sh->gate[0], dev + gate, d, ff, E, quant_row_bytes(sh->gate[0], d)};
-    b->moe.down = (struct cuda_matrix){sh->down[0], dev + 2 * gate, ff, d, E, quant_row_bytes(sh->down[0], ff)};
+    b->moe.gate = (struct cuda_matrix){sh->gate[0], dev, d, ff, E, quant_row_bytes(sh->gate[0], d), true};
+    b->moe.up = (struct cuda_matrix){sh->gate[0], dev + gate, d, ff, E, quant_row_bytes(sh->gate[0], d), true};
+    b->moe.down = (struct cuda_matrix){sh->down[0], dev + 2 * gate, ff, d, E, quant_row_bytes(sh->down[0], ff), true};
     b->moe.n_expert = (int)E, b->moe.k = sh->k;
 }
 

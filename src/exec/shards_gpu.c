@@ -231,7 +231,10 @@ static pshard_status dense_in_slot(struct exec_ctx *ctx, struct exec_gpu *g, con
     const struct gguf_tensor *tensors[4];
     const int n = dense_unit(&view, &ctx->w.layers[shard->layer], shard->kind, mats, tensors);
     size_t at = 0;
-    for (int m = 0; m < n; at += cuda_align(tensors[m]->n_bytes), m++) mats[m]->data = slot + at;
+    for (int m = 0; m < n; at += cuda_align(tensors[m]->n_bytes), m++) {
+        mats[m]->data = slot + at;
+        mats[m]->in_place = false;
+    }
     if (shard->kind == SHARD_ATTN) return attn_shard(ctx, g, shard->layer, &view, b);
     return ffn_shard(ctx, g, &view, b);
 }
@@ -288,8 +291,10 @@ static pshard_status staged_experts(struct exec_ctx *ctx, struct exec_gpu *g, ui
         struct cuda_moe view = l->moe_host;
         struct cuda_matrix *mats[] = {&view.gate, &view.up, &view.down};
         size_t at = 0;
-        for (int m = 0; m < 3; at += cuda_align(bytes[m]), m++)
+        for (int m = 0; m < 3; at += cuda_align(bytes[m]), m++) {
             mats[m]->data = (const void *)((uintptr_t)(slot + at) - (uintptr_t)offset[m]);
+            mats[m]->in_place = false;
+        }
         view.expert_mask = l->mask_pieces + (size_t)((first - r) / piece) * ctx->active->n_expert;
         CORE_TRY(cuda_moe_ffn(&view, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work, g->work_bytes,
                               g->stream));
@@ -524,7 +529,7 @@ static pshard_status head_shard(struct exec_ctx *ctx, struct exec_gpu *g) {
     const struct model_hparams *hp = &ctx->model->hp;
     const int64_t n_out = ctx->stats.n_outputs, d = hp->n_embd;
     /* Gather the output rows of the residual stream (an F32 "matrix" of n_batch rows). */
-    const struct cuda_matrix rows = {QUANT_F32, g->x, d, ctx->params.n_batch, 1, sizeof(float) * (size_t)d};
+    const struct cuda_matrix rows = {QUANT_F32, g->x, d, ctx->params.n_batch, 1, sizeof(float) * (size_t)d, false};
     CORE_TRY(cuda_get_rows(&rows, g->out_rows, n_out, g->proj, g->stream));
     CORE_TRY(cuda_rmsnorm(g->proj, g->output_norm, g->xn, n_out, d, hp->rms_eps, g->stream));
     for (int64_t c = 0; c < n_out; c += GPU_LOGIT_ROWS) {

@@ -33,7 +33,7 @@ static void problem_init(struct dt *d, struct problem *p, enum quant_type type, 
     p->wf = dt_malloc(sizeof(float) * (size_t)(n_rows * n_cols));
     const struct quant_kernels *k = quant_kernels_variant(type, QUANT_IMPL_REF);
     for (int64_t r = 0; r < n_rows; r++) k->dequant_row(p->w + (size_t)r * row_bytes, p->wf + r * n_cols, n_cols);
-    p->m = (struct cuda_matrix){type, dt_upload(d, p->w, row_bytes * (size_t)n_rows), n_cols, n_rows, 1, row_bytes};
+    p->m = (struct cuda_matrix){type, dt_upload(d, p->w, row_bytes * (size_t)n_rows), n_cols, n_rows, 1, row_bytes, false};
 }
 
 static void problem_free(struct problem *p) { free(p->w), free(p->x), free(p->wf); }
@@ -154,10 +154,11 @@ static void test_gemm(struct dt *d, enum quant_type type, int64_t n_rows, int64_
     problem_free(&p);
 }
 
-/* Weights read in place from pinned host memory `skew` bytes past a 128-byte boundary, as from
- * a file mapping: off the boundary, F16 weights are copied into the work buffer in chunks. */
+/* Weights read from pinned host memory `skew` bytes past a 128-byte boundary, as from a file
+ * mapping: marked in place (F16 then copied into the work buffer in chunks) or not (cuBLAS
+ * reads them through the mapping). */
 static void test_gemm_in_place(struct dt *d, enum quant_type type, int64_t n_rows, int64_t n_cols, int64_t n_tokens,
-                               size_t skew) {
+                               size_t skew, bool in_place) {
     const size_t mark = cuda_arena_mark(&d->arena);
     struct problem p;
     problem_init(d, &p, type, n_rows, n_cols, n_tokens);
@@ -167,8 +168,9 @@ static void test_gemm_in_place(struct dt *d, enum quant_type type, int64_t n_row
     uint8_t *at = (uint8_t *)host.ptr + (128 - (uintptr_t)host.ptr % 128) % 128 + skew;
     memcpy(at, p.w, bytes);
     DT_CHECK(cuda_host_device_pointer(at, &p.m.data));
+    p.m.in_place = in_place;
     char what[64];
-    snprintf(what, sizeof what, "in place, %zu past 128", skew);
+    snprintf(what, sizeof what, "%s, %zu past 128", in_place ? "in place" : "mapped", skew);
     check_gemm(d, &p, what);
     cuda_pinned_release(&host);
     cuda_arena_reset(&d->arena, mark);
@@ -255,7 +257,8 @@ int main(void) {
     /* 600 rows: three chunks of the least work buffer (256 rows). */
     const enum quant_type in_place[] = {QUANT_F16, QUANT_BF16, QUANT_Q4_K};
     for (size_t t = 0; t < sizeof in_place / sizeof in_place[0]; t++)
-        for (size_t skew = 0; skew < 128; skew += 32) test_gemm_in_place(&d, in_place[t], 600, 512, 16, skew);
-    test_gemm_in_place(&d, QUANT_F16, 600, 512, 130, 96);
+        for (size_t skew = 0; skew < 128; skew += 32) test_gemm_in_place(&d, in_place[t], 600, 512, 16, skew, true);
+    test_gemm_in_place(&d, QUANT_F16, 600, 512, 130, 96, true);
+    test_gemm_in_place(&d, QUANT_F16, 600, 512, 16, 96, false);
     return dt_finish(&d);
 }

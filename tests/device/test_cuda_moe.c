@@ -38,9 +38,9 @@ static void experts_init(struct dt *d, struct experts *e, enum quant_type gate_t
     }
     for (int64_t r = 0; r < n_embd * n_expert; r++) kd->dequant_row(e->down + r * db, e->down_f + r * n_ff, n_ff);
     memset(&e->dev, 0, sizeof e->dev);
-    e->dev.gate = (struct cuda_matrix){gate_type, dt_upload(d, e->gate, gb * (size_t)(n_ff * n_expert)), n_embd, n_ff, n_expert, gb};
-    e->dev.up = (struct cuda_matrix){gate_type, dt_upload(d, e->up, gb * (size_t)(n_ff * n_expert)), n_embd, n_ff, n_expert, gb};
-    e->dev.down = (struct cuda_matrix){down_type, dt_upload(d, e->down, db * (size_t)(n_embd * n_expert)), n_ff, n_embd, n_expert, db};
+    e->dev.gate = (struct cuda_matrix){gate_type, dt_upload(d, e->gate, gb * (size_t)(n_ff * n_expert)), n_embd, n_ff, n_expert, gb, false};
+    e->dev.up = (struct cuda_matrix){gate_type, dt_upload(d, e->up, gb * (size_t)(n_ff * n_expert)), n_embd, n_ff, n_expert, gb, false};
+    e->dev.down = (struct cuda_matrix){down_type, dt_upload(d, e->down, db * (size_t)(n_embd * n_expert)), n_ff, n_embd, n_expert, db, false};
     e->dev.n_expert = n_expert, e->dev.k = k;
 }
 

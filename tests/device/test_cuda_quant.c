@@ -71,7 +71,7 @@ static void test_dequant(struct dt *d, enum quant_type type, int64_t n_rows, int
     float *want = dt_malloc(sizeof(float) * (size_t)(n_pick * n_cols)), *got = dt_malloc(sizeof(float) * (size_t)(n_pick * n_cols));
     for (int i = 0; i < n_pick; i++) k->dequant_row(w + (size_t)rows[i] * row_bytes, want + i * n_cols, n_cols);
     const size_t mark = cuda_arena_mark(&d->arena);
-    struct cuda_matrix m = {type, dt_upload(d, w, row_bytes * (size_t)n_rows), n_cols, n_rows, 1, row_bytes};
+    struct cuda_matrix m = {type, dt_upload(d, w, row_bytes * (size_t)n_rows), n_cols, n_rows, 1, row_bytes, false};
     int32_t *drows = dt_upload(d, rows, sizeof rows);
     float *dout = dt_alloc(d, sizeof(float) * (size_t)(n_pick * n_cols));
     DT_CHECK(cuda_get_rows(&m, drows, n_pick, dout, d->s));
