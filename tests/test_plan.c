@@ -1120,9 +1120,10 @@ static void test_routed_split(void **state) {
     plan_free(&p);
 }
 
-/* One expert call (plan.one_expert_call): the resident experts run beside the reads in place
- * instead of before them, in one call's kernels instead of two: predicted faster wherever a
- * layer has both. */
+/* One expert call (plan.one_expert_call): the resident experts and those read in place in one
+ * call's kernels instead of two: predicted faster wherever a layer has both. The reads still
+ * come after the resident experts, not hidden behind them: slower reads cost one call as much
+ * as two (on the H200, they did). */
 static void test_cost_one_expert_call(void **state) {
     (void)state;
     struct profile prof;
@@ -1138,6 +1139,23 @@ static void test_cost_one_expert_call(void **state) {
     p.one_expert_call = true;
     cost_step(&prof, &moe, &p, t, 1, 1000, &one);
     assert_true(one.seconds < two.seconds);
+    /* Experts computed 128 times slower: the resident ones outlast the reads, which one call
+     * would hide if it ran them side by side. Reads twice as slow then cost both ways alike. */
+    for (int f = 0; f < PROFILE_FORMATS; f++)
+        for (int i = 0; i < PROFILE_TOKENS; i++) prof.gpu_experts[f].s_per_byte[i] *= 128;
+    struct cost_step before[2], after[2];
+    for (int c = 0; c < 2; c++) {
+        p.one_expert_call = c == 1;
+        cost_step(&prof, &moe, &p, t, 4, 1000, &before[c]);
+    }
+    for (int i = 0; i < PROFILE_TOKENS; i++) prof.zero_copy_experts[i] *= 2, prof.zero_copy_experts_off[i] *= 2;
+    for (int c = 0; c < 2; c++) {
+        p.one_expert_call = c == 1;
+        cost_step(&prof, &moe, &p, t, 4, 1000, &after[c]);
+    }
+    const double by_two = after[0].gpu_s - before[0].gpu_s, by_one = after[1].gpu_s - before[1].gpu_s;
+    assert_true(by_two > 0);
+    assert_true(fabs(by_one - by_two) <= 1e-6 * by_two);
     plan_free(&p);
 }
 

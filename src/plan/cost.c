@@ -390,6 +390,15 @@ static double expert_reads_s(const struct walk *w, const struct shard *s, double
                      : 0;
 }
 
+/* The GPU's experts of a layer: `resident` seconds of experts in VRAM, then those read in place
+ * (their compute, or the reads, whichever is longer). Even in one call the reads did not hide
+ * behind the resident experts on the H200: counting them side by side, qwen30b at 16 GB was
+ * predicted 27-31% fast at 4 tokens where plans read a few experts in place, and its choice
+ * measured 21-26% slower than the best (bench/RESULTS.md). A likely cause, not measured: the
+ * in-place experts' blocks are dispatched last and, being few, read well below the profile's
+ * rate, which was measured over every touched expert. */
+static double experts_and_reads(double resident, double compute, double reads) { return resident + fmax(compute, reads); }
+
 /* How the experts a step touches fall between two sides: the GPU's range of `a` experts and the
  * CPU's of `b`, a step of n tokens each routed to k of E. Relative spreads (standard deviation
  * over mean) of each side's count of distinct experts touched, and their correlation (negative:
@@ -436,8 +445,7 @@ static struct split_time moe_split(const struct walk *w, const struct shard *s, 
     const double gpu_rate = cost_expert_rate(pr->gpu_experts, type, E, k, n), moved = in_place * eb;
     const double stream = expert_reads_s(w, s, moved);
     const bool one = one_expert_call(w, s) && streams;
-    /* In one call the resident experts run beside the reads in place; in two, before them. */
-    gpu += one ? fmax((res + in_place) * eb * gpu_rate, stream) : res * eb * gpu_rate + fmax(moved * gpu_rate, stream);
+    gpu += experts_and_reads(res * eb * gpu_rate, moved * gpu_rate, stream);
     /* Small kernels: routing, norms, adds; and each expert call's own (grouping, conversions,
      * the gated unit, the weighted sum: replayed, each is a graph node however little it does;
      * counting three per streamed call and none for the resident one, the oracle's qwen30b
@@ -479,7 +487,7 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
         if (g > r) { /* in place: only the touched experts' bytes cross PCIe */
             const double moved = cost_touched(g - r, E, k, n) * eb;
             stream = expert_reads_s(w, s, moved);
-            gpu += one ? fmax(moved * gpu_rate + cost_touched(r, E, k, n) * eb * gpu_rate, stream) : fmax(moved * gpu_rate, stream);
+            gpu += experts_and_reads(one ? cost_touched(r, E, k, n) * eb * gpu_rate : 0, moved * gpu_rate, stream);
         }
         w->out->pcie_s += stream;
         const int calls = one ? 1 : (g > r) + (r > 0);
