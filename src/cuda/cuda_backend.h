@@ -236,9 +236,9 @@ pshard_status cuda_matvec(const struct cuda_matrix *m, const void *acts, int n_t
                           cuda_stream s);
 
 /* y = x . m^T for any n_tokens: quantize + matvec up to 8 tokens, else the f16 tensor-core path
- * (the fused dequantizing kernel, or dequantization into `work` + cuBLAS). `work` holds at
- * least cuda_matmul_work_bytes(m, n_tokens); more lets the cuBLAS path dequantize more rows per
- * call. */
+ * (the fused dequantizing kernel, or dequantization into `work` + cuBLAS; F16 weights marked
+ * in_place are copied into `work` the same way first). `work` holds at least
+ * cuda_matmul_work_bytes(m, n_tokens); more lets the cuBLAS path take more rows per call. */
 size_t cuda_matmul_work_bytes(const struct cuda_matrix *m, int64_t n_tokens);
 pshard_status cuda_matmul(struct cuda_ctx *ctx, const struct cuda_matrix *m, const float *x, int64_t n_tokens,
                           float *y, int64_t y_stride, void *work, size_t work_bytes, cuda_stream s);
