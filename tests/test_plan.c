@@ -70,6 +70,15 @@ static uint64_t fixed(void) { return costs.activations + costs.logits + costs.wo
 /* A budget that streams most weights: the buffers, every layer's attention and KV, and 8 MB. */
 static int64_t small_budget(void) { return (int64_t)(fixed() + attention_and_kv(&model, 2048) + (8 << 20)); }
 
+/* A request of `family` under small_budget, priced with `prof` (NULL: the defaults). */
+static struct plan_request small_request(enum plan_family family, const struct profile *prof) {
+    struct plan_request r = base;
+    r.family = family;
+    r.profile = prof;
+    r.vram_budget = small_budget();
+    return r;
+}
+
 /* Below everything resident the plan reserves the file mapping too. */
 static uint64_t fixed_streaming(void) { return fixed() + costs.host_mapping; }
 
@@ -141,9 +150,7 @@ static void test_static_fills_by_priority(void **state) {
 static void test_gpu_streams_what_does_not_fit(void **state) {
     (void)state;
     struct plan p;
-    struct plan_request r = base;
-    r.family = PLAN_GPU;
-    r.vram_budget = small_budget();
+    struct plan_request r = small_request(PLAN_GPU, NULL);
     assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
     assert_true(used(&p) <= p.budget.total);
     assert_true(p.n_slots == PLAN_MIN_SLOTS || p.n_slots == PLAN_STAGING_SLOTS);
@@ -181,10 +188,7 @@ static void test_dynamic_ring_tiers_stage_alike(void **state) {
     plan_profile(NULL, &prof); /* the defaults, with a GPU */
     for (int f = 0; f < PROFILE_FORMATS; f++) /* the CPU's matmuls fall behind as steps grow */
         for (int i = 0; i < PROFILE_TOKENS; i++) prof.cpu_matmul[f].s_per_byte[i] = prof.zero_copy[i] * (1 + i);
-    struct plan_request r = base;
-    r.family = PLAN_DYNAMIC;
-    r.profile = &prof;
-    r.vram_budget = small_budget();
+    struct plan_request r = small_request(PLAN_DYNAMIC, &prof);
     struct plan p;
     assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
     int ring_tiers = 0, first = -1;
@@ -210,9 +214,7 @@ static void test_dynamic_ring_tiers_stage_alike(void **state) {
  * those tiers neither stream them over PCIe nor pay for it. */
 static void test_lent_slots(void **state) {
     (void)state;
-    struct plan_request r = base;
-    r.family = PLAN_GPU;
-    r.vram_budget = small_budget();
+    struct plan_request r = small_request(PLAN_GPU, NULL);
     struct plan plain, lent;
     assert_int_equal(plan_build(&model, &r, &costs, &plain), PSHARD_OK);
     assert_null(plain.lent); /* off unless asked for */
@@ -345,10 +347,7 @@ static void test_dynamic_splits_ffn_rows(void **state) {
     (void)state;
     struct profile prof;
     plan_profile(NULL, &prof); /* the defaults, with a GPU */
-    struct plan_request r = base;
-    r.family = PLAN_DYNAMIC;
-    r.profile = &prof;
-    r.vram_budget = small_budget();
+    struct plan_request r = small_request(PLAN_DYNAMIC, &prof);
     struct plan by_layer, split;
     assert_int_equal(plan_build(&model, &r, &costs, &by_layer), PSHARD_OK);
     assert_false(plan_splits_ffn(&by_layer));
@@ -884,10 +883,7 @@ static void test_in_place_rates_follow_alignment(void **state) {
     struct profile prof;
     plan_profile(NULL, &prof);
     for (int i = 0; i < PROFILE_TOKENS; i++) prof.zero_copy_off[i] = 2 * prof.zero_copy[i];
-    struct plan_request r = base;
-    r.family = PLAN_GPU;
-    r.profile = &prof;
-    r.vram_budget = small_budget();
+    struct plan_request r = small_request(PLAN_GPU, &prof);
     struct plan p;
     assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
     struct model aligned = model, off = model, next_line = model;

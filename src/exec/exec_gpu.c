@@ -60,14 +60,20 @@ static pshard_status device_tensor(struct exec_gpu *g, const struct gguf_tensor 
     return PSHARD_OK;
 }
 
+/* Tensor t as the kernels see it: its data at `data` (VRAM, or host memory read in place), the
+ * first n_experts of its experts. */
+static struct cuda_matrix matrix_of(const struct gguf_tensor *t, const void *data, int64_t n_experts, bool in_place) {
+    return (struct cuda_matrix){(enum quant_type)t->type, data, t->ne[0], t->ne[1], n_experts,
+                                quant_row_bytes((enum quant_type)t->type, t->ne[0]), in_place};
+}
+
 static pshard_status matrix(struct exec_gpu *g, const struct gguf_tensor *t, struct cuda_matrix *m) {
     memset(m, 0, sizeof *m);
     if (!t) return PSHARD_OK;
     CORE_TRY(check_type(t));
     const void *dev;
     CORE_TRY(device_tensor(g, t, &dev));
-    *m = (struct cuda_matrix){(enum quant_type)t->type, dev, t->ne[0], t->ne[1], t->ne[2],
-                              quant_row_bytes((enum quant_type)t->type, t->ne[0]), false};
+    *m = matrix_of(t, dev, t->ne[2], false);
     return PSHARD_OK;
 }
 
@@ -82,8 +88,7 @@ static pshard_status host_matrix(const struct gguf_tensor *t, struct cuda_matrix
     CORE_TRY(check_type(t));
     const void *dev;
     CORE_TRY(cuda_host_device_pointer(t->data, &dev));
-    *m = (struct cuda_matrix){(enum quant_type)t->type, dev, t->ne[0], t->ne[1], t->ne[2],
-                              quant_row_bytes((enum quant_type)t->type, t->ne[0]), true};
+    *m = matrix_of(t, dev, t->ne[2], true);
     return PSHARD_OK;
 }
 
@@ -114,8 +119,7 @@ static pshard_status upload_experts(struct exec_gpu *g, const struct gguf_tensor
     CORE_TRY(cuda_arena_alloc(&g->arena, per * r, "weights", &dev));
     CORE_TRY(upload_weights(g, dev, t->data, per * r));
     g->report.weight_bytes += align_up(per * r);
-    *m = (struct cuda_matrix){(enum quant_type)t->type, dev, t->ne[0], t->ne[1], r,
-                              quant_row_bytes((enum quant_type)t->type, t->ne[0]), false};
+    *m = matrix_of(t, dev, r, false);
     return PSHARD_OK;
 }
 
@@ -187,8 +191,7 @@ static void grow_work(size_t *work, size_t need) { *work = need > *work ? need :
 static struct cuda_matrix shape_of(const struct gguf_tensor *t) {
     struct cuda_matrix m = {0};
     if (t)
-        m = (struct cuda_matrix){(enum quant_type)t->type, NULL, t->ne[0], t->ne[1], t->ne[2],
-                                 quant_row_bytes((enum quant_type)t->type, t->ne[0]), false};
+        m = matrix_of(t, NULL, t->ne[2], false);
     return m;
 }
 
