@@ -107,8 +107,19 @@ static void add_tensor(struct tensor_list *list, const char *name, enum quant_ty
     if (fell_back) m->n_fallback++;
     t->init = init;
     /* Weights: variance 1/fan-in keeps activations near unit scale through each matmul.
-     * Norm gains: near 1 with a little spread, so a wrong index still shows. */
-    t->stddev = init == SYNTH_INIT_NORM ? 0.05f : 1.0f / sqrtf((float)ne0);
+     * Norm gains: near 1 with a little spread, so a wrong index still shows. Token embeddings
+     * at unit scale, and the matrices that add a residual branch's output scaled by
+     * 1/sqrt(2 * layers), so the 2 * layers branches together add about as much as the
+     * embedding holds: each token stays distinct through the depth, and an MoE router spreads
+     * a step's tokens over the experts as a trained one does. At 1/sqrt(fan-in) everywhere the
+     * branches, which attention makes alike across tokens, drown the embedding: in qwen30b's
+     * deeper layers every token of a 256-token step chose the same few experts (16-50 of 128). */
+    switch (init) {
+    case SYNTH_INIT_NORM: t->stddev = 0.05f; break;
+    case SYNTH_INIT_EMBED: t->stddev = 1.0f; break;
+    case SYNTH_INIT_OUTPUT: t->stddev = 1.0f / sqrtf((float)ne0 * 2.0f * (float)m->shape.n_layer); break;
+    default: t->stddev = 1.0f / sqrtf((float)ne0); break;
+    }
     t->seed_key = name_hash(name);
     t->offset = list->offset;
     t->bytes = quant_row_bytes(t->type, ne0) * (uint64_t)t->ne[1] * (uint64_t)t->ne[2];
@@ -133,18 +144,18 @@ static void add_layer(struct tensor_list *list, const struct synth_shape *s, uin
     if (s->arch == SYNTH_ARCH_QWEN3MOE)
         LAYER_TENSOR("attn_k_norm", QUANT_F32, SYNTH_INIT_NORM, 1, s->head_dim, 0, 0);
     LAYER_TENSOR("attn_v", mt, SYNTH_INIT_WEIGHT, 2, d, kv_dim, 0);
-    LAYER_TENSOR("attn_output", mt, SYNTH_INIT_WEIGHT, 2, q_dim, d, 0);
+    LAYER_TENSOR("attn_output", mt, SYNTH_INIT_OUTPUT, 2, q_dim, d, 0);
     LAYER_TENSOR("ffn_norm", QUANT_F32, SYNTH_INIT_NORM, 1, d, 0, 0);
     if (s->n_expert > 0) {
         const enum quant_type et = s->expert_type;
         LAYER_TENSOR("ffn_gate_inp", QUANT_F32, SYNTH_INIT_WEIGHT, 2, d, s->n_expert, 0);
         LAYER_TENSOR("ffn_gate_exps", et, SYNTH_INIT_WEIGHT, 3, d, s->n_ff_exp, s->n_expert);
         LAYER_TENSOR("ffn_up_exps", et, SYNTH_INIT_WEIGHT, 3, d, s->n_ff_exp, s->n_expert);
-        LAYER_TENSOR("ffn_down_exps", et, SYNTH_INIT_WEIGHT, 3, s->n_ff_exp, d, s->n_expert);
+        LAYER_TENSOR("ffn_down_exps", et, SYNTH_INIT_OUTPUT, 3, s->n_ff_exp, d, s->n_expert);
     } else {
         LAYER_TENSOR("ffn_gate", mt, SYNTH_INIT_WEIGHT, 2, d, s->n_ff, 0);
         LAYER_TENSOR("ffn_up", mt, SYNTH_INIT_WEIGHT, 2, d, s->n_ff, 0);
-        LAYER_TENSOR("ffn_down", mt, SYNTH_INIT_WEIGHT, 2, s->n_ff, d, 0);
+        LAYER_TENSOR("ffn_down", mt, SYNTH_INIT_OUTPUT, 2, s->n_ff, d, 0);
     }
 #undef LAYER_TENSOR
 }
@@ -154,7 +165,8 @@ pshard_status synth_model_build(struct synth_model *model, const struct synth_sh
     model->shape = *shape;
     struct tensor_list list = {.model = model};
     const struct synth_shape *s = &model->shape;
-    add_tensor(&list, "token_embd.weight", s->matrix_type, SYNTH_INIT_WEIGHT, 2, s->n_embd,
+    /* Tied, the embedding is also the head: at unit scale its logits would be sqrt(d) wide. */
+    add_tensor(&list, "token_embd.weight", s->matrix_type, s->tied ? SYNTH_INIT_WEIGHT : SYNTH_INIT_EMBED, 2, s->n_embd,
                s->n_vocab, 0);
     for (uint32_t il = 0; il < s->n_layer; il++) add_layer(&list, s, il);
     add_tensor(&list, "output_norm.weight", QUANT_F32, SYNTH_INIT_NORM, 1, s->n_embd, 0, 0);

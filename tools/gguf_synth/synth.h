@@ -37,6 +37,8 @@ const char *synth_arch_name(enum synth_arch arch);
 /* How a tensor's values are drawn. */
 enum synth_init {
     SYNTH_INIT_WEIGHT, /* mean 0, standard deviation `stddev` */
+    SYNTH_INIT_EMBED,  /* the same, at unit scale (token embeddings) */
+    SYNTH_INIT_OUTPUT, /* the same, scaled down by the layer count (a residual branch's output) */
     SYNTH_INIT_NORM,   /* mean 1, standard deviation `stddev` (RMS-norm gains) */
 };
 
