@@ -38,21 +38,20 @@ pshard_status mv_run(enum quant_type type, int64_t n_cols, mv_args a, int nt, un
 extern "C" pshard_status cuda_matvec(const struct cuda_matrix *m, const void *acts, int n_tokens, float *y,
                                      int64_t y_stride, cuda_stream s) {
     CUDA_ARG(m->n_rows < (1 << 30), "matvec: %lld rows", (long long)m->n_rows);
-    const size_t act_row = cuda_act_row_bytes(cuda_act_type(m->type), m->n_cols);
-    /* More than 8 tokens: passes of up to 8 (the GEMM paths are faster there; this keeps any
-     * count correct). */
-    for (int t0 = 0; t0 < n_tokens; t0 += CUDA_MATVEC_MAX_TOKENS) {
-        const int nt = n_tokens - t0 < CUDA_MATVEC_MAX_TOKENS ? n_tokens - t0 : CUDA_MATVEC_MAX_TOKENS;
-        mv_args a = {};
-        a.w = (const uint8_t *)m->data;
-        a.row_bytes = m->row_bytes;
-        a.n_rows = (int)m->n_rows;
-        a.act = (const uint8_t *)acts + (size_t)t0 * act_row;
-        a.act_row_bytes = act_row;
-        a.y = y + (int64_t)t0 * y_stride;
-        a.y_stride = y_stride;
-        a.act_div = 1;
-        CORE_TRY(mv_run(m->type, m->n_cols, a, nt, 1, raw_stream(s)));
-    }
-    return PSHARD_OK;
+    CUDA_ARG(n_tokens >= 0 && n_tokens <= 65535 * CUDA_MATVEC_MAX_TOKENS, "matvec: %d tokens", n_tokens);
+    if (n_tokens == 0) return PSHARD_OK;
+    /* More than 8 tokens: passes of 8 in one launch (the GEMM paths are faster for most formats;
+     * F32 routers take this way to keep f32 sums, see shards_gpu.c). */
+    mv_args a = {};
+    a.w = (const uint8_t *)m->data;
+    a.row_bytes = m->row_bytes;
+    a.n_rows = (int)m->n_rows;
+    a.act = (const uint8_t *)acts;
+    a.act_row_bytes = cuda_act_row_bytes(cuda_act_type(m->type), m->n_cols);
+    a.y = y;
+    a.y_stride = y_stride;
+    a.act_div = 1;
+    a.n_tokens = n_tokens;
+    const int nt = n_tokens < CUDA_MATVEC_MAX_TOKENS ? n_tokens : CUDA_MATVEC_MAX_TOKENS;
+    return mv_run(m->type, m->n_cols, a, nt, (unsigned)ceil_div(n_tokens, CUDA_MATVEC_MAX_TOKENS), raw_stream(s));
 }

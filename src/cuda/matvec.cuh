@@ -23,7 +23,8 @@ struct mv_args {
     size_t act_row_bytes;
     float *y;
     int64_t y_stride;
-    /* Expert groups (NULL pairs: dense, tokens 0..NT-1). */
+    int n_tokens;            /* dense: every pass's tokens, blockIdx.y picking a pass of NT */
+    /* Expert groups (NULL pairs: dense). */
     const int32_t *pairs;        /* token * k + slot, grouped by expert */
     const int32_t *expert_start; /* [n_expert + 1] into pairs */
     const int32_t *active;       /* experts with pairs, blockIdx.y indexes it */

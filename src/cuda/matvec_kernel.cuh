@@ -9,8 +9,9 @@
  * A format is a policy class: its block bytes, items per block, activation bytes per block,
  * and dot<NT>(), which unpacks the item once and accumulates it into NT token sums.
  *
- * The same kernel runs expert groups for MoE: blockIdx.y picks an active expert, whose pairs
- * (token, slot) are its tokens; rows whose weights are not 16-byte aligned stage through
+ * More tokens run as passes of NT side by side, blockIdx.y picking the pass (each token's sums
+ * are the same whichever pass holds it). The same kernel runs expert groups for MoE: blockIdx.y
+ * picks an active expert, whose pairs (token, slot) are its tokens; rows whose weights are not 16-byte aligned stage through
  * 2-byte loads instead (correct, slower). */
 #ifndef CUDA_MATVEC_KERNEL_CUH
 #define CUDA_MATVEC_KERNEL_CUH
@@ -67,7 +68,8 @@ template <class T, int NT> __global__ void __launch_bounds__(MV_THREADS) mv_kern
     const int row = blockIdx.x * MV_WARPS + warp;
     if (row >= a.n_rows) return; /* only warp-level syncs below */
     const uint8_t *w = a.w;
-    int g_begin = 0, g_end = NT;
+    /* Dense: pass blockIdx.y, tokens [NT * y, NT * y + NT) of n_tokens. */
+    int g_begin = (int)blockIdx.y * NT, g_end = min(g_begin + NT, a.n_tokens);
     if (a.pairs) {
         if ((int)blockIdx.y >= *a.n_active) return;
         const int e = a.active[blockIdx.y];
@@ -88,8 +90,8 @@ template <class T, int NT> __global__ void __launch_bounds__(MV_THREADS) mv_kern
                 arow[t] = a.act + (int64_t)(p / a.act_div) * a.act_row_bytes;
                 orow[t] = p;
             } else {
-                arow[t] = a.act + (int64_t)t * a.act_row_bytes;
-                orow[t] = t;
+                arow[t] = a.act + (int64_t)min(g + t, g_end - 1) * a.act_row_bytes;
+                orow[t] = g + t;
             }
         }
         float acc[NT];

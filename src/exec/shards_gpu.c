@@ -18,15 +18,11 @@ static pshard_status project(struct exec_ctx *ctx, struct exec_gpu *g, const str
                              int64_t n, float *y) {
     ctx->stats.weight_bytes_read += (uint64_t)m->n_rows * quant_row_bytes(m->type, m->n_cols); /* a view's own columns */
     /* F32 weights (an MoE router, above all) stay in f32 for any number of tokens: the
-     * tensor-core path would round them to f16 and flip routing decisions near a tie. They are
-     * small, so a few matrix-vector passes cost little. */
-    const int64_t chunk = m->type == QUANT_F32 ? CUDA_MATVEC_MAX_TOKENS : n;
-    for (int64_t t = 0; t < n; t += chunk) {
-        const int64_t count = n - t < chunk ? n - t : chunk;
-        CORE_TRY(cuda_matmul(g->cuda, m, x + t * m->n_cols, count, y + t * m->n_rows, m->n_rows, g->work, g->work_bytes,
-                             g->stream));
-    }
-    return PSHARD_OK;
+     * tensor-core path would round them to f16 and flip routing decisions near a tie. The
+     * matrix-vector kernel reads f32 activations as they are, every token in one launch. (Passes
+     * of 8 tokens one after another cost qwen30b 35 ms of a 137 ms 256-token step on the H200.) */
+    if (m->type == QUANT_F32) return cuda_matvec(m, x, (int)n, y, m->n_rows, g->stream);
+    return cuda_matmul(g->cuda, m, x, n, y, m->n_rows, g->work, g->work_bytes, g->stream);
 }
 
 /* Projections of one input by several matrices (q, k and v; gate and up): at matrix-vector

@@ -1,4 +1,4 @@
-/* GPU test: matrix-vector products for 1..8 tokens in every weight format against the CPU
+/* GPU test: matrix-vector products for 1..8 tokens (and more, in passes of 8) in every weight format against the CPU
  * reference dots (the same quantized activations, so the same integer sums: only the float
  * summation order differs), and the many-token GEMM paths (fused dequantizing kernel and
  * dequantize + cuBLAS) against a double-precision product of the f16-rounded weights and
@@ -99,6 +99,41 @@ static void test_matvec(struct dt *d, enum quant_type type, int64_t n_rows, int6
             row_bytes % 16 ? ", unaligned" : "", worst_all, MATVEC_TOL);
     cuda_arena_reset(&d->arena, mark);
     free(acts), free(ref), free(y);
+    problem_free(&p);
+}
+
+/* More than 8 tokens through cuda_matvec (an F32 router's prompt): passes of 8 side by side in
+ * one launch; every token's sums must equal, bit for bit, what a one-token call gives it (a
+ * pass reading another pass's activations, or writing another's rows, differs). */
+static void test_matvec_passes(struct dt *d, enum quant_type type, int64_t n_rows, int64_t n_cols, int64_t n_tokens) {
+    const size_t mark = cuda_arena_mark(&d->arena);
+    struct problem p;
+    problem_init(d, &p, type, n_rows, n_cols, n_tokens);
+    const enum quant_type act_type = cuda_act_type(type);
+    const size_t act_row = cuda_act_row_bytes(act_type, n_cols);
+    float *dx = dt_upload(d, p.x, sizeof(float) * (size_t)(n_tokens * n_cols));
+    uint8_t *dact = dt_alloc(d, act_row * (size_t)n_tokens);
+    DT_CHECK(cuda_quantize(act_type, dx, n_cols, n_tokens, dact, d->s));
+    const int64_t y_stride = n_rows + 5;
+    float *dy = dt_alloc(d, sizeof(float) * (size_t)(n_tokens * y_stride)), *d1 = dt_alloc(d, sizeof(float) * (size_t)n_rows);
+    DT_CHECK(cuda_memset(dy, 0xff, sizeof(float) * (size_t)(n_tokens * y_stride), d->s));
+    DT_CHECK(cuda_matvec(&p.m, dact, (int)n_tokens, dy, y_stride, d->s));
+    float *y = dt_malloc(sizeof(float) * (size_t)(n_tokens * y_stride)), *one = dt_malloc(sizeof(float) * (size_t)n_rows);
+    dt_download(d, y, dy, sizeof(float) * (size_t)(n_tokens * y_stride));
+    int64_t differ = 0, first_t = -1, first_r = -1;
+    for (int64_t t = 0; t < n_tokens; t++) {
+        DT_CHECK(cuda_matvec(&p.m, dact + act_row * (size_t)t, 1, d1, n_rows, d->s));
+        dt_download(d, one, d1, sizeof(float) * (size_t)n_rows);
+        for (int64_t r = 0; r < n_rows; r++)
+            if (memcmp(&y[t * y_stride + r], &one[r], sizeof(float)) != 0 && differ++ == 0) first_t = t, first_r = r;
+    }
+    dt_case(d, differ == 0, "matvec %-4s %4lld x %4lld, %3lld tokens in passes of 8: %lld sums differ from one-token calls",
+            quant_type_name(type), (long long)n_rows, (long long)n_cols, (long long)n_tokens, (long long)differ);
+    if (differ)
+        printf("    token %lld row %lld: got %.9g, alone %.9g\n", (long long)first_t, (long long)first_r,
+               y[first_t * y_stride + first_r], one[first_r]);
+    cuda_arena_reset(&d->arena, mark);
+    free(y), free(one);
     problem_free(&p);
 }
 
@@ -247,6 +282,13 @@ int main(void) {
     const int64_t shapes[][2] = {{67, 256}, {203, 2304}, {96, 4096}, {41, 14336}};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) test_matvec(&d, types[t], shapes[s][0], shapes[s][1]);
+    /* qwen30b's router (128 x 2048 F32) at 13, 37 and 256 tokens; two block formats. */
+    const int64_t pass_tokens[] = {13, 37, 256};
+    for (size_t n = 0; n < sizeof pass_tokens / sizeof pass_tokens[0]; n++) {
+        test_matvec_passes(&d, QUANT_F32, 128, 2048, pass_tokens[n]);
+        test_matvec_passes(&d, QUANT_Q4_0, 67, 256, pass_tokens[n]);
+        test_matvec_passes(&d, QUANT_Q4_K, 203, 2304, pass_tokens[n]);
+    }
     const int64_t gemm_tokens[] = {9, 64, 130};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
         for (size_t n = 0; n < sizeof gemm_tokens / sizeof gemm_tokens[0]; n++) {
