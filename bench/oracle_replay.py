@@ -5,9 +5,10 @@ measured on the machine that ran the oracle) gives every candidate's predicted t
 size timed and the candidate the plan runs there; the measured times say which candidate really
 was fastest.
 
-Usage: bench/oracle_replay.py [--by-plan] PSHARD PROFILE MODEL_DIR ORACLE.json[:PROFILE.json] [...]
+Usage: bench/oracle_replay.py [--by-plan] PSHARD PROFILE MODEL_DIR ORACLE.json[:PROFILE.json][@N] [...]
 (an oracle run's file may name its own profile after a colon; PROFILE is for the others; a profile
-of an older format is read with the fields added since set to what its format meant)
+of an older format is read with the fields added since set to what its format meant; @N keeps
+only its steps of at most N tokens, for a run whose larger steps the executor has changed since)
 Prints one line per configuration and the summary `pshard bench --oracle` prints: how often the
 choice was the measured best (among all candidates, and among those over the chosen plan's
 resident set), how much slower when not, and the median prediction error. --by-plan adds, per
@@ -138,12 +139,15 @@ def main():
     signed = {}  # (model, candidate) -> tokens -> signed errors
     rows = []
     for item in files:
+        item, _, most = item.partition("@")
         f, _, own = item.partition(":")
         for line in open(f):
             try:
-                rows.append((own or profile, json.loads(line)))
+                r = json.loads(line)
             except ValueError:
-                pass  # a line cut short (the run was stopped while writing it)
+                continue  # a line cut short (the run was stopped while writing it)
+            if not most or r["tokens"] <= int(most):
+                rows.append((own or profile, r))
     tokens = {}  # (profile, model, budget, context) -> the step sizes timed there
     for profile, r in rows:
         tokens.setdefault((profile, r["model"], r["budget_gb"], r["context"]), set()).add(r["tokens"])

@@ -1155,6 +1155,40 @@ static void test_cost_one_expert_call(void **state) {
     plan_free(&p);
 }
 
+/* An expert call of many tokens costs the GPU at least the time of a share of a layer's experts
+ * (its tiles do not fill the GPU below that). A ring step computes a layer's resident experts in
+ * one call and its streamed piece in another: where the GPU's experts outlast the copies, a piece
+ * of 1 of tiny-moe's 8 experts costs as much as one of 2, and the step more than with pieces of 4
+ * (counted by bytes alone, every split of the 8 cost the same). */
+static void test_cost_small_expert_calls(void **state) {
+    (void)state;
+    struct profile prof;
+    plan_profile(NULL, &prof);
+    for (int f = 0; f < PROFILE_FORMATS; f++) /* compute outlasts the copies */
+        for (int i = 0; i < PROFILE_TOKENS; i++) prof.gpu_experts[f].s_per_byte[i] *= 1000;
+    struct plan_request r = base;
+    const struct shard *m0;
+    uint64_t slot;
+    r.family = PLAN_GPU;
+    r.profile = &prof;
+    r.vram_budget = moe_split_budget(&m0, &slot);
+    struct plan p;
+    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+    const struct plan_tier *t = plan_tier_for(&p, 64);
+    assert_true(t->ring);
+    struct cost_step step[3];
+    const uint32_t streamed[3] = {1, 2, 4};
+    for (int c = 0; c < 3; c++) {
+        for (uint32_t l = 0; l < p.n_layers; l++) p.experts_resident[l] = m0->n_expert - streamed[c];
+        cost_step(&prof, &moe, &p, t, 64, 1000, &step[c]);
+    }
+    /* 7 resident + a piece of 1 costing as 2.24 experts, 6 + 2.24, then 4 + 4. */
+    assert_true(step[0].gpu_s > step[1].gpu_s * 1.05);
+    assert_true(step[1].gpu_s > step[2].gpu_s);
+    assert_true(step[0].gpu_s > step[2].gpu_s * 1.1);
+    plan_free(&p);
+}
+
 static void test_parse(void **state) {
     (void)state;
     int64_t b;
@@ -1219,7 +1253,8 @@ int main(void) {
         cmocka_unit_test(test_cost_expert_reads_beside_cpu), cmocka_unit_test(test_cost_moe_ring_copies_hide_gpu_work),
         cmocka_unit_test(test_static_stages_attention), cmocka_unit_test(test_dynamic_splits_ffn_rows),
         cmocka_unit_test(test_routed_split), cmocka_unit_test(test_cost_cpu_attention_per_query_head),
-        cmocka_unit_test(test_cost_one_expert_call), cmocka_unit_test(test_cost_expert_rate_by_pairs),
+        cmocka_unit_test(test_cost_one_expert_call),
+        cmocka_unit_test(test_cost_small_expert_calls), cmocka_unit_test(test_cost_expert_rate_by_pairs),
         cmocka_unit_test(test_moe_routers_first), cmocka_unit_test(test_auto_phases),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -344,6 +344,20 @@ static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
     if (slot >= 0) w->slot_free[slot] = w->out->seconds;
 }
 
+/* An expert call of more than 8 tokens (the tiled GEMM path) computing `touched` of a layer's E
+ * experts takes at least the time of EXPERT_CALL_MIN_SHARE of them: below that its tiles do not
+ * fill the GPU, and the call lasts one wave of them whatever their number. The profile's rate was
+ * measured over every expert of a layer. On the H200, qwen30b's ring steps at 16 GB stream 5-6
+ * experts a layer in a call of their own: counted by their bytes alone, the gpu plan's 63- and
+ * 256-token steps were predicted 19-21% fast (bench/RESULTS.md). */
+static const double EXPERT_CALL_MIN_SHARE = 0.28;
+enum { GEMM_FROM_TOKENS = 9 };
+
+static double expert_call_s(double touched, double E, double eb, double gpu_rate, double n) {
+    if (!(touched > 0)) return 0;
+    return (n >= GEMM_FROM_TOKENS ? fmax(touched, EXPERT_CALL_MIN_SHARE * E) : touched) * eb * gpu_rate;
+}
+
 /* An MoE shard of a ring tier (its experts all run on the GPU): the router, shared and
  * resident parts (gpu seconds), then each staged piece of experts, computed once its copy (on
  * the copy clock, copy_ahead) has landed in its slot. Summing each piece's max(copy, compute)
@@ -359,7 +373,7 @@ static void staged_pieces(struct walk *w, const struct shard *s, double gpu, int
         const double in_piece = fmin(piece, E - e);
         const int slot = (int)((w->unit + j) % w->p->n_slots);
         copy_ahead(w, in_piece * eb, slot);
-        gpu_busy(w, cost_touched(in_piece, E, k, w->n) * eb * gpu_rate, 3, EXPERT_CALL_OPS);
+        gpu_busy(w, expert_call_s(cost_touched(in_piece, E, k, w->n), E, eb, gpu_rate, w->n), 3, EXPERT_CALL_OPS);
         w->slot_free[slot] = w->out->seconds;
     }
 }
