@@ -280,7 +280,7 @@ def steps_table(stdout):
 def test_plan_prices_steps_of_any_size(tmp_path):
     """--tokens: every candidate's step at each size, one marked as the one the plan runs: at a
     tier's fewest tokens the tier's choice in the candidates' table; where the 64-token tier starts
-    sooner, the ring's gpu plan; a step costs more with more tokens."""
+    sooner, the ring's gpu plan; a step costs no less with more tokens."""
     model = tmp_path / "qwen30b.gguf"
     synth = subprocess.run([os.path.join(BUILD, "gguf-synth"), "--shape", "qwen30b", "--header-only", "--quiet", "-o",
                             str(model)], capture_output=True, text=True)
@@ -296,7 +296,9 @@ def test_plan_prices_steps_of_any_size(tmp_path):
         assert len(marked) == 1, (n, marked)
     for name, cells in rows.items():
         assert all(s > 0 for s, _ in cells), name
-        assert cells[0][0] < cells[1][0] < cells[3][0], name  # 1 < 16 < 63 tokens
+        # 1 < 16 tokens, and 63 no cheaper than 16 (a ring plan bound by its copies, which move
+        # every streamed expert whatever the step's size, costs the same to the printed digits).
+        assert cells[0][0] < cells[1][0] <= cells[3][0] * 1.001, name
     # At the tiers' fewest tokens, the mark is the candidates' table's choice, with its time.
     lines = proc.stdout.splitlines()
     at = next(i for i, l in enumerate(lines) if l.startswith("candidates"))
