@@ -18,6 +18,14 @@ cmake --build build-asan -j "$JOBS"
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j "$JOBS"
 
 echo "== Python tests"
+# llama.cpp, through llama-cpp-python, is the reference gguf-synth's models are loaded into
+# (tests/py/test_synth_llama_cpp.py). It builds llama.cpp from source: about 5 minutes on 2
+# cores, once; the setup command leaves it out, since running pshard does not need it.
+if ! python3 -c "import llama_cpp" >/dev/null 2>&1; then
+  echo "== installing llama-cpp-python (builds llama.cpp from source, once)"
+  CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" PIP_BREAK_SYSTEM_PACKAGES=1 \
+    python3 -m pip install -q --disable-pip-version-check llama-cpp-python==0.3.36
+fi
 PSHARD_BUILD_DIR="$PWD/build" python3 -m pytest -q tests/py
 
 echo "== fuzzers (GGUF reader, tokenizer input: ${FUZZ_SECONDS}s each; machine profile JSON: half that)"
