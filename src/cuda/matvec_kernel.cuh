@@ -11,8 +11,8 @@
  *
  * More tokens run as passes of NT side by side, blockIdx.y picking the pass (each token's sums
  * are the same whichever pass holds it). The same kernel runs expert groups for MoE: blockIdx.y
- * picks an active expert, whose pairs (token, slot) are its tokens; rows whose weights are not 16-byte aligned stage through
- * 2-byte loads instead (correct, slower). */
+ * picks an active expert, whose pairs (token, slot) are its tokens. Rows whose weights are not
+ * 16-byte aligned stage through 2-byte loads instead (correct, slower). */
 #ifndef CUDA_MATVEC_KERNEL_CUH
 #define CUDA_MATVEC_KERNEL_CUH
 

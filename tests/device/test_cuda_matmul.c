@@ -1,6 +1,7 @@
-/* GPU test: matrix-vector products for 1..8 tokens (and more, in passes of 8) in every weight format against the CPU
+/* GPU test: matrix-vector products for 1..8 tokens in every weight format against the CPU
  * reference dots (the same quantized activations, so the same integer sums: only the float
- * summation order differs), and the many-token GEMM paths (fused dequantizing kernel and
+ * summation order differs), and for more tokens (passes of 8 in one launch) against one-token
+ * calls bit for bit; the many-token GEMM paths (fused dequantizing kernel and
  * dequantize + cuBLAS) against a double-precision product of the f16-rounded weights and
  * activations they compute with; also views of a matrix's first columns (row_bytes keeps the full
  * row's stride, as an FFN split by rows reads down's columns). Errors are relative to
