@@ -226,18 +226,20 @@ size_t cuda_act_row_bytes(enum quant_type act_type, int64_t n_cols);
 pshard_status cuda_quantize(enum quant_type act_type, const float *x, int64_t n_cols, int64_t n_rows, void *out,
                             cuda_stream s);
 
-/* Most tokens one matrix-vector launch takes (more are done in passes of this many). */
+/* Most tokens one pass of the matrix-vector kernel takes (more run as passes side by side). */
 enum { CUDA_MATVEC_MAX_TOKENS = 8 };
 
-/* y[t][r] (y_stride floats per token) = row r of m . token t of acts, for n_tokens <= 8 token
- * rows quantized by cuda_quantize(cuda_act_type(m->type)). Bandwidth-bound: every weight byte
- * is read once per call. */
+/* y[t][r] (y_stride floats per token) = row r of m . token t of acts, for n_tokens token rows
+ * quantized by cuda_quantize(cuda_act_type(m->type)), in passes of up to 8 tokens in one launch.
+ * Bandwidth-bound: every weight byte is read once per pass. */
 pshard_status cuda_matvec(const struct cuda_matrix *m, const void *acts, int n_tokens, float *y, int64_t y_stride,
                           cuda_stream s);
 
 /* y = x . m^T for any n_tokens: quantize + matvec up to 8 tokens, else the f16 tensor-core path
  * (the fused dequantizing kernel, or dequantization into `work` + cuBLAS; F16 weights marked
- * in_place are copied into `work` the same way first). `work` holds at least
+ * in_place are copied into `work` the same way first). F32 weights (MoE routers) take the
+ * matrix-vector kernel at any count, reading x as it is: f32 sums, each token's the same
+ * whatever the step's size, so routing does not flip near a tie between prompt and decode. `work` holds at least
  * cuda_matmul_work_bytes(m, n_tokens); more lets the cuBLAS path take more rows per call. */
 size_t cuda_matmul_work_bytes(const struct cuda_matrix *m, int64_t n_tokens);
 pshard_status cuda_matmul(struct cuda_ctx *ctx, const struct cuda_matrix *m, const float *x, int64_t n_tokens,

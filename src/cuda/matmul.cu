@@ -1,8 +1,8 @@
 /* cuda_matmul: the choice between the matrix-vector kernel (<= 8 tokens: quantize the
- * activations as the CPU does, then dp4a dots) and the tensor-core paths for many tokens --
- * the fused dequantizing GEMM (gemm.cu), or cuBLAS on f16 weights dequantized chunk by chunk
- * into the caller's work buffer (F16/BF16/F32 weights go to cuBLAS as they are, except F16
- * weights read in place, which are copied in chunks first: see copy_first). */
+ * activations as the CPU does, then dp4a dots; F32 weights at any count) and the tensor-core
+ * paths for many tokens -- the fused dequantizing GEMM (gemm.cu), or cuBLAS on f16 weights
+ * dequantized chunk by chunk into the caller's work buffer (F16/BF16 weights go to cuBLAS as they
+ * are, except F16 weights read in place, which are copied in chunks first: see copy_first). */
 #include "cuda/gemm.cuh"
 
 enum { MIN_CHUNK_ROWS = 256 };
@@ -15,9 +15,6 @@ static enum cuda_gemm_path pick_path(const struct cuda_ctx *ctx) {
     return ctx->gemm_path == CUDA_GEMM_AUTO ? CUDA_GEMM_CUBLAS : ctx->gemm_path;
 }
 
-/* Weights cuBLAS reads as they are; F16 keeps room for chunks (copy_first). */
-static bool no_chunks(enum quant_type t) { return t == QUANT_BF16 || t == QUANT_F32; }
-
 /* F16 weights read in place from host memory, above 8 tokens: cuBLAS reads them through the
  * mapping at 30-40 GB/s where a copy kernel reads 49-51 (the H200: from 64 tokens on, and
  * from 16 on where the file put them off a 128-byte boundary, bench/RESULTS.md). They are
@@ -25,10 +22,11 @@ static bool no_chunks(enum quant_type t) { return t == QUANT_BF16 || t == QUANT_
 static bool copy_first(const struct cuda_matrix *m) { return m->type == QUANT_F16 && m->in_place; }
 
 extern "C" size_t cuda_matmul_work_bytes(const struct cuda_matrix *m, int64_t n_tokens) {
+    if (m->type == QUANT_F32) return 0; /* the activations read as they are */
     if (n_tokens <= CUDA_MATVEC_MAX_TOKENS)
         return align256(cuda_act_row_bytes(cuda_act_type(m->type), m->n_cols) * (size_t)n_tokens);
     const size_t x16 = align256((size_t)n_tokens * (size_t)m->n_cols * 2);
-    if (no_chunks(m->type)) return x16;
+    if (m->type == QUANT_BF16) return x16; /* cuBLAS reads BF16 as it is; F16 keeps room for copy_first */
     const int64_t rows = m->n_rows < (int64_t)MIN_CHUNK_ROWS ? m->n_rows : (int64_t)MIN_CHUNK_ROWS;
     return x16 + align256((size_t)rows * (size_t)m->n_cols * 2);
 }
@@ -69,14 +67,13 @@ extern "C" pshard_status cuda_matmul(struct cuda_ctx *ctx, const struct cuda_mat
              work_bytes, cuda_matmul_work_bytes(m, n_tokens));
     CUDA_ARG(m->n_rows < (1 << 30) && m->n_cols < (1 << 30) && n_tokens < (1 << 30), "matmul: matrix too large");
     if (n_tokens == 0) return PSHARD_OK;
+    if (m->type == QUANT_F32) return cuda_matvec(m, x, (int)n_tokens, y, y_stride, s);
     cudaStream_t st = raw_stream(s);
     if (n_tokens <= CUDA_MATVEC_MAX_TOKENS) {
         CORE_TRY(cuda_quantize(cuda_act_type(m->type), x, m->n_cols, n_tokens, work, s));
         return cuda_matvec(m, work, (int)n_tokens, y, y_stride, s);
     }
     const int rows = (int)m->n_rows, cols = (int)m->n_cols, nt = (int)n_tokens;
-    if (m->type == QUANT_F32)
-        return blas_gemm(ctx, CUDA_R_32F, m->data, (int)(m->row_bytes / 4), x, rows, nt, cols, y, y_stride, st);
     /* Activations in the weights' 16-bit format (f16, or bf16 for BF16 weights). */
     const size_t x16_bytes = align256((size_t)n_tokens * (size_t)m->n_cols * 2);
     CORE_TRY(cuda_quantize(m->type == QUANT_BF16 ? QUANT_BF16 : QUANT_F16, x, m->n_cols, n_tokens, work, s));

@@ -41,7 +41,7 @@ extern "C" pshard_status cuda_matvec(const struct cuda_matrix *m, const void *ac
     CUDA_ARG(n_tokens >= 0 && n_tokens <= 65535 * CUDA_MATVEC_MAX_TOKENS, "matvec: %d tokens", n_tokens);
     if (n_tokens == 0) return PSHARD_OK;
     /* More than 8 tokens: passes of 8 in one launch (the GEMM paths are faster for most formats;
-     * F32 routers take this way to keep f32 sums, see shards_gpu.c). */
+     * cuda_matmul sends F32 weights this way at any count, for f32 sums). */
     mv_args a = {};
     a.w = (const uint8_t *)m->data;
     a.row_bytes = m->row_bytes;

@@ -17,11 +17,6 @@
 static pshard_status project(struct exec_ctx *ctx, struct exec_gpu *g, const struct cuda_matrix *m, const float *x,
                              int64_t n, float *y) {
     ctx->stats.weight_bytes_read += (uint64_t)m->n_rows * quant_row_bytes(m->type, m->n_cols); /* a view's own columns */
-    /* F32 weights (an MoE router, above all) stay in f32 for any number of tokens: the
-     * tensor-core path would round them to f16 and flip routing decisions near a tie. The
-     * matrix-vector kernel reads f32 activations as they are, every token in one launch. (Passes
-     * of 8 tokens one after another cost qwen30b 35 ms of a 137 ms 256-token step on the H200.) */
-    if (m->type == QUANT_F32) return cuda_matvec(m, x, (int)n, y, m->n_rows, g->stream);
     return cuda_matmul(g->cuda, m, x, n, y, m->n_rows, g->work, g->work_bytes, g->stream);
 }
 
@@ -36,10 +31,14 @@ static pshard_status project_each(struct exec_ctx *ctx, struct exec_gpu *g, cons
         for (int i = 0; i < count; i++) CORE_TRY(project(ctx, g, m[i], x, n, y[i]));
         return PSHARD_OK;
     }
-    CORE_TRY(cuda_quantize(cuda_act_type(m[0]->type), x, m[0]->n_cols, n, g->work, g->stream));
+    const void *acts = x; /* f32 activations are read as they are */
+    if (cuda_act_type(m[0]->type) != QUANT_F32) {
+        CORE_TRY(cuda_quantize(cuda_act_type(m[0]->type), x, m[0]->n_cols, n, g->work, g->stream));
+        acts = g->work;
+    }
     for (int i = 0; i < count; i++) {
         ctx->stats.weight_bytes_read += (uint64_t)m[i]->n_rows * quant_row_bytes(m[i]->type, m[i]->n_cols);
-        CORE_TRY(cuda_matvec(m[i], g->work, (int)n, y[i], m[i]->n_rows, g->stream));
+        CORE_TRY(cuda_matvec(m[i], acts, (int)n, y[i], m[i]->n_rows, g->stream));
     }
     return PSHARD_OK;
 }
