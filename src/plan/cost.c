@@ -352,11 +352,10 @@ static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
  * 256-token steps were predicted 19-21% fast, about 0.45 ms a call against 1.6 ms for a whole
  * layer's call, which sets the share (bench/RESULTS.md). */
 static const double EXPERT_CALL_MIN_SHARE = 0.28;
-enum { GEMM_FROM_TOKENS = 9 };
 
 static double expert_call_s(double touched, double E, double eb, double gpu_rate, double n) {
     if (!(touched > 0)) return 0;
-    return (n >= GEMM_FROM_TOKENS ? fmax(touched, EXPERT_CALL_MIN_SHARE * E) : touched) * eb * gpu_rate;
+    return (n > CUDA_MATVEC_MAX_TOKENS ? fmax(touched, EXPERT_CALL_MIN_SHARE * E) : touched) * eb * gpu_rate;
 }
 
 /* An MoE shard of a ring tier (its experts all run on the GPU): the router, shared and
