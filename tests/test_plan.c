@@ -1189,6 +1189,71 @@ static void test_cost_small_expert_calls(void **state) {
     plan_free(&p);
 }
 
+/* A one-token step reading experts in place pays the call's fixed part only where its token
+ * routes to one of them: with one expert a layer not resident, in k of E steps. */
+static void test_cost_in_place_call_by_odds(void **state) {
+    (void)state;
+    struct profile prof;
+    plan_profile(NULL, &prof);
+    struct plan_request r = base;
+    const struct shard *m0;
+    uint64_t slot;
+    r.family = PLAN_GPU;
+    r.profile = &prof;
+    r.vram_budget = moe_split_budget(&m0, &slot);
+    struct plan p;
+    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+    const struct plan_tier *t = plan_tier_for(&p, 1);
+    assert_false(t->ring);
+    uint32_t moe_layers = 0;
+    for (uint32_t l = 0; l < p.n_layers; l++) {
+        assert_true(t->experts_gpu[l] >= m0->n_expert);
+        p.experts_resident[l] = m0->n_expert - 1;
+        moe_layers++;
+    }
+    struct cost_step without, with;
+    prof.zero_copy_expert_call_s = 0;
+    cost_step(&prof, &moe, &p, t, 1, 1000, &without);
+    prof.zero_copy_expert_call_s = 1; /* a second: the rest is noise beside it */
+    cost_step(&prof, &moe, &p, t, 1, 1000, &with);
+    const double odds = (double)moe.hp.n_expert_used / m0->n_expert;
+    assert_float_equal(with.seconds - without.seconds, moe_layers * odds, 0.01 * moe_layers * odds);
+    plan_free(&p);
+}
+
+/* A layer split with the CPU hands its input down and the CPU's sum back up through the GPU's
+ * own kernels: the transfer lengthens the GPU's side too, even where that side is the longer. */
+static void test_cost_hand_off_on_gpu_side(void **state) {
+    (void)state;
+    struct profile prof;
+    plan_profile(NULL, &prof);
+    for (int f = 0; f < PROFILE_FORMATS; f++) /* the GPU's experts are by far the longer side */
+        for (int i = 0; i < PROFILE_TOKENS; i++) prof.gpu_experts[f].s_per_byte[i] *= 1000;
+    struct plan_request r = base;
+    const struct shard *m0;
+    uint64_t slot;
+    r.family = PLAN_STATIC;
+    r.profile = &prof;
+    r.vram_budget = moe_split_budget(&m0, &slot);
+    struct plan p;
+    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+    const int64_t n = 256;
+    const struct plan_tier *t = plan_tier_for(&p, n);
+    uint32_t split = 0;
+    for (uint32_t i = 0; i < moe.n_shards; i++)
+        split += moe.shards[i].kind == SHARD_MOE && t->shard[i] != PLACE_CPU && t->experts_gpu[moe.shards[i].layer] < m0->n_expert;
+    assert_true(split > 0);
+    struct cost_step fast, slow;
+    for (int i = 0; i < PROFILE_SIZES; i++) prof.d2h_gbps[i] = 1e6;
+    cost_step(&prof, &moe, &p, t, n, 1000, &fast);
+    for (int i = 0; i < PROFILE_SIZES; i++) prof.d2h_gbps[i] = 1;
+    cost_step(&prof, &moe, &p, t, n, 1000, &slow);
+    const double moved = split * (double)n * moe.hp.n_embd * 4 * 2 / 1e9; /* at 1 GB/s */
+    assert_true(slow.gpu_s - fast.gpu_s > 0.99 * moved);
+    assert_true(slow.seconds - fast.seconds > 0.99 * moved);
+    plan_free(&p);
+}
+
 static void test_parse(void **state) {
     (void)state;
     int64_t b;
@@ -1254,7 +1319,8 @@ int main(void) {
         cmocka_unit_test(test_static_stages_attention), cmocka_unit_test(test_dynamic_splits_ffn_rows),
         cmocka_unit_test(test_routed_split), cmocka_unit_test(test_cost_cpu_attention_per_query_head),
         cmocka_unit_test(test_cost_one_expert_call),
-        cmocka_unit_test(test_cost_small_expert_calls), cmocka_unit_test(test_cost_expert_rate_by_pairs),
+        cmocka_unit_test(test_cost_small_expert_calls), cmocka_unit_test(test_cost_in_place_call_by_odds), cmocka_unit_test(test_cost_hand_off_on_gpu_side),
+        cmocka_unit_test(test_cost_expert_rate_by_pairs),
         cmocka_unit_test(test_moe_routers_first), cmocka_unit_test(test_auto_phases),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -270,10 +270,16 @@ static struct split_time split_time(const struct walk *w, bool experts, double g
         cpu += overlap * cpu_more;
         gpu += overlap * pcie_more;
     }
-    /* Replayed, the host meets the graph at flags; launched, it waits on an event. */
+    /* Replayed, the host meets the graph at flags; launched, it waits on an event. The input's
+     * way down and the sum's way up are the GPU's own kernels, writing and reading host memory
+     * (the layer's norm, its last add), so they lengthen its side too. Counted on the host's
+     * side alone, they hid behind a long GPU side: qwen30b's static plan at 16 GB, whose CPU
+     * computes 3 experts a layer of 128, was predicted 18-19% fast at 256 tokens and faster
+     * than the gpu plan, which measured 8 ms (8%) faster (bench/RESULTS.md). */
     const double meet = w->graph && pr->graph_round_trip_s > 0 ? pr->graph_round_trip_s : pr->round_trip_s;
-    const double hand_off = meet + gbps_s(w->n * w->m->hp.n_embd * 4.0 * 2, profile_at_size(pr->d2h_gbps, 65536));
-    gpu = gpu_time(w, gpu, kernels, ops);
+    const double moved = gbps_s(w->n * w->m->hp.n_embd * 4.0 * 2, profile_at_size(pr->d2h_gbps, 65536));
+    const double hand_off = meet + moved;
+    gpu = gpu_time(w, gpu, kernels, ops) + moved;
     return (struct split_time){gpu > cpu + hand_off ? gpu : cpu + hand_off, gpu, cpu, stream, hand_off};
 }
 
@@ -395,12 +401,16 @@ static bool one_expert_call(const struct walk *w, const struct shard *s) {
 }
 
 /* The expert kernel reading `bytes` of experts in place in a step of n tokens; one token's call
- * pays its fixed part besides (the rates of more tokens were measured with it). */
-static double expert_reads_s(const struct walk *w, const struct shard *s, double bytes) {
+ * pays its fixed part besides (the rates of more tokens were measured with it), in the share
+ * `reading` of steps that read any expert in place at all. `bytes` may be an average over
+ * steps: a one-token step of the gpu plan at 16 GB reads one of qwen30b's three non-resident
+ * experts a layer in under a fifth of its steps; charged the fixed part in every step, that plan
+ * was predicted 22-33% slow on the H200 (1.8 ms a token; bench/RESULTS.md). */
+static double expert_reads_s(const struct walk *w, const struct shard *s, double bytes, double reading) {
     const struct profile *pr = w->prof;
     const double k = w->m->hp.n_expert_used, n = w->n;
     return bytes > 0 ? bytes * cost_expert_rate_of(profile_in_place(pr, w->m->weights_skew, true), s->n_expert, k, n) +
-                           (n < 2 ? pr->zero_copy_expert_call_s : 0)
+                           (n < 2 ? reading * pr->zero_copy_expert_call_s : 0)
                      : 0;
 }
 
@@ -457,7 +467,7 @@ static struct split_time moe_split(const struct walk *w, const struct shard *s, 
     const uint32_t type = shard_expert_type(s);
     const double E = s->n_expert, k = w->m->hp.n_expert_used;
     const double gpu_rate = cost_expert_rate(pr->gpu_experts, type, E, k, n), moved = in_place * eb;
-    const double stream = expert_reads_s(w, s, moved);
+    const double stream = expert_reads_s(w, s, moved, 1);
     const bool one = one_expert_call(w, s) && streams;
     gpu += experts_and_reads(res * eb * gpu_rate, moved * gpu_rate, stream);
     /* Small kernels: routing, norms, adds; and each expert call's own (grouping, conversions,
@@ -500,7 +510,7 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
         double stream = 0;
         if (g > r) { /* in place: only the touched experts' bytes cross PCIe */
             const double moved = cost_touched(g - r, E, k, n) * eb;
-            stream = expert_reads_s(w, s, moved);
+            stream = expert_reads_s(w, s, moved, n < 2 ? 1 - hypergeometric(E, g - r, (int)k, 0) : 1);
             gpu += experts_and_reads(one ? cost_touched(r, E, k, n) * eb * gpu_rate : 0, moved * gpu_rate, stream);
         }
         w->out->pcie_s += stream;
