@@ -1254,6 +1254,27 @@ static void test_cost_hand_off_on_gpu_side(void **state) {
     plan_free(&p);
 }
 
+/* The soonest request's set wins, or within the margin one whose first token is sooner by more
+ * than the margin; a first token sooner by less decides nothing. */
+static void test_soonest_set(void **state) {
+    (void)state;
+    struct plan p;
+    memset(&p, 0, sizeof p);
+    double soonest = 0;
+    assert_int_equal(plan_soonest_set(&p, 128, &soonest), -1);
+    p.weighed_set[PLAN_SET_NO_RING].ttft = 1.00, p.weighed_set[PLAN_SET_NO_RING].decode = 0.0100; /* 2.28 s */
+    p.weighed_set[PLAN_SET_RING].ttft = 0.98, p.weighed_set[PLAN_SET_RING].decode = 0.0102;       /* 2.2856 s */
+    assert_int_equal(plan_soonest_set(&p, 128, &soonest), PLAN_SET_NO_RING);
+    assert_float_equal(soonest, 2.28, 1e-9);
+    p.weighed_set[PLAN_SET_RING].ttft = 0.90, p.weighed_set[PLAN_SET_RING].decode = 0.0108; /* 2.2824 s */
+    assert_int_equal(plan_soonest_set(&p, 128, NULL), PLAN_SET_RING);
+    p.weighed_set[PLAN_SET_RING].decode = 0.0120; /* 2.436 s: beyond the margin */
+    assert_int_equal(plan_soonest_set(&p, 128, NULL), PLAN_SET_NO_RING);
+    p.weighed_set[PLAN_SET_ALL_KV].ttft = 0.50, p.weighed_set[PLAN_SET_ALL_KV].decode = 0.0120; /* 2.036 s */
+    assert_int_equal(plan_soonest_set(&p, 128, &soonest), PLAN_SET_ALL_KV);
+    assert_float_equal(soonest, 2.036, 1e-9);
+}
+
 static void test_parse(void **state) {
     (void)state;
     int64_t b;
@@ -1319,7 +1340,7 @@ int main(void) {
         cmocka_unit_test(test_static_stages_attention), cmocka_unit_test(test_dynamic_splits_ffn_rows),
         cmocka_unit_test(test_routed_split), cmocka_unit_test(test_cost_cpu_attention_per_query_head),
         cmocka_unit_test(test_cost_one_expert_call),
-        cmocka_unit_test(test_cost_small_expert_calls), cmocka_unit_test(test_cost_in_place_call_by_odds), cmocka_unit_test(test_cost_hand_off_on_gpu_side),
+        cmocka_unit_test(test_cost_small_expert_calls), cmocka_unit_test(test_cost_in_place_call_by_odds), cmocka_unit_test(test_cost_hand_off_on_gpu_side), cmocka_unit_test(test_soonest_set),
         cmocka_unit_test(test_cost_expert_rate_by_pairs),
         cmocka_unit_test(test_moe_routers_first), cmocka_unit_test(test_auto_phases),
     };

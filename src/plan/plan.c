@@ -707,8 +707,6 @@ static pshard_status search(const struct model *m, const struct plan_request *re
     static const struct { enum plan_family family; float share; } menu[] = {
         {PLAN_STATIC, 0}, {PLAN_GPU, 0}, {PLAN_DYNAMIC, 0}, {PLAN_DYNAMIC, 0.25f}, {PLAN_DYNAMIC, 0.5f}, {PLAN_DYNAMIC, 0.75f}};
     const int32_t n_prompt = plan_typical_prompt(req->n_ctx), n_out = typical_generated(req);
-    double best_total = INFINITY;
-    int best_set = -1;
     struct plan_candidate cands[PLAN_MAX_CANDIDATES];
     uint32_t n_cands = 0;
     int8_t chosen[PLAN_SETS][PLAN_TIERS];
@@ -756,21 +754,10 @@ static pshard_status search(const struct model *m, const struct plan_request *re
         p->weighed_set[set].ttft = ttft, p->weighed_set[set].decode = decode;
         account(m, req, costs, p);
         weights[set] = (double)p->budget.weights, kv_position[set] = cost_kv_position_bytes(m, p);
-        if (ttft + n_out * decode < best_total) best_total = ttft + n_out * decode, best_set = (int)set;
     }
     if (!any_fits) return fits; /* not even without the ring: the message names the minimum */
-    /* Within PLAN_SET_MARGIN of the soonest, the set with the soonest first token wins, where
-     * that is sooner by more than the margin too. Sets that lend or keep different weights
-     * differ in decode by less than the cost model's error (llama8b at 4 GB: the set without
-     * the ring predicted 5% faster per token, measured 1% slower), while a prompt read in place
-     * instead of copied through the ring is slower by far (3.5x there). A first token sooner by
-     * less says nothing either: qwen30b at 16 GB took the ring's set for a first token
-     * predicted 3% sooner, and its 4-token steps measured 17% slower than without the ring. */
-    for (int set = 0; best_set >= 0 && set < PLAN_SETS; set++) {
-        const double ttft = p->weighed_set[set].ttft, total = ttft + n_out * p->weighed_set[set].decode;
-        if (ttft > 0 && total <= best_total * (1 + PLAN_SET_MARGIN) && ttft < p->weighed_set[best_set].ttft * (1 - PLAN_SET_MARGIN))
-            best_set = set;
-    }
+    double best_total;
+    const int best_set = plan_soonest_set(p, n_out, &best_total);
     /* Phases: decode steps over another set than the prompt's, paying a request's two switches,
      * when that beats the one set by more than PLAN_SET_MARGIN (the margin the cost model's
      * decode error between sets asks for). */
@@ -898,6 +885,29 @@ static pshard_status build(const struct model *m, const struct plan_request *req
     for (int t = 0; t < PLAN_TIERS; t++) set_tier(m, req, prof, p, t, family, 0);
     account(m, req, costs, p);
     return PSHARD_OK;
+}
+
+/* Within PLAN_SET_MARGIN of the soonest, the set with the soonest first token wins, where that
+ * is sooner by more than the margin too. Sets that lend or keep different weights differ in
+ * decode by less than the cost model's error (llama8b at 4 GB: the set without the ring
+ * predicted 5% faster per token, measured 1% slower), while a prompt read in place instead of
+ * copied through the ring is slower by far (3.5x there). A first token sooner by less says
+ * nothing either: qwen30b at 16 GB took the ring's set for a first token predicted 3% sooner,
+ * and its 4-token steps measured 17% slower than without the ring. */
+int plan_soonest_set(const struct plan *p, int32_t n_out, double *soonest) {
+    int best = -1;
+    double best_total = INFINITY;
+    for (int set = 0; set < PLAN_SETS; set++) {
+        const double ttft = p->weighed_set[set].ttft, total = ttft + n_out * p->weighed_set[set].decode;
+        if (ttft > 0 && total < best_total) best_total = total, best = set;
+    }
+    for (int set = 0; best >= 0 && set < PLAN_SETS; set++) {
+        const double ttft = p->weighed_set[set].ttft, total = ttft + n_out * p->weighed_set[set].decode;
+        if (ttft > 0 && total <= best_total * (1 + PLAN_SET_MARGIN) && ttft < p->weighed_set[best].ttft * (1 - PLAN_SET_MARGIN))
+            best = set;
+    }
+    if (soonest) *soonest = best_total;
+    return best;
 }
 
 pshard_status plan_build(const struct model *model, const struct plan_request *req, const struct plan_gpu_costs *costs,

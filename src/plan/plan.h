@@ -204,6 +204,11 @@ struct plan_gpu_costs {
     uint64_t host_mapping; /* device memory for mapping the model file, when anything streams */
 };
 
+/* The resident set whose typical request (weighed_set, n_out tokens generated) ends soonest, or
+ * within PLAN_SET_MARGIN of that one whose first token comes sooner by more than the margin; -1
+ * where no set was weighed. *soonest (if not NULL): the soonest request's seconds. */
+int plan_soonest_set(const struct plan *p, int32_t n_out, double *soonest);
+
 /* Build a plan for `model` under the request. Fails with a clear message when the budget
  * cannot hold even the fixed GPU buffers (naming the minimum), or a family cannot be built. */
 pshard_status plan_build(const struct model *model, const struct plan_request *req, const struct plan_gpu_costs *costs,
