@@ -84,6 +84,8 @@ def upgraded(profile, refusal, model):
             p.setdefault("zero_copy_experts_off", p["zero_copy_experts"])
             p.setdefault("in_place_skew", 32)
             continue
+        if version == 15:  # format 14's CPU attention read one cache over and over (from the
+            continue       # L3); no field was added, so it stands as measured
         if version not in UPGRADES:
             sys.exit("%s: format %d, and no upgrade to format %d is known" % (profile, have, version))
         for field, like in UPGRADES[version].items():

@@ -77,7 +77,9 @@ struct cpu_bench {
     uint64_t touched_bytes;
     /* attention */
     const struct cpu_attn_shape *attn;
-    uint16_t *kv;
+    uint16_t *kv, *kv_at; /* kv_copies copies of a layer's cache, each kv_elems; kv_at: this rep's */
+    size_t kv_elems;
+    int kv_copies;
     int64_t cells;
     float *q, *out;
     /* host reads */

@@ -16,7 +16,7 @@
 
 #include "pshard.h"
 
-#define PROFILE_VERSION 14
+#define PROFILE_VERSION 15
 enum {
     PROFILE_TOKENS = 6,   /* token counts: 1, 4, 16, 64, 256, 1024 */
     PROFILE_SIZES = 5,    /* transfer sizes: 64 KiB, 512 KiB, 4 MiB, 32 MiB, 128 MiB */
