@@ -9,7 +9,18 @@
 #include "cpu/attention_kernels.h"
 #include "quant/half.h"
 
-enum { KEY_BLOCK = 64, MAX_HEAD = 512 };
+enum { KEY_BLOCK = 64, MAX_HEAD = 512, PREFETCH_CELLS = 8 };
+
+/* A cell's row of one KV head is a few cache lines, and the next cell's is a whole row of KV
+ * heads further (1-2 KB for qwen30b and llama8b): too far apart for the hardware to follow
+ * across pages, so the rows PREFETCH_CELLS cells ahead are asked for by hand. The profile's CPU
+ * attention on the H200 machine, llama8b, 16 threads: one token 61-68 GB/s per query head's KV
+ * byte against 45-48 without, 4-1024 tokens 86-104 against 59-82 (bench/RESULTS.md); on one
+ * thread of the development machine, 32 heads over 4096 cells took 6.0-7.5 ms a layer against
+ * 9.3-10.2. The sums are the same, bit for bit. */
+static inline void prefetch_row(const uint16_t *row, int n) {
+    for (int i = 0; i < n; i += 32) __builtin_prefetch(row + i);
+}
 
 static float dot_f16_ref(const float *q, const uint16_t *k, int n) {
     float sum = 0.0f;
@@ -38,6 +49,8 @@ void cpu_attention_heads(const struct cpu_attn_shape *s, const float *q, const u
             const int64_t n = n_cells - c0 < KEY_BLOCK ? n_cells - c0 : KEY_BLOCK;
             float block_max = -INFINITY;
             for (int64_t j = 0; j < n; j++) {
+                if (c0 + j + PREFETCH_CELLS < n_cells)
+                    prefetch_row(k + (c0 + j + PREFETCH_CELLS) * k_stride + (int64_t)kvh * s->head_k, s->head_k);
                 scores[j] = dot_f16(qh, k + (c0 + j) * k_stride + (int64_t)kvh * s->head_k, s->head_k) * s->scale;
                 block_max = scores[j] > block_max ? scores[j] : block_max;
             }
@@ -46,6 +59,8 @@ void cpu_attention_heads(const struct cpu_attn_shape *s, const float *q, const u
             sum *= rescale;
             for (int i = 0; i < s->head_v; i++) acc[i] *= rescale;
             for (int64_t j = 0; j < n; j++) {
+                if (c0 + j + PREFETCH_CELLS < n_cells)
+                    prefetch_row(v + (c0 + j + PREFETCH_CELLS) * v_stride + (int64_t)kvh * s->head_v, s->head_v);
                 const float p = expf(scores[j] - new_max);
                 sum += p;
                 axpy_f16(acc, p, v + (c0 + j) * v_stride + (int64_t)kvh * s->head_v, s->head_v);
