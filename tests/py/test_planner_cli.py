@@ -138,7 +138,11 @@ def test_profile_cache_written_shown_and_refused_elsewhere(default_model, tmp_pa
     assert "Q4_1" in data["cpu_matmul"]  # the model's own format was measured
     rates = data["cpu_matmul"]["Q4_1"]
     assert len(rates) == 6 and all(r > 0 for r in rates)
-    assert rates[-1] / 1024 < rates[0]  # per token, many tokens cost less than one each
+    # Seconds per weight byte of a whole step: 1024 tokens cost more than one, and less than 1024
+    # single steps by far (0.36-0.46 of that idle on the development machine). The bound is loose
+    # on purpose: it catches a step's time taken per token, not a slow machine (two busy cores
+    # once measured 1.13).
+    assert rates[0] < rates[-1] < 2 * 1024 * rates[0]
 
     shown = pshard("profile", "--show", "-t", "2", "-m", default_model, env=env)
     assert shown.returncode == 0 and "measured" in shown.stdout and path in shown.stdout, shown.stderr
