@@ -99,10 +99,10 @@ static void print_candidates(const struct plan *p, FILE *out) {
         fprintf(out, "the tiers share one resident set, so switching between them copies nothing\n");
     /* Which set, and why: each one's typical request, its tiers at their best. */
     const int n_out = p->n_decode;
-    fprintf(out, "resident sets weighed, for a %d-token prompt then %d tokens (the soonest wins, or within %.0f%% of it the "
-                 "soonest first token; decoding over another set wins where the request, both changes counted, is more "
-                 "than %.0f%% sooner):\n",
-            n_prompt, n_out, 100 * PLAN_SET_MARGIN, 100 * PLAN_SET_MARGIN);
+    fprintf(out, "resident sets weighed, for a %d-token prompt then %d tokens (the soonest wins, or within %.0f%% of it one "
+                 "whose first token is more than %.0f%% sooner; decoding over another set wins where the request, both "
+                 "changes counted, is more than %.0f%% sooner):\n",
+            n_prompt, n_out, 100 * PLAN_SET_MARGIN, 100 * PLAN_SET_MARGIN, 100 * PLAN_SET_MARGIN);
     static const enum plan_set order[] = {PLAN_SET_RING, PLAN_SET_NO_RING, PLAN_SET_ALL_KV};
     const int chosen = p->chosen[last] >= 0 ? p->chosen[last] : -1;
     const bool cpu_chosen = chosen >= 0 && p->candidates[chosen].family == PLAN_CPU;
