@@ -54,7 +54,7 @@ extern const int32_t plan_tier_tokens[PLAN_TIERS]; /* 1, 4, 16, 64, 256, 1024 */
 enum { PLAN_SPLIT_ROWS = 256 };
 enum { PLAN_RING_MIN_TOKENS = 16, PLAN_RING_ALL_MIN_TOKENS = 64, PLAN_STAGING_SLOTS = 4, PLAN_MIN_SLOTS = 2, PLAN_PIECE_MAX_BYTES = 128 << 20 };
 /* auto: a resident set whose typical request is predicted within this fraction of the soonest
- * wins when its first token comes sooner (see search in plan.c). */
+ * wins when its first token comes sooner by more than this fraction too (plan_soonest_set). */
 #define PLAN_SET_MARGIN 0.05
 /* Phases (auto, one sequence): steps of fewer than PLAN_PHASE_TOKENS tokens (decoding) may run a
  * plan of their own over another resident set than prompt steps (plan.decode); VRAM is carved
