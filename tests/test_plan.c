@@ -1155,6 +1155,23 @@ static void test_cost_one_expert_call(void **state) {
     plan_free(&p);
 }
 
+/* A plan of `family` for tiny-moe under moe_split_budget, costed with prof (*m0: its first MoE
+ * shard). */
+static void build_moe_split(enum plan_family family, struct profile *prof, struct plan *p, const struct shard **m0) {
+    struct plan_request r = base;
+    uint64_t slot;
+    r.family = family;
+    r.profile = prof;
+    r.vram_budget = moe_split_budget(m0, &slot);
+    assert_int_equal(plan_build(&moe, &r, &costs, p), PSHARD_OK);
+}
+
+/* The GPU's experts a thousand times slower than measured, so their compute is the longer side. */
+static void slow_gpu_experts(struct profile *prof) {
+    for (int f = 0; f < PROFILE_FORMATS; f++)
+        for (int i = 0; i < PROFILE_TOKENS; i++) prof->gpu_experts[f].s_per_byte[i] *= 1000;
+}
+
 /* An expert call of many tokens costs the GPU at least the time of a share of a layer's experts
  * (its tiles do not fill the GPU below that). A ring step computes a layer's resident experts in
  * one call and its streamed piece in another: where the GPU's experts outlast the copies, a piece
@@ -1164,16 +1181,10 @@ static void test_cost_small_expert_calls(void **state) {
     (void)state;
     struct profile prof;
     plan_profile(NULL, &prof);
-    for (int f = 0; f < PROFILE_FORMATS; f++) /* compute outlasts the copies */
-        for (int i = 0; i < PROFILE_TOKENS; i++) prof.gpu_experts[f].s_per_byte[i] *= 1000;
-    struct plan_request r = base;
+    slow_gpu_experts(&prof); /* compute outlasts the copies */
     const struct shard *m0;
-    uint64_t slot;
-    r.family = PLAN_GPU;
-    r.profile = &prof;
-    r.vram_budget = moe_split_budget(&m0, &slot);
     struct plan p;
-    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+    build_moe_split(PLAN_GPU, &prof, &p, &m0);
     const struct plan_tier *t = plan_tier_for(&p, 64);
     assert_true(t->ring);
     struct cost_step step[3];
@@ -1195,21 +1206,15 @@ static void test_cost_in_place_call_by_odds(void **state) {
     (void)state;
     struct profile prof;
     plan_profile(NULL, &prof);
-    struct plan_request r = base;
     const struct shard *m0;
-    uint64_t slot;
-    r.family = PLAN_GPU;
-    r.profile = &prof;
-    r.vram_budget = moe_split_budget(&m0, &slot);
     struct plan p;
-    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+    build_moe_split(PLAN_GPU, &prof, &p, &m0);
     const struct plan_tier *t = plan_tier_for(&p, 1);
     assert_false(t->ring);
-    uint32_t moe_layers = 0;
+    const uint32_t moe_layers = p.n_layers; /* every layer of tiny-moe */
     for (uint32_t l = 0; l < p.n_layers; l++) {
         assert_true(t->experts_gpu[l] >= m0->n_expert);
         p.experts_resident[l] = m0->n_expert - 1;
-        moe_layers++;
     }
     struct cost_step without, with;
     prof.zero_copy_expert_call_s = 0;
@@ -1227,16 +1232,10 @@ static void test_cost_hand_off_on_gpu_side(void **state) {
     (void)state;
     struct profile prof;
     plan_profile(NULL, &prof);
-    for (int f = 0; f < PROFILE_FORMATS; f++) /* the GPU's experts are by far the longer side */
-        for (int i = 0; i < PROFILE_TOKENS; i++) prof.gpu_experts[f].s_per_byte[i] *= 1000;
-    struct plan_request r = base;
+    slow_gpu_experts(&prof); /* the GPU's experts are by far the longer side */
     const struct shard *m0;
-    uint64_t slot;
-    r.family = PLAN_STATIC;
-    r.profile = &prof;
-    r.vram_budget = moe_split_budget(&m0, &slot);
     struct plan p;
-    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+    build_moe_split(PLAN_STATIC, &prof, &p, &m0);
     const int64_t n = 256;
     const struct plan_tier *t = plan_tier_for(&p, n);
     uint32_t split = 0;
