@@ -394,32 +394,43 @@ static void test_half_conversions(void **state) {
     }
 }
 
-/* The four-token dot products give exactly the single-token results (a token's logits must not
- * depend on which batch it is in), for odd sizes and unaligned rows. */
-static void test_dot4_equals_four_dots(void **state) {
+/* The four-token dot products and the tiles of four rows by one to four tokens give exactly the
+ * single dot products (a token's logits must not depend on which batch it is in), for every
+ * size, unaligned rows and activations, random codes and scales. */
+static void test_batched_dots_equal_dots(void **state) {
     (void)state;
+    rng_state = 0x2545f4914f6cdd1dull;
     int checked = 0;
-    for (int type = 0; type < QUANT_TYPE_LIMIT; type++)
+    for (size_t tc = 0; tc < N_TYPES; tc++)
         for (int impl = 0; impl < QUANT_IMPL_COUNT; impl++) {
-            const struct quant_kernels *k = quant_kernels_variant((enum quant_type)type, (enum quant_impl)impl);
-            if (!k || !k->vec_dot4) continue;
-            for (int64_t n = 32; n <= 2048; n += 32 * 7) {
-                float *w = malloc(sizeof(float) * n), *x = malloc(sizeof(float) * 4 * n);
-                uint8_t *wq = malloc(quant_row_bytes((enum quant_type)type, n) + 1);
-                const size_t ab = quant_act_row_bytes(k, n);
-                uint8_t *acts = malloc(4 * ab + 1);
-                for (int64_t i = 0; i < n; i++) w[i] = sinf((float)i * 0.37f) * 0.1f;
-                for (int64_t i = 0; i < 4 * n; i++) x[i] = cosf((float)i * 0.11f) * (float)(i % 7);
-                assert_int_equal(quant_quantize_row((enum quant_type)type, w, wq + 1, n), PSHARD_OK);
-                for (int j = 0; j < 4; j++) k->quantize_act(x + j * n, acts + 1 + j * ab, n);
-                float out[4];
-                k->vec_dot4(n, wq + 1, acts + 1, ab, out);
-                for (int j = 0; j < 4; j++) {
-                    const float one = k->vec_dot(n, wq + 1, acts + 1 + j * ab);
-                    assert_memory_equal(&one, &out[j], sizeof one);
-                    checked++;
+            const struct quant_kernels *k = quant_kernels_variant(TYPES[tc].type, (enum quant_impl)impl);
+            if (!k || (!k->vec_dot4 && !k->dot_tile)) continue;
+            for (size_t si = 0; si < N_SIZES; si++) {
+                const int64_t n = row_elems(quant_type_info(TYPES[tc].type), (int)si);
+                const size_t wb = quant_row_bytes(TYPES[tc].type, n), ab = quant_act_row_bytes(k, n) + 3;
+                float *x = malloc(sizeof(float) * n);
+                uint8_t *w = malloc(4 * wb + 1), *acts = malloc(4 * ab + 1);
+                for (int r = 0; r < 4; r++) fill_weights(&TYPES[tc], w + 1 + r * wb, n, -1);
+                for (int t = 0; t < 4; t++) {
+                    fill_activations(x, n, t);
+                    k->quantize_act(x, acts + 1 + t * ab, n);
                 }
-                free(w), free(x), free(wq), free(acts);
+                float one[4][4]; /* [token][row] */
+                for (int t = 0; t < 4; t++)
+                    for (int r = 0; r < 4; r++) one[t][r] = k->vec_dot(n, w + 1 + r * wb, acts + 1 + t * ab);
+                if (k->vec_dot4) {
+                    float out[4];
+                    k->vec_dot4(n, w + 1, acts + 1, ab, out);
+                    for (int t = 0; t < 4; t++, checked++) assert_memory_equal(&one[t][0], &out[t], sizeof out[t]);
+                }
+                for (int n_tokens = 1; k->dot_tile && n_tokens <= 4; n_tokens++) {
+                    float out[16];
+                    k->dot_tile(n, w + 1, wb, acts + 1, ab, n_tokens, out);
+                    for (int t = 0; t < n_tokens; t++)
+                        for (int r = 0; r < 4; r++, checked++)
+                            assert_memory_equal(&one[t][r], &out[t * 4 + r], sizeof out[0]);
+                }
+                free(x), free(w), free(acts);
             }
         }
     if (cpu_features()->avx2) assert_true(checked > 0);
@@ -432,7 +443,7 @@ int main(void) {
         cmocka_unit_test(test_kernels_against_reference),
         cmocka_unit_test(test_quantize_round_trip),
         cmocka_unit_test(test_bad_arguments),
-        cmocka_unit_test(test_dot4_equals_four_dots),
+        cmocka_unit_test(test_batched_dots_equal_dots),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -67,6 +67,11 @@ void cpu_matmul(struct threadpool *pool, const struct cpu_matrix *m, const float
 void cpu_matmul_rows(const struct cpu_matrix *m, const struct cpu_acts *acts, int64_t row_begin, int64_t row_end,
                      float *y, int64_t y_stride);
 
+/* For a format with a tile kernel (quant_kernels.dot_tile): y[t][r] for tokens t0..t1 and rows
+ * r0..r1, four rows by up to four tokens at a time, the rows past the last four one by one. */
+void cpu_matmul_tiles(const struct cpu_matrix *m, const struct cpu_acts *acts, int64_t t0, int64_t t1, int64_t r0,
+                      int64_t r1, float *y, int64_t y_stride);
+
 /* Row of an embedding table, dequantized. */
 void cpu_get_row(const struct cpu_matrix *m, int64_t row, float *out);
 

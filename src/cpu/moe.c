@@ -105,12 +105,22 @@ static inline void prefetch_row(const uint8_t *row, size_t row_bytes) {
     for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(row + b, 0, 3);
 }
 
-/* Rows r0..r1 of one expert for its grouped activation rows i0..i1: four rows at a time where
- * the format has a four-token kernel (bit-identical to one at a time). */
+/* Rows r0..r1 of one expert for its grouped activation rows i0..i1: by tiles of four rows where
+ * the format has them, else four tokens at a time where it has a four-token kernel (both
+ * bit-identical to one at a time). */
 static void expert_rows(const struct cpu_matrix *m, const struct cpu_acts *acts, int32_t i0, int32_t i1, int64_t r0,
                         int64_t r1, float *out) {
     const uint8_t *w = m->data, *a = acts->data;
     const int64_t ahead = rows_ahead(m->row_bytes);
+    if (m->kernels->dot_tile) {
+        for (int64_t r = r0; r < r1; r += 4) {
+            const int64_t end = r + 4 < r1 ? r + 4 : r1;
+            for (int64_t next = r + ahead; next < end + ahead && next < r1; next++)
+                prefetch_row(w + next * m->row_bytes, m->row_bytes);
+            cpu_matmul_tiles(m, acts, i0, i1, r, end, out, m->n_rows);
+        }
+        return;
+    }
     int32_t i = i0;
     if (m->kernels->vec_dot4)
         for (; i + 4 <= i1; i += 4)

@@ -54,32 +54,67 @@ void quant_act_bf16_avx2(const float *x, void *act, int64_t n) {
     quant_act_bf16_ref(x + i, p + 2 * i, n - i);
 }
 
-/* ---- float dots: four accumulators hide the FMA latency */
-
-#define FLOAT_DOT_AVX2(name, elem_bytes, load, ref_tail)                                                             \
-    float name(int64_t n, const void *w, const void *act) {                                                          \
-        const uint8_t *a = w, *b = act;                                                                              \
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                                               \
-        __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();                                               \
-        int64_t i = 0;                                                                                               \
-        for (; i + 32 <= n; i += 32) {                                                                               \
-            const uint8_t *pa = a + i * elem_bytes, *pb = b + i * elem_bytes;                                        \
-            acc0 = _mm256_fmadd_ps(load(pa), load(pb), acc0);                                                        \
-            acc1 = _mm256_fmadd_ps(load(pa + 8 * elem_bytes), load(pb + 8 * elem_bytes), acc1);                      \
-            acc2 = _mm256_fmadd_ps(load(pa + 16 * elem_bytes), load(pb + 16 * elem_bytes), acc2);                    \
-            acc3 = _mm256_fmadd_ps(load(pa + 24 * elem_bytes), load(pb + 24 * elem_bytes), acc3);                    \
-        }                                                                                                            \
-        for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(load(a + i * elem_bytes), load(b + i * elem_bytes), acc0); \
-        __m256 s = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));                              \
-        return hsum_ps256(s) + ref_tail(n - i, a + i * elem_bytes, b + i * elem_bytes);                              \
-    }
+/* ---- float dots: one accumulator of 8 per row and token, the tail by the reference
+ *
+ * As in float_avx512.c: a product's sum has the same order in a lone dot and in a tile, so the
+ * tile gives vec_dot's result bit for bit. Sixteen registers hold a tile of four rows and two
+ * tokens; four tokens take two passes over the rows. */
 
 static inline __m256 f32x8_load(const uint8_t *p) { return _mm256_loadu_ps((const float *)p); }
 static inline __m256 f16x8_load(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
-FLOAT_DOT_AVX2(quant_dot_f32_avx2, 4, f32x8_load, quant_dot_f32_ref)
-FLOAT_DOT_AVX2(quant_dot_f16_avx2, 2, f16x8_load, quant_dot_f16_ref)
-FLOAT_DOT_AVX2(quant_dot_bf16_avx2, 2, bf16x8_load, quant_dot_bf16_ref)
+/* `rows` (at most 4) weight rows against `tokens` (at most 2) activation rows: out[t * 4 + r]. */
+static inline __attribute__((always_inline)) void float_tile(int64_t n, const uint8_t *w, size_t w_stride,
+                                                             const uint8_t *a, size_t a_stride, int rows, int tokens,
+                                                             int elem_bytes, __m256 (*load)(const uint8_t *),
+                                                             float (*ref_tail)(int64_t, const void *, const void *),
+                                                             float *out) {
+    __m256 acc[4][2], x[2];
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < rows; r++)
+        _Pragma("GCC unroll 4")
+        for (int t = 0; t < tokens; t++) acc[r][t] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _Pragma("GCC unroll 4")
+        for (int t = 0; t < tokens; t++) x[t] = load(a + t * a_stride + i * elem_bytes);
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < rows; r++) {
+            const __m256 v = load(w + r * w_stride + i * elem_bytes);
+            _Pragma("GCC unroll 4")
+            for (int t = 0; t < tokens; t++) acc[r][t] = _mm256_fmadd_ps(v, x[t], acc[r][t]);
+        }
+    }
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < rows; r++)
+        _Pragma("GCC unroll 4")
+        for (int t = 0; t < tokens; t++)
+            out[t * 4 + r] = hsum_ps256(acc[r][t]) +
+                             ref_tail(n - i, w + r * w_stride + i * elem_bytes, a + t * a_stride + i * elem_bytes);
+}
+
+#define FLOAT_DOTS_AVX2(fmt, elem_bytes, load)                                                                         \
+    float quant_dot_##fmt##_avx2(int64_t n, const void *w, const void *act) {                                          \
+        float out[1];                                                                                                  \
+        float_tile(n, w, 0, act, 0, 1, 1, elem_bytes, load, quant_dot_##fmt##_ref, out);                               \
+        return out[0];                                                                                                 \
+    }                                                                                                                  \
+    void quant_tile_##fmt##_avx2(int64_t n, const void *w, size_t w_stride, const void *act, size_t act_stride,        \
+                               int n_tokens, float *out) {                                                             \
+        const uint8_t *a = act;                                                                                        \
+        for (int t = 0; t < n_tokens; t += 2) {                                                                        \
+            if (n_tokens - t >= 2)                                                                                     \
+                float_tile(n, w, w_stride, a + t * act_stride, act_stride, 4, 2, elem_bytes, load,                     \
+                           quant_dot_##fmt##_ref, out + t * 4);                                                        \
+            else                                                                                                       \
+                float_tile(n, w, w_stride, a + t * act_stride, act_stride, 4, 1, elem_bytes, load,                     \
+                           quant_dot_##fmt##_ref, out + t * 4);                                                        \
+        }                                                                                                              \
+    }
+
+FLOAT_DOTS_AVX2(f32, 4, f32x8_load)
+FLOAT_DOTS_AVX2(f16, 2, f16x8_load)
+FLOAT_DOTS_AVX2(bf16, 2, bf16x8_load)
 
 /* ---- activation quantizers */
 

@@ -65,28 +65,12 @@ void quant_act_bf16_avx512(const float *x, void *act, int64_t n) {
     }
 }
 
-/* ---- float dots: four accumulators of 16, masked tail */
-
-#define FLOAT_DOT_AVX512(name, elem_bytes, load, mask_load)                                                            \
-    float name(int64_t n, const void *w, const void *act) {                                                            \
-        const uint8_t *a = w, *b = act;                                                                                \
-        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();                                                 \
-        __m512 acc2 = _mm512_setzero_ps(), acc3 = _mm512_setzero_ps();                                                 \
-        int64_t i = 0;                                                                                                 \
-        for (; i + 64 <= n; i += 64) {                                                                                 \
-            const uint8_t *pa = a + i * elem_bytes, *pb = b + i * elem_bytes;                                          \
-            acc0 = _mm512_fmadd_ps(load(pa), load(pb), acc0);                                                          \
-            acc1 = _mm512_fmadd_ps(load(pa + 16 * elem_bytes), load(pb + 16 * elem_bytes), acc1);                      \
-            acc2 = _mm512_fmadd_ps(load(pa + 32 * elem_bytes), load(pb + 32 * elem_bytes), acc2);                      \
-            acc3 = _mm512_fmadd_ps(load(pa + 48 * elem_bytes), load(pb + 48 * elem_bytes), acc3);                      \
-        }                                                                                                              \
-        for (; i + 16 <= n; i += 16) acc0 = _mm512_fmadd_ps(load(a + i * elem_bytes), load(b + i * elem_bytes), acc0); \
-        if (i < n) {                                                                                                   \
-            __mmask16 m = tail_mask(n - i);                                                                            \
-            acc1 = _mm512_fmadd_ps(mask_load(m, a + i * elem_bytes), mask_load(m, b + i * elem_bytes), acc1);          \
-        }                                                                                                              \
-        return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));              \
-    }
+/* ---- float dots: one accumulator of 16 per row and token, masked tail
+ *
+ * Each product keeps its own accumulator, so its sum's order is the same whichever tile computes
+ * it: a tile of rows and tokens gives vec_dot's result bit for bit (a token's logits never depend
+ * on its batch). A lone dot waits on its FMA chain; matrix products call the tile, whose 4 to 16
+ * chains run side by side and which converts each weight vector once for up to four tokens. */
 
 static inline __m512 f32x16(const uint8_t *p) { return _mm512_loadu_ps(p); }
 static inline __m512 f32x16_mask(__mmask16 m, const uint8_t *p) { return _mm512_maskz_loadu_ps(m, p); }
@@ -97,9 +81,65 @@ static inline __m512 f16x16_mask(__mmask16 m, const uint8_t *p) {
 static inline __m512 bf16x16_load(const uint8_t *p) { return bf16x16(_mm256_loadu_si256((const __m256i *)p)); }
 static inline __m512 bf16x16_mask(__mmask16 m, const uint8_t *p) { return bf16x16(_mm256_maskz_loadu_epi16(m, p)); }
 
-FLOAT_DOT_AVX512(quant_dot_f32_avx512, 4, f32x16, f32x16_mask)
-FLOAT_DOT_AVX512(quant_dot_f16_avx512, 2, f16x16, f16x16_mask)
-FLOAT_DOT_AVX512(quant_dot_bf16_avx512, 2, bf16x16_load, bf16x16_mask)
+/* `rows` weight rows against `tokens` activation rows (each at most 4): out[t * 4 + r]. Inlined
+ * with constant counts and loaders, the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void float_tile(int64_t n, const uint8_t *w, size_t w_stride,
+                                                             const uint8_t *a, size_t a_stride, int rows, int tokens,
+                                                             int elem_bytes, __m512 (*load)(const uint8_t *),
+                                                             __m512 (*mask_load)(__mmask16, const uint8_t *),
+                                                             float *out) {
+    __m512 acc[4][4], x[4];
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < rows; r++)
+        _Pragma("GCC unroll 4")
+        for (int t = 0; t < tokens; t++) acc[r][t] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        _Pragma("GCC unroll 4")
+        for (int t = 0; t < tokens; t++) x[t] = load(a + t * a_stride + i * elem_bytes);
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < rows; r++) {
+            const __m512 v = load(w + r * w_stride + i * elem_bytes);
+            _Pragma("GCC unroll 4")
+            for (int t = 0; t < tokens; t++) acc[r][t] = _mm512_fmadd_ps(v, x[t], acc[r][t]);
+        }
+    }
+    if (i < n) {
+        const __mmask16 m = tail_mask(n - i);
+        _Pragma("GCC unroll 4")
+        for (int t = 0; t < tokens; t++) x[t] = mask_load(m, a + t * a_stride + i * elem_bytes);
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < rows; r++) {
+            const __m512 v = mask_load(m, w + r * w_stride + i * elem_bytes);
+            _Pragma("GCC unroll 4")
+            for (int t = 0; t < tokens; t++) acc[r][t] = _mm512_fmadd_ps(v, x[t], acc[r][t]);
+        }
+    }
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < rows; r++)
+        _Pragma("GCC unroll 4")
+        for (int t = 0; t < tokens; t++) out[t * 4 + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+#define FLOAT_DOTS_AVX512(fmt, elem_bytes, load, mask_load)                                                            \
+    float quant_dot_##fmt##_avx512(int64_t n, const void *w, const void *act) {                                        \
+        float out[1];                                                                                                  \
+        float_tile(n, w, 0, act, 0, 1, 1, elem_bytes, load, mask_load, out);                                           \
+        return out[0];                                                                                                 \
+    }                                                                                                                  \
+    void quant_tile_##fmt##_avx512(int64_t n, const void *w, size_t w_stride, const void *act, size_t act_stride,      \
+                                 int n_tokens, float *out) {                                                           \
+        switch (n_tokens) {                                                                                            \
+        case 1: float_tile(n, w, w_stride, act, act_stride, 4, 1, elem_bytes, load, mask_load, out); break;            \
+        case 2: float_tile(n, w, w_stride, act, act_stride, 4, 2, elem_bytes, load, mask_load, out); break;            \
+        case 3: float_tile(n, w, w_stride, act, act_stride, 4, 3, elem_bytes, load, mask_load, out); break;            \
+        default: float_tile(n, w, w_stride, act, act_stride, 4, 4, elem_bytes, load, mask_load, out); break;           \
+        }                                                                                                              \
+    }
+
+FLOAT_DOTS_AVX512(f32, 4, f32x16, f32x16_mask)
+FLOAT_DOTS_AVX512(f16, 2, f16x16, f16x16_mask)
+FLOAT_DOTS_AVX512(bf16, 2, bf16x16_load, bf16x16_mask)
 
 /* ---- activation quantizers */
 

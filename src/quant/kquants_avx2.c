@@ -92,15 +92,21 @@ float quant_dot_q3_K_avx2(int64_t n, const void *w, const void *act) {
     return hsum_ps256(acc);
 }
 
-/* One Q4_K or Q5_K super-block (qh == NULL for Q4_K): the scaled sum into *acc, the mins'
- * sum into *acc_min. */
-static inline void k4_block(const void *d_dmin, const uint8_t *scales, const uint8_t *qs, const uint8_t *qh_bits,
-                            const struct block_q8_K *a, __m256 *acc, __m128 *acc_min) {
+/* A Q4_K, Q5_K or Q6_K super-block's weights, unpacked once for every token: the unsigned codes
+ * of its eight 32-element steps and each step's int16 scales; Q4_K and Q5_K's sub-block mins as
+ * int16. Integer sums are exact in any order, so a token's result is the same bit for bit whether
+ * its block was unpacked for it alone or for four. */
+struct k_weights {
+    __m256i codes[8], scales16[8];
+    __m128i mins;
+};
+
+/* Q4_K or Q5_K (qh_bits == NULL for Q4_K). */
+static inline void k4_unpack(const uint8_t *scales, const uint8_t *qs, const uint8_t *qh_bits, struct k_weights *k) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m1 = _mm256_set1_epi8(1);
     uint8_t sc[8], m[8];
     quant_k4_scales(scales, sc, m);
     __m256i qh = qh_bits ? load256(qh_bits) : _mm256_setzero_si256(); /* bits 2c, 2c + 1 of step c */
-    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
     _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
         __m256i q = load256(qs + 32 * c);
         __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
@@ -109,64 +115,90 @@ static inline void k4_block(const void *d_dmin, const uint8_t *scales, const uin
             hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), m1), 4));
             qh = _mm256_srli_epi16(qh, 2);
         }
-        s0 = _mm256_add_epi32(s0, scaled_dot(lo, a->qs + 64 * c, _mm256_set1_epi16(sc[2 * c])));
-        s1 = _mm256_add_epi32(s1, scaled_dot(hi, a->qs + 64 * c + 32, _mm256_set1_epi16(sc[2 * c + 1])));
+        k->codes[2 * c] = lo, k->codes[2 * c + 1] = hi;
+        k->scales16[2 * c] = _mm256_set1_epi16(sc[2 * c]);
+        k->scales16[2 * c + 1] = _mm256_set1_epi16(sc[2 * c + 1]);
     }
+    k->mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
+}
+
+/* sum over the super-block of scale * code * act, as 8 int32. */
+static inline __m256i k_sum(const struct k_weights *k, const struct block_q8_K *a) {
+    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+    _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
+        s0 = _mm256_add_epi32(s0, scaled_dot(k->codes[2 * c], a->qs + 64 * c, k->scales16[2 * c]));
+        s1 = _mm256_add_epi32(s1, scaled_dot(k->codes[2 * c + 1], a->qs + 64 * c + 32, k->scales16[2 * c + 1]));
+    }
+    return _mm256_add_epi32(s0, s1);
+}
+
+/* A token's sums over a Q4_K or Q5_K row: the scaled codes and the mins. */
+struct k4_acc {
+    __m256 sum;
+    __m128 min;
+};
+
+/* One token against an unpacked Q4_K or Q5_K super-block, added into its sums. */
+static inline void k4_token(const struct k_weights *k, const void *d_dmin, const struct block_q8_K *a,
+                            struct k4_acc *acc) {
     __m128 dd = d_dmin_times(d_dmin, a->d);
-    *acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), *acc);
+    acc->sum = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(k_sum(k, a)), acc->sum);
     /* mins: m[s] times the sum of sub-block s's 32 activations (two bsums) */
     __m256i bs = load256(a->bsums);
     __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-    __m128i mins = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m)), pairs);
-    *acc_min = _mm_fmadd_ps(_mm_shuffle_ps(dd, dd, _MM_SHUFFLE(1, 1, 1, 1)), _mm_cvtepi32_ps(mins), *acc_min);
+    __m128i mins = _mm_madd_epi16(k->mins, pairs);
+    acc->min = _mm_fmadd_ps(_mm_shuffle_ps(dd, dd, _MM_SHUFFLE(1, 1, 1, 1)), _mm_cvtepi32_ps(mins), acc->min);
 }
 
-float quant_dot_q4_K_avx2(int64_t n, const void *w, const void *act) {
-    const struct block_q4_K *b = w;
-    const struct block_q8_K *a = act;
-    __m256 acc = _mm256_setzero_ps();
-    __m128 acc_min = _mm_setzero_ps();
-    for (int64_t i = 0; i < n / QUANT_QK_K; i++) k4_block(&b[i].d, b[i].scales, b[i].qs, NULL, &a[i], &acc, &acc_min);
-    return hsum_ps256(acc) - hsum_ps256(_mm256_castps128_ps256(acc_min));
+static inline void q4_K_unpack(const struct block_q4_K *b, struct k_weights *k) {
+    k4_unpack(b->scales, b->qs, NULL, k);
+}
+static inline void q5_K_unpack(const struct block_q5_K *b, struct k_weights *k) {
+    k4_unpack(b->scales, b->qs, b->qh, k);
+}
+static inline void q4_K_token(const struct k_weights *k, const struct block_q4_K *b, const struct block_q8_K *a,
+                              struct k4_acc *acc) {
+    k4_token(k, &b->d, a, acc);
+}
+static inline void q5_K_token(const struct k_weights *k, const struct block_q5_K *b, const struct block_q8_K *a,
+                              struct k4_acc *acc) {
+    k4_token(k, &b->d, a, acc);
+}
+static inline float k4_result(const struct k4_acc *acc) {
+    return hsum_ps256(acc->sum) - hsum_ps256(_mm256_castps128_ps256(acc->min));
 }
 
-float quant_dot_q5_K_avx2(int64_t n, const void *w, const void *act) {
-    const struct block_q5_K *b = w;
-    const struct block_q8_K *a = act;
-    __m256 acc = _mm256_setzero_ps();
-    __m128 acc_min = _mm_setzero_ps();
-    for (int64_t i = 0; i < n / QUANT_QK_K; i++)
-        k4_block(&b[i].d, b[i].scales, b[i].qs, b[i].qh, &a[i], &acc, &acc_min);
-    return hsum_ps256(acc) - hsum_ps256(_mm256_castps128_ps256(acc_min));
-}
+QUANT_K_DOTS(q4_K, avx2, struct k_weights, struct k4_acc, q4_K_unpack, q4_K_token, k4_result)
+QUANT_K_DOTS(q5_K, avx2, struct k_weights, struct k4_acc, q5_K_unpack, q5_K_token, k4_result)
 
-float quant_dot_q6_K_avx2(int64_t n, const void *w, const void *act) {
-    const struct block_q6_K *b = w;
-    const struct block_q8_K *a = act;
+/* Q6_K: element l, l + 32, l + 64, l + 96 of each half are the low nibble of ql[l], ql[l + 32],
+ * the high nibble of ql[l], ql[l + 32], with top 2 bits from bits 0-1, 2-3, 4-5, 6-7 of qh[l];
+ * codes q + 32. */
+static inline void k6_unpack(const struct block_q6_K *b, struct k_weights *k) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m_hi = _mm256_set1_epi8(0x30);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QUANT_QK_K; i++) {
-        __m128i sc = _mm_loadu_si128((const __m128i *)b[i].scales);
-        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-            /* element l, l + 32, l + 64, l + 96 of this half: low nibble of ql[l], ql[l + 32],
-             * high nibble of ql[l], ql[l + 32]; top 2 bits from bits 0-1, 2-3, 4-5, 6-7 of qh[l] */
-            __m256i ql0 = load256(b[i].ql + 64 * h), ql1 = load256(b[i].ql + 64 * h + 32);
-            __m256i qh = load256(b[i].qh + 32 * h);
-            __m256i c0 = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m_hi));
-            __m256i c1 = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m_hi));
-            __m256i c2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m_hi));
-            __m256i c3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                                         _mm256_and_si256(_mm256_srli_epi16(qh, 2), m_hi));
-            const int8_t *y = a[i].qs + 128 * h;
-            s0 = _mm256_add_epi32(s0, scaled_dot(c0, y, scale_pair(sc, 4 * h)));
-            s1 = _mm256_add_epi32(s1, scaled_dot(c1, y + 32, scale_pair(sc, 4 * h + 1)));
-            s0 = _mm256_add_epi32(s0, scaled_dot(c2, y + 64, scale_pair(sc, 4 * h + 2)));
-            s1 = _mm256_add_epi32(s1, scaled_dot(c3, y + 96, scale_pair(sc, 4 * h + 3)));
-        }
-        /* the codes were q + 32 */
-        __m256i sumi = _mm256_sub_epi32(_mm256_add_epi32(s0, s1), _mm256_slli_epi32(scales_dot_bsums(sc, &a[i]), 5));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(a[i].d * _cvtsh_ss(b[i].d)), _mm256_cvtepi32_ps(sumi), acc);
+    const __m128i sc = _mm_loadu_si128((const __m128i *)b->scales);
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        __m256i ql0 = load256(b->ql + 64 * h), ql1 = load256(b->ql + 64 * h + 32);
+        __m256i qh = load256(b->qh + 32 * h);
+        k->codes[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m_hi));
+        k->codes[4 * h + 1] =
+            _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m_hi));
+        k->codes[4 * h + 2] =
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m_hi));
+        k->codes[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                              _mm256_and_si256(_mm256_srli_epi16(qh, 2), m_hi));
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) k->scales16[4 * h + j] = scale_pair(sc, 4 * h + j);
     }
-    return hsum_ps256(acc);
+    k->mins = sc; /* the scales as bytes, for the offset through the block sums */
 }
+
+static inline void k6_token(const struct k_weights *k, const struct block_q6_K *b, const struct block_q8_K *a,
+                            __m256 *acc) {
+    /* the codes were q + 32 */
+    __m256i sumi = _mm256_sub_epi32(k_sum(k, a), _mm256_slli_epi32(scales_dot_bsums(k->mins, a), 5));
+    *acc = _mm256_fmadd_ps(_mm256_set1_ps(a->d * _cvtsh_ss(b->d)), _mm256_cvtepi32_ps(sumi), *acc);
+}
+
+static inline float k6_result(const __m256 *acc) { return hsum_ps256(*acc); }
+
+QUANT_K_DOTS(q6_K, avx2, struct k_weights, __m256, k6_unpack, k6_token, k6_result)

@@ -103,79 +103,115 @@ float quant_dot_q3_K_avx512(int64_t n, const void *w, const void *act) {
     return _mm512_reduce_add_ps(acc);
 }
 
-/* One Q4_K or Q5_K super-block (qh == NULL for Q4_K): the scaled sum into *acc, the mins'
- * sum into *acc_min. */
-static inline void k4_block(const void *d_dmin, const uint8_t *scales, const uint8_t *qs, const uint8_t *qh,
-                            const struct block_q8_K *a, __m512 *acc, __m128 *acc_min) {
+/* One Q4_K or Q5_K super-block's weights (qh == NULL for Q4_K), unpacked once for every token:
+ * the codes of its four steps of 64, each step's scales spread over its pair lanes, and the
+ * sub-block mins as int16. */
+struct k4_weights {
+    __m512i codes[4], scales16[4];
+    __m128i mins;
+};
+
+static inline void k4_unpack(const uint8_t *scales, const uint8_t *qs, const uint8_t *qh, struct k4_weights *k) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), sixteen = _mm512_set1_epi8(16);
     uint8_t sc[8], m[8];
     quant_k4_scales(scales, sc, m);
     __m512i sc512 = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
     __m512i hbits = qh ? join(load256(qh), load256(qh)) : _mm512_setzero_si512();
-    __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
     _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
         __m256i q = load256(qs + 32 * c);
-        __m512i codes = _mm512_and_si512(join(q, _mm256_srli_epi16(q, 4)), m4);
-        if (qh) codes = _mm512_mask_add_epi8(codes, _mm512_test_epi8_mask(hbits, bit_pair(c)), codes, sixteen);
-        __m512i scales16 = _mm512_permutexvar_epi16(spread32_index(c), sc512);
+        k->codes[c] = _mm512_and_si512(join(q, _mm256_srli_epi16(q, 4)), m4);
+        if (qh)
+            k->codes[c] =
+                _mm512_mask_add_epi8(k->codes[c], _mm512_test_epi8_mask(hbits, bit_pair(c)), k->codes[c], sixteen);
+        k->scales16[c] = _mm512_permutexvar_epi16(spread32_index(c), sc512);
+    }
+    k->mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
+}
+
+/* A token's sums over a Q4_K or Q5_K row: the scaled codes and the mins. */
+struct k4_acc {
+    __m512 sum;
+    __m128 min;
+};
+
+/* One token's activations against an unpacked super-block, added into its sums. */
+static inline void k4_token(const struct k4_weights *k, const void *d_dmin, const struct block_q8_K *a,
+                            struct k4_acc *acc) {
+    __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+    _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
         if (c % 2)
-            s1 = scaled_dot(s1, codes, a->qs + 64 * c, scales16);
+            s1 = scaled_dot(s1, k->codes[c], a->qs + 64 * c, k->scales16[c]);
         else
-            s0 = scaled_dot(s0, codes, a->qs + 64 * c, scales16);
+            s0 = scaled_dot(s0, k->codes[c], a->qs + 64 * c, k->scales16[c]);
     }
     __m128 dd = d_dmin_times(d_dmin, a->d);
-    *acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), *acc);
+    acc->sum = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), acc->sum);
     /* mins: m[s] times the sum of sub-block s's 32 activations (two bsums) */
     __m256i bs = load256(a->bsums);
     __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-    __m128i mins = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m)), pairs);
-    *acc_min = _mm_fmadd_ps(_mm_shuffle_ps(dd, dd, _MM_SHUFFLE(1, 1, 1, 1)), _mm_cvtepi32_ps(mins), *acc_min);
+    __m128i mins = _mm_madd_epi16(k->mins, pairs);
+    acc->min = _mm_fmadd_ps(_mm_shuffle_ps(dd, dd, _MM_SHUFFLE(1, 1, 1, 1)), _mm_cvtepi32_ps(mins), acc->min);
 }
 
-float quant_dot_q4_K_avx512(int64_t n, const void *w, const void *act) {
-    const struct block_q4_K *b = w;
-    const struct block_q8_K *a = act;
-    __m512 acc = _mm512_setzero_ps();
-    __m128 acc_min = _mm_setzero_ps();
-    for (int64_t i = 0; i < n / QUANT_QK_K; i++) k4_block(&b[i].d, b[i].scales, b[i].qs, NULL, &a[i], &acc, &acc_min);
-    return _mm512_reduce_add_ps(acc) - hsum_ps256(_mm256_castps128_ps256(acc_min));
+static inline void q4_K_unpack(const struct block_q4_K *b, struct k4_weights *k) {
+    k4_unpack(b->scales, b->qs, NULL, k);
+}
+static inline void q5_K_unpack(const struct block_q5_K *b, struct k4_weights *k) {
+    k4_unpack(b->scales, b->qs, b->qh, k);
+}
+static inline void q4_K_token(const struct k4_weights *k, const struct block_q4_K *b, const struct block_q8_K *a,
+                              struct k4_acc *acc) {
+    k4_token(k, &b->d, a, acc);
+}
+static inline void q5_K_token(const struct k4_weights *k, const struct block_q5_K *b, const struct block_q8_K *a,
+                              struct k4_acc *acc) {
+    k4_token(k, &b->d, a, acc);
+}
+static inline float k4_result(const struct k4_acc *acc) {
+    return _mm512_reduce_add_ps(acc->sum) - hsum_ps256(_mm256_castps128_ps256(acc->min));
 }
 
-float quant_dot_q5_K_avx512(int64_t n, const void *w, const void *act) {
-    const struct block_q5_K *b = w;
-    const struct block_q8_K *a = act;
-    __m512 acc = _mm512_setzero_ps();
-    __m128 acc_min = _mm_setzero_ps();
-    for (int64_t i = 0; i < n / QUANT_QK_K; i++)
-        k4_block(&b[i].d, b[i].scales, b[i].qs, b[i].qh, &a[i], &acc, &acc_min);
-    return _mm512_reduce_add_ps(acc) - hsum_ps256(_mm256_castps128_ps256(acc_min));
-}
+QUANT_K_DOTS(q4_K, avx512, struct k4_weights, struct k4_acc, q4_K_unpack, q4_K_token, k4_result)
+QUANT_K_DOTS(q5_K, avx512, struct k4_weights, struct k4_acc, q5_K_unpack, q5_K_token, k4_result)
 
-float quant_dot_q6_K_avx512(int64_t n, const void *w, const void *act) {
-    const struct block_q6_K *b = w;
-    const struct block_q8_K *a = act;
+/* One Q6_K super-block's weights, unpacked once for every token: the codes (q + 32, unsigned) of
+ * its four steps of 64, each step's scales spread over its pair lanes, and the scales as int16. */
+struct k6_weights {
+    __m512i codes[4], scales16[4];
+    __m256i sc;
+};
+
+static inline void k6_unpack(const struct block_q6_K *b, struct k6_weights *k) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m_hi = _mm512_set1_epi8(0x30);
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n / QUANT_QK_K; i++) {
-        __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b[i].scales));
-        __m512i sc512 = _mm512_zextsi256_si512(sc), s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-            /* low nibbles of ql[0..63] are elements 0..63 of this half, high nibbles 64..127;
-             * qh[l] holds the top 2 bits of l, l + 32, l + 64, l + 96 */
-            __m512i ql = _mm512_loadu_si512(b[i].ql + 64 * h);
-            __m256i qh = load256(b[i].qh + 32 * h);
-            __m512i high_a = _mm512_and_si512(join(_mm256_slli_epi16(qh, 4), _mm256_slli_epi16(qh, 2)), m_hi);
-            __m512i high_b = _mm512_and_si512(join(qh, _mm256_srli_epi16(qh, 2)), m_hi);
-            __m512i codes_a = _mm512_or_si512(_mm512_and_si512(ql, m4), high_a);
-            __m512i codes_b = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), high_b);
-            s0 = scaled_dot(s0, codes_a, a[i].qs + 128 * h, _mm512_permutexvar_epi16(spread16_index(2 * h), sc512));
-            s1 = scaled_dot(s1, codes_b, a[i].qs + 128 * h + 64,
-                            _mm512_permutexvar_epi16(spread16_index(2 * h + 1), sc512));
-        }
-        /* the codes were q + 32 */
-        __m256i offset = _mm256_slli_epi32(scales_dot_bsums(sc, &a[i]), 5);
-        __m512i sumi = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_zextsi256_si512(offset));
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(a[i].d * _cvtsh_ss(b[i].d)), _mm512_cvtepi32_ps(sumi), acc);
+    k->sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+    const __m512i sc512 = _mm512_zextsi256_si512(k->sc);
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        /* low nibbles of ql[0..63] are elements 0..63 of this half, high nibbles 64..127;
+         * qh[l] holds the top 2 bits of l, l + 32, l + 64, l + 96 */
+        __m512i ql = _mm512_loadu_si512(b->ql + 64 * h);
+        __m256i qh = load256(b->qh + 32 * h);
+        __m512i high_a = _mm512_and_si512(join(_mm256_slli_epi16(qh, 4), _mm256_slli_epi16(qh, 2)), m_hi);
+        __m512i high_b = _mm512_and_si512(join(qh, _mm256_srli_epi16(qh, 2)), m_hi);
+        k->codes[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), high_a);
+        k->codes[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), high_b);
+        k->scales16[2 * h] = _mm512_permutexvar_epi16(spread16_index(2 * h), sc512);
+        k->scales16[2 * h + 1] = _mm512_permutexvar_epi16(spread16_index(2 * h + 1), sc512);
     }
-    return _mm512_reduce_add_ps(acc);
 }
+
+static inline void k6_token(const struct k6_weights *k, const struct block_q6_K *b, const struct block_q8_K *a,
+                            __m512 *acc) {
+    __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        s0 = scaled_dot(s0, k->codes[2 * h], a->qs + 128 * h, k->scales16[2 * h]);
+        s1 = scaled_dot(s1, k->codes[2 * h + 1], a->qs + 128 * h + 64, k->scales16[2 * h + 1]);
+    }
+    /* the codes were q + 32 */
+    __m256i offset = _mm256_slli_epi32(scales_dot_bsums(k->sc, a), 5);
+    __m512i sumi = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_zextsi256_si512(offset));
+    *acc = _mm512_fmadd_ps(_mm512_set1_ps(a->d * _cvtsh_ss(b->d)), _mm512_cvtepi32_ps(sumi), *acc);
+}
+
+static inline float k6_result(const __m512 *acc) { return _mm512_reduce_add_ps(*acc); }
+
+QUANT_K_DOTS(q6_K, avx512, struct k6_weights, __m512, k6_unpack, k6_token, k6_result)

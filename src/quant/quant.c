@@ -8,7 +8,7 @@
 
 /* One table entry: type T (kernel suffix t, block size), activation format A (quantizer a),
  * the variant, and the variant that supplies dequantization (not every variant has its own). */
-#define ENTRY_WITH_DOT4(T, t, elems, A, a, impl, dq, dot4) \
+#define ENTRY_WITH(T, t, elems, A, a, impl, dq, dot4, tile) \
     [QUANT_##T] = {QUANT_##T,                                \
                    QUANT_##A,                                \
                    IMPL_##impl,                              \
@@ -16,10 +16,13 @@
                    quant_dequant_##t##_##dq,                 \
                    quant_act_##a##_##impl,                   \
                    quant_dot_##t##_##impl,                   \
-                   dot4}
-#define ENTRY(T, t, elems, A, a, impl, dq) ENTRY_WITH_DOT4(T, t, elems, A, a, impl, dq, NULL)
+                   dot4,                                     \
+                   tile}
+#define ENTRY(T, t, elems, A, a, impl, dq) ENTRY_WITH(T, t, elems, A, a, impl, dq, NULL, NULL)
 /* An entry that also has a four-token dot product. */
-#define ENTRY4(T, t, elems, A, a, impl, dq) ENTRY_WITH_DOT4(T, t, elems, A, a, impl, dq, quant_dot4_##t##_##impl)
+#define ENTRY4(T, t, elems, A, a, impl, dq) ENTRY_WITH(T, t, elems, A, a, impl, dq, quant_dot4_##t##_##impl, NULL)
+/* An entry with a tile of four rows by up to four tokens. */
+#define ENTRYT(T, t, elems, A, a, impl, dq) ENTRY_WITH(T, t, elems, A, a, impl, dq, NULL, quant_tile_##t##_##impl)
 #define IMPL_ref QUANT_IMPL_REF
 #define IMPL_avx2 QUANT_IMPL_AVX2
 #define IMPL_avx512 QUANT_IMPL_AVX512
@@ -46,9 +49,9 @@ static const struct quant_kernels ref_table[QUANT_TYPE_LIMIT] = {
 #define quant_act_f32_avx512 quant_act_f32_ref
 
 static const struct quant_kernels avx2_table[QUANT_TYPE_LIMIT] = {
-    ENTRY(F32, f32, 1, F32, f32, avx2, ref),
-    ENTRY(F16, f16, 1, F16, f16, avx2, avx2),
-    ENTRY(BF16, bf16, 1, BF16, bf16, avx2, avx2),
+    ENTRYT(F32, f32, 1, F32, f32, avx2, ref),
+    ENTRYT(F16, f16, 1, F16, f16, avx2, avx2),
+    ENTRYT(BF16, bf16, 1, BF16, bf16, avx2, avx2),
     ENTRY4(Q4_0, q4_0, 32, Q8_0, q8_0, avx2, avx2),
     ENTRY4(Q4_1, q4_1, 32, Q8_1, q8_1, avx2, ref),
     ENTRY(Q5_0, q5_0, 32, Q8_0, q8_0, avx2, avx2),
@@ -56,17 +59,17 @@ static const struct quant_kernels avx2_table[QUANT_TYPE_LIMIT] = {
     ENTRY4(Q8_0, q8_0, 32, Q8_0, q8_0, avx2, avx2),
     ENTRY(Q2_K, q2_K, 256, Q8_K, q8_K, avx2, ref),
     ENTRY(Q3_K, q3_K, 256, Q8_K, q8_K, avx2, ref),
-    ENTRY(Q4_K, q4_K, 256, Q8_K, q8_K, avx2, ref),
-    ENTRY(Q5_K, q5_K, 256, Q8_K, q8_K, avx2, ref),
-    ENTRY(Q6_K, q6_K, 256, Q8_K, q8_K, avx2, ref),
+    ENTRY4(Q4_K, q4_K, 256, Q8_K, q8_K, avx2, ref),
+    ENTRY4(Q5_K, q5_K, 256, Q8_K, q8_K, avx2, ref),
+    ENTRY4(Q6_K, q6_K, 256, Q8_K, q8_K, avx2, ref),
 };
 
 /* AVX-512 machines run the AVX2 dequantizers of the legacy formats (store-bound anyway). The
  * K formats and offset formats dequantize with the reference everywhere: see legacy_avx2.c. */
 static const struct quant_kernels avx512_table[QUANT_TYPE_LIMIT] = {
-    ENTRY(F32, f32, 1, F32, f32, avx512, ref),
-    ENTRY(F16, f16, 1, F16, f16, avx512, avx512),
-    ENTRY(BF16, bf16, 1, BF16, bf16, avx512, avx512),
+    ENTRYT(F32, f32, 1, F32, f32, avx512, ref),
+    ENTRYT(F16, f16, 1, F16, f16, avx512, avx512),
+    ENTRYT(BF16, bf16, 1, BF16, bf16, avx512, avx512),
     ENTRY(Q4_0, q4_0, 32, Q8_0, q8_0, avx512, avx2),
     ENTRY(Q4_1, q4_1, 32, Q8_1, q8_1, avx512, ref),
     ENTRY(Q5_0, q5_0, 32, Q8_0, q8_0, avx512, avx2),
@@ -74,9 +77,9 @@ static const struct quant_kernels avx512_table[QUANT_TYPE_LIMIT] = {
     ENTRY(Q8_0, q8_0, 32, Q8_0, q8_0, avx512, avx2),
     ENTRY(Q2_K, q2_K, 256, Q8_K, q8_K, avx512, ref),
     ENTRY(Q3_K, q3_K, 256, Q8_K, q8_K, avx512, ref),
-    ENTRY(Q4_K, q4_K, 256, Q8_K, q8_K, avx512, ref),
-    ENTRY(Q5_K, q5_K, 256, Q8_K, q8_K, avx512, ref),
-    ENTRY(Q6_K, q6_K, 256, Q8_K, q8_K, avx512, ref),
+    ENTRY4(Q4_K, q4_K, 256, Q8_K, q8_K, avx512, ref),
+    ENTRY4(Q5_K, q5_K, 256, Q8_K, q8_K, avx512, ref),
+    ENTRY4(Q6_K, q6_K, 256, Q8_K, q8_K, avx512, ref),
 };
 
 /* clang-format on */

@@ -43,6 +43,11 @@ struct quant_kernels {
     /* The same for four activation rows act_stride bytes apart, bit-identical to four vec_dot
      * calls (so a token's result never depends on its batch); NULL where not implemented. */
     void (*vec_dot4)(int64_t n, const void *w, const void *act, size_t act_stride, float *out);
+    /* Four weight rows w_stride bytes apart, each against n_tokens (1 to 4) activation rows
+     * act_stride bytes apart: out[t * 4 + r], bit-identical to vec_dot; NULL where not
+     * implemented. It converts each weight once for every token and keeps 4-16 sums going. */
+    void (*dot_tile)(int64_t n, const void *w, size_t w_stride, const void *act, size_t act_stride, int n_tokens,
+                     float *out);
 };
 
 /* The fastest kernels for `type` on this CPU (honouring PSHARD_CPU_DISABLE); NULL if pshard

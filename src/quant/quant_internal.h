@@ -38,6 +38,38 @@ static inline void quant_k4_scales(const uint8_t s[12], uint8_t sc[8], uint8_t m
     memcpy(m + 4, &m_hi, 4);
 }
 
+/* A K format's dot product and its four-token version, which gives each token the same result
+ * bit for bit: each super-block's weights are unpacked once (UNPACK(block, &weights)), then each
+ * token's sums are added into its accumulators (TOKEN(&weights, block, act_block, &acc)) in the
+ * same order; RESULT(&acc) is the total. ACC is a struct of vector accumulators, zero to start. */
+#define QUANT_K_DOTS(t, impl, WEIGHTS, ACC, UNPACK, TOKEN, RESULT)                                                     \
+    float quant_dot_##t##_##impl(int64_t n, const void *w, const void *act) {                                          \
+        const struct block_##t *b = w;                                                                                 \
+        const struct block_q8_K *a = act;                                                                              \
+        ACC acc;                                                                                                       \
+        memset(&acc, 0, sizeof acc);                                                                                   \
+        WEIGHTS k;                                                                                                     \
+        for (int64_t i = 0; i < n / QUANT_QK_K; i++) {                                                                 \
+            UNPACK(&b[i], &k);                                                                                         \
+            TOKEN(&k, &b[i], &a[i], &acc);                                                                             \
+        }                                                                                                              \
+        return RESULT(&acc);                                                                                           \
+    }                                                                                                                  \
+    void quant_dot4_##t##_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out) {           \
+        const struct block_##t *b = w;                                                                                 \
+        ACC acc[4];                                                                                                    \
+        memset(acc, 0, sizeof acc);                                                                                    \
+        WEIGHTS k;                                                                                                     \
+        for (int64_t i = 0; i < n / QUANT_QK_K; i++) {                                                                 \
+            UNPACK(&b[i], &k);                                                                                         \
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                                                      \
+                const struct block_q8_K *a = (const void *)((const uint8_t *)act + j * act_stride);                    \
+                TOKEN(&k, &b[i], &a[i], &acc[j]);                                                                      \
+            }                                                                                                          \
+        }                                                                                                              \
+        for (int j = 0; j < 4; j++) out[j] = RESULT(&acc[j]);                                                          \
+    }
+
 /* The 16 signed scales (-32..31) of a Q3_K block from its 12 packed bytes: low nibbles of
  * bytes 0..7 then their high nibbles give the low 4 bits; bits 2k..2k+1 of bytes 8..11 the
  * top 2 bits of scales 4k..4k+3. */
@@ -55,29 +87,29 @@ static inline void quant_q3_K_scales(const uint8_t s[12], int8_t out[16]) {
 }
 
 /* Declare the kernels of one (type, variant): dequant_row and vec_dot. */
-#define QUANT_DECLARE(t, impl)                                           \
-    void quant_dequant_##t##_##impl(const void *w, float *y, int64_t n); \
+#define QUANT_DECLARE(t, impl)                                                                                         \
+    void quant_dequant_##t##_##impl(const void *w, float *y, int64_t n);                                               \
     float quant_dot_##t##_##impl(int64_t n, const void *w, const void *act);
 
-#define QUANT_DECLARE_ALL(impl)                                       \
-    QUANT_DECLARE(f32, impl)                                          \
-    QUANT_DECLARE(f16, impl)                                          \
-    QUANT_DECLARE(bf16, impl)                                         \
-    QUANT_DECLARE(q4_0, impl)                                         \
-    QUANT_DECLARE(q4_1, impl)                                         \
-    QUANT_DECLARE(q5_0, impl)                                         \
-    QUANT_DECLARE(q5_1, impl)                                         \
-    QUANT_DECLARE(q8_0, impl)                                         \
-    QUANT_DECLARE(q2_K, impl)                                         \
-    QUANT_DECLARE(q3_K, impl)                                         \
-    QUANT_DECLARE(q4_K, impl)                                         \
-    QUANT_DECLARE(q5_K, impl)                                         \
-    QUANT_DECLARE(q6_K, impl)                                         \
-    void quant_act_f32_##impl(const float *x, void *act, int64_t n);  \
-    void quant_act_f16_##impl(const float *x, void *act, int64_t n);  \
-    void quant_act_bf16_##impl(const float *x, void *act, int64_t n); \
-    void quant_act_q8_0_##impl(const float *x, void *act, int64_t n); \
-    void quant_act_q8_1_##impl(const float *x, void *act, int64_t n); \
+#define QUANT_DECLARE_ALL(impl)                                                                                        \
+    QUANT_DECLARE(f32, impl)                                                                                           \
+    QUANT_DECLARE(f16, impl)                                                                                           \
+    QUANT_DECLARE(bf16, impl)                                                                                          \
+    QUANT_DECLARE(q4_0, impl)                                                                                          \
+    QUANT_DECLARE(q4_1, impl)                                                                                          \
+    QUANT_DECLARE(q5_0, impl)                                                                                          \
+    QUANT_DECLARE(q5_1, impl)                                                                                          \
+    QUANT_DECLARE(q8_0, impl)                                                                                          \
+    QUANT_DECLARE(q2_K, impl)                                                                                          \
+    QUANT_DECLARE(q3_K, impl)                                                                                          \
+    QUANT_DECLARE(q4_K, impl)                                                                                          \
+    QUANT_DECLARE(q5_K, impl)                                                                                          \
+    QUANT_DECLARE(q6_K, impl)                                                                                          \
+    void quant_act_f32_##impl(const float *x, void *act, int64_t n);                                                   \
+    void quant_act_f16_##impl(const float *x, void *act, int64_t n);                                                   \
+    void quant_act_bf16_##impl(const float *x, void *act, int64_t n);                                                  \
+    void quant_act_q8_0_##impl(const float *x, void *act, int64_t n);                                                  \
+    void quant_act_q8_1_##impl(const float *x, void *act, int64_t n);                                                  \
     void quant_act_q8_K_##impl(const float *x, void *act, int64_t n);
 
 QUANT_DECLARE_ALL(ref)
@@ -91,13 +123,32 @@ float quant_dot_q5_1_vnni256(int64_t n, const void *w, const void *act);
 float quant_dot_q8_0_vnni256(int64_t n, const void *w, const void *act);
 
 /* Four-token versions (legacy_avx2.c, built twice). */
-#define QUANT_DECLARE_DOT4(impl)                                                                                  \
-    void quant_dot4_q4_0_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out);        \
-    void quant_dot4_q4_1_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out);        \
+#define QUANT_DECLARE_DOT4(impl)                                                                                       \
+    void quant_dot4_q4_0_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out);             \
+    void quant_dot4_q4_1_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out);             \
     void quant_dot4_q8_0_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out);
 QUANT_DECLARE_DOT4(avx2)
 QUANT_DECLARE_DOT4(vnni256)
 QUANT_DECLARE_ALL(avx512)
+
+/* Four-token versions of the K formats with 32-element sub-blocks and of Q6_K (kquants_*.c). */
+#define QUANT_DECLARE_K_DOT4(impl)                                                                                     \
+    void quant_dot4_q4_K_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out);             \
+    void quant_dot4_q5_K_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out);             \
+    void quant_dot4_q6_K_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out);
+QUANT_DECLARE_K_DOT4(avx2)
+QUANT_DECLARE_K_DOT4(avx512)
+
+/* Tiles of four rows by up to four tokens (float_avx2.c, float_avx512.c). */
+#define QUANT_DECLARE_TILE(t, impl)                                                                                    \
+    void quant_tile_##t##_##impl(int64_t n, const void *w, size_t w_stride, const void *act, size_t act_stride,        \
+                                 int n_tokens, float *out);
+QUANT_DECLARE_TILE(f32, avx2)
+QUANT_DECLARE_TILE(f16, avx2)
+QUANT_DECLARE_TILE(bf16, avx2)
+QUANT_DECLARE_TILE(f32, avx512)
+QUANT_DECLARE_TILE(f16, avx512)
+QUANT_DECLARE_TILE(bf16, avx512)
 
 /* Weight quantizers (quantize.c). */
 void quant_quantize_q8_0(const float *x, void *dst, int64_t n);
