@@ -54,62 +54,72 @@ void quant_act_bf16_avx2(const float *x, void *act, int64_t n) {
     quant_act_bf16_ref(x + i, p + 2 * i, n - i);
 }
 
-/* ---- float dots: one accumulator of 8 per row and token, the tail by the reference
+/* ---- float dots: two accumulators of 8 per row and token, the tail by the reference
  *
- * As in float_avx512.c: a product's sum has the same order in a lone dot and in a tile, so the
- * tile gives vec_dot's result bit for bit. Sixteen registers hold a tile of four rows and two
- * tokens; four tokens take two passes over the rows. */
+ * As in float_avx512.c, a product's sum has the same order in a lone dot and in a tile, so the
+ * tile gives vec_dot's result bit for bit. Here each product keeps two accumulators (even and odd
+ * steps of 8): one chain of 8-wide FMAs waits on its latency, and a lone token's dot (decode) goes
+ * a row at a time, since rows read side by side come from memory slower. Sixteen registers hold a
+ * pass of two rows by two tokens; a tile of four by four takes four passes. */
 
 static inline __m256 f32x8_load(const uint8_t *p) { return _mm256_loadu_ps((const float *)p); }
 static inline __m256 f16x8_load(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
-/* `rows` (at most 4) weight rows against `tokens` (at most 2) activation rows: out[t * 4 + r]. */
-static inline __attribute__((always_inline)) void float_tile(int64_t n, const uint8_t *w, size_t w_stride,
+/* `rows` and `tokens` (each at most 2): out[t * 4 + r]. */
+static inline __attribute__((always_inline)) void float_pass(int64_t n, const uint8_t *w, size_t w_stride,
                                                              const uint8_t *a, size_t a_stride, int rows, int tokens,
                                                              int elem_bytes, __m256 (*load)(const uint8_t *),
                                                              float (*ref_tail)(int64_t, const void *, const void *),
                                                              float *out) {
-    __m256 acc[4][2], x[2];
-    _Pragma("GCC unroll 4")
-    for (int r = 0; r < rows; r++)
-        _Pragma("GCC unroll 4")
-        for (int t = 0; t < tokens; t++) acc[r][t] = _mm256_setzero_ps();
+    __m256 acc[2][2][2], x[2][2]; /* [row][token][even/odd step], [token][even/odd step] */
+    _Pragma("GCC unroll 2") for (int r = 0; r < rows; r++)
+        _Pragma("GCC unroll 2") for (int t = 0; t < tokens; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        _Pragma("GCC unroll 4")
-        for (int t = 0; t < tokens; t++) x[t] = load(a + t * a_stride + i * elem_bytes);
-        _Pragma("GCC unroll 4")
-        for (int r = 0; r < rows; r++) {
-            const __m256 v = load(w + r * w_stride + i * elem_bytes);
-            _Pragma("GCC unroll 4")
-            for (int t = 0; t < tokens; t++) acc[r][t] = _mm256_fmadd_ps(v, x[t], acc[r][t]);
-        }
+    for (; i + 16 <= n; i += 16) {
+        _Pragma("GCC unroll 2") for (int t = 0; t < tokens; t++)
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+                x[t][h] = load(a + t * a_stride + (i + 8 * h) * elem_bytes);
+        _Pragma("GCC unroll 2") for (int r = 0; r < rows; r++)
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                const __m256 v = load(w + r * w_stride + (i + 8 * h) * elem_bytes);
+                _Pragma("GCC unroll 2") for (int t = 0; t < tokens; t++)
+                    acc[r][t][h] = _mm256_fmadd_ps(v, x[t][h], acc[r][t][h]);
+            }
     }
-    _Pragma("GCC unroll 4")
-    for (int r = 0; r < rows; r++)
-        _Pragma("GCC unroll 4")
-        for (int t = 0; t < tokens; t++)
-            out[t * 4 + r] = hsum_ps256(acc[r][t]) +
+    if (i + 8 <= n) {
+        _Pragma("GCC unroll 2") for (int t = 0; t < tokens; t++) x[t][0] = load(a + t * a_stride + i * elem_bytes);
+        _Pragma("GCC unroll 2") for (int r = 0; r < rows; r++) {
+            const __m256 v = load(w + r * w_stride + i * elem_bytes);
+            _Pragma("GCC unroll 2") for (int t = 0; t < tokens; t++)
+                acc[r][t][0] = _mm256_fmadd_ps(v, x[t][0], acc[r][t][0]);
+        }
+        i += 8;
+    }
+    _Pragma("GCC unroll 2") for (int r = 0; r < rows; r++)
+        _Pragma("GCC unroll 2") for (int t = 0; t < tokens; t++)
+            out[t * 4 + r] = hsum_ps256(_mm256_add_ps(acc[r][t][0], acc[r][t][1])) +
                              ref_tail(n - i, w + r * w_stride + i * elem_bytes, a + t * a_stride + i * elem_bytes);
 }
 
 #define FLOAT_DOTS_AVX2(fmt, elem_bytes, load)                                                                         \
     float quant_dot_##fmt##_avx2(int64_t n, const void *w, const void *act) {                                          \
         float out[1];                                                                                                  \
-        float_tile(n, w, 0, act, 0, 1, 1, elem_bytes, load, quant_dot_##fmt##_ref, out);                               \
+        float_pass(n, w, 0, act, 0, 1, 1, elem_bytes, load, quant_dot_##fmt##_ref, out);                               \
         return out[0];                                                                                                 \
     }                                                                                                                  \
-    void quant_tile_##fmt##_avx2(int64_t n, const void *w, size_t w_stride, const void *act, size_t act_stride,        \
-                               int n_tokens, float *out) {                                                             \
+    void quant_tile_##fmt##_avx2(int64_t n, const void *w, size_t w_stride, const void *act, size_t act_stride,       \
+                                 int n_tokens, float *out) {                                                           \
         const uint8_t *a = act;                                                                                        \
-        for (int t = 0; t < n_tokens; t += 2) {                                                                        \
-            if (n_tokens - t >= 2)                                                                                     \
-                float_tile(n, w, w_stride, a + t * act_stride, act_stride, 4, 2, elem_bytes, load,                     \
-                           quant_dot_##fmt##_ref, out + t * 4);                                                        \
-            else                                                                                                       \
-                float_tile(n, w, w_stride, a + t * act_stride, act_stride, 4, 1, elem_bytes, load,                     \
-                           quant_dot_##fmt##_ref, out + t * 4);                                                        \
-        }                                                                                                              \
+        for (int r = 0; r < 4; r += 2)                                                                                 \
+            for (int t = 0; t < n_tokens; t += 2) {                                                                    \
+                const uint8_t *wr = (const uint8_t *)w + r * w_stride, *at = a + t * act_stride;                       \
+                if (n_tokens - t >= 2)                                                                                 \
+                    float_pass(n, wr, w_stride, at, act_stride, 2, 2, elem_bytes, load, quant_dot_##fmt##_ref,         \
+                               out + t * 4 + r);                                                                       \
+                else                                                                                                   \
+                    float_pass(n, wr, w_stride, at, act_stride, 2, 1, elem_bytes, load, quant_dot_##fmt##_ref,         \
+                               out + t * 4 + r);                                                                       \
+            }                                                                                                          \
     }
 
 FLOAT_DOTS_AVX2(f32, 4, f32x8_load)

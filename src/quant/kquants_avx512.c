@@ -50,59 +50,6 @@ static inline __m256i scales_dot_bsums(__m256i scales16, const struct block_q8_K
     return _mm256_madd_epi16(scales16, load256(a->bsums));
 }
 
-/* The 16-element-sub-block formats share their shape: per half of 128 elements, two steps of
- * 64 codes. Q2_K and Q3_K read their codes the same way; Q3_K adds 4 where the fifth bit is. */
-static inline __m512i dot_crumbs(const uint8_t *qs, const __m512i *hmask, __m256i sc, const int8_t *act) {
-    const __m512i four = _mm512_set1_epi8(4);
-    __m512i sc512 = _mm512_zextsi256_si512(sc), s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-        __m512i c01, c23;
-        crumbs_128(qs + 32 * h, &c01, &c23);
-        if (hmask) {
-            c01 = _mm512_mask_add_epi8(c01, _mm512_test_epi8_mask(*hmask, bit_pair(2 * h)), c01, four);
-            c23 = _mm512_mask_add_epi8(c23, _mm512_test_epi8_mask(*hmask, bit_pair(2 * h + 1)), c23, four);
-        }
-        s0 = scaled_dot(s0, c01, act + 128 * h, _mm512_permutexvar_epi16(spread16_index(2 * h), sc512));
-        s1 = scaled_dot(s1, c23, act + 128 * h + 64, _mm512_permutexvar_epi16(spread16_index(2 * h + 1), sc512));
-    }
-    return _mm512_add_epi32(s0, s1);
-}
-
-float quant_dot_q2_K_avx512(int64_t n, const void *w, const void *act) {
-    const struct block_q2_K *b = w;
-    const struct block_q8_K *a = act;
-    __m512 acc = _mm512_setzero_ps();
-    __m256 acc_min = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QUANT_QK_K; i++) {
-        __m128i raw = _mm_loadu_si128((const __m128i *)b[i].scales);
-        __m256i sc = _mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(0x0f)));
-        __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f)));
-        __m512i sumi = dot_crumbs(b[i].qs, NULL, sc, a[i].qs);
-        __m128 dd = d_dmin_times(&b[i].d, a[i].d);
-        acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(sumi), acc);
-        acc_min = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)),
-                                  _mm256_cvtepi32_ps(scales_dot_bsums(mins, &a[i])), acc_min);
-    }
-    return _mm512_reduce_add_ps(acc) - hsum_ps256(acc_min);
-}
-
-float quant_dot_q3_K_avx512(int64_t n, const void *w, const void *act) {
-    const struct block_q3_K *b = w;
-    const struct block_q8_K *a = act;
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n / QUANT_QK_K; i++) {
-        __m256i sc = _mm256_cvtepi8_epi16(q3_K_scales_sse(b[i].scales));
-        __m256i hm = load256(b[i].hmask); /* bit g of byte l: fifth bit of element 32g + l */
-        __m512i hmask = join(hm, hm);
-        __m512i sumi = dot_crumbs(b[i].qs, &hmask, sc, a[i].qs);
-        /* the codes were q + 4 */
-        __m256i offset = _mm256_slli_epi32(scales_dot_bsums(sc, &a[i]), 2);
-        sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(offset));
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(a[i].d * _cvtsh_ss(b[i].d)), _mm512_cvtepi32_ps(sumi), acc);
-    }
-    return _mm512_reduce_add_ps(acc);
-}
-
 /* One Q4_K or Q5_K super-block's weights (qh == NULL for Q4_K), unpacked once for every token:
  * the codes of its four steps of 64, each step's scales spread over its pair lanes, and the
  * sub-block mins as int16. */
@@ -174,44 +121,113 @@ static inline float k4_result(const struct k4_acc *acc) {
 QUANT_K_DOTS(q4_K, avx512, struct k4_weights, struct k4_acc, q4_K_unpack, q4_K_token, k4_result)
 QUANT_K_DOTS(q5_K, avx512, struct k4_weights, struct k4_acc, q5_K_unpack, q5_K_token, k4_result)
 
-/* One Q6_K super-block's weights, unpacked once for every token: the codes (q + 32, unsigned) of
- * its four steps of 64, each step's scales spread over its pair lanes, and the scales as int16. */
-struct k6_weights {
+/* ---- the formats of 16-element sub-blocks: Q2_K, Q3_K, Q6_K
+ *
+ * A super-block's weights, unpacked once for every token: the unsigned codes of its four steps of
+ * 64 (per half of 128 elements, two steps), each step's scales spread over its pair lanes, the
+ * scales as int16, and what weighs the activations' block sums (Q2_K's mins). */
+struct k16_weights {
     __m512i codes[4], scales16[4];
-    __m256i sc;
+    __m256i sc, mins;
 };
 
-static inline void k6_unpack(const struct block_q6_K *b, struct k6_weights *k) {
+static inline void spread_scales(struct k16_weights *k) {
+    const __m512i sc512 = _mm512_zextsi256_si512(k->sc);
+    _Pragma("GCC unroll 4") for (int s = 0; s < 4; s++)
+        k->scales16[s] = _mm512_permutexvar_epi16(spread16_index(s), sc512);
+}
+
+/* Q2_K and Q3_K read their codes the same way; Q3_K (hmask != NULL) adds 4 where the fifth bit is. */
+static inline void crumbs_unpack(const uint8_t *qs, const uint8_t *hmask_bits, struct k16_weights *k) {
+    const __m512i four = _mm512_set1_epi8(4);
+    /* bit g of byte l: the fifth bit of element 32g + l */
+    const __m256i hm = hmask_bits ? load256(hmask_bits) : _mm256_setzero_si256();
+    const __m512i hmask = join(hm, hm);
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        __m512i c01, c23;
+        crumbs_128(qs + 32 * h, &c01, &c23);
+        if (hmask_bits) {
+            c01 = _mm512_mask_add_epi8(c01, _mm512_test_epi8_mask(hmask, bit_pair(2 * h)), c01, four);
+            c23 = _mm512_mask_add_epi8(c23, _mm512_test_epi8_mask(hmask, bit_pair(2 * h + 1)), c23, four);
+        }
+        k->codes[2 * h] = c01, k->codes[2 * h + 1] = c23;
+    }
+    spread_scales(k);
+}
+
+static inline void q2_K_unpack(const struct block_q2_K *b, struct k16_weights *k) {
+    __m128i raw = _mm_loadu_si128((const __m128i *)b->scales);
+    k->sc = _mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(0x0f)));
+    k->mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f)));
+    crumbs_unpack(b->qs, NULL, k);
+}
+
+static inline void q3_K_unpack(const struct block_q3_K *b, struct k16_weights *k) {
+    k->sc = _mm256_cvtepi8_epi16(q3_K_scales_sse(b->scales));
+    crumbs_unpack(b->qs, b->hmask, k);
+}
+
+/* Q6_K: the low nibbles of ql[0..63] are elements 0..63 of a half, the high nibbles 64..127;
+ * qh[l] holds the top 2 bits of l, l + 32, l + 64, l + 96; codes q + 32. */
+static inline void q6_K_unpack(const struct block_q6_K *b, struct k16_weights *k) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m_hi = _mm512_set1_epi8(0x30);
     k->sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
-    const __m512i sc512 = _mm512_zextsi256_si512(k->sc);
     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-        /* low nibbles of ql[0..63] are elements 0..63 of this half, high nibbles 64..127;
-         * qh[l] holds the top 2 bits of l, l + 32, l + 64, l + 96 */
         __m512i ql = _mm512_loadu_si512(b->ql + 64 * h);
         __m256i qh = load256(b->qh + 32 * h);
         __m512i high_a = _mm512_and_si512(join(_mm256_slli_epi16(qh, 4), _mm256_slli_epi16(qh, 2)), m_hi);
         __m512i high_b = _mm512_and_si512(join(qh, _mm256_srli_epi16(qh, 2)), m_hi);
         k->codes[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), high_a);
         k->codes[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), high_b);
-        k->scales16[2 * h] = _mm512_permutexvar_epi16(spread16_index(2 * h), sc512);
-        k->scales16[2 * h + 1] = _mm512_permutexvar_epi16(spread16_index(2 * h + 1), sc512);
     }
+    spread_scales(k);
 }
 
-static inline void k6_token(const struct k6_weights *k, const struct block_q6_K *b, const struct block_q8_K *a,
-                            __m512 *acc) {
+/* sum over the super-block of scale * code * act, as 16 int32. */
+static inline __m512i k16_sum(const struct k16_weights *k, const struct block_q8_K *a) {
     __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
         s0 = scaled_dot(s0, k->codes[2 * h], a->qs + 128 * h, k->scales16[2 * h]);
         s1 = scaled_dot(s1, k->codes[2 * h + 1], a->qs + 128 * h + 64, k->scales16[2 * h + 1]);
     }
-    /* the codes were q + 32 */
-    __m256i offset = _mm256_slli_epi32(scales_dot_bsums(k->sc, a), 5);
-    __m512i sumi = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_zextsi256_si512(offset));
-    *acc = _mm512_fmadd_ps(_mm512_set1_ps(a->d * _cvtsh_ss(b->d)), _mm512_cvtepi32_ps(sumi), *acc);
+    return _mm512_add_epi32(s0, s1);
 }
 
-static inline float k6_result(const __m512 *acc) { return _mm512_reduce_add_ps(*acc); }
+/* Q3_K and Q6_K: codes offset by 2^shift, which comes back out through the block sums. */
+static inline void offset_token(const struct k16_weights *k, uint16_t d, int shift, const struct block_q8_K *a,
+                                __m512 *acc) {
+    __m256i offset = _mm256_slli_epi32(scales_dot_bsums(k->sc, a), shift);
+    __m512i sumi = _mm512_sub_epi32(k16_sum(k, a), _mm512_zextsi256_si512(offset));
+    *acc = _mm512_fmadd_ps(_mm512_set1_ps(a->d * _cvtsh_ss(d)), _mm512_cvtepi32_ps(sumi), *acc);
+}
 
-QUANT_K_DOTS(q6_K, avx512, struct k6_weights, __m512, k6_unpack, k6_token, k6_result)
+static inline void q3_K_token(const struct k16_weights *k, const struct block_q3_K *b, const struct block_q8_K *a,
+                              __m512 *acc) {
+    offset_token(k, b->d, 2, a, acc);
+}
+static inline void q6_K_token(const struct k16_weights *k, const struct block_q6_K *b, const struct block_q8_K *a,
+                              __m512 *acc) {
+    offset_token(k, b->d, 5, a, acc);
+}
+static inline float offset_result(const __m512 *acc) { return _mm512_reduce_add_ps(*acc); }
+
+/* Q2_K's sums: the scaled codes and the mins. */
+struct k2_acc {
+    __m512 sum;
+    __m256 min;
+};
+
+static inline void q2_K_token(const struct k16_weights *k, const struct block_q2_K *b, const struct block_q8_K *a,
+                              struct k2_acc *acc) {
+    __m128 dd = d_dmin_times(&b->d, a->d);
+    acc->sum = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(k16_sum(k, a)), acc->sum);
+    acc->min = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)),
+                               _mm256_cvtepi32_ps(scales_dot_bsums(k->mins, a)), acc->min);
+}
+static inline float q2_K_result(const struct k2_acc *acc) {
+    return _mm512_reduce_add_ps(acc->sum) - hsum_ps256(acc->min);
+}
+
+QUANT_K_DOTS(q2_K, avx512, struct k16_weights, struct k2_acc, q2_K_unpack, q2_K_token, q2_K_result)
+QUANT_K_DOTS(q3_K, avx512, struct k16_weights, __m512, q3_K_unpack, q3_K_token, offset_result)
+QUANT_K_DOTS(q6_K, avx512, struct k16_weights, __m512, q6_K_unpack, q6_K_token, offset_result)

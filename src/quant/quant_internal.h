@@ -131,7 +131,9 @@ QUANT_DECLARE_DOT4(avx2)
 QUANT_DECLARE_DOT4(vnni256)
 QUANT_DECLARE_ALL(avx512)
 
-/* Four-token versions of the K formats with 32-element sub-blocks and of Q6_K (kquants_*.c). */
+/* Four-token versions of the K formats (kquants_*.c; AVX2 has none for Q2_K and Q3_K). */
+void quant_dot4_q2_K_avx512(int64_t n, const void *w, const void *act, size_t act_stride, float *out);
+void quant_dot4_q3_K_avx512(int64_t n, const void *w, const void *act, size_t act_stride, float *out);
 #define QUANT_DECLARE_K_DOT4(impl)                                                                                     \
     void quant_dot4_q4_K_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out);             \
     void quant_dot4_q5_K_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out);             \
