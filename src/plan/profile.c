@@ -497,7 +497,8 @@ static pshard_status read_rates(const char *path, json_t *root, const char *key,
 }
 
 /* Everything but the version, already checked; "tokens", "sizes" and "created_utc" are for
- * readers only (PROFILE_VERSION changes when the measured points, or how one is measured, do). */
+ * readers only (PROFILE_VERSION changes when the measured points, how one is measured, or the
+ * kernels timed do). */
 static pshard_status profile_from_json(const char *path, json_t *root, struct profile *p) {
     CORE_TRY(read_text(path, root, "pshard", p->pshard, sizeof p->pshard));
     CORE_TRY(read_text(path, root, "fingerprint.cpu", p->fp.cpu, sizeof p->fp.cpu));
