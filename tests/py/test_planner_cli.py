@@ -237,6 +237,28 @@ def test_typical_request_length_weighs_the_decode_set(tmp_path):
         assert proc.returncode == 2 and "-n takes" in proc.stderr, (bad, proc.stderr)
 
 
+def test_cpu_plan_priced_by_the_profile(tmp_path):
+    """Without a VRAM budget the plan is the CPU's alone, and its --tokens predictions come from the
+    profile given (they used the conservative defaults, silently): the H200 machine's profile and
+    the defaults price a step differently, and the header says which was used."""
+    model = tmp_path / "llama8b.gguf"
+    synth = subprocess.run([os.path.join(BUILD, "gguf-synth"), "--shape", "llama8b", "--header-only", "--quiet", "-o",
+                            str(model)], capture_output=True, text=True)
+    assert synth.returncode == 0, synth.stderr
+    profile = os.path.join(os.path.dirname(__file__), "..", "data", "profile", "h200-qwen30b.json")
+    def step(*how):
+        proc = pshard("plan", "-m", str(model), "--vram-budget", "0", "-c", "4096", "--tokens", "1,256", *how)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith("profile: "), proc.stdout
+        row = next(l for l in proc.stdout.splitlines() if l.strip().startswith("this plan"))
+        return proc.stdout.splitlines()[0], [float(v) for v in row.split()[2:]]
+    measured, with_profile = step("--profile", profile)
+    assert "measured in" in measured and "Xeon" in measured, measured
+    defaults, without = step("--no-profile")
+    assert "conservative defaults" in defaults, defaults
+    assert all(a > 0 for a in with_profile) and with_profile != without, (with_profile, without)
+
+
 def test_prompt_tier_starts_where_its_plan_is_predicted_faster(tmp_path):
     """qwen30b at 2 GB with the H200 machine's profile: the 16-token tier splits experts with the
     CPU, whose step grows with the tokens, and the 64-token tier copies them through the ring; the

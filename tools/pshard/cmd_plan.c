@@ -176,11 +176,16 @@ int cmd_plan(int argc, char **argv) {
     pshard_status st = profile_file ? profile_load(profile_file, NULL, &profile)
                                     : exec_machine_profile(&model, p.n_threads, no_profile ? PROFILE_DEFAULTS : PROFILE_CACHED,
                                                            NULL, NULL, &profile, &measured_now);
-    if (st == PSHARD_OK && p.vram_budget != 0 && p.plan != PLAN_CPU) {
+    /* Every plan's predictions use the profile, the CPU's alone included (--tokens, -b 0). */
+    if (st == PSHARD_OK) {
         p.profile = &profile;
+        const bool gpu_steps = p.vram_budget != 0 && p.plan != PLAN_CPU;
         if (profile.measured)
-            printf("profile: measured in %.0f s on %s, %d threads%s%s\n", profile.seconds, profile.fp.cpu, profile.fp.threads,
-                   profile.fp.gpu[0] ? ", " : "", profile.fp.gpu);
+            printf("profile: measured in %.0f s on %s, %d threads%s%s%s\n", profile.seconds, profile.fp.cpu,
+                   profile.fp.threads, profile.fp.gpu[0] ? ", " : "", profile.fp.gpu,
+                   gpu_steps && !profile.has_gpu ? "; it has no GPU, so steps on one are not priced (inf): plan with "
+                                                   "the GPU machine's profile (--profile FILE)"
+                                                 : "");
         else
             printf("profile: %s; predictions use conservative defaults\n",
                    no_profile ? "not used (--no-profile)" : "none cached for this machine (run `pshard profile`)");
