@@ -232,11 +232,13 @@ static void test_matmul_against_dequantized(void **state) {
 /* The expert FFN equals its products done one at a time (quantize, dot, gated unit, quantize,
  * dot, weighted sum in expert order), to the bit: for down formats whose activations quantize a
  * unit of rows at a time inside the gate/up pass (Q8_0, Q8_1) and for one that cannot (Q8_K);
- * and for a part of the experts (a range, less pairs marked -1). */
+ * for formats whose experts go four tokens at a time (Q4_0, Q4_K, Q6_K) or by tiles of rows
+ * and tokens (F16, BF16); and for a part of the experts (a range, less pairs marked -1). */
 static void test_moe_matches_its_products(void **state) {
     (void)state;
     static const struct { enum quant_type gate, down; int64_t n_embd, n_ff; } cases[] = {
-        {QUANT_Q4_0, QUANT_Q8_0, 64, 96}, {QUANT_Q4_1, QUANT_Q5_1, 64, 128}, {QUANT_Q4_0, QUANT_Q4_K, 256, 256}};
+        {QUANT_Q4_0, QUANT_Q8_0, 64, 96}, {QUANT_F16, QUANT_BF16, 64, 96},  {QUANT_Q4_K, QUANT_Q6_K, 256, 256},
+        {QUANT_Q4_1, QUANT_Q5_1, 64, 128}, {QUANT_Q4_0, QUANT_Q4_K, 256, 256}};
     struct threadpool *pool;
     assert_int_equal(threadpool_create(3, &pool), PSHARD_OK);
     const int E = 6, k = 2;
