@@ -69,8 +69,9 @@ void quant_act_bf16_avx512(const float *x, void *act, int64_t n) {
  *
  * Each product keeps its own accumulator, so its sum's order is the same whichever tile computes
  * it: a tile of rows and tokens gives vec_dot's result bit for bit (a token's logits never depend
- * on its batch). A lone dot waits on its FMA chain; matrix products call the tile, whose 4 to 16
- * chains run side by side and which converts each weight vector once for up to four tokens. */
+ * on its batch). A lone dot waits on its FMA chain, which still outruns memory (a lone token's
+ * product goes a row at a time, see cpu_matmul_tiles); steps of more tokens call the tile, whose
+ * 8 to 16 chains run side by side and which converts each weight vector once for up to four. */
 
 static inline __m512 f32x16(const uint8_t *p) { return _mm512_loadu_ps(p); }
 static inline __m512 f32x16_mask(__mmask16 m, const uint8_t *p) { return _mm512_maskz_loadu_ps(m, p); }
@@ -89,36 +90,26 @@ static inline __attribute__((always_inline)) void float_tile(int64_t n, const ui
                                                              __m512 (*mask_load)(__mmask16, const uint8_t *),
                                                              float *out) {
     __m512 acc[4][4], x[4];
-    _Pragma("GCC unroll 4")
-    for (int r = 0; r < rows; r++)
-        _Pragma("GCC unroll 4")
-        for (int t = 0; t < tokens; t++) acc[r][t] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 4") for (int r = 0; r < rows; r++)
+        _Pragma("GCC unroll 4") for (int t = 0; t < tokens; t++) acc[r][t] = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        _Pragma("GCC unroll 4")
-        for (int t = 0; t < tokens; t++) x[t] = load(a + t * a_stride + i * elem_bytes);
-        _Pragma("GCC unroll 4")
-        for (int r = 0; r < rows; r++) {
+        _Pragma("GCC unroll 4") for (int t = 0; t < tokens; t++) x[t] = load(a + t * a_stride + i * elem_bytes);
+        _Pragma("GCC unroll 4") for (int r = 0; r < rows; r++) {
             const __m512 v = load(w + r * w_stride + i * elem_bytes);
-            _Pragma("GCC unroll 4")
-            for (int t = 0; t < tokens; t++) acc[r][t] = _mm512_fmadd_ps(v, x[t], acc[r][t]);
+            _Pragma("GCC unroll 4") for (int t = 0; t < tokens; t++) acc[r][t] = _mm512_fmadd_ps(v, x[t], acc[r][t]);
         }
     }
     if (i < n) {
         const __mmask16 m = tail_mask(n - i);
-        _Pragma("GCC unroll 4")
-        for (int t = 0; t < tokens; t++) x[t] = mask_load(m, a + t * a_stride + i * elem_bytes);
-        _Pragma("GCC unroll 4")
-        for (int r = 0; r < rows; r++) {
+        _Pragma("GCC unroll 4") for (int t = 0; t < tokens; t++) x[t] = mask_load(m, a + t * a_stride + i * elem_bytes);
+        _Pragma("GCC unroll 4") for (int r = 0; r < rows; r++) {
             const __m512 v = mask_load(m, w + r * w_stride + i * elem_bytes);
-            _Pragma("GCC unroll 4")
-            for (int t = 0; t < tokens; t++) acc[r][t] = _mm512_fmadd_ps(v, x[t], acc[r][t]);
+            _Pragma("GCC unroll 4") for (int t = 0; t < tokens; t++) acc[r][t] = _mm512_fmadd_ps(v, x[t], acc[r][t]);
         }
     }
-    _Pragma("GCC unroll 4")
-    for (int r = 0; r < rows; r++)
-        _Pragma("GCC unroll 4")
-        for (int t = 0; t < tokens; t++) out[t * 4 + r] = _mm512_reduce_add_ps(acc[r][t]);
+    _Pragma("GCC unroll 4") for (int r = 0; r < rows; r++)
+        _Pragma("GCC unroll 4") for (int t = 0; t < tokens; t++) out[t * 4 + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
 #define FLOAT_DOTS_AVX512(fmt, elem_bytes, load, mask_load)                                                            \
