@@ -93,27 +93,10 @@ static inline void k4_token(const struct k4_weights *k, const void *d_dmin, cons
     }
     __m128 dd = d_dmin_times(d_dmin, a->d);
     acc->sum = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), acc->sum);
-    /* mins: m[s] times the sum of sub-block s's 32 activations (two bsums) */
-    __m256i bs = load256(a->bsums);
-    __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-    __m128i mins = _mm_madd_epi16(k->mins, pairs);
-    acc->min = _mm_fmadd_ps(_mm_shuffle_ps(dd, dd, _MM_SHUFFLE(1, 1, 1, 1)), _mm_cvtepi32_ps(mins), acc->min);
+    acc->min = k4_mins_add(k->mins, a, dd, acc->min);
 }
 
-static inline void q4_K_unpack(const struct block_q4_K *b, struct k4_weights *k) {
-    k4_unpack(b->scales, b->qs, NULL, k);
-}
-static inline void q5_K_unpack(const struct block_q5_K *b, struct k4_weights *k) {
-    k4_unpack(b->scales, b->qs, b->qh, k);
-}
-static inline void q4_K_token(const struct k4_weights *k, const struct block_q4_K *b, const struct block_q8_K *a,
-                              struct k4_acc *acc) {
-    k4_token(k, &b->d, a, acc);
-}
-static inline void q5_K_token(const struct k4_weights *k, const struct block_q5_K *b, const struct block_q8_K *a,
-                              struct k4_acc *acc) {
-    k4_token(k, &b->d, a, acc);
-}
+QUANT_K4_BLOCKS(struct k4_weights)
 static inline float k4_result(const struct k4_acc *acc) {
     return _mm512_reduce_add_ps(acc->sum) - hsum_ps256(_mm256_castps128_ps256(acc->min));
 }

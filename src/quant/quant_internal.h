@@ -38,6 +38,20 @@ static inline void quant_k4_scales(const uint8_t s[12], uint8_t sc[8], uint8_t m
     memcpy(m + 4, &m_hi, 4);
 }
 
+/* Q4_K and Q5_K blocks' steps for QUANT_K_DOTS from the shared ones of each ISA's file:
+ * k4_unpack(scales, qs, qh or NULL, &weights) and k4_token(&weights, &d_dmin, act_block, &acc). */
+#define QUANT_K4_BLOCKS(WEIGHTS)                                                                                       \
+    static inline void q4_K_unpack(const struct block_q4_K *b, WEIGHTS *k) { k4_unpack(b->scales, b->qs, NULL, k); } \
+    static inline void q5_K_unpack(const struct block_q5_K *b, WEIGHTS *k) { k4_unpack(b->scales, b->qs, b->qh, k); } \
+    static inline void q4_K_token(const WEIGHTS *k, const struct block_q4_K *b, const struct block_q8_K *a,           \
+                                  struct k4_acc *acc) {                                                                \
+        k4_token(k, &b->d, a, acc);                                                                                    \
+    }                                                                                                                  \
+    static inline void q5_K_token(const WEIGHTS *k, const struct block_q5_K *b, const struct block_q8_K *a,           \
+                                  struct k4_acc *acc) {                                                                \
+        k4_token(k, &b->d, a, acc);                                                                                    \
+    }
+
 /* A K format's dot product and its four-token version, which gives each token the same result
  * bit for bit: each super-block's weights are unpacked once (UNPACK(block, &weights)), then each
  * token's sums are added into its accumulators (TOKEN(&weights, block, act_block, &acc)) in the
@@ -122,24 +136,22 @@ float quant_dot_q5_0_vnni256(int64_t n, const void *w, const void *act);
 float quant_dot_q5_1_vnni256(int64_t n, const void *w, const void *act);
 float quant_dot_q8_0_vnni256(int64_t n, const void *w, const void *act);
 
-/* Four-token versions (legacy_avx2.c, built twice). */
-#define QUANT_DECLARE_DOT4(impl)                                                                                       \
-    void quant_dot4_q4_0_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out);             \
-    void quant_dot4_q4_1_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out);             \
-    void quant_dot4_q8_0_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out);
-QUANT_DECLARE_DOT4(avx2)
-QUANT_DECLARE_DOT4(vnni256)
 QUANT_DECLARE_ALL(avx512)
 
-/* Four-token versions of the K formats (kquants_*.c; AVX2 has none for Q2_K and Q3_K). */
-void quant_dot4_q2_K_avx512(int64_t n, const void *w, const void *act, size_t act_stride, float *out);
-void quant_dot4_q3_K_avx512(int64_t n, const void *w, const void *act, size_t act_stride, float *out);
+/* Four-token versions: the 32-element formats (legacy_avx2.c, built twice) and the K formats
+ * (kquants_*.c; AVX2 has none for Q2_K and Q3_K). */
+#define QUANT_DECLARE_DOT4(t, impl)                                                                                    \
+    void quant_dot4_##t##_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out);
+#define QUANT_DECLARE_LEGACY_DOT4(impl)                                                                                \
+    QUANT_DECLARE_DOT4(q4_0, impl) QUANT_DECLARE_DOT4(q4_1, impl) QUANT_DECLARE_DOT4(q8_0, impl)
 #define QUANT_DECLARE_K_DOT4(impl)                                                                                     \
-    void quant_dot4_q4_K_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out);             \
-    void quant_dot4_q5_K_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out);             \
-    void quant_dot4_q6_K_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out);
+    QUANT_DECLARE_DOT4(q4_K, impl) QUANT_DECLARE_DOT4(q5_K, impl) QUANT_DECLARE_DOT4(q6_K, impl)
+QUANT_DECLARE_LEGACY_DOT4(avx2)
+QUANT_DECLARE_LEGACY_DOT4(vnni256)
 QUANT_DECLARE_K_DOT4(avx2)
 QUANT_DECLARE_K_DOT4(avx512)
+QUANT_DECLARE_DOT4(q2_K, avx512)
+QUANT_DECLARE_DOT4(q3_K, avx512)
 
 /* Tiles of four rows by up to four tokens (float_avx2.c, float_avx512.c). */
 #define QUANT_DECLARE_TILE(t, impl)                                                                                    \

@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "quant/blocks.h"
+
 static inline float hsum_ps256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -107,6 +109,16 @@ static inline __m128 d_dmin_times(const void *d_then_dmin, float act_d) {
     uint32_t both;
     memcpy(&both, d_then_dmin, 4);
     return _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)both)), _mm_set1_ps(act_d));
+}
+
+/* acc_min plus a Q4_K/Q5_K block's mins term for one token: dmin (lane 1 of dd, from
+ * d_dmin_times) times m[s] (mins16, int16) times the sum of sub-block s's 32 activations (two
+ * of the activations' bsums). */
+static inline __m128 k4_mins_add(__m128i mins16, const struct block_q8_K *a, __m128 dd, __m128 acc_min) {
+    __m256i bs = _mm256_loadu_si256((const __m256i *)a->bsums);
+    __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    __m128i mins = _mm_madd_epi16(mins16, pairs);
+    return _mm_fmadd_ps(_mm_shuffle_ps(dd, dd, _MM_SHUFFLE(1, 1, 1, 1)), _mm_cvtepi32_ps(mins), acc_min);
 }
 
 #endif
