@@ -55,7 +55,7 @@ static inline __m256i scales_dot_bsums(__m256i scales16, const struct block_q8_K
  * sub-block mins as int16. */
 struct k4_weights {
     __m512i codes[4], scales16[4];
-    __m128i mins;
+    __m256i mins16; /* each sub-block's min twice over, lined up with the activations' 16 block sums */
 };
 
 static inline void k4_unpack(const uint8_t *scales, const uint8_t *qs, const uint8_t *qh, struct k4_weights *k) {
@@ -72,18 +72,12 @@ static inline void k4_unpack(const uint8_t *scales, const uint8_t *qs, const uin
                 _mm512_mask_add_epi8(k->codes[c], _mm512_test_epi8_mask(hbits, bit_pair(c)), k->codes[c], sixteen);
         k->scales16[c] = _mm512_permutexvar_epi16(spread32_index(c), sc512);
     }
-    k->mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
+    k->mins16 = k4_mins16(m);
 }
 
-/* A token's sums over a Q4_K or Q5_K row: the scaled codes and the mins. */
-struct k4_acc {
-    __m512 sum;
-    __m128 min;
-};
-
-/* One token's activations against an unpacked super-block, added into its sums. */
-static inline void k4_token(const struct k4_weights *k, const void *d_dmin, const struct block_q8_K *a,
-                            struct k4_acc *acc) {
+/* One token's activations against an unpacked super-block, added into its sums: d * the scaled
+ * codes' sum, less dmin * each sub-block's min times its activations' sum. */
+static inline void k4_token(const struct k4_weights *k, const void *d_dmin, const struct block_q8_K *a, __m512 *acc) {
     __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
     _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
         if (c % 2)
@@ -91,18 +85,26 @@ static inline void k4_token(const struct k4_weights *k, const void *d_dmin, cons
         else
             s0 = scaled_dot(s0, k->codes[c], a->qs + 64 * c, k->scales16[c]);
     }
-    __m128 dd = d_dmin_times(d_dmin, a->d);
-    acc->sum = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), acc->sum);
-    acc->min = k4_mins_add(k->mins, a, dd, acc->min);
+    const __m128 dd = d_dmin_times(d_dmin, a->d);
+    const __m512 mins = _mm512_zextps256_ps512(k4_mins_times_sums(k->mins16, a));
+    *acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), *acc);
+    *acc = _mm512_fnmadd_ps(_mm512_broadcastss_ps(_mm_movehdup_ps(dd)), mins, *acc);
 }
 
-QUANT_K4_BLOCKS(struct k4_weights)
-static inline float k4_result(const struct k4_acc *acc) {
-    return _mm512_reduce_add_ps(acc->sum) - hsum_ps256(_mm256_castps128_ps256(acc->min));
+static inline void q4_K_unpack(const struct block_q4_K *b, struct k4_weights *k) { k4_unpack(b->scales, b->qs, NULL, k); }
+static inline void q5_K_unpack(const struct block_q5_K *b, struct k4_weights *k) { k4_unpack(b->scales, b->qs, b->qh, k); }
+static inline void q4_K_token(const struct k4_weights *k, const struct block_q4_K *b, const struct block_q8_K *a,
+                              __m512 *acc) {
+    k4_token(k, &b->d, a, acc);
 }
+static inline void q5_K_token(const struct k4_weights *k, const struct block_q5_K *b, const struct block_q8_K *a,
+                              __m512 *acc) {
+    k4_token(k, &b->d, a, acc);
+}
+static inline float k4_result(const __m512 *acc) { return _mm512_reduce_add_ps(*acc); }
 
-QUANT_K_DOTS(q4_K, avx512, struct k4_weights, struct k4_acc, q4_K_unpack, q4_K_token, k4_result)
-QUANT_K_DOTS(q5_K, avx512, struct k4_weights, struct k4_acc, q5_K_unpack, q5_K_token, k4_result)
+QUANT_K_DOTS(q4_K, avx512, struct k4_weights, __m512, q4_K_unpack, q4_K_token, k4_result)
+QUANT_K_DOTS(q5_K, avx512, struct k4_weights, __m512, q5_K_unpack, q5_K_token, k4_result)
 
 /* ---- the formats of 16-element sub-blocks: Q2_K, Q3_K, Q6_K
  *

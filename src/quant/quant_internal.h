@@ -38,24 +38,11 @@ static inline void quant_k4_scales(const uint8_t s[12], uint8_t sc[8], uint8_t m
     memcpy(m + 4, &m_hi, 4);
 }
 
-/* Q4_K and Q5_K blocks' steps for QUANT_K_DOTS from the shared ones of each ISA's file:
- * k4_unpack(scales, qs, qh or NULL, &weights) and k4_token(&weights, &d_dmin, act_block, &acc). */
-#define QUANT_K4_BLOCKS(WEIGHTS)                                                                                       \
-    static inline void q4_K_unpack(const struct block_q4_K *b, WEIGHTS *k) { k4_unpack(b->scales, b->qs, NULL, k); } \
-    static inline void q5_K_unpack(const struct block_q5_K *b, WEIGHTS *k) { k4_unpack(b->scales, b->qs, b->qh, k); } \
-    static inline void q4_K_token(const WEIGHTS *k, const struct block_q4_K *b, const struct block_q8_K *a,           \
-                                  struct k4_acc *acc) {                                                                \
-        k4_token(k, &b->d, a, acc);                                                                                    \
-    }                                                                                                                  \
-    static inline void q5_K_token(const WEIGHTS *k, const struct block_q5_K *b, const struct block_q8_K *a,           \
-                                  struct k4_acc *acc) {                                                                \
-        k4_token(k, &b->d, a, acc);                                                                                    \
-    }
-
 /* A K format's dot product and its four-token version, which gives each token the same result
  * bit for bit: each super-block's weights are unpacked once (UNPACK(block, &weights)), then each
  * token's sums are added into its accumulators (TOKEN(&weights, block, act_block, &acc)) in the
- * same order; RESULT(&acc) is the total. ACC is a struct of vector accumulators, zero to start. */
+ * same order; RESULT(&acc) is the total. ACC is a vector accumulator or a struct of them, zero to
+ * start. */
 #define QUANT_K_DOTS(t, impl, WEIGHTS, ACC, UNPACK, TOKEN, RESULT)                                                     \
     float quant_dot_##t##_##impl(int64_t n, const void *w, const void *act) {                                          \
         const struct block_##t *b = w;                                                                                 \
@@ -80,6 +67,42 @@ static inline void quant_k4_scales(const uint8_t s[12], uint8_t sc[8], uint8_t m
                 const struct block_q8_K *a = (const void *)((const uint8_t *)act + j * act_stride);                    \
                 TOKEN(&k, &b[i], &a[i], &acc[j]);                                                                      \
             }                                                                                                          \
+        }                                                                                                              \
+        for (int j = 0; j < 4; j++) out[j] = RESULT(&acc[j]);                                                          \
+    }
+
+/* The same pair of kernels built the other way round, for ISAs whose registers cannot hold an
+ * unpacked super-block beside four tokens' sums (AVX2's sixteen): SUMS(block, acts, tokens, isum)
+ * adds every token's integer sums over the super-block in one pass (acts[j], isum[j]: token j's
+ * activation block and sums), each step's codes unpacked once for the tokens and the sums kept in
+ * registers, and returns what else the block's float steps need (EXTRA); FINISH(&extra, block,
+ * act_block, isum, &acc) then runs a token's float steps, the same ones whatever the number of
+ * tokens. Integer sums are exact in any order, so each token's result is the same bit for bit. */
+#define QUANT_K_DOTS_BY_STEP(t, impl, ISUM, EXTRA, ACC, SUMS, FINISH, RESULT)                                           \
+    float quant_dot_##t##_##impl(int64_t n, const void *w, const void *act) {                                          \
+        const struct block_##t *b = w;                                                                                 \
+        const struct block_q8_K *a = act;                                                                              \
+        ACC acc;                                                                                                       \
+        memset(&acc, 0, sizeof acc);                                                                                   \
+        for (int64_t i = 0; i < n / QUANT_QK_K; i++) {                                                                 \
+            const struct block_q8_K *ai[1] = {&a[i]};                                                                  \
+            ISUM isum[1];                                                                                              \
+            const EXTRA e = SUMS(&b[i], ai, 1, isum);                                                                  \
+            FINISH(&e, &b[i], &a[i], isum[0], &acc);                                                                   \
+        }                                                                                                              \
+        return RESULT(&acc);                                                                                           \
+    }                                                                                                                  \
+    void quant_dot4_##t##_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out) {           \
+        const struct block_##t *b = w;                                                                                 \
+        const struct block_q8_K *a[4];                                                                                 \
+        for (int j = 0; j < 4; j++) a[j] = (const void *)((const uint8_t *)act + j * act_stride);                      \
+        ACC acc[4];                                                                                                    \
+        memset(acc, 0, sizeof acc);                                                                                    \
+        for (int64_t i = 0; i < n / QUANT_QK_K; i++) {                                                                 \
+            const struct block_q8_K *ai[4] = {&a[0][i], &a[1][i], &a[2][i], &a[3][i]};                                 \
+            ISUM isum[4];                                                                                              \
+            const EXTRA e = SUMS(&b[i], ai, 4, isum);                                                                  \
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) FINISH(&e, &b[i], ai[j], isum[j], &acc[j]);            \
         }                                                                                                              \
         for (int j = 0; j < 4; j++) out[j] = RESULT(&acc[j]);                                                          \
     }
@@ -139,19 +162,18 @@ float quant_dot_q8_0_vnni256(int64_t n, const void *w, const void *act);
 QUANT_DECLARE_ALL(avx512)
 
 /* Four-token versions: the 32-element formats (legacy_avx2.c, built twice) and the K formats
- * (kquants_*.c; AVX2 has none for Q2_K and Q3_K). */
+ * (kquants_*.c). */
 #define QUANT_DECLARE_DOT4(t, impl)                                                                                    \
     void quant_dot4_##t##_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out);
 #define QUANT_DECLARE_LEGACY_DOT4(impl)                                                                                \
     QUANT_DECLARE_DOT4(q4_0, impl) QUANT_DECLARE_DOT4(q4_1, impl) QUANT_DECLARE_DOT4(q8_0, impl)
 #define QUANT_DECLARE_K_DOT4(impl)                                                                                     \
-    QUANT_DECLARE_DOT4(q4_K, impl) QUANT_DECLARE_DOT4(q5_K, impl) QUANT_DECLARE_DOT4(q6_K, impl)
+    QUANT_DECLARE_DOT4(q2_K, impl) QUANT_DECLARE_DOT4(q3_K, impl) QUANT_DECLARE_DOT4(q4_K, impl)                       \
+    QUANT_DECLARE_DOT4(q5_K, impl) QUANT_DECLARE_DOT4(q6_K, impl)
 QUANT_DECLARE_LEGACY_DOT4(avx2)
 QUANT_DECLARE_LEGACY_DOT4(vnni256)
 QUANT_DECLARE_K_DOT4(avx2)
 QUANT_DECLARE_K_DOT4(avx512)
-QUANT_DECLARE_DOT4(q2_K, avx512)
-QUANT_DECLARE_DOT4(q3_K, avx512)
 
 /* Tiles of four rows by up to four tokens (float_avx2.c, float_avx512.c). */
 #define QUANT_DECLARE_TILE(t, impl)                                                                                    \

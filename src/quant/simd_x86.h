@@ -111,14 +111,17 @@ static inline __m128 d_dmin_times(const void *d_then_dmin, float act_d) {
     return _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)both)), _mm_set1_ps(act_d));
 }
 
-/* acc_min plus a Q4_K/Q5_K block's mins term for one token: dmin (lane 1 of dd, from
- * d_dmin_times) times m[s] (mins16, int16) times the sum of sub-block s's 32 activations (two
- * of the activations' bsums). */
-static inline __m128 k4_mins_add(__m128i mins16, const struct block_q8_K *a, __m128 dd, __m128 acc_min) {
-    __m256i bs = _mm256_loadu_si256((const __m256i *)a->bsums);
-    __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-    __m128i mins = _mm_madd_epi16(mins16, pairs);
-    return _mm_fmadd_ps(_mm_shuffle_ps(dd, dd, _MM_SHUFFLE(1, 1, 1, 1)), _mm_cvtepi32_ps(mins), acc_min);
+/* A Q4_K/Q5_K block's 8 sub-block mins as 16 int16, each twice over, lined up with the
+ * activations' 16 block sums (two per 32-element sub-block). */
+static inline __m256i k4_mins16(const uint8_t m[8]) {
+    const __m128i m8 = _mm_loadl_epi64((const __m128i *)m);
+    return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+}
+
+/* Each sub-block's min times the sum of its 32 activations, as 8 floats: the block's mins term
+ * for one token before dmin and the activation scale. */
+static inline __m256 k4_mins_times_sums(__m256i mins16, const struct block_q8_K *a) {
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(mins16, _mm256_loadu_si256((const __m256i *)a->bsums)));
 }
 
 #endif
