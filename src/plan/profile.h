@@ -18,8 +18,9 @@
 
 /* Changes with the points measured, how one is measured, or the kernels timed: 16 when the CPU's
  * prompt steps took tiles and four-token K kernels (a format 15 profile's CPU rates at 4 tokens
- * and up are those of the old kernels, so it is measured again). */
-#define PROFILE_VERSION 16
+ * and up are those of the old kernels, so it is measured again); 17 when the AVX2 K kernels took
+ * one to four tokens by step, Q2_K and Q3_K among them, and Q4_K/Q5_K folded their mins. */
+#define PROFILE_VERSION 17
 enum {
     PROFILE_TOKENS = 6,   /* token counts: 1, 4, 16, 64, 256, 1024 */
     PROFILE_SIZES = 5,    /* transfer sizes: 64 KiB, 512 KiB, 4 MiB, 32 MiB, 128 MiB */
