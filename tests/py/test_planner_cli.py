@@ -174,6 +174,20 @@ def test_profile_cache_written_shown_and_refused_elsewhere(default_model, tmp_pa
     assert proc.returncode == 1 and str(bad) in proc.stderr
 
 
+def test_plan_says_where_no_gpu_is(default_model):
+    """A budget planned on a machine without a CUDA device: the plan is printed, for a machine with
+    one, and says that `pshard run` here runs on the CPU alone; the CPU's plan says nothing of it."""
+    run = pshard("run", "-m", default_model, "--vram-budget", "150M", "-p", "x", "-n", "1")
+    no_gpu = "no CUDA device" in run.stderr
+    assert run.returncode == (1 if no_gpu else 0), run.stderr
+    plan = pshard("plan", "-m", default_model, "--vram-budget", "150M")
+    assert plan.returncode == 0, plan.stderr
+    assert ("has no CUDA device" in plan.stderr) == no_gpu
+    assert "VRAM:" in plan.stdout and "CUDA device" not in plan.stdout
+    cpu = pshard("plan", "-m", default_model, "--vram-budget", "0")
+    assert cpu.returncode == 0 and "CUDA device" not in cpu.stdout + cpu.stderr
+
+
 def test_oracle_options(default_model):
     """The oracle's options are checked before it looks for a GPU (so this never starts a run)."""
     for bad in (["--tiers", "0"], ["--budgets", "2X"], ["--recheck-all"], ["--recheck", "5"], ["--recheck", "-1"],

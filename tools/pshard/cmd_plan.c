@@ -6,6 +6,7 @@
 
 #include "cli.h"
 #include "core/error.h"
+#include "cuda/cuda_backend.h"
 #include "plan/cost.h"
 #include "exec/exec.h"
 #include "exec/measure.h"
@@ -189,6 +190,9 @@ int cmd_plan(int argc, char **argv) {
         else
             printf("profile: %s; predictions use conservative defaults\n",
                    no_profile ? "not used (--no-profile)" : "none cached for this machine (run `pshard profile`)");
+        if (gpu_steps && cuda_device_count() == 0)
+            fprintf(stderr, "pshard plan: this machine has no CUDA device, so `pshard run` here runs on the CPU "
+                            "alone (--vram-budget 0); this plan is for a machine with one\n");
     }
     if (st == PSHARD_OK) st = exec_make_plan(&model, &p, &plan);
     if (st == PSHARD_OK) {
