@@ -168,6 +168,53 @@ static void test_attention_matches_naive_softmax(void **state) {
     free(v);
 }
 
+/* Heads that share a KV head read the cache together: every head's output is the same bit for
+ * bit whatever range it came in (a group of 12 takes two chunks; ranges cross groups), and the
+ * units a step is cut into cover every (token, head) once, within one KV head each. */
+static void test_attention_heads_together_equal_alone(void **state) {
+    (void)state;
+    const struct cpu_attn_shape shapes[] = {{24, 2, 32, 16, 0.17f}, {8, 8, 16, 16, 0.25f}, {16, 2, 64, 32, 0.125f}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const struct cpu_attn_shape s = shapes[si];
+        const int64_t n_cells = 200;
+        uint16_t *k = malloc(sizeof(uint16_t) * n_cells * s.n_head_kv * s.head_k);
+        uint16_t *v = malloc(sizeof(uint16_t) * n_cells * s.n_head_kv * s.head_v);
+        float *q = malloc(sizeof(float) * s.n_head * s.head_k);
+        float *alone = malloc(sizeof(float) * s.n_head * s.head_v), *together = malloc(sizeof(float) * s.n_head * s.head_v);
+        uint32_t seed = 5 + (uint32_t)si;
+        for (int64_t i = 0; i < n_cells * s.n_head_kv * s.head_k; i++) k[i] = half_from_f32(3 * frand(&seed));
+        for (int64_t i = 0; i < n_cells * s.n_head_kv * s.head_v; i++) v[i] = half_from_f32(frand(&seed));
+        for (int i = 0; i < s.n_head * s.head_k; i++) q[i] = frand(&seed);
+        for (int h = 0; h < s.n_head; h++) cpu_attention_heads(&s, q, k, v, n_cells, h, h + 1, alone);
+        const int ranges[][2] = {{0, s.n_head}, {1, s.n_head - 1}, {3, 5}, {s.n_head / 2 - 1, s.n_head / 2 + 2}};
+        for (size_t r = 0; r < sizeof ranges / sizeof ranges[0]; r++) {
+            memset(together, 0, sizeof(float) * s.n_head * s.head_v);
+            cpu_attention_heads(&s, q, k, v, n_cells, ranges[r][0], ranges[r][1], together);
+            for (int h = ranges[r][0]; h < ranges[r][1]; h++)
+                assert_memory_equal(together + h * s.head_v, alone + h * s.head_v, sizeof(float) * s.head_v);
+        }
+        for (int64_t n_tokens = 1; n_tokens <= 3; n_tokens++)
+            for (int n_threads = 1; n_threads <= 32; n_threads *= 4) {
+                struct cpu_attn_units u;
+                cpu_attention_units(&s, n_tokens, n_threads, &u);
+                int *seen = calloc((size_t)(n_tokens * s.n_head), sizeof(int));
+                const int group = s.n_head / s.n_head_kv;
+                for (int64_t i = 0; i < u.count; i++) {
+                    int64_t t;
+                    int h0, h1;
+                    cpu_attention_unit(&s, &u, i, &t, &h0, &h1);
+                    assert_true(t >= 0 && t < n_tokens && h0 < h1 && h1 - h0 <= 8);
+                    assert_int_equal(h0 / group, (h1 - 1) / group);
+                    for (int h = h0; h < h1; h++) seen[t * s.n_head + h]++;
+                }
+                for (int64_t i = 0; i < n_tokens * s.n_head; i++) assert_int_equal(seen[i], 1);
+                if (n_tokens * s.n_head >= n_threads) assert_true(u.count >= n_threads || u.per == 1);
+                free(seen);
+            }
+        free(k), free(v), free(q), free(alone), free(together);
+    }
+}
+
 static void test_topk_and_router(void **state) {
     (void)state;
     const float x[8] = {0.1f, 0.9f, -1.0f, 0.9f, 0.5f, 2.0f, 0.0f, 0.3f};
@@ -313,7 +360,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_threadpool_covers_every_index_once),
         cmocka_unit_test(test_threadpool_runs_without_its_workers), cmocka_unit_test(test_rope_matches_formula),
-        cmocka_unit_test(test_attention_matches_naive_softmax),   cmocka_unit_test(test_topk_and_router),
+        cmocka_unit_test(test_attention_matches_naive_softmax),
+        cmocka_unit_test(test_attention_heads_together_equal_alone),   cmocka_unit_test(test_topk_and_router),
         cmocka_unit_test(test_matmul_against_dequantized), cmocka_unit_test(test_moe_matches_its_products),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

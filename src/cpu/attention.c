@@ -9,7 +9,7 @@
 #include "cpu/attention_kernels.h"
 #include "quant/half.h"
 
-enum { KEY_BLOCK = 64, MAX_HEAD = 512, PREFETCH_CELLS = 8 };
+enum { KEY_BLOCK = 64, MAX_HEAD = 512, PREFETCH_CELLS = 8, HEAD_CHUNK = 8 };
 
 /* A cell's row of one KV head is a few cache lines, and the next cell's is a whole row of KV
  * heads further (1-2 KB for qwen30b and llama8b): too far apart for the hardware to follow
@@ -32,42 +32,86 @@ static void axpy_f16_ref(float *acc, float a, const uint16_t *v, int n) {
     for (int i = 0; i < n; i++) acc[i] += a * half_to_f32(v[i]);
 }
 
-void cpu_attention_heads(const struct cpu_attn_shape *s, const float *q, const uint16_t *k, const uint16_t *v,
-                         int64_t n_cells, int head_begin, int head_end, float *out) {
-    const int group = s->n_head / s->n_head_kv;
+/* Up to HEAD_CHUNK query heads that share a KV head go through the cache together: each block
+ * of key rows is scored for every head while it is in L1, then each block of value rows is added
+ * into every head's output. Each head's sums run in the same order as alone, so the result is
+ * the same bit for bit; the cache is read once for the heads of a chunk rather than once for
+ * each. */
+static void attend_chunk(const struct cpu_attn_shape *s, const float *q, const uint16_t *k, const uint16_t *v,
+                         int64_t n_cells, int kvh, int h0, int n_heads, float *out) {
     const int64_t k_stride = (int64_t)s->n_head_kv * s->head_k, v_stride = (int64_t)s->n_head_kv * s->head_v;
-    float qh[MAX_HEAD], acc[MAX_HEAD], scores[KEY_BLOCK];
+    const uint16_t *k_head = k + (int64_t)kvh * s->head_k, *v_head = v + (int64_t)kvh * s->head_v;
+    float qh[HEAD_CHUNK][MAX_HEAD], acc[HEAD_CHUNK][MAX_HEAD], scores[HEAD_CHUNK][KEY_BLOCK];
+    float max[HEAD_CHUNK], sum[HEAD_CHUNK];
     const int simd = cpu_features()->avx2;
     float (*dot_f16)(const float *, const uint16_t *, int) = simd ? attn_dot_f16_avx2 : dot_f16_ref;
     void (*axpy_f16)(float *, float, const uint16_t *, int) = simd ? attn_axpy_f16_avx2 : axpy_f16_ref;
-    for (int h = head_begin; h < head_end; h++) {
-        const int kvh = h / group;
-        for (int i = 0; i < s->head_k; i++) qh[i] = half_to_f32(half_from_f32(q[(int64_t)h * s->head_k + i]));
-        for (int i = 0; i < s->head_v; i++) acc[i] = 0.0f;
-        float max = -INFINITY, sum = 0.0f;
-        for (int64_t c0 = 0; c0 < n_cells; c0 += KEY_BLOCK) {
-            const int64_t n = n_cells - c0 < KEY_BLOCK ? n_cells - c0 : KEY_BLOCK;
+    for (int g = 0; g < n_heads; g++) {
+        const float *qg = q + (int64_t)(h0 + g) * s->head_k;
+        for (int i = 0; i < s->head_k; i++) qh[g][i] = half_to_f32(half_from_f32(qg[i]));
+        for (int i = 0; i < s->head_v; i++) acc[g][i] = 0.0f;
+        max[g] = -INFINITY, sum[g] = 0.0f;
+    }
+    for (int64_t c0 = 0; c0 < n_cells; c0 += KEY_BLOCK) {
+        const int64_t n = n_cells - c0 < KEY_BLOCK ? n_cells - c0 : KEY_BLOCK;
+        float new_max[HEAD_CHUNK];
+        for (int g = 0; g < n_heads; g++) {
             float block_max = -INFINITY;
             for (int64_t j = 0; j < n; j++) {
-                if (c0 + j + PREFETCH_CELLS < n_cells)
-                    prefetch_row(k + (c0 + j + PREFETCH_CELLS) * k_stride + (int64_t)kvh * s->head_k, s->head_k);
-                scores[j] = dot_f16(qh, k + (c0 + j) * k_stride + (int64_t)kvh * s->head_k, s->head_k) * s->scale;
-                block_max = scores[j] > block_max ? scores[j] : block_max;
+                if (g == 0 && c0 + j + PREFETCH_CELLS < n_cells)
+                    prefetch_row(k_head + (c0 + j + PREFETCH_CELLS) * k_stride, s->head_k);
+                scores[g][j] = dot_f16(qh[g], k_head + (c0 + j) * k_stride, s->head_k) * s->scale;
+                block_max = scores[g][j] > block_max ? scores[g][j] : block_max;
             }
-            const float new_max = block_max > max ? block_max : max;
-            const float rescale = expf(max - new_max); /* 0 on the first block */
-            sum *= rescale;
-            for (int i = 0; i < s->head_v; i++) acc[i] *= rescale;
-            for (int64_t j = 0; j < n; j++) {
-                if (c0 + j + PREFETCH_CELLS < n_cells)
-                    prefetch_row(v + (c0 + j + PREFETCH_CELLS) * v_stride + (int64_t)kvh * s->head_v, s->head_v);
-                const float p = expf(scores[j] - new_max);
-                sum += p;
-                axpy_f16(acc, p, v + (c0 + j) * v_stride + (int64_t)kvh * s->head_v, s->head_v);
-            }
-            max = new_max;
+            new_max[g] = block_max > max[g] ? block_max : max[g];
+            const float rescale = expf(max[g] - new_max[g]); /* 0 on the first block */
+            sum[g] *= rescale;
+            for (int i = 0; i < s->head_v; i++) acc[g][i] *= rescale;
         }
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        for (int i = 0; i < s->head_v; i++) out[(int64_t)h * s->head_v + i] = acc[i] * inv;
+        for (int g = 0; g < n_heads; g++) {
+            for (int64_t j = 0; j < n; j++) {
+                if (g == 0 && c0 + j + PREFETCH_CELLS < n_cells)
+                    prefetch_row(v_head + (c0 + j + PREFETCH_CELLS) * v_stride, s->head_v);
+                const float p = expf(scores[g][j] - new_max[g]);
+                sum[g] += p;
+                axpy_f16(acc[g], p, v_head + (c0 + j) * v_stride, s->head_v);
+            }
+            max[g] = new_max[g];
+        }
     }
+    for (int g = 0; g < n_heads; g++) {
+        const float inv = sum[g] > 0.0f ? 1.0f / sum[g] : 0.0f;
+        for (int i = 0; i < s->head_v; i++) out[(int64_t)(h0 + g) * s->head_v + i] = acc[g][i] * inv;
+    }
+}
+
+void cpu_attention_heads(const struct cpu_attn_shape *s, const float *q, const uint16_t *k, const uint16_t *v,
+                         int64_t n_cells, int head_begin, int head_end, float *out) {
+    const int group = s->n_head / s->n_head_kv;
+    for (int h = head_begin; h < head_end;) {
+        const int kvh = h / group, group_end = (kvh + 1) * group;
+        const int end = head_end < group_end ? head_end : group_end;
+        const int n = end - h < HEAD_CHUNK ? end - h : HEAD_CHUNK;
+        attend_chunk(s, q, k, v, n_cells, kvh, h, n, out);
+        h += n;
+    }
+}
+
+void cpu_attention_units(const struct cpu_attn_shape *s, int64_t n_tokens, int n_threads, struct cpu_attn_units *u) {
+    const int group = s->n_head / s->n_head_kv;
+    int per = group < HEAD_CHUNK ? group : HEAD_CHUNK;
+    while (per > 1 && n_tokens * s->n_head_kv * ((group + per - 1) / per) < n_threads) per = (per + 1) / 2;
+    u->per = per;
+    u->slices = (group + per - 1) / per;
+    u->count = n_tokens * s->n_head_kv * u->slices;
+}
+
+void cpu_attention_unit(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, int64_t unit, int64_t *token,
+                        int *head_begin, int *head_end) {
+    const int group = s->n_head / s->n_head_kv;
+    const int64_t per_token = (int64_t)s->n_head_kv * u->slices;
+    *token = unit / per_token;
+    const int kvh = (int)(unit % per_token / u->slices), slice = (int)(unit % u->slices);
+    *head_begin = kvh * group + slice * u->per;
+    *head_end = *head_begin + u->per < (kvh + 1) * group ? *head_begin + u->per : (kvh + 1) * group;
 }

@@ -87,16 +87,21 @@ static void cpu_experts_call_step(void *arg, int rep) {
     cpu_moe(b->pool, &b->gate.m, &b->up.m, &b->down.m, &acts, &routing, &b->scratch, b->y);
 }
 
+/* The units the executor runs (cpu_attention_units), split evenly: every token attends as many
+ * cells here. */
 static void cpu_attn_job(void *arg, int thread, int n_threads) {
     struct cpu_bench *b = arg;
     const struct cpu_attn_shape *a = b->attn;
-    const int64_t units = b->n_tokens * a->n_head;
+    struct cpu_attn_units units;
+    cpu_attention_units(a, b->n_tokens, n_threads, &units);
     int64_t begin, end;
-    threadpool_range(units, 1, thread, n_threads, &begin, &end);
+    threadpool_range(units.count, 1, thread, n_threads, &begin, &end);
     const uint16_t *k = b->kv_at, *v = b->kv_at + b->cells * a->n_head_kv * a->head_k;
     for (int64_t u = begin; u < end; u++) {
-        const int64_t t = u / a->n_head, h = u % a->n_head;
-        cpu_attention_heads(a, b->q + t * a->n_head * a->head_k, k, v, b->cells, (int)h, (int)h + 1,
+        int64_t t;
+        int h0, h1;
+        cpu_attention_unit(a, &units, u, &t, &h0, &h1);
+        cpu_attention_heads(a, b->q + t * a->n_head * a->head_k, k, v, b->cells, h0, h1,
                             b->out + t * a->n_head * a->head_v);
     }
 }

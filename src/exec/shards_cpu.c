@@ -34,7 +34,8 @@ struct attn_job {
     int layer;
     const struct exec_batch *batch;
     struct cpu_attn_shape shape;
-    _Atomic int64_t next; /* units (token, head) claimed so far, taken from the last token down */
+    struct cpu_attn_units units; /* a token's heads that share a KV head (cpu_attention_units) */
+    _Atomic int64_t next;        /* units claimed so far, taken from the last token down */
 };
 
 /* Later tokens attend to more cells, so units are claimed one at a time from the end: the
@@ -43,15 +44,16 @@ static void attn_worker(void *p, int thread, int n_threads) {
     struct attn_job *job = p;
     (void)thread, (void)n_threads;
     const struct exec_ctx *ctx = job->ctx;
-    const int n_head = job->shape.n_head;
-    const int64_t total = (int64_t)job->batch->n_tokens * n_head;
-    const int64_t q_width = (int64_t)n_head * job->shape.head_k, o_width = (int64_t)n_head * job->shape.head_v;
+    const int64_t total = job->units.count;
+    const int64_t q_width = (int64_t)job->shape.n_head * job->shape.head_k;
+    const int64_t o_width = (int64_t)job->shape.n_head * job->shape.head_v;
     for (int64_t claimed = atomic_fetch_add(&job->next, 1); claimed < total; claimed = atomic_fetch_add(&job->next, 1)) {
-        const int64_t unit = total - 1 - claimed, t = unit / n_head;
-        const int h = (int)(unit % n_head);
+        int64_t t;
+        int h0, h1;
+        cpu_attention_unit(&job->shape, &job->units, total - 1 - claimed, &t, &h0, &h1);
         const int32_t seq = job->batch->seq[t];
         cpu_attention_heads(&job->shape, ctx->s.q + t * q_width, kv_cache_k(&ctx->kv, job->layer, seq),
-                            kv_cache_v(&ctx->kv, job->layer, seq), job->batch->pos[t] + 1, h, h + 1,
+                            kv_cache_v(&ctx->kv, job->layer, seq), job->batch->pos[t] + 1, h0, h1,
                             ctx->s.attn + t * o_width);
     }
 }
@@ -114,7 +116,8 @@ void shard_attn_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *ba
     }
     struct attn_job job = {ctx, layer, batch,
                            {(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v,
-                            1.0f / sqrtf((float)hp->head_dim_k)}, 0};
+                            1.0f / sqrtf((float)hp->head_dim_k)}, {0}, 0};
+    cpu_attention_units(&job.shape, n, threadpool_size(ctx->pool), &job.units);
     threadpool_run(ctx->pool, attn_worker, &job);
 
     project(ctx, &lm->wo, n, s->proj, s->attn);

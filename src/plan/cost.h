@@ -40,7 +40,8 @@ double cost_touched(double range, double E, double k, double n);
 double cost_expert_rate(const struct profile_rate table[PROFILE_FORMATS], uint32_t type, double E, double k, double n);
 double cost_expert_rate_of(const double values[PROFILE_TOKENS], double E, double k, double n); /* E = 0: per byte */
 
-/* Query heads per KV head (the CPU's attention reads a KV head once for each). */
+/* Query heads per KV head (the CPU's attention rates are per KV byte each of them attends; the
+ * kernel reads a KV head once for the heads of a unit, cpu_attention_units). */
 double cost_query_heads_per_kv(const struct model *m);
 
 /* A routed tier's quota (plan_tier.routed_quota): for each count N of a token's experts that

@@ -19,7 +19,8 @@
 /* Changes with the points measured, how one is measured, or the kernels timed: 16 when the CPU's
  * prompt steps took tiles and four-token K kernels (a format 15 profile's CPU rates at 4 tokens
  * and up are those of the old kernels, so it is measured again); 17 when the AVX2 K kernels took
- * one to four tokens by step, Q2_K and Q3_K among them, and Q4_K/Q5_K folded their mins. */
+ * one to four tokens by step, Q2_K and Q3_K among them, Q4_K/Q5_K folded their mins, and the
+ * CPU's attention read a KV head once for the query heads that share it. */
 #define PROFILE_VERSION 17
 enum {
     PROFILE_TOKENS = 6,   /* token counts: 1, 4, 16, 64, 256, 1024 */
