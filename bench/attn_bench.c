@@ -1,0 +1,60 @@
+/* Single-thread time of the CPU's attention for one token over one layer's cache, each query
+ * head alone (as the executor ran it before heads that share a KV head went together) against
+ * the heads of each KV head in one call, for llama8b's and qwen30b's shapes. Each rep reads
+ * another copy of the cache, so it comes from memory, as a decode step's layers read theirs.
+ *
+ * Build (no CMake target needed):
+ *   cc -O2 -Isrc -Iinclude bench/attn_bench.c -Lbuild -lpshard -Wl,-rpath,$PWD/build -lm -o build/attn_bench
+ * Run: build/attn_bench [cells=4096] [copies=16] */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "cpu/attention.h"
+#include "quant/half.h"
+
+/* CPU time of this thread: on a shared machine, time spent descheduled must not count. */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int main(int argc, char **argv) {
+    const int64_t cells = argc > 1 ? atoll(argv[1]) : 4096;
+    const int copies = argc > 2 ? atoi(argv[2]) : 16;
+    const struct {
+        const char *name;
+        struct cpu_attn_shape s;
+    } shapes[] = {{"llama8b", {32, 8, 128, 128, 0.088f}}, {"qwen30b", {32, 4, 128, 128, 0.088f}}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const struct cpu_attn_shape *s = &shapes[si].s;
+        const size_t k_elems = (size_t)cells * s->n_head_kv * s->head_k, v_elems = (size_t)cells * s->n_head_kv * s->head_v;
+        uint16_t *k = malloc(sizeof *k * k_elems * copies), *v = malloc(sizeof *v * v_elems * copies);
+        float *q = malloc(sizeof *q * s->n_head * s->head_k), *out = malloc(sizeof *out * s->n_head * s->head_v);
+        if (!k || !v || !q || !out) return fprintf(stderr, "out of memory\n"), 1;
+        uint32_t seed = 1;
+        for (size_t i = 0; i < k_elems * copies; i++) k[i] = half_from_f32((float)((seed = seed * 1664525u + 1013904223u) >> 24) / 128 - 1);
+        for (size_t i = 0; i < v_elems * copies; i++) v[i] = half_from_f32((float)((seed = seed * 1664525u + 1013904223u) >> 24) / 128 - 1);
+        for (int i = 0; i < s->n_head * s->head_k; i++) q[i] = (float)(i % 17) / 8 - 1;
+        double best[2] = {1e9, 1e9};
+        for (int rep = 0; rep < 5; rep++)
+            for (int together = 0; together < 2; together++) {
+                const double t0 = now_s();
+                for (int c = 0; c < copies; c++) {
+                    const uint16_t *kc = k + k_elems * c, *vc = v + v_elems * c;
+                    if (together)
+                        cpu_attention_heads(s, q, kc, vc, cells, 0, s->n_head, out);
+                    else
+                        for (int h = 0; h < s->n_head; h++) cpu_attention_heads(s, q, kc, vc, cells, h, h + 1, out);
+                }
+                const double t = (now_s() - t0) / copies;
+                best[together] = t < best[together] ? t : best[together];
+            }
+        printf("%s (%d query heads, %d KV heads), %lld cells: head by head %.2f ms, heads of a KV head together %.2f ms\n",
+               shapes[si].name, s->n_head, s->n_head_kv, (long long)cells, best[0] * 1e3, best[1] * 1e3);
+        free(k), free(v), free(q), free(out);
+    }
+    return 0;
+}
