@@ -21,6 +21,12 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* -1 .. 1 in steps of 1/128 */
+static float next_value(uint32_t *seed) {
+    *seed = *seed * 1664525u + 1013904223u;
+    return (float)(*seed >> 24) / 128 - 1;
+}
+
 int main(int argc, char **argv) {
     const int64_t cells = argc > 1 ? atoll(argv[1]) : 4096;
     const int copies = argc > 2 ? atoi(argv[2]) : 16;
@@ -30,13 +36,14 @@ int main(int argc, char **argv) {
     } shapes[] = {{"llama8b", {32, 8, 128, 128, 0.088f}}, {"qwen30b", {32, 4, 128, 128, 0.088f}}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const struct cpu_attn_shape *s = &shapes[si].s;
-        const size_t k_elems = (size_t)cells * s->n_head_kv * s->head_k, v_elems = (size_t)cells * s->n_head_kv * s->head_v;
+        const size_t k_elems = (size_t)cells * s->n_head_kv * s->head_k;
+        const size_t v_elems = (size_t)cells * s->n_head_kv * s->head_v;
         uint16_t *k = malloc(sizeof *k * k_elems * copies), *v = malloc(sizeof *v * v_elems * copies);
         float *q = malloc(sizeof *q * s->n_head * s->head_k), *out = malloc(sizeof *out * s->n_head * s->head_v);
         if (!k || !v || !q || !out) return fprintf(stderr, "out of memory\n"), 1;
         uint32_t seed = 1;
-        for (size_t i = 0; i < k_elems * copies; i++) k[i] = half_from_f32((float)((seed = seed * 1664525u + 1013904223u) >> 24) / 128 - 1);
-        for (size_t i = 0; i < v_elems * copies; i++) v[i] = half_from_f32((float)((seed = seed * 1664525u + 1013904223u) >> 24) / 128 - 1);
+        for (size_t i = 0; i < k_elems * copies; i++) k[i] = half_from_f32(next_value(&seed));
+        for (size_t i = 0; i < v_elems * copies; i++) v[i] = half_from_f32(next_value(&seed));
         for (int i = 0; i < s->n_head * s->head_k; i++) q[i] = (float)(i % 17) / 8 - 1;
         double best[2] = {1e9, 1e9};
         for (int rep = 0; rep < 5; rep++)
@@ -52,7 +59,8 @@ int main(int argc, char **argv) {
                 const double t = (now_s() - t0) / copies;
                 best[together] = t < best[together] ? t : best[together];
             }
-        printf("%s (%d query heads, %d KV heads), %lld cells: head by head %.2f ms, heads of a KV head together %.2f ms\n",
+        printf("%s (%d query heads, %d KV heads), %lld cells: head by head %.2f ms, "
+               "heads of a KV head together %.2f ms\n",
                shapes[si].name, s->n_head, s->n_head_kv, (long long)cells, best[0] * 1e3, best[1] * 1e3);
         free(k), free(v), free(q), free(out);
     }

@@ -180,7 +180,8 @@ static void test_attention_heads_together_equal_alone(void **state) {
         uint16_t *k = malloc(sizeof(uint16_t) * n_cells * s.n_head_kv * s.head_k);
         uint16_t *v = malloc(sizeof(uint16_t) * n_cells * s.n_head_kv * s.head_v);
         float *q = malloc(sizeof(float) * s.n_head * s.head_k);
-        float *alone = malloc(sizeof(float) * s.n_head * s.head_v), *together = malloc(sizeof(float) * s.n_head * s.head_v);
+        float *alone = malloc(sizeof(float) * s.n_head * s.head_v);
+        float *together = malloc(sizeof(float) * s.n_head * s.head_v);
         uint32_t seed = 5 + (uint32_t)si;
         for (int64_t i = 0; i < n_cells * s.n_head_kv * s.head_k; i++) k[i] = half_from_f32(3 * frand(&seed));
         for (int64_t i = 0; i < n_cells * s.n_head_kv * s.head_v; i++) v[i] = half_from_f32(frand(&seed));

@@ -91,8 +91,12 @@ static inline void k4_token(const struct k4_weights *k, const void *d_dmin, cons
     *acc = _mm512_fnmadd_ps(_mm512_broadcastss_ps(_mm_movehdup_ps(dd)), mins, *acc);
 }
 
-static inline void q4_K_unpack(const struct block_q4_K *b, struct k4_weights *k) { k4_unpack(b->scales, b->qs, NULL, k); }
-static inline void q5_K_unpack(const struct block_q5_K *b, struct k4_weights *k) { k4_unpack(b->scales, b->qs, b->qh, k); }
+static inline void q4_K_unpack(const struct block_q4_K *b, struct k4_weights *k) {
+    k4_unpack(b->scales, b->qs, NULL, k);
+}
+static inline void q5_K_unpack(const struct block_q5_K *b, struct k4_weights *k) {
+    k4_unpack(b->scales, b->qs, b->qh, k);
+}
 static inline void q4_K_token(const struct k4_weights *k, const struct block_q4_K *b, const struct block_q8_K *a,
                               __m512 *acc) {
     k4_token(k, &b->d, a, acc);
