@@ -87,20 +87,19 @@ static void cpu_experts_call_step(void *arg, int rep) {
     cpu_moe(b->pool, &b->gate.m, &b->up.m, &b->down.m, &acts, &routing, &b->scratch, b->y);
 }
 
-/* The units the executor runs (cpu_attention_units), split evenly: every token attends as many
- * cells here. */
+/* The units the executor runs (b->attn_units), split evenly: every token attends as many cells
+ * here. */
 static void cpu_attn_job(void *arg, int thread, int n_threads) {
     struct cpu_bench *b = arg;
     const struct cpu_attn_shape *a = b->attn;
-    struct cpu_attn_units units;
-    cpu_attention_units(a, b->n_tokens, n_threads, &units);
+    const struct cpu_attn_units *units = &b->attn_units;
     int64_t begin, end;
-    threadpool_range(units.count, 1, thread, n_threads, &begin, &end);
+    threadpool_range(units->count, 1, thread, n_threads, &begin, &end);
     const uint16_t *k = b->kv_at, *v = b->kv_at + b->cells * a->n_head_kv * a->head_k;
     for (int64_t u = begin; u < end; u++) {
         int64_t t;
         int h0, h1;
-        cpu_attention_unit(a, &units, u, &t, &h0, &h1);
+        cpu_attention_unit(a, units, u, &t, &h0, &h1);
         cpu_attention_heads(a, b->q + t * a->n_head * a->head_k, k, v, b->cells, h0, h1,
                             b->out + t * a->n_head * a->head_v);
     }
@@ -239,6 +238,7 @@ pshard_status measure_cpu_rates(const struct measure_request *req, const struct 
         for (int i = 0; i < PROFILE_TOKENS; i++) {
             b.n_tokens = profile_tokens[i] < 64 ? profile_tokens[i] : 64; /* the rate is flat past this */
             b.cells = profile_tokens[i] < 64 ? ATTN_CTX : ATTN_CTX_PROMPT;
+            cpu_attention_units(b.attn, b.n_tokens, threadpool_size(b.pool), &b.attn_units);
             p->cpu_attn[i] = measure_time_best(cpu_attn_step, &b) / ((double)b.n_tokens * b.cells * kv_per_cell);
         }
     }

@@ -77,6 +77,7 @@ struct cpu_bench {
     uint64_t touched_bytes;
     /* attention */
     const struct cpu_attn_shape *attn;
+    struct cpu_attn_units attn_units; /* as the executor cuts a step of n_tokens (cpu_attention_units) */
     uint16_t *kv, *kv_at; /* kv_copies copies of a layer's cache, each kv_elems; kv_at: this rep's */
     size_t kv_elems;
     int kv_copies;

@@ -33,10 +33,24 @@ static inline __m256i scaled_dot(__m256i codes, const int8_t *act, __m256i scale
     return _mm256_madd_epi16(p, scales16);
 }
 
-/* scale * bsum over the 16 sub-blocks, in 8 int32 lanes (scales as 16 signed bytes). */
-static inline __m256i scales_dot_bsums(__m128i scales8, const struct block_q8_K *a) {
-    return _mm256_madd_epi16(_mm256_cvtepi8_epi16(scales8), load256(a->bsums));
+/* Q2_K, Q4_K, Q5_K: d * the scaled codes' sum, less dmin * each sub-block's min (mins16: as
+ * int16, one per 16 elements) times its activations' sum. */
+static inline void mins_finish(const __m256i *mins16, const void *d_dmin, const struct block_q8_K *a, __m256i isum,
+                               __m256 *acc) {
+    const __m128 dd = d_dmin_times(d_dmin, a->d);
+    *acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(isum), *acc);
+    *acc = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), _mm256_cvtepi32_ps(bsums_weighed(*mins16, a)),
+                            *acc);
 }
+
+/* Q3_K and Q6_K: codes offset by 2^shift, which comes back out through the block sums. */
+static inline void offset_finish(const __m256i *sc16, uint16_t d, int shift, const struct block_q8_K *a, __m256i isum,
+                                 __m256 *acc) {
+    const __m256i sumi = _mm256_sub_epi32(isum, _mm256_slli_epi32(bsums_weighed(*sc16, a), shift));
+    *acc = _mm256_fmadd_ps(_mm256_set1_ps(a->d * _cvtsh_ss(d)), _mm256_cvtepi32_ps(sumi), *acc);
+}
+
+static inline float k_result(const __m256 *acc) { return hsum_ps256(*acc); }
 
 /* Every K format takes one to four tokens a pass (QUANT_K_DOTS_BY_STEP): each step's codes and
  * scales are unpacked once, and every token's integer sum over the super-block stays in a
@@ -66,44 +80,35 @@ static inline __attribute__((always_inline)) void crumb_sums(const uint8_t *qs, 
     }
 }
 
-/* Q2_K: 4-bit scales and mins in one byte per sub-block; returns the mins. */
-static inline __attribute__((always_inline)) __m128i q2_K_sums(const struct block_q2_K *b,
+/* Q2_K: 4-bit scales and mins in one byte per sub-block; returns the mins as int16. */
+static inline __attribute__((always_inline)) __m256i q2_K_sums(const struct block_q2_K *b,
                                                                const struct block_q8_K *const *a, int tokens,
                                                                __m256i *isum) {
     const __m128i raw = _mm_loadu_si128((const __m128i *)b->scales), m4 = _mm_set1_epi8(0x0f);
     crumb_sums(b->qs, NULL, _mm_and_si128(raw, m4), a, tokens, isum);
-    return _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
+    return _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
 }
 
-/* d * the scaled codes' sum, less dmin * each sub-block's min times its activations' sum. */
-static inline void q2_K_finish(const __m128i *mins, const struct block_q2_K *b, const struct block_q8_K *a,
-                               __m256i isum, __m256 *acc) {
-    const __m128 dd = d_dmin_times(&b->d, a->d);
-    *acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(isum), *acc);
-    *acc = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)),
-                            _mm256_cvtepi32_ps(scales_dot_bsums(*mins, a)), *acc);
-}
-
-/* Q3_K: returns the signed scales. */
-static inline __attribute__((always_inline)) __m128i q3_K_sums(const struct block_q3_K *b,
+/* Q3_K: returns the signed scales as int16. */
+static inline __attribute__((always_inline)) __m256i q3_K_sums(const struct block_q3_K *b,
                                                                const struct block_q8_K *const *a, int tokens,
                                                                __m256i *isum) {
     const __m128i sc = q3_K_scales_sse(b->scales);
     crumb_sums(b->qs, b->hmask, sc, a, tokens, isum);
-    return sc;
+    return _mm256_cvtepi8_epi16(sc);
 }
 
-static inline void q3_K_finish(const __m128i *sc, const struct block_q3_K *b, const struct block_q8_K *a, __m256i isum,
-                               __m256 *acc) {
-    /* the codes were q + 4 */
-    const __m256i sumi = _mm256_sub_epi32(isum, _mm256_slli_epi32(scales_dot_bsums(*sc, a), 2));
-    *acc = _mm256_fmadd_ps(_mm256_set1_ps(a->d * _cvtsh_ss(b->d)), _mm256_cvtepi32_ps(sumi), *acc);
+static inline void q2_K_finish(const __m256i *mins16, const struct block_q2_K *b, const struct block_q8_K *a,
+                               __m256i isum, __m256 *acc) {
+    mins_finish(mins16, &b->d, a, isum, acc);
+}
+static inline void q3_K_finish(const __m256i *sc16, const struct block_q3_K *b, const struct block_q8_K *a,
+                               __m256i isum, __m256 *acc) {
+    offset_finish(sc16, b->d, 2, a, isum, acc);
 }
 
-static inline float k_result(const __m256 *acc) { return hsum_ps256(*acc); }
-
-QUANT_K_DOTS_BY_STEP(q2_K, avx2, __m256i, __m128i, __m256, q2_K_sums, q2_K_finish, k_result)
-QUANT_K_DOTS_BY_STEP(q3_K, avx2, __m256i, __m128i, __m256, q3_K_sums, q3_K_finish, k_result)
+QUANT_K_DOTS_BY_STEP(q2_K, avx2, __m256i, __m256i, __m256, q2_K_sums, q2_K_finish, k_result)
+QUANT_K_DOTS_BY_STEP(q3_K, avx2, __m256i, __m256i, __m256, q3_K_sums, q3_K_finish, k_result)
 
 /* Q4_K or Q5_K (qh_bits == NULL for Q4_K): every token's sum over a super-block, by steps of 64
  * elements (two sub-blocks); returns each sub-block's min twice over as int16, lined up with the
@@ -134,15 +139,6 @@ static inline __attribute__((always_inline)) __m256i k4_sums(const uint8_t *scal
     return k4_mins16(m);
 }
 
-/* One token's super-block added into its sums: d * the scaled codes' sum, less dmin * each
- * sub-block's min times its activations' sum. */
-static inline void k4_finish(const __m256i *mins16, const void *d_dmin, const struct block_q8_K *a, __m256i isum,
-                             __m256 *acc) {
-    const __m128 dd = d_dmin_times(d_dmin, a->d);
-    *acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(isum), *acc);
-    *acc = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), k4_mins_times_sums(*mins16, a), *acc);
-}
-
 static inline __attribute__((always_inline)) __m256i q4_K_sums(const struct block_q4_K *b,
                                                                const struct block_q8_K *const *a, int tokens,
                                                                __m256i *isum) {
@@ -155,11 +151,11 @@ static inline __attribute__((always_inline)) __m256i q5_K_sums(const struct bloc
 }
 static inline void q4_K_finish(const __m256i *mins16, const struct block_q4_K *b, const struct block_q8_K *a,
                                __m256i isum, __m256 *acc) {
-    k4_finish(mins16, &b->d, a, isum, acc);
+    mins_finish(mins16, &b->d, a, isum, acc);
 }
 static inline void q5_K_finish(const __m256i *mins16, const struct block_q5_K *b, const struct block_q8_K *a,
                                __m256i isum, __m256 *acc) {
-    k4_finish(mins16, &b->d, a, isum, acc);
+    mins_finish(mins16, &b->d, a, isum, acc);
 }
 QUANT_K_DOTS_BY_STEP(q4_K, avx2, __m256i, __m256i, __m256, q4_K_sums, q4_K_finish, k_result)
 QUANT_K_DOTS_BY_STEP(q5_K, avx2, __m256i, __m256i, __m256, q5_K_sums, q5_K_finish, k_result)
@@ -167,8 +163,8 @@ QUANT_K_DOTS_BY_STEP(q5_K, avx2, __m256i, __m256i, __m256, q5_K_sums, q5_K_finis
 /* Q6_K: element l, l + 32, l + 64, l + 96 of each half are the low nibble of ql[l], ql[l + 32],
  * the high nibble of ql[l], ql[l + 32], with top 2 bits from bits 0-1, 2-3, 4-5, 6-7 of qh[l];
  * codes q + 32. Every token's sum by steps of 32 elements (two sub-blocks); returns the scales as
- * bytes, for the offset through the block sums. */
-static inline __attribute__((always_inline)) __m128i q6_K_sums(const struct block_q6_K *b,
+ * int16, for the offset through the block sums. */
+static inline __attribute__((always_inline)) __m256i q6_K_sums(const struct block_q6_K *b,
                                                                const struct block_q8_K *const *a, int tokens,
                                                                __m256i *isum) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m_hi = _mm256_set1_epi8(0x30);
@@ -189,14 +185,12 @@ static inline __attribute__((always_inline)) __m128i q6_K_sums(const struct bloc
                 isum[j] = _mm256_add_epi32(isum[j], scaled_dot(codes, a[j]->qs + 128 * h + 32 * k, s16));
         }
     }
-    return sc;
+    return _mm256_cvtepi8_epi16(sc);
 }
 
-static inline void q6_K_finish(const __m128i *sc, const struct block_q6_K *b, const struct block_q8_K *a, __m256i isum,
-                               __m256 *acc) {
-    /* the codes were q + 32 */
-    __m256i sumi = _mm256_sub_epi32(isum, _mm256_slli_epi32(scales_dot_bsums(*sc, a), 5));
-    *acc = _mm256_fmadd_ps(_mm256_set1_ps(a->d * _cvtsh_ss(b->d)), _mm256_cvtepi32_ps(sumi), *acc);
+static inline void q6_K_finish(const __m256i *sc16, const struct block_q6_K *b, const struct block_q8_K *a,
+                               __m256i isum, __m256 *acc) {
+    offset_finish(sc16, b->d, 5, a, isum, acc);
 }
 
-QUANT_K_DOTS_BY_STEP(q6_K, avx2, __m256i, __m128i, __m256, q6_K_sums, q6_K_finish, k_result)
+QUANT_K_DOTS_BY_STEP(q6_K, avx2, __m256i, __m256i, __m256, q6_K_sums, q6_K_finish, k_result)

@@ -45,11 +45,6 @@ static inline __m512i scaled_dot(__m512i acc, __m512i codes, const int8_t *act, 
     return _mm512_dpwssd_epi32(acc, pairs, scales16);
 }
 
-/* scale * bsum over the 16 sub-blocks, in 8 int32 lanes (scales as int16). */
-static inline __m256i scales_dot_bsums(__m256i scales16, const struct block_q8_K *a) {
-    return _mm256_madd_epi16(scales16, load256(a->bsums));
-}
-
 /* One Q4_K or Q5_K super-block's weights (qh == NULL for Q4_K), unpacked once for every token:
  * the codes of its four steps of 64, each step's scales spread over its pair lanes, and the
  * sub-block mins as int16. */
@@ -86,7 +81,7 @@ static inline void k4_token(const struct k4_weights *k, const void *d_dmin, cons
             s0 = scaled_dot(s0, k->codes[c], a->qs + 64 * c, k->scales16[c]);
     }
     const __m128 dd = d_dmin_times(d_dmin, a->d);
-    const __m512 mins = _mm512_zextps256_ps512(k4_mins_times_sums(k->mins16, a));
+    const __m512 mins = _mm512_zextps256_ps512(_mm256_cvtepi32_ps(bsums_weighed(k->mins16, a)));
     *acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), *acc);
     *acc = _mm512_fnmadd_ps(_mm512_broadcastss_ps(_mm_movehdup_ps(dd)), mins, *acc);
 }
@@ -185,7 +180,7 @@ static inline __m512i k16_sum(const struct k16_weights *k, const struct block_q8
 /* Q3_K and Q6_K: codes offset by 2^shift, which comes back out through the block sums. */
 static inline void offset_token(const struct k16_weights *k, uint16_t d, int shift, const struct block_q8_K *a,
                                 __m512 *acc) {
-    __m256i offset = _mm256_slli_epi32(scales_dot_bsums(k->sc, a), shift);
+    __m256i offset = _mm256_slli_epi32(bsums_weighed(k->sc, a), shift);
     __m512i sumi = _mm512_sub_epi32(k16_sum(k, a), _mm512_zextsi256_si512(offset));
     *acc = _mm512_fmadd_ps(_mm512_set1_ps(a->d * _cvtsh_ss(d)), _mm512_cvtepi32_ps(sumi), *acc);
 }
@@ -211,7 +206,7 @@ static inline void q2_K_token(const struct k16_weights *k, const struct block_q2
     __m128 dd = d_dmin_times(&b->d, a->d);
     acc->sum = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(k16_sum(k, a)), acc->sum);
     acc->min = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)),
-                               _mm256_cvtepi32_ps(scales_dot_bsums(k->mins, a)), acc->min);
+                               _mm256_cvtepi32_ps(bsums_weighed(k->mins, a)), acc->min);
 }
 static inline float q2_K_result(const struct k2_acc *acc) {
     return _mm512_reduce_add_ps(acc->sum) - hsum_ps256(acc->min);

@@ -118,10 +118,10 @@ static inline __m256i k4_mins16(const uint8_t m[8]) {
     return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
 }
 
-/* Each sub-block's min times the sum of its 32 activations, as 8 floats: the block's mins term
- * for one token before dmin and the activation scale. */
-static inline __m256 k4_mins_times_sums(__m256i mins16, const struct block_q8_K *a) {
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(mins16, _mm256_loadu_si256((const __m256i *)a->bsums)));
+/* The activations' 16 block sums (one per 16 elements) weighed by w16 (int16), adjacent pairs
+ * added: 8 int32. A K block's mins term or its codes' offset, before the scales. */
+static inline __m256i bsums_weighed(__m256i w16, const struct block_q8_K *a) {
+    return _mm256_madd_epi16(w16, _mm256_loadu_si256((const __m256i *)a->bsums));
 }
 
 #endif
