@@ -14,12 +14,15 @@
  * counts these. A candidate that places a tier exactly as one
  * already measured is that plan: it takes the measured time instead of running again, and is
  * not loaded at all when that holds in every tier. Close calls are timed over several loads:
- * where the choice and the fastest other plan lie within CLOSE of each other, both are loaded
- * again (twice by default) and each plan's time is the median over its loads. Loads of one plan
- * differ by 5-18% (where its host buffers land, how the threads fall on cores), more than most
- * close calls, so one load would decide such a pair by chance. The loads go in rounds whose order
- * alternates (the first pass's order reversed, then as it was), so a machine that drifts over the
- * minutes favours no plan. */
+ * the choice and the plans that contend with it (measured faster, or within CLOSE of it; the
+ * MAX_CONTENDERS fastest) are loaded again (twice by default), and each plan's time is the median
+ * over its loads. Loads of one plan differ by 5-18% (where its host buffers land, how the threads
+ * fall on cores), more than most close calls, so one load would decide such a pair by chance. The
+ * loads go in rounds whose order alternates (the first pass's order reversed, then as it was), so
+ * a machine that drifts over the minutes favours no plan; and every contender takes part, since
+ * one timed only in the first pass would be compared across minutes (qwen30b at 2 GB on the H200:
+ * plans ran up to twice as slow in the rounds as in the first pass, and one timed once there
+ * came out 17% faster than the median of the choice, retimed beside one other plan). */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -35,7 +38,7 @@
 #include "gguf/gguf.h"
 #include "plan/cost.h"
 
-enum { MAX_LIST = 16, MAX_MODELS = 4, SKIP_FACTOR = 3, MAX_LOADS = 5 };
+enum { MAX_LIST = 16, MAX_MODELS = 4, SKIP_FACTOR = 3, MAX_LOADS = 5, MAX_CONTENDERS = 4 };
 static const double CLOSE = 0.15;
 
 struct oracle_opts {
@@ -71,9 +74,9 @@ static void print_usage(FILE *out) {
                  "  how much slower its choice was when not, and the cost model's prediction error. Uses\n"
                  "  this machine's profile (measured first when none is cached). A step is timed N times\n"
                  "  (default 5) below 16 tokens, twice below 256, once from 256, after one warm-up run.\n"
-                 "  Where the choice and the fastest other plan are within 15%%, both are loaded and timed\n"
-                 "  N more times (default 2, at most 4; --no-recheck: none), in rounds of alternating order,\n"
-                 "  and each one's time is the median over its loads.\n");
+                 "  The choice and the plans measured faster or within 15%% of it (the four fastest) are\n"
+                 "  loaded and timed N more times (default 2, at most 4; --no-recheck: none), in rounds of\n"
+                 "  alternating order, and each one's time is the median over its loads.\n");
 }
 
 /* A whole number in [0, max]. */
@@ -205,14 +208,26 @@ static double plan_time(const struct plan *weighed, const struct oracle_row *r, 
 /* Runs of a step of n tokens: fewer for longer steps. */
 static int reps_for(const struct oracle_opts *o, int32_t n) { return n >= 256 ? 1 : n >= 16 && o->reps > 2 ? 2 : o->reps; }
 
-/* The fastest plan in row r other than the one candidate c places (twins of c excluded). */
-static int fastest_other(const struct plan *weighed, const struct oracle_row *r, int c) {
-    int best = -1;
-    for (uint32_t e = 0; e < weighed->n_candidates; e++)
-        if (weighed->candidates[e].key[r->tier] != weighed->candidates[c].key[r->tier] && !r->cut[e] &&
-            isfinite(plan_time(weighed, r, (int)e)) && (best < 0 || plan_time(weighed, r, (int)e) < plan_time(weighed, r, best)))
-            best = (int)e;
-    return best;
+/* The plans that contend with the choice in row r: every other plan measured faster than it, or
+ * within CLOSE of it, the fastest first and at most MAX_CONTENDERS (one candidate per placement;
+ * none cut short) into out[]; returns how many. */
+static int contenders(const struct plan *weighed, const struct oracle_row *r, int out[MAX_CONTENDERS]) {
+    const double chosen = plan_time(weighed, r, r->chosen);
+    int n = 0;
+    for (uint32_t e = 0; e < weighed->n_candidates; e++) {
+        const uint64_t key = weighed->candidates[e].key[r->tier];
+        const double t = plan_time(weighed, r, (int)e);
+        bool seen = key == weighed->candidates[r->chosen].key[r->tier];
+        for (int j = 0; j < n && !seen; j++) seen = weighed->candidates[out[j]].key[r->tier] == key;
+        if (seen || r->cut[e] || !isfinite(t) || t >= chosen * (1 + CLOSE)) continue;
+        int at = n; /* insert by time; a full list drops its slowest */
+        while (at > 0 && plan_time(weighed, r, out[at - 1]) > t) at--;
+        if (at == MAX_CONTENDERS) continue;
+        if (n < MAX_CONTENDERS) n++;
+        memmove(&out[at + 1], &out[at], sizeof out[0] * (size_t)(n - 1 - at));
+        out[at] = (int)e;
+    }
+    return n;
 }
 
 /* Close calls timed again (see the top of this file): every candidate in one loaded o->recheck
@@ -224,10 +239,11 @@ static void recheck_close_calls(const struct oracle_opts *o, const struct model 
     bool want[PLAN_MAX_CANDIDATES][MAX_LIST] = {{false}};
     for (int k = 0; k < n_rows; k++) {
         const struct oracle_row *r = &rows[k];
-        const int other = r->chosen >= 0 ? fastest_other(weighed, r, r->chosen) : -1;
-        if (other < 0 || r->cut[r->chosen] || !isfinite(plan_time(weighed, r, r->chosen))) continue;
-        if (fabs(plan_time(weighed, r, r->chosen) / plan_time(weighed, r, other) - 1) < CLOSE)
-            want[r->chosen][k] = want[other][k] = true;
+        int others[MAX_CONTENDERS];
+        if (r->chosen < 0 || r->cut[r->chosen] || !isfinite(plan_time(weighed, r, r->chosen))) continue;
+        const int n = contenders(weighed, r, others);
+        for (int j = 0; j < n; j++) want[others[j]][k] = true;
+        want[r->chosen][k] |= n > 0;
     }
     for (int k = 0; k < n_rows; k++) /* the first pass is each plan's first load */
         for (uint32_t c = 0; c < weighed->n_candidates; c++)
