@@ -335,8 +335,9 @@ const char *plan_set_name(enum plan_set set);
 /* "gpu", "dynamic 0.50 (no ring)", "static (all KV)": a candidate as `pshard plan` names it. */
 void plan_candidate_name(const struct plan_candidate *c, char *buf, size_t size);
 
-/* The plan as a table: per shard its place in each tier and its bytes, then the budget. */
-void plan_print(const struct plan *plan, const struct model *model, FILE *out);
+/* The plan as a table: per shard its place in each tier and its bytes, then the budget. Unless
+ * every_shard, a run of layers placed alike prints as its first layer and one line. */
+void plan_print(const struct plan *plan, const struct model *model, bool every_shard, FILE *out);
 /* Where each tier's predicted step goes (GPU, CPU, PCIe, launches and waits), by the profile the
  * plan was made with (NULL: the conservative defaults). */
 void plan_print_times(const struct plan *plan, const struct model *model, const struct profile *prof, FILE *out);

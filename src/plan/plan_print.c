@@ -1,26 +1,26 @@
 /* Printing plans: each shard's place per tier, the candidates auto weighed with their predicted
  * times, the budget's breakdown and the bytes a decode token moves. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "plan/cost.h"
 #include "plan/plan.h"
 
 static double mb(uint64_t bytes) { return bytes / 1048576.0; }
 
-static void print_place(const struct plan *p, const struct model *m, const struct plan_tier *t, const struct shard *s,
-                        uint32_t i, FILE *out) {
-    char buf[48];
+/* A shard's place in one tier, as a column of the shard table. */
+static void place_text(const struct plan *p, const struct model *m, const struct plan_tier *t, const struct shard *s,
+                       uint32_t i, char *buf, size_t size) {
     if (s->kind == SHARD_MOE && t->shard[i] != PLACE_CPU) {
         const uint32_t r = p->experts_resident[s->layer], g = t->experts_gpu[s->layer];
-        snprintf(buf, sizeof buf, "%u/%u/%u", r, g - r, s->n_expert - g);
-        fprintf(out, " %-12s", buf);
+        snprintf(buf, size, "%u/%u/%u", r, g - r, s->n_expert - g);
     } else if (t->shard[i] == PLACE_STREAMED && plan_ffn_split(t, s)) {
         const uint32_t f = t->ffn_rows_gpu[s->layer];
-        snprintf(buf, sizeof buf, "0/%u/%u", f, m->hp.n_ff - f);
-        fprintf(out, " %-12s", buf);
+        snprintf(buf, size, "0/%u/%u", f, m->hp.n_ff - f);
     } else {
-        fprintf(out, " %-12s", plan_reads_lent(p, t, i) ? "IN SLOT" : placement_name(t->shard[i]));
+        snprintf(buf, size, "%s", plan_reads_lent(p, t, i) ? "IN SLOT" : placement_name(t->shard[i]));
     }
 }
 
@@ -133,10 +133,81 @@ static void print_budget(const struct plan *p, const char *what, FILE *out) {
             mb(p->slot_bytes), mb(b->mapping), mb(b->free));
 }
 
-void plan_print(const struct plan *p, const struct model *m, FILE *out) {
+/* A shard's row after its number, kind and layer: its place in decode steps (dp's decode tier)
+ * and in full prompt steps (p's last tier), its weights, and where its KV cache lies. Returns
+ * the row's length (cut at size - 1). */
+static int shard_row(const struct plan *p, const struct plan *dp, const struct model *m, uint32_t i, char *buf,
+                      size_t size) {
+    const struct shard *s = &m->shards[i];
+    char decode[48], prompt[48], kv[16] = "";
+    place_text(dp, m, &dp->tier[PLAN_TIER_DECODE], s, i, decode, sizeof decode);
+    place_text(p, m, &p->tier[plan_prompt_tier(p)], s, i, prompt, sizeof prompt);
+    if (s->kind == SHARD_ATTN) {
+        const char *at = p->kv_gpu[s->layer] ? "VRAM" : "host", *at_decode = dp->kv_gpu[s->layer] ? "VRAM" : "host";
+        if (at == at_decode) snprintf(kv, sizeof kv, " %9s", at);
+        else snprintf(kv, sizeof kv, " %4s/%4s", at, at_decode);
+    }
+    return snprintf(buf, size, " %-12s %-12s %12.1f%s", decode, prompt, mb(s->weight_bytes), kv);
+}
+
+/* A run of layers placed as an earlier one, printed as one line. */
+struct fold {
+    int32_t like;                     /* the layer printed (-1: none yet) */
+    int32_t from, to;                 /* the layers folded into it (none while to < from) */
+    uint32_t shard_from, shard_to;    /* and their shards */
+};
+
+static void print_fold(const struct fold *f, FILE *out) {
+    if (f->from > f->to) return;
+    char layers[32];
+    range_label(f->from, f->to, layers, sizeof layers);
+    fprintf(out, "  %-12s (shards %u-%u, layer%s %s: as layer %d)\n", "", f->shard_from, f->shard_to,
+            f->from < f->to ? "s" : "", layers, f->like);
+}
+
+/* The shard table. Unless every_shard, a run of layers whose shards are all placed alike prints
+ * its first layer and one line for the rest (qwen30b's 48 layers at 8 GB: 2 layers' rows). */
+static void print_shards(const struct plan *p, const struct plan *dp, const struct model *m, bool every_shard,
+                         FILE *out) {
+    enum { ROW = 512, LAYER_ROWS = 4 };
+    char like[LAYER_ROWS * ROW] = "", layer_rows[LAYER_ROWS * ROW];
+    struct fold f = {-1, 0, -1, 0, 0};
+    fprintf(out, "  %-5s %-6s %5s %-12s %-12s %12s %9s\n", "#", "shard", "layer", "decode", "prompt", "weights MB", "KV");
+    for (uint32_t i = 0; i < m->n_shards;) {
+        const struct shard *s = &m->shards[i];
+        uint32_t end = i + 1; /* the layer's shards: [i, end) */
+        while (s->layer >= 0 && end < m->n_shards && m->shards[end].layer == s->layer) end++;
+        size_t used = 0;
+        for (uint32_t j = i; j < end && used < sizeof layer_rows; j++) {
+            char row[ROW];
+            shard_row(p, dp, m, j, row, sizeof row);
+            used += (size_t)snprintf(layer_rows + used, sizeof layer_rows - used, "%s%s|",
+                                     shard_kind_name(m->shards[j].kind), row);
+        }
+        if (!every_shard && f.like >= 0 && s->layer == f.to + 1 && used < sizeof layer_rows && !strcmp(layer_rows, like)) {
+            if (f.from > f.to) f.shard_from = i;
+            f.to = s->layer, f.shard_to = end - 1;
+            i = end;
+            continue;
+        }
+        print_fold(&f, out);
+        for (uint32_t j = i; j < end; j++) {
+            char row[ROW], layer[16] = "-";
+            if (m->shards[j].layer >= 0) snprintf(layer, sizeof layer, "%d", m->shards[j].layer);
+            shard_row(p, dp, m, j, row, sizeof row);
+            fprintf(out, "  %-5u %-6s %5s%s\n", j, shard_kind_name(m->shards[j].kind), layer, row);
+        }
+        f = (struct fold){s->layer, s->layer + 1, s->layer, 0, 0};
+        memcpy(like, layer_rows, sizeof like);
+        i = end;
+    }
+    print_fold(&f, out);
+}
+
+void plan_print(const struct plan *p, const struct model *m, bool every_shard, FILE *out) {
     const int last = plan_prompt_tier(p);
     const struct plan *dp = plan_for_step(p, 1); /* the decode phase's plan */
-    const struct plan_tier *d = &dp->tier[PLAN_TIER_DECODE], *pr = &p->tier[last];
+    const struct plan_tier *d = &dp->tier[PLAN_TIER_DECODE];
     fprintf(out, "plan %s: VRAM budget %.0f MB; per tier (tokens per step):", plan_family_name(dp->family),
             mb(p->budget.total));
     for (int t = 0; t <= last; t++) {
@@ -180,22 +251,7 @@ void plan_print(const struct plan *p, const struct model *m, FILE *out) {
     if (plan_lends(p))
         fprintf(out, "(IN SLOT: read from the staging slot where the ring's last step left it; copied there first "
                      "when no prompt step has used the ring yet)\n");
-    fprintf(out, "  %-5s %-6s %5s %-12s %-12s %12s %9s\n", "#", "shard", "layer", "decode", "prompt", "weights MB", "KV");
-    for (uint32_t i = 0; i < m->n_shards; i++) {
-        const struct shard *s = &m->shards[i];
-        char layer[16] = "-";
-        if (s->layer >= 0) snprintf(layer, sizeof layer, "%d", s->layer);
-        fprintf(out, "  %-5u %-6s %5s", i, shard_kind_name(s->kind), layer);
-        print_place(dp, m, d, s, i, out);
-        print_place(p, m, pr, s, i, out);
-        fprintf(out, " %12.1f", mb(s->weight_bytes));
-        if (s->kind == SHARD_ATTN) {
-            const char *kv = p->kv_gpu[s->layer] ? "VRAM" : "host", *kv_decode = dp->kv_gpu[s->layer] ? "VRAM" : "host";
-            if (kv == kv_decode) fprintf(out, " %9s", kv);
-            else fprintf(out, " %4s/%4s", kv, kv_decode);
-        }
-        fputc('\n', out);
-    }
+    print_shards(p, dp, m, every_shard, out);
     print_budget(p, p->decode ? " in prompt steps" : "", out);
     if (p->decode) print_budget(dp, " in decode steps", out);
     fprintf(out, "per decode token: %.1f MB of weights read by the CPU from host memory, %.1f MB streamed over PCIe, "

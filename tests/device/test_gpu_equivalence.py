@@ -88,7 +88,7 @@ def hybrid_plans(tmp):
     for shape in ("tiny-llama", "tiny-moe"):
         path = os.path.join(tmp, "%s-Q8_0.gguf" % shape)
         budget = "%dM" % (minimum_budget_mb(path) + 1)
-        plan = run("plan", "-m", path, "--vram-budget", budget, "--plan", "static", "-c", "4096").stdout
+        plan = run("plan", "-m", path, "--vram-budget", budget, "--plan", "static", "-c", "4096", "--shards").stdout
         resident = plan.count("RESIDENT")
         tokens = rng.integers(0, 1000, 128).tolist()
         cpu = logits(path, tokens, False, 32, os.path.join(tmp, "c.f32"))

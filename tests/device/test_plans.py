@@ -48,7 +48,8 @@ def streaming_attention_budget(model):
 
 
 def plan_text(model, budget, family, extra):
-    return eq.run("plan", "-m", model, "--vram-budget", budget, "--plan", family, "-c", "4096", *extra).stdout
+    return eq.run("plan", "-m", model, "--vram-budget", budget, "--plan", family, "-c", "4096", "--shards",
+                  *extra).stdout
 
 
 def greedy(model, prompt, placement):

@@ -100,9 +100,10 @@ def test_plan_decode_set_of_its_own(default_model):
         parts = [float(x) for x in re.findall(r"([\d.]+) MB", vram.split(";")[0])]
         assert sum(parts) <= 150 * 1.048576 + 0.5, vram
     # The decode column places shards as the no-ring set does; the prompt column as the ring's.
-    alone = pshard(*base, "--plan", tiers[0][1], "--set", "no-ring").stdout.splitlines()
+    every = pshard(*base, "--decode-set", "no-ring", "--shards").stdout.splitlines()
+    alone = pshard(*base, "--plan", tiers[0][1], "--set", "no-ring", "--shards").stdout.splitlines()
     shards = lambda text: [l.split()[3] for l in text if re.match(r"^  \d+\s+(embed|attn|ffn|head)\s", l)]
-    assert shards(lines) == shards(alone)
+    assert len(shards(every)) == 62 and shards(every) == shards(alone)
     # --tokens marks a candidate over the decode set below 16 tokens, over the prompt's above.
     priced = pshard(*base, "--decode-set", "no-ring", "--tokens", "1,4,16,64")
     assert priced.returncode == 0, priced.stderr
@@ -357,3 +358,52 @@ def test_plan_prices_steps_of_any_size(tmp_path):
     for bad in ("0", "abc", "16,", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17", "2048"):
         proc = pshard(*base, "--tokens", bad)
         assert proc.returncode != 0 and "--tokens" in proc.stderr, (bad, proc.stdout, proc.stderr)
+
+
+SHARD_ROW = re.compile(r"^  (\d+)\s+(embed|attn|ffn|moe|head)\s+(-|\d+)(\s.*)$")
+FOLD = re.compile(r"^\s+\(shards (\d+)-(\d+), layers? (\d+)(?:-(\d+))?: as layer (\d+)\)$")
+
+
+def shard_rows(stdout):
+    """The shard table as (shard, kind, layer, the rest of the row), its folded lines expanded:
+    each folded layer takes the rows of the layer it is placed as."""
+    rows, folds = [], 0
+    for line in stdout.splitlines():
+        row, fold = SHARD_ROW.match(line), FOLD.match(line)
+        if row:
+            rows.append((int(row[1]), row[2], row[3], row[4]))
+        elif fold:
+            folds += 1
+            first, last, lo, hi, like = (int(x) if x else None for x in fold.groups())
+            pattern = [r for r in rows if r[2] == str(like)]
+            shard = first
+            for layer in range(lo, (hi if hi is not None else lo) + 1):
+                for _, kind, _, rest in pattern:
+                    rows.append((shard, kind, str(layer), rest))
+                    shard += 1
+            assert shard == last + 1, line
+    return rows, folds
+
+
+def test_plan_folds_layers_placed_alike(default_model, tmp_path):
+    """A run of layers placed alike prints as its first layer and one line; unfolded, the table
+    is --shards' row for row (every shard, its layer, places, weights and KV)."""
+    qwen = tmp_path / "qwen30b.gguf"
+    synth = subprocess.run([os.path.join(BUILD, "gguf-synth"), "--shape", "qwen30b", "--header-only", "--quiet", "-o",
+                            str(qwen)], capture_output=True, text=True)
+    assert synth.returncode == 0, synth.stderr
+    profile = os.path.join(os.path.dirname(__file__), "..", "data", "profile", "h200-qwen30b.json")
+    cases = [(default_model, ["--vram-budget", "150M", "-c", "2048", "-b", "512", "--no-profile"]),
+             (default_model, ["--vram-budget", "150M", "-c", "2048", "--decode-set", "no-ring", "--no-profile"]),
+             (default_model, ["--vram-budget", "60M", "--plan", "static", "--no-profile"]),
+             (str(qwen), ["--vram-budget", "8G", "-c", "1024", "--profile", profile]),
+             (str(qwen), ["--vram-budget", "2G", "-c", "4096", "--plan", "static", "--profile", profile])]
+    for model, args in cases:
+        folded = pshard("plan", "-m", model, *args)
+        every = pshard("plan", "-m", model, *args, "--shards")
+        assert folded.returncode == 0 and every.returncode == 0, folded.stderr + every.stderr
+        rows, folds = shard_rows(folded.stdout)
+        all_rows, none = shard_rows(every.stdout)
+        assert none == 0 and [r[0] for r in all_rows] == list(range(len(all_rows))), args
+        assert folds > 0 and len(folded.stdout.splitlines()) < len(every.stdout.splitlines()), args
+        assert rows == all_rows, args

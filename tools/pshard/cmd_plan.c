@@ -17,12 +17,13 @@ static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard plan [-m MODEL] --vram-budget SIZE [--plan auto|cpu|gpu|static|dynamic] [-c CTX]\n"
                  "                   [-b BATCH] [--parallel N] [-t THREADS] [--stream-share F]\n"
                  "                   [--set ring|no-ring|all-kv] [--decode-set ring|no-ring|all-kv|same]\n"
-                 "                   [--no-profile | --profile FILE] [--tokens N,N,...] [-n N]\n"
+                 "                   [--no-profile | --profile FILE] [--tokens N,N,...] [-n N] [--shards]\n"
                  "  Prints the plan of every token tier (steps of 1-3, 4-15, ... tokens) and, for auto, every\n"
                  "  candidate the planner weighed with its predicted seconds per step, VRAM and bytes moved\n"
                  "  per token; then each shard's place in decode and in full prompt steps (RESIDENT in VRAM,\n"
                  "  STREAMED from host memory, or CPU; MoE experts per range), the VRAM breakdown and the\n"
-                 "  weight bytes read per decode token from host memory, over PCIe and from VRAM.\n"
+                 "  weight bytes read per decode token from host memory, over PCIe and from VRAM. A run of\n"
+                 "  layers placed alike shows its first layer and one line (--shards: every shard).\n"
                  "  Predictions use this machine's profile (`pshard profile`) when one is cached, else\n"
                  "  conservative defaults (always with --no-profile); --profile FILE plans with a profile\n"
                  "  saved elsewhere (another machine's). --set places gpu, static or dynamic over one of the\n"
@@ -82,7 +83,7 @@ static pshard_status print_steps(const struct model *m, const struct exec_params
 
 int cmd_plan(int argc, char **argv) {
     const char *model_path = NULL;
-    bool no_profile = false;
+    bool no_profile = false, every_shard = false;
     const char *profile_file = NULL;
     struct exec_params p = {4096, 512, 1, 0, PLAN_AUTO, -1, 0.0f, -1, NULL, PLAN_DECODE_WEIGHED, 0};
     int64_t tokens[MAX_TOKENS];
@@ -103,6 +104,8 @@ int cmd_plan(int argc, char **argv) {
                 fprintf(stderr, "pshard plan: --stream-share: %s\n", pshard_last_error());
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--shards")) {
+            every_shard = true;
         } else if (!strcmp(argv[i], "--no-profile")) {
             no_profile = true;
         } else if (!strcmp(argv[i], "--profile") && v) {
@@ -196,7 +199,7 @@ int cmd_plan(int argc, char **argv) {
     }
     if (st == PSHARD_OK) st = exec_make_plan(&model, &p, &plan);
     if (st == PSHARD_OK) {
-        plan_print(&plan, &model, stdout);
+        plan_print(&plan, &model, every_shard, stdout);
         plan_print_times(&plan, &model, p.profile, stdout);
         if (n_tokens) st = print_steps(&model, &p, &plan, tokens, n_tokens);
         plan_free(&plan);
