@@ -1,6 +1,7 @@
 /* Printing plans: each shard's place per tier, the candidates auto weighed with their predicted
  * times, the budget's breakdown and the bytes a decode token moves. */
 #include <math.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -9,6 +10,29 @@
 #include "plan/plan.h"
 
 static double mb(uint64_t bytes) { return bytes / 1048576.0; }
+
+/* Prose lines of the printout wrap at this width (the tables are as wide as their columns). */
+enum { NOTE_WIDTH = 100 };
+
+/* A line of prose, formatted, then wrapped at NOTE_WIDTH columns on spaces. */
+static void note(FILE *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note(FILE *out, const char *fmt, ...) {
+    char text[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    const char *line = text;
+    while (strlen(line) > NOTE_WIDTH) {
+        const char *cut = line + NOTE_WIDTH;
+        while (cut > line && *cut != ' ') cut--;
+        if (cut == line) cut = strchr(line + NOTE_WIDTH, ' '); /* one word longer than the width */
+        if (!cut) break;
+        fprintf(out, "%.*s\n", (int)(cut - line), line);
+        line = cut + 1;
+    }
+    fprintf(out, "%s\n", line);
+}
 
 /* A shard's place in one tier, as a column of the shard table. */
 static void place_text(const struct plan *p, const struct model *m, const struct plan_tier *t, const struct shard *s,
@@ -62,9 +86,9 @@ void plan_candidate_name(const struct plan_candidate *c, char *buf, size_t size)
 /* auto: what each tier weighed, predicted times, and the choice. */
 static void print_candidates(const struct plan *p, FILE *out) {
     const int last = plan_prompt_tier(p);
-    fprintf(out, "candidates (predicted seconds per step of the tier's fewest tokens at the end of the context; "
-                 "* = chosen, from %d tokens on for its time per token at both ends of the tier; = the same "
-                 "placement as a candidate above):\n", PLAN_RING_MIN_TOKENS);
+    note(out, "candidates (predicted seconds per step of the tier's fewest tokens at the end of the context; "
+              "* = chosen, from %d tokens on for its time per token at both ends of the tier; = the same "
+              "placement as a candidate above):", PLAN_RING_MIN_TOKENS);
     fprintf(out, "  %-26s", "plan");
     for (int t = 0; t <= last; t++) {
         char label[24];
@@ -88,21 +112,22 @@ static void print_candidates(const struct plan *p, FILE *out) {
                 mb(k->host_bytes_per_token), mb(k->pcie_bytes_per_token));
     }
     const int n_prompt = plan_typical_prompt(p->n_ctx);
-    fprintf(out, "predicted: %.3f s to the first token of a %d-token prompt, then %.1f tokens/s; ", p->predicted_ttft, n_prompt,
-            p->predicted_decode > 0 ? 1 / p->predicted_decode : 0);
+    char sets[256];
     if (p->decode)
-        fprintf(out, "steps of fewer than %d tokens run over the %s set, larger ones over the %s set: VRAM is carved anew "
-                     "when the phase changes (predicted %.0f ms to decode, %.0f ms back)\n",
-                PLAN_PHASE_TOKENS, plan_set_name(p->weighed_phases.decode), plan_set_name(p->weighed_phases.prompt),
-                1e3 * p->weighed_phases.to_decode, 1e3 * p->weighed_phases.to_prompt);
+        snprintf(sets, sizeof sets, "steps of fewer than %d tokens run over the %s set, larger ones over the %s set: "
+                 "VRAM is carved anew when the phase changes (predicted %.0f ms to decode, %.0f ms back)",
+                 PLAN_PHASE_TOKENS, plan_set_name(p->weighed_phases.decode), plan_set_name(p->weighed_phases.prompt),
+                 1e3 * p->weighed_phases.to_decode, 1e3 * p->weighed_phases.to_prompt);
     else
-        fprintf(out, "the tiers share one resident set, so switching between them copies nothing\n");
+        snprintf(sets, sizeof sets, "the tiers share one resident set, so switching between them copies nothing");
+    note(out, "predicted: %.3f s to the first token of a %d-token prompt, then %.1f tokens/s; %s", p->predicted_ttft,
+         n_prompt, p->predicted_decode > 0 ? 1 / p->predicted_decode : 0, sets);
     /* Which set, and why: each one's typical request, its tiers at their best. */
     const int n_out = p->n_decode;
-    fprintf(out, "resident sets weighed, for a %d-token prompt then %d tokens (the soonest wins, or within %.0f%% of it one "
-                 "whose first token is more than %.0f%% sooner; decoding over another set wins where the request, both "
-                 "changes counted, is more than %.0f%% sooner):\n",
-            n_prompt, n_out, 100 * PLAN_SET_MARGIN, 100 * PLAN_SET_MARGIN, 100 * PLAN_SET_MARGIN);
+    note(out, "resident sets weighed, for a %d-token prompt then %d tokens (the soonest wins, or within %.0f%% of it "
+              "one whose first token is more than %.0f%% sooner; decoding over another set wins where the request, "
+              "both changes counted, is more than %.0f%% sooner):",
+         n_prompt, n_out, 100 * PLAN_SET_MARGIN, 100 * PLAN_SET_MARGIN, 100 * PLAN_SET_MARGIN);
     static const enum plan_set order[] = {PLAN_SET_RING, PLAN_SET_NO_RING, PLAN_SET_ALL_KV};
     const int chosen = p->chosen[last] >= 0 ? p->chosen[last] : -1;
     const bool cpu_chosen = chosen >= 0 && p->candidates[chosen].family == PLAN_CPU;
@@ -220,9 +245,9 @@ void plan_print(const struct plan *p, const struct model *m, bool every_shard, F
     fputc('\n', out);
     for (int t = 1; t <= last; t++)
         if (p->tier[t].min_tokens < plan_tier_tokens[t])
-            fprintf(out, "(steps of %d-%d tokens run the %d-token tier's plan, predicted faster there than the %d-token "
-                         "tier's)\n", p->tier[t].min_tokens, plan_tier_tokens[t] - 1, plan_tier_tokens[t],
-                    plan_tier_tokens[t - 1]);
+            note(out, "(steps of %d-%d tokens run the %d-token tier's plan, predicted faster there than the %d-token "
+                      "tier's)", p->tier[t].min_tokens, plan_tier_tokens[t] - 1, plan_tier_tokens[t],
+                 plan_tier_tokens[t - 1]);
     if (p->n_candidates) {
         print_candidates(p, out);
     } else if (p->any_gpu) {
@@ -238,33 +263,36 @@ void plan_print(const struct plan *p, const struct model *m, bool every_shard, F
     const struct plan_tier *decode = &p->tier[PLAN_TIER_DECODE];
     if (decode->routed) {
         const int k = (int)m->hp.n_expert_used;
-        fprintf(out, "(one-token steps split where the layer splits by each token's routing, not by range: of N of its %d "
-                     "experts not resident, the GPU reads in place N=", k);
-        for (int n = 1; n <= k; n++) fprintf(out, "%s%d:%d", n > 1 ? " " : "", n, decode->routed_quota[n]);
-        fprintf(out, "; the CPU computes the rest)\n");
+        char quota[8 * (PLAN_MAX_ROUTED + 1)] = "";
+        for (int n = 1; n <= k && n <= PLAN_MAX_ROUTED; n++) {
+            const size_t used = strlen(quota);
+            snprintf(quota + used, sizeof quota - used, "%s%d:%d", n > 1 ? " " : "", n, decode->routed_quota[n]);
+        }
+        note(out, "(one-token steps split where the layer splits by each token's routing, not by range: of N of its "
+                  "%d experts not resident, the GPU reads in place N=%s; the CPU computes the rest)", k, quota);
     }
     if (plan_splits_ffn(p) || plan_splits_ffn(dp))
         fprintf(out, "(FFN shards split with the CPU: rows resident/streamed/on the CPU, both sides at once)\n");
     if (p->decode)
-        fprintf(out, "(decode: its own resident set, carved when the phase changes; KV: prompt/decode phase where they "
-                     "differ)\n");
+        note(out, "(decode: its own resident set, carved when the phase changes; KV: prompt/decode phase where they "
+                  "differ)");
     if (plan_lends(p))
-        fprintf(out, "(IN SLOT: read from the staging slot where the ring's last step left it; copied there first "
-                     "when no prompt step has used the ring yet)\n");
+        note(out, "(IN SLOT: read from the staging slot where the ring's last step left it; copied there first "
+                  "when no prompt step has used the ring yet)");
     print_shards(p, dp, m, every_shard, out);
     print_budget(p, p->decode ? " in prompt steps" : "", out);
     if (p->decode) print_budget(dp, " in decode steps", out);
-    fprintf(out, "per decode token: %.1f MB of weights read by the CPU from host memory, %.1f MB streamed over PCIe, "
-                 "%.1f MB read by the GPU from VRAM\n",
-            mb(d->host_bytes_per_token), mb(d->pcie_bytes_per_token), mb(d->gpu_bytes_per_token));
+    note(out, "per decode token: %.1f MB of weights read by the CPU from host memory, %.1f MB streamed over PCIe, "
+              "%.1f MB read by the GPU from VRAM",
+         mb(d->host_bytes_per_token), mb(d->pcie_bytes_per_token), mb(d->gpu_bytes_per_token));
 }
 
 void plan_print_times(const struct plan *p, const struct model *m, const struct profile *prof, FILE *out) {
     if (!p->any_gpu) return;
     struct profile defaults;
     prof = plan_profile(prof, &defaults);
-    fprintf(out, "where a step's time goes (predicted ms per step of each tier's plan at the tier's fewest tokens; the GPU and the CPU work at once "
-                 "in split layers, so the parts add up to more than the step):\n");
+    note(out, "where a step's time goes (predicted ms per step of each tier's plan at the tier's fewest tokens; "
+              "the GPU and the CPU work at once in split layers, so the parts add up to more than the step):");
     fprintf(out, "  %-10s %9s %9s %9s %9s %15s\n", "tokens", "step", "GPU", "CPU", "PCIe", "launches, waits");
     for (int t = 0; t <= plan_prompt_tier(p); t++) {
         const int32_t n = plan_tier_step_tokens(p, t);
