@@ -177,9 +177,9 @@ static int shard_row(const struct plan *p, const struct plan *dp, const struct m
 
 /* A run of layers placed as an earlier one, printed as one line. */
 struct fold {
-    int32_t like;                     /* the layer printed (-1: none yet) */
-    int32_t from, to;                 /* the layers folded into it (none while to < from) */
-    uint32_t shard_from, shard_to;    /* and their shards */
+    int32_t like;                  /* the layer printed (-1: none yet) */
+    int32_t from, to;              /* the layers folded into it (none while to < from) */
+    uint32_t shard_from, shard_to; /* and their shards */
 };
 
 static void print_fold(const struct fold *f, FILE *out) {
@@ -197,7 +197,8 @@ static void print_shards(const struct plan *p, const struct plan *dp, const stru
     enum { ROW = 512, LAYER_ROWS = 4 };
     char like[LAYER_ROWS * ROW] = "", layer_rows[LAYER_ROWS * ROW];
     struct fold f = {-1, 0, -1, 0, 0};
-    fprintf(out, "  %-5s %-6s %5s %-12s %-12s %12s %9s\n", "#", "shard", "layer", "decode", "prompt", "weights MB", "KV");
+    fprintf(out, "  %-5s %-6s %5s %-12s %-12s %12s %9s\n", "#", "shard", "layer", "decode", "prompt", "weights MB",
+            "KV");
     for (uint32_t i = 0; i < m->n_shards;) {
         const struct shard *s = &m->shards[i];
         uint32_t end = i + 1; /* the layer's shards: [i, end) */
@@ -209,7 +210,8 @@ static void print_shards(const struct plan *p, const struct plan *dp, const stru
             used += (size_t)snprintf(layer_rows + used, sizeof layer_rows - used, "%s%s|",
                                      shard_kind_name(m->shards[j].kind), row);
         }
-        if (!every_shard && f.like >= 0 && s->layer == f.to + 1 && used < sizeof layer_rows && !strcmp(layer_rows, like)) {
+        const bool alike = used < sizeof layer_rows && !strcmp(layer_rows, like);
+        if (!every_shard && f.like >= 0 && s->layer == f.to + 1 && alike) {
             if (f.from > f.to) f.shard_from = i;
             f.to = s->layer, f.shard_to = end - 1;
             i = end;
