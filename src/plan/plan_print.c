@@ -175,57 +175,60 @@ static int shard_row(const struct plan *p, const struct plan *dp, const struct m
     return snprintf(buf, size, " %-12s %-12s %12.1f%s", decode, prompt, mb(s->weight_bytes), kv);
 }
 
-/* A run of layers placed as an earlier one, printed as one line. */
+enum { SHARD_ROW = 512 }; /* room for shard_row's widest row */
+
+/* Layers like+1 .. to, placed as layer `like`, whose shards are [first, first + n): printed as
+ * one line (none while to == like). */
 struct fold {
-    int32_t like;                  /* the layer printed (-1: none yet) */
-    int32_t from, to;              /* the layers folded into it (none while to < from) */
-    uint32_t shard_from, shard_to; /* and their shards */
+    int32_t like, to;
+    uint32_t first, n;
 };
 
 static void print_fold(const struct fold *f, FILE *out) {
-    if (f->from > f->to) return;
+    if (f->to <= f->like) return;
     char layers[32];
-    range_label(f->from, f->to, layers, sizeof layers);
-    fprintf(out, "  %-12s (shards %u-%u, layer%s %s: as layer %d)\n", "", f->shard_from, f->shard_to,
-            f->from < f->to ? "s" : "", layers, f->like);
+    range_label(f->like + 1, f->to, layers, sizeof layers);
+    fprintf(out, "  %-12s (shards %u-%u, layer%s %s: as layer %d)\n", "", f->first + f->n,
+            f->first + f->n * (uint32_t)(f->to - f->like + 1) - 1, f->to > f->like + 1 ? "s" : "", layers, f->like);
+}
+
+/* Whether shards [i, i + n) are placed as f's layer's, kind for kind and row for row. */
+static bool placed_alike(const struct plan *p, const struct plan *dp, const struct model *m, uint32_t i, uint32_t n,
+                         const struct fold *f) {
+    if (n != f->n) return false;
+    for (uint32_t j = 0; j < n; j++) {
+        char row[SHARD_ROW], like[SHARD_ROW];
+        shard_row(p, dp, m, i + j, row, sizeof row);
+        shard_row(p, dp, m, f->first + j, like, sizeof like);
+        if (m->shards[i + j].kind != m->shards[f->first + j].kind || strcmp(row, like)) return false;
+    }
+    return true;
 }
 
 /* The shard table. Unless every_shard, a run of layers whose shards are all placed alike prints
  * its first layer and one line for the rest (qwen30b's 48 layers at 8 GB: 2 layers' rows). */
 static void print_shards(const struct plan *p, const struct plan *dp, const struct model *m, bool every_shard,
                          FILE *out) {
-    enum { ROW = 512, LAYER_ROWS = 4 };
-    char like[LAYER_ROWS * ROW] = "", layer_rows[LAYER_ROWS * ROW];
-    struct fold f = {-1, 0, -1, 0, 0};
+    struct fold f = {-1, -1, 0, 0};
     fprintf(out, "  %-5s %-6s %5s %-12s %-12s %12s %9s\n", "#", "shard", "layer", "decode", "prompt", "weights MB",
             "KV");
     for (uint32_t i = 0; i < m->n_shards;) {
         const struct shard *s = &m->shards[i];
         uint32_t end = i + 1; /* the layer's shards: [i, end) */
         while (s->layer >= 0 && end < m->n_shards && m->shards[end].layer == s->layer) end++;
-        size_t used = 0;
-        for (uint32_t j = i; j < end && used < sizeof layer_rows; j++) {
-            char row[ROW];
-            shard_row(p, dp, m, j, row, sizeof row);
-            used += (size_t)snprintf(layer_rows + used, sizeof layer_rows - used, "%s%s|",
-                                     shard_kind_name(m->shards[j].kind), row);
-        }
-        const bool alike = used < sizeof layer_rows && !strcmp(layer_rows, like);
-        if (!every_shard && f.like >= 0 && s->layer == f.to + 1 && alike) {
-            if (f.from > f.to) f.shard_from = i;
-            f.to = s->layer, f.shard_to = end - 1;
+        if (!every_shard && f.like >= 0 && s->layer == f.to + 1 && placed_alike(p, dp, m, i, end - i, &f)) {
+            f.to = s->layer;
             i = end;
             continue;
         }
         print_fold(&f, out);
         for (uint32_t j = i; j < end; j++) {
-            char row[ROW], layer[16] = "-";
+            char row[SHARD_ROW], layer[16] = "-";
             if (m->shards[j].layer >= 0) snprintf(layer, sizeof layer, "%d", m->shards[j].layer);
             shard_row(p, dp, m, j, row, sizeof row);
             fprintf(out, "  %-5u %-6s %5s%s\n", j, shard_kind_name(m->shards[j].kind), layer, row);
         }
-        f = (struct fold){s->layer, s->layer + 1, s->layer, 0, 0};
-        memcpy(like, layer_rows, sizeof like);
+        f = (struct fold){s->layer, s->layer, i, end - i};
         i = end;
     }
     print_fold(&f, out);
@@ -259,9 +262,9 @@ void plan_print(const struct plan *p, const struct model *m, bool every_shard, F
                 p->predicted_decode > 0 ? 1 / p->predicted_decode : 0);
     }
     if (p->n_expert)
-        fprintf(out, "(MoE shards on the GPU: experts resident/streamed/on the CPU; router and shared parts resident)\n");
+        note(out, "(MoE shards on the GPU: experts resident/streamed/on the CPU; router and shared parts resident)");
     if (p->n_expert && p->one_expert_call)
-        fprintf(out, "(an MoE layer's resident and streamed experts are computed in one call)\n");
+        note(out, "(an MoE layer's resident and streamed experts are computed in one call)");
     const struct plan_tier *decode = &p->tier[PLAN_TIER_DECODE];
     if (decode->routed) {
         const int k = (int)m->hp.n_expert_used;
@@ -274,7 +277,7 @@ void plan_print(const struct plan *p, const struct model *m, bool every_shard, F
                   "%d experts not resident, the GPU reads in place N=%s; the CPU computes the rest)", k, quota);
     }
     if (plan_splits_ffn(p) || plan_splits_ffn(dp))
-        fprintf(out, "(FFN shards split with the CPU: rows resident/streamed/on the CPU, both sides at once)\n");
+        note(out, "(FFN shards split with the CPU: rows resident/streamed/on the CPU, both sides at once)");
     if (p->decode)
         note(out, "(decode: its own resident set, carved when the phase changes; KV: prompt/decode phase where they "
                   "differ)");
