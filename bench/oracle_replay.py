@@ -91,6 +91,8 @@ def upgraded(profile, refusal, model):
         if version == 17:  # format 16 timed the AVX2 K kernels before they went by step (and
             continue       # Q4_K/Q5_K before their folded mins) and the CPU's attention head by
                            # head; it stands as measured
+        if version == 18:  # format 17 timed the CPU's prompt attention token by token, before
+            continue       # tiles; it stands as measured
         if version not in UPGRADES:
             sys.exit("%s: format %d, and no upgrade to format %d is known" % (profile, have, version))
         for field, like in UPGRADES[version].items():

@@ -197,22 +197,89 @@ static void test_attention_heads_together_equal_alone(void **state) {
         for (int64_t n_tokens = 1; n_tokens <= 3; n_tokens++)
             for (int n_threads = 1; n_threads <= 32; n_threads *= 4) {
                 struct cpu_attn_units u;
-                cpu_attention_units(&s, n_tokens, n_threads, &u);
+                cpu_attention_units(&s, n_tokens, false, n_threads, &u);
                 int *seen = calloc((size_t)(n_tokens * s.n_head), sizeof(int));
                 const int group = s.n_head / s.n_head_kv;
                 for (int64_t i = 0; i < u.count; i++) {
-                    int64_t t;
+                    int64_t t0, t1;
                     int h0, h1;
-                    cpu_attention_unit(&s, &u, i, &t, &h0, &h1);
-                    assert_true(t >= 0 && t < n_tokens && h0 < h1 && h1 - h0 <= 8);
+                    cpu_attention_unit(&s, &u, i, &t0, &t1, &h0, &h1);
+                    assert_true(t0 >= 0 && t1 == t0 + 1 && t1 <= n_tokens && h0 < h1 && h1 - h0 <= 8);
                     assert_int_equal(h0 / group, (h1 - 1) / group);
-                    for (int h = h0; h < h1; h++) seen[t * s.n_head + h]++;
+                    for (int h = h0; h < h1; h++) seen[t0 * s.n_head + h]++;
                 }
                 for (int64_t i = 0; i < n_tokens * s.n_head; i++) assert_int_equal(seen[i], 1);
                 if (n_tokens * s.n_head >= n_threads) assert_true(u.count >= n_threads || u.per == 1);
                 free(seen);
             }
         free(k), free(v), free(q), free(alone), free(together);
+    }
+}
+
+/* A prompt's tokens of one sequence attend a tile at a time (cpu_attention_tokens): every token's
+ * output is the one it gets alone, bit for bit (ctest runs this program with the SIMD kernels and
+ * again without, test_cpu_ops_portable), for tokens
+ * whose cells end in different key blocks (a causal prompt over a cache already holding some),
+ * for groups of 2, 4 and 8 query heads per KV head and head ranges that cut groups; and the units
+ * of a step of one sequence cover every (token, head) once, in tiles of consecutive tokens,
+ * enough of them for the threads. */
+static void test_attention_tiles_equal_tokens_alone(void **state) {
+    (void)state;
+    const struct cpu_attn_shape shapes[] = {{8, 4, 32, 32, 0.18f}, {16, 4, 64, 64, 0.125f}, {32, 4, 24, 40, 0.2f},
+                                            {6, 3, 16, 16, 0.25f}};
+    {
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const struct cpu_attn_shape s = shapes[si];
+            const int n_tokens = 70, past = 37; /* cells 38..107: within, across and at block ends */
+            const int64_t cells = past + n_tokens, q_width = (int64_t)s.n_head * s.head_k, o_width = (int64_t)s.n_head * s.head_v;
+            uint16_t *k = malloc(sizeof(uint16_t) * cells * s.n_head_kv * s.head_k);
+            uint16_t *v = malloc(sizeof(uint16_t) * cells * s.n_head_kv * s.head_v);
+            float *q = malloc(sizeof(float) * n_tokens * q_width);
+            float *alone = calloc((size_t)(n_tokens * o_width), sizeof(float));
+            float *tiled = calloc((size_t)(n_tokens * o_width), sizeof(float));
+            int64_t n_cells[70];
+            uint32_t seed = 21 + (uint32_t)si;
+            for (int64_t i = 0; i < cells * s.n_head_kv * s.head_k; i++) k[i] = half_from_f32(3 * frand(&seed));
+            for (int64_t i = 0; i < cells * s.n_head_kv * s.head_v; i++) v[i] = half_from_f32(frand(&seed));
+            for (int64_t i = 0; i < n_tokens * q_width; i++) q[i] = frand(&seed);
+            for (int t = 0; t < n_tokens; t++) {
+                n_cells[t] = past + t + 1;
+                cpu_attention_heads(&s, q + t * q_width, k, v, n_cells[t], 0, s.n_head, alone + t * o_width);
+            }
+            const int ranges[][2] = {{0, s.n_head}, {1, s.n_head - 1}, {s.n_head / 2 - 1, s.n_head / 2 + 1}};
+            for (size_t r = 0; r < sizeof ranges / sizeof ranges[0]; r++) {
+                const int h0 = ranges[r][0], h1 = ranges[r][1];
+                memset(tiled, 0, sizeof(float) * n_tokens * o_width);
+                cpu_attention_tokens(&s, q, k, v, n_cells, n_tokens, h0, h1, tiled);
+                for (int t = 0; t < n_tokens; t++)
+                    assert_memory_equal(tiled + t * o_width + h0 * s.head_v, alone + t * o_width + h0 * s.head_v,
+                                        sizeof(float) * (size_t)(h1 - h0) * s.head_v);
+            }
+            /* The units, run in any order, give the same as each token alone. */
+            for (int n_threads = 1; n_threads <= 64; n_threads *= 4) {
+                struct cpu_attn_units u;
+                cpu_attention_units(&s, n_tokens, true, n_threads, &u);
+                int *seen = calloc((size_t)(n_tokens * s.n_head), sizeof(int));
+                const int group = s.n_head / s.n_head_kv;
+                memset(tiled, 0, sizeof(float) * n_tokens * o_width);
+                for (int64_t i = u.count - 1; i >= 0; i--) {
+                    int64_t t0, t1;
+                    int h0, h1;
+                    cpu_attention_unit(&s, &u, i, &t0, &t1, &h0, &h1);
+                    assert_true(t0 >= 0 && t0 < t1 && t1 <= n_tokens && t1 - t0 <= CPU_ATTN_TILE_TOKENS);
+                    assert_true(h0 < h1 && h1 - h0 <= 8 && h0 / group == (h1 - 1) / group);
+                    for (int64_t t = t0; t < t1; t++)
+                        for (int h = h0; h < h1; h++) seen[t * s.n_head + h]++;
+                    cpu_attention_tokens(&s, q + t0 * q_width, k, v, n_cells + t0, (int)(t1 - t0), h0, h1, tiled + t0 * o_width);
+                }
+                for (int64_t i = 0; i < n_tokens * s.n_head; i++) assert_int_equal(seen[i], 1);
+                assert_true(u.count >= n_threads || (u.tokens == 1 && u.per == 1));
+                if (n_threads == 1) assert_true(u.tokens > 1);
+                assert_memory_equal(tiled, alone, sizeof(float) * n_tokens * o_width);
+                free(seen);
+            }
+            free(k), free(v), free(q), free(alone), free(tiled);
+        }
     }
 }
 
@@ -362,7 +429,8 @@ int main(void) {
         cmocka_unit_test(test_threadpool_covers_every_index_once),
         cmocka_unit_test(test_threadpool_runs_without_its_workers), cmocka_unit_test(test_rope_matches_formula),
         cmocka_unit_test(test_attention_matches_naive_softmax),
-        cmocka_unit_test(test_attention_heads_together_equal_alone),   cmocka_unit_test(test_topk_and_router),
+        cmocka_unit_test(test_attention_heads_together_equal_alone),
+        cmocka_unit_test(test_attention_tiles_equal_tokens_alone),   cmocka_unit_test(test_topk_and_router),
         cmocka_unit_test(test_matmul_against_dequantized), cmocka_unit_test(test_moe_matches_its_products),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -11,6 +11,11 @@
 
 enum { KEY_BLOCK = 64, MAX_HEAD = 512, PREFETCH_CELLS = 8, HEAD_CHUNK = 8 };
 
+/* A prompt's tokens of one sequence go through the cache a tile at a time: up to TILE_ROWS query
+ * rows (tokens times the heads of a unit) score each block of keys while it is in L1, widened
+ * to f32 once for all of them; heads wider than TILE_HEAD go token by token. */
+enum { TILE_ROWS = CPU_ATTN_TILE_TOKENS, TILE_HEAD = 256 };
+
 /* A cell's row of one KV head is a few cache lines, and the next cell's is a whole row of KV
  * heads further (1-2 KB for qwen30b and llama8b): too far apart for the hardware to follow
  * across pages, so the rows PREFETCH_CELLS cells ahead are asked for by hand. The profile's CPU
@@ -30,6 +35,23 @@ static float dot_f16_ref(const float *q, const uint16_t *k, int n) {
 
 static void axpy_f16_ref(float *acc, float a, const uint16_t *v, int n) {
     for (int i = 0; i < n; i++) acc[i] += a * half_to_f32(v[i]);
+}
+
+static void scores_f32_ref(const float *q, const float *k, int64_t k_stride, int n_keys, int n, float scale, float *out) {
+    for (int j = 0; j < n_keys; j++) {
+        float sum = 0.0f;
+        for (int i = 0; i < n; i++) sum += q[i] * k[j * k_stride + i];
+        out[j] = sum * scale;
+    }
+}
+
+static void accumulate_f32_ref(float *acc, const float *p, const float *v, int64_t v_stride, int n_keys, int n) {
+    for (int j = 0; j < n_keys; j++)
+        for (int i = 0; i < n; i++) acc[i] += p[j] * v[j * v_stride + i];
+}
+
+static void widen_f16_ref(float *out, const uint16_t *in, int n) {
+    for (int i = 0; i < n; i++) out[i] = half_to_f32(in[i]);
 }
 
 /* Up to HEAD_CHUNK query heads that share a KV head go through the cache together: each block
@@ -85,6 +107,74 @@ static void attend_chunk(const struct cpu_attn_shape *s, const float *q, const u
     }
 }
 
+/* The same for a tile of tokens of one sequence, token i attending n_cells[i] cells: each block
+ * of keys, then of values, is widened to f32 once and serves every (token, head) row of the
+ * tile. A row's sums run in the same order, with the same operations, as attend_chunk's, so each
+ * token's result is the one it gets alone, bit for bit; the cache is read once for the tile
+ * rather than once for each token (a prompt step of n tokens read it n times, and on the H200
+ * llama8b's 256-token steps over 16K cells spent 10-17 s in the CPU's attention,
+ * bench/RESULTS.md). */
+static void attend_tile(const struct cpu_attn_shape *s, const float *q, const int64_t *n_cells, int n_tokens,
+                        const uint16_t *k, const uint16_t *v, int kvh, int h0, int n_heads, float *out) {
+    const int64_t k_stride = (int64_t)s->n_head_kv * s->head_k, v_stride = (int64_t)s->n_head_kv * s->head_v;
+    const int64_t q_width = (int64_t)s->n_head * s->head_k, o_width = (int64_t)s->n_head * s->head_v;
+    const uint16_t *k_head = k + (int64_t)kvh * s->head_k, *v_head = v + (int64_t)kvh * s->head_v;
+    float qh[TILE_ROWS][TILE_HEAD], acc[TILE_ROWS][TILE_HEAD], block[KEY_BLOCK * TILE_HEAD], scores[TILE_ROWS][KEY_BLOCK];
+    float max[TILE_ROWS], sum[TILE_ROWS], new_max[TILE_ROWS];
+    const int simd = cpu_features()->avx2;
+    void (*score)(const float *, const float *, int64_t, int, int, float, float *) = simd ? attn_scores_f32_avx2 : scores_f32_ref;
+    void (*accumulate)(float *, const float *, const float *, int64_t, int, int) =
+        simd ? attn_accumulate_f32_avx2 : accumulate_f32_ref;
+    void (*widen)(float *, const uint16_t *, int) = simd ? attn_widen_f16_avx2 : widen_f16_ref;
+    const int rows = n_tokens * n_heads;
+    int64_t longest = 0;
+    for (int i = 0; i < n_tokens; i++) longest = n_cells[i] > longest ? n_cells[i] : longest;
+    for (int r = 0; r < rows; r++) {
+        const float *qr = q + (int64_t)(r / n_heads) * q_width + (int64_t)(h0 + r % n_heads) * s->head_k;
+        for (int i = 0; i < s->head_k; i++) qh[r][i] = half_to_f32(half_from_f32(qr[i]));
+        for (int i = 0; i < s->head_v; i++) acc[r][i] = 0.0f;
+        max[r] = -INFINITY, sum[r] = 0.0f;
+    }
+    for (int64_t c0 = 0; c0 < longest; c0 += KEY_BLOCK) {
+        const int64_t n = longest - c0 < KEY_BLOCK ? longest - c0 : KEY_BLOCK;
+        for (int64_t j = 0; j < n; j++) {
+            if (c0 + j + PREFETCH_CELLS < longest) prefetch_row(k_head + (c0 + j + PREFETCH_CELLS) * k_stride, s->head_k);
+            widen(block + j * s->head_k, k_head + (c0 + j) * k_stride, s->head_k);
+        }
+        for (int r = 0; r < rows; r++) {
+            const int64_t left = n_cells[r / n_heads] - c0, nr = left < n ? left : n;
+            if (nr <= 0) continue;
+            score(qh[r], block, s->head_k, (int)nr, s->head_k, s->scale, scores[r]);
+            float block_max = -INFINITY;
+            for (int64_t j = 0; j < nr; j++) block_max = scores[r][j] > block_max ? scores[r][j] : block_max;
+            new_max[r] = block_max > max[r] ? block_max : max[r];
+            const float rescale = expf(max[r] - new_max[r]); /* 0 on the first block */
+            sum[r] *= rescale;
+            for (int i = 0; i < s->head_v; i++) acc[r][i] *= rescale;
+        }
+        for (int64_t j = 0; j < n; j++) {
+            if (c0 + j + PREFETCH_CELLS < longest) prefetch_row(v_head + (c0 + j + PREFETCH_CELLS) * v_stride, s->head_v);
+            widen(block + j * s->head_v, v_head + (c0 + j) * v_stride, s->head_v);
+        }
+        for (int r = 0; r < rows; r++) {
+            const int64_t left = n_cells[r / n_heads] - c0, nr = left < n ? left : n;
+            if (nr <= 0) continue;
+            float p[KEY_BLOCK];
+            for (int64_t j = 0; j < nr; j++) {
+                p[j] = expf(scores[r][j] - new_max[r]);
+                sum[r] += p[j];
+            }
+            accumulate(acc[r], p, block, s->head_v, (int)nr, s->head_v);
+            max[r] = new_max[r];
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
+        float *o = out + (int64_t)(r / n_heads) * o_width + (int64_t)(h0 + r % n_heads) * s->head_v;
+        for (int i = 0; i < s->head_v; i++) o[i] = acc[r][i] * inv;
+    }
+}
+
 void cpu_attention_heads(const struct cpu_attn_shape *s, const float *q, const uint16_t *k, const uint16_t *v,
                          int64_t n_cells, int head_begin, int head_end, float *out) {
     const int group = s->n_head / s->n_head_kv;
@@ -97,21 +187,55 @@ void cpu_attention_heads(const struct cpu_attn_shape *s, const float *q, const u
     }
 }
 
-void cpu_attention_units(const struct cpu_attn_shape *s, int64_t n_tokens, int n_threads, struct cpu_attn_units *u) {
+void cpu_attention_tokens(const struct cpu_attn_shape *s, const float *q, const uint16_t *k, const uint16_t *v,
+                          const int64_t *n_cells, int n_tokens, int head_begin, int head_end, float *out) {
+    const int64_t q_width = (int64_t)s->n_head * s->head_k, o_width = (int64_t)s->n_head * s->head_v;
     const int group = s->n_head / s->n_head_kv;
-    int per = group < HEAD_CHUNK ? group : HEAD_CHUNK;
-    while (per > 1 && n_tokens * s->n_head_kv * ((group + per - 1) / per) < n_threads) per = (per + 1) / 2;
-    u->per = per;
-    u->slices = (group + per - 1) / per;
-    u->count = n_tokens * s->n_head_kv * u->slices;
+    if (n_tokens == 1 || s->head_k > TILE_HEAD || s->head_v > TILE_HEAD) {
+        for (int i = 0; i < n_tokens; i++)
+            cpu_attention_heads(s, q + i * q_width, k, v, n_cells[i], head_begin, head_end, out + i * o_width);
+        return;
+    }
+    for (int h = head_begin; h < head_end;) {
+        const int kvh = h / group, group_end = (kvh + 1) * group;
+        const int end = head_end < group_end ? head_end : group_end;
+        const int heads = end - h < HEAD_CHUNK ? end - h : HEAD_CHUNK, step = TILE_ROWS / heads;
+        for (int t0 = 0; t0 < n_tokens; t0 += step)
+            attend_tile(s, q + t0 * q_width, n_cells + t0, n_tokens - t0 < step ? n_tokens - t0 : step, k, v, kvh, h, heads,
+                        out + t0 * o_width);
+        h += heads;
+    }
 }
 
-void cpu_attention_unit(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, int64_t unit, int64_t *token,
-                        int *head_begin, int *head_end) {
+/* Units of a token's (or a tile's) heads sharing a KV head; tiles first shrink, then the heads a
+ * unit takes, until there is a unit for every thread. */
+static int64_t unit_count(const struct cpu_attn_shape *s, int64_t n_tokens, int tokens, int per) {
     const int group = s->n_head / s->n_head_kv;
-    const int64_t per_token = (int64_t)s->n_head_kv * u->slices;
-    *token = unit / per_token;
-    const int kvh = (int)(unit % per_token / u->slices), slice = (int)(unit % u->slices);
+    return (n_tokens + tokens - 1) / tokens * s->n_head_kv * ((group + per - 1) / per);
+}
+
+void cpu_attention_units(const struct cpu_attn_shape *s, int64_t n_tokens, bool one_sequence, int n_threads,
+                         struct cpu_attn_units *u) {
+    const int group = s->n_head / s->n_head_kv;
+    int per = group < HEAD_CHUNK ? group : HEAD_CHUNK;
+    int tokens = one_sequence && s->head_k <= TILE_HEAD && s->head_v <= TILE_HEAD ? TILE_ROWS / per : 1;
+    if (tokens > n_tokens) tokens = (int)(n_tokens > 0 ? n_tokens : 1);
+    while (tokens > 1 && unit_count(s, n_tokens, tokens, per) < n_threads) tokens = (tokens + 1) / 2;
+    while (per > 1 && unit_count(s, n_tokens, tokens, per) < n_threads) per = (per + 1) / 2;
+    u->per = per;
+    u->slices = (group + per - 1) / per;
+    u->tokens = tokens;
+    u->n_tokens = n_tokens;
+    u->count = unit_count(s, n_tokens, tokens, per);
+}
+
+void cpu_attention_unit(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, int64_t unit, int64_t *token_begin,
+                        int64_t *token_end, int *head_begin, int *head_end) {
+    const int group = s->n_head / s->n_head_kv;
+    const int64_t per_tile = (int64_t)s->n_head_kv * u->slices;
+    *token_begin = unit / per_tile * u->tokens;
+    *token_end = *token_begin + u->tokens < u->n_tokens ? *token_begin + u->tokens : u->n_tokens;
+    const int kvh = (int)(unit % per_tile / u->slices), slice = (int)(unit % u->slices);
     *head_begin = kvh * group + slice * u->per;
     *head_end = *head_begin + u->per < (kvh + 1) * group ? *head_begin + u->per : (kvh + 1) * group;
 }

@@ -96,12 +96,14 @@ static void cpu_attn_job(void *arg, int thread, int n_threads) {
     int64_t begin, end;
     threadpool_range(units->count, 1, thread, n_threads, &begin, &end);
     const uint16_t *k = b->kv_at, *v = b->kv_at + b->cells * a->n_head_kv * a->head_k;
+    int64_t n_cells[CPU_ATTN_TILE_TOKENS];
+    for (int i = 0; i < CPU_ATTN_TILE_TOKENS; i++) n_cells[i] = b->cells;
     for (int64_t u = begin; u < end; u++) {
-        int64_t t;
+        int64_t t0, t1;
         int h0, h1;
-        cpu_attention_unit(a, units, u, &t, &h0, &h1);
-        cpu_attention_heads(a, b->q + t * a->n_head * a->head_k, k, v, b->cells, h0, h1,
-                            b->out + t * a->n_head * a->head_v);
+        cpu_attention_unit(a, units, u, &t0, &t1, &h0, &h1);
+        cpu_attention_tokens(a, b->q + t0 * a->n_head * a->head_k, k, v, n_cells, (int)(t1 - t0), h0, h1,
+                             b->out + t0 * a->n_head * a->head_v);
     }
 }
 
@@ -238,7 +240,7 @@ pshard_status measure_cpu_rates(const struct measure_request *req, const struct 
         for (int i = 0; i < PROFILE_TOKENS; i++) {
             b.n_tokens = profile_tokens[i] < 64 ? profile_tokens[i] : 64; /* the rate is flat past this */
             b.cells = profile_tokens[i] < 64 ? ATTN_CTX : ATTN_CTX_PROMPT;
-            cpu_attention_units(b.attn, b.n_tokens, threadpool_size(b.pool), &b.attn_units);
+            cpu_attention_units(b.attn, b.n_tokens, true, threadpool_size(b.pool), &b.attn_units);
             p->cpu_attn[i] = measure_time_best(cpu_attn_step, &b) / ((double)b.n_tokens * b.cells * kv_per_cell);
         }
     }

@@ -39,7 +39,7 @@ struct attn_job {
 };
 
 /* Later tokens attend to more cells, so units are claimed one at a time from the end: the
- * longest go first and the short ones fill the gaps. */
+ * longest go first and the short ones fill the gaps. A unit's tokens are of one sequence. */
 static void attn_worker(void *p, int thread, int n_threads) {
     struct attn_job *job = p;
     (void)thread, (void)n_threads;
@@ -48,13 +48,13 @@ static void attn_worker(void *p, int thread, int n_threads) {
     const int64_t q_width = (int64_t)job->shape.n_head * job->shape.head_k;
     const int64_t o_width = (int64_t)job->shape.n_head * job->shape.head_v;
     for (int64_t claimed = atomic_fetch_add(&job->next, 1); claimed < total; claimed = atomic_fetch_add(&job->next, 1)) {
-        int64_t t;
+        int64_t t0, t1, n_cells[CPU_ATTN_TILE_TOKENS];
         int h0, h1;
-        cpu_attention_unit(&job->shape, &job->units, total - 1 - claimed, &t, &h0, &h1);
-        const int32_t seq = job->batch->seq[t];
-        cpu_attention_heads(&job->shape, ctx->s.q + t * q_width, kv_cache_k(&ctx->kv, job->layer, seq),
-                            kv_cache_v(&ctx->kv, job->layer, seq), job->batch->pos[t] + 1, h0, h1,
-                            ctx->s.attn + t * o_width);
+        cpu_attention_unit(&job->shape, &job->units, total - 1 - claimed, &t0, &t1, &h0, &h1);
+        for (int64_t t = t0; t < t1; t++) n_cells[t - t0] = job->batch->pos[t] + 1;
+        const int32_t seq = job->batch->seq[t0];
+        cpu_attention_tokens(&job->shape, ctx->s.q + t0 * q_width, kv_cache_k(&ctx->kv, job->layer, seq),
+                             kv_cache_v(&ctx->kv, job->layer, seq), n_cells, (int)(t1 - t0), h0, h1, ctx->s.attn + t0 * o_width);
     }
 }
 
@@ -117,7 +117,9 @@ void shard_attn_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *ba
     struct attn_job job = {ctx, layer, batch,
                            {(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v,
                             1.0f / sqrtf((float)hp->head_dim_k)}, {0}, 0};
-    cpu_attention_units(&job.shape, n, threadpool_size(ctx->pool), &job.units);
+    bool one_sequence = true;
+    for (int64_t t = 1; t < n; t++) one_sequence &= batch->seq[t] == batch->seq[0];
+    cpu_attention_units(&job.shape, n, one_sequence, threadpool_size(ctx->pool), &job.units);
     threadpool_run(ctx->pool, attn_worker, &job);
 
     project(ctx, &lm->wo, n, s->proj, s->attn);

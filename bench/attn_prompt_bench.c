@@ -1,0 +1,104 @@
+/* Wall time of the CPU's attention for one prompt step over one layer's cache, as the executor
+ * runs it on a thread pool: every token's unit alone (each token reads the cache), against tiles
+ * of the prompt's tokens (a tile reads it once), for llama8b's and qwen30b's shapes. The step's
+ * tokens are the last of the context: token t of n attends cells - n + t + 1 cells. Both give
+ * the same outputs bit for bit (test_attention_tiles_equal_tokens_alone); this checks it again.
+ *
+ * Build (no CMake target needed):
+ *   cc -O2 -Isrc -Iinclude bench/attn_prompt_bench.c build/libpshard.a -lm -lpthread -o build/attn_prompt_bench
+ * Run: build/attn_prompt_bench [tokens=256] [cells=16384] [threads=all] */
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/threadpool.h"
+#include "cpu/attention.h"
+#include "quant/half.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* -1 .. 1 in steps of 1/128 */
+static float next_value(uint32_t *seed) {
+    *seed = *seed * 1664525u + 1013904223u;
+    return (float)(*seed >> 24) / 128 - 1;
+}
+
+struct job {
+    const struct cpu_attn_shape *shape;
+    struct cpu_attn_units units;
+    const float *q;
+    const uint16_t *k, *v;
+    const int64_t *n_cells;
+    float *out;
+    _Atomic int64_t next;
+};
+
+/* The executor's worker: units claimed one at a time from the last (the longest) down. */
+static void worker(void *p, int thread, int n_threads) {
+    struct job *j = p;
+    (void)thread, (void)n_threads;
+    const int64_t q_width = (int64_t)j->shape->n_head * j->shape->head_k, o_width = (int64_t)j->shape->n_head * j->shape->head_v;
+    for (int64_t c = atomic_fetch_add(&j->next, 1); c < j->units.count; c = atomic_fetch_add(&j->next, 1)) {
+        int64_t t0, t1;
+        int h0, h1;
+        cpu_attention_unit(j->shape, &j->units, j->units.count - 1 - c, &t0, &t1, &h0, &h1);
+        cpu_attention_tokens(j->shape, j->q + t0 * q_width, j->k, j->v, j->n_cells + t0, (int)(t1 - t0), h0, h1,
+                             j->out + t0 * o_width);
+    }
+}
+
+int main(int argc, char **argv) {
+    const int n_tokens = argc > 1 ? atoi(argv[1]) : 256;
+    const int64_t cells = argc > 2 ? atoll(argv[2]) : 16384;
+    struct threadpool *pool;
+    if (n_tokens < 1 || cells < n_tokens ||
+        threadpool_create(argc > 3 ? atoi(argv[3]) : threadpool_cpu_count(), &pool) != PSHARD_OK) {
+        fprintf(stderr, "usage: attn_prompt_bench [tokens >= 1] [cells >= tokens] [threads]\n");
+        return 2;
+    }
+    const struct {
+        const char *name;
+        struct cpu_attn_shape shape;
+    } shapes[] = {{"llama8b", {32, 8, 128, 128, 0.088f}}, {"qwen30b", {32, 4, 128, 128, 0.088f}}};
+    int64_t *n_cells = malloc(sizeof(int64_t) * (size_t)n_tokens);
+    for (int t = 0; t < n_tokens; t++) n_cells[t] = cells - n_tokens + t + 1;
+    printf("%d tokens ending at %lld cells, %d threads; seconds per step and layer, best of 3\n", n_tokens,
+           (long long)cells, threadpool_size(pool));
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const struct cpu_attn_shape *s = &shapes[si].shape;
+        const int64_t kv = cells * s->n_head_kv * s->head_k, qn = (int64_t)n_tokens * s->n_head * s->head_k;
+        uint16_t *k = malloc(sizeof(uint16_t) * (size_t)kv), *v = malloc(sizeof(uint16_t) * (size_t)kv);
+        float *q = malloc(sizeof(float) * (size_t)qn), *out[2];
+        uint32_t seed = 7;
+        for (int64_t i = 0; i < kv; i++) k[i] = half_from_f32(2 * next_value(&seed)), v[i] = half_from_f32(next_value(&seed));
+        for (int64_t i = 0; i < qn; i++) q[i] = next_value(&seed);
+        double best[2] = {1e30, 1e30};
+        for (int way = 0; way < 2; way++) {
+            out[way] = calloc((size_t)qn, sizeof(float));
+            struct job j = {s, {0}, q, k, v, n_cells, out[way], 0};
+            cpu_attention_units(s, n_tokens, way == 1, threadpool_size(pool), &j.units);
+            for (int rep = 0; rep < 3; rep++) {
+                atomic_store(&j.next, 0);
+                const double t0 = now_s();
+                threadpool_run(pool, worker, &j);
+                const double dt = now_s() - t0;
+                best[way] = dt < best[way] ? dt : best[way];
+            }
+        }
+        const bool same = memcmp(out[0], out[1], sizeof(float) * (size_t)qn) == 0;
+        printf("%-8s tokens alone %.4f s, in tiles %.4f s (%.2fx)%s\n", shapes[si].name, best[0], best[1], best[0] / best[1],
+               same ? "" : "  OUTPUTS DIFFER");
+        free(k), free(v), free(q), free(out[0]), free(out[1]);
+        if (!same) return 1;
+    }
+    free(n_cells);
+    threadpool_free(pool);
+    return 0;
+}
