@@ -14,9 +14,7 @@ static double mb(uint64_t bytes) { return bytes / 1048576.0; }
 /* Prose lines of the printout wrap at this width (the tables are as wide as their columns). */
 enum { NOTE_WIDTH = 100 };
 
-/* A line of prose, formatted, then wrapped at NOTE_WIDTH columns on spaces. */
-static void note(FILE *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void note(FILE *out, const char *fmt, ...) {
+void plan_note(FILE *out, const char *fmt, ...) {
     char text[1024];
     va_list ap;
     va_start(ap, fmt);
@@ -86,7 +84,7 @@ void plan_candidate_name(const struct plan_candidate *c, char *buf, size_t size)
 /* auto: what each tier weighed, predicted times, and the choice. */
 static void print_candidates(const struct plan *p, FILE *out) {
     const int last = plan_prompt_tier(p);
-    note(out, "candidates (predicted seconds per step of the tier's fewest tokens at the end of the context; "
+    plan_note(out, "candidates (predicted seconds per step of the tier's fewest tokens at the end of the context; "
               "* = chosen, from %d tokens on for its time per token at both ends of the tier; = the same "
               "placement as a candidate above):", PLAN_RING_MIN_TOKENS);
     fprintf(out, "  %-26s", "plan");
@@ -120,11 +118,11 @@ static void print_candidates(const struct plan *p, FILE *out) {
                  1e3 * p->weighed_phases.to_decode, 1e3 * p->weighed_phases.to_prompt);
     else
         snprintf(sets, sizeof sets, "the tiers share one resident set, so switching between them copies nothing");
-    note(out, "predicted: %.3f s to the first token of a %d-token prompt, then %.1f tokens/s; %s", p->predicted_ttft,
+    plan_note(out, "predicted: %.3f s to the first token of a %d-token prompt, then %.1f tokens/s; %s", p->predicted_ttft,
          n_prompt, p->predicted_decode > 0 ? 1 / p->predicted_decode : 0, sets);
     /* Which set, and why: each one's typical request, its tiers at their best. */
     const int n_out = p->n_decode;
-    note(out, "resident sets weighed, for a %d-token prompt then %d tokens (the soonest wins, or within %.0f%% of it "
+    plan_note(out, "resident sets weighed, for a %d-token prompt then %d tokens (the soonest wins, or within %.0f%% of it "
               "one whose first token is more than %.0f%% sooner; decoding over another set wins where the request, "
               "both changes counted, is more than %.0f%% sooner):",
          n_prompt, n_out, 100 * PLAN_SET_MARGIN, 100 * PLAN_SET_MARGIN, 100 * PLAN_SET_MARGIN);
@@ -250,7 +248,7 @@ void plan_print(const struct plan *p, const struct model *m, bool every_shard, F
     fputc('\n', out);
     for (int t = 1; t <= last; t++)
         if (p->tier[t].min_tokens < plan_tier_tokens[t])
-            note(out, "(steps of %d-%d tokens run the %d-token tier's plan, predicted faster there than the %d-token "
+            plan_note(out, "(steps of %d-%d tokens run the %d-token tier's plan, predicted faster there than the %d-token "
                       "tier's)", p->tier[t].min_tokens, plan_tier_tokens[t] - 1, plan_tier_tokens[t],
                  plan_tier_tokens[t - 1]);
     if (p->n_candidates) {
@@ -262,9 +260,9 @@ void plan_print(const struct plan *p, const struct model *m, bool every_shard, F
                 p->predicted_decode > 0 ? 1 / p->predicted_decode : 0);
     }
     if (p->n_expert)
-        note(out, "(MoE shards on the GPU: experts resident/streamed/on the CPU; router and shared parts resident)");
+        plan_note(out, "(MoE shards on the GPU: experts resident/streamed/on the CPU; router and shared parts resident)");
     if (p->n_expert && p->one_expert_call)
-        note(out, "(an MoE layer's resident and streamed experts are computed in one call)");
+        plan_note(out, "(an MoE layer's resident and streamed experts are computed in one call)");
     const struct plan_tier *decode = &p->tier[PLAN_TIER_DECODE];
     if (decode->routed) {
         const int k = (int)m->hp.n_expert_used;
@@ -273,21 +271,21 @@ void plan_print(const struct plan *p, const struct model *m, bool every_shard, F
             const size_t used = strlen(quota);
             snprintf(quota + used, sizeof quota - used, "%s%d:%d", n > 1 ? " " : "", n, decode->routed_quota[n]);
         }
-        note(out, "(one-token steps split where the layer splits by each token's routing, not by range: of N of its "
+        plan_note(out, "(one-token steps split where the layer splits by each token's routing, not by range: of N of its "
                   "%d experts not resident, the GPU reads in place N=%s; the CPU computes the rest)", k, quota);
     }
     if (plan_splits_ffn(p) || plan_splits_ffn(dp))
-        note(out, "(FFN shards split with the CPU: rows resident/streamed/on the CPU, both sides at once)");
+        plan_note(out, "(FFN shards split with the CPU: rows resident/streamed/on the CPU, both sides at once)");
     if (p->decode)
-        note(out, "(decode: its own resident set, carved when the phase changes; KV: prompt/decode phase where they "
+        plan_note(out, "(decode: its own resident set, carved when the phase changes; KV: prompt/decode phase where they "
                   "differ)");
     if (plan_lends(p))
-        note(out, "(IN SLOT: read from the staging slot where the ring's last step left it; copied there first "
+        plan_note(out, "(IN SLOT: read from the staging slot where the ring's last step left it; copied there first "
                   "when no prompt step has used the ring yet)");
     print_shards(p, dp, m, every_shard, out);
     print_budget(p, p->decode ? " in prompt steps" : "", out);
     if (p->decode) print_budget(dp, " in decode steps", out);
-    note(out, "per decode token: %.1f MB of weights read by the CPU from host memory, %.1f MB streamed over PCIe, "
+    plan_note(out, "per decode token: %.1f MB of weights read by the CPU from host memory, %.1f MB streamed over PCIe, "
               "%.1f MB read by the GPU from VRAM",
          mb(d->host_bytes_per_token), mb(d->pcie_bytes_per_token), mb(d->gpu_bytes_per_token));
 }
@@ -296,7 +294,7 @@ void plan_print_times(const struct plan *p, const struct model *m, const struct 
     if (!p->any_gpu) return;
     struct profile defaults;
     prof = plan_profile(prof, &defaults);
-    note(out, "where a step's time goes (predicted ms per step of each tier's plan at the tier's fewest tokens; "
+    plan_note(out, "where a step's time goes (predicted ms per step of each tier's plan at the tier's fewest tokens; "
               "the GPU and the CPU work at once in split layers, so the parts add up to more than the step):");
     fprintf(out, "  %-10s %9s %9s %9s %9s %15s\n", "tokens", "step", "GPU", "CPU", "PCIe", "launches, waits");
     for (int t = 0; t <= plan_prompt_tier(p); t++) {

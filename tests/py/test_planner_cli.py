@@ -189,6 +189,7 @@ def test_plan_says_where_no_gpu_is(default_model):
     plan = pshard("plan", "-m", default_model, "--vram-budget", "150M")
     assert plan.returncode == 0, plan.stderr
     assert ("has no CUDA device" in plan.stderr) == no_gpu
+    assert all(len(l) <= 100 for l in plan.stderr.splitlines()), plan.stderr  # wrapped like the plan's prose
     assert "VRAM:" in plan.stdout and "CUDA device" not in plan.stdout
     cpu = pshard("plan", "-m", default_model, "--vram-budget", "0")
     assert cpu.returncode == 0 and "CUDA device" not in cpu.stdout + cpu.stderr
@@ -274,6 +275,16 @@ def test_cpu_plan_priced_by_the_profile(tmp_path):
         return proc.stdout.splitlines()[0], [float(v) for v in row.split()[2:]]
     measured, with_profile = step("--profile", profile)
     assert "measured in" in measured and "Xeon" in measured, measured
+    # A profile without a GPU, planned for one: the profile line says so, wrapped at 100 columns.
+    cpu_only = json.load(open(profile))
+    cpu_only["has_gpu"] = False
+    cpu_profile = model.parent / "cpu-only.json"
+    cpu_profile.write_text(json.dumps(cpu_only))
+    proc = pshard("plan", "-m", str(model), "--vram-budget", "2G", "--profile", str(cpu_profile))
+    assert proc.returncode == 0, proc.stderr
+    head = proc.stdout.split("\nplan ")[0].splitlines()
+    assert head[0].startswith("profile: measured in") and "steps on one are not priced" in " ".join(head), head
+    assert len(head) > 1 and all(len(l) <= 100 for l in head), head
     defaults, without = step("--no-profile")
     assert "conservative defaults" in defaults, defaults
     assert all(a > 0 for a in with_profile) and with_profile != without, (with_profile, without)

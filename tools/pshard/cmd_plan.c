@@ -185,17 +185,17 @@ int cmd_plan(int argc, char **argv) {
         p.profile = &profile;
         const bool gpu_steps = p.vram_budget != 0 && p.plan != PLAN_CPU;
         if (profile.measured)
-            printf("profile: measured in %.0f s on %s, %d threads%s%s%s\n", profile.seconds, profile.fp.cpu,
+            plan_note(stdout, "profile: measured in %.0f s on %s, %d threads%s%s%s", profile.seconds, profile.fp.cpu,
                    profile.fp.threads, profile.fp.gpu[0] ? ", " : "", profile.fp.gpu,
                    gpu_steps && !profile.has_gpu ? "; it has no GPU, so steps on one are not priced (inf): plan with "
                                                    "the GPU machine's profile (--profile FILE)"
                                                  : "");
         else
-            printf("profile: %s; predictions use conservative defaults\n",
+            plan_note(stdout, "profile: %s; predictions use conservative defaults",
                    no_profile ? "not used (--no-profile)" : "none cached for this machine (run `pshard profile`)");
         if (gpu_steps && cuda_device_count() == 0)
-            fprintf(stderr, "pshard plan: this machine has no CUDA device, so `pshard run` here runs on the CPU "
-                            "alone (--vram-budget 0); this plan is for a machine with one\n");
+            plan_note(stderr, "pshard plan: this machine has no CUDA device, so `pshard run` here runs on the CPU "
+                              "alone (--vram-budget 0); this plan is for a machine with one");
     }
     if (st == PSHARD_OK) st = exec_make_plan(&model, &p, &plan);
     if (st == PSHARD_OK) {
