@@ -517,7 +517,7 @@ static uint64_t slot_size(const struct model *m, struct plan *p) {
 static void reset_places(struct plan *p) {
     for (int t = 0; t < PLAN_TIERS; t++) {
         p->tier[t].family = PLAN_CPU;
-        p->tier[t].routed = false;
+        p->tier[t].routed = p->tier[t].ring = false;
         p->tier[t].min_tokens = plan_tier_tokens[t];
         for (uint32_t i = 0; i < p->n_shards; i++) p->tier[t].shard[i] = PLACE_CPU;
         for (uint32_t l = 0; l < p->n_layers; l++) p->tier[t].experts_gpu[l] = p->tier[t].ffn_rows_gpu[l] = 0;

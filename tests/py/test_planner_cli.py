@@ -285,6 +285,9 @@ def test_cpu_plan_priced_by_the_profile(tmp_path):
     head = proc.stdout.split("\nplan ")[0].splitlines()
     assert head[0].startswith("profile: measured in") and "steps on one are not priced" in " ".join(head), head
     assert len(head) > 1 and all(len(l) <= 100 for l in head), head
+    # Its plan is the CPU's alone, whose tiers stage nothing (none is marked as the ring's).
+    first = next(l for l in proc.stdout.splitlines() if l.startswith("plan "))
+    assert first.startswith("plan cpu:") and "(ring)" not in first, first
     defaults, without = step("--no-profile")
     assert "conservative defaults" in defaults, defaults
     assert all(a > 0 for a in with_profile) and with_profile != without, (with_profile, without)
