@@ -123,6 +123,12 @@ typedef struct pshard_gen_opts {
                                conversation has none (off: small models often answer worse) */
     int32_t *out_tokens;    /* optional: the generated ids */
     int32_t out_tokens_cap;
+    /* optional: called after each step of the prompt with the prompt tokens processed so far and
+     * how many there are (those reused from the previous call not counted); return nonzero to stop:
+     * the call then fails ("prompt cancelled ...") and keeps no KV cells (the next call computes
+     * its whole prompt) */
+    int (*on_prompt)(void *user, int32_t done, int32_t total);
+    void *prompt_user;
 } pshard_gen_opts;
 
 void pshard_gen_opts_default(pshard_gen_opts *opts);

@@ -101,7 +101,8 @@ void attn_accumulate_f32_avx2(float *acc, const float *p, const float *v, int64_
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) _mm256_storeu_ps(acc + i + 8 * r, a[r]);
     }
-    for (int j = 0; j < n_keys; j++) attn_axpy_f32_avx2(acc + i, p[j], v + j * v_stride + i, n - i);
+    if (i < n)
+        for (int j = 0; j < n_keys; j++) attn_axpy_f32_avx2(acc + i, p[j], v + j * v_stride + i, n - i);
 }
 
 void attn_widen_f16_avx2(float *out, const uint16_t *in, int n) {

@@ -31,6 +31,9 @@ static pshard_status prefault(pshard_ctx *ctx) {
             return core_fail(PSHARD_ERR_INVALID_ARG, "loading cancelled");
     }
     (void)sink;
+    /* The file's header and metadata are in the total, not in any tensor: the end is reported too. */
+    if (done < total && ctx->params.progress && ctx->params.progress(ctx->params.progress_user, total, total))
+        return core_fail(PSHARD_ERR_INVALID_ARG, "loading cancelled");
     return PSHARD_OK;
 }
 

@@ -35,8 +35,9 @@ static bool is_end_of_turn(const struct tok *tok, int32_t id) {
     return false;
 }
 
-/* Run tokens [from, to) of ctx->prompt through the model; logits for the last one. */
-static pshard_status prefill(pshard_ctx *ctx, int32_t from, int32_t to) {
+/* Run tokens [from, to) of ctx->prompt through the model; logits for the last one. After each
+ * step, the caller's on_prompt hears how far it got, and may stop it. */
+static pshard_status prefill(pshard_ctx *ctx, const pshard_gen_opts *opts, int32_t from, int32_t to) {
     const int32_t n_batch = ctx->params.n_batch;
     for (int32_t start = from; start < to; start += n_batch) {
         const int32_t n = to - start < n_batch ? to - start : n_batch;
@@ -49,6 +50,8 @@ static pshard_status prefill(pshard_ctx *ctx, int32_t from, int32_t to) {
         ctx->prefill_streamed += exec_last_stats(ctx->exec)->streamed_bytes;
         memcpy(ctx->cached + start, ctx->prompt + start, sizeof(int32_t) * (size_t)n);
         ctx->n_cached = start + n;
+        if (opts->on_prompt && opts->on_prompt(opts->prompt_user, start + n - from, to - from))
+            return core_fail(PSHARD_ERR_INVALID_ARG, "prompt cancelled after %d of its %d tokens", start + n - from, to - from);
     }
     return PSHARD_OK;
 }
@@ -193,7 +196,7 @@ pshard_status pshard_generate(pshard_ctx *ctx, const char *prompt, const pshard_
     if (st == PSHARD_OK) {
         for (int32_t i = 0; i < n_prompt; i++) sampler_accept(g.sampler, ctx->prompt[i]);
         ctx->prefill_streamed = 0;
-        st = prefill(ctx, keep, n_prompt);
+        st = prefill(ctx, opts, keep, n_prompt);
         stats->prefill_ms = core_now_ms() - t_start;
         stats->prefill_streamed_bytes = ctx->prefill_streamed;
     }

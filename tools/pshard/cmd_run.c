@@ -161,6 +161,15 @@ static int progress_bar(void *user, uint64_t done, uint64_t total) {
     return 0;
 }
 
+/* A prompt of more than one step: how far it got, on one line of the terminal, cleared at the end
+ * (the reply follows on the same terminal). */
+static int prompt_progress(void *user, int32_t done, int32_t total) {
+    (void)user;
+    if (done < total) fprintf(stderr, "\rprompt: %d of %d tokens (%d%%)\033[K", done, total, (int)(100.0 * done / total));
+    else fprintf(stderr, "\r\033[K");
+    return 0;
+}
+
 static int print_text(void *user, const char *text, size_t len) {
     (void)user;
     fwrite(text, 1, len, stdout);
@@ -220,7 +229,7 @@ pshard_ctx *run_open_model(struct run_opts *o) {
         o->model = o->default_path;
     }
     o->params.model_path = o->model;
-    if (!o->quiet && isatty(2)) o->params.progress = progress_bar;
+    if (!o->quiet && isatty(2)) o->params.progress = progress_bar, o->gen.on_prompt = prompt_progress;
     static struct cli_measuring measuring = {"pshard", "measuring this machine for the planner (once, under a minute)"};
     if (!o->quiet) o->params.profile_progress = cli_measure_progress, o->params.progress_user = &measuring;
     pshard_ctx *ctx = NULL;

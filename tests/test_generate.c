@@ -1,0 +1,112 @@
+/* The generation API on the default model, on the CPU: a prompt's steps are reported as they run
+ * (on_prompt), and a prompt stopped there fails cleanly and leaves the context usable. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "pshard.h"
+
+enum { BATCH = 16, MAX_CALLS = 64, N_OUT = 8 };
+
+static const char PROMPT[] = "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. "
+                             "How vexingly quick daft zebras jump! Sphinx of black quartz, judge my vow. "
+                             "The five boxing wizards jump quickly.";
+
+struct heard {
+    int calls, stop_at;
+    int32_t done[MAX_CALLS], total[MAX_CALLS];
+};
+
+static int on_prompt(void *user, int32_t done, int32_t total) {
+    struct heard *h = user;
+    if (h->calls < MAX_CALLS) h->done[h->calls] = done, h->total[h->calls] = total;
+    return ++h->calls == h->stop_at;
+}
+
+static int setup(void **state) {
+    const char *path = getenv("PSHARD_DEFAULT_MODEL");
+    if (!path || !*path) {
+        fprintf(stderr, "PSHARD_DEFAULT_MODEL must name the default model\n");
+        return -1;
+    }
+    pshard_params params;
+    pshard_params_default(&params);
+    params.model_path = path;
+    params.n_ctx = 512, params.n_batch = BATCH, params.n_threads = 2;
+    params.vram_budget = 0, params.prefault = 0, params.no_profile = 1;
+    pshard_ctx *ctx = NULL;
+    if (pshard_open(&params, &ctx) != PSHARD_OK) {
+        fprintf(stderr, "%s\n", pshard_last_error());
+        return -1;
+    }
+    *state = ctx;
+    return 0;
+}
+
+static int teardown(void **state) {
+    pshard_close(*state);
+    return 0;
+}
+
+static pshard_status generate(pshard_ctx *ctx, struct heard *h, int32_t *ids, pshard_gen_stats *stats) {
+    pshard_gen_opts opts;
+    pshard_gen_opts_default(&opts);
+    opts.n_predict = N_OUT, opts.sampling.temperature = 0, opts.ignore_eos = 1;
+    opts.out_tokens = ids, opts.out_tokens_cap = N_OUT;
+    opts.on_prompt = on_prompt, opts.prompt_user = h;
+    return pshard_generate(ctx, PROMPT, &opts, NULL, NULL, stats);
+}
+
+/* Every step of the prompt is heard, in order, ending at the whole prompt; the tokens a later
+ * call reuses are not counted; a prompt stopped after its second step fails with a clear error,
+ * keeps no KV cells (the next call reuses nothing), and the next call generates what the first
+ * did. */
+static void test_prompt_steps_heard_and_stopped(void **state) {
+    pshard_ctx *ctx = *state;
+    int32_t first[N_OUT], again[N_OUT], after[N_OUT];
+    pshard_gen_stats stats;
+    struct heard h = {0};
+    assert_int_equal(generate(ctx, &h, first, &stats), PSHARD_OK);
+    const int32_t n = stats.n_prompt;
+    assert_true(n > 2 * BATCH);
+    assert_int_equal(h.calls, (n + BATCH - 1) / BATCH);
+    for (int i = 0; i < h.calls; i++) {
+        assert_int_equal(h.total[i], n);
+        assert_int_equal(h.done[i], i + 1 < h.calls ? (i + 1) * BATCH : n);
+    }
+
+    /* The same prompt again: all but its last token reused, one step heard. */
+    struct heard reused = {0};
+    assert_int_equal(generate(ctx, &reused, again, &stats), PSHARD_OK);
+    assert_int_equal(stats.n_prompt_cached, n - 1);
+    assert_int_equal(reused.calls, 1);
+    assert_int_equal(reused.done[0], 1);
+    assert_int_equal(reused.total[0], 1);
+    assert_memory_equal(again, first, sizeof first);
+
+    /* Stopped after two steps: a clear error, and nothing kept. */
+    pshard_close(ctx);
+    assert_int_equal(setup(state), 0);
+    ctx = *state;
+    struct heard stopped = {.stop_at = 2};
+    assert_int_not_equal(generate(ctx, &stopped, after, &stats), PSHARD_OK);
+    assert_non_null(strstr(pshard_last_error(), "prompt cancelled after 32 of"));
+    assert_int_equal(stopped.calls, 2);
+    struct heard resumed = {0};
+    assert_int_equal(generate(ctx, &resumed, after, &stats), PSHARD_OK);
+    assert_int_equal(stats.n_prompt_cached, 0);
+    assert_int_equal(stats.n_prompt, n);
+    assert_int_equal(resumed.calls, h.calls);
+    assert_memory_equal(after, first, sizeof first);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test_setup_teardown(test_prompt_steps_heard_and_stopped, setup, teardown)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
