@@ -13,7 +13,8 @@ enum { KEY_BLOCK = 64, MAX_HEAD = 512, PREFETCH_CELLS = 8, HEAD_CHUNK = 8 };
 
 /* A prompt's tokens of one sequence go through the cache a tile at a time: up to TILE_ROWS query
  * rows (tokens times the heads of a unit) score each block of keys while it is in L1, widened
- * to f32 once for all of them; heads wider than TILE_HEAD go token by token. */
+ * to f32 once for all of them; heads wider than TILE_HEAD go token by token. A tile's queries,
+ * outputs, widened block and scores take about 210 KB of the calling thread's stack. */
 enum { TILE_ROWS = CPU_ATTN_TILE_TOKENS, TILE_HEAD = 256 };
 
 /* A cell's row of one KV head is a few cache lines, and the next cell's is a whole row of KV
