@@ -152,11 +152,16 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
     return 0;
 }
 
+/* Redrawn when the percentage moves (a model of thousands of tensors reports each). */
 static int progress_bar(void *user, uint64_t done, uint64_t total) {
     (void)user;
+    static int shown = -1;
+    const int percent = total ? (int)(100 * done / total) : 100;
+    if (percent == shown && done < total) return 0;
+    shown = percent;
     const int width = 30, filled = total ? (int)(width * done / total) : width;
     fprintf(stderr, "\rloading [%.*s%*s] %3d%% %.2f/%.2f GB", filled, "##############################", width - filled, "",
-            total ? (int)(100 * done / total) : 100, done / 1e9, total / 1e9);
+            percent, done / 1e9, total / 1e9);
     if (done >= total) fputc('\n', stderr);
     return 0;
 }
