@@ -11,10 +11,12 @@ of an older format is read with the fields added since set to what its format me
 only its steps of at most N tokens, for a run whose larger steps the executor has changed since)
 Prints one line per configuration and the summary `pshard bench --oracle` prints: how often the
 choice was the measured best (among all candidates, and among those over the chosen plan's
-resident set), how much slower when not, and the median prediction error. --by-plan adds, per
-model, candidate and tokens per step, the median signed prediction error (where the cost model is
-off, and which way)."""
+resident set), how much slower when not, and the median prediction error; and how repeatable the
+measured best is: redrawn from the loads it was timed over, how often the same plan comes out
+best. --by-plan adds, per model, candidate and tokens per step, the median signed prediction
+error (where the cost model is off, and which way)."""
 import json
+import random
 import re
 import statistics
 import subprocess
@@ -139,6 +141,10 @@ def plan_table(pshard, profile, model, budget_gb, ctx, batch, tokens):
     return table
 
 
+REDRAWS = 1000
+DRAW = random.Random(1)
+
+
 def main():
     args = sys.argv[1:]
     by_plan = "--by-plan" in args
@@ -166,6 +172,7 @@ def main():
     set_best = set_within = 0
     set_worst = 0.0
     overlapped = 0  # choices not the best whose loads overlapped the best's
+    repeat = []  # per configuration: the share of redraws of its loads that name the same best
     errors, all_errors = [], []
     for profile, r in rows:
         key = (profile, r["model"], r["budget_gb"], r["context"])
@@ -201,6 +208,14 @@ def main():
         mine, theirs = loads.get(table[chosen][0]), loads.get(table[best][0])
         if slower > 0 and mine and theirs and mine is not theirs and min(mine) <= max(theirs):
             overlapped += 1
+        # How often measuring again would name the same best: each plan timed over several loads
+        # takes the median of a resample of them (the others keep their one time).
+        same = 0
+        for _ in range(REDRAWS):  # (candidates that place the step alike are one plan, drawn once)
+            drawn = {key: statistics.median(DRAW.choices(times, k=len(times))) for key, times in loads.items()}
+            again = {name: drawn.get(table[name][0], t) for name, t in lower.items()}
+            same += table[min(again, key=again.get)][0] == table[best][0]
+        repeat.append(same / REDRAWS)
         configs += 1
         best_n += slower <= 0
         within += slower <= 0.10
@@ -224,6 +239,8 @@ def main():
           "slower" % (configs, best_n, 100.0 * best_n / max(configs, 1), within, 100 * worst))
     print("of the %d where it was not, %d were timed over several loads with the choice's fastest load faster than "
           "the best's slowest" % (configs - best_n, overlapped))
+    print("measured again (each plan timed over several loads taking the median of a resample of them), the same "
+          "plan would be the best in %.0f%% of the configurations on average" % (100 * statistics.mean(repeat) if repeat else 0))
     print("against the candidates over the resident set the choice runs over (a phase's tiers share one): the measured best in %d "
           "(%.0f%%), within 10%% in %d; at worst %.1f%% slower" % (set_best, 100.0 * set_best / max(configs, 1),
                                                                     set_within, 100 * set_worst))
