@@ -8,6 +8,7 @@
 #include "core/cpu_features.h"
 #include "cpu/attention_kernels.h"
 #include "quant/half.h"
+#include "quant/quant.h"
 
 enum { KEY_BLOCK = 64, MAX_HEAD = 512, PREFETCH_CELLS = 8, HEAD_CHUNK = 8 };
 
@@ -49,10 +50,6 @@ static void scores_f32_ref(const float *q, const float *k, int64_t k_stride, int
 static void accumulate_f32_ref(float *acc, const float *p, const float *v, int64_t v_stride, int n_keys, int n) {
     for (int j = 0; j < n_keys; j++)
         for (int i = 0; i < n; i++) acc[i] += p[j] * v[j * v_stride + i];
-}
-
-static void widen_f16_ref(float *out, const uint16_t *in, int n) {
-    for (int i = 0; i < n; i++) out[i] = half_to_f32(in[i]);
 }
 
 /* Up to HEAD_CHUNK query heads that share a KV head go through the cache together: each block
@@ -108,6 +105,16 @@ static void attend_chunk(const struct cpu_attn_shape *s, const float *q, const u
     }
 }
 
+/* Cells [c0, c0 + n) of one KV head's rows (`width` values, `stride` apart) widened to f32 into
+ * `block`, a row after another; the rows PREFETCH_CELLS ahead are asked for on the way. */
+static void widen_block(void (*widen)(const void *, float *, int64_t), const uint16_t *head, int64_t stride, int width,
+                        int64_t c0, int64_t n, int64_t cells, float *block) {
+    for (int64_t j = 0; j < n; j++) {
+        if (c0 + j + PREFETCH_CELLS < cells) prefetch_row(head + (c0 + j + PREFETCH_CELLS) * stride, width);
+        widen(head + (c0 + j) * stride, block + j * width, width);
+    }
+}
+
 /* The same for a tile of tokens of one sequence, token i attending n_cells[i] cells: each block
  * of keys, then of values, is widened to f32 once and serves every (token, head) row of the
  * tile. A row's sums run in the same order, with the same operations, as attend_chunk's, so each
@@ -126,7 +133,7 @@ static void attend_tile(const struct cpu_attn_shape *s, const float *q, const in
     void (*score)(const float *, const float *, int64_t, int, int, float, float *) = simd ? attn_scores_f32_avx2 : scores_f32_ref;
     void (*accumulate)(float *, const float *, const float *, int64_t, int, int) =
         simd ? attn_accumulate_f32_avx2 : accumulate_f32_ref;
-    void (*widen)(float *, const uint16_t *, int) = simd ? attn_widen_f16_avx2 : widen_f16_ref;
+    void (*widen)(const void *, float *, int64_t) = quant_kernels_get(QUANT_F16)->dequant_row;
     const int rows = n_tokens * n_heads;
     int64_t longest = 0;
     for (int i = 0; i < n_tokens; i++) longest = n_cells[i] > longest ? n_cells[i] : longest;
@@ -138,12 +145,11 @@ static void attend_tile(const struct cpu_attn_shape *s, const float *q, const in
     }
     for (int64_t c0 = 0; c0 < longest; c0 += KEY_BLOCK) {
         const int64_t n = longest - c0 < KEY_BLOCK ? longest - c0 : KEY_BLOCK;
-        for (int64_t j = 0; j < n; j++) {
-            if (c0 + j + PREFETCH_CELLS < longest) prefetch_row(k_head + (c0 + j + PREFETCH_CELLS) * k_stride, s->head_k);
-            widen(block + j * s->head_k, k_head + (c0 + j) * k_stride, s->head_k);
-        }
+        int64_t take[TILE_ROWS]; /* the block's cells each token attends */
+        for (int i = 0; i < n_tokens; i++) take[i] = n_cells[i] - c0 < n ? n_cells[i] - c0 : n;
+        widen_block(widen, k_head, k_stride, s->head_k, c0, n, longest, block);
         for (int r = 0; r < rows; r++) {
-            const int64_t left = n_cells[r / n_heads] - c0, nr = left < n ? left : n;
+            const int64_t nr = take[r / n_heads];
             if (nr <= 0) continue;
             score(qh[r], block, s->head_k, (int)nr, s->head_k, s->scale, scores[r]);
             float block_max = -INFINITY;
@@ -153,12 +159,9 @@ static void attend_tile(const struct cpu_attn_shape *s, const float *q, const in
             sum[r] *= rescale;
             for (int i = 0; i < s->head_v; i++) acc[r][i] *= rescale;
         }
-        for (int64_t j = 0; j < n; j++) {
-            if (c0 + j + PREFETCH_CELLS < longest) prefetch_row(v_head + (c0 + j + PREFETCH_CELLS) * v_stride, s->head_v);
-            widen(block + j * s->head_v, v_head + (c0 + j) * v_stride, s->head_v);
-        }
+        widen_block(widen, v_head, v_stride, s->head_v, c0, n, longest, block);
         for (int r = 0; r < rows; r++) {
-            const int64_t left = n_cells[r / n_heads] - c0, nr = left < n ? left : n;
+            const int64_t nr = take[r / n_heads];
             if (nr <= 0) continue;
             float p[KEY_BLOCK];
             for (int64_t j = 0; j < nr; j++) {

@@ -104,9 +104,3 @@ void attn_accumulate_f32_avx2(float *acc, const float *p, const float *v, int64_
     if (i < n)
         for (int j = 0; j < n_keys; j++) attn_axpy_f32_avx2(acc + i, p[j], v + j * v_stride + i, n - i);
 }
-
-void attn_widen_f16_avx2(float *out, const uint16_t *in, int n) {
-    int i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(in + i))));
-    for (; i < n; i++) out[i] = _cvtsh_ss(in[i]);
-}

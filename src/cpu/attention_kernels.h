@@ -18,7 +18,5 @@ void attn_scores_f32_avx2(const float *q, const float *k, int64_t k_stride, int 
 /* acc[i] += p[j] * v[j * v_stride + i] for keys j = 0..n_keys-1 in turn (each output the same
  * FMAs in the same order as n_keys calls of attn_axpy_f32_avx2) */
 void attn_accumulate_f32_avx2(float *acc, const float *p, const float *v, int64_t v_stride, int n_keys, int n);
-/* out[i] = in[i] widened from f16 */
-void attn_widen_f16_avx2(float *out, const uint16_t *in, int n);
 
 #endif
