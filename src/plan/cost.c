@@ -186,11 +186,11 @@ static void move_to(struct walk *w, bool gpu) {
 /* Attention over the cache: seconds for n tokens attending ctx cells each. The CPU's rate is
  * per KV byte each query head attends (qwen30b's eight query heads per KV head ran 1.7x slower
  * per KV byte than llama8b's four on the H200 when each read it alone; now the heads of a unit
- * read it together, and the profile times the units the executor makes); the GPU's kernels read a KV head once for its
- * group, at a rate that depends on how long the cache is (profile_gpu_attn). On the GPU a step
- * runs the kernel the executor picks (cuda_attention_prefill_pays): the split-KV kernel pays
- * the call's fixed part besides, and the prompt kernel costs a full tile of queries at fewer
- * tokens. */
+ * read it together, and the profile times the units the executor makes); the GPU's kernels
+ * read a KV head once for its group, at a rate that depends on how long the cache is
+ * (profile_gpu_attn). On the GPU a step runs the kernel the executor picks
+ * (cuda_attention_prefill_pays): the split-KV kernel pays the call's fixed part besides, and the
+ * prompt kernel costs a full tile of queries at fewer tokens. */
 static double attention_s(const struct walk *w, const struct shard *s, bool gpu) {
     const double per_cell = (double)s->kv_bytes_per_token * (gpu ? 1 : cost_query_heads_per_kv(w->m));
     if (!gpu) return w->n * w->ctx * per_cell * profile_at_tokens(w->prof->cpu_attn, w->n);

@@ -335,10 +335,10 @@ const char *plan_set_name(enum plan_set set);
 /* "gpu", "dynamic 0.50 (no ring)", "static (all KV)": a candidate as `pshard plan` names it. */
 void plan_candidate_name(const struct plan_candidate *c, char *buf, size_t size);
 
-/* The plan as a table: per shard its place in each tier and its bytes, then the budget. Unless
- * every_shard, a run of layers placed alike prints as its first layer and one line. */
 /* A line of prose, formatted, then wrapped at 100 columns on spaces (pshard plan's notes). */
 void plan_note(FILE *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The plan as a table: per shard its place in each tier and its bytes, then the budget. Unless
+ * every_shard, a run of layers placed alike prints as its first layer and one line. */
 void plan_print(const struct plan *plan, const struct model *model, bool every_shard, FILE *out);
 /* Where each tier's predicted step goes (GPU, CPU, PCIe, launches and waits), by the profile the
  * plan was made with (NULL: the conservative defaults). */
