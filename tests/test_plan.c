@@ -23,7 +23,7 @@ static struct gguf_file *file, *moe_file;
 static struct model model, moe;
 static char moe_path[256];
 static const struct plan_gpu_costs costs = {100 << 20, 20 << 20, 10 << 20, 32 << 20, 256 << 10};
-static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false, false, false, false, NULL, 0, false, false, -1, 0};
+static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false, false, false, false, NULL, 0, false, false, -1, 0, false};
 
 static int setup(void **state) {
     (void)state;
@@ -268,6 +268,104 @@ static void test_lent_slots(void **state) {
     }
     assert_true(on_gpu > 0 && on_cpu > 0);
     plan_free(&lent);
+}
+
+/* The KV cells of layers whose cache is on the host ride the ring (plan.kv_stream): ring tiers run
+ * that attention on the GPU when the cost model finds it faster, the other tiers on the CPU; the
+ * ring has a unit for each such layer, large enough for its cells, never lent; only the layers in
+ * VRAM count as VRAM KV; and a tier that streams KV prices the cells it copies up. */
+static void test_kv_stream(void **state) {
+    (void)state;
+    struct profile prof;
+    plan_profile(NULL, &prof);
+    for (int i = 0; i < PROFILE_TOKENS; i++) prof.cpu_attn[i] = 1e-8; /* the CPU's attention: slow */
+    struct plan_request r = base;
+    r.family = PLAN_DYNAMIC;
+    r.staging = PLAN_SET_RING;
+    r.profile = &prof;
+    r.lend_slots = r.kv_stream = true;
+    r.vram_budget = (int64_t)(fixed_streaming() + 40 * 1048576ull);
+    struct plan p;
+    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_true(p.kv_stream);
+    uint64_t kv_vram = 0, kv_layer = 0;
+    uint32_t host_layers = 0;
+    for (uint32_t i = 0; i < model.n_shards; i++) {
+        const struct shard *s = &model.shards[i];
+        if (s->kind != SHARD_ATTN) continue;
+        kv_layer = s->kv_bytes_per_token * (uint64_t)r.n_ctx;
+        if (p.kv_gpu[s->layer]) kv_vram += kv_layer;
+        else host_layers++;
+        if (!p.kv_gpu[s->layer]) {
+            assert_true(p.slot_bytes >= plan_unit_bytes(s, 0) + kv_layer);
+            assert_false(p.lent[i]);
+        }
+    }
+    assert_true(host_layers > 0);
+    assert_int_equal(p.budget.kv, kv_vram);
+    assert_true(used(&p) <= p.budget.total);
+    int streaming_tiers = 0;
+    for (int t = 0; t < PLAN_TIERS; t++) {
+        const struct plan_tier *tier = &p.tier[t];
+        assert_true(!tier->kv_stream || tier->ring);
+        streaming_tiers += tier->kv_stream;
+        for (uint32_t i = 0; i < model.n_shards; i++) {
+            const struct shard *s = &model.shards[i];
+            if (s->kind == SHARD_ATTN && !p.kv_gpu[s->layer])
+                assert_int_equal(tier->shard[i], tier->kv_stream ? PLACE_STREAMED : PLACE_CPU);
+        }
+    }
+    assert_true(streaming_tiers > 0);
+    int t = PLAN_TIERS - 1;
+    while (!p.tier[t].kv_stream) t--;
+    struct plan_unit *units = malloc(sizeof *units * plan_ring_units_max(&p));
+    assert_non_null(units);
+    const uint32_t n = plan_ring_units(&p, &model, &p.tier[t], units);
+    uint32_t host_units = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        const struct shard *s = &model.shards[units[j].shard];
+        if (s->kind != SHARD_ATTN || p.kv_gpu[s->layer]) continue;
+        host_units++;
+        assert_true(plan_tier_stages(&model, &p.tier[t], &units[j]));
+        assert_false(plan_tier_stages(&model, &p.tier[0], &units[j])); /* decode steps: on the CPU */
+    }
+    assert_int_equal(host_units, host_layers);
+    /* The cells copied up cost their copy: 1000 cached cells more add at least their time at the
+     * profile's fastest copy rate. */
+    struct cost_step at0, at1000;
+    cost_step(&prof, &model, &p, &p.tier[t], 64, 0, &at0);
+    cost_step(&prof, &model, &p, &p.tier[t], 64, 1000, &at1000);
+    double fastest = 0;
+    for (int i = 0; i < PROFILE_SIZES; i++) fastest = prof.h2d_gbps[i] > fastest ? prof.h2d_gbps[i] : fastest;
+    assert_true(at1000.pcie_s - at0.pcie_s >= 0.99 * host_layers * 1000.0 * (double)(kv_layer / r.n_ctx) / (fastest * 1e9));
+    free(units);
+    plan_free(&p);
+
+    /* The CPU's attention made free and copies slow: the ring tiers leave it on the CPU, and pass
+     * over its units. */
+    for (int i = 0; i < PROFILE_TOKENS; i++) prof.cpu_attn[i] = 0;
+    for (int f = 0; f < PROFILE_FORMATS; f++)
+        for (int i = 0; i < PROFILE_TOKENS; i++) prof.cpu_matmul[f].s_per_byte[i] = 0;
+    for (int i = 0; i < PROFILE_SIZES; i++) prof.h2d_gbps[i] = 0.05;
+    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_true(p.kv_stream);
+    for (int k = 0; k < PLAN_TIERS; k++) assert_false(p.tier[k].kv_stream);
+    plan_free(&p);
+
+    /* Not asked for: no tier streams KV and the ring has no unit for that attention. */
+    r.kv_stream = false;
+    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_false(p.kv_stream);
+    units = malloc(sizeof *units * plan_ring_units_max(&p));
+    assert_non_null(units);
+    const uint32_t n_off = plan_ring_units(&p, &model, &p.tier[PLAN_TIERS - 1], units);
+    for (uint32_t j = 0; j < n_off; j++) {
+        const struct shard *s = &model.shards[units[j].shard];
+        assert_false(s->kind == SHARD_ATTN && !p.kv_gpu[s->layer]);
+    }
+    for (int k = 0; k < PLAN_TIERS; k++) assert_false(p.tier[k].kv_stream);
+    free(units);
+    plan_free(&p);
 }
 
 /* Static over the all-KV set where some attention streams: with stage_static its tiers take the
@@ -1340,7 +1438,7 @@ int main(void) {
         cmocka_unit_test(test_routed_split), cmocka_unit_test(test_cost_cpu_attention_per_query_head),
         cmocka_unit_test(test_cost_one_expert_call),
         cmocka_unit_test(test_cost_small_expert_calls), cmocka_unit_test(test_cost_in_place_call_by_odds), cmocka_unit_test(test_cost_hand_off_on_gpu_side), cmocka_unit_test(test_soonest_set),
-        cmocka_unit_test(test_cost_expert_rate_by_pairs),
+        cmocka_unit_test(test_cost_expert_rate_by_pairs), cmocka_unit_test(test_kv_stream),
         cmocka_unit_test(test_moe_routers_first), cmocka_unit_test(test_auto_phases),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -110,16 +110,18 @@ static bool env_switch(const char *name, bool unset) {
 /* The planner's request for these parameters. Tiers that do not use the staging ring read the
  * units it leaves in its slots (plan.lent); dynamic tiers split dense FFNs by rows between the
  * GPU and the CPU; static tiers stage the attention they stream; balanced dynamic tiers split a
- * token's experts by its routing. PSHARD_LEND_SLOTS=0, PSHARD_SPLIT_FFN=0, PSHARD_STAGE_STATIC=0
- * and PSHARD_ROUTED_SPLIT=0 turn these off (for comparison); so does PSHARD_ONE_EXPERT_CALL=0 for
- * the one call over a layer's resident and streamed experts (two calls, resident ones first). */
+ * token's experts by its routing; ring tiers may carry the KV cells of layers whose cache is on the
+ * host to the GPU's attention. PSHARD_LEND_SLOTS=0, PSHARD_SPLIT_FFN=0, PSHARD_STAGE_STATIC=0,
+ * PSHARD_ROUTED_SPLIT=0 and PSHARD_KV_STREAM=0 turn these off (for comparison); so does
+ * PSHARD_ONE_EXPERT_CALL=0 for the one call over a layer's resident and streamed experts (two
+ * calls, resident ones first). */
 static struct plan_request request_for(const struct exec_params *p, bool gpu_wanted) {
     return (struct plan_request){gpu_wanted ? p->plan : PLAN_CPU, p->vram_budget, p->n_ctx, p->n_batch, p->n_seq,
                                  p->stream_share, p->staging, p->profile, env_switch("PSHARD_LEND_SLOTS", true),
                                  env_switch("PSHARD_SPLIT_FFN", true), env_switch("PSHARD_STAGE_STATIC", true),
                                  env_switch("PSHARD_ROUTED_SPLIT", true), NULL, 0,
                                  env_switch("PSHARD_ONE_EXPERT_CALL", true), p->decode_set != PLAN_DECODE_SAME, p->decode_set,
-                                 p->n_decode};
+                                 p->n_decode, env_switch("PSHARD_KV_STREAM", true)};
 }
 
 /* PSHARD_ROUTED_QUOTA=q1,q2,...,qk (for tests and comparison): routed tiers' GPU share of a

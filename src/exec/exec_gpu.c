@@ -524,6 +524,8 @@ pshard_status exec_gpu_switch(struct exec_ctx *ctx, const struct plan *to) {
     return PSHARD_OK;
 }
 
+static bool plan_streams_kv(const struct plan *p) { return p->kv_stream; }
+
 /* Whether the plan of either phase (plan.decode) has what `has` asks. */
 static bool either_phase(const struct exec_ctx *ctx, bool (*has)(const struct plan *)) {
     return has(&ctx->plan) || (ctx->plan.decode && has(ctx->plan.decode));
@@ -573,7 +575,8 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
                      "reserved: the budget is exceeded by that much", g->report.mapping_bytes / 1e6,
                      (g->report.mapping_bytes - mapping) / 1e6);
     }
-    if (decode && ctx->kv.k) { /* moved at each change of phase: pinned, where the system lets it */
+    if ((decode || either_phase(ctx, plan_streams_kv)) && ctx->kv.k) {
+        /* moved at each change of phase, or carried in the ring: pinned, where the system lets it */
         const struct kv_cache *kv = &ctx->kv;
         const size_t cells = (size_t)kv->n_layers * kv->n_seq * kv->n_ctx;
         CORE_TRY(cuda_host_register_writable(kv->k, sizeof(uint16_t) * cells * (size_t)kv->k_width, &g->kv_host[0]));

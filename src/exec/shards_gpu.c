@@ -43,8 +43,28 @@ static pshard_status project_each(struct exec_ctx *ctx, struct exec_gpu *g, cons
     return PSHARD_OK;
 }
 
+/* The step's new cells of a layer whose KV cache is in host memory, from their copy in a slot down
+ * to the host's cache: one copy of K and one of V for each run of consecutive positions of a
+ * sequence. */
+static pshard_status kv_cells_down(struct exec_ctx *ctx, struct exec_gpu *g, int il, const struct cuda_kv_layer *kv,
+                                   const struct exec_batch *b) {
+    const int64_t kw = ctx->kv.k_width, vw = ctx->kv.v_width;
+    for (int32_t t = 0, end; t < b->n_tokens; t = end) {
+        const int32_t s = b->seq[t], from = b->pos[t];
+        for (end = t + 1; end < b->n_tokens && b->seq[end] == s && b->pos[end] == from + (end - t);) end++;
+        const size_t cells = (size_t)(end - t);
+        CORE_TRY(cuda_copy_d2h(kv_cache_k(&ctx->kv, il, s) + (int64_t)from * kw, kv->k + kv->seq_stride_k * s + (int64_t)from * kw,
+                               sizeof(uint16_t) * cells * (size_t)kw, g->stream));
+        CORE_TRY(cuda_copy_d2h(kv_cache_v(&ctx->kv, il, s) + (int64_t)from * vw, kv->v + kv->seq_stride_v * s + (int64_t)from * vw,
+                               sizeof(uint16_t) * cells * (size_t)vw, g->stream));
+    }
+    return PSHARD_OK;
+}
+
+/* A layer's attention over `kv`: its cache in VRAM, or (plan.kv_stream) its cells carried in a
+ * slot, whose new cells then go down to the host's cache. */
 static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il, const struct gpu_layer *l,
-                               const struct exec_batch *b) {
+                               const struct cuda_kv_layer *kv, const struct exec_batch *b) {
     const struct model_hparams *hp = &ctx->model->hp;
     const int64_t n = b->n_tokens, d = hp->n_embd, q_width = (int64_t)hp->n_head * hp->head_dim_k;
     const int64_t k_width = ctx->kv.k_width, v_width = ctx->kv.v_width;
@@ -70,7 +90,8 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
     } else {
         CORE_TRY(cuda_rope_apply(&ctx->w.rope, g->rope_cs, g->k, n, (int)hp->n_head_kv, (int)hp->head_dim_k, s));
     }
-    CORE_TRY(cuda_kv_store(&g->kv[il], g->k, g->v, k_width, v_width, g->seq, g->pos, n, s));
+    CORE_TRY(cuda_kv_store(kv, g->k, g->v, k_width, v_width, g->seq, g->pos, n, s));
+    if (kv != &g->kv[il]) CORE_TRY(kv_cells_down(ctx, g, il, kv, b));
 
     /* A prompt of one sequence of a query tile or more goes to the tensor-core kernel; anything
      * else to the split-KV decode kernel, which takes any mix of sequences. */
@@ -82,10 +103,10 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
     }
     if (g->capturing) max_len = ctx->params.n_ctx; /* a replayed bound must not depend on the position */
     if (one_seq && cuda_attention_prefill_pays(&g->attn_shape, n))
-        CORE_TRY(cuda_attention_prefill(&g->attn_shape, &g->kv[il], g->q, b->seq[0], g->pos, n, max_len, g->attn, g->work,
+        CORE_TRY(cuda_attention_prefill(&g->attn_shape, kv, g->q, b->seq[0], g->pos, n, max_len, g->attn, g->work,
                                         g->work_bytes, s));
     else
-        CORE_TRY(cuda_attention_decode(&g->attn_shape, &g->kv[il], g->q, g->seq, g->pos, n, max_len, g->attn, g->work,
+        CORE_TRY(cuda_attention_decode(&g->attn_shape, kv, g->q, g->seq, g->pos, n, max_len, g->attn, g->work,
                                        g->work_bytes, s));
     CORE_TRY(project(ctx, g, &l->wo, g->attn, n, g->proj));
     if (l->bo) CORE_TRY(cuda_add_bias(g->proj, l->bo, n, d, s));
@@ -140,6 +161,35 @@ static void expert_unit(const struct layer_weights *w, uint32_t first, uint32_t 
     }
 }
 
+/* A layer's KV cells in a slot, from `at` (past its matrices): every sequence's n_ctx cells of K,
+ * then of V, laid out as the cache in VRAM is (plan.kv_stream). */
+static struct cuda_kv_layer slot_kv(const struct exec_ctx *ctx, uint8_t *at) {
+    const struct kv_cache *kv = &ctx->kv;
+    struct cuda_kv_layer l = {(uint16_t *)at, NULL, (int64_t)kv->n_ctx * kv->k_width, (int64_t)kv->n_ctx * kv->v_width};
+    l.v = (uint16_t *)(at + cuda_align(sizeof(uint16_t) * (size_t)(l.seq_stride_k * kv->n_seq)));
+    return l;
+}
+
+/* The cells the step's sequences have cached in a layer whose KV is on the host, copied into
+ * the slot on the copy stream (the step adds its own there). */
+static pshard_status kv_cells_up(struct exec_ctx *ctx, struct exec_gpu *g, int il, uint8_t *at) {
+    const struct kv_cache *kv = &ctx->kv;
+    const struct exec_batch *b = g->batch;
+    const struct cuda_kv_layer l = slot_kv(ctx, at);
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        const int32_t s = b->seq[t];
+        bool first = true; /* each sequence once, at its first token */
+        for (int32_t u = 0; u < t && first; u++) first = b->seq[u] != s;
+        const size_t cells = (size_t)kv->seq_len[s];
+        if (!first || !cells) continue;
+        const size_t kb = sizeof(uint16_t) * cells * (size_t)kv->k_width, vb = sizeof(uint16_t) * cells * (size_t)kv->v_width;
+        CORE_TRY(cuda_copy_h2d(l.k + l.seq_stride_k * s, kv_cache_k(kv, il, s), kb, g->copy));
+        CORE_TRY(cuda_copy_h2d(l.v + l.seq_stride_v * s, kv_cache_v(kv, il, s), vb, g->copy));
+        ctx->stats.streamed_bytes += kb + vb;
+    }
+    return PSHARD_OK;
+}
+
 /* Copy unit j into its slot on the copy stream, once the compute that read the slot before is done. */
 static pshard_status ring_fill(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t j) {
     const struct plan_unit *u = &g->units[j];
@@ -162,6 +212,7 @@ static pshard_status ring_fill(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
         at += cuda_align(bytes[m]);
     }
     ctx->stats.streamed_bytes += at;
+    if (s->kind == SHARD_ATTN && !ctx->active->kv_gpu[s->layer]) CORE_TRY(kv_cells_up(ctx, g, s->layer, g->slot[slot] + at));
     return cuda_event_record(g->filled[slot], g->copy);
 }
 
@@ -230,8 +281,10 @@ static pshard_status dense_in_slot(struct exec_ctx *ctx, struct exec_gpu *g, con
         mats[m]->data = slot + at;
         mats[m]->in_place = false;
     }
-    if (shard->kind == SHARD_ATTN) return attn_shard(ctx, g, shard->layer, &view, b);
-    return ffn_shard(ctx, g, &view, b);
+    if (shard->kind != SHARD_ATTN) return ffn_shard(ctx, g, &view, b);
+    if (ctx->active->kv_gpu[shard->layer]) return attn_shard(ctx, g, shard->layer, &view, &g->kv[shard->layer], b);
+    const struct cuda_kv_layer kv = slot_kv(ctx, slot + at);
+    return attn_shard(ctx, g, shard->layer, &view, &kv, b);
 }
 
 /* A dense shard whose matrices are staged. */
@@ -562,8 +615,10 @@ static pshard_status gpu_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
         if (streamed && plan_ffn_split(tier, shard)) return split_ffn_shard(ctx, g, index, shard->layer, tier, b);
         if (plan_reads_lent(ctx->active, tier, index)) return dense_in_slot(ctx, g, shard, lent_slot(ctx, g, index), b);
         if (streamed) ctx->stats.streamed_bytes += plan_unit_bytes(shard, 0);
-        return shard->kind == SHARD_ATTN ? attn_shard(ctx, g, shard->layer, &g->layers[shard->layer], b)
-                                         : ffn_shard(ctx, g, &g->layers[shard->layer], b);
+        if (shard->kind == SHARD_FFN) return ffn_shard(ctx, g, &g->layers[shard->layer], b);
+        if (!ctx->active->kv_gpu[shard->layer]) /* (its cells come only in a ring step's slot) */
+            return core_fail(PSHARD_ERR_INTERNAL, "layer %u's attention is on the GPU without its KV cells", shard->layer);
+        return attn_shard(ctx, g, shard->layer, &g->layers[shard->layer], &g->kv[shard->layer], b);
     case SHARD_MOE: return moe_shard(ctx, g, index, shard->layer, tier, b);
     case SHARD_HEAD:
         if (!ctx->stats.n_outputs) return PSHARD_OK;
@@ -685,6 +740,7 @@ pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
     struct exec_gpu *g = ctx->gpu;
     if (g->broken) return core_fail(PSHARD_ERR_INTERNAL, "the GPU's memory was left half carved by a failed change of plan");
     const struct plan_tier *tier = plan_tier_for(ctx->active, b->n_tokens);
+    g->batch = b;
     CORE_TRY(upload_batch(ctx, g, b));
     if (!tier->ring && tier->any_gpu) CORE_TRY(ensure_lent(ctx, g));
     const bool replayed = plan_tier_replays(tier, b->n_tokens) && ctx->stats.n_outputs == 1 && !g->no_graphs;

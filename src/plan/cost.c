@@ -61,6 +61,7 @@ struct walk {
     const struct plan *p;
     const struct plan_tier *t;
     double n, n_out, ctx; /* tokens, output rows of the head, mean attended cells */
+    double past;          /* cells cached before the step */
     bool graph, on_gpu;
     struct cost_step *out;
     /* A ring tier's copies, on their own clock: they run ahead while the GPU computes other
@@ -332,11 +333,18 @@ static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
     }
     double sec = matrices_s(w, s, true, n, &bytes, &count);
     int slot = -1;
+    /* Attention whose KV is on the host, in a ring tier (plan.kv_stream): the cached cells go up
+     * with the matrices, and the step's new cells come down on the compute stream. */
+    const bool kv_up = s->kind == SHARD_ATTN && !w->p->kv_gpu[s->layer];
+    if (kv_up) {
+        const double down = w->n * (double)s->kv_bytes_per_token;
+        sec += gbps_s(down, profile_at_size(w->prof->d2h_gbps, down));
+    }
     if (place == PLACE_STREAMED && s->kind != SHARD_EMBED && !plan_reads_lent(w->p, w->t, i)) {
         const struct profile *pr = w->prof;
         if (w->t->ring && plan_shard_units(w->p, s, place)) {
             slot = (int)(w->unit % w->p->n_slots);
-            copy_ahead(w, (double)bytes, slot);
+            copy_ahead(w, (double)bytes + (kv_up ? w->past * (double)s->kv_bytes_per_token : 0), slot);
         } else {
             const double *in_place = profile_in_place(pr, w->m->weights_skew, false);
             const double stream = w->t->ring ? gbps_s((double)bytes, profile_at_size(pr->h2d_gbps, (double)bytes))
@@ -592,7 +600,8 @@ void cost_step(const struct profile *prof, const struct model *m, const struct p
                int32_t n_tokens, int32_t n_past, struct cost_step *out) {
     memset(out, 0, sizeof *out);
     const double n = n_tokens > 0 ? n_tokens : 1;
-    struct walk w = {.prof = prof, .m = m, .p = p, .t = t, .n = n, .n_out = 1, .ctx = n_past + (n + 1) / 2, .out = out};
+    struct walk w = {.prof = prof, .m = m, .p = p, .t = t, .n = n, .n_out = 1, .ctx = n_past + (n + 1) / 2,
+                     .past = n_past, .out = out};
     w.graph = plan_tier_replays(t, n_tokens);
     if (!prof->has_gpu && t->any_gpu) {
         out->seconds = INFINITY;

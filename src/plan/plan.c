@@ -190,7 +190,8 @@ bool plan_streams(const struct plan *p) {
 }
 
 uint32_t plan_shard_units(const struct plan *p, const struct shard *s, enum placement place) {
-    if ((s->kind == SHARD_ATTN && p->kv_gpu[s->layer]) || s->kind == SHARD_FFN) return place != PLACE_RESIDENT;
+    if (s->kind == SHARD_ATTN && !p->kv_gpu[s->layer]) return p->kv_stream;
+    if (s->kind == SHARD_ATTN || s->kind == SHARD_FFN) return place != PLACE_RESIDENT;
     if (s->kind != SHARD_MOE || place == PLACE_CPU) return 0;
     const uint32_t piece = p->piece_experts ? p->piece_experts : 1, r = p->experts_resident[s->layer];
     return r < s->n_expert ? (s->n_expert - r + piece - 1) / piece : 0;
@@ -234,8 +235,11 @@ static pshard_status lend_slots(const struct model *m, struct plan *p) {
     struct plan_unit *units = malloc(sizeof *units * plan_ring_units_max(p));
     if (!units) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
     const uint32_t n = plan_ring_units(p, m, &p->tier[0], units);
-    for (uint32_t j = n > p->n_slots ? n - p->n_slots : 0; j < n; j++)
-        p->lent[units[j].shard] |= m->shards[units[j].shard].kind != SHARD_MOE;
+    for (uint32_t j = n > p->n_slots ? n - p->n_slots : 0; j < n; j++) {
+        const struct shard *s = &m->shards[units[j].shard];
+        /* (attention whose KV is on the host needs its cells in the slot, which only ring steps bring) */
+        p->lent[units[j].shard] |= s->kind == SHARD_FFN || (s->kind == SHARD_ATTN && p->kv_gpu[s->layer]);
+    }
     free(units);
     return PSHARD_OK;
 }
@@ -254,12 +258,12 @@ static void account(const struct model *m, const struct plan_request *req, const
         const enum placement place = plan_shard_place(p, i);
         const bool gpu = place != PLACE_CPU;
         p->any_gpu |= gpu;
-        p->any_cpu_attention |= s->kind == SHARD_ATTN && !gpu;
+        p->any_cpu_attention |= s->kind == SHARD_ATTN && !p->kv_gpu[s->layer];
         if (!gpu) continue;
         if (s->kind == SHARD_MOE) b->weights += shared_bytes(s) + (uint64_t)p->experts_resident[s->layer] * s->expert_bytes;
         else if (place == PLACE_RESIDENT) b->weights += s->weight_bytes;
         else if (s->kind != SHARD_EMBED) b->weights += s->weight_bytes - matrix_bytes(s);
-        b->kv += kv_bytes(s, req);
+        if (s->kind == SHARD_ATTN && p->kv_gpu[s->layer]) b->kv += kv_bytes(s, req);
     }
     if (p->any_gpu) b->activations += costs->activations + costs->logits, b->work = costs->work, b->blas = costs->blas;
     else b->staging = 0;
@@ -325,7 +329,7 @@ static uint32_t split_rows(const struct model *m, float share) {
  * given, or else balanced so both sides finish together; ring tiers (staged copies) stream
  * everything. */
 static void place_tier(const struct model *m, const struct plan_request *req, const struct profile *prof, struct plan *p,
-                       int ti, float share, bool staging) {
+                       int ti, float share, bool staging, bool kv_stream) {
     struct plan_tier *t = &p->tier[ti];
     /* Ring tiers stream everything not resident, so they all stage the same units. */
     const bool ring_ok = staging && ((t->family == PLAN_GPU && t->min_tokens >= PLAN_RING_MIN_TOKENS) ||
@@ -338,7 +342,7 @@ static void place_tier(const struct model *m, const struct plan_request *req, co
     uint32_t n_ffn = 0, ffn_seen = 0;
     for (uint32_t i = 0; i < m->n_shards; i++)
         n_ffn += m->shards[i].kind == SHARD_FFN && t->shard[i] != PLACE_RESIDENT;
-    t->ring = false;
+    t->ring = t->kv_stream = false;
     for (uint32_t i = 0; i < m->n_shards; i++) {
         const struct shard *s = &m->shards[i];
         enum placement *place = &t->shard[i];
@@ -354,8 +358,10 @@ static void place_tier(const struct model *m, const struct plan_request *req, co
             *place = r == E ? PLACE_RESIDENT : PLACE_STREAMED;
             t->ring |= ring_ok && g > r;
         } else if (s->kind == SHARD_ATTN) {
-            *place = p->kv_gpu[s->layer] ? PLACE_STREAMED : PLACE_CPU;
+            const bool streams_kv = !p->kv_gpu[s->layer] && ring_ok && kv_stream && p->kv_stream;
+            *place = p->kv_gpu[s->layer] || streams_kv ? PLACE_STREAMED : PLACE_CPU;
             t->ring |= ring_ok && *place == PLACE_STREAMED;
+            t->kv_stream |= streams_kv;
         } else {
             bool stream = stream_all;
             const bool dynamic_ffn = s->kind == SHARD_FFN && t->family == PLAN_DYNAMIC && !ring_ok;
@@ -498,12 +504,20 @@ static pshard_status choose_resident(const struct model *m, const struct plan_re
     return PSHARD_OK;
 }
 
-/* The largest unit any shard may stream (a slot's size), and experts per staged piece. */
-static uint64_t slot_size(const struct model *m, struct plan *p) {
+/* Bytes of a layer's KV cells in a slot (plan.kv_stream): every sequence's context, K then V. */
+static uint64_t kv_unit_bytes(const struct shard *s, const struct plan_request *req) {
+    return align_up(kv_bytes(s, req)) + ALIGN;
+}
+
+/* The largest unit any shard may stream (a slot's size), and experts per staged piece; attention
+ * with its KV cells where the request lets the ring carry them. */
+static uint64_t slot_size(const struct model *m, const struct plan_request *req, struct plan *p) {
     uint64_t slot = 0;
     for (uint32_t i = 0; i < m->n_shards; i++) {
         const struct shard *s = &m->shards[i];
-        if (s->kind == SHARD_ATTN || s->kind == SHARD_FFN) slot = plan_unit_bytes(s, 0) > slot ? plan_unit_bytes(s, 0) : slot;
+        uint64_t unit = plan_unit_bytes(s, 0);
+        if (s->kind == SHARD_ATTN && req->kv_stream) unit += kv_unit_bytes(s, req);
+        if (s->kind == SHARD_ATTN || s->kind == SHARD_FFN) slot = unit > slot ? unit : slot;
         if (s->kind == SHARD_MOE && s->expert_bytes) {
             uint64_t per = PLAN_PIECE_MAX_BYTES / s->expert_bytes;
             per = per < 1 ? 1 : per > s->n_expert ? s->n_expert : per;
@@ -517,7 +531,7 @@ static uint64_t slot_size(const struct model *m, struct plan *p) {
 static void reset_places(struct plan *p) {
     for (int t = 0; t < PLAN_TIERS; t++) {
         p->tier[t].family = PLAN_CPU;
-        p->tier[t].routed = p->tier[t].ring = false;
+        p->tier[t].routed = p->tier[t].ring = p->tier[t].kv_stream = false;
         p->tier[t].min_tokens = plan_tier_tokens[t];
         for (uint32_t i = 0; i < p->n_shards; i++) p->tier[t].shard[i] = PLACE_CPU;
         for (uint32_t l = 0; l < p->n_layers; l++) p->tier[t].experts_gpu[l] = p->tier[t].ffn_rows_gpu[l] = 0;
@@ -525,6 +539,7 @@ static void reset_places(struct plan *p) {
     for (uint32_t l = 0; l < p->n_layers; l++) p->kv_gpu[l] = false, p->experts_resident[l] = 0;
     p->n_slots = 0;
     p->slot_bytes = 0;
+    p->kv_stream = false;
     p->budget.staging = 0;
     if (p->lent) memset(p->lent, 0, sizeof *p->lent * p->n_shards);
 }
@@ -561,7 +576,7 @@ static pshard_status resident_set(const struct model *m, const struct plan_reque
     reset_places(p);
     p->budget.total = budget;
     const uint64_t fixed = costs->activations + costs->logits + costs->work + costs->blas + costs->host_mapping;
-    const uint64_t slot = slot_size(m, p);
+    const uint64_t slot = slot_size(m, req, p);
     const uint32_t n_slots = slots_for(budget, slot);
     const uint64_t ring = staging ? n_slots * slot : 0;
     uint64_t smallest_kv = UINT64_MAX;
@@ -573,10 +588,22 @@ static pshard_status resident_set(const struct model *m, const struct plan_reque
                          budget / 1048576.0, minimum_mb(m, req, costs, fixed + smallest_kv, slot, staging));
     if (staging) p->n_slots = n_slots, p->slot_bytes = slot, p->budget.staging = ring;
     CORE_TRY(choose_resident(m, req, prof, budget - fixed - ring, kv_first, p));
+    for (uint32_t l = 0; staging && req->kv_stream && l < p->n_layers; l++) p->kv_stream |= !p->kv_gpu[l];
     return staging && p->lent ? lend_slots(m, p) : PSHARD_OK;
 }
 
 /* Set tier t to a family (and dynamic share) over the resident set, and account for it. */
+static double step_seconds(const struct profile *prof, const struct model *m, const struct plan_request *req,
+                           const struct plan *p, int t, int32_t n);
+static int32_t tier_top_tokens(const struct plan_request *req, int t);
+
+/* Seconds per token of tier t's steps at both its ends (its fewest tokens and its most). */
+static double tier_per_token(const struct profile *prof, const struct model *m, const struct plan_request *req,
+                             const struct plan *p, int t) {
+    const int32_t lo = plan_tier_tokens[t], hi = tier_top_tokens(req, t);
+    return step_seconds(prof, m, req, p, t, lo) / lo + (hi > lo ? step_seconds(prof, m, req, p, t, hi) / hi : 0);
+}
+
 static void set_tier(const struct model *m, const struct plan_request *req, const struct profile *prof, struct plan *p,
                      int t, enum plan_family family, float share) {
     struct plan_tier *tier = &p->tier[t];
@@ -591,7 +618,13 @@ static void set_tier(const struct model *m, const struct plan_request *req, cons
         tier->ring = tier->routed = false;
         return;
     }
-    place_tier(m, req, prof, p, t, share, p->n_slots > 0);
+    place_tier(m, req, prof, p, t, share, p->n_slots > 0, true);
+    if (!tier->kv_stream) return;
+    /* A ring tier runs the attention of layers whose KV is on the host where it is the faster:
+     * on the GPU, its cells copied up and down, or on the CPU, beside the copies. */
+    const double streamed = tier_per_token(prof, m, req, p, t);
+    place_tier(m, req, prof, p, t, share, true, false);
+    if (streamed < tier_per_token(prof, m, req, p, t)) place_tier(m, req, prof, p, t, share, true, true);
 }
 
 /* A tier's placement as a number: two candidates that place everything alike in a tier (gpu and
@@ -862,7 +895,7 @@ static pshard_status build(const struct model *m, const struct plan_request *req
     bool staging = candidate ? req->staging != PLAN_SET_NO_RING : family == PLAN_GPU || family == PLAN_DYNAMIC;
     if (all_attention) {
         /* Every attention on the GPU: its KV, every shard's vectors and every MoE router resident. */
-        const uint64_t slot = slot_size(m, p);
+        const uint64_t slot = slot_size(m, req, p);
         uint64_t need = fixed + costs->host_mapping; /* besides the slots */
         for (uint32_t j = 0; j < n; j++) {
             const struct shard *q = &m->shards[j];

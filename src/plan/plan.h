@@ -98,6 +98,9 @@ struct plan_request {
                              whenever it differs from the prompt's (tests, comparison) */
     int32_t n_decode;     /* auto: the tokens the typical request generates after its prompt, which
                              resident sets and phases are weighed by (0: PLAN_TYPICAL_DECODE) */
+    bool kv_stream;       /* ring tiers may run the attention of layers whose KV cache is in host
+                             memory on the GPU: the layer's cached cells travel up in its slot with
+                             its matrices, the step's new cells come back down (plan.kv_stream) */
 };
 
 /* auto: the typical request generates this many tokens unless told (plan_request.n_decode). */
@@ -129,6 +132,9 @@ struct plan_tier {
      * of the tier split by experts_gpu as usual. */
     bool routed;
     uint8_t routed_quota[PLAN_MAX_ROUTED + 1];
+    /* A ring tier that runs the attention of the layers whose KV cache is in host memory on the
+     * GPU, their cells carried in the slots (plan.kv_stream); other tiers run it on the CPU. */
+    bool kv_stream;
     uint64_t host_bytes_per_token; /* weight bytes the CPU reads from host memory per decode token */
     uint64_t pcie_bytes_per_token; /* weight bytes streamed over PCIe per decode token */
     uint64_t gpu_bytes_per_token;  /* weight bytes the GPU reads from VRAM per decode token */
@@ -162,6 +168,12 @@ struct plan {
     uint32_t n_shards, n_layers, n_expert;
     struct plan_tier tier[PLAN_TIERS];
     bool *kv_gpu;              /* per layer: KV in VRAM (attention on the GPU in every tier) */
+    /* The ring carries a unit for the attention of each layer whose KV is in host memory: its
+     * matrices, then the layer's cached cells of the step's sequences ([n_seq][n_ctx] cells of K,
+     * then of V, as in VRAM), copied up with them; the attention writes the step's new cells there
+     * and copies them down to the host's cache. Tiers with plan_tier.kv_stream run it so; the
+     * others pass over those units. */
+    bool kv_stream;
     uint32_t *experts_resident; /* per layer */
     uint32_t piece_experts;    /* experts per staged piece of an MoE shard */
     uint32_t n_slots;
@@ -286,7 +298,7 @@ bool plan_streams(const struct plan *p);
 uint64_t plan_unit_bytes(const struct shard *s, uint32_t n_experts);
 
 /* The staging ring's units in the order a ring step uses them: everything not resident that the
- * GPU can run (attention whose KV is in VRAM, dense FFNs, pieces of experts past the resident
+ * GPU can run (attention whose KV is in VRAM, or all attention where plan.kv_stream, dense FFNs, pieces of experts past the resident
  * ones of MoE layers whose shared part is resident), as any GPU tier of the plan marks it (ring
  * tiers stream exactly these). Returns the count; out, if not NULL, holds plan_ring_units_max. */
 uint32_t plan_ring_units(const struct plan *p, const struct model *m, const struct plan_tier *marks,

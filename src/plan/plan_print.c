@@ -242,8 +242,9 @@ void plan_print(const struct plan *p, const struct model *m, bool every_shard, F
         char label[24];
         tier_label(p, t, label, sizeof label);
         const struct plan *runs = plan_for_step(p, plan_tier_tokens[t]);
-        fprintf(out, " %s '%s'%s%s", label, plan_family_name(runs->tier[t].family), runs->tier[t].ring ? " (ring)" : "",
-                runs != p ? " (decode set)" : "");
+        const struct plan_tier *rt = &runs->tier[t];
+        fprintf(out, " %s '%s'%s%s", label, plan_family_name(rt->family),
+                rt->kv_stream ? " (ring, KV up)" : rt->ring ? " (ring)" : "", runs != p ? " (decode set)" : "");
     }
     fputc('\n', out);
     for (int t = 1; t <= last; t++)
@@ -279,6 +280,12 @@ void plan_print(const struct plan *p, const struct model *m, bool every_shard, F
     if (p->decode)
         plan_note(out, "(decode: its own resident set, carved when the phase changes; KV: prompt/decode phase where they "
                   "differ)");
+    for (int t = 0; t <= last; t++)
+        if (p->tier[t].kv_stream) {
+            plan_note(out, "(KV up: the ring carries the cached KV cells of the layers whose cache is in host memory to "
+                      "the GPU's attention with its matrices, and the step's new cells back down)");
+            break;
+        }
     if (plan_lends(p))
         plan_note(out, "(IN SLOT: read from the staging slot where the ring's last step left it; copied there first "
                   "when no prompt step has used the ring yet)");

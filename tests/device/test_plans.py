@@ -15,7 +15,11 @@ PSHARD_ONE_EXPERT_CALL=0 computes an MoE layer's resident and streamed experts i
 than one (ctest runs each so too). Auto plans whose decode steps run over another resident set than
 their prompt steps (--decode-set, each set that differs from the prompt's) change phase between
 steps of a mixed run (20, 3, 1, 17 and 5 tokens in turn: the KV cache moves both ways) and between
-a prompt of more than 16 tokens and its continuation; the arena stays the budget.
+a prompt of more than 16 tokens and its continuation; the arena stays the budget. At the least
+budget where dynamic and auto carry the KV cells of layers whose cache is on the host through the
+ring to the GPU's attention (ring tiers, "KV up"; PSHARD_KV_STREAM=0 turns it off), their prompt
+steps write the new cells back to the host's cache, which the CPU's attention of later small steps
+reads.
 Usage: tests/device/test_plans.py BUILD_DIR"""
 import os
 import re
@@ -45,6 +49,17 @@ def streaming_attention_budget(model):
         if re.search(r"attn\s+\d+ STREAMED", plan_text(model, "%dM" % mb, "static", ["--set", "all-kv"])):
             return "%dM" % mb
     raise SystemExit("no budget streams attention in a static plan")
+
+
+def kv_up_budget(model, family):
+    """The smallest budget at which the plan's ring tiers carry the KV cells of layers whose cache
+    is on the host to the GPU ("KV up" in the tiers line)."""
+    low = minimum_mb(model, family)
+    for mb in range(low, low + 64):
+        text = plan_text(model, "%dM" % mb, family, ["--no-profile"])
+        if "KV up" in next((line for line in text.splitlines() if line.startswith("plan ")), ""):
+            return "%dM" % mb
+    raise SystemExit("no budget carries KV cells through the ring in a %s plan" % family)
 
 
 def plan_text(model, budget, family, extra):
@@ -188,6 +203,8 @@ def main():
             configs += phased
             if shape == "tiny-llama":
                 configs.append(("static", streaming_attention_budget(path), ["--set", "all-kv"]))
+            if os.environ.get("PSHARD_KV_STREAM") != "0":
+                configs += [(family, kv_up_budget(path, family), ["--no-profile"]) for family in ("dynamic", "auto")]
             if shape == "tiny-moe":
                 low = minimum_mb(path, "dynamic")
                 configs += [("dynamic", "%dM" % (low + 1), ["--stream-share", share]) for share in ("0", "1")]

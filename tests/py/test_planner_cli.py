@@ -238,8 +238,10 @@ def test_resident_set_needs_a_family(default_model, tmp_path):
 
 def test_typical_request_length_weighs_the_decode_set(tmp_path):
     """auto weighs resident sets by a prompt and the tokens a request generates (-n, else 128):
-    llama8b at 2 GB with the H200 machine's profile runs decode steps over a set of their own for
-    128 tokens and more, which two VRAM re-carvings a request do not pay for when it generates 8."""
+    llama8b at 2 GB with the H200 machine's profile runs decode steps over a set of their own when
+    the request generates to the context's end, which two VRAM re-carvings do not pay for when it
+    generates 8. (For 128 tokens the ring's set, whose prompts carry the host's KV cells to the GPU,
+    comes within the 5% margin of the two sets.)"""
     model = tmp_path / "llama8b.gguf"
     synth = subprocess.run([os.path.join(BUILD, "gguf-synth"), "--shape", "llama8b", "--header-only", "--quiet", "-o",
                             str(model)], capture_output=True, text=True)
@@ -250,7 +252,7 @@ def test_typical_request_length_weighs_the_decode_set(tmp_path):
         assert proc.returncode == 0, proc.stderr
         assert "then %d tokens" % then in proc.stdout, proc.stdout  # the sets' table says what it weighed
         return next(l for l in proc.stdout.splitlines() if l.startswith("plan "))
-    assert "(decode set)" in head() and "(decode set)" in head("-n", "128")
+    assert "(decode set)" not in head() and head() == head("-n", "128")
     assert "(decode set)" in head("-n", "-1", then=4096 - 1024)  # to the context's end
     assert "(decode set)" not in head("-n", "8", then=8)
     for bad in ("x", "-2", "8k", ""):
