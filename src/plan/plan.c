@@ -510,13 +510,13 @@ static uint64_t kv_unit_bytes(const struct shard *s, const struct plan_request *
 }
 
 /* The largest unit any shard may stream (a slot's size), and experts per staged piece; attention
- * with its KV cells where the request lets the ring carry them. */
-static uint64_t slot_size(const struct model *m, const struct plan_request *req, struct plan *p) {
+ * with its KV cells for `kv` (NULL: the ring carries none). */
+static uint64_t slot_size(const struct model *m, const struct plan_request *kv, struct plan *p) {
     uint64_t slot = 0;
     for (uint32_t i = 0; i < m->n_shards; i++) {
         const struct shard *s = &m->shards[i];
         uint64_t unit = plan_unit_bytes(s, 0);
-        if (s->kind == SHARD_ATTN && req->kv_stream) unit += kv_unit_bytes(s, req);
+        if (s->kind == SHARD_ATTN && kv) unit += kv_unit_bytes(s, kv);
         if (s->kind == SHARD_ATTN || s->kind == SHARD_FFN) slot = unit > slot ? unit : slot;
         if (s->kind == SHARD_MOE && s->expert_bytes) {
             uint64_t per = PLAN_PIECE_MAX_BYTES / s->expert_bytes;
@@ -576,7 +576,9 @@ static pshard_status resident_set(const struct model *m, const struct plan_reque
     reset_places(p);
     p->budget.total = budget;
     const uint64_t fixed = costs->activations + costs->logits + costs->work + costs->blas + costs->host_mapping;
-    const uint64_t slot = slot_size(m, req, p);
+    /* (a set that takes every KV first keeps the rest of it too: its ring carries no cells) */
+    const bool carries_kv = staging && req->kv_stream && !kv_first;
+    const uint64_t slot = slot_size(m, carries_kv ? req : NULL, p);
     const uint32_t n_slots = slots_for(budget, slot);
     const uint64_t ring = staging ? n_slots * slot : 0;
     uint64_t smallest_kv = UINT64_MAX;
@@ -588,7 +590,7 @@ static pshard_status resident_set(const struct model *m, const struct plan_reque
                          budget / 1048576.0, minimum_mb(m, req, costs, fixed + smallest_kv, slot, staging));
     if (staging) p->n_slots = n_slots, p->slot_bytes = slot, p->budget.staging = ring;
     CORE_TRY(choose_resident(m, req, prof, budget - fixed - ring, kv_first, p));
-    for (uint32_t l = 0; staging && req->kv_stream && l < p->n_layers; l++) p->kv_stream |= !p->kv_gpu[l];
+    for (uint32_t l = 0; carries_kv && l < p->n_layers; l++) p->kv_stream |= !p->kv_gpu[l];
     return staging && p->lent ? lend_slots(m, p) : PSHARD_OK;
 }
 
@@ -895,7 +897,7 @@ static pshard_status build(const struct model *m, const struct plan_request *req
     bool staging = candidate ? req->staging != PLAN_SET_NO_RING : family == PLAN_GPU || family == PLAN_DYNAMIC;
     if (all_attention) {
         /* Every attention on the GPU: its KV, every shard's vectors and every MoE router resident. */
-        const uint64_t slot = slot_size(m, req, p);
+        const uint64_t slot = slot_size(m, NULL, p);
         uint64_t need = fixed + costs->host_mapping; /* besides the slots */
         for (uint32_t j = 0; j < n; j++) {
             const struct shard *q = &m->shards[j];
