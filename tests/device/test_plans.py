@@ -196,8 +196,12 @@ def main():
                     # auto: chosen with the default costs, so the test does not measure the machine
                     configs.append((family, "%dM" % budget, ["--no-profile"] if family == "auto" else []))
             low = minimum_mb(path, "auto")
-            phased = [("auto", "%dM" % mb, ["--no-profile", "--decode-set", s])
-                      for mb in (low + 2, low + 6) for s in decode_sets(path, "%dM" % mb)]
+            # the two least budgets above the minimum where auto may decode over another set
+            phased = []
+            for mb in range(low + 1, low + 48):
+                phased += [("auto", "%dM" % mb, ["--no-profile", "--decode-set", s]) for s in decode_sets(path, "%dM" % mb)]
+                if len({budget for _, budget, _ in phased}) == 2:
+                    break
             if not phased:
                 raise SystemExit("%s %s: no budget where auto decodes over another set" % (shape, wtype))
             configs += phased
