@@ -5,10 +5,12 @@ measured on the machine that ran the oracle) gives every candidate's predicted t
 size timed and the candidate the plan runs there; the measured times say which candidate really
 was fastest.
 
-Usage: bench/oracle_replay.py [--by-plan] PSHARD PROFILE MODEL_DIR ORACLE.json[:PROFILE.json][@N] [...]
+Usage: bench/oracle_replay.py [--by-plan] PSHARD PROFILE MODEL_DIR ORACLE.json[:PROFILE.json][@N][,NAME=VALUE...] [...]
 (an oracle run's file may name its own profile after a colon; PROFILE is for the others; a profile
 of an older format is read with the fields added since set to what its format meant; @N keeps
-only its steps of at most N tokens, for a run whose larger steps the executor has changed since)
+only its steps of at most N tokens, for a run whose larger steps the executor has changed since;
+NAME=VALUE sets a variable for `pshard plan` on that run's steps, e.g. PSHARD_KV_STREAM=0 for a
+run measured before ring tiers carried KV cells, whose candidates placed attention otherwise)
 Prints one line per configuration and the summary `pshard bench --oracle` prints: how often the
 choice was the measured best (among all candidates, and among those over the chosen plan's
 resident set), how much slower when not, and the median prediction error; and how repeatable the
@@ -16,6 +18,7 @@ measured best is: redrawn from the loads it was timed over, how often the same p
 best. --by-plan adds, per model, candidate and tokens per step, the median signed prediction
 error (where the cost model is off, and which way)."""
 import json
+import os
 import random
 import re
 import statistics
@@ -110,7 +113,7 @@ def upgraded(profile, refusal, model):
 READ_AS = {}  # (profile, model) -> the upgraded copy read in its place
 
 
-def plan_table(pshard, profile, model, budget_gb, ctx, batch, tokens):
+def plan_table(pshard, profile, model, budget_gb, ctx, batch, tokens, env=()):
     """Every candidate's predicted seconds per step at each of `tokens`, as `pshard plan --tokens`
     prices them (each candidate's own plan, at the end of the context), with whether the
     automatic plan runs that candidate's placement there: {name: {n: (seconds, chosen)}}."""
@@ -118,7 +121,8 @@ def plan_table(pshard, profile, model, budget_gb, ctx, batch, tokens):
             "--tokens", ",".join(str(n) for n in tokens)]
 
     def plan(p):
-        return subprocess.run([pshard, "plan", "--profile", p] + args, capture_output=True, text=True)
+        return subprocess.run([pshard, "plan", "--profile", p] + args, capture_output=True, text=True,
+                              env=dict(os.environ, **dict(env)))
 
     proc = plan(READ_AS.get((profile, model), profile))
     if proc.returncode != 0 and (profile, model) not in READ_AS:
@@ -154,6 +158,8 @@ def main():
     signed = {}  # (model, candidate) -> tokens -> signed errors
     rows = []
     for item in files:
+        item, *assignments = item.split(",")
+        env = tuple(tuple(a.split("=", 1)) for a in assignments)
         item, _, most = item.partition("@")
         f, _, own = item.partition(":")
         for line in open(f):
@@ -162,10 +168,10 @@ def main():
             except ValueError:
                 continue  # a line cut short (the run was stopped while writing it)
             if not most or r["tokens"] <= int(most):
-                rows.append((own or profile, r))
-    tokens = {}  # (profile, model, budget, context) -> the step sizes timed there
-    for profile, r in rows:
-        tokens.setdefault((profile, r["model"], r["budget_gb"], r["context"]), set()).add(r["tokens"])
+                rows.append((own or profile, env, r))
+    tokens = {}  # (profile, env, model, budget, context) -> the step sizes timed there
+    for profile, env, r in rows:
+        tokens.setdefault((profile, env, r["model"], r["budget_gb"], r["context"]), set()).add(r["tokens"])
     cache = {}
     best_n = within = configs = 0
     worst = 0.0
@@ -174,11 +180,11 @@ def main():
     overlapped = 0  # choices not the best whose loads overlapped the best's
     repeat = []  # per configuration: the share of redraws of its loads that name the same best
     errors, all_errors = [], []
-    for profile, r in rows:
-        key = (profile, r["model"], r["budget_gb"], r["context"])
+    for profile, env, r in rows:
+        key = (profile, env, r["model"], r["budget_gb"], r["context"])
         if key not in cache:
             cache[key] = plan_table(pshard, profile, "%s/%s" % (model_dir, r["model"]), r["budget_gb"], r["context"], 1024,
-                                    sorted(tokens[key]))
+                                    sorted(tokens[key]), env)
         n = r["tokens"]
         table = {name: cells[n] for name, cells in cache[key].items()}
         # Candidates that place the step alike (equal predictions) are one plan: its time is the
