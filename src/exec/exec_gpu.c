@@ -543,9 +543,11 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
                                              (int)hp->head_dim_v, 1.0f / sqrtf((float)hp->head_dim_k)};
     g->layers = calloc(hp->n_layers, sizeof *g->layers);
     g->kv = calloc((size_t)ctx->kv.n_layers, sizeof *g->kv);
+    g->step_seq = calloc((size_t)ctx->kv.n_seq, sizeof *g->step_seq);
+    g->seen = calloc((size_t)ctx->kv.n_seq, sizeof *g->seen);
     g->cap_uploaded = (uint32_t)gguf_tensor_count(model->file);
     g->uploaded = calloc(g->cap_uploaded ? g->cap_uploaded : 1, sizeof *g->uploaded);
-    if (!g->layers || !g->kv || !g->uploaded) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    if (!g->layers || !g->kv || !g->uploaded || !g->step_seq || !g->seen) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
     const size_t B = (size_t)ctx->params.n_batch, d = hp->n_embd, k = hp->n_expert_used ? hp->n_expert_used : 1;
     CORE_TRY(cuda_host_alloc(UPLOAD_CHUNK_BYTES, &g->staging));
     CORE_TRY(cuda_host_alloc(sizeof(int32_t) * B * 4, &g->host_in));
@@ -630,6 +632,8 @@ void exec_gpu_free(struct exec_gpu *g) {
     if (g->cuda) cuda_ctx_destroy(g->cuda);
     free(g->layers);
     free(g->kv);
+    free(g->step_seq);
+    free(g->seen);
     free(g->uploaded);
     free(g);
 }

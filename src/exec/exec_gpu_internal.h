@@ -100,8 +100,10 @@ struct exec_gpu {
      * neither plan: steps are refused). */
     struct cuda_pinned kv_host[2];
     bool broken;
-    /* The step under way (plan.kv_stream: the ring copies the cached cells of its sequences). */
-    const struct exec_batch *batch;
+    /* The sequences of the step under way, each once (plan.kv_stream: the ring copies their
+     * cached cells); seen: [n_seq], false between steps. */
+    int32_t *step_seq, n_step_seq;
+    bool *seen;
 };
 
 #endif

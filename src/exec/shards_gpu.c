@@ -174,14 +174,11 @@ static struct cuda_kv_layer slot_kv(const struct exec_ctx *ctx, uint8_t *at) {
  * the slot on the copy stream (the step adds its own there). */
 static pshard_status kv_cells_up(struct exec_ctx *ctx, struct exec_gpu *g, int il, uint8_t *at) {
     const struct kv_cache *kv = &ctx->kv;
-    const struct exec_batch *b = g->batch;
     const struct cuda_kv_layer l = slot_kv(ctx, at);
-    for (int32_t t = 0; t < b->n_tokens; t++) {
-        const int32_t s = b->seq[t];
-        bool first = true; /* each sequence once, at its first token */
-        for (int32_t u = 0; u < t && first; u++) first = b->seq[u] != s;
+    for (int32_t i = 0; i < g->n_step_seq; i++) {
+        const int32_t s = g->step_seq[i];
         const size_t cells = (size_t)kv->seq_len[s];
-        if (!first || !cells) continue;
+        if (!cells) continue;
         const size_t kb = sizeof(uint16_t) * cells * (size_t)kv->k_width, vb = sizeof(uint16_t) * cells * (size_t)kv->v_width;
         CORE_TRY(cuda_copy_h2d(l.k + l.seq_stride_k * s, kv_cache_k(kv, il, s), kb, g->copy));
         CORE_TRY(cuda_copy_h2d(l.v + l.seq_stride_v * s, kv_cache_v(kv, il, s), vb, g->copy));
@@ -740,7 +737,10 @@ pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
     struct exec_gpu *g = ctx->gpu;
     if (g->broken) return core_fail(PSHARD_ERR_INTERNAL, "the GPU's memory was left half carved by a failed change of plan");
     const struct plan_tier *tier = plan_tier_for(ctx->active, b->n_tokens);
-    g->batch = b;
+    g->n_step_seq = 0;
+    for (int32_t t = 0; t < b->n_tokens; t++)
+        if (!g->seen[b->seq[t]]) g->seen[b->seq[t]] = true, g->step_seq[g->n_step_seq++] = b->seq[t];
+    for (int32_t i = 0; i < g->n_step_seq; i++) g->seen[g->step_seq[i]] = false;
     CORE_TRY(upload_batch(ctx, g, b));
     if (!tier->ring && tier->any_gpu) CORE_TRY(ensure_lent(ctx, g));
     const bool replayed = plan_tier_replays(tier, b->n_tokens) && ctx->stats.n_outputs == 1 && !g->no_graphs;

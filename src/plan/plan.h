@@ -298,9 +298,10 @@ bool plan_streams(const struct plan *p);
 uint64_t plan_unit_bytes(const struct shard *s, uint32_t n_experts);
 
 /* The staging ring's units in the order a ring step uses them: everything not resident that the
- * GPU can run (attention whose KV is in VRAM, or all attention where plan.kv_stream, dense FFNs, pieces of experts past the resident
- * ones of MoE layers whose shared part is resident), as any GPU tier of the plan marks it (ring
- * tiers stream exactly these). Returns the count; out, if not NULL, holds plan_ring_units_max. */
+ * GPU can run (attention whose KV is in VRAM, or any attention where plan.kv_stream; dense FFNs;
+ * pieces of experts past the resident ones of MoE layers whose shared part is resident), as any
+ * GPU tier of the plan marks it (ring tiers stream exactly these, or pass over some). Returns the
+ * count; out, if not NULL, holds plan_ring_units_max. */
 uint32_t plan_ring_units(const struct plan *p, const struct model *m, const struct plan_tier *marks,
                          struct plan_unit *out);
 /* How many of those units shard s makes, placed as `place` in a GPU tier. */
