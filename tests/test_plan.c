@@ -341,6 +341,20 @@ static void test_kv_stream(void **state) {
     free(units);
     plan_free(&p);
 
+    /* Several sequences: a slot holds every sequence's cells of a layer. */
+    r.n_seq = 3;
+    r.vram_budget = (int64_t)(fixed_streaming() + 48 * 1048576ull);
+    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_true(p.kv_stream);
+    for (uint32_t i = 0; i < model.n_shards; i++) {
+        const struct shard *s = &model.shards[i];
+        if (s->kind == SHARD_ATTN && !p.kv_gpu[s->layer])
+            assert_true(p.slot_bytes >= plan_unit_bytes(s, 0) + 3 * s->kv_bytes_per_token * (uint64_t)r.n_ctx);
+    }
+    plan_free(&p);
+    r.n_seq = 1;
+    r.vram_budget = (int64_t)(fixed_streaming() + 40 * 1048576ull);
+
     /* The CPU's attention made free and copies slow: the ring tiers leave it on the CPU, and pass
      * over its units. */
     for (int i = 0; i < PROFILE_TOKENS; i++) prof.cpu_attn[i] = 0;
