@@ -96,8 +96,8 @@ struct exec_gpu {
     bool capturing; /* enqueueing into a graph: arguments must hold for every replay */
     bool rope_ready; /* the step's rotation table is made (by its first attention on the GPU) */
     /* Two phases (plan.decode) or cells carried in the ring (plan.kv_stream): the host's KV cache,
-     * registered so a change of phase or a ring step moves it at the speed of pinned copies; and whether a change failed half way (the arena then holds
-     * neither plan: steps are refused). */
+     * registered so a change of phase or a ring step moves it at the speed of pinned copies; and
+     * whether a change failed half way (the arena then holds neither plan: steps are refused). */
     struct cuda_pinned kv_host[2];
     bool broken;
     /* The sequences of the step under way, each once (plan.kv_stream: the ring copies their

@@ -53,10 +53,9 @@ static pshard_status kv_cells_down(struct exec_ctx *ctx, struct exec_gpu *g, int
         const int32_t s = b->seq[t], from = b->pos[t];
         for (end = t + 1; end < b->n_tokens && b->seq[end] == s && b->pos[end] == from + (end - t);) end++;
         const size_t cells = (size_t)(end - t);
-        CORE_TRY(cuda_copy_d2h(kv_cache_k(&ctx->kv, il, s) + (int64_t)from * kw, kv->k + kv->seq_stride_k * s + (int64_t)from * kw,
-                               sizeof(uint16_t) * cells * (size_t)kw, g->stream));
-        CORE_TRY(cuda_copy_d2h(kv_cache_v(&ctx->kv, il, s) + (int64_t)from * vw, kv->v + kv->seq_stride_v * s + (int64_t)from * vw,
-                               sizeof(uint16_t) * cells * (size_t)vw, g->stream));
+        const uint16_t *k = kv->k + kv->seq_stride_k * s + (int64_t)from * kw, *v = kv->v + kv->seq_stride_v * s + (int64_t)from * vw;
+        CORE_TRY(cuda_copy_d2h(kv_cache_k(&ctx->kv, il, s) + (int64_t)from * kw, k, sizeof(uint16_t) * cells * (size_t)kw, g->stream));
+        CORE_TRY(cuda_copy_d2h(kv_cache_v(&ctx->kv, il, s) + (int64_t)from * vw, v, sizeof(uint16_t) * cells * (size_t)vw, g->stream));
     }
     return PSHARD_OK;
 }
