@@ -98,6 +98,8 @@ def upgraded(profile, refusal, model):
                            # head; it stands as measured
         if version == 18:  # format 17 timed the CPU's prompt attention token by token, before
             continue       # tiles; it stands as measured
+        if version == 19:  # format 18 timed a decode token's CPU attention over its whole cache,
+            continue       # a KV head's group cut among threads; it stands as measured
         if version not in UPGRADES:
             sys.exit("%s: format %d, and no upgrade to format %d is known" % (profile, have, version))
         for field, like in UPGRADES[version].items():

@@ -197,13 +197,14 @@ static void test_attention_heads_together_equal_alone(void **state) {
         for (int64_t n_tokens = 1; n_tokens <= 3; n_tokens++)
             for (int n_threads = 1; n_threads <= 32; n_threads *= 4) {
                 struct cpu_attn_units u;
-                cpu_attention_units(&s, n_tokens, false, n_threads, &u);
+                cpu_attention_units(&s, n_tokens, n_cells, false, n_threads, &u);
                 int *seen = calloc((size_t)(n_tokens * s.n_head), sizeof(int));
                 const int group = s.n_head / s.n_head_kv;
                 for (int64_t i = 0; i < u.count; i++) {
                     int64_t t0, t1;
-                    int h0, h1;
-                    cpu_attention_unit(&s, &u, i, &t0, &t1, &h0, &h1);
+                    int h0, h1, split;
+                    cpu_attention_unit(&s, &u, i, &t0, &t1, &h0, &h1, &split);
+                    assert_int_equal(split, 0);
                     assert_true(t0 >= 0 && t1 == t0 + 1 && t1 <= n_tokens && h0 < h1 && h1 - h0 <= 8);
                     assert_int_equal(h0 / group, (h1 - 1) / group);
                     for (int h = h0; h < h1; h++) seen[t0 * s.n_head + h]++;
@@ -258,14 +259,15 @@ static void test_attention_tiles_equal_tokens_alone(void **state) {
             /* The units, run in any order, give the same as each token alone. */
             for (int n_threads = 1; n_threads <= 64; n_threads *= 4) {
                 struct cpu_attn_units u;
-                cpu_attention_units(&s, n_tokens, true, n_threads, &u);
+                cpu_attention_units(&s, n_tokens, cells, true, n_threads, &u);
                 int *seen = calloc((size_t)(n_tokens * s.n_head), sizeof(int));
                 const int group = s.n_head / s.n_head_kv;
                 memset(tiled, 0, sizeof(float) * n_tokens * o_width);
                 for (int64_t i = u.count - 1; i >= 0; i--) {
                     int64_t t0, t1;
-                    int h0, h1;
-                    cpu_attention_unit(&s, &u, i, &t0, &t1, &h0, &h1);
+                    int h0, h1, split;
+                    cpu_attention_unit(&s, &u, i, &t0, &t1, &h0, &h1, &split);
+                    assert_int_equal(split, 0);
                     assert_true(t0 >= 0 && t0 < t1 && t1 <= n_tokens && t1 - t0 <= CPU_ATTN_TILE_TOKENS);
                     assert_true(h0 < h1 && h1 - h0 <= 8 && h0 / group == (h1 - 1) / group);
                     for (int64_t t = t0; t < t1; t++)
@@ -280,6 +282,70 @@ static void test_attention_tiles_equal_tokens_alone(void **state) {
             }
             free(k), free(v), free(q), free(alone), free(tiled);
         }
+    }
+}
+
+/* A step of few tokens over a long cache cuts each token's cells into runs (cpu_attention_units
+ * with splits): the units cover every (token, head, run) once, within one KV head each; merged,
+ * each token's output is what it gets alone within rounding, whichever order the units ran in; the
+ * runs do not depend on the thread count, so neither does the output (bit for bit); a token whose
+ * cells end before a run leaves it empty; and a cache longer than CPU_ATTN_MAX_SPLITS runs of
+ * CPU_ATTN_SPLIT_CELLS makes longer runs, never more of them. */
+static void test_attention_split_equals_whole(void **state) {
+    (void)state;
+    const struct cpu_attn_shape shapes[] = {{32, 4, 64, 64, 0.125f}, {9, 3, 32, 48, 0.18f}, {8, 8, 16, 16, 0.25f}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const struct cpu_attn_shape s = shapes[si];
+        const int n_tokens = 3;
+        const int64_t cells[3] = {2500, 1700, 700}; /* the last ends in the second run of 512 */
+        const int64_t q_width = (int64_t)s.n_head * s.head_k, o_width = (int64_t)s.n_head * s.head_v;
+        const int64_t kw = (int64_t)s.n_head_kv * s.head_k, vw = (int64_t)s.n_head_kv * s.head_v;
+        uint16_t *k = malloc(sizeof(uint16_t) * cells[0] * kw), *v = malloc(sizeof(uint16_t) * cells[0] * vw);
+        float *q = malloc(sizeof(float) * n_tokens * q_width);
+        float *alone = malloc(sizeof(float) * n_tokens * o_width), *first = malloc(sizeof(float) * n_tokens * o_width);
+        float *merged = malloc(sizeof(float) * n_tokens * o_width);
+        float *partial = malloc(sizeof(float) * (size_t)cpu_attention_partial_floats_max(&s));
+        uint32_t seed = 41 + (uint32_t)si;
+        for (int64_t i = 0; i < cells[0] * kw; i++) k[i] = half_from_f32(3 * frand(&seed));
+        for (int64_t i = 0; i < cells[0] * vw; i++) v[i] = half_from_f32(frand(&seed));
+        for (int64_t i = 0; i < n_tokens * q_width; i++) q[i] = frand(&seed);
+        for (int t = 0; t < n_tokens; t++) cpu_attention_heads(&s, q + t * q_width, k, v, cells[t], 0, s.n_head, alone + t * o_width);
+        const int group = s.n_head / s.n_head_kv;
+        for (int n_threads = 1; n_threads <= 64; n_threads *= 4) {
+            struct cpu_attn_units u;
+            cpu_attention_units(&s, n_tokens, cells[0], false, n_threads, &u);
+            assert_int_equal(u.split_cells, CPU_ATTN_SPLIT_CELLS);
+            assert_int_equal(u.splits, 5);
+            assert_true(cpu_attention_partial_floats(&s, &u) <= cpu_attention_partial_floats_max(&s));
+            int *seen = calloc((size_t)(n_tokens * s.n_head * u.splits), sizeof(int));
+            for (int64_t i = u.count - 1; i >= 0; i--) {
+                int64_t t0, t1;
+                int h0, h1, split;
+                cpu_attention_unit(&s, &u, i, &t0, &t1, &h0, &h1, &split);
+                assert_true(t0 >= 0 && t1 == t0 + 1 && t1 <= n_tokens && split >= 0 && split < u.splits);
+                assert_true(h0 < h1 && h0 / group == (h1 - 1) / group);
+                for (int h = h0; h < h1; h++) seen[(t0 * s.n_head + h) * u.splits + split]++;
+                cpu_attention_split(&s, &u, q + t0 * q_width, k, v, cells[t0], t0, h0, h1, split, partial);
+            }
+            for (int64_t i = 0; i < n_tokens * s.n_head * u.splits; i++) assert_int_equal(seen[i], 1);
+            cpu_attention_merge(&s, &u, partial, merged);
+            for (int64_t i = 0; i < n_tokens * o_width; i++)
+                assert_true(fabsf(merged[i] - alone[i]) <= 1e-5f + 1e-4f * fabsf(alone[i]));
+            if (n_threads == 1) memcpy(first, merged, sizeof(float) * n_tokens * o_width);
+            else assert_memory_equal(merged, first, sizeof(float) * n_tokens * o_width);
+            free(seen);
+        }
+        /* Below two runs' cells, or more tokens than CPU_ATTN_SPLIT_TOKENS: no runs. */
+        struct cpu_attn_units u;
+        cpu_attention_units(&s, 1, 2 * CPU_ATTN_SPLIT_CELLS - 1, false, 16, &u);
+        assert_int_equal(u.splits, 1);
+        cpu_attention_units(&s, CPU_ATTN_SPLIT_TOKENS + 1, cells[0], false, 16, &u);
+        assert_int_equal(u.splits, 1);
+        /* A long cache: at most CPU_ATTN_MAX_SPLITS runs of whole key blocks, covering it. */
+        const int64_t longest = 100003;
+        cpu_attention_units(&s, 1, longest, false, 16, &u);
+        assert_true(u.splits <= CPU_ATTN_MAX_SPLITS && u.split_cells % 64 == 0 && u.splits * u.split_cells >= longest);
+        free(k), free(v), free(q), free(alone), free(first), free(merged), free(partial);
     }
 }
 
@@ -430,7 +496,8 @@ int main(void) {
         cmocka_unit_test(test_threadpool_runs_without_its_workers), cmocka_unit_test(test_rope_matches_formula),
         cmocka_unit_test(test_attention_matches_naive_softmax),
         cmocka_unit_test(test_attention_heads_together_equal_alone),
-        cmocka_unit_test(test_attention_tiles_equal_tokens_alone),   cmocka_unit_test(test_topk_and_router),
+        cmocka_unit_test(test_attention_tiles_equal_tokens_alone),
+        cmocka_unit_test(test_attention_split_equals_whole), cmocka_unit_test(test_topk_and_router),
         cmocka_unit_test(test_matmul_against_dequantized), cmocka_unit_test(test_moe_matches_its_products),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

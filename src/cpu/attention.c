@@ -57,8 +57,11 @@ static void accumulate_f32_ref(float *acc, const float *p, const float *v, int64
  * into every head's output. Each head's sums run in the same order as alone, so the result is
  * the same bit for bit; the cache is read once for the heads of a chunk rather than once for
  * each. */
+/* partial (not NULL): each head's maximum, sum and unnormalized output go there instead, head g's
+ * at partial + g * partial_stride (a run of a split step). */
 static void attend_chunk(const struct cpu_attn_shape *s, const float *q, const uint16_t *k, const uint16_t *v,
-                         int64_t n_cells, int kvh, int h0, int n_heads, float *out) {
+                         int64_t n_cells, int kvh, int h0, int n_heads, float *out, float *partial,
+                         int64_t partial_stride) {
     const int64_t k_stride = (int64_t)s->n_head_kv * s->head_k, v_stride = (int64_t)s->n_head_kv * s->head_v;
     const uint16_t *k_head = k + (int64_t)kvh * s->head_k, *v_head = v + (int64_t)kvh * s->head_v;
     float qh[HEAD_CHUNK][MAX_HEAD], acc[HEAD_CHUNK][MAX_HEAD], scores[HEAD_CHUNK][KEY_BLOCK];
@@ -100,6 +103,12 @@ static void attend_chunk(const struct cpu_attn_shape *s, const float *q, const u
         }
     }
     for (int g = 0; g < n_heads; g++) {
+        if (partial) {
+            float *pg = partial + g * partial_stride;
+            pg[0] = max[g], pg[1] = sum[g];
+            for (int i = 0; i < s->head_v; i++) pg[2 + i] = acc[g][i];
+            continue;
+        }
         const float inv = sum[g] > 0.0f ? 1.0f / sum[g] : 0.0f;
         for (int i = 0; i < s->head_v; i++) out[(int64_t)(h0 + g) * s->head_v + i] = acc[g][i] * inv;
     }
@@ -186,7 +195,7 @@ void cpu_attention_heads(const struct cpu_attn_shape *s, const float *q, const u
         const int kvh = h / group, group_end = (kvh + 1) * group;
         const int end = head_end < group_end ? head_end : group_end;
         const int n = end - h < HEAD_CHUNK ? end - h : HEAD_CHUNK;
-        attend_chunk(s, q, k, v, n_cells, kvh, h, n, out);
+        attend_chunk(s, q, k, v, n_cells, kvh, h, n, out, NULL, 0);
         h += n;
     }
 }
@@ -211,35 +220,89 @@ void cpu_attention_tokens(const struct cpu_attn_shape *s, const float *q, const 
     }
 }
 
-/* Units of a token's (or a tile's) heads sharing a KV head; tiles first shrink, then the heads a
- * unit takes, until there is a unit for every thread. */
-static int64_t unit_count(const struct cpu_attn_shape *s, int64_t n_tokens, int tokens, int per) {
+/* Units of a token's (or a tile's) heads sharing a KV head, each over a run of its cells; tiles
+ * first shrink, then the heads a unit takes, until there is a unit for every thread. */
+static int64_t unit_count(const struct cpu_attn_shape *s, int64_t n_tokens, int tokens, int per, int splits) {
     const int group = s->n_head / s->n_head_kv;
-    return (n_tokens + tokens - 1) / tokens * s->n_head_kv * ((group + per - 1) / per);
+    return (n_tokens + tokens - 1) / tokens * s->n_head_kv * ((group + per - 1) / per) * splits;
 }
 
-void cpu_attention_units(const struct cpu_attn_shape *s, int64_t n_tokens, bool one_sequence, int n_threads,
-                         struct cpu_attn_units *u) {
+void cpu_attention_units(const struct cpu_attn_shape *s, int64_t n_tokens, int64_t max_cells, bool one_sequence,
+                         int n_threads, struct cpu_attn_units *u) {
     const int group = s->n_head / s->n_head_kv;
-    int per = group < HEAD_CHUNK ? group : HEAD_CHUNK;
-    int tokens = one_sequence && s->head_k <= TILE_HEAD && s->head_v <= TILE_HEAD ? TILE_ROWS / per : 1;
+    int per = group < HEAD_CHUNK ? group : HEAD_CHUNK, splits = 1;
+    int64_t split_cells = 0;
+    if ((n_tokens == 1 || (!one_sequence && n_tokens <= CPU_ATTN_SPLIT_TOKENS)) && max_cells >= 2 * CPU_ATTN_SPLIT_CELLS) {
+        split_cells = CPU_ATTN_SPLIT_CELLS;
+        if (max_cells > (int64_t)CPU_ATTN_MAX_SPLITS * split_cells) /* whole key blocks, at most the most runs */
+            split_cells = (max_cells + CPU_ATTN_MAX_SPLITS * KEY_BLOCK - 1) / (CPU_ATTN_MAX_SPLITS * KEY_BLOCK) * KEY_BLOCK;
+        splits = (int)((max_cells + split_cells - 1) / split_cells);
+    }
+    int tokens = splits == 1 && one_sequence && s->head_k <= TILE_HEAD && s->head_v <= TILE_HEAD ? TILE_ROWS / per : 1;
     if (tokens > n_tokens) tokens = (int)(n_tokens > 0 ? n_tokens : 1);
-    while (tokens > 1 && unit_count(s, n_tokens, tokens, per) < n_threads) tokens = (tokens + 1) / 2;
-    while (per > 1 && unit_count(s, n_tokens, tokens, per) < n_threads) per = (per + 1) / 2;
+    while (tokens > 1 && unit_count(s, n_tokens, tokens, per, splits) < n_threads) tokens = (tokens + 1) / 2;
+    while (per > 1 && unit_count(s, n_tokens, tokens, per, splits) < n_threads) per = (per + 1) / 2;
     u->per = per;
     u->slices = (group + per - 1) / per;
     u->tokens = tokens;
+    u->splits = splits;
+    u->split_cells = split_cells;
     u->n_tokens = n_tokens;
-    u->count = unit_count(s, n_tokens, tokens, per);
+    u->count = unit_count(s, n_tokens, tokens, per, splits);
 }
 
 void cpu_attention_unit(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, int64_t unit, int64_t *token_begin,
-                        int64_t *token_end, int *head_begin, int *head_end) {
+                        int64_t *token_end, int *head_begin, int *head_end, int *split) {
     const int group = s->n_head / s->n_head_kv;
+    *split = (int)(unit % u->splits);
+    unit /= u->splits;
     const int64_t per_tile = (int64_t)s->n_head_kv * u->slices;
     *token_begin = unit / per_tile * u->tokens;
     *token_end = *token_begin + u->tokens < u->n_tokens ? *token_begin + u->tokens : u->n_tokens;
     const int kvh = (int)(unit % per_tile / u->slices), slice = (int)(unit % u->slices);
     *head_begin = kvh * group + slice * u->per;
     *head_end = *head_begin + u->per < (kvh + 1) * group ? *head_begin + u->per : (kvh + 1) * group;
+}
+
+/* A run's partial sums of (token, head) in the step's buffer. */
+static inline int64_t partial_at(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, int64_t token, int head,
+                                 int split) {
+    return ((token * s->n_head + head) * u->splits + split) * (s->head_v + 2);
+}
+
+void cpu_attention_split(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, const float *q, const uint16_t *k,
+                         const uint16_t *v, int64_t n_cells, int64_t token, int head_begin, int head_end, int split,
+                         float *partial) {
+    const int group = s->n_head / s->n_head_kv, kvh = head_begin / group;
+    const int64_t c0 = split * u->split_cells, end = c0 + u->split_cells < n_cells ? c0 + u->split_cells : n_cells;
+    const int64_t k_stride = (int64_t)s->n_head_kv * s->head_k, v_stride = (int64_t)s->n_head_kv * s->head_v;
+    const int64_t stride = (int64_t)u->splits * (s->head_v + 2); /* from one head's run to the next head's */
+    for (int h = head_begin; h < head_end; h += HEAD_CHUNK) {
+        const int n = head_end - h < HEAD_CHUNK ? head_end - h : HEAD_CHUNK;
+        float *p = partial + partial_at(s, u, token, h, split);
+        if (end <= c0) { /* past the token's cells: nothing */
+            for (int g = 0; g < n; g++) p[g * stride] = -INFINITY, p[g * stride + 1] = 0.0f;
+            continue;
+        }
+        attend_chunk(s, q, k + c0 * k_stride, v + c0 * v_stride, end - c0, kvh, h, n, NULL, p, stride);
+    }
+}
+
+void cpu_attention_merge(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, const float *partial, float *out) {
+    for (int64_t t = 0; t < u->n_tokens; t++)
+        for (int h = 0; h < s->n_head; h++) {
+            const float *p = partial + partial_at(s, u, t, h, 0);
+            float max = -INFINITY, sum = 0.0f, *o = out + (t * s->n_head + h) * s->head_v;
+            for (int j = 0; j < u->splits; j++) max = p[j * (s->head_v + 2)] > max ? p[j * (s->head_v + 2)] : max;
+            for (int i = 0; i < s->head_v; i++) o[i] = 0.0f;
+            for (int j = 0; j < u->splits; j++) {
+                const float *r = p + j * (s->head_v + 2);
+                if (!(r[1] > 0.0f)) continue; /* an empty run */
+                const float w = expf(r[0] - max);
+                sum += w * r[1];
+                for (int i = 0; i < s->head_v; i++) o[i] += w * r[2 + i];
+            }
+            const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+            for (int i = 0; i < s->head_v; i++) o[i] *= inv;
+        }
 }

@@ -30,20 +30,53 @@ void cpu_attention_tokens(const struct cpu_attn_shape *s, const float *q, const 
 /* A step's attention as units of work for a thread pool: each a run of query heads that share a
  * KV head (the whole group, at most 8) for one token, or, where the step's tokens are all of one
  * sequence, for a tile of consecutive tokens (up to 64 query rows); tiles shrink, then the heads
- * a unit takes, until there is a unit for each of n_threads. */
+ * a unit takes, until there is a unit for each of n_threads.
+ *
+ * A step of at most CPU_ATTN_SPLIT_TOKENS tokens whose longest cache has 2 * CPU_ATTN_SPLIT_CELLS
+ * cells or more also cuts each token's cells into runs (splits): CPU_ATTN_SPLIT_CELLS cells each,
+ * more where the cache would make over CPU_ATTN_MAX_SPLITS of them. A unit then attends one run
+ * of one token with a KV head's group, leaving partial sums (cpu_attention_split) that
+ * cpu_attention_merge combines once every unit is done. Without runs, a decode step of qwen30b's
+ * shape on 16 threads cut each KV head's group of 8 query heads into 4 units of 2, and each read
+ * the whole cache of its KV head; and 3 KV heads on 2 threads left one idle a third of the time.
+ * The runs depend on the step's cells, not on the threads, so a token's result does not depend
+ * on the thread count (it differs from the unsplit path's by rounding). */
 enum { CPU_ATTN_TILE_TOKENS = 64 }; /* the most tokens a unit takes */
+enum { CPU_ATTN_SPLIT_TOKENS = 4, CPU_ATTN_SPLIT_CELLS = 512, CPU_ATTN_MAX_SPLITS = 64 };
 struct cpu_attn_units {
-    int per, slices;  /* heads a unit takes; units a KV head's group makes */
-    int tokens;       /* tokens a unit takes (the last tile may take fewer) */
-    int64_t n_tokens; /* the step's */
-    int64_t count;    /* tiles * n_head_kv * slices */
+    int per, slices;     /* heads a unit takes; units a KV head's group makes */
+    int tokens;          /* tokens a unit takes (the last tile may take fewer) */
+    int splits;          /* runs a token's cells are cut into (1: none) */
+    int64_t split_cells; /* cells a run takes */
+    int64_t n_tokens;    /* the step's */
+    int64_t count;       /* tiles * n_head_kv * slices * splits */
 };
-void cpu_attention_units(const struct cpu_attn_shape *s, int64_t n_tokens, bool one_sequence, int n_threads,
-                         struct cpu_attn_units *u);
+/* max_cells: the most cells a token of the step attends. */
+void cpu_attention_units(const struct cpu_attn_shape *s, int64_t n_tokens, int64_t max_cells, bool one_sequence,
+                         int n_threads, struct cpu_attn_units *u);
 
-/* Unit `unit` (0 <= unit < u->count): its tokens [token_begin, token_end) and heads
- * [head_begin, head_end). Units are in the order of their tokens. */
+/* Unit `unit` (0 <= unit < u->count): its tokens [token_begin, token_end), heads [head_begin,
+ * head_end) and run (0 when u->splits is 1). Units are in the order of their tokens. */
 void cpu_attention_unit(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, int64_t unit, int64_t *token_begin,
-                        int64_t *token_end, int *head_begin, int *head_end);
+                        int64_t *token_end, int *head_begin, int *head_end, int *split);
+
+/* Floats of the partial sums a split step leaves (u->splits > 1): for each token, query head and
+ * run, the run's maximum score, its sum of exponentials and its unnormalized output. */
+static inline int64_t cpu_attention_partial_floats(const struct cpu_attn_shape *s, const struct cpu_attn_units *u) {
+    return u->splits > 1 ? u->n_tokens * s->n_head * u->splits * (s->head_v + 2) : 0;
+}
+/* The most a step of at most CPU_ATTN_SPLIT_TOKENS tokens needs. */
+static inline int64_t cpu_attention_partial_floats_max(const struct cpu_attn_shape *s) {
+    return (int64_t)CPU_ATTN_SPLIT_TOKENS * s->n_head * CPU_ATTN_MAX_SPLITS * (s->head_v + 2);
+}
+
+/* Run `split` of token `token` (q: that token's queries, n_cells: the cells it attends) for heads
+ * [head_begin, head_end) of one KV head: its partial sums into `partial` (the step's). */
+void cpu_attention_split(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, const float *q, const uint16_t *k,
+                         const uint16_t *v, int64_t n_cells, int64_t token, int head_begin, int head_end, int split,
+                         float *partial);
+
+/* Every token's output, out [n_tokens][n_head * head_v], from the runs' partial sums. */
+void cpu_attention_merge(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, const float *partial, float *out);
 
 #endif

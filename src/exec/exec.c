@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "cpu/attention.h"
 #include "exec/exec_gpu.h"
 #include "exec/exec_internal.h"
 
@@ -61,6 +62,7 @@ static pshard_status alloc_scratch(struct exec_ctx *ctx) {
     const int64_t q_width = (int64_t)hp->n_head * hp->head_dim_k, o_width = (int64_t)hp->n_head * hp->head_dim_v;
     const int64_t ff = hp->n_ff > hp->n_ff_shared_expert ? hp->n_ff : hp->n_ff_shared_expert;
     const int64_t widest = max3(max3(d, q_width, o_width), ff, hp->n_ff_expert);
+    const struct cpu_attn_shape attn_shape = {(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v, 1};
     struct { void **ptr; size_t bytes; } parts[] = {
         {(void **)&ctx->s.x, sizeof(float) * B * d},
         {(void **)&ctx->s.xn, sizeof(float) * B * d},
@@ -68,6 +70,7 @@ static pshard_status alloc_scratch(struct exec_ctx *ctx) {
         {(void **)&ctx->s.k, sizeof(float) * B * ctx->kv.k_width},
         {(void **)&ctx->s.v, sizeof(float) * B * ctx->kv.v_width},
         {(void **)&ctx->s.attn, sizeof(float) * B * o_width},
+        {(void **)&ctx->s.attn_partial, sizeof(float) * (size_t)cpu_attention_partial_floats_max(&attn_shape)},
         {(void **)&ctx->s.proj, sizeof(float) * B * d},
         {(void **)&ctx->s.gate, sizeof(float) * B * (ff ? ff : 1)},
         {(void **)&ctx->s.up, sizeof(float) * B * (ff ? ff : 1)},

@@ -22,6 +22,7 @@ struct exec_scratch {
     float *x;        /* [n_batch][n_embd] residual stream: activations in and out of every shard */
     float *xn;       /* [n_batch][n_embd] normalized input of a shard */
     float *q, *k, *v, *attn; /* [n_batch][widths] */
+    float *attn_partial; /* a split attention step's partial sums (cpu_attention_partial_floats_max) */
     float *proj;     /* [n_batch][n_embd] a shard's output before the residual add */
     float *gate, *up; /* [n_batch][n_ff] dense FFN (also shared expert) */
     float *router;   /* [n_batch][n_expert] */

@@ -44,7 +44,7 @@ void measure_cpu_experts_step(void *arg, int rep) {
 
 void measure_cpu_bench_close(struct cpu_bench *b) {
     free(b->x), free(b->y), free(b->acts), free(b->ids), free(b->weights), free(b->scratch_mem);
-    free(b->kv), free(b->q), free(b->out);
+    free(b->kv), free(b->q), free(b->out), free(b->partial);
     free(b->gate.data), free(b->up.data), free(b->down.data);
     memset(b, 0, sizeof *b);
 }
@@ -100,10 +100,13 @@ static void cpu_attn_job(void *arg, int thread, int n_threads) {
     for (int i = 0; i < CPU_ATTN_TILE_TOKENS; i++) n_cells[i] = b->cells;
     for (int64_t u = begin; u < end; u++) {
         int64_t t0, t1;
-        int h0, h1;
-        cpu_attention_unit(a, units, u, &t0, &t1, &h0, &h1);
-        cpu_attention_tokens(a, b->q + t0 * a->n_head * a->head_k, k, v, n_cells, (int)(t1 - t0), h0, h1,
-                             b->out + t0 * a->n_head * a->head_v);
+        int h0, h1, split;
+        cpu_attention_unit(a, units, u, &t0, &t1, &h0, &h1, &split);
+        if (units->splits > 1)
+            cpu_attention_split(a, units, b->q + t0 * a->n_head * a->head_k, k, v, b->cells, t0, h0, h1, split, b->partial);
+        else
+            cpu_attention_tokens(a, b->q + t0 * a->n_head * a->head_k, k, v, n_cells, (int)(t1 - t0), h0, h1,
+                                 b->out + t0 * a->n_head * a->head_v);
     }
 }
 
@@ -116,6 +119,7 @@ static void cpu_attn_step(void *arg, int rep) {
     struct cpu_bench *b = arg;
     b->kv_at = b->kv + b->kv_elems * (size_t)(rep % b->kv_copies);
     threadpool_run(b->pool, cpu_attn_job, arg);
+    if (b->attn_units.splits > 1) cpu_attention_merge(b->attn, &b->attn_units, b->partial, b->out);
 }
 
 static void read_job(void *arg, int thread, int n_threads) {
@@ -198,10 +202,12 @@ pshard_status measure_cpu_rates(const struct measure_request *req, const struct 
     b.kv = malloc(kv_elems * sizeof *b.kv * (size_t)b.kv_copies);
     b.q = calloc((size_t)B * sh->attn.n_head * sh->attn.head_k, sizeof(float));
     b.out = calloc((size_t)B * sh->attn.n_head * sh->attn.head_v, sizeof(float));
+    b.partial = malloc(sizeof(float) * (size_t)cpu_attention_partial_floats_max(&sh->attn));
     const size_t scratch = sh->n_expert ? cpu_moe_scratch_bytes(B, (int)k, E, sh->n_embd, sh->n_ff_exp, QUANT_F32) : 0;
     b.scratch_mem = scratch ? malloc(scratch) : NULL;
     pshard_status st = PSHARD_OK;
-    if (!b.x || !b.y || !b.acts || !b.ids || !b.weights || !b.kv || !b.q || !b.out || (scratch && !b.scratch_mem))
+    if (!b.x || !b.y || !b.acts || !b.ids || !b.weights || !b.kv || !b.q || !b.out || !b.partial ||
+        (scratch && !b.scratch_mem))
         st = core_fail(PSHARD_ERR_NOMEM, "out of memory while measuring");
     if (st == PSHARD_OK) {
         for (int64_t i = 0; i < B * width; i++) b.x[i] = (float)((i * 37) % 101 - 50) / 50.0f;
@@ -240,7 +246,7 @@ pshard_status measure_cpu_rates(const struct measure_request *req, const struct 
         for (int i = 0; i < PROFILE_TOKENS; i++) {
             b.n_tokens = profile_tokens[i] < 64 ? profile_tokens[i] : 64; /* the rate is flat past this */
             b.cells = profile_tokens[i] < 64 ? ATTN_CTX : ATTN_CTX_PROMPT;
-            cpu_attention_units(b.attn, b.n_tokens, true, threadpool_size(b.pool), &b.attn_units);
+            cpu_attention_units(b.attn, b.n_tokens, b.cells, true, threadpool_size(b.pool), &b.attn_units);
             p->cpu_attn[i] = measure_time_best(cpu_attn_step, &b) / ((double)b.n_tokens * b.cells * kv_per_cell);
         }
     }

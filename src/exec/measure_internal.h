@@ -82,7 +82,7 @@ struct cpu_bench {
     size_t kv_elems;
     int kv_copies;
     int64_t cells;
-    float *q, *out;
+    float *q, *out, *partial; /* partial: a split attention step's (cpu_attention_partial_floats_max) */
     /* host reads */
     const uint64_t *mem;
     size_t mem_words;

@@ -35,6 +35,7 @@ struct attn_job {
     const struct exec_batch *batch;
     struct cpu_attn_shape shape;
     struct cpu_attn_units units; /* a token's heads that share a KV head (cpu_attention_units) */
+    float *partial;              /* a split step's partial sums (units.splits > 1) */
     _Atomic int64_t next;        /* units claimed so far, taken from the last token down */
 };
 
@@ -49,12 +50,17 @@ static void attn_worker(void *p, int thread, int n_threads) {
     const int64_t o_width = (int64_t)job->shape.n_head * job->shape.head_v;
     for (int64_t claimed = atomic_fetch_add(&job->next, 1); claimed < total; claimed = atomic_fetch_add(&job->next, 1)) {
         int64_t t0, t1, n_cells[CPU_ATTN_TILE_TOKENS];
-        int h0, h1;
-        cpu_attention_unit(&job->shape, &job->units, total - 1 - claimed, &t0, &t1, &h0, &h1);
+        int h0, h1, split;
+        cpu_attention_unit(&job->shape, &job->units, total - 1 - claimed, &t0, &t1, &h0, &h1, &split);
         for (int64_t t = t0; t < t1; t++) n_cells[t - t0] = job->batch->pos[t] + 1;
         const int32_t seq = job->batch->seq[t0];
-        cpu_attention_tokens(&job->shape, ctx->s.q + t0 * q_width, kv_cache_k(&ctx->kv, job->layer, seq),
-                             kv_cache_v(&ctx->kv, job->layer, seq), n_cells, (int)(t1 - t0), h0, h1, ctx->s.attn + t0 * o_width);
+        const uint16_t *k = kv_cache_k(&ctx->kv, job->layer, seq), *v = kv_cache_v(&ctx->kv, job->layer, seq);
+        if (job->units.splits > 1)
+            cpu_attention_split(&job->shape, &job->units, ctx->s.q + t0 * q_width, k, v, n_cells[0], t0, h0, h1, split,
+                                job->partial);
+        else
+            cpu_attention_tokens(&job->shape, ctx->s.q + t0 * q_width, k, v, n_cells, (int)(t1 - t0), h0, h1,
+                                 ctx->s.attn + t0 * o_width);
     }
 }
 
@@ -116,11 +122,16 @@ void shard_attn_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *ba
     }
     struct attn_job job = {ctx, layer, batch,
                            {(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v,
-                            1.0f / sqrtf((float)hp->head_dim_k)}, {0}, 0};
+                            1.0f / sqrtf((float)hp->head_dim_k)}, {0}, ctx->s.attn_partial, 0};
     bool one_sequence = true;
-    for (int64_t t = 1; t < n; t++) one_sequence &= batch->seq[t] == batch->seq[0];
-    cpu_attention_units(&job.shape, n, one_sequence, threadpool_size(ctx->pool), &job.units);
+    int64_t longest = 0;
+    for (int64_t t = 0; t < n; t++) {
+        one_sequence &= batch->seq[t] == batch->seq[0];
+        longest = batch->pos[t] + 1 > longest ? batch->pos[t] + 1 : longest;
+    }
+    cpu_attention_units(&job.shape, n, longest, one_sequence, threadpool_size(ctx->pool), &job.units);
     threadpool_run(ctx->pool, attn_worker, &job);
+    if (job.units.splits > 1) cpu_attention_merge(&job.shape, &job.units, job.partial, s->attn);
 
     project(ctx, &lm->wo, n, s->proj, s->attn);
     if (lw->bo) cpu_add_bias(s->proj, f32_data(lw->bo), n, d);

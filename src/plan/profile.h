@@ -21,8 +21,9 @@
  * and up are those of the old kernels, so it is measured again); 17 when the AVX2 K kernels took
  * one to four tokens by step, Q2_K and Q3_K among them, Q4_K/Q5_K folded their mins, and the
  * CPU's attention read a KV head once for the query heads that share it; 18 when a prompt step's
- * tokens of one sequence attended in tiles that read the KV cache once for all of them. */
-#define PROFILE_VERSION 18
+ * tokens of one sequence attended in tiles that read the KV cache once for all of them; 19 when a
+ * decode token's attention went through its cache in runs of cells, each KV head's group together. */
+#define PROFILE_VERSION 19
 enum {
     PROFILE_TOKENS = 6,   /* token counts: 1, 4, 16, 64, 256, 1024 */
     PROFILE_SIZES = 5,    /* transfer sizes: 64 KiB, 512 KiB, 4 MiB, 32 MiB, 128 MiB */
