@@ -1,6 +1,7 @@
 /* The executor on the default model: batches mixing sequences give each sequence the logits it
  * gets alone; bad batches are refused without changing any state; sequences are reused; an FFN
- * computed in two row ranges (as when split with the GPU) adds up to the whole. */
+ * computed in two row ranges (as when split with the GPU) adds up to the whole; a decode token
+ * over a long cache, attending in runs of cells, gets what a tile gives it. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "cpu/attention.h"
 #include "exec/exec.h"
 #include "exec/exec_internal.h"
 #include "exec/measure_internal.h"
@@ -89,6 +91,62 @@ static void test_mixed_batch_equals_separate(void **state) {
     assert_int_equal(exec_seq_len(f->ctx, 1), 5);
     free(alone_a);
     free(alone_b);
+}
+
+/* A decode token over a long cache attends in runs of cells, merged after (cpu_attention_units):
+ * its logits are those it gets in a step of two tokens of its sequence, whose attention reads the
+ * cache whole (a tile), within rounding; and two sequences' tokens in one decode step each get
+ * what they get alone. */
+static void test_long_cache_decode_in_runs(void **state) {
+    struct fixture *f = *state;
+    struct exec_params p = {2048, 64, 2, 2, PLAN_CPU, 0, 0.0f, -1, NULL, PLAN_DECODE_WEIGHED, 0};
+    struct exec_ctx *ctx;
+    assert_int_equal(exec_create(&f->model, &p, &ctx), PSHARD_OK);
+    const struct model_hparams *hp = &f->model.hp;
+    const struct cpu_attn_shape shape = {(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v, 1};
+    struct cpu_attn_units u;
+    const int32_t past = 1100; /* cells in zeros, then 64 computed */
+    cpu_attention_units(&shape, 1, past + 65, false, 2, &u);
+    assert_true(u.splits > 1);
+    const int32_t n_vocab = exec_n_vocab(ctx);
+    float *one[2];
+    int32_t tokens[64], pos[64], seq[64];
+    for (int32_t s = 0; s < 2; s++) /* (filling zeroes the whole cache: both first) */
+        assert_int_equal(exec_fill_seq(ctx, s, past), PSHARD_OK);
+    for (int32_t s = 0; s < 2; s++) {
+        one[s] = malloc(sizeof(float) * n_vocab);
+        for (int i = 0; i < 64; i++) tokens[i] = 100 + 37 * i + 500 * s, pos[i] = past + i, seq[i] = s;
+        struct exec_batch prompt = {64, tokens, pos, seq, NULL};
+        assert_int_equal(exec_step(ctx, &prompt), PSHARD_OK);
+    }
+    /* Each sequence's next token alone (runs), then both in one step (runs, two sequences). */
+    for (int32_t s = 0; s < 2; s++) {
+        const int32_t t = 7 + s, at = past + 64;
+        struct exec_batch next = {1, &t, &at, &s, NULL};
+        assert_int_equal(exec_step(ctx, &next), PSHARD_OK);
+        memcpy(one[s], exec_logits(ctx, 0), sizeof(float) * n_vocab);
+        exec_truncate_seq(ctx, s, past + 64);
+    }
+    const int32_t both_t[2] = {7, 8}, both_pos[2] = {past + 64, past + 64}, both_seq[2] = {0, 1};
+    const int8_t want[2] = {1, 1};
+    struct exec_batch both = {2, both_t, both_pos, both_seq, want};
+    assert_int_equal(exec_step(ctx, &both), PSHARD_OK);
+    for (int32_t s = 0; s < 2; s++) {
+        const float *l = exec_logits(ctx, s);
+        for (int32_t i = 0; i < n_vocab; i++) assert_true(fabsf(l[i] - one[s][i]) < 1e-3f);
+    }
+    /* Sequence 0's last prompt token and the next in one step: a tile, no runs. */
+    exec_truncate_seq(ctx, 0, past + 63);
+    const int32_t pair_t[2] = {100 + 37 * 63, 7}, pair_pos[2] = {past + 63, past + 64}, pair_seq[2] = {0, 0};
+    const int8_t last[2] = {0, 1};
+    struct exec_batch pair = {2, pair_t, pair_pos, pair_seq, last};
+    assert_int_equal(exec_step(ctx, &pair), PSHARD_OK);
+    const float *l = exec_logits(ctx, 0);
+    double worst = 0;
+    for (int32_t i = 0; i < n_vocab; i++) worst = fmax(worst, fabs(l[i] - one[0][i]));
+    assert_true(worst < 1e-3);
+    free(one[0]), free(one[1]);
+    exec_free(ctx);
 }
 
 static void test_bad_batches_change_nothing(void **state) {
@@ -212,6 +270,7 @@ int main(void) {
         cmocka_unit_test(test_shapes_host_skew),
         cmocka_unit_test(test_ffn_rows_add_up),
         cmocka_unit_test(test_mixed_batch_equals_separate),
+        cmocka_unit_test(test_long_cache_decode_in_runs),
         cmocka_unit_test(test_bad_batches_change_nothing),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
