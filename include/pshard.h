@@ -159,7 +159,10 @@ typedef struct pshard_info {
     char plan[64]; /* the plan's families: "decode/prompt", e.g. "dynamic/gpu"; "+ decode set" when decode
                       steps run over a resident set of their own */
     int profile_measured; /* the machine profile: 1 measured (cached or now), 0 defaults */
-    double predicted_ttft_s, predicted_decode_s; /* the cost model's prediction for the plan */
+    double predicted_ttft_s, predicted_decode_s; /* the cost model's prediction for the plan: the first
+                                                    token of a prompt of predicted_prompt_tokens (1K or
+                                                    half the context), then seconds per token */
+    int32_t predicted_prompt_tokens;
 } pshard_info;
 void pshard_get_info(const pshard_ctx *ctx, pshard_info *info);
 

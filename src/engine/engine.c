@@ -156,6 +156,7 @@ void pshard_get_info(const pshard_ctx *ctx, pshard_info *info) {
              plan_family_name(plan->tier[plan_prompt_tier(plan)].family), plan->decode ? " + decode set" : "");
     info->profile_measured = ctx->profile.measured;
     info->predicted_ttft_s = plan->predicted_ttft;
+    info->predicted_prompt_tokens = plan_typical_prompt(plan->n_ctx);
     info->predicted_decode_s = plan->predicted_decode;
     const struct gpu_memory_report *vram = exec_gpu_memory(ctx->exec);
     if (vram) {
