@@ -341,16 +341,20 @@ static void test_kv_stream(void **state) {
     free(units);
     plan_free(&p);
 
-    /* Several sequences: a slot holds every sequence's cells of a layer. */
+    /* Several sequences (a slot would hold every sequence's cells of a layer): no cells carried, and
+     * the slots are the size of the largest unit without them. */
     r.n_seq = 3;
     r.vram_budget = (int64_t)(fixed_streaming() + 48 * 1048576ull);
     assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
-    assert_true(p.kv_stream);
+    assert_false(p.kv_stream);
+    uint64_t largest = 0;
     for (uint32_t i = 0; i < model.n_shards; i++) {
         const struct shard *s = &model.shards[i];
-        if (s->kind == SHARD_ATTN && !p.kv_gpu[s->layer])
-            assert_true(p.slot_bytes >= plan_unit_bytes(s, 0) + 3 * s->kv_bytes_per_token * (uint64_t)r.n_ctx);
+        if ((s->kind == SHARD_ATTN || s->kind == SHARD_FFN) && plan_unit_bytes(s, 0) > largest) largest = plan_unit_bytes(s, 0);
+        if (s->kind == SHARD_ATTN) assert_int_equal(p.tier[PLAN_TIERS - 1].shard[i] == PLACE_CPU, !p.kv_gpu[s->layer]);
     }
+    assert_true(p.slot_bytes == 0 || p.slot_bytes == largest);
+    for (int k = 0; k < PLAN_TIERS; k++) assert_false(p.tier[k].kv_stream);
     plan_free(&p);
     r.n_seq = 1;
     r.vram_budget = (int64_t)(fixed_streaming() + 40 * 1048576ull);

@@ -576,8 +576,9 @@ static pshard_status resident_set(const struct model *m, const struct plan_reque
     reset_places(p);
     p->budget.total = budget;
     const uint64_t fixed = costs->activations + costs->logits + costs->work + costs->blas + costs->host_mapping;
-    /* (a set that takes every KV first keeps the rest of it too: its ring carries no cells) */
-    const bool carries_kv = staging && req->kv_stream && !kv_first;
+    /* (a set that takes every KV first keeps the rest of it too: its ring carries no cells; with
+     * several sequences a slot would hold every sequence's cells of a layer, so none either) */
+    const bool carries_kv = staging && req->kv_stream && !kv_first && req->n_seq == 1;
     const uint64_t slot = slot_size(m, carries_kv ? req : NULL, p);
     const uint32_t n_slots = slots_for(budget, slot);
     const uint64_t ring = staging ? n_slots * slot : 0;

@@ -100,7 +100,8 @@ struct plan_request {
                              resident sets and phases are weighed by (0: PLAN_TYPICAL_DECODE) */
     bool kv_stream;       /* ring tiers may run the attention of layers whose KV cache is in host
                              memory on the GPU: the layer's cached cells travel up in its slot with
-                             its matrices, the step's new cells come back down (plan.kv_stream) */
+                             its matrices, the step's new cells come back down (plan.kv_stream; one
+                             sequence only) */
 };
 
 /* auto: the typical request generates this many tokens unless told (plan_request.n_decode). */
