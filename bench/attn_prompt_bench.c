@@ -47,17 +47,12 @@ struct job {
 static void worker(void *p, int thread, int n_threads) {
     struct job *j = p;
     (void)thread, (void)n_threads;
-    const int64_t q_width = (int64_t)j->shape->n_head * j->shape->head_k, o_width = (int64_t)j->shape->n_head * j->shape->head_v;
     for (int64_t c = atomic_fetch_add(&j->next, 1); c < j->units.count; c = atomic_fetch_add(&j->next, 1)) {
         int64_t t0, t1;
         int h0, h1, split;
         cpu_attention_unit(j->shape, &j->units, j->units.count - 1 - c, &t0, &t1, &h0, &h1, &split);
-        if (j->units.splits > 1)
-            cpu_attention_split(j->shape, &j->units, j->q + t0 * q_width, j->k, j->v, j->n_cells[t0], t0, h0, h1, split,
-                                j->partial);
-        else
-            cpu_attention_tokens(j->shape, j->q + t0 * q_width, j->k, j->v, j->n_cells + t0, (int)(t1 - t0), h0, h1,
-                                 j->out + t0 * o_width);
+        cpu_attention_run_unit(j->shape, &j->units, t0, t1, h0, h1, split, j->q, j->k, j->v, j->n_cells + t0, j->partial,
+                               j->out);
     }
 }
 

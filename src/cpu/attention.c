@@ -288,6 +288,17 @@ void cpu_attention_split(const struct cpu_attn_shape *s, const struct cpu_attn_u
     }
 }
 
+void cpu_attention_run_unit(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, int64_t token_begin,
+                            int64_t token_end, int head_begin, int head_end, int split, const float *q, const uint16_t *k,
+                            const uint16_t *v, const int64_t *n_cells, float *partial, float *out) {
+    const float *qt = q + token_begin * s->n_head * s->head_k;
+    if (u->splits > 1)
+        cpu_attention_split(s, u, qt, k, v, n_cells[0], token_begin, head_begin, head_end, split, partial);
+    else
+        cpu_attention_tokens(s, qt, k, v, n_cells, (int)(token_end - token_begin), head_begin, head_end,
+                             out + token_begin * s->n_head * s->head_v);
+}
+
 void cpu_attention_merge(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, const float *partial, float *out) {
     for (int64_t t = 0; t < u->n_tokens; t++)
         for (int h = 0; h < s->n_head; h++) {

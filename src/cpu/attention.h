@@ -76,6 +76,13 @@ void cpu_attention_split(const struct cpu_attn_shape *s, const struct cpu_attn_u
                          const uint16_t *v, int64_t n_cells, int64_t token, int head_begin, int head_end, int split,
                          float *partial);
 
+/* Runs a unit as cpu_attention_unit gave it: q and out are the step's ([n_tokens][n_head * head_k],
+ * [n_tokens][n_head * head_v]), k and v the cache of the unit's tokens' sequence, n_cells the
+ * cells of each of the unit's tokens; a split step's run leaves its sums in `partial`. */
+void cpu_attention_run_unit(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, int64_t token_begin,
+                            int64_t token_end, int head_begin, int head_end, int split, const float *q, const uint16_t *k,
+                            const uint16_t *v, const int64_t *n_cells, float *partial, float *out);
+
 /* Every token's output, out [n_tokens][n_head * head_v], from the runs' partial sums. */
 void cpu_attention_merge(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, const float *partial, float *out);
 

@@ -102,11 +102,7 @@ static void cpu_attn_job(void *arg, int thread, int n_threads) {
         int64_t t0, t1;
         int h0, h1, split;
         cpu_attention_unit(a, units, u, &t0, &t1, &h0, &h1, &split);
-        if (units->splits > 1)
-            cpu_attention_split(a, units, b->q + t0 * a->n_head * a->head_k, k, v, b->cells, t0, h0, h1, split, b->partial);
-        else
-            cpu_attention_tokens(a, b->q + t0 * a->n_head * a->head_k, k, v, n_cells, (int)(t1 - t0), h0, h1,
-                                 b->out + t0 * a->n_head * a->head_v);
+        cpu_attention_run_unit(a, units, t0, t1, h0, h1, split, b->q, k, v, n_cells, b->partial, b->out);
     }
 }
 

@@ -46,21 +46,14 @@ static void attn_worker(void *p, int thread, int n_threads) {
     (void)thread, (void)n_threads;
     const struct exec_ctx *ctx = job->ctx;
     const int64_t total = job->units.count;
-    const int64_t q_width = (int64_t)job->shape.n_head * job->shape.head_k;
-    const int64_t o_width = (int64_t)job->shape.n_head * job->shape.head_v;
     for (int64_t claimed = atomic_fetch_add(&job->next, 1); claimed < total; claimed = atomic_fetch_add(&job->next, 1)) {
         int64_t t0, t1, n_cells[CPU_ATTN_TILE_TOKENS];
         int h0, h1, split;
         cpu_attention_unit(&job->shape, &job->units, total - 1 - claimed, &t0, &t1, &h0, &h1, &split);
         for (int64_t t = t0; t < t1; t++) n_cells[t - t0] = job->batch->pos[t] + 1;
         const int32_t seq = job->batch->seq[t0];
-        const uint16_t *k = kv_cache_k(&ctx->kv, job->layer, seq), *v = kv_cache_v(&ctx->kv, job->layer, seq);
-        if (job->units.splits > 1)
-            cpu_attention_split(&job->shape, &job->units, ctx->s.q + t0 * q_width, k, v, n_cells[0], t0, h0, h1, split,
-                                job->partial);
-        else
-            cpu_attention_tokens(&job->shape, ctx->s.q + t0 * q_width, k, v, n_cells, (int)(t1 - t0), h0, h1,
-                                 ctx->s.attn + t0 * o_width);
+        cpu_attention_run_unit(&job->shape, &job->units, t0, t1, h0, h1, split, ctx->s.q, kv_cache_k(&ctx->kv, job->layer, seq),
+                               kv_cache_v(&ctx->kv, job->layer, seq), n_cells, job->partial, ctx->s.attn);
     }
 }
 

@@ -737,7 +737,7 @@ pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
     if (g->broken) return core_fail(PSHARD_ERR_INTERNAL, "the GPU's memory was left half carved by a failed change of plan");
     const struct plan_tier *tier = plan_tier_for(ctx->active, b->n_tokens);
     g->n_step_seq = 0;
-    for (int32_t t = 0; t < b->n_tokens; t++)
+    for (int32_t t = 0; ctx->active->kv_stream && t < b->n_tokens; t++)
         if (!g->seen[b->seq[t]]) g->seen[b->seq[t]] = true, g->step_seq[g->n_step_seq++] = b->seq[t];
     for (int32_t i = 0; i < g->n_step_seq; i++) g->seen[g->step_seq[i]] = false;
     CORE_TRY(upload_batch(ctx, g, b));
