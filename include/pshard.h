@@ -156,8 +156,9 @@ typedef struct pshard_info {
      * this many times, taking this long in all (the arena's parts above are the current phase's). */
     int32_t phase_changes;
     double phase_change_ms;
-    char plan[64]; /* the plan's families: "decode/prompt", e.g. "dynamic/gpu"; "+ decode set" when decode
-                      steps run over a resident set of their own */
+    char plan[64]; /* the plan's families: "decode/prompt" (decode at a typical request's length), e.g.
+                      "dynamic/gpu"; "+ decode set" when decode steps run over a resident set of
+                      their own, "from N cells" or "below N cells" when only over caches that long */
     int profile_measured; /* the machine profile: 1 measured (cached or now), 0 defaults */
     double predicted_ttft_s, predicted_decode_s; /* the cost model's prediction for the plan: the first
                                                     token of a prompt of predicted_prompt_tokens (1K or

@@ -23,7 +23,7 @@ static struct gguf_file *file, *moe_file;
 static struct model model, moe;
 static char moe_path[256];
 static const struct plan_gpu_costs costs = {100 << 20, 20 << 20, 10 << 20, 32 << 20, 256 << 10};
-static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false, false, false, false, NULL, 0, false, false, -1, 0, false};
+static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false, false, false, false, NULL, 0, false, false, -1, 0, false, false, 0};
 
 static int setup(void **state) {
     (void)state;
@@ -629,8 +629,8 @@ static void test_auto_phases(void **state) {
             }
             if (p.decode) {
                 two++;
-                assert_ptr_equal(plan_for_step(&p, 1), p.decode);
-                assert_ptr_equal(plan_for_step(&p, PLAN_PHASE_TOKENS), &p);
+                assert_ptr_equal(plan_for_step(&p, 1, 1), p.decode);
+                assert_ptr_equal(plan_for_step(&p, PLAN_PHASE_TOKENS, 1), &p);
                 assert_null(p.decode->decode);
                 for (int t = 0; t < PLAN_TIERS; t++) {
                     const enum plan_set set = plan_tier_tokens[t] < PLAN_PHASE_TOKENS ? ph->decode : ph->prompt;
@@ -647,6 +647,87 @@ static void test_auto_phases(void **state) {
     }
     fprintf(stderr, "phases weighed at %d budgets, two phases at %d\n", weighed, two);
     assert_true(weighed > 4 && two > 0);
+}
+
+/* The resident set a plan the step runs (p itself or p->decode) is over. */
+static enum plan_set set_of(const struct plan *p, const struct plan *runs) {
+    const int t = runs == p ? plan_prompt_tier(p) : PLAN_TIER_DECODE;
+    return runs->candidates[runs->chosen[t]].set;
+}
+
+/* A decode token's predicted seconds over plan `runs` at a cache of c cells. */
+static double decode_seconds(const struct profile *prof, const struct model *m, const struct plan *runs, int32_t c) {
+    struct cost_step cs;
+    cost_step(prof, m, runs, &runs->tier[PLAN_TIER_DECODE], 1, c - 1, &cs);
+    return cs.seconds;
+}
+
+/* Bands: decode steps over long caches run over another set than short ones exactly from the
+ * band's length on, where that set is predicted faster by more than the margin at every longer
+ * length and the typical request's tokens pay for the changes there, not at the length before;
+ * the decode plan serves the band (the prompt's set below it) or the caches below it (the prompt's
+ * set from it on); the plan's prediction and choice at the end of the context are the plan that
+ * runs there. Not without the switch, nor for two sequences. */
+static void test_long_decode_band(void **state) {
+    (void)state;
+    struct profile prof;
+    plan_profile(NULL, &prof);
+    int bands = 0, prompt_below = 0, prompt_above = 0;
+    for (int ctx = 4096; ctx <= 16384; ctx *= 4) {
+        for (int mb = 120; mb <= 480; mb += 4) {
+            for (int variant = 0; variant < 4; variant++) {
+                struct plan p;
+                struct plan_request r = base;
+                r.n_ctx = ctx, r.phases = true, r.long_decode = variant != 1;
+                r.n_seq = variant == 2 ? 2 : 1;
+                r.n_decode = variant == 3 ? 2 : 0; /* a request too short to pay for most changes */
+                r.vram_budget = (int64_t)mb << 20;
+                if (plan_build(&moe, &r, &costs, &p) != PSHARD_OK) continue;
+                const struct plan_band *b = &p.weighed_band;
+                if (variant == 1 || variant == 2) assert_false(b->weighed);
+                for (int t = 0; t < PLAN_TIERS; t++) /* prompt steps always run the prompt's plan */
+                    if (plan_tier_tokens[t] >= PLAN_PHASE_TOKENS) assert_ptr_equal(plan_for_step(&p, plan_tier_tokens[t], ctx), &p);
+                if (p.n_candidates && p.chosen[0] >= 0) {
+                    const struct plan *end = plan_for_step(&p, 1, ctx);
+                    assert_true(fabs(p.predicted[0] - decode_seconds(&prof, &moe, end, ctx)) <= 1e-12);
+                    const int c = plan_step_candidate(&p, 1, ctx);
+                    assert_true(c >= 0 && p.candidates[c].key[0] == plan_tier_key(end, 0));
+                }
+                if (!b->weighed) {
+                    plan_free(&p);
+                    continue;
+                }
+                bands++;
+                const int32_t n_prompt = plan_typical_prompt(ctx), n_out = p.n_decode;
+                assert_non_null(p.decode);
+                assert_true(b->set != b->below && b->from >= n_prompt + n_out && b->from <= ctx);
+                const struct plan *lo = plan_for_step(&p, 1, b->from - 1), *hi = plan_for_step(&p, 1, b->from);
+                assert_ptr_not_equal(lo, hi);
+                assert_int_equal(set_of(&p, lo), b->below);
+                assert_int_equal(set_of(&p, hi), b->set);
+                assert_ptr_equal(plan_for_step(&p, 1, ctx), hi);
+                assert_ptr_equal(plan_for_step(&p, PLAN_PHASE_TOKENS - 1, b->from), hi);
+                if (lo == &p) prompt_below++, assert_true(p.decode_from == b->from && p.decode_until == INT32_MAX);
+                else prompt_above++, assert_true(p.decode_from == 0 && p.decode_until == b->from);
+                /* faster by the margin from `from` to the context's end, and paying there */
+                assert_true(fabs(decode_seconds(&prof, &moe, lo, b->from) - b->below_s) <= 1e-12);
+                assert_true(fabs(decode_seconds(&prof, &moe, hi, b->from) - b->set_s) <= 1e-12);
+                assert_true(b->set_s < b->below_s * (1 - PLAN_SET_MARGIN));
+                assert_true(decode_seconds(&prof, &moe, hi, ctx) < decode_seconds(&prof, &moe, lo, ctx) * (1 - PLAN_SET_MARGIN));
+                assert_true(b->to_long > 0 && n_out * (b->below_s - b->set_s) > b->to_long + b->back);
+                /* not so at the grid's length before (changes cost less over a shorter cache) */
+                const double lo_c = n_prompt + n_out, step = pow((double)ctx / lo_c, 1.0 / (PLAN_BAND_STEPS - 1));
+                const int32_t before = (int32_t)lround(b->from / step);
+                if (before >= lo_c) {
+                    const double s_lo = decode_seconds(&prof, &moe, lo, before), s_hi = decode_seconds(&prof, &moe, hi, before);
+                    assert_false(s_hi < s_lo * (1 - PLAN_SET_MARGIN) && n_out * (s_lo - s_hi) > b->to_long + b->back);
+                }
+                plan_free(&p);
+            }
+        }
+    }
+    fprintf(stderr, "bands at %d budgets: %d over the prompt's set below, %d above\n", bands, prompt_below, prompt_above);
+    assert_true(bands > 0);
 }
 
 /* Experts: resident evenly over the layers, the rest split by the stream share (dynamic) or on
@@ -1457,7 +1538,7 @@ int main(void) {
         cmocka_unit_test(test_cost_one_expert_call),
         cmocka_unit_test(test_cost_small_expert_calls), cmocka_unit_test(test_cost_in_place_call_by_odds), cmocka_unit_test(test_cost_hand_off_on_gpu_side), cmocka_unit_test(test_soonest_set),
         cmocka_unit_test(test_cost_expert_rate_by_pairs), cmocka_unit_test(test_kv_stream),
-        cmocka_unit_test(test_moe_routers_first), cmocka_unit_test(test_auto_phases),
+        cmocka_unit_test(test_moe_routers_first), cmocka_unit_test(test_auto_phases), cmocka_unit_test(test_long_decode_band),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

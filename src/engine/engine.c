@@ -152,8 +152,13 @@ void pshard_get_info(const pshard_ctx *ctx, pshard_info *info) {
     for (uint64_t i = 0; i < gguf_tensor_count(ctx->file); i++) info->weight_bytes += gguf_tensor_at(ctx->file, i)->n_bytes;
     info->kv_bytes = exec_kv_bytes(ctx->exec);
     const struct plan *plan = exec_get_plan(ctx->exec);
-    snprintf(info->plan, sizeof info->plan, "%s/%s%s", plan_family_name(plan_for_step(plan, 1)->tier[PLAN_TIER_DECODE].family),
-             plan_family_name(plan->tier[plan_prompt_tier(plan)].family), plan->decode ? " + decode set" : "");
+    const int32_t typical = plan_typical_prompt(plan->n_ctx) + 1; /* a typical request's first decode step */
+    char sets[48] = "";
+    if (plan->decode && plan->decode_from > 0) snprintf(sets, sizeof sets, " + decode set from %d cells", plan->decode_from);
+    else if (plan->decode && plan->decode_until < INT32_MAX) snprintf(sets, sizeof sets, " + decode set below %d cells", plan->decode_until);
+    else if (plan->decode) snprintf(sets, sizeof sets, " + decode set");
+    snprintf(info->plan, sizeof info->plan, "%s/%s%s", plan_family_name(plan_for_step(plan, 1, typical)->tier[PLAN_TIER_DECODE].family),
+             plan_family_name(plan->tier[plan_prompt_tier(plan)].family), sets);
     info->profile_measured = ctx->profile.measured;
     info->predicted_ttft_s = plan->predicted_ttft;
     info->predicted_prompt_tokens = plan_typical_prompt(plan->n_ctx);

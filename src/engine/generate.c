@@ -153,12 +153,12 @@ static void predict_and_learn(pshard_ctx *ctx, int32_t from, int32_t n_prompt, p
     bool learned = false;
     if (s->n_prompt >= PLAN_RING_MIN_TOKENS) {
         const int32_t first = n_prompt - from < n_batch ? n_prompt - from : n_batch;
-        cost_learn(&ctx->profile, &ctx->model, plan_step_tier(plan, first)->family, first, prefill_raw,
+        cost_learn(&ctx->profile, &ctx->model, plan_step_tier(plan, first, from + first)->family, first, prefill_raw,
                    s->prefill_ms / 1e3);
         learned = true;
     }
     if (s->n_generated > 8 && s->decode_ms > 0) {
-        cost_learn(&ctx->profile, &ctx->model, plan_step_tier(plan, 1)->family, 1, c.raw_seconds,
+        cost_learn(&ctx->profile, &ctx->model, plan_step_tier(plan, 1, n_prompt + s->n_generated / 2 + 1)->family, 1, c.raw_seconds,
                    s->decode_ms / 1e3 / (s->n_generated - 1));
         learned = true;
     }

@@ -114,8 +114,9 @@ static bool env_switch(const char *name, bool unset) {
  * units it leaves in its slots (plan.lent); dynamic tiers split dense FFNs by rows between the
  * GPU and the CPU; static tiers stage the attention they stream; balanced dynamic tiers split a
  * token's experts by its routing; ring tiers may carry the KV cells of layers whose cache is on the
- * host to the GPU's attention. PSHARD_LEND_SLOTS=0, PSHARD_SPLIT_FFN=0, PSHARD_STAGE_STATIC=0,
- * PSHARD_ROUTED_SPLIT=0 and PSHARD_KV_STREAM=0 turn these off (for comparison); so does
+ * host to the GPU's attention; decode steps over long caches may run over another set than short
+ * ones. PSHARD_LEND_SLOTS=0, PSHARD_SPLIT_FFN=0, PSHARD_STAGE_STATIC=0, PSHARD_ROUTED_SPLIT=0,
+ * PSHARD_KV_STREAM=0 and PSHARD_LONG_DECODE=0 turn these off (for comparison); so does
  * PSHARD_ONE_EXPERT_CALL=0 for the one call over a layer's resident and streamed experts (two
  * calls, resident ones first). */
 static struct plan_request request_for(const struct exec_params *p, bool gpu_wanted) {
@@ -124,7 +125,21 @@ static struct plan_request request_for(const struct exec_params *p, bool gpu_wan
                                  env_switch("PSHARD_SPLIT_FFN", true), env_switch("PSHARD_STAGE_STATIC", true),
                                  env_switch("PSHARD_ROUTED_SPLIT", true), NULL, 0,
                                  env_switch("PSHARD_ONE_EXPERT_CALL", true), p->decode_set != PLAN_DECODE_SAME, p->decode_set,
-                                 p->n_decode, env_switch("PSHARD_KV_STREAM", true)};
+                                 p->n_decode, env_switch("PSHARD_KV_STREAM", true), env_switch("PSHARD_LONG_DECODE", true),
+                                 0};
+}
+
+/* PSHARD_DECODE_FROM=N (for tests and comparison): with a decode set asked for, decode steps run
+ * over it only over caches of N cells or more, as a band over long caches would. */
+static pshard_status decode_from_env(struct plan_request *req) {
+    const char *v = getenv("PSHARD_DECODE_FROM");
+    if (!v || !*v) return PSHARD_OK;
+    char *end;
+    const long n = strtol(v, &end, 10);
+    if (*end || n < 1 || n > INT32_MAX)
+        return core_fail(PSHARD_ERR_INVALID_ARG, "PSHARD_DECODE_FROM=%s: want a count of cells of at least 1", v);
+    req->decode_from = (int32_t)n;
+    return PSHARD_OK;
 }
 
 /* PSHARD_ROUTED_QUOTA=q1,q2,...,qk (for tests and comparison): routed tiers' GPU share of a
@@ -161,6 +176,7 @@ static pshard_status build_plan(const struct model *model, const struct model_we
     struct plan_request req = request_for(p, gpu_wanted);
     uint8_t quota[PLAN_MAX_ROUTED + 1];
     CORE_TRY(routed_quota_from_env(quota, &req));
+    CORE_TRY(decode_from_env(&req));
     return plan_build(model, &req, &costs, out);
 }
 
@@ -173,6 +189,7 @@ pshard_status exec_make_plan(const struct model *model, const struct exec_params
     struct plan_request req = request_for(params, params->vram_budget != 0);
     uint8_t quota[PLAN_MAX_ROUTED + 1];
     if (st == PSHARD_OK) st = routed_quota_from_env(quota, &req);
+    if (st == PSHARD_OK) st = decode_from_env(&req);
     if (st == PSHARD_OK) st = plan_build(model, &req, &costs, out);
     model_weights_free(&w);
     return st;
@@ -278,7 +295,9 @@ pshard_status exec_step(struct exec_ctx *ctx, const struct exec_batch *batch) {
         if (batch->logits ? batch->logits[t] != 0 : t == batch->n_tokens - 1) ctx->s.out_rows[ctx->stats.n_outputs++] = t;
 
     if (ctx->gpu) {
-        const struct plan *runs = plan_for_step(&ctx->plan, batch->n_tokens);
+        int32_t cells = 0; /* the cache the step attends, its own cells included */
+        for (int32_t t = 0; t < batch->n_tokens; t++) cells = batch->pos[t] + 1 > cells ? batch->pos[t] + 1 : cells;
+        const struct plan *runs = plan_for_step(&ctx->plan, batch->n_tokens, cells);
         pshard_status st = runs != ctx->active ? exec_gpu_switch(ctx, runs) : PSHARD_OK;
         if (st != PSHARD_OK) return core_fail_context(st, "changing to the %s phase's plan", runs == &ctx->plan ? "prompt" : "decode");
         st = exec_gpu_step(ctx, batch);

@@ -648,7 +648,7 @@ void cost_learn(struct profile *prof, const struct model *m, enum plan_family fa
 
 void cost_plan_step(const struct profile *prof, const struct model *m, const struct plan *p, int32_t n_tokens,
                     int32_t n_past, struct cost_step *out) {
-    const struct plan *runs = plan_for_step(p, n_tokens);
+    const struct plan *runs = plan_for_step(p, n_tokens, n_past + n_tokens);
     cost_step(prof, m, runs, plan_tier_for(runs, n_tokens), n_tokens, n_past, out);
 }
 

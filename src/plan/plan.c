@@ -660,11 +660,13 @@ static int32_t tier_top_tokens(const struct plan_request *req, int t) {
     return top < req->n_batch ? top : req->n_batch;
 }
 
-int plan_step_candidate(const struct plan *p, int32_t n_tokens) {
-    const int tier = plan_weighed_tier(n_tokens), runs = (int)(plan_tier_for(p, n_tokens) - p->tier);
-    if (runs == tier) return p->chosen[tier];
+int plan_step_candidate(const struct plan *p, int32_t n_tokens, int32_t n_cells) {
+    const struct plan *runs = plan_for_step(p, n_tokens, n_cells);
+    const int tier = plan_weighed_tier(n_tokens), at = (int)(plan_tier_for(runs, n_tokens) - runs->tier);
+    const uint64_t key = plan_tier_key(runs, at);
+    if (p->chosen[tier] >= 0 && p->candidates[p->chosen[tier]].key[tier] == key) return p->chosen[tier];
     for (uint32_t c = 0; c < p->n_candidates; c++)
-        if (p->candidates[c].key[tier] == plan_tier_key(p, runs)) return (int)c;
+        if (p->candidates[c].key[tier] == key) return (int)c;
     return -1;
 }
 
@@ -733,6 +735,45 @@ static int32_t typical_generated(const struct plan_request *req) {
     return want < room ? want : room > 1 ? room : 1;
 }
 
+/* The cache lengths a band is sought on (PLAN_BAND_STEPS of them, evenly spaced in log cells from
+ * the typical request's end to the context's); 0 where the context ends no later than that. */
+static int band_cells(const struct plan_request *req, int32_t n_prompt, int32_t n_out, int32_t cells[PLAN_BAND_STEPS]) {
+    const double lo = n_prompt + n_out, hi = req->n_ctx;
+    if (hi <= lo) return 0;
+    for (int g = 0; g < PLAN_BAND_STEPS; g++)
+        cells[g] = (int32_t)lround(lo * pow(hi / lo, (double)g / (PLAN_BAND_STEPS - 1)));
+    return PLAN_BAND_STEPS;
+}
+
+/* Decode steps over long caches (plan.weighed_band): for each set weighed besides `below` (the one
+ * decode steps run over at the typical request's length; where that is not the prompt's set,
+ * only the prompt's), the least length from which on it decodes faster than `below` by more than
+ * PLAN_SET_MARGIN at every longer length on the grid, and where the typical request's tokens,
+ * decoded that much faster, pay for its changes of set there. The set whose band starts soonest
+ * wins. */
+static void weigh_band(const struct profile *prof, const struct model *m, struct plan *p, int prompt, int below, int32_t n_out,
+                       int n_cells, const int32_t *cells, double decode_at[][PLAN_BAND_STEPS], const double *weights,
+                       const double *kv_position) {
+    struct plan_band *band = &p->weighed_band;
+    memset(band, 0, sizeof *band);
+    for (int set = 0; set < PLAN_SETS; set++) {
+        if (set == below || !(p->weighed_set[set].ttft > 0) || (below != prompt && set != prompt)) continue;
+        int g = n_cells;
+        while (g > 0 && decode_at[set][g - 1] < decode_at[below][g - 1] * (1 - PLAN_SET_MARGIN)) g--;
+        for (; g < n_cells; g++) {
+            const double c = cells[g];
+            const double to_long = cost_switch(prof, m, weights[set] + c * kv_position[set], c * kv_position[below]);
+            const double back = set == prompt ? 0
+                                              : cost_switch(prof, m, weights[prompt] + c * kv_position[prompt], c * kv_position[set]);
+            if (n_out * (decode_at[below][g] - decode_at[set][g]) <= to_long + back) continue;
+            if (!band->weighed || cells[g] < band->from)
+                *band = (struct plan_band){true, (enum plan_set)below, (enum plan_set)set, cells[g], decode_at[below][g],
+                                           decode_at[set][g], to_long, back};
+            break;
+        }
+    }
+}
+
 /* auto: for each resident set (with and without room for the staging ring), every tier weighs
  * static, gpu and dynamic at several shares by the cost model and keeps the fastest; the
  * resident set whose tiers serve a typical request (a prompt of up to 1K tokens, then the tokens
@@ -751,6 +792,11 @@ static pshard_status search(const struct model *m, const struct plan_request *re
     pshard_status fits = PSHARD_OK;
     bool any_fits = false, ring_has_all_kv = false;
     double weights[PLAN_SETS] = {0}, kv_position[PLAN_SETS] = {0};
+    int32_t cells[PLAN_BAND_STEPS];
+    const int n_cells = req->phases && req->long_decode && req->n_seq == 1 && req->decode_set < 0
+                            ? band_cells(req, n_prompt, n_out, cells)
+                            : 0;
+    double decode_at[PLAN_SETS][PLAN_BAND_STEPS]; /* seconds per decode token over each set at cells[g] */
     memset(p->weighed_set, 0, sizeof p->weighed_set);
     memset(&p->weighed_phases, 0, sizeof p->weighed_phases);
     for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
@@ -788,6 +834,11 @@ static pshard_status search(const struct model *m, const struct plan_request *re
         double ttft, decode;
         cost_request(prof, m, p, n_prompt, req->n_batch, n_out, &ttft, &decode);
         p->weighed_set[set].ttft = ttft, p->weighed_set[set].decode = decode;
+        for (int g = 0; g < n_cells; g++) {
+            struct cost_step cs;
+            cost_step(prof, m, p, &p->tier[PLAN_TIER_DECODE], 1, cells[g] - 1, &cs);
+            decode_at[set][g] = cs.seconds;
+        }
         account(m, req, costs, p);
         weights[set] = (double)p->budget.weights, kv_position[set] = cost_kv_position_bytes(m, p);
     }
@@ -813,6 +864,9 @@ static pshard_status search(const struct model *m, const struct plan_request *re
     const double one_set = best_set >= 0 ? p->weighed_set[best_set].ttft + n_out * p->weighed_set[best_set].decode : INFINITY;
     if (p->weighed_phases.weighed && (forced || p->weighed_set[best_set].ttft + beyond_prompt < one_set * (1 - PLAN_SET_MARGIN)))
         decode_set = (int)p->weighed_phases.decode;
+    memset(&p->weighed_band, 0, sizeof p->weighed_band);
+    if (best_set >= 0 && n_cells)
+        weigh_band(prof, m, p, best_set, decode_set, n_out, n_cells, cells, decode_at, weights, kv_position);
     /* Everything on the CPU. */
     reset_places(p);
     account(m, req, costs, p);
@@ -839,15 +893,22 @@ static pshard_status search(const struct model *m, const struct plan_request *re
         }
         p->family = p->tier[0].family;
         move_boundaries(m, req, prof, p);
-        if (decode_set != best_set) {
+        /* The decode phase: over decode_set for every cache, or where a band applies, over the
+         * band's set from its length on (decode_set is the prompt's) or over decode_set below it
+         * (the band's set is the prompt's). */
+        const struct plan_band *band = &p->weighed_band;
+        const int other = decode_set != best_set ? decode_set : band->weighed ? (int)band->set : best_set;
+        if (other != best_set) {
             /* The decode phase's plan: the same search over its set alone. */
             struct plan_request one = *req;
-            one.staging = decode_set, one.phases = false;
+            one.staging = other, one.phases = false;
             p->decode = calloc(1, sizeof *p->decode);
             if (!p->decode) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
             CORE_TRY(plan_build(m, &one, costs, p->decode));
-            for (int t = 0; t < PLAN_TIERS; t++)
-                if (plan_tier_tokens[t] < PLAN_PHASE_TOKENS) p->chosen[t] = chosen[decode_set][t];
+            p->decode_from = band->weighed && decode_set == best_set ? band->from : forced ? req->decode_from : 0;
+            p->decode_until = band->weighed && decode_set != best_set ? band->from : INT32_MAX;
+            for (int t = 0; t < PLAN_TIERS; t++) /* the choice at the end of the context */
+                if (plan_tier_tokens[t] < PLAN_PHASE_TOKENS && p->decode_until == INT32_MAX) p->chosen[t] = chosen[other][t];
         }
     }
     account(m, req, costs, p);
@@ -984,10 +1045,11 @@ pshard_status plan_build(const struct model *model, const struct plan_request *r
         plan_free(out);
         return st;
     }
-    /* What the cost model predicts for the plan as built (the decode phase's steps by its plan). */
+    /* What the cost model predicts for the plan as built, at the end of the context (the decode
+     * phase's steps by the plan that runs there). */
     for (int t = 0; t < PLAN_TIERS; t++) {
         const int32_t n = plan_tier_step_tokens(out, t);
-        out->predicted[t] = step_seconds(prof, model, req, plan_for_step(out, n), t, n);
+        out->predicted[t] = step_seconds(prof, model, req, plan_for_step(out, n, req->n_ctx), t, n);
     }
     cost_request(prof, model, out, plan_typical_prompt(req->n_ctx), req->n_batch, out->n_decode,
                  &out->predicted_ttft, &out->predicted_decode);

@@ -57,9 +57,11 @@ enum { PLAN_RING_MIN_TOKENS = 16, PLAN_RING_ALL_MIN_TOKENS = 64, PLAN_STAGING_SL
  * wins when its first token comes sooner by more than this fraction too (plan_soonest_set). */
 #define PLAN_SET_MARGIN 0.05
 /* Phases (auto, one sequence): steps of fewer than PLAN_PHASE_TOKENS tokens (decoding) may run a
- * plan of their own over another resident set than prompt steps (plan.decode); VRAM is carved
- * anew when the phase changes. */
-enum { PLAN_PHASE_TOKENS = PLAN_RING_MIN_TOKENS };
+ * plan of their own over another resident set than prompt steps (plan.decode), over caches of some
+ * lengths only (plan.decode_from, decode_until); VRAM is carved anew when the phase changes. The
+ * lengths where another set decodes faster are sought on PLAN_BAND_STEPS cache lengths, evenly
+ * spaced in log cells from the typical request's end to the context's. */
+enum { PLAN_PHASE_TOKENS = PLAN_RING_MIN_TOKENS, PLAN_BAND_STEPS = 12 };
 /* Candidates the planner weighs for a tier (auto): families, with dynamic at several shares. */
 enum { PLAN_MAX_CANDIDATES = 24 };
 /* What the budget holds, in bytes: total is the budget; the device arena is all of it but
@@ -102,6 +104,10 @@ struct plan_request {
                              memory on the GPU: the layer's cached cells travel up in its slot with
                              its matrices, the step's new cells come back down (plan.kv_stream; one
                              sequence only) */
+    bool long_decode;     /* phases: decode steps over long caches may run over another set than
+                             short ones (plan.decode_from, decode_until) */
+    int32_t decode_from;  /* with decode_set asked for: decode steps run over it only over caches of
+                             this many cells or more (tests, comparison); 0: every cache */
 };
 
 /* auto: the typical request generates this many tokens unless told (plan_request.n_decode). */
@@ -200,12 +206,29 @@ struct plan {
      * one typical request (to decode after its prompt, back before the next prompt); weighed
      * false where no pair was (one sequence only, or a single set fits). */
     struct plan_phases { bool weighed; enum plan_set prompt, decode; double to_decode, to_prompt; } weighed_phases;
-    /* auto, phases: steps of fewer than PLAN_PHASE_TOKENS tokens run this plan, over another
-     * resident set (the executor carves VRAM anew between the two: the other set's weights are
-     * copied up and the KV cache of the layers whose attention moves goes across). Its chosen
-     * and predicted tiers are also this plan's (chosen indexes this plan's candidates). NULL:
-     * one plan serves every step. */
+    /* auto, phases: where decode steps over long caches run over another set than short ones. The
+     * attention of layers whose KV is in host memory grows with the cache, and a set that carries
+     * it to the GPU (or keeps more of it in VRAM) may decode a long cache faster than the set the
+     * typical request decodes best over (qwen30b at 2 GB on the H200, a 16K cache: the ring's set
+     * 0.035 s per token, the set without the ring 0.047 s). From `from` cells on, decoding over
+     * `set` is predicted faster than over `below` by more than PLAN_SET_MARGIN, and the tokens of
+     * a typical request pay its changes (to_long, and back where `set` is not the prompt's). */
+    struct plan_band {
+        bool weighed;
+        enum plan_set below, set;
+        int32_t from;
+        double below_s, set_s; /* seconds per decode token over each set at `from` cells */
+        double to_long, back;
+    } weighed_band;
+    /* auto, phases: steps of fewer than PLAN_PHASE_TOKENS tokens whose cache (the step's cells
+     * included) holds [decode_from, decode_until) cells run this plan, over another resident set
+     * (the executor carves VRAM anew between the two: the other set's weights are copied up and
+     * the KV cache of the layers whose attention moves goes across). Its predicted tiers are also
+     * this plan's where it runs at the end of the context, and its chosen tiers where it runs there
+     * or at the typical request's decode (chosen indexes this plan's candidates). NULL: one plan
+     * serves every step. */
     struct plan *decode;
+    int32_t decode_from, decode_until;
     int32_t n_batch, n_ctx;
     int32_t n_decode; /* the tokens the typical request generated, as weighed (plan.c: typical_generated) */
 };
@@ -246,18 +269,21 @@ static inline int plan_weighed_tier(int32_t n_tokens) {
 /* Tier t's placement as a number: two plans that place everything alike there share it. */
 uint64_t plan_tier_key(const struct plan *p, int t);
 
-/* auto: the candidate a step of n tokens runs as: its weighed tier's choice, or where a tier
- * starts sooner, the first candidate placing the step as the plan does; -1 where none does. */
-int plan_step_candidate(const struct plan *p, int32_t n_tokens);
+/* auto: the candidate a step of n tokens over a cache of n_cells cells (its own included) runs
+ * as: the first candidate placing the step as the plan does (its weighed tier's choice where that
+ * one does); -1 where none does. */
+int plan_step_candidate(const struct plan *p, int32_t n_tokens, int32_t n_cells);
 
-/* The plan a step of n tokens runs: the decode phase's below PLAN_PHASE_TOKENS, where there is one. */
-static inline const struct plan *plan_for_step(const struct plan *p, int32_t n_tokens) {
-    return p->decode && n_tokens < PLAN_PHASE_TOKENS ? p->decode : p;
+/* The plan a step of n tokens over a cache of n_cells cells (its own included) runs: the decode
+ * phase's below PLAN_PHASE_TOKENS over the caches it serves, where there is one. */
+static inline const struct plan *plan_for_step(const struct plan *p, int32_t n_tokens, int32_t n_cells) {
+    return p->decode && n_tokens < PLAN_PHASE_TOKENS && n_cells >= p->decode_from && n_cells < p->decode_until ? p->decode
+                                                                                                                 : p;
 }
 
-/* The tier a step of n tokens runs, in the plan it runs (plan_for_step). */
-static inline const struct plan_tier *plan_step_tier(const struct plan *p, int32_t n_tokens) {
-    return plan_tier_for(plan_for_step(p, n_tokens), n_tokens);
+/* The tier a step of n tokens over n_cells cells runs, in the plan it runs (plan_for_step). */
+static inline const struct plan_tier *plan_step_tier(const struct plan *p, int32_t n_tokens, int32_t n_cells) {
+    return plan_tier_for(plan_for_step(p, n_tokens, n_cells), n_tokens);
 }
 
 /* Whether a one-output step of n tokens in tier t is captured once as a CUDA graph and replayed:

@@ -111,7 +111,23 @@ static void print_candidates(const struct plan *p, FILE *out) {
     }
     const int n_prompt = plan_typical_prompt(p->n_ctx);
     char sets[256];
-    if (p->decode)
+    const struct plan_band *band = &p->weighed_band;
+    if (p->decode && p->decode_from > 0) { /* a band, or a decode set asked for over long caches only */
+        const bool b = band->weighed;
+        const enum plan_set to = b ? band->set : p->weighed_phases.decode, from = b ? band->below : p->weighed_phases.prompt;
+        snprintf(sets, sizeof sets, "steps of fewer than %d tokens over caches of %d cells or more run over the %s set, "
+                 "the others over the %s set: VRAM is carved anew when the set changes (predicted %.0f ms to the %s set, "
+                 "%.0f ms back)", PLAN_PHASE_TOKENS, p->decode_from, plan_set_name(to), plan_set_name(from),
+                 1e3 * (b ? band->to_long : p->weighed_phases.to_decode), plan_set_name(to),
+                 1e3 * (b ? band->back : p->weighed_phases.to_prompt));
+    }
+    else if (p->decode && p->decode_until < INT32_MAX)
+        snprintf(sets, sizeof sets, "steps of fewer than %d tokens over caches of fewer than %d cells run over the %s set, "
+                 "the others over the %s set: VRAM is carved anew when the set changes (predicted %.0f ms to decode, "
+                 "%.0f ms back)", PLAN_PHASE_TOKENS, p->decode_until, plan_set_name(p->weighed_phases.decode),
+                 plan_set_name(p->weighed_phases.prompt), 1e3 * p->weighed_phases.to_decode,
+                 1e3 * p->weighed_phases.to_prompt);
+    else if (p->decode)
         snprintf(sets, sizeof sets, "steps of fewer than %d tokens run over the %s set, larger ones over the %s set: "
                  "VRAM is carved anew when the phase changes (predicted %.0f ms to decode, %.0f ms back)",
                  PLAN_PHASE_TOKENS, plan_set_name(p->weighed_phases.decode), plan_set_name(p->weighed_phases.prompt),
@@ -141,9 +157,18 @@ static void print_candidates(const struct plan *p, FILE *out) {
     const struct plan_phases *ph = &p->weighed_phases;
     if (ph->weighed) {
         const double ttft = p->weighed_set[ph->prompt].ttft, decode = p->weighed_set[ph->decode].decode;
+        const bool pair = p->decode && (p->decode_until < INT32_MAX || p->decode_from == 0);
         fprintf(out, "  %s, then decoding over %s: %.3f s + %.3f s + %d x %.4f s + %.3f s = %.2f s%s\n",
                 plan_set_name(ph->prompt), plan_set_name(ph->decode), ttft, ph->to_decode, n_out, decode, ph->to_prompt,
-                ttft + ph->to_decode + n_out * decode + ph->to_prompt, p->decode ? "   chosen" : "");
+                ttft + ph->to_decode + n_out * decode + ph->to_prompt, pair ? "   chosen" : "");
+    }
+    if (band->weighed) {
+        char back[64] = "; none back: it is the prompt's set";
+        if (band->back > 0) snprintf(back, sizeof back, ", %.3f s back", band->back); /* (0: the prompt's set) */
+        plan_note(out, "long caches: from %d cells on, a decode token over the %s set is predicted %.4f s, over the %s set "
+                  "%.4f s; %d tokens save %.3f s there, more than the changes of set cost (%.3f s to it%s)", band->from,
+                  plan_set_name(band->set), band->set_s, plan_set_name(band->below), band->below_s, n_out,
+                  n_out * (band->below_s - band->set_s), band->to_long, back);
     }
 }
 
@@ -234,14 +259,15 @@ static void print_shards(const struct plan *p, const struct plan *dp, const stru
 
 void plan_print(const struct plan *p, const struct model *m, bool every_shard, FILE *out) {
     const int last = plan_prompt_tier(p);
-    const struct plan *dp = plan_for_step(p, 1); /* the decode phase's plan */
+    const int32_t typical = plan_typical_prompt(p->n_ctx) + 1; /* a typical request's first decode step */
+    const struct plan *dp = plan_for_step(p, 1, typical); /* the decode phase's plan there */
     const struct plan_tier *d = &dp->tier[PLAN_TIER_DECODE];
     fprintf(out, "plan %s: VRAM budget %.0f MB; per tier (tokens per step):", plan_family_name(dp->family),
             mb(p->budget.total));
     for (int t = 0; t <= last; t++) {
         char label[24];
         tier_label(p, t, label, sizeof label);
-        const struct plan *runs = plan_for_step(p, plan_tier_tokens[t]);
+        const struct plan *runs = plan_for_step(p, plan_tier_tokens[t], typical);
         const struct plan_tier *rt = &runs->tier[t];
         fprintf(out, " %s '%s'%s%s", label, plan_family_name(rt->family),
                 rt->kv_stream ? " (ring, KV up)" : rt->ring ? " (ring)" : "", runs != p ? " (decode set)" : "");
@@ -277,9 +303,15 @@ void plan_print(const struct plan *p, const struct model *m, bool every_shard, F
     }
     if (plan_splits_ffn(p) || plan_splits_ffn(dp))
         plan_note(out, "(FFN shards split with the CPU: rows resident/streamed/on the CPU, both sides at once)");
-    if (p->decode)
+    if (p->decode && dp == p->decode)
         plan_note(out, "(decode: its own resident set, carved when the phase changes; KV: prompt/decode phase where they "
                   "differ)");
+    if (p->decode && dp != p->decode) {
+        const struct plan_tier *lt = &p->decode->tier[PLAN_TIER_DECODE];
+        plan_note(out, "(decode steps over caches of %d cells or more: '%s'%s over a resident set of their own, carved when "
+                  "the cache grows that long; the shard table shows shorter caches)", p->decode_from,
+                  plan_family_name(lt->family), lt->kv_stream ? " (ring, KV up)" : lt->ring ? " (ring)" : "");
+    }
     for (int t = 0; t <= last; t++)
         if (p->tier[t].kv_stream) {
             plan_note(out, "(KV up: the ring carries the cached KV cells of the layers whose cache is in host memory to "
@@ -290,8 +322,12 @@ void plan_print(const struct plan *p, const struct model *m, bool every_shard, F
         plan_note(out, "(IN SLOT: read from the staging slot where the ring's last step left it; copied there first "
                   "when no prompt step has used the ring yet)");
     print_shards(p, dp, m, every_shard, out);
+    char what[64];
+    if (p->decode && p->decode_from > 0) snprintf(what, sizeof what, " in decode steps over %d cells or more", p->decode_from);
+    else if (p->decode && p->decode_until < INT32_MAX) snprintf(what, sizeof what, " in decode steps over fewer than %d cells", p->decode_until);
+    else snprintf(what, sizeof what, " in decode steps");
     print_budget(p, p->decode ? " in prompt steps" : "", out);
-    if (p->decode) print_budget(dp, " in decode steps", out);
+    if (p->decode) print_budget(p->decode, what, out);
     plan_note(out, "per decode token: %.1f MB of weights read by the CPU from host memory, %.1f MB streamed over PCIe, "
               "%.1f MB read by the GPU from VRAM",
          mb(d->host_bytes_per_token), mb(d->pcie_bytes_per_token), mb(d->gpu_bytes_per_token));
@@ -306,7 +342,7 @@ void plan_print_times(const struct plan *p, const struct model *m, const struct 
     fprintf(out, "  %-10s %9s %9s %9s %9s %15s\n", "tokens", "step", "GPU", "CPU", "PCIe", "launches, waits");
     for (int t = 0; t <= plan_prompt_tier(p); t++) {
         const int32_t n = plan_tier_step_tokens(p, t);
-        const struct plan *runs = plan_for_step(p, n);
+        const struct plan *runs = plan_for_step(p, n, p->n_ctx);
         struct cost_step c;
         cost_step(prof, m, runs, &runs->tier[t], n, p->n_ctx > n ? p->n_ctx - n : 0, &c);
         fprintf(out, "  %-10d %9.2f %9.2f %9.2f %9.2f %15.2f\n", n, c.seconds * 1e3, c.gpu_s * 1e3, c.cpu_s * 1e3,

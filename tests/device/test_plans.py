@@ -15,7 +15,9 @@ PSHARD_ONE_EXPERT_CALL=0 computes an MoE layer's resident and streamed experts i
 than one (ctest runs each so too). Auto plans whose decode steps run over another resident set than
 their prompt steps (--decode-set, each set that differs from the prompt's) change phase between
 steps of a mixed run (20, 3, 1, 17 and 5 tokens in turn: the KV cache moves both ways) and between
-a prompt of more than 16 tokens and its continuation; the arena stays the budget. At the least
+a prompt of more than 16 tokens and its continuation; the arena stays the budget. With
+PSHARD_DECODE_FROM=40 they decode over that set only over caches of 40 cells or more (as a band over
+long caches does), so decode steps change set in the middle of a run. At the least
 budget where dynamic and auto carry the KV cells of layers whose cache is on the host through the
 ring to the GPU's attention (ring tiers, "KV up"; PSHARD_KV_STREAM=0 turns it off), their prompt
 steps write the new cells back to the host's cache, which the CPU's attention of later small steps

@@ -260,6 +260,49 @@ def test_typical_request_length_weighs_the_decode_set(tmp_path):
         assert proc.returncode == 2 and "-n takes" in proc.stderr, (bad, proc.stderr)
 
 
+def test_long_caches_decode_over_another_set(tmp_path):
+    """qwen30b at 2 GB and a 16K context with the H200 machine's profile: a typical request decodes
+    over the set without the ring, while over long caches the ring's set (carrying the host's KV
+    cells up) is predicted faster; so decode steps run over the set without the ring only below a
+    cache length, which the plan names alike in every place, and at the end of the context
+    --tokens marks a candidate over the ring's set. PSHARD_LONG_DECODE=0 keeps one decode set; at
+    a 4K context nothing changes."""
+    model = tmp_path / "qwen30b.gguf"
+    synth = subprocess.run([os.path.join(BUILD, "gguf-synth"), "--shape", "qwen30b", "--header-only", "--quiet", "-o",
+                            str(model)], capture_output=True, text=True)
+    assert synth.returncode == 0, synth.stderr
+    profile = os.path.join(os.path.dirname(__file__), "..", "data", "profile", "h200-qwen30b.json")
+
+    def plan(ctx, env=None):
+        proc = pshard("plan", "-m", str(model), "--vram-budget", "2G", "-c", str(ctx), "--profile", profile,
+                      "--tokens", "1,4,16", env=env)
+        assert proc.returncode == 0, proc.stderr
+        _, rows = steps_table(proc.stdout)
+        marked = [[name for name, cells in rows.items() if cells[k][1]] for k in range(3)]
+        assert all(len(m) == 1 for m in marked), marked
+        return proc.stdout, [resident_set(m[0]) for m in marked]
+
+    text, sets = plan(16384)
+    flat = " ".join(text.split())
+    below = re.search(r"steps of fewer than 16 tokens over caches of fewer than (\d+) cells run over the no ring set, "
+                      r"the others over the ring set", flat)
+    assert below, flat
+    n = int(below.group(1))
+    assert 1024 + 128 <= n <= 16384
+    band = re.search(r"long caches: from (\d+) cells on, a decode token over the ring set is predicted ([\d.]+) s, over the "
+                     r"no ring set ([\d.]+) s", flat)
+    assert band and int(band.group(1)) == n and float(band.group(2)) < float(band.group(3)) * 0.95, flat
+    assert "VRAM in decode steps over fewer than %d cells:" % n in text
+    head = next(l for l in text.splitlines() if l.startswith("plan "))
+    assert "1-3 'dynamic' (decode set)" in head, head  # at a typical request's length
+    assert sets[:2] == ["", ""], sets  # at the end of the context: over the ring's set
+    off, off_sets = plan(16384, {"PSHARD_LONG_DECODE": "0"})
+    assert "long caches" not in off and "cells" not in off.split("resident sets weighed")[0]
+    assert off_sets[:2] == ["(no ring)", "(no ring)"], off_sets
+    short, _ = plan(4096)
+    assert "long caches" not in short and short == plan(4096, {"PSHARD_LONG_DECODE": "0"})[0]
+
+
 def test_cpu_plan_priced_by_the_profile(tmp_path):
     """Without a VRAM budget the plan is the CPU's alone, and its --tokens predictions come from the
     profile given (they used the conservative defaults, silently): the H200 machine's profile and

@@ -305,7 +305,7 @@ static pshard_status oracle_config(const struct oracle_opts *o, const struct mod
             memset(r, 0, sizeof *r);
             r->n_tokens = o->tiers[k];
             r->tier = plan_weighed_tier(r->n_tokens);
-            r->chosen = plan_step_candidate(weighed, r->n_tokens);
+            r->chosen = plan_step_candidate(weighed, r->n_tokens, ctx);
             if (r->chosen < 0 && weighed->n_candidates)
                 fprintf(stderr, "  %d tokens: the plan runs a placement no candidate has here (not counted)\n", r->n_tokens);
             for (uint32_t c = 0; c < PLAN_MAX_CANDIDATES; c++) r->measured[c] = r->predicted[c] = INFINITY;

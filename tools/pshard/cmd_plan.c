@@ -69,7 +69,7 @@ static pshard_status print_steps(const struct model *m, const struct exec_params
     }
     for (uint32_t c = 0; c < plan->n_candidates; c++) {
         bool mark[MAX_TOKENS] = {false};
-        for (int k = 0; k < n_tokens; k++) mark[k] = plan_step_candidate(plan, (int32_t)tokens[k]) == (int)c;
+        for (int k = 0; k < n_tokens; k++) mark[k] = plan_step_candidate(plan, (int32_t)tokens[k], p->n_ctx) == (int)c;
         const struct exec_params cp = exec_params_for_candidate(p, &plan->candidates[c]);
         struct plan alone;
         CORE_TRY(exec_make_plan(m, &cp, &alone));
