@@ -209,7 +209,7 @@ void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *s) {
                     s->decode_gpu_between_ms);
     }
     if (info.phase_changes > 0)
-        fprintf(stderr, "changes of phase (decode steps over a resident set of their own, VRAM carved anew): %d so far, "
+        fprintf(stderr, "changes of resident set (decode steps over a set of their own, VRAM carved anew): %d so far, "
                         "%.1f ms each\n",
                 info.phase_changes, info.phase_change_ms / info.phase_changes);
     if (s->predicted_decode_step_ms > 0)
