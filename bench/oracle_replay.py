@@ -189,8 +189,9 @@ def main():
                                     sorted(tokens[key]), env)
         n = r["tokens"]
         table = {name: cells[n] for name, cells in cache[key].items()}
-        # Candidates that place the step alike (equal predictions) are one plan: its time is the
-        # mean of their runs.
+        # Candidates that place the step alike (equal predictions, printed to six digits; at four,
+        # gpu and static over another set once read alike) are one plan: its time is the mean of
+        # their runs.
         runs = {}
         for c in r["candidates"]:
             name = canonical(c["plan"])

@@ -49,7 +49,7 @@ static void print_step_row(const char *label, const struct model *m, const struc
         const int32_t n = (int32_t)tokens[k];
         struct cost_step c;
         cost_plan_step(prof, m, plan, n, p->n_ctx > n ? p->n_ctx - n : 0, &c);
-        printf(" %9.4g%c", c.seconds, mark && mark[k] ? '*' : ' ');
+        printf(" %11.6g%c", c.seconds, mark && mark[k] ? '*' : ' ');
     }
     putchar('\n');
 }
@@ -61,7 +61,7 @@ static pshard_status print_steps(const struct model *m, const struct exec_params
                                  const int64_t *tokens, int n_tokens) {
     printf("steps (predicted seconds per step at the end of the context%s):\n  %-28s",
            plan->n_candidates ? "; * = the candidate the plan runs there" : "", "plan");
-    for (int k = 0; k < n_tokens; k++) printf(" %9lld ", (long long)tokens[k]);
+    for (int k = 0; k < n_tokens; k++) printf(" %11lld ", (long long)tokens[k]);
     putchar('\n');
     if (!plan->n_candidates) {
         print_step_row("this plan", m, p, plan, tokens, n_tokens, NULL);
