@@ -883,6 +883,7 @@ static pshard_status search(const struct model *m, const struct plan_request *re
     p->n_candidates = n_cands;
     if (best_set < 0 || (req->staging < 0 && cpu_ttft + n_out * cpu_decode < best_total)) {
         for (int t = 0; t < PLAN_TIERS; t++) p->chosen[t] = (int8_t)(n_cands - 1);
+        memset(&p->weighed_band, 0, sizeof p->weighed_band); /* (no set decodes: nothing changes) */
         p->family = PLAN_CPU;
         p->budget.total = budget;
     } else {
