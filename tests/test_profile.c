@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "exec/measure_internal.h"
 #include "plan/profile.h"
 #include "test_helpers.h"
 
@@ -446,6 +447,46 @@ static void test_attention_by_cache_length(void **state) {
     assert_float_equal(profile_gpu_attn(&p, 8, 100, false), 3e-12, 1e-24); /* halfway in log tokens */
 }
 
+/* Measuring the GPU under a cap (a run's VRAM budget) takes no more device memory than the cap
+ * where the cap holds the fixed buffers and six of the least working sets; its working sets then
+ * shrink to a sixth of the room and the experts to what it holds. Without a cap, or a cap above
+ * what it takes, nothing changes. */
+static void test_gpu_measure_room(void **state) {
+    (void)state;
+    const size_t MB = 1 << 20, fixed = 513 * MB, work = 256 * MB;
+    const uint64_t expert = 3 * MB; /* one expert's gate, up and down */
+    struct gpu_room r;
+    measure_gpu_room(fixed, work, expert, 128, 8, 0, &r); /* as it always was */
+    assert_int_equal(r.arena, 6 * (size_t)BIG_BYTES + 768 * MB + work);
+    assert_int_equal(r.big, BIG_BYTES);
+    assert_int_equal(r.experts, 128);
+    assert_false(r.over_cap);
+    measure_gpu_room(fixed, work, expert, 128, 8, (int64_t)64 << 30, &r); /* a cap above it */
+    assert_int_equal(r.arena, 6 * (size_t)BIG_BYTES + 768 * MB + work);
+    assert_int_equal(r.big, BIG_BYTES);
+    for (int64_t cap_mb = 900; cap_mb <= 4096; cap_mb += 97) { /* within the cap; loops past any cache */
+        measure_gpu_room(fixed, work, expert, 128, 8, cap_mb * (int64_t)MB, &r);
+        assert_false(r.over_cap);
+        assert_true(r.arena <= (size_t)cap_mb * MB);
+        assert_true(r.big >= MIN_BIG_BYTES && r.big <= BIG_BYTES && r.big % MB == 0);
+        assert_true(fixed + 4 * r.big <= r.arena); /* the four copies a small step's loop reads */
+        assert_true(r.experts >= 8 && r.experts <= 128);
+        assert_true(fixed + (uint64_t)r.experts * (expert + 3 * 256) <= r.arena); /* one layer's experts */
+        if (cap_mb * MB >= fixed + 128 * expert + 3 * 128 * 256) assert_int_equal(r.experts, 128);
+    }
+    measure_gpu_room(fixed, work, expert, 128, 8, (int64_t)2 << 30, &r); /* 2 GB: a sixth of what is left */
+    assert_int_equal(r.arena, (size_t)2 << 30);
+    assert_int_equal(r.big, ((2048 - 513) / 6) * MB);
+    measure_gpu_room(fixed, work, 30 * MB, 128, 8, (int64_t)1 << 30, &r); /* large experts: as many as fit */
+    assert_int_equal(r.experts, (int64_t)((1024 - 513) * MB / (30 * MB + 768)));
+    measure_gpu_room(fixed, work, expert, 128, 8, 100 * (int64_t)MB, &r); /* below what it needs: that, said so */
+    assert_true(r.over_cap);
+    assert_int_equal(r.arena, fixed + 6 * (size_t)MIN_BIG_BYTES);
+    assert_int_equal(r.big, MIN_BIG_BYTES);
+    measure_gpu_room(fixed, work, 0, 0, 0, (int64_t)2 << 30, &r); /* a dense model */
+    assert_int_equal(r.experts, 0);
+}
+
 static void test_rate_tables(void **state) {
     (void)state;
     struct profile_rate table[PROFILE_FORMATS];
@@ -488,7 +529,7 @@ int main(void) {
         cmocka_unit_test(test_refuses_another_machine), cmocka_unit_test(test_refuses_old_and_other_versions),
         cmocka_unit_test(test_refuses_malformed), cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_save_refuses_nan),  cmocka_unit_test(test_interpolation), cmocka_unit_test(test_attention_by_cache_length),
-        cmocka_unit_test(test_rate_tables),
+        cmocka_unit_test(test_rate_tables),       cmocka_unit_test(test_gpu_measure_room),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -236,7 +236,7 @@ static bool has_formats(const struct profile *p, const struct shapes *sh) {
     return true;
 }
 
-pshard_status exec_machine_profile(const struct model *model, int n_threads, enum profile_use use,
+pshard_status exec_machine_profile(const struct model *model, int n_threads, int64_t vram_cap, enum profile_use use,
                                    measure_progress_fn progress, void *user, struct profile *out, bool *measured_now) {
     *measured_now = false;
     const int threads = n_threads > 0 ? n_threads : threadpool_cpu_count();
@@ -268,7 +268,7 @@ pshard_status exec_machine_profile(const struct model *model, int n_threads, enu
         return PSHARD_OK;
     }
     if (!cached) profile_defaults(&p);
-    struct measure_request req = {model, threads, gpu, progress, user};
+    struct measure_request req = {model, threads, gpu, progress, user, vram_cap > 0 ? vram_cap : 0};
     CORE_TRY(exec_measure(&req, &p));
     p.fp = here;
     p.created = (int64_t)time(NULL);

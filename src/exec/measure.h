@@ -21,6 +21,8 @@ struct measure_request {
     bool gpu;                  /* measure the GPU too (when one exists) */
     measure_progress_fn progress;
     void *user;
+    int64_t vram_cap;          /* device memory the GPU's measuring may take besides the CUDA
+                                  context (a run's VRAM budget); 0: what it takes by default */
 };
 
 /* Measure into *p. Formats already in *p (a profile being extended with a new model's
@@ -31,9 +33,11 @@ pshard_status exec_measure(const struct measure_request *req, struct profile *p)
  * machine and holds the model's formats, else measured now (the model's missing formats added
  * to a usable cached profile) and saved. CACHED: the cached one if usable (formats it lacks
  * are priced as its slowest), else the defaults. DEFAULTS: the conservative defaults.
- * *measured_now tells whether it measured (for the caller's messages). */
+ * *measured_now tells whether it measured (for the caller's messages). Measuring the GPU takes
+ * no more than vram_cap bytes of device memory besides the context (0: what it takes by default;
+ * see measure_request). */
 enum profile_use { PROFILE_MEASURE, PROFILE_CACHED, PROFILE_DEFAULTS };
-pshard_status exec_machine_profile(const struct model *model, int n_threads, enum profile_use use,
+pshard_status exec_machine_profile(const struct model *model, int n_threads, int64_t vram_cap, enum profile_use use,
                                    measure_progress_fn progress, void *user, struct profile *out, bool *measured_now);
 
 #endif

@@ -25,6 +25,8 @@ struct gpu_bench {
     size_t m_bytes;
     int copies;
     const uint8_t *m_base;
+    size_t big; /* working set of bandwidth-bound loops in VRAM (measure_gpu_room) */
+    int64_t n_expert; /* experts of a layer held at once (measure_gpu_room) */
     /* experts */
     struct cuda_moe moe;
     int32_t *ids;
@@ -261,6 +263,26 @@ static size_t moe_work_bytes(const struct shapes *sh, int64_t n_tokens) {
         if (need > bytes) bytes = need;
     }
     return bytes;
+}
+
+void measure_gpu_room(size_t fixed, size_t work_bytes, uint64_t expert_bytes, int64_t n_expert, int k, int64_t cap,
+                      struct gpu_room *out) {
+    const size_t wanted = (size_t)6 * BIG_BYTES + ((size_t)768 << 20) + work_bytes;
+    const size_t least = fixed + (size_t)6 * MIN_BIG_BYTES;
+    size_t arena = wanted > least ? wanted : least;
+    out->over_cap = false;
+    if (cap > 0 && (uint64_t)cap < arena) {
+        arena = (uint64_t)cap > least ? (size_t)cap : least;
+        out->over_cap = (uint64_t)cap < least;
+    }
+    const size_t room = arena - fixed, big = room / 6 / (1 << 20) * (1 << 20);
+    out->arena = arena;
+    out->big = big < BIG_BYTES ? big : BIG_BYTES;
+    out->experts = n_expert;
+    if (expert_bytes && (uint64_t)n_expert * expert_bytes > room) {
+        const int64_t fit = (int64_t)(room / (expert_bytes + 3 * CUDA_ARENA_ALIGN));
+        out->experts = fit > k ? fit : k < n_expert ? k : n_expert;
+    }
 }
 
 static pshard_status carve(struct gpu_bench *b, size_t bytes, void **out) {
@@ -514,7 +536,7 @@ static pshard_status measure_gpu_tables(const struct measure_request *req, const
         if (!r || !cuda_type_supported(sh->dense[f])) continue;
         for (int i = 0; i < PROFILE_TOKENS; i++) {
             b->n_tokens = profile_tokens[i];
-            CORE_TRY(gpu_matrix(b, sh->dense[f], sh->rows, sh->n_embd, 1, b->n_tokens <= 16 ? 4 * BIG_BYTES : SMALL_BYTES,
+            CORE_TRY(gpu_matrix(b, sh->dense[f], sh->rows, sh->n_embd, 1, b->n_tokens <= 16 ? 4 * b->big : SMALL_BYTES,
                                 false, 0));
             r->s_per_byte[i] = measure_time_steps(gpu_matmul_step, b) / 4 / (double)b->m_bytes;
             cuda_arena_reset(&b->arena, mark);
@@ -524,7 +546,7 @@ static pshard_status measure_gpu_tables(const struct measure_request *req, const
         measure_report(req, "GPU experts", 0.65 + 0.1 * f / sh->n_moe);
         struct profile_rate *r = profile_rate_add(p->gpu_experts, quant_type_name(sh->gate[f]));
         if (!r || !cuda_type_supported(sh->gate[f]) || !cuda_type_supported(sh->down[f])) continue;
-        const int64_t E = sh->n_expert, ff = sh->n_ff_exp, d = sh->n_embd;
+        const int64_t E = b->n_expert, ff = sh->n_ff_exp, d = sh->n_embd; /* (all of a layer's, but under a cap) */
         CORE_TRY(gpu_matrix(b, sh->gate[f], ff, d, E, 0, false, 0));
         b->moe.gate = b->m;
         CORE_TRY(gpu_matrix(b, sh->gate[f], ff, d, E, 0, false, 0));
@@ -721,20 +743,39 @@ pshard_status measure_gpu_rates(const struct measure_request *req, const struct 
     const int64_t B = profile_tokens[PROFILE_TOKENS - 1];
     const int64_t width = sh->rows > sh->n_embd ? sh->rows : sh->n_embd, k = sh->k > 0 ? sh->k : 1;
     b.work_bytes = moe_work_bytes(sh, B);
-    const size_t arena = (size_t)6 * BIG_BYTES + ((size_t)768 << 20) + b.work_bytes;
-    if (st == PSHARD_OK) st = cuda_arena_create(&b.arena, arena);
+    /* The fixed buffers, then room for matrices: as much as measure_gpu_room gives. */
     void *blas = NULL;
-    if (st == PSHARD_OK) st = carve(&b, CUDA_BLAS_WORKSPACE_BYTES, &blas);
+    const struct { size_t bytes; void **out; } fixed[] = {
+        {CUDA_BLAS_WORKSPACE_BYTES, &blas},
+        {sizeof(float) * B * width, (void **)&b.x},
+        {sizeof(float) * B * width * k, (void **)&b.y},
+        {b.work_bytes, &b.work},
+        {sizeof(int32_t) * B * k, (void **)&b.ids},
+        {sizeof(float) * B * k, (void **)&b.weights},
+        {sizeof(int32_t) * B, (void **)&b.pos},
+        {sizeof(int32_t) * B, (void **)&b.seq},
+        {sizeof(float) * B * sh->attn.n_head * sh->attn.head_k, (void **)&b.q},
+        {sizeof(float) * B * sh->attn.n_head * sh->attn.head_v, (void **)&b.out},
+    };
+    const size_t n_fixed = sizeof fixed / sizeof fixed[0];
+    size_t fixed_bytes = 0;
+    for (size_t i = 0; i < n_fixed; i++) fixed_bytes += cuda_align(fixed[i].bytes);
+    uint64_t expert_bytes = 0; /* one expert's gate, up and down, of the model's first expert format */
+    if (sh->n_moe)
+        expert_bytes = 2 * quant_row_bytes(sh->gate[0], sh->n_embd) * (uint64_t)sh->n_ff_exp +
+                       quant_row_bytes(sh->down[0], sh->n_ff_exp) * (uint64_t)sh->n_embd;
+    struct gpu_room room;
+    measure_gpu_room(fixed_bytes, b.work_bytes, expert_bytes, sh->n_expert, (int)k, req->vram_cap, &room);
+    b.big = room.big, b.n_expert = room.experts;
+    if (room.over_cap && req->progress) {
+        char note[200];
+        snprintf(note, sizeof note, "measuring the GPU takes %.0f MB of device memory for its seconds, more than the "
+                 "budget's %.0f MB", room.arena / 1048576.0, req->vram_cap / 1048576.0);
+        req->progress(req->user, note, -1);
+    }
+    if (st == PSHARD_OK) st = cuda_arena_create(&b.arena, room.arena);
+    for (size_t i = 0; i < n_fixed && st == PSHARD_OK; i++) st = carve(&b, fixed[i].bytes, fixed[i].out);
     if (st == PSHARD_OK) st = cuda_ctx_set_blas_workspace(b.cuda, blas, CUDA_BLAS_WORKSPACE_BYTES);
-    if (st == PSHARD_OK) st = carve(&b, sizeof(float) * B * width, (void **)&b.x);
-    if (st == PSHARD_OK) st = carve(&b, sizeof(float) * B * width * k, (void **)&b.y);
-    if (st == PSHARD_OK) st = carve(&b, b.work_bytes, &b.work);
-    if (st == PSHARD_OK) st = carve(&b, sizeof(int32_t) * B * k, (void **)&b.ids);
-    if (st == PSHARD_OK) st = carve(&b, sizeof(float) * B * k, (void **)&b.weights);
-    if (st == PSHARD_OK) st = carve(&b, sizeof(int32_t) * B, (void **)&b.pos);
-    if (st == PSHARD_OK) st = carve(&b, sizeof(int32_t) * B, (void **)&b.seq);
-    if (st == PSHARD_OK) st = carve(&b, sizeof(float) * B * sh->attn.n_head * sh->attn.head_k, (void **)&b.q);
-    if (st == PSHARD_OK) st = carve(&b, sizeof(float) * B * sh->attn.n_head * sh->attn.head_v, (void **)&b.out);
     if (st == PSHARD_OK) st = cuda_memset(b.x, 0, sizeof(float) * B * width, b.s);
     if (st == PSHARD_OK) st = cuda_memset(b.q, 0, sizeof(float) * B * sh->attn.n_head * sh->attn.head_k, b.s);
     if (st == PSHARD_OK) st = cuda_memset(b.seq, 0, sizeof(int32_t) * B, b.s);

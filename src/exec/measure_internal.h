@@ -114,6 +114,22 @@ double measure_others_share(const struct measure_cpu_clock *from);
 
 pshard_status measure_cpu_rates(const struct measure_request *req, const struct shapes *sh, struct threadpool *pool,
                                 struct profile *p);
+
+/* The device memory measuring the GPU takes: its arena (the fixed buffers, `fixed` bytes, and room
+ * for matrices), the working set of its bandwidth-bound loops (`big`, up to BIG_BYTES; four of them
+ * at once) and how many of a layer's n_expert experts (`expert_bytes` each, gate, up and down) it
+ * holds. By default the arena is 6 BIG_BYTES, 768 MB and the work buffer; under a cap (a run's
+ * VRAM budget), the cap where that holds the fixed buffers and six working sets of MIN_BIG_BYTES
+ * (else that much, over_cap), the working sets shrunk to a sixth of the room and the experts to
+ * what the room holds (at least k, where that many fit). */
+enum { MIN_BIG_BYTES = 64 << 20 };
+struct gpu_room {
+    size_t arena, big;
+    int64_t experts;
+    bool over_cap;
+};
+void measure_gpu_room(size_t fixed, size_t work_bytes, uint64_t expert_bytes, int64_t n_expert, int k, int64_t cap,
+                      struct gpu_room *out);
 pshard_status measure_gpu_rates(const struct measure_request *req, const struct shapes *sh, struct threadpool *pool,
                                 struct profile *p);
 

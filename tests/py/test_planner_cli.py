@@ -180,6 +180,20 @@ def test_profile_cache_written_shown_and_refused_elsewhere(default_model, tmp_pa
     assert proc.returncode == 1 and str(bad) in proc.stderr
 
 
+def test_profile_vram_budget_option(default_model, tmp_path):
+    """`pshard profile --vram-budget` bounds the device memory measuring the GPU takes (here, without a
+    GPU, it measures the CPU as ever); a size it cannot read, or none, is refused and nothing is
+    written."""
+    env = {"PSHARD_CACHE_DIR": str(tmp_path)}
+    assert "--vram-budget SIZE" in pshard("profile", "--help").stdout
+    for bad in ("x", "0", "-1G"):
+        proc = pshard("profile", "--cpu-only", "-t", "2", "-m", default_model, "--vram-budget", bad, env=env)
+        assert proc.returncode == 2 and "--vram-budget takes a size" in proc.stderr, (bad, proc.stderr)
+    assert os.listdir(tmp_path) == []
+    proc = pshard("profile", "-t", "2", "-m", default_model, "--vram-budget", "1536M", env=env)
+    assert proc.returncode == 0 and re.search(r"^saved \S+", proc.stdout, re.M), proc.stderr
+
+
 def test_plan_says_where_no_gpu_is(default_model):
     """A budget planned on a machine without a CUDA device: the plan is printed, for a machine with
     one, and says that `pshard run` here runs on the CPU alone; the CPU's plan says nothing of it."""

@@ -537,7 +537,7 @@ int cmd_bench(int argc, char **argv) {
         }
         struct profile prof;
         bool measured_now;
-        pshard_status st = exec_machine_profile(&m, o.n_threads, PROFILE_MEASURE, NULL, NULL, &prof, &measured_now);
+        pshard_status st = exec_machine_profile(&m, o.n_threads, 0, PROFILE_MEASURE, NULL, NULL, &prof, &measured_now);
         const char *name = strrchr(o.models[mi], '/') ? strrchr(o.models[mi], '/') + 1 : o.models[mi];
         for (int ci = 0; st == PSHARD_OK && ci < o.n_contexts; ci++) {
             double cpu_cache[MAX_LIST] = {0};

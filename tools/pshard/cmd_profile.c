@@ -14,13 +14,15 @@
 #include "plan/profile.h"
 
 static void print_usage(FILE *out) {
-    fprintf(out, "usage: pshard profile [-m MODEL] [-t THREADS] [--cpu-only] [--show]\n"
+    fprintf(out, "usage: pshard profile [-m MODEL] [-t THREADS] [--vram-budget SIZE] [--cpu-only] [--show]\n"
                  "  Measures what the planner's cost model needs -- CPU and GPU kernels on the model's shapes\n"
                  "  and formats at 1 to 1024 tokens, host memory, PCIe copies by size, reads of host memory\n"
                  "  in place, launch and hand-off latencies, and copies and CPU work run together -- in\n"
                  "  under a minute, and saves it in the cache directory ($PSHARD_CACHE_DIR, else\n"
                  "  $XDG_CACHE_HOME/pshard or ~/.cache/pshard), one file per CPU, thread count, GPU and\n"
-                 "  driver. `pshard run` does this on first use of an automatic plan under a budget.\n"
+                 "  driver. `pshard run` does this on first use of an automatic plan under a budget, taking\n"
+                 "  no more device memory than the budget besides the CUDA context; --vram-budget does the\n"
+                 "  same here (else measuring takes about 3 GB; under a budget its loops run on smaller sets).\n"
                  "  --show prints the cached profile without measuring, with what runs taught it per model.\n");
 }
 
@@ -113,6 +115,7 @@ int cmd_profile(int argc, char **argv) {
     const char *model_path = NULL;
     int threads = 0;
     bool cpu_only = false, show = false;
+    int64_t vram_cap = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -124,6 +127,11 @@ int cmd_profile(int argc, char **argv) {
             threads = atoi(argv[++i]);
             if (threads <= 0) {
                 fprintf(stderr, "pshard profile: -t needs a positive thread count\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--vram-budget") && v) {
+            if (plan_parse_size(argv[++i], &vram_cap) != PSHARD_OK || vram_cap <= 0) {
+                fprintf(stderr, "pshard profile: --vram-budget takes a size of device memory such as 2G or 1536M\n");
                 return 2;
             }
         } else if (!strcmp(argv[i], "--cpu-only")) {
@@ -151,17 +159,17 @@ int cmd_profile(int argc, char **argv) {
     bool measured_now = false;
     pshard_status st;
     if (show) {
-        st = exec_machine_profile(m, n_threads, PROFILE_CACHED, cli_measure_progress, &measuring, &p, &measured_now);
+        st = exec_machine_profile(m, n_threads, 0, PROFILE_CACHED, cli_measure_progress, &measuring, &p, &measured_now);
         if (st == PSHARD_OK && !p.measured) {
             fprintf(stderr, "pshard profile: no profile is cached for this machine; run `pshard profile`\n");
             st = PSHARD_ERR_NOT_FOUND;
         }
     } else {
         /* A usable cached profile is extended (this model's formats added); else a fresh one. */
-        if (cpu_only || exec_machine_profile(m, n_threads, PROFILE_CACHED, NULL, NULL, &p, &measured_now) != PSHARD_OK ||
+        if (cpu_only || exec_machine_profile(m, n_threads, 0, PROFILE_CACHED, NULL, NULL, &p, &measured_now) != PSHARD_OK ||
             !p.measured)
             profile_defaults(&p);
-        struct measure_request req = {m, n_threads, !cpu_only, cli_measure_progress, &measuring};
+        struct measure_request req = {m, n_threads, !cpu_only, cli_measure_progress, &measuring, vram_cap};
         st = exec_measure(&req, &p);
         if (st == PSHARD_OK) {
             /* The fingerprint the cache is keyed by: this GPU as the driver names it. */
