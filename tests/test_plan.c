@@ -715,6 +715,21 @@ static void test_long_decode_band(void **state) {
                 assert_true(b->set_s < b->below_s * (1 - PLAN_SET_MARGIN));
                 assert_true(decode_seconds(&prof, &moe, hi, ctx) < decode_seconds(&prof, &moe, lo, ctx) * (1 - PLAN_SET_MARGIN));
                 assert_true(b->to_long > 0 && n_out * (b->below_s - b->set_s) > b->to_long + b->back);
+                /* A call's mean decode step: within one plan below the band, between its first
+                 * and last step's; across the band, two plans (so it teaches nothing). */
+                struct cost_step mean, first, last;
+                bool one;
+                cost_decode_mean(&prof, &moe, &p, b->from - 200, 100, &mean, &one);
+                cost_plan_step(&prof, &moe, &p, 1, b->from - 200, &first);
+                cost_plan_step(&prof, &moe, &p, 1, b->from - 101, &last);
+                assert_true(one);
+                assert_true(mean.seconds >= fmin(first.seconds, last.seconds) - 1e-12 &&
+                            mean.seconds <= fmax(first.seconds, last.seconds) + 1e-12);
+                cost_decode_mean(&prof, &moe, &p, b->from - 50, 100, &mean, &one);
+                assert_false(one);
+                cost_decode_mean(&prof, &moe, &p, b->from, 0, &mean, &one); /* no decode step: the first's */
+                cost_plan_step(&prof, &moe, &p, 1, b->from, &first);
+                assert_true(one && fabs(mean.seconds - first.seconds) <= 1e-15);
                 /* not so at the grid's length before (changes cost less over a shorter cache) */
                 const double lo_c = n_prompt + n_out, step = pow((double)ctx / lo_c, 1.0 / (PLAN_BAND_STEPS - 1));
                 const int32_t before = (int32_t)lround(b->from / step);

@@ -135,7 +135,8 @@ static pshard_status decode_loop(struct generation *g, double t_start) {
 }
 
 /* What the cost model predicts for this call's steps (scaled and raw), and what running taught it:
- * measured over predicted folds into the profile, saved for the next plan. */
+ * measured over predicted folds into the profile, saved for the next plan (a decode that changed
+ * plan teaches nothing: its mean mixes two plans' steps). */
 static void predict_and_learn(pshard_ctx *ctx, int32_t from, int32_t n_prompt, pshard_gen_stats *s) {
     const struct plan *plan = exec_get_plan(ctx->exec);
     if (!ctx->learn || !plan->any_gpu) return;
@@ -147,7 +148,8 @@ static void predict_and_learn(pshard_ctx *ctx, int32_t from, int32_t n_prompt, p
         cost_plan_step(&ctx->profile, &ctx->model, plan, n, done, &c);
         prefill += c.seconds, prefill_raw += c.raw_seconds;
     }
-    cost_plan_step(&ctx->profile, &ctx->model, plan, 1, n_prompt + s->n_generated / 2, &c);
+    bool one_plan;
+    cost_decode_mean(&ctx->profile, &ctx->model, plan, n_prompt, s->n_generated - 1, &c, &one_plan);
     s->predicted_prefill_ms = prefill * 1e3;
     s->predicted_decode_step_ms = c.seconds * 1e3;
     bool learned = false;
@@ -157,8 +159,8 @@ static void predict_and_learn(pshard_ctx *ctx, int32_t from, int32_t n_prompt, p
                    s->prefill_ms / 1e3);
         learned = true;
     }
-    if (s->n_generated > 8 && s->decode_ms > 0) {
-        cost_learn(&ctx->profile, &ctx->model, plan_step_tier(plan, 1, n_prompt + s->n_generated / 2 + 1)->family, 1, c.raw_seconds,
+    if (s->n_generated > 8 && s->decode_ms > 0 && one_plan) {
+        cost_learn(&ctx->profile, &ctx->model, plan_step_tier(plan, 1, n_prompt + 1)->family, 1, c.raw_seconds,
                    s->decode_ms / 1e3 / (s->n_generated - 1));
         learned = true;
     }

@@ -652,6 +652,25 @@ void cost_plan_step(const struct profile *prof, const struct model *m, const str
     cost_step(prof, m, runs, plan_tier_for(runs, n_tokens), n_tokens, n_past, out);
 }
 
+void cost_decode_mean(const struct profile *prof, const struct model *m, const struct plan *p, int32_t n_prompt,
+                      int32_t n_steps, struct cost_step *out, bool *one_plan) {
+    const int k = n_steps < COST_DECODE_SAMPLES ? (n_steps > 0 ? n_steps : 1) : COST_DECODE_SAMPLES;
+    double seconds = 0, raw = 0;
+    const struct plan *first = NULL;
+    *one_plan = true;
+    for (int i = 0; i < k; i++) {
+        const int32_t past = n_prompt + (int32_t)((i + 0.5) * n_steps / k);
+        struct cost_step one;
+        cost_plan_step(prof, m, p, 1, past, &one);
+        seconds += one.seconds, raw += one.raw_seconds;
+        const struct plan *runs = plan_for_step(p, 1, past + 1);
+        *one_plan &= !first || runs == first;
+        first = runs;
+    }
+    memset(out, 0, sizeof *out);
+    out->seconds = seconds / k, out->raw_seconds = raw / k;
+}
+
 void cost_request(const struct profile *prof, const struct model *m, const struct plan *p, int32_t n_prompt,
                   int32_t n_batch, int32_t n_gen, double *ttft_s, double *decode_s) {
     struct cost_step c;

@@ -55,6 +55,13 @@ void cost_routed_quota(const struct profile *prof, const struct model *m, const 
 void cost_plan_step(const struct profile *prof, const struct model *m, const struct plan *p, int32_t n_tokens,
                     int32_t n_past, struct cost_step *out);
 
+/* The mean of n_steps one-token decode steps after an n_prompt-token prompt as plan p runs them
+ * (seconds and raw_seconds), from COST_DECODE_SAMPLES cache lengths evenly spread over them;
+ * *one_plan: whether they all ran one plan (a band over long caches may change it among them). */
+enum { COST_DECODE_SAMPLES = 8 };
+void cost_decode_mean(const struct profile *prof, const struct model *m, const struct plan *p, int32_t n_prompt,
+                      int32_t n_steps, struct cost_step *out, bool *one_plan);
+
 /* One step of `n_tokens` new tokens after `n_past` cached positions, under tier t of plan p. */
 void cost_step(const struct profile *prof, const struct model *m, const struct plan *p, const struct plan_tier *t,
                int32_t n_tokens, int32_t n_past, struct cost_step *out);
