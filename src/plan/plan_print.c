@@ -120,8 +120,7 @@ static void print_candidates(const struct plan *p, FILE *out) {
                  "%.0f ms back)", PLAN_PHASE_TOKENS, p->decode_from, plan_set_name(to), plan_set_name(from),
                  1e3 * (b ? band->to_long : p->weighed_phases.to_decode), plan_set_name(to),
                  1e3 * (b ? band->back : p->weighed_phases.to_prompt));
-    }
-    else if (p->decode && p->decode_until < INT32_MAX)
+    } else if (p->decode && p->decode_until < INT32_MAX)
         snprintf(sets, sizeof sets, "steps of fewer than %d tokens over caches of fewer than %d cells run over the %s set, "
                  "the others over the %s set: VRAM is carved anew when the set changes (predicted %.0f ms to decode, "
                  "%.0f ms back)", PLAN_PHASE_TOKENS, p->decode_until, plan_set_name(p->weighed_phases.decode),
@@ -323,9 +322,12 @@ void plan_print(const struct plan *p, const struct model *m, bool every_shard, F
                   "when no prompt step has used the ring yet)");
     print_shards(p, dp, m, every_shard, out);
     char what[64];
-    if (p->decode && p->decode_from > 0) snprintf(what, sizeof what, " in decode steps over %d cells or more", p->decode_from);
-    else if (p->decode && p->decode_until < INT32_MAX) snprintf(what, sizeof what, " in decode steps over fewer than %d cells", p->decode_until);
-    else snprintf(what, sizeof what, " in decode steps");
+    if (p->decode && p->decode_from > 0)
+        snprintf(what, sizeof what, " in decode steps over %d cells or more", p->decode_from);
+    else if (p->decode && p->decode_until < INT32_MAX)
+        snprintf(what, sizeof what, " in decode steps over fewer than %d cells", p->decode_until);
+    else
+        snprintf(what, sizeof what, " in decode steps");
     print_budget(p, p->decode ? " in prompt steps" : "", out);
     if (p->decode) print_budget(p->decode, what, out);
     plan_note(out, "per decode token: %.1f MB of weights read by the CPU from host memory, %.1f MB streamed over PCIe, "
