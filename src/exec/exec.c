@@ -295,8 +295,9 @@ pshard_status exec_step(struct exec_ctx *ctx, const struct exec_batch *batch) {
         if (batch->logits ? batch->logits[t] != 0 : t == batch->n_tokens - 1) ctx->s.out_rows[ctx->stats.n_outputs++] = t;
 
     if (ctx->gpu) {
-        int32_t cells = 0; /* the cache the step attends, its own cells included */
-        for (int32_t t = 0; t < batch->n_tokens; t++) cells = batch->pos[t] + 1 > cells ? batch->pos[t] + 1 : cells;
+        int32_t cells = 0; /* the cache the step attends, its own cells included (a decode plan's bands) */
+        for (int32_t t = 0; ctx->plan.decode && t < batch->n_tokens; t++)
+            cells = batch->pos[t] + 1 > cells ? batch->pos[t] + 1 : cells;
         const struct plan *runs = plan_for_step(&ctx->plan, batch->n_tokens, cells);
         pshard_status st = runs != ctx->active ? exec_gpu_switch(ctx, runs) : PSHARD_OK;
         if (st != PSHARD_OK) return core_fail_context(st, "changing to the %s phase's plan", runs == &ctx->plan ? "prompt" : "decode");
