@@ -179,16 +179,22 @@ def prompt_token_ids(model, prompt):
 def prediction_from_cached_profile(model, tmp):
     """A model that fits VRAM whole (--gpu) has nothing to choose, but its printed prediction comes
     from this machine's cached profile when one is there (read, not measured: the run takes no
-    profiling time), and says it is from default costs only with --no-profile or no profile."""
+    profiling time), and says it is from default costs only with --no-profile or no profile. A
+    family named under a budget (--plan dynamic) is placed with the cached profile too, as `pshard
+    plan --plan dynamic` shows it."""
     env = dict(os.environ, PSHARD_CACHE_DIR=os.path.join(tmp, "profile-cache"))
     def pshard_env(*args):
         return subprocess.run([PSHARD, *args], capture_output=True, text=True, timeout=600, env=env)
-    def stderr_of(extra):
-        proc = pshard_env("run", "-m", model, "--raw", "-p", "x", "-n", "1", "-t", "4", "--gpu", *extra)
-        check(proc.returncode == 0, "pshard run --gpu %s: exit %d%s" % (" ".join(extra), proc.returncode,
-                                                                        "" if proc.returncode == 0 else " " + proc.stderr[-300:]))
+    def stderr_of(extra, placement=("--gpu",)):
+        proc = pshard_env("run", "-m", model, "--raw", "-p", "x", "-n", "1", "-t", "4", *placement, *extra)
+        args = " ".join([*placement, *extra])
+        check(proc.returncode == 0, "pshard run %s: exit %d%s" % (args, proc.returncode,
+                                                                  "" if proc.returncode == 0 else " " + proc.stderr[-300:]))
         return proc.stderr
+    dynamic = ("--plan", "dynamic", "--vram-budget", "64M")
     check("from default costs" in stderr_of([]), "--gpu without a cached profile: the prediction says it is from default costs")
+    check("from default costs" in stderr_of([], dynamic),
+          "--plan dynamic without a cached profile: the prediction says it is from default costs")
     measured = pshard_env("profile", "-m", model, "-t", "4")
     check(measured.returncode == 0, "pshard profile: exit %d%s" % (measured.returncode,
                                                                  "" if measured.returncode == 0 else " " + measured.stderr[-300:]))
@@ -196,6 +202,11 @@ def prediction_from_cached_profile(model, tmp):
     check("from default costs" not in cached and "measuring" not in cached,
           "--gpu with a cached profile: the prediction is from it, nothing measured")
     check("from default costs" in stderr_of(["--no-profile"]), "--gpu --no-profile: the prediction says it is from default costs")
+    cached = stderr_of([], dynamic)
+    check("from default costs" not in cached and "measuring" not in cached,
+          "--plan dynamic with a cached profile: placed and predicted from it, nothing measured")
+    check("from default costs" in stderr_of(["--no-profile"], dynamic),
+          "--plan dynamic --no-profile: the prediction says it is from default costs")
 
 
 def main():

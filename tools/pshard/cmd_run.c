@@ -46,8 +46,9 @@ static void print_usage(FILE *out, const char *cmd) {
             "                          (ring, no-ring, all-kv), VRAM carved anew when the phase changes, or\n"
             "                          `same` for the prompt steps' set (default: another set where the\n"
             "                          planner predicts it pays)\n"
-            "  --no-profile            auto plans: choose with conservative defaults rather than this\n"
-            "                          machine's measured profile (measured once, on first use)\n"
+            "  --no-profile            plan with conservative defaults rather than this machine's\n"
+            "                          measured profile (auto measures it once, on first use; other\n"
+            "                          families under a budget read it where it is cached)\n"
             "  --ids                   print the generated token ids after the text\n"
             "  --ignore-eos            do not stop at end-of-generation tokens (for benchmarks)\n"
             "  -q, --quiet             no load progress and no speed report\n",
