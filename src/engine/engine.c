@@ -77,19 +77,13 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
             ctx->learn = ctx->profile.measured;
         }
     }
-    /* A family named by the user (--plan gpu|static|dynamic) under a budget is placed as `pshard
-     * plan --plan FAMILY` shows it: with this machine's cached profile where there is one (a
-     * dynamic plan's balanced share and routed quotas come from it), conservative defaults where
-     * not; nothing is measured for it, and its runs teach the profile nothing. */
-    if (ep.plan != PLAN_AUTO && ep.plan != PLAN_CPU && ep.vram_budget > 0 && !p->no_profile && cuda_device_count() > 0) {
-        bool measured_now;
-        CORE_TRY(exec_machine_profile(&ctx->model, p->n_threads, 0, PROFILE_CACHED, NULL, NULL, &ctx->profile, &measured_now));
-        ep.profile = &ctx->profile;
-    }
-    /* All of it in VRAM (it fits the budget whole, or --gpu): nothing to choose, but the
-     * predicted speed comes from this machine's profile where one is cached (not measured for
-     * it, and not taught by its runs: resident steps say nothing of streamed ones). */
-    if (resident && !p->no_profile) {
+    /* Where the cost model chooses nothing, the cached profile is read (never measured, never
+     * taught: these runs say nothing of auto's choices) where there is one: all of it in VRAM (it
+     * fits the budget whole, or --gpu) for the predicted speed; and a family the user named
+     * (--plan gpu|static|dynamic) under a budget, so it is placed as `pshard plan --plan FAMILY`
+     * shows it (a dynamic plan's balanced share and routed quotas come from it). */
+    const bool named = ep.plan != PLAN_AUTO && ep.plan != PLAN_CPU && ep.vram_budget > 0 && cuda_device_count() > 0;
+    if ((resident || named) && !p->no_profile) {
         bool measured_now;
         if (exec_machine_profile(&ctx->model, p->n_threads, 0, PROFILE_CACHED, NULL, NULL, &ctx->profile, &measured_now) ==
             PSHARD_OK)
