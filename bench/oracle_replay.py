@@ -5,7 +5,7 @@ measured on the machine that ran the oracle) gives every candidate's predicted t
 size timed and the candidate the plan runs there; the measured times say which candidate really
 was fastest.
 
-Usage: bench/oracle_replay.py [--by-plan] PSHARD PROFILE MODEL_DIR ORACLE.json[:PROFILE.json][@N][,NAME=VALUE...] [...]
+Usage: bench/oracle_replay.py [--by-plan] [--latest] PSHARD PROFILE MODEL_DIR ORACLE.json[:PROFILE.json][@N][,NAME=VALUE...] [...]
 (an oracle run's file may name its own profile after a colon; PROFILE is for the others; a profile
 of an older format is read with the fields added since set to what its format meant; @N keeps
 only its steps of at most N tokens, for a run whose larger steps the executor has changed since;
@@ -16,7 +16,11 @@ choice was the measured best (among all candidates, and among those over the cho
 resident set), how much slower when not, and the median prediction error; and how repeatable the
 measured best is: redrawn from the loads it was timed over, how often the same plan comes out
 best. --by-plan adds, per model, candidate and tokens per step, the median signed prediction
-error (where the cost model is off, and which way)."""
+error (where the cost model is off, and which way). --latest keeps, of a configuration (model,
+budget, context, tokens per step) measured in several of the files, only its row in the file
+given last (give the files oldest first): each configuration at its latest measurement. Which
+configurations were timed again is a choice, often of the ones that missed; a miss timed again
+may come out best by chance, so the summary over all measurements is the one to trust."""
 import json
 import os
 import random
@@ -153,9 +157,10 @@ DRAW = random.Random(1)
 
 def main():
     args = sys.argv[1:]
-    by_plan = "--by-plan" in args
-    if by_plan:
-        args.remove("--by-plan")
+    by_plan, latest = "--by-plan" in args, "--latest" in args
+    for flag in ("--by-plan", "--latest"):
+        if flag in args:
+            args.remove(flag)
     pshard, profile, model_dir, files = args[0], args[1], args[2], args[3:]
     signed = {}  # (model, candidate) -> tokens -> signed errors
     rows = []
@@ -171,6 +176,10 @@ def main():
                 continue  # a line cut short (the run was stopped while writing it)
             if not most or r["tokens"] <= int(most):
                 rows.append((own or profile, env, r))
+    if latest:  # the last file's row of each configuration
+        config = lambda r: (r["model"], r["budget_gb"], r["context"], r["tokens"])
+        last = {config(r): i for i, (_, _, r) in enumerate(rows)}
+        rows = [row for i, row in enumerate(rows) if last[config(row[2])] == i]
     tokens = {}  # (profile, env, model, budget, context) -> the step sizes timed there
     for profile, env, r in rows:
         tokens.setdefault((profile, env, r["model"], r["budget_gb"], r["context"]), set()).add(r["tokens"])
