@@ -1,0 +1,74 @@
+"""bench/oracle_replay.py, which scores the planner against saved oracle runs without a GPU: it
+reproduces a run's choice from `pshard plan` and the run's profile, counts a choice that was the
+measured best, and with --latest counts a configuration measured in several runs once, at the run
+given last. The oracle runs here are made up from the plan's own predictions, so what the replay
+must say is known."""
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+
+from conftest import BUILD
+
+HERE = os.path.dirname(__file__)
+REPLAY = os.path.join(HERE, "..", "..", "bench", "oracle_replay.py")
+PROFILE = os.path.join(HERE, "..", "data", "profile", "h200-qwen30b.json")
+
+
+def load_replay():
+    spec = importlib.util.spec_from_file_location("oracle_replay", REPLAY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def oracle_row(table, n, slow_choice):
+    """One configuration's line as `pshard bench --oracle --json` writes it: the plan's choice measured
+    at its prediction and the others at theirs or 10% over the choice, whichever is longer; or, with
+    slow_choice, the choice 20% over the slowest of the others (so another is the measured best)."""
+    chosen = next(name for name, cells in table.items() if cells[n][1])
+    floor = table[chosen][n][0] * 1.1
+    others = max(max(cells[n][0], floor) for name, cells in table.items() if name != chosen)
+    candidates = []
+    for name, cells in table.items():
+        predicted = cells[n][0]
+        if name == chosen:
+            measured = others * 1.2 if slow_choice else predicted
+        else:
+            measured = max(predicted, floor)
+        candidates.append({"plan": name, "measured_s": measured, "predicted_s": predicted, "cut": False,
+                           "skipped": False, "rechecked": False})
+    return {"model": "qwen30b.gguf", "budget_gb": 2, "context": 1024, "tokens": n, "chosen": chosen,
+            "best": chosen, "candidates": candidates}
+
+
+def replay(tmp_path, *args):
+    proc = subprocess.run([sys.executable, REPLAY, *args[:-1], os.path.join(BUILD, "pshard"), PROFILE, str(tmp_path),
+                           *args[-1]], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    m = re.search(r"^(\d+) configurations: the choice was the measured best in (\d+) .*at worst ([\d.]+)% slower",
+                  proc.stdout, re.M)
+    assert m, proc.stdout
+    return int(m.group(1)), int(m.group(2)), float(m.group(3))
+
+
+def test_replay_scores_runs_and_keeps_the_latest(tmp_path):
+    model = tmp_path / "qwen30b.gguf"
+    synth = subprocess.run([os.path.join(BUILD, "gguf-synth"), "--shape", "qwen30b", "--header-only", "--quiet", "-o",
+                            str(model)], capture_output=True, text=True)
+    assert synth.returncode == 0, synth.stderr
+    table = load_replay().plan_table(os.path.join(BUILD, "pshard"), PROFILE, str(model), 2, 1024, 1024, [1, 4])
+    assert len(table) >= 5 and all(sum(cells[n][1] for cells in table.values()) == 1 for n in (1, 4)), table
+
+    hit, miss = tmp_path / "hit.json", tmp_path / "miss.json"
+    hit.write_text("".join(json.dumps(oracle_row(table, n, False)) + "\n" for n in (1, 4)))
+    miss.write_text(json.dumps(oracle_row(table, 1, True)) + "\n")  # the 1-token step again, the choice slow
+
+    assert replay(tmp_path, [str(hit)]) == (2, 2, 0.0)
+    configs, best, worst = replay(tmp_path, [str(hit), str(miss)])
+    assert (configs, best) == (3, 2) and worst >= 19.9  # every measurement counts
+    configs, best, worst = replay(tmp_path, "--latest", [str(hit), str(miss)])
+    assert (configs, best) == (2, 1) and worst >= 19.9  # the 1-token step at its later, slow measurement
+    assert replay(tmp_path, "--latest", [str(miss), str(hit)]) == (2, 2, 0.0)  # given last: the hit
