@@ -6,7 +6,9 @@
  *
  * A step of n tokens at context c runs at positions c-n .. c-1 over a cache filled to c-n
  * without being computed (zero K and V: attention costs the same), and is timed several times
- * (the cache truncated back between runs); the median counts. The planner's choices run first;
+ * (the cache truncated back between runs), each run with tokens of its own, so with a routing of
+ * its own (PSHARD_ORACLE_SAME_TOKENS=1: the same tokens every run, as the runs in bench/oracle/
+ * up to start AM were timed); the median counts. The planner's choices run first;
  * a candidate slower than three times the best so far is cut short after two such runs (it is
  * not the best, and its time is known), and one the cost model predicts at over SKIP_FACTOR times the
  * best measured time (where none is measured yet, the prediction for the tier's choice) is not
@@ -160,14 +162,18 @@ static pshard_status time_step(struct exec_ctx *ex, const struct model *m, int32
                                double cut_above, double *seconds, bool *cut) {
     int32_t *tokens = malloc(sizeof *tokens * n), *pos = malloc(sizeof *pos * n), *seq = calloc((size_t)n, sizeof *seq);
     pshard_status st = tokens && pos && seq ? PSHARD_OK : PSHARD_ERR_NOMEM;
-    for (int32_t i = 0; st == PSHARD_OK && i < n; i++) {
-        tokens[i] = (int32_t)((i * 7919u + 17u) % m->hp.n_vocab);
-        pos[i] = ctx - n + i;
-    }
+    for (int32_t i = 0; st == PSHARD_OK && i < n; i++) pos[i] = ctx - n + i;
+    const bool same_tokens = getenv("PSHARD_ORACLE_SAME_TOKENS") != NULL;
     double runs[33];
     int done = 0, slow = 0;
     *cut = false;
     for (int r = -1; st == PSHARD_OK && r < reps + (slow > 0) && r < 32; r++) {
+        /* Each run its own tokens, as decoding has: the same ones again route to the same experts,
+         * whose weights the host's cache may still hold from the run before (one routing, timed
+         * warm). Every candidate runs the same tokens. */
+        const uint32_t salt = same_tokens ? 0 : (uint32_t)(r + 1) * 104729u;
+        for (int32_t i = 0; st == PSHARD_OK && i < n; i++)
+            tokens[i] = (int32_t)((salt + (uint32_t)i * 7919u + 17u) % m->hp.n_vocab);
         exec_truncate_seq(ex, 0, ctx - n);
         struct exec_batch b = {n, tokens, pos, seq, NULL};
         const double t0 = core_now_ms();
