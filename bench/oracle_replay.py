@@ -151,6 +151,11 @@ def plan_table(pshard, profile, model, budget_gb, ctx, batch, tokens, env=()):
     return table
 
 
+def configuration(r):
+    """An oracle row's configuration: model, budget, context and tokens per step."""
+    return r["model"], r["budget_gb"], r["context"], r["tokens"]
+
+
 REDRAWS = 1000
 DRAW = random.Random(1)
 
@@ -177,9 +182,8 @@ def main():
             if not most or r["tokens"] <= int(most):
                 rows.append((own or profile, env, r))
     if latest:  # the last file's row of each configuration
-        config = lambda r: (r["model"], r["budget_gb"], r["context"], r["tokens"])
-        last = {config(r): i for i, (_, _, r) in enumerate(rows)}
-        rows = [row for i, row in enumerate(rows) if last[config(row[2])] == i]
+        last = {configuration(r): r for _, _, r in rows}
+        rows = [row for row in rows if last[configuration(row[2])] is row[2]]
     tokens = {}  # (profile, env, model, budget, context) -> the step sizes timed there
     for profile, env, r in rows:
         tokens.setdefault((profile, env, r["model"], r["budget_gb"], r["context"]), set()).add(r["tokens"])

@@ -183,7 +183,7 @@ static pshard_status time_step(struct exec_ctx *ex, const struct model *m, int32
          * whose weights the host's cache may still hold from the run before (one routing, timed
          * warm). Every candidate runs the same tokens. */
         const uint32_t salt = same_tokens ? 0 : (uint32_t)(r + 1) * 104729u;
-        for (int32_t i = 0; st == PSHARD_OK && i < n; i++)
+        for (int32_t i = 0; i < n; i++)
             tokens[i] = (int32_t)((salt + (uint32_t)i * 7919u + 17u) % m->hp.n_vocab);
         exec_truncate_seq(ex, 0, ctx - n);
         struct exec_batch b = {n, tokens, pos, seq, NULL};
