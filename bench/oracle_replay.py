@@ -6,7 +6,8 @@ size timed and the candidate the plan runs there; the measured times say which c
 was fastest.
 
 Usage: bench/oracle_replay.py [--by-plan] [--latest] PSHARD PROFILE MODEL_DIR ORACLE.json[:PROFILE.json][@N][,NAME=VALUE...] [...]
-(an oracle run's file may name its own profile after a colon; PROFILE is for the others; a profile
+(an oracle run's file may name its own profile after a colon; without one, the profile the run wrote
+beside it (FILE less .json, plus .profile.json) where there is one; PROFILE is for the others; a profile
 of an older format is read with the fields added since set to what its format meant; @N keeps
 only its steps of at most N tokens, for a run whose larger steps the executor has changed since;
 NAME=VALUE sets a variable for `pshard plan` on that run's steps, e.g. PSHARD_KV_STREAM=0 for a
@@ -160,6 +161,13 @@ REDRAWS = 1000
 DRAW = random.Random(1)
 
 
+def beside(oracle_file):
+    """The profile `pshard bench --oracle --json FILE` writes beside FILE (FILE less .json, plus
+    .profile.json), when it is there: the one the run's plans were weighed with."""
+    stem = oracle_file[:-5] if oracle_file.endswith(".json") else oracle_file
+    return stem + ".profile.json" if os.path.exists(stem + ".profile.json") else ""
+
+
 def main():
     args = sys.argv[1:]
     by_plan, latest = "--by-plan" in args, "--latest" in args
@@ -174,6 +182,7 @@ def main():
         env = tuple(tuple(a.split("=", 1)) for a in assignments)
         item, _, most = item.partition("@")
         f, _, own = item.partition(":")
+        own = own or beside(f)
         for line in open(f):
             try:
                 r = json.loads(line)

@@ -72,3 +72,24 @@ def test_replay_scores_runs_and_keeps_the_latest(tmp_path):
     configs, best, worst = replay(tmp_path, "--latest", [str(hit), str(miss)])
     assert (configs, best) == (2, 1) and worst >= 19.9  # the 1-token step at its later, slow measurement
     assert replay(tmp_path, "--latest", [str(miss), str(hit)]) == (2, 2, 0.0)  # given last: the hit
+
+
+def test_replay_takes_the_profile_written_beside_a_run(tmp_path):
+    """`pshard bench --oracle --json X.json` writes X.profile.json; the replay plans X's rows with it
+    rather than with the profile on its command line."""
+    model = tmp_path / "qwen30b.gguf"
+    synth = subprocess.run([os.path.join(BUILD, "gguf-synth"), "--shape", "qwen30b", "--header-only", "--quiet", "-o",
+                            str(model)], capture_output=True, text=True)
+    assert synth.returncode == 0, synth.stderr
+    table = load_replay().plan_table(os.path.join(BUILD, "pshard"), PROFILE, str(model), 2, 1024, 1024, [1])
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(oracle_row(table, 1, False)) + "\n")
+    beside = tmp_path / "run.profile.json"
+    beside.write_text(open(PROFILE).read())
+    assert replay(tmp_path, [str(run)]) == (1, 1, 0.0)
+    beside.write_text("{ not a profile")  # read: the replay stops on it, naming it
+    proc = subprocess.run([sys.executable, REPLAY, os.path.join(BUILD, "pshard"), PROFILE, str(tmp_path), str(run)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "run.profile.json" in proc.stderr, proc.stderr
+    beside.unlink()  # none beside: the command line's
+    assert replay(tmp_path, [str(run)]) == (1, 1, 0.0)

@@ -224,8 +224,10 @@ def test_oracle_options(default_model):
     for good in (["--no-recheck"], ["--recheck", "4"], ["--recheck", "0"]):
         proc = pshard("bench", "--oracle", "-m", default_model, *good, "--bogus")
         assert proc.returncode == 2 and "'--bogus'" in proc.stderr and "'%s'" % good[-1] not in proc.stderr
+    long_json = pshard("bench", "--oracle", "-m", default_model, "--json", "x" * 5000 + ".json")
+    assert long_json.returncode == 2 and "--json" in long_json.stderr and "too long" in long_json.stderr
     help = pshard("bench", "--help")
-    assert help.returncode == 0 and "--no-recheck" in help.stdout
+    assert help.returncode == 0 and "--no-recheck" in help.stdout and ".profile.json" in help.stdout
 
 
 def test_resident_set_option(default_model, tmp_path):

@@ -78,7 +78,15 @@ static void print_usage(FILE *out) {
                  "  (default 5) below 16 tokens, twice below 256, once from 256, after one warm-up run.\n"
                  "  The choice and the plans measured faster or within 15%% of it (the four fastest) are\n"
                  "  loaded and timed N more times (default 2, at most 4; --no-recheck: none), in rounds of\n"
-                 "  alternating order, and each one's time is the median over its loads.\n");
+                 "  alternating order, and each one's time is the median over its loads. --json FILE writes\n"
+                 "  one line per configuration, and beside it FILE less .json plus .profile.json: the profile\n"
+                 "  the plans were weighed with (bench/oracle_replay.py scores a run with it by default).\n");
+}
+
+/* Where --json FILE's profile goes: FILE less a ".json" ending, plus ".profile.json". */
+static bool profile_beside(const char *json, char *out, size_t size) {
+    const size_t n = strlen(json), stem = n > 5 && !strcmp(json + n - 5, ".json") ? n - 5 : n;
+    return snprintf(out, size, "%.*s.profile.json", (int)stem, json) < (int)size;
 }
 
 /* A whole number in [0, max]. */
@@ -530,6 +538,11 @@ int cmd_bench(int argc, char **argv) {
     struct oracle_opts o;
     const int rc = parse_opts(argc, argv, &o);
     if (rc) return rc > 0 ? 0 : 2;
+    char profile_copy[4096];
+    if (o.json && !profile_beside(o.json, profile_copy, sizeof profile_copy)) {
+        fprintf(stderr, "pshard bench: --json: '%s' is too long a path\n", o.json);
+        return 2;
+    }
     if (cuda_device_count() == 0) {
         fprintf(stderr, "pshard bench: --oracle compares plans that use a GPU, and no CUDA device is present\n");
         return 1;
@@ -555,6 +568,9 @@ int cmd_bench(int argc, char **argv) {
         struct profile prof;
         bool measured_now;
         pshard_status st = exec_machine_profile(&m, o.n_threads, 0, PROFILE_MEASURE, NULL, NULL, &prof, &measured_now);
+        /* The profile as this model's plans are weighed with it: a model whose formats the cached
+         * one lacked has added them, so the copy holds every model's so far. */
+        if (st == PSHARD_OK && o.json) st = profile_save(profile_copy, &prof);
         const char *name = strrchr(o.models[mi], '/') ? strrchr(o.models[mi], '/') + 1 : o.models[mi];
         for (int ci = 0; st == PSHARD_OK && ci < o.n_contexts; ci++) {
             double cpu_cache[MAX_LIST] = {0};
