@@ -5,7 +5,7 @@ measured on the machine that ran the oracle) gives every candidate's predicted t
 size timed and the candidate the plan runs there; the measured times say which candidate really
 was fastest.
 
-Usage: bench/oracle_replay.py [--by-plan] [--latest] PSHARD PROFILE MODEL_DIR ORACLE.json[:PROFILE.json][@N][,NAME=VALUE...] [...]
+Usage: bench/oracle_replay.py [--by-plan] [--latest] [--anchor] PSHARD PROFILE MODEL_DIR ORACLE.json[:PROFILE.json][@N][,NAME=VALUE...] [...]
 (an oracle run's file may name its own profile after a colon; without one, the profile the run wrote
 beside it (FILE less .json, plus .profile.json) where there is one; PROFILE is for the others; a profile
 of an older format is read with the fields added since set to what its format meant; @N keeps
@@ -21,7 +21,10 @@ error (where the cost model is off, and which way). --latest keeps, of a configu
 budget, context, tokens per step) measured in several of the files, only its row in the file
 given last (give the files oldest first): each configuration at its latest measurement. Which
 configurations were timed again is a choice, often of the ones that missed; a miss timed again
-may come out best by chance, so the summary over all measurements is the one to trust."""
+may come out best by chance, so the summary over all measurements is the one to trust. --anchor
+replays each configuration whose run recorded the host's read speed around it (`host_read_gbps`;
+runs before this field have none) with the profile's CPU rates scaled to that speed: whether the host's
+drift since profiling explains the CPU's share of the prediction error."""
 import json
 import os
 import random
@@ -161,6 +164,34 @@ REDRAWS = 1000
 DRAW = random.Random(1)
 
 
+ANCHORED = {}  # (profile, ratio) -> the copy with the CPU's rates scaled
+
+
+def anchored(profile, r):
+    """The profile to replay row r with under --anchor: where the oracle recorded the host's read
+    speed around the configuration (host_read_gbps: before, after), a copy of the profile whose CPU
+    rates (matmuls, experts, attention, host reads) are scaled by how much slower or faster the host
+    read then than when profiled; else the profile itself."""
+    reads = r.get("host_read_gbps")
+    if not reads or min(reads) <= 0:
+        return profile
+    with open(profile) as f:
+        d = json.load(f)
+    ratio = round(d["host_read_gbps"] / statistics.mean(reads), 2)  # > 1: the host read slower than profiled
+    if ratio == 1:
+        return profile
+    if (profile, ratio) not in ANCHORED:
+        for table in ("cpu_matmul", "cpu_experts"):
+            d[table] = {fmt: [v * ratio for v in values] for fmt, values in d[table].items()}
+        d["cpu_attn"] = [v * ratio for v in d["cpu_attn"]]
+        d["host_read_gbps"] /= ratio
+        out = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+        json.dump(d, out)
+        out.close()
+        ANCHORED[(profile, ratio)] = out.name
+    return ANCHORED[(profile, ratio)]
+
+
 def beside(oracle_file):
     """The profile `pshard bench --oracle --json FILE` writes beside FILE (FILE less .json, plus
     .profile.json), when it is there: the one the run's plans were weighed with."""
@@ -170,8 +201,8 @@ def beside(oracle_file):
 
 def main():
     args = sys.argv[1:]
-    by_plan, latest = "--by-plan" in args, "--latest" in args
-    for flag in ("--by-plan", "--latest"):
+    by_plan, latest, anchor = "--by-plan" in args, "--latest" in args, "--anchor" in args
+    for flag in ("--by-plan", "--latest", "--anchor"):
         if flag in args:
             args.remove(flag)
     pshard, profile, model_dir, files = args[0], args[1], args[2], args[3:]
@@ -189,7 +220,7 @@ def main():
             except ValueError:
                 continue  # a line cut short (the run was stopped while writing it)
             if not most or r["tokens"] <= int(most):
-                rows.append((own or profile, env, r))
+                rows.append((anchored(own or profile, r) if anchor else own or profile, env, r))
     if latest:  # the last file's row of each configuration
         last = {configuration(r): r for _, _, r in rows}
         rows = [row for row in rows if last[configuration(row[2])] is row[2]]

@@ -29,6 +29,10 @@ struct measure_request {
  * formats) are measured again only when the model uses them. */
 pshard_status exec_measure(const struct measure_request *req, struct profile *p);
 
+/* The host's read bandwidth now, in GB/s, measured as the profile's host_read_gbps is (n_threads
+ * threads, 0: all cores): comparing the two tells how far the host has drifted since profiling. */
+pshard_status measure_host_read(int n_threads, double *gbps);
+
 /* The profile to plan `model` with on this machine. MEASURE: the cached one when it fits this
  * machine and holds the model's formats, else measured now (the model's missing formats added
  * to a usable cached profile) and saved. CACHED: the cached one if usable (formats it lacks

@@ -132,6 +132,29 @@ static void read_step(void *arg, int rep) {
     threadpool_run(((struct cpu_bench *)arg)->pool, read_job, arg);
 }
 
+/* GB/s of b->pool's threads reading BIG_BYTES of host memory, the best of three timings: the
+ * profile's host_read_gbps. NAN when the buffer cannot be had. */
+static double host_read_gbps(struct cpu_bench *b) {
+    const size_t words = BIG_BYTES / 8;
+    uint64_t *mem = malloc(words * 8);
+    if (!mem) return NAN;
+    measure_fill((uint8_t *)mem, words * 8, 5);
+    b->mem = mem, b->mem_words = words;
+    const double gbps = (double)words * 8 / measure_time_best(read_step, b) / 1e9;
+    free(mem);
+    b->mem = NULL, b->mem_words = 0;
+    return gbps;
+}
+
+pshard_status measure_host_read(int n_threads, double *gbps) {
+    struct cpu_bench b;
+    memset(&b, 0, sizeof b);
+    CORE_TRY(threadpool_create(n_threads, &b.pool));
+    *gbps = host_read_gbps(&b);
+    threadpool_free(b.pool);
+    return isfinite(*gbps) ? PSHARD_OK : core_fail(PSHARD_ERR_NOMEM, "out of memory while measuring host reads");
+}
+
 void measure_empty_job(void *arg, int thread, int n_threads) { (void)arg, (void)thread, (void)n_threads; }
 
 static void empty_step(void *arg, int rep) {
@@ -212,14 +235,8 @@ pshard_status measure_cpu_rates(const struct measure_request *req, const struct 
         if (scratch) cpu_moe_scratch_init(&b.scratch, b.scratch_mem, B, (int)k, E, sh->n_embd, sh->n_ff_exp, QUANT_F32);
 
         measure_report(req, "host memory", 0.0);
-        const size_t words = BIG_BYTES / 8;
-        uint64_t *mem = malloc(words * 8);
-        if (mem) {
-            measure_fill((uint8_t *)mem, words * 8, 5);
-            b.mem = mem, b.mem_words = words;
-            p->host_read_gbps = (double)words * 8 / measure_time_best(read_step, &b) / 1e9;
-            free(mem);
-        }
+        const double gbps = host_read_gbps(&b);
+        if (isfinite(gbps)) p->host_read_gbps = gbps;
         p->cpu_step_s = measure_time_best(empty_step, &b) / 100;
     }
     for (int f = 0; f < sh->n_dense && st == PSHARD_OK && !measure_out_of_time(); f++) {

@@ -93,3 +93,22 @@ def test_replay_takes_the_profile_written_beside_a_run(tmp_path):
     assert proc.returncode != 0 and "run.profile.json" in proc.stderr, proc.stderr
     beside.unlink()  # none beside: the command line's
     assert replay(tmp_path, [str(run)]) == (1, 1, 0.0)
+
+
+def test_anchor_scales_the_cpu_rates_to_the_host_speed_recorded(tmp_path):
+    """--anchor replays a row that recorded the host's read speed with the profile's CPU rates
+    scaled by how much slower the host read than when profiled; a row without it, or at the
+    profile's speed, keeps the profile."""
+    replay = load_replay()
+    profile = json.load(open(PROFILE))
+    row = {"model": "qwen30b.gguf", "tokens": 1}
+    assert replay.anchored(PROFILE, row) == PROFILE
+    assert replay.anchored(PROFILE, dict(row, host_read_gbps=[profile["host_read_gbps"]] * 2)) == PROFILE
+    half = profile["host_read_gbps"] / 2
+    slow = json.load(open(replay.anchored(PROFILE, dict(row, host_read_gbps=[half * 0.9, half * 1.1]))))
+    assert abs(slow["host_read_gbps"] - half) < 0.01 * half
+    for table in ("cpu_matmul", "cpu_experts"):
+        for fmt, values in profile[table].items():
+            assert all(abs(s / v - 2) < 0.02 for s, v in zip(slow[table][fmt], values) if v)
+    assert all(abs(s / v - 2) < 0.02 for s, v in zip(slow["cpu_attn"], profile["cpu_attn"]) if v)
+    assert slow["gpu_experts"] == profile["gpu_experts"] and slow["h2d_gbps"] == profile["h2d_gbps"]

@@ -24,7 +24,9 @@
  * a machine that drifts over the minutes favours no plan; and every contender takes part, since
  * one timed only in the first pass would be compared across minutes (qwen30b at 2 GB on the H200:
  * plans ran up to twice as slow in the rounds as in the first pass, and one timed once there
- * came out 17% faster than the median of the choice, retimed beside one other plan). */
+ * came out 17% faster than the median of the choice, retimed beside one other plan). Around each
+ * configuration the host's read speed is measured as the profile measured it, and recorded with
+ * its rows: the profile is one moment of a host whose speed drifts. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -65,6 +67,7 @@ struct oracle_row {
     double loads[PLAN_MAX_CANDIDATES][MAX_LOADS]; /* a rechecked candidate's time on each load */
     int n_loads[PLAN_MAX_CANDIDATES];
     int chosen, tier;
+    double host_read[2]; /* GB/s, as the profile's host_read_gbps: before and after the configuration */
 };
 
 static void print_usage(FILE *out) {
@@ -512,8 +515,8 @@ static void summarize_row(const struct plan *weighed, const struct oracle_row *r
            100 * (r->predicted[r->chosen] / chosen - 1));
     if (json) {
         fprintf(json, "{\"model\": \"%s\", \"budget_gb\": %.0f, \"context\": %d, \"tokens\": %d, \"chosen\": \"%s\", "
-                      "\"best\": \"%s\", \"candidates\": [",
-                model, budget / 1073741824.0, ctx, r->n_tokens, chosen_label, best_label);
+                      "\"best\": \"%s\", \"host_read_gbps\": [%.1f, %.1f], \"candidates\": [",
+                model, budget / 1073741824.0, ctx, r->n_tokens, chosen_label, best_label, r->host_read[0], r->host_read[1]);
         for (uint32_t c = 0; c < weighed->n_candidates; c++) {
             char label[48];
             plan_candidate_name(&weighed->candidates[c], label, sizeof label);
@@ -579,8 +582,21 @@ int cmd_bench(int argc, char **argv) {
                 struct oracle_row rows[MAX_LIST];
                 int n_rows;
                 struct plan weighed;
-                st = oracle_config(&o, &m, &prof, o.budgets[bi], o.contexts[ci], rows, &n_rows, &weighed, cpu_cache);
+                /* The host's read speed around the configuration, beside the profile's: CPU work runs
+                 * slower or faster than predicted by as much (bench/RESULTS.md, start AO). */
+                double before, after;
+                st = measure_host_read(o.n_threads, &before);
+                if (st == PSHARD_OK)
+                    st = oracle_config(&o, &m, &prof, o.budgets[bi], o.contexts[ci], rows, &n_rows, &weighed, cpu_cache);
                 if (st != PSHARD_OK) break;
+                st = measure_host_read(o.n_threads, &after);
+                if (st != PSHARD_OK) {
+                    plan_free(&weighed);
+                    break;
+                }
+                fprintf(stderr, "  host reads %.1f GB/s before, %.1f after (the profile: %.1f)\n", before, after,
+                        prof.host_read_gbps);
+                for (int k = 0; k < n_rows; k++) rows[k].host_read[0] = before, rows[k].host_read[1] = after;
                 for (int k = 0; k < n_rows; k++) summarize_row(&weighed, &rows[k], &s, json, name, o.budgets[bi], o.contexts[ci]);
                 fflush(stdout);
                 if (json) fflush(json);
