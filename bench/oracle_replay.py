@@ -165,6 +165,7 @@ DRAW = random.Random(1)
 
 
 ANCHORED = {}  # (profile, ratio) -> the copy with the CPU's rates scaled
+PROFILES = {}  # profile path -> its contents, read once
 
 
 def anchored(profile, r):
@@ -175,12 +176,14 @@ def anchored(profile, r):
     reads = r.get("host_read_gbps")
     if not reads or min(reads) <= 0:
         return profile
-    with open(profile) as f:
-        d = json.load(f)
-    ratio = round(d["host_read_gbps"] / statistics.mean(reads), 2)  # > 1: the host read slower than profiled
+    if profile not in PROFILES:
+        with open(profile) as f:
+            PROFILES[profile] = json.load(f)
+    ratio = round(PROFILES[profile]["host_read_gbps"] / statistics.mean(reads), 2)  # > 1: the host read slower
     if ratio == 1:
         return profile
     if (profile, ratio) not in ANCHORED:
+        d = json.loads(json.dumps(PROFILES[profile]))  # a copy to scale
         for table in ("cpu_matmul", "cpu_experts"):
             d[table] = {fmt: [v * ratio for v in values] for fmt, values in d[table].items()}
         d["cpu_attn"] = [v * ratio for v in d["cpu_attn"]]

@@ -54,11 +54,17 @@ def replay(tmp_path, *args):
     return int(m.group(1)), int(m.group(2)), float(m.group(3))
 
 
-def test_replay_scores_runs_and_keeps_the_latest(tmp_path):
+def header_only_qwen30b(tmp_path):
+    """qwen30b's shape without its weights, in tmp_path (the replay's model folder)."""
     model = tmp_path / "qwen30b.gguf"
     synth = subprocess.run([os.path.join(BUILD, "gguf-synth"), "--shape", "qwen30b", "--header-only", "--quiet", "-o",
                             str(model)], capture_output=True, text=True)
     assert synth.returncode == 0, synth.stderr
+    return model
+
+
+def test_replay_scores_runs_and_keeps_the_latest(tmp_path):
+    model = header_only_qwen30b(tmp_path)
     table = load_replay().plan_table(os.path.join(BUILD, "pshard"), PROFILE, str(model), 2, 1024, 1024, [1, 4])
     assert len(table) >= 5 and all(sum(cells[n][1] for cells in table.values()) == 1 for n in (1, 4)), table
 
@@ -77,10 +83,7 @@ def test_replay_scores_runs_and_keeps_the_latest(tmp_path):
 def test_replay_takes_the_profile_written_beside_a_run(tmp_path):
     """`pshard bench --oracle --json X.json` writes X.profile.json; the replay plans X's rows with it
     rather than with the profile on its command line."""
-    model = tmp_path / "qwen30b.gguf"
-    synth = subprocess.run([os.path.join(BUILD, "gguf-synth"), "--shape", "qwen30b", "--header-only", "--quiet", "-o",
-                            str(model)], capture_output=True, text=True)
-    assert synth.returncode == 0, synth.stderr
+    model = header_only_qwen30b(tmp_path)
     table = load_replay().plan_table(os.path.join(BUILD, "pshard"), PROFILE, str(model), 2, 1024, 1024, [1])
     run = tmp_path / "run.json"
     run.write_text(json.dumps(oracle_row(table, 1, False)) + "\n")
