@@ -1,5 +1,6 @@
 /* The machine profile: defaults, the JSON file's round trip, where it lives, what load refuses
- * (another machine, too old, malformed, missing), interpolation, and the rate tables. */
+ * (another machine, too old, malformed, missing), interpolation, the rate tables, and the CPU
+ * figures timed at several moments. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <math.h>
@@ -521,6 +522,56 @@ static void test_rate_tables(void **state) {
     assert_true(reused->s_per_byte[0] == 0);
 }
 
+/* The CPU's figures that drift with the host's load keep their median over the samples, each
+ * where every sample has it; other figures, and formats the profile lacks, are left alone. */
+static void test_cpu_samples_settle(void **state) {
+    (void)state;
+    struct shapes sh;
+    memset(&sh, 0, sizeof sh);
+    sh.n_embd = 256, sh.rows = 512, sh.n_ff_exp = 128, sh.n_expert = 8, sh.k = 2;
+    sh.n_dense = 2, sh.dense[0] = QUANT_Q4_0, sh.dense[1] = QUANT_Q8_0;
+    sh.n_moe = 1, sh.gate[0] = sh.down[0] = QUANT_Q4_0;
+    struct profile p;
+    profile_defaults(&p);
+    memset(p.cpu_matmul, 0, sizeof p.cpu_matmul), memset(p.cpu_experts, 0, sizeof p.cpu_experts);
+    struct profile_rate *q4 = profile_rate_add(p.cpu_matmul, "Q4_0"), *ex = profile_rate_add(p.cpu_experts, "Q4_0");
+    for (int i = 0; i < PROFILE_TOKENS; i++) q4->s_per_byte[i] = 10 + i, ex->s_per_byte[i] = 20 + i;
+    p.host_read_gbps = 50;
+
+    struct cpu_sample s[CPU_SAMPLES];
+    measure_cpu_sample_of(&p, &sh, &s[0]);
+    assert_true(s[0].host_read_gbps == 50 && s[0].dense[0][1] == 11 && s[0].experts[0][2] == 22);
+    assert_true(s[0].dense[1][0] == 0); /* Q8_0: not in the profile */
+    s[1] = s[0], s[2] = s[0];
+    s[1].host_read_gbps = 90, s[2].host_read_gbps = 80;  /* median 80 */
+    s[1].dense[0][0] = 4, s[2].dense[0][0] = 30;         /* 4, 10, 30: 10 stays */
+    s[1].experts[0][0] = 25, s[2].experts[0][0] = 23;    /* 20, 25, 23: 23 */
+    s[1].experts[0][1] = 0;                              /* one sample lacks it: 21 stays */
+    s[1].dense[1][0] = s[2].dense[1][0] = 5;             /* a format the profile lacks */
+    measure_cpu_settle(&sh, s, CPU_SAMPLES, &p);
+    assert_true(p.host_read_gbps == 80);
+    assert_true(q4->s_per_byte[0] == 10 && ex->s_per_byte[0] == 23 && ex->s_per_byte[1] == 21);
+    assert_null(profile_rate_find(p.cpu_matmul, "Q8_0"));
+    assert_true(q4->s_per_byte[2] == 12 && ex->s_per_byte[3] == 23); /* past the drifting points */
+
+    /* Two samples (the minute ran out): the mean of the two. */
+    s[1].experts[0][2] = 30;
+    measure_cpu_settle(&sh, s, 2, &p);
+    assert_true(ex->s_per_byte[2] == 26 && p.host_read_gbps == 70);
+
+    /* Timed for real: every figure the shapes have, above 0. */
+    struct threadpool *pool;
+    assert_int_equal(threadpool_create(2, &pool), PSHARD_OK);
+    struct cpu_sample now;
+    assert_int_equal(measure_cpu_sample(&sh, pool, &now), PSHARD_OK);
+    threadpool_free(pool);
+    assert_true(now.host_read_gbps > 0 && isfinite(now.host_read_gbps));
+    for (int f = 0; f < 2; f++)
+        for (int i = 0; i < CPU_SAMPLE_DENSE; i++) assert_true(now.dense[f][i] > 0 && isfinite(now.dense[f][i]));
+    for (int i = 0; i < CPU_SAMPLE_EXPERTS; i++) assert_true(now.experts[0][i] > 0 && isfinite(now.experts[0][i]));
+    assert_true(now.dense[2][0] == 0 && now.experts[1][0] == 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),          cmocka_unit_test(test_round_trip),
@@ -530,6 +581,7 @@ int main(void) {
         cmocka_unit_test(test_refuses_malformed), cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_save_refuses_nan),  cmocka_unit_test(test_interpolation), cmocka_unit_test(test_attention_by_cache_length),
         cmocka_unit_test(test_rate_tables),       cmocka_unit_test(test_gpu_measure_room),
+        cmocka_unit_test(test_cpu_samples_settle),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

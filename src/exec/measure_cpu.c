@@ -163,91 +163,111 @@ static void empty_step(void *arg, int rep) {
 }
 
 
-/* Seconds per weight byte of a dense matmul of format t at every token count. */
-static pshard_status measure_cpu_matmul(struct cpu_bench *b, const struct shapes *sh, enum quant_type t,
-                                        struct profile_rate *rate) {
-    for (int i = 0; i < PROFILE_TOKENS; i++) {
+/* Seconds per weight byte of a dense matmul of format t at the first n_points token counts
+ * (into s_per_byte): up to 4 tokens over BIG_BYTES, past that SMALL_BYTES, each made once. */
+static pshard_status measure_cpu_matmul(struct cpu_bench *b, const struct shapes *sh, enum quant_type t, int n_points,
+                                        double *s_per_byte) {
+    pshard_status st = PSHARD_OK;
+    size_t made = 0;
+    for (int i = 0; i < n_points && st == PSHARD_OK; i++) {
         b->n_tokens = profile_tokens[i];
-        CORE_TRY(measure_synth_make(t, sh->rows, sh->n_embd, 1, b->n_tokens <= 4 ? BIG_BYTES : SMALL_BYTES, &b->gate));
+        const size_t want = b->n_tokens <= 4 ? BIG_BYTES : SMALL_BYTES;
+        if (want != made) {
+            free(b->gate.data);
+            b->gate.data = NULL;
+            st = measure_synth_make(t, sh->rows, sh->n_embd, 1, want, &b->gate);
+            made = want;
+        }
+        if (st != PSHARD_OK) break;
         const double s = b->n_tokens <= 16 ? measure_time_best(measure_cpu_matmul_step, b) : measure_time_steps(measure_cpu_matmul_step, b);
-        rate->s_per_byte[i] = s / (double)b->gate.bytes;
-        free(b->gate.data);
-        b->gate.data = NULL;
+        s_per_byte[i] = s / (double)b->gate.bytes;
     }
-    return PSHARD_OK;
+    free(b->gate.data);
+    b->gate.data = NULL;
+    return st;
 }
 
-/* Seconds per byte of the experts a step touches, for MoE FFNs of these formats. */
-static pshard_status measure_cpu_experts(struct cpu_bench *b, const struct shapes *sh, int f, struct profile_rate *rate) {
+/* Seconds per byte of the experts a step touches, for MoE FFNs of the model's f-th formats, at
+ * the first n_points token counts (into s_per_byte); b->call_s: a call's fixed cost. */
+static pshard_status measure_cpu_experts(struct cpu_bench *b, const struct shapes *sh, int f, int n_points,
+                                         double *s_per_byte) {
     const int64_t E = sh->n_expert, ff = sh->n_ff_exp, d = sh->n_embd;
-    pshard_status st = PSHARD_OK;
-    for (int i = 0; i < PROFILE_TOKENS && st == PSHARD_OK; i++) {
+    b->k = sh->k;
+    pshard_status st = measure_synth_make(sh->gate[f], ff, d, E, BIG_BYTES / 3, &b->gate);
+    if (st == PSHARD_OK) st = measure_synth_make(sh->gate[f], ff, d, E, BIG_BYTES / 3, &b->up);
+    if (st == PSHARD_OK) st = measure_synth_make(sh->down[f], d, ff, E, BIG_BYTES / 3, &b->down);
+    const double expert = (double)(b->gate.bytes + b->up.bytes + b->down.bytes) / E;
+    for (int i = 0; i < n_points && st == PSHARD_OK; i++) {
         b->n_tokens = profile_tokens[i];
-        b->k = sh->k;
-        st = measure_synth_make(sh->gate[f], ff, d, E, BIG_BYTES / 3, &b->gate);
-        if (st == PSHARD_OK) st = measure_synth_make(sh->gate[f], ff, d, E, BIG_BYTES / 3, &b->up);
-        if (st == PSHARD_OK) st = measure_synth_make(sh->down[f], d, ff, E, BIG_BYTES / 3, &b->down);
-        if (st == PSHARD_OK) {
-            /* Bytes of the experts a random routing touches, on average. */
-            const double touched = cost_touched((double)E, (double)E, sh->k, (double)b->n_tokens);
-            const double expert = (double)(b->gate.bytes + b->up.bytes + b->down.bytes) / E;
-            const double s = b->n_tokens <= 16 ? measure_time_best(measure_cpu_experts_step, b) : measure_time_steps(measure_cpu_experts_step, b);
-            rate->s_per_byte[i] = s / (touched * expert);
-            if (i == 0) {
-                b->n_tokens = 1;
-                b->call_s = measure_time_steps(cpu_experts_call_step, b);
-            }
-        }
-        free(b->gate.data), free(b->up.data), free(b->down.data);
-        b->gate.data = b->up.data = b->down.data = NULL;
+        /* Bytes of the experts a random routing touches, on average. */
+        const double touched = cost_touched((double)E, (double)E, sh->k, (double)b->n_tokens);
+        const double s = b->n_tokens <= 16 ? measure_time_best(measure_cpu_experts_step, b) : measure_time_steps(measure_cpu_experts_step, b);
+        s_per_byte[i] = s / (touched * expert);
+        if (i == 0) b->call_s = measure_time_steps(cpu_experts_call_step, b);
     }
+    free(b->gate.data), free(b->up.data), free(b->down.data);
+    b->gate.data = b->up.data = b->down.data = NULL;
     return st;
+}
+
+/* Buffers for timing n_tokens tokens at most of sh's matmuls and experts (and with `attention`,
+ * its attention); closed with measure_cpu_bench_close. */
+static pshard_status bench_open(const struct shapes *sh, struct threadpool *pool, int64_t n_tokens, bool attention,
+                                struct cpu_bench *b) {
+    memset(b, 0, sizeof *b);
+    b->pool = pool;
+    const int64_t B = n_tokens;
+    const int64_t width = sh->rows > sh->n_embd ? sh->rows : sh->n_embd;
+    const int64_t k = sh->k > 0 ? sh->k : 1, E = sh->n_expert > 0 ? sh->n_expert : 1;
+    b->x = calloc((size_t)B * width, sizeof(float));
+    b->y = calloc((size_t)B * width * k, sizeof(float));
+    b->acts = malloc(cpu_acts_bytes(QUANT_F32, width, B * k));
+    b->ids = calloc((size_t)B * k, sizeof *b->ids);
+    b->weights = calloc((size_t)B * k, sizeof *b->weights);
+    const size_t scratch = sh->n_expert ? cpu_moe_scratch_bytes(B, (int)k, E, sh->n_embd, sh->n_ff_exp, QUANT_F32) : 0;
+    b->scratch_mem = scratch ? malloc(scratch) : NULL;
+    bool ok = b->x && b->y && b->acts && b->ids && b->weights && (!scratch || b->scratch_mem);
+    if (attention) {
+        const size_t kv_elems = (size_t)ATTN_CTX * sh->attn.n_head_kv * (sh->attn.head_k + sh->attn.head_v);
+        b->kv_elems = kv_elems;
+        b->kv_copies = (int)((BIG_BYTES + kv_elems * sizeof *b->kv - 1) / (kv_elems * sizeof *b->kv));
+        b->kv = malloc(kv_elems * sizeof *b->kv * (size_t)b->kv_copies);
+        b->q = calloc((size_t)B * sh->attn.n_head * sh->attn.head_k, sizeof(float));
+        b->out = calloc((size_t)B * sh->attn.n_head * sh->attn.head_v, sizeof(float));
+        b->partial = malloc(sizeof(float) * (size_t)cpu_attention_partial_floats_max(&sh->attn));
+        ok = ok && b->kv && b->q && b->out && b->partial;
+    }
+    if (!ok) {
+        measure_cpu_bench_close(b);
+        return core_fail(PSHARD_ERR_NOMEM, "out of memory while measuring");
+    }
+    for (int64_t i = 0; i < B * width; i++) b->x[i] = (float)((i * 37) % 101 - 50) / 50.0f;
+    if (attention) {
+        for (int64_t i = 0; i < B * sh->attn.n_head * sh->attn.head_k; i++) b->q[i] = (float)((i * 13) % 29 - 14) / 14.0f;
+        measure_fill((uint8_t *)b->kv, b->kv_elems * sizeof *b->kv * (size_t)b->kv_copies, 3);
+    }
+    if (scratch) cpu_moe_scratch_init(&b->scratch, b->scratch_mem, B, (int)k, E, sh->n_embd, sh->n_ff_exp, QUANT_F32);
+    return PSHARD_OK;
 }
 
 pshard_status measure_cpu_rates(const struct measure_request *req, const struct shapes *sh, struct threadpool *pool,
                                  struct profile *p) {
-    struct cpu_bench b = {.pool = pool};
-    const int64_t B = profile_tokens[PROFILE_TOKENS - 1];
-    const int64_t width = sh->rows > sh->n_embd ? sh->rows : sh->n_embd;
-    const int64_t k = sh->k > 0 ? sh->k : 1, E = sh->n_expert > 0 ? sh->n_expert : 1;
-    const size_t kv_cells = ATTN_CTX, kv_elems = kv_cells * (size_t)sh->attn.n_head_kv * (sh->attn.head_k + sh->attn.head_v);
-    b.x = calloc((size_t)B * width, sizeof(float));
-    b.y = calloc((size_t)B * width * k, sizeof(float));
-    b.acts = malloc(cpu_acts_bytes(QUANT_F32, width, B * k));
-    b.ids = calloc((size_t)B * k, sizeof *b.ids);
-    b.weights = calloc((size_t)B * k, sizeof *b.weights);
-    b.kv_elems = kv_elems;
-    b.kv_copies = (int)((BIG_BYTES + kv_elems * sizeof *b.kv - 1) / (kv_elems * sizeof *b.kv));
-    b.kv = malloc(kv_elems * sizeof *b.kv * (size_t)b.kv_copies);
-    b.q = calloc((size_t)B * sh->attn.n_head * sh->attn.head_k, sizeof(float));
-    b.out = calloc((size_t)B * sh->attn.n_head * sh->attn.head_v, sizeof(float));
-    b.partial = malloc(sizeof(float) * (size_t)cpu_attention_partial_floats_max(&sh->attn));
-    const size_t scratch = sh->n_expert ? cpu_moe_scratch_bytes(B, (int)k, E, sh->n_embd, sh->n_ff_exp, QUANT_F32) : 0;
-    b.scratch_mem = scratch ? malloc(scratch) : NULL;
-    pshard_status st = PSHARD_OK;
-    if (!b.x || !b.y || !b.acts || !b.ids || !b.weights || !b.kv || !b.q || !b.out || !b.partial ||
-        (scratch && !b.scratch_mem))
-        st = core_fail(PSHARD_ERR_NOMEM, "out of memory while measuring");
-    if (st == PSHARD_OK) {
-        for (int64_t i = 0; i < B * width; i++) b.x[i] = (float)((i * 37) % 101 - 50) / 50.0f;
-        for (int64_t i = 0; i < B * sh->attn.n_head * sh->attn.head_k; i++) b.q[i] = (float)((i * 13) % 29 - 14) / 14.0f;
-        measure_fill((uint8_t *)b.kv, kv_elems * sizeof *b.kv * (size_t)b.kv_copies, 3);
-        if (scratch) cpu_moe_scratch_init(&b.scratch, b.scratch_mem, B, (int)k, E, sh->n_embd, sh->n_ff_exp, QUANT_F32);
-
-        measure_report(req, "host memory", 0.0);
-        const double gbps = host_read_gbps(&b);
-        if (isfinite(gbps)) p->host_read_gbps = gbps;
-        p->cpu_step_s = measure_time_best(empty_step, &b) / 100;
-    }
+    struct cpu_bench b;
+    pshard_status st = bench_open(sh, pool, profile_tokens[PROFILE_TOKENS - 1], true, &b);
+    if (st != PSHARD_OK) return st;
+    measure_report(req, "host memory", 0.0);
+    const double gbps = host_read_gbps(&b);
+    if (isfinite(gbps)) p->host_read_gbps = gbps;
+    p->cpu_step_s = measure_time_best(empty_step, &b) / 100;
     for (int f = 0; f < sh->n_dense && st == PSHARD_OK && !measure_out_of_time(); f++) {
         measure_report(req, "CPU matmul", 0.05 + 0.25 * f / sh->n_dense);
         struct profile_rate *r = profile_rate_add(p->cpu_matmul, quant_type_name(sh->dense[f]));
-        if (r) st = measure_cpu_matmul(&b, sh, sh->dense[f], r);
+        if (r) st = measure_cpu_matmul(&b, sh, sh->dense[f], PROFILE_TOKENS, r->s_per_byte);
     }
     for (int f = 0; f < sh->n_moe && st == PSHARD_OK && !measure_out_of_time(); f++) {
         measure_report(req, "CPU experts", 0.3 + 0.15 * f / sh->n_moe);
         struct profile_rate *r = profile_rate_add(p->cpu_experts, quant_type_name(sh->gate[f]));
-        if (r) st = measure_cpu_experts(&b, sh, f, r);
+        if (r) st = measure_cpu_experts(&b, sh, f, PROFILE_TOKENS, r->s_per_byte);
         if (f == 0) p->cpu_moe_call_s = b.call_s;
     }
     if (st == PSHARD_OK) {
@@ -265,4 +285,71 @@ pshard_status measure_cpu_rates(const struct measure_request *req, const struct 
     }
     measure_cpu_bench_close(&b);
     return st;
+}
+
+pshard_status measure_cpu_sample(const struct shapes *sh, struct threadpool *pool, struct cpu_sample *s) {
+    memset(s, 0, sizeof *s);
+    struct cpu_bench b;
+    CORE_TRY(bench_open(sh, pool, profile_tokens[CPU_SAMPLE_EXPERTS - 1], false, &b));
+    const double gbps = host_read_gbps(&b);
+    s->host_read_gbps = isfinite(gbps) ? gbps : 0;
+    pshard_status st = PSHARD_OK;
+    for (int f = 0; f < sh->n_dense && st == PSHARD_OK; f++)
+        st = measure_cpu_matmul(&b, sh, sh->dense[f], CPU_SAMPLE_DENSE, s->dense[f]);
+    for (int f = 0; f < sh->n_moe && st == PSHARD_OK; f++)
+        st = measure_cpu_experts(&b, sh, f, CPU_SAMPLE_EXPERTS, s->experts[f]);
+    measure_cpu_bench_close(&b);
+    return st;
+}
+
+void measure_cpu_sample_of(const struct profile *p, const struct shapes *sh, struct cpu_sample *s) {
+    memset(s, 0, sizeof *s);
+    s->host_read_gbps = p->host_read_gbps;
+    for (int f = 0; f < sh->n_dense; f++) {
+        const struct profile_rate *r = profile_rate_find(p->cpu_matmul, quant_type_name(sh->dense[f]));
+        for (int i = 0; r && i < CPU_SAMPLE_DENSE; i++) s->dense[f][i] = r->s_per_byte[i];
+    }
+    for (int f = 0; f < sh->n_moe; f++) {
+        const struct profile_rate *r = profile_rate_find(p->cpu_experts, quant_type_name(sh->gate[f]));
+        for (int i = 0; r && i < CPU_SAMPLE_EXPERTS; i++) s->experts[f][i] = r->s_per_byte[i];
+    }
+}
+
+/* *out becomes the median of v[0..n) (n at most CPU_SAMPLES), where every one was measured (above
+ * 0); else it stays. */
+static void settle_point(const double *v, int n, double *out) {
+    double x[CPU_SAMPLES];
+    for (int i = 0; i < n; i++) {
+        if (!(v[i] > 0)) return;
+        int j = i; /* insertion sort: n is 3 at most */
+        for (; j > 0 && x[j - 1] > v[i]; j--) x[j] = x[j - 1];
+        x[j] = v[i];
+    }
+    *out = n % 2 ? x[n / 2] : (x[n / 2 - 1] + x[n / 2]) / 2;
+}
+
+/* The rate of `format` in table, where the table has one. */
+static struct profile_rate *rate_of(struct profile_rate table[PROFILE_FORMATS], enum quant_type format) {
+    return profile_rate_find(table, quant_type_name(format)) ? profile_rate_add(table, quant_type_name(format)) : NULL;
+}
+
+void measure_cpu_settle(const struct shapes *sh, const struct cpu_sample *s, int n, struct profile *p) {
+    double v[CPU_SAMPLES];
+    if (n < 1 || n > CPU_SAMPLES) return;
+    for (int k = 0; k < n; k++) v[k] = s[k].host_read_gbps;
+    settle_point(v, n, &p->host_read_gbps);
+    for (int f = 0; f < sh->n_dense; f++) {
+        struct profile_rate *r = rate_of(p->cpu_matmul, sh->dense[f]);
+        for (int i = 0; r && i < CPU_SAMPLE_DENSE; i++) {
+            for (int k = 0; k < n; k++) v[k] = s[k].dense[f][i];
+            settle_point(v, n, &r->s_per_byte[i]);
+        }
+    }
+    for (int f = 0; f < sh->n_moe; f++) {
+        struct profile_rate *r = rate_of(p->cpu_experts, sh->gate[f]);
+        for (int i = 0; r && i < CPU_SAMPLE_EXPERTS; i++) {
+            for (int k = 0; k < n; k++) v[k] = s[k].experts[f][i];
+            settle_point(v, n, &r->s_per_byte[i]);
+        }
+    }
 }
