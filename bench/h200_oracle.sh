@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The oracle check on the benchmark machine: measures the machine's profile (once per model), then
-# runs `pshard bench --oracle` for each case within a deadline, one JSON file per case, and prints
-# the summary over all of them. Each case is SHAPE:BUDGETS:CONTEXTS:TIERS, for example
-# qwen30b:2G,8G:4096:1,4,16,64,256,1024. Models are made with gguf-synth in /dev/shm if missing.
+# runs `pshard bench --oracle` for each case, one JSON file per case (the profile its plans were
+# weighed with beside it), and replays them all with bench/oracle_replay.py for the summary. Each
+# case is SHAPE:BUDGETS:CONTEXTS:TIERS, for example qwen30b:2G,8G:4096:1,4,16,64,256. Models are
+# made with gguf-synth in /dev/shm if missing.
+# Resumable: a case whose JSON is complete is skipped, so the same command run again (on the same
+# machine) goes on where the last one stopped. A case starts only if it can finish within SECONDS
+# (judged by the longest case of its model so far; 200 s before the first).
 # Usage: bench/h200_oracle.sh OUT_DIR SECONDS CASE...
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,43 +28,28 @@ for case in "$@"; do
   [ -f "$model" ] || { "$bin/gguf-synth" --shape "${case%%:*}" -o "$model" --quiet && wrote=1; } || exit 1
 done
 [ "$wrote" = 0 ] || sleep 20
-n=0
 for case in "$@"; do
   IFS=: read -r shape budgets contexts tiers <<<"$case"
   model=/dev/shm/$shape.gguf
+  name=oracle_$(echo "$case" | tr ':,' '__')
+  [ -f "$out/$name.done" ] && continue
   [ -f "$out/profile_$shape.txt" ] || "$bin/pshard" profile -m "$model" -t 16 > "$out/profile_$shape.txt" 2>&1
-  if [ "$(left)" -le 20 ]; then echo "== $case: no time left"; continue; fi
-  n=$((n + 1))
+  need=$(cat "$out/longest_$shape" 2>/dev/null || echo 200)
+  if [ "$(left)" -lt "$need" ]; then echo "== $case: $(left) s left, it takes about $need"; continue; fi
   echo "== $case ($(left) s left)"
+  t0=$(date +%s)
   timeout "$(left)" "$bin/pshard" bench --oracle -m "$model" --budgets "$budgets" --contexts "$contexts" \
-    --tiers "$tiers" -t 16 --json "$out/oracle_$n.json" > "$out/oracle_$n.txt" 2> "$out/oracle_$n.log"
-  tail -3 "$out/oracle_$n.txt"
+    --tiers "$tiers" -t 16 --json "$out/$name.json" > "$out/$name.txt" 2> "$out/$name.log" || {
+    tail -3 "$out/$name.log"
+    continue
+  }
+  touch "$out/$name.done"
+  took=$(($(date +%s) - t0))
+  [ "$took" -le "$need" ] && [ -f "$out/longest_$shape" ] || echo "$took" > "$out/longest_$shape"
+  tail -3 "$out/$name.txt"
 done
-cp "${PSHARD_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/pshard}"/profile-*.json "$out/" 2>/dev/null
-python3 - "$out" <<'PY'
-import glob, json, statistics, sys
-rows = []
-for f in sorted(glob.glob(sys.argv[1] + "/oracle_*.json")):
-    for line in open(f):
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            pass  # cut short by the deadline
-best = within = 0
-worst, errors = 0.0, []
-for r in rows:
-    def plan_time(c):
-        runs = [x["measured_s"] for x in r["candidates"] if x["placement"] == c["placement"] and x["measured_s"] > 0]
-        return statistics.mean(runs) if runs else None
-    times = {c["plan"]: plan_time(c) for c in r["candidates"] if plan_time(c)}
-    chosen = next(c for c in r["candidates"] if c["plan"] == r["chosen"])
-    slower = times[r["chosen"]] / min(times.values()) - 1
-    best += slower <= 0
-    within += slower <= 0.10
-    worst = max(worst, slower)
-    errors.append(abs(chosen["predicted_s"] / times[r["chosen"]] - 1))
-if rows:
-    print("all cases: %d configurations, the choice the measured best in %d (%.0f%%), within 10%% in %d, at worst "
-          "%.1f%% slower; median prediction error of the chosen plans %.1f%%"
-          % (len(rows), best, 100.0 * best / len(rows), within, 100 * worst, 100 * statistics.median(errors)))
-PY
+runs=()
+for f in "$out"/oracle_*.json; do
+  case $f in *.profile.json | *"*"*) ;; *) runs+=("$f") ;; esac
+done
+[ ${#runs[@]} = 0 ] || python3 bench/oracle_replay.py "$bin/pshard" /dev/null /dev/shm "${runs[@]}" | tail -5
