@@ -4,9 +4,10 @@
 # weighed with beside it), and replays them all with bench/oracle_replay.py for the summary. Each
 # case is SHAPE:BUDGETS:CONTEXTS:TIERS, for example qwen30b:2G,8G:4096:1,4,16,64,256. Models are
 # made with gguf-synth in /dev/shm if missing.
-# Resumable: a case whose JSON is complete is skipped, so the same command run again (on the same
-# machine) goes on where the last one stopped. A case starts only if it can finish within SECONDS
-# (judged by the longest case of its model so far; 200 s before the first).
+# Resumable: a case done is skipped, so the same command run again (on the same machine) goes on
+# where the last one stopped. A case starts only if it can finish within SECONDS (judged by the
+# longest case of its model so far, 200 s before the first, and by the time a run of it was cut
+# at).
 # Usage: bench/h200_oracle.sh OUT_DIR SECONDS CASE...
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,23 +34,27 @@ for case in "$@"; do
   model=/dev/shm/$shape.gguf
   name=oracle_$(echo "$case" | tr ':,' '__')
   [ -f "$out/$name.done" ] && continue
+  need=$(cat "$out/longest_$shape" 2>/dev/null)
+  need=${need:-200}
+  [ -f "$out/profile_$shape.txt" ] || need=$((need + 60)) # the profile first
+  cut=$(cat "$out/$name.cut" 2>/dev/null) # the time a run of this case was cut at
+  [ -z "$cut" ] || [ "$need" -gt "$cut" ] || need=$((cut + 1))
+  if [ "$(left)" -lt "$need" ] || [ "$(left)" -le 0 ]; then echo "== $case: $(left) s left, it takes about $need"; continue; fi
   [ -f "$out/profile_$shape.txt" ] || "$bin/pshard" profile -m "$model" -t 16 > "$out/profile_$shape.txt" 2>&1
-  need=$(cat "$out/longest_$shape" 2>/dev/null || echo 200)
-  if [ "$(left)" -lt "$need" ]; then echo "== $case: $(left) s left, it takes about $need"; continue; fi
   echo "== $case ($(left) s left)"
-  t0=$(date +%s)
-  timeout "$(left)" "$bin/pshard" bench --oracle -m "$model" --budgets "$budgets" --contexts "$contexts" \
-    --tiers "$tiers" -t 16 --json "$out/$name.json" > "$out/$name.txt" 2> "$out/$name.log" || {
-    tail -3 "$out/$name.log"
-    continue
-  }
+  t0=$(date +%s) given=$(left)
+  timeout "$given" "$bin/pshard" bench --oracle -m "$model" --budgets "$budgets" --contexts "$contexts" \
+    --tiers "$tiers" -t 16 --json "$out/$name.json" > "$out/$name.txt" 2> "$out/$name.log"
+  rc=$?
+  if [ "$rc" = 124 ]; then echo "$given" > "$out/$name.cut"; echo "   cut at $given s"; continue; fi
+  if [ "$rc" != 0 ]; then tail -3 "$out/$name.log"; continue; fi
   touch "$out/$name.done"
   took=$(($(date +%s) - t0))
   [ "$took" -le "$need" ] && [ -f "$out/longest_$shape" ] || echo "$took" > "$out/longest_$shape"
   tail -3 "$out/$name.txt"
 done
-runs=()
-for f in "$out"/oracle_*.json; do
-  case $f in *.profile.json | *"*"*) ;; *) runs+=("$f") ;; esac
+runs=() # the cases done, for the replay
+for f in "$out"/oracle_*.done; do
+  [ -f "$f" ] && runs+=("${f%.done}.json")
 done
 [ ${#runs[@]} = 0 ] || python3 bench/oracle_replay.py "$bin/pshard" /dev/null /dev/shm "${runs[@]}" | tail -5

@@ -563,13 +563,20 @@ static void test_cpu_samples_settle(void **state) {
     struct threadpool *pool;
     assert_int_equal(threadpool_create(2, &pool), PSHARD_OK);
     struct cpu_sample now;
-    assert_int_equal(measure_cpu_sample(&sh, pool, &now), PSHARD_OK);
-    threadpool_free(pool);
+    struct cpu_sample which;
+    memset(&which, 0, sizeof which);
+    which.dense[0][0] = which.dense[1][0] = which.experts[0][0] = 1; /* every format the shapes have */
+    assert_int_equal(measure_cpu_sample(&sh, pool, &which, &now), PSHARD_OK);
     assert_true(now.host_read_gbps > 0 && isfinite(now.host_read_gbps));
     for (int f = 0; f < 2; f++)
         for (int i = 0; i < CPU_SAMPLE_DENSE; i++) assert_true(now.dense[f][i] > 0 && isfinite(now.dense[f][i]));
     for (int i = 0; i < CPU_SAMPLE_EXPERTS; i++) assert_true(now.experts[0][i] > 0 && isfinite(now.experts[0][i]));
     assert_true(now.dense[2][0] == 0 && now.experts[1][0] == 0);
+    /* Only the formats asked for. */
+    which.dense[0][0] = 0;
+    assert_int_equal(measure_cpu_sample(&sh, pool, &which, &now), PSHARD_OK);
+    assert_true(now.dense[0][0] == 0 && now.dense[1][0] > 0 && now.experts[0][0] > 0);
+    threadpool_free(pool);
 }
 
 int main(void) {

@@ -27,7 +27,7 @@ static const double TARGET_S = 0.03; /* time per measured point */
 static const double BUDGET_S = 50;
 static double deadline_ms;
 
-bool measure_out_of_time(void) { return core_now_ms() > deadline_ms; }
+bool measure_out_of_time(void) { return deadline_ms > 0 && core_now_ms() > deadline_ms; } /* 0: no budget set */
 
 /* ---- shapes to measure */
 
@@ -194,15 +194,16 @@ static pshard_status cpu_rates_when_quiet(const struct measure_request *req, con
 }
 
 /* The CPU's figures that follow the host memory's load (struct cpu_sample), timed again at the
- * end, each keeping its median; a note where host reads moved by more than a fifth. */
-static pshard_status settle_cpu_rates(const struct measure_request *req, const struct shapes *sh,
-                                      struct threadpool *pool, struct profile *p) {
+ * end, each keeping its median; a note where host reads moved by more than a fifth. Timing them
+ * again is optional: one that fails (memory short) leaves the samples taken before it. */
+static void settle_cpu_rates(const struct measure_request *req, const struct shapes *sh, struct threadpool *pool,
+                             struct profile *p) {
     struct cpu_sample s[CPU_SAMPLES];
     measure_cpu_sample_of(p, sh, &s[0]);
     int n = 1;
     for (; n < CPU_SAMPLES && !measure_out_of_time(); n++) {
-        measure_report(req, "CPU again", 0.96 + 0.02 * n);
-        CORE_TRY(measure_cpu_sample(sh, pool, &s[n]));
+        measure_report(req, "CPU again", 0.96 + 0.015 * n);
+        if (measure_cpu_sample(sh, pool, &s[0], &s[n]) != PSHARD_OK) break;
     }
     double lo = s[0].host_read_gbps, hi = lo;
     for (int k = 1; k < n; k++) {
@@ -216,7 +217,6 @@ static pshard_status settle_cpu_rates(const struct measure_request *req, const s
                  "medians", lo, hi, n);
         measure_report(req, note, -1);
     }
-    return PSHARD_OK;
 }
 
 pshard_status exec_measure(const struct measure_request *req, struct profile *p) {
@@ -236,7 +236,7 @@ pshard_status exec_measure(const struct measure_request *req, struct profile *p)
     pshard_status st = cpu_rates_when_quiet(req, &sh, pool, p, &busy);
     p->has_gpu = false;
     if (st == PSHARD_OK && req->gpu && cuda_device_count() > 0) st = measure_gpu_rates(req, &sh, pool, p);
-    if (st == PSHARD_OK) st = settle_cpu_rates(req, &sh, pool, p);
+    if (st == PSHARD_OK) settle_cpu_rates(req, &sh, pool, p);
     threadpool_free(pool);
     if (st != PSHARD_OK) return core_fail_context(st, "measuring this machine: ");
     p->measured = true;

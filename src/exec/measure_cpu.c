@@ -287,17 +287,20 @@ pshard_status measure_cpu_rates(const struct measure_request *req, const struct 
     return st;
 }
 
-pshard_status measure_cpu_sample(const struct shapes *sh, struct threadpool *pool, struct cpu_sample *s) {
+_Static_assert(CPU_SAMPLE_DENSE <= CPU_SAMPLE_EXPERTS, "a sample's buffers are sized for its experts' steps");
+
+pshard_status measure_cpu_sample(const struct shapes *sh, struct threadpool *pool, const struct cpu_sample *which,
+                                 struct cpu_sample *s) {
     memset(s, 0, sizeof *s);
     struct cpu_bench b;
     CORE_TRY(bench_open(sh, pool, profile_tokens[CPU_SAMPLE_EXPERTS - 1], false, &b));
     const double gbps = host_read_gbps(&b);
     s->host_read_gbps = isfinite(gbps) ? gbps : 0;
     pshard_status st = PSHARD_OK;
-    for (int f = 0; f < sh->n_dense && st == PSHARD_OK; f++)
-        st = measure_cpu_matmul(&b, sh, sh->dense[f], CPU_SAMPLE_DENSE, s->dense[f]);
-    for (int f = 0; f < sh->n_moe && st == PSHARD_OK; f++)
-        st = measure_cpu_experts(&b, sh, f, CPU_SAMPLE_EXPERTS, s->experts[f]);
+    for (int f = 0; f < sh->n_dense && st == PSHARD_OK && !measure_out_of_time(); f++)
+        if (which->dense[f][0] > 0) st = measure_cpu_matmul(&b, sh, sh->dense[f], CPU_SAMPLE_DENSE, s->dense[f]);
+    for (int f = 0; f < sh->n_moe && st == PSHARD_OK && !measure_out_of_time(); f++)
+        if (which->experts[f][0] > 0) st = measure_cpu_experts(&b, sh, f, CPU_SAMPLE_EXPERTS, s->experts[f]);
     measure_cpu_bench_close(&b);
     return st;
 }

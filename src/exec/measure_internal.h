@@ -120,16 +120,18 @@ pshard_status measure_cpu_rates(const struct measure_request *req, const struct 
  * per format in the order of struct shapes; 0 where not measured). On the H200 machine, whose
  * socket other tenants share, host reads ran 66-101 GB/s over half a minute and the profile's
  * one-token expert rate 37-87 GB/s from start to start (bench/RESULTS.md); so the profile times
- * them CPU_SAMPLES times, the first with the rest of the CPU's rates and the others once the
- * GPU's are done, and keeps each figure's median. */
+ * them up to CPU_SAMPLES times, the first with the rest of the CPU's rates and the others once
+ * the GPU's are done (while the minute lasts), and keeps each figure's median. */
 enum { CPU_SAMPLE_DENSE = 2, CPU_SAMPLE_EXPERTS = 3, CPU_SAMPLES = 3 };
 struct cpu_sample {
     double host_read_gbps;
     double dense[PROFILE_FORMATS][CPU_SAMPLE_DENSE];
     double experts[PROFILE_FORMATS][CPU_SAMPLE_EXPERTS];
 };
-/* The figures timed now. */
-pshard_status measure_cpu_sample(const struct shapes *sh, struct threadpool *pool, struct cpu_sample *s);
+/* The figures timed now: host reads, and the formats `which` has (0 for the others, and for
+ * those past the time budget). */
+pshard_status measure_cpu_sample(const struct shapes *sh, struct threadpool *pool, const struct cpu_sample *which,
+                                 struct cpu_sample *s);
 /* The figures as p holds them. */
 void measure_cpu_sample_of(const struct profile *p, const struct shapes *sh, struct cpu_sample *s);
 /* Each of p's figures of the n samples (CPU_SAMPLES at most) becomes its median over them, where
