@@ -14,7 +14,8 @@ NAME=VALUE sets a variable for `pshard plan` on that run's steps, e.g. PSHARD_KV
 run measured before ring tiers carried KV cells, whose candidates placed attention otherwise)
 Prints one line per configuration and the summary `pshard bench --oracle` prints: how often the
 choice was the measured best (among all candidates, and among those over the chosen plan's
-resident set), how much slower when not, and the median prediction error; and how repeatable the
+resident set), how much slower when not (and how often within 2, 5 and 10% of the best), and the
+median prediction error; and how repeatable the
 measured best is: redrawn from the loads it was timed over, how often the same plan comes out
 best. --by-plan adds, per model, candidate and tokens per step, the median signed prediction
 error (where the cost model is off, and which way). --latest keeps, of a configuration (model,
@@ -238,6 +239,7 @@ def main():
     overlapped = 0  # choices not the best whose loads overlapped the best's
     repeat = []  # per configuration: the share of redraws of its loads that name the same best
     errors, all_errors = [], []
+    slowdowns = []  # per configuration: how much slower the choice was than the best (0: it was)
     for profile, env, r in rows:
         key = (profile, env, r["model"], r["budget_gb"], r["context"])
         if key not in cache:
@@ -282,6 +284,7 @@ def main():
             same += table[min(again, key=again.get)][0] == table[best][0]
         repeat.append(same / REDRAWS)
         configs += 1
+        slowdowns.append(slower)
         best_n += slower <= 0
         within += slower <= 0.10
         worst = max(worst, slower)
@@ -300,8 +303,9 @@ def main():
         print("%-14s %3dG %6d %5d  %-20s %-20s %8.4f %8.4f %+7.1f%% pred %+7.1f%%" % (
             r["model"][:14], r["budget_gb"], r["context"], r["tokens"], chosen, best, lower[chosen], lower[best],
             100 * slower, 100 * (pred / lower[chosen] - 1)))
-    print("\n%d configurations: the choice was the measured best in %d (%.0f%%), within 10%% in %d; at worst %.1f%% "
-          "slower" % (configs, best_n, 100.0 * best_n / max(configs, 1), within, 100 * worst))
+    close = [sum(x <= limit for x in slowdowns) for limit in (0.02, 0.05)]
+    print("\n%d configurations: the choice was the measured best in %d (%.0f%%), within 2%% in %d, 5%% in %d, 10%% in "
+          "%d; at worst %.1f%% slower" % (configs, best_n, 100.0 * best_n / max(configs, 1), *close, within, 100 * worst))
     print("of the %d where it was not, %d were timed over several loads with the choice's fastest load faster than "
           "the best's slowest" % (configs - best_n, overlapped))
     print("measured again (each plan timed over several loads taking the median of a resample of them), the same "

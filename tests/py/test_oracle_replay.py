@@ -45,13 +45,23 @@ def oracle_row(table, n, slow_choice):
 
 
 def replay(tmp_path, *args):
+    """(configurations, the choice the best in, the worst slowdown in %) of a replay's summary."""
+    configs, best, _, worst = summary(tmp_path, *args)
+    return configs, best, worst
+
+
+def summary(tmp_path, *args):
+    """The replay's summary line: configurations, the choice the best in, within 2, 5 and 10% in,
+    and the worst slowdown in %."""
     proc = subprocess.run([sys.executable, REPLAY, *args[:-1], os.path.join(BUILD, "pshard"), PROFILE, str(tmp_path),
                            *args[-1]], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr + proc.stdout
-    m = re.search(r"^(\d+) configurations: the choice was the measured best in (\d+) .*at worst ([\d.]+)% slower",
-                  proc.stdout, re.M)
+    m = re.search(r"^(\d+) configurations: the choice was the measured best in (\d+) \(\d+%\), within 2% in (\d+), "
+                  r"5% in (\d+), 10% in (\d+); at worst ([\d.]+)% slower", proc.stdout, re.M)
     assert m, proc.stdout
-    return int(m.group(1)), int(m.group(2)), float(m.group(3))
+    configs, best, *within = (int(g) for g in m.groups()[:5])
+    assert best <= within[0] <= within[1] <= within[2] <= configs, proc.stdout
+    return configs, best, within, float(m.group(6))
 
 
 def header_only_qwen30b(tmp_path):
@@ -73,8 +83,8 @@ def test_replay_scores_runs_and_keeps_the_latest(tmp_path):
     miss.write_text(json.dumps(oracle_row(table, 1, True)) + "\n")  # the 1-token step again, the choice slow
 
     assert replay(tmp_path, [str(hit)]) == (2, 2, 0.0)
-    configs, best, worst = replay(tmp_path, [str(hit), str(miss)])
-    assert (configs, best) == (3, 2) and worst >= 19.9  # every measurement counts
+    configs, best, within, worst = summary(tmp_path, [str(hit), str(miss)])
+    assert (configs, best, within) == (3, 2, [2, 2, 2]) and worst >= 19.9  # every measurement counts
     configs, best, worst = replay(tmp_path, "--latest", [str(hit), str(miss)])
     assert (configs, best) == (2, 1) and worst >= 19.9  # the 1-token step at its later, slow measurement
     assert replay(tmp_path, "--latest", [str(miss), str(hit)]) == (2, 2, 0.0)  # given last: the hit

@@ -432,7 +432,7 @@ static pshard_status oracle_config(const struct oracle_opts *o, const struct mod
 }
 
 struct summary {
-    int configs, best, within10, skipped, runs;
+    int configs, best, within2, within5, within10, skipped, runs;
     double worst_slowdown;
     /* The same against the candidates over the chosen plan's resident set (and the CPU alone):
      * a plan's tiers share one set, weighed for the whole request, so a tier's best over another
@@ -483,7 +483,7 @@ static void summarize_row(const struct plan *weighed, const struct oracle_row *r
     const double set_slowdown = in_set >= 0 ? chosen / plan_time(weighed, r, in_set) - 1 : slowdown;
     s->configs++;
     s->best += r->chosen == best || slowdown <= 0.0;
-    s->within10 += slowdown <= 0.10;
+    s->within2 += slowdown <= 0.02, s->within5 += slowdown <= 0.05, s->within10 += slowdown <= 0.10;
     if (slowdown > s->worst_slowdown) s->worst_slowdown = slowdown;
     s->best_in_set += set_slowdown <= 0.0;
     s->within10_in_set += set_slowdown <= 0.10;
@@ -608,10 +608,10 @@ int cmd_bench(int argc, char **argv) {
         if (st != PSHARD_OK) goto fail;
     }
     if (json) fclose(json);
-    printf("\n%d configurations in %.0f s: the planner chose the measured best in %d (%.0f%%), within 10%% of it in %d; "
-           "at worst %.1f%% slower\n",
-           s.configs, (core_now_ms() - t0) / 1e3, s.best, s.configs ? 100.0 * s.best / s.configs : 0, s.within10,
-           100 * s.worst_slowdown);
+    printf("\n%d configurations in %.0f s: the planner chose the measured best in %d (%.0f%%), within 2%% of it in %d, "
+           "5%% in %d, 10%% in %d; at worst %.1f%% slower\n",
+           s.configs, (core_now_ms() - t0) / 1e3, s.best, s.configs ? 100.0 * s.best / s.configs : 0, s.within2,
+           s.within5, s.within10, 100 * s.worst_slowdown);
     printf("of the %d where it was not, %d were timed over several loads with the choice's fastest load faster than the "
            "best's slowest\n",
            s.configs - s.best, s.overlapped);
