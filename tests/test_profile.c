@@ -576,7 +576,36 @@ static void test_cpu_samples_settle(void **state) {
     which.dense[0][0] = which.experts[0][0] = 0;
     assert_int_equal(measure_cpu_sample(&sh, pool, &which, &now), PSHARD_OK);
     assert_true(now.dense[0][0] == 0 && now.dense[1][0] > 0 && now.experts[0][0] == 0);
+
+    /* The bench the GPU's measuring runs CPU experts beside it with: a step of 16 tokens fits. */
+    struct cpu_bench b;
+    assert_int_equal(measure_cpu_experts_open(&sh, pool, 16, &b), PSHARD_OK);
+    assert_true(b.n_tokens == 16 && b.k == 2 && b.gate.data && b.up.data && b.down.data);
+    measure_cpu_experts_step(&b, 0);
+    float sum = 0;
+    for (int i = 0; i < 16 * 256; i++) sum += fabsf(b.y[i]);
+    assert_true(sum > 0 && isfinite(sum));
+    measure_cpu_bench_close(&b);
     threadpool_free(pool);
+}
+
+/* The fill pattern's bytes all lie in [0x11, 0x30], at any length, and vary. */
+static void test_fill_pattern(void **state) {
+    (void)state;
+    uint8_t buf[1029];
+    memset(buf, 0, sizeof buf);
+    measure_fill(buf, sizeof buf, 3);
+    int seen[256] = {0};
+    for (size_t i = 0; i < sizeof buf; i++) {
+        assert_true(buf[i] >= 0x11 && buf[i] <= 0x30);
+        seen[buf[i]] = 1;
+    }
+    int distinct = 0;
+    for (int v = 0; v < 256; v++) distinct += seen[v];
+    assert_int_equal(distinct, 32);
+    uint8_t other[1029];
+    measure_fill(other, sizeof other, 4); /* another seed, other bytes */
+    assert_true(memcmp(buf, other, sizeof buf) != 0);
 }
 
 int main(void) {
@@ -588,7 +617,7 @@ int main(void) {
         cmocka_unit_test(test_refuses_malformed), cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_save_refuses_nan),  cmocka_unit_test(test_interpolation), cmocka_unit_test(test_attention_by_cache_length),
         cmocka_unit_test(test_rate_tables),       cmocka_unit_test(test_gpu_measure_room),
-        cmocka_unit_test(test_cpu_samples_settle),
+        cmocka_unit_test(test_cpu_samples_settle), cmocka_unit_test(test_fill_pattern),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

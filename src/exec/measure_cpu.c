@@ -49,33 +49,6 @@ void measure_cpu_bench_close(struct cpu_bench *b) {
     memset(b, 0, sizeof *b);
 }
 
-pshard_status measure_cpu_experts_open(const struct shapes *sh, struct threadpool *pool, int64_t n_tokens,
-                                       struct cpu_bench *b) {
-    const int64_t E = sh->n_expert, ff = sh->n_ff_exp, d = sh->n_embd, k = sh->k, n = n_tokens;
-    const int64_t width = ff > d ? ff : d;
-    memset(b, 0, sizeof *b);
-    b->pool = pool, b->n_tokens = n, b->k = (int)k;
-    b->x = calloc((size_t)(n * width), sizeof(float));
-    b->y = calloc((size_t)(n * width * k), sizeof(float));
-    b->acts = malloc(cpu_acts_bytes(QUANT_F32, width, n * k));
-    b->ids = calloc((size_t)(n * k), sizeof *b->ids);
-    b->weights = calloc((size_t)(n * k), sizeof *b->weights);
-    const size_t scratch = cpu_moe_scratch_bytes(n, (int)k, E, d, ff, QUANT_F32);
-    b->scratch_mem = malloc(scratch);
-    pshard_status st = PSHARD_OK;
-    if (!b->x || !b->y || !b->acts || !b->ids || !b->weights || !b->scratch_mem)
-        st = core_fail(PSHARD_ERR_NOMEM, "out of memory while measuring");
-    if (st == PSHARD_OK) {
-        cpu_moe_scratch_init(&b->scratch, b->scratch_mem, n, (int)k, E, d, ff, QUANT_F32);
-        for (int64_t i = 0; i < n * width; i++) b->x[i] = (float)((i * 37) % 101 - 50) / 50.0f;
-        st = measure_synth_make(sh->gate[0], ff, d, E, BIG_BYTES / 3, &b->gate);
-    }
-    if (st == PSHARD_OK) st = measure_synth_make(sh->gate[0], ff, d, E, BIG_BYTES / 3, &b->up);
-    if (st == PSHARD_OK) st = measure_synth_make(sh->down[0], d, ff, E, BIG_BYTES / 3, &b->down);
-    if (st != PSHARD_OK) measure_cpu_bench_close(b);
-    return st;
-}
-
 /* One token's experts limited to the last expert: the fixed cost of a call that computes few. */
 static void cpu_experts_call_step(void *arg, int rep) {
     struct cpu_bench *b = arg;
@@ -248,6 +221,18 @@ static pshard_status bench_open(const struct shapes *sh, struct threadpool *pool
     }
     if (scratch) cpu_moe_scratch_init(&b->scratch, b->scratch_mem, B, (int)k, E, sh->n_embd, sh->n_ff_exp, QUANT_F32);
     return PSHARD_OK;
+}
+
+pshard_status measure_cpu_experts_open(const struct shapes *sh, struct threadpool *pool, int64_t n_tokens,
+                                       struct cpu_bench *b) {
+    const int64_t E = sh->n_expert, ff = sh->n_ff_exp, d = sh->n_embd;
+    CORE_TRY(bench_open(sh, pool, n_tokens, false, b));
+    b->n_tokens = n_tokens, b->k = sh->k;
+    pshard_status st = measure_synth_make(sh->gate[0], ff, d, E, BIG_BYTES / 3, &b->gate);
+    if (st == PSHARD_OK) st = measure_synth_make(sh->gate[0], ff, d, E, BIG_BYTES / 3, &b->up);
+    if (st == PSHARD_OK) st = measure_synth_make(sh->down[0], d, ff, E, BIG_BYTES / 3, &b->down);
+    if (st != PSHARD_OK) measure_cpu_bench_close(b);
+    return st;
 }
 
 pshard_status measure_cpu_rates(const struct measure_request *req, const struct shapes *sh, struct threadpool *pool,
