@@ -203,18 +203,20 @@ static pshard_status cpu_rates_when_quiet(const struct measure_request *req, con
     }
 }
 
-/* The CPU's figures that follow the host memory's load (struct cpu_sample), timed again at the
- * end, each keeping its median; a note where host reads moved by more than a fifth. Timing them
- * again is optional: one that fails (memory short) leaves the samples taken before it. */
-static void settle_cpu_rates(const struct measure_request *req, const struct shapes *sh, struct threadpool *pool,
-                             struct profile *p) {
-    struct cpu_sample s[CPU_SAMPLES];
-    measure_cpu_sample_of(p, sh, &s[0]);
-    int n = 1;
-    for (; n < CPU_SAMPLES && !measure_out_of_time(); n++) {
-        measure_report(req, "CPU again", 0.96 + 0.015 * n);
-        if (measure_cpu_sample(sh, pool, &s[0], &s[n]) != PSHARD_OK) break;
-    }
+/* The CPU's figures that follow the host memory's load (struct cpu_sample), timed once more into
+ * s[*n] where the time budget allows. Timing them again is optional: one that fails (memory
+ * short) is left out. */
+static void sample_cpu_again(const struct measure_request *req, const struct shapes *sh, struct threadpool *pool,
+                             double done, struct cpu_sample s[CPU_SAMPLES], int *n) {
+    if (*n < 1 || *n >= CPU_SAMPLES || measure_out_of_time()) return;
+    measure_report(req, "CPU again", done);
+    if (measure_cpu_sample(sh, pool, &s[0], &s[*n]) == PSHARD_OK) ++*n;
+}
+
+/* Each figure of the n samples keeps its median; a note where host reads moved by more than a
+ * fifth. */
+static void settle_cpu_rates(const struct measure_request *req, const struct shapes *sh,
+                             const struct cpu_sample s[CPU_SAMPLES], int n, struct profile *p) {
     double lo = s[0].host_read_gbps, hi = lo;
     for (int k = 1; k < n; k++) {
         lo = fmin(lo, s[k].host_read_gbps);
@@ -223,8 +225,8 @@ static void settle_cpu_rates(const struct measure_request *req, const struct sha
     measure_cpu_settle(sh, s, n, p);
     if (n > 1 && lo > 0 && hi > 1.2 * lo) {
         char note[160];
-        snprintf(note, sizeof note, "host memory read %.0f to %.0f GB/s at %d moments; the CPU's figures keep their "
-                 "medians", lo, hi, n);
+        snprintf(note, sizeof note, "host memory read %.0f to %.0f GB/s at %d moments (other work on the machine?); "
+                 "the profile keeps each CPU figure's median", lo, hi, n);
         measure_report(req, note, -1);
     }
 }
@@ -244,9 +246,20 @@ pshard_status exec_measure(const struct measure_request *req, struct profile *p)
     }
     double busy = 0;
     pshard_status st = cpu_rates_when_quiet(req, &sh, pool, p, &busy);
+    /* The figures that follow host memory, timed again straight after and once the GPU's are
+     * done: three moments spread over the run, each figure keeping its median. */
+    struct cpu_sample samples[CPU_SAMPLES];
+    int n_samples = 0;
+    if (st == PSHARD_OK) {
+        measure_cpu_sample_of(p, &sh, &samples[n_samples++]);
+        sample_cpu_again(req, &sh, pool, 0.47, samples, &n_samples);
+    }
     p->has_gpu = false;
     if (st == PSHARD_OK && req->gpu && cuda_device_count() > 0) st = measure_gpu_rates(req, &sh, pool, p);
-    if (st == PSHARD_OK) settle_cpu_rates(req, &sh, pool, p);
+    if (st == PSHARD_OK) {
+        sample_cpu_again(req, &sh, pool, 0.98, samples, &n_samples);
+        settle_cpu_rates(req, &sh, samples, n_samples, p);
+    }
     threadpool_free(pool);
     if (st != PSHARD_OK) return core_fail_context(st, "measuring this machine: ");
     p->measured = true;

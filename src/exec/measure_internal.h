@@ -120,8 +120,9 @@ pshard_status measure_cpu_rates(const struct measure_request *req, const struct 
  * per format in the order of struct shapes; 0 where not measured). On the H200 machine, whose
  * socket other tenants share, host reads ran 66-101 GB/s over half a minute and the profile's
  * one-token expert rate 37-87 GB/s from start to start (bench/RESULTS.md); so the profile times
- * them up to CPU_SAMPLES times, the first with the rest of the CPU's rates and the others once
- * the GPU's are done (while the minute lasts), and keeps each figure's median. */
+ * them up to CPU_SAMPLES times, the first with the rest of the CPU's rates, the second straight
+ * after and the third once the GPU's are done (while the minute lasts), and keeps each figure's
+ * median. */
 enum { CPU_SAMPLE_DENSE = 2, CPU_SAMPLE_EXPERTS = 3, CPU_SAMPLES = 3 };
 struct cpu_sample {
     double host_read_gbps;

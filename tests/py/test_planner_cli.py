@@ -134,6 +134,11 @@ def test_profile_cache_written_shown_and_refused_elsewhere(default_model, tmp_pa
     env = {"PSHARD_CACHE_DIR": str(tmp_path)}
     proc = pshard("profile", "--cpu-only", "-t", "2", "-m", default_model, env=env)
     assert proc.returncode == 0, proc.stderr
+    # The CPU's figures that follow host memory are timed twice more (their medians kept); a note
+    # about how far host reads moved starts on a line of its own, below the progress line.
+    assert proc.stderr.count("CPU again") == 2, proc.stderr
+    assert all(line.startswith("pshard profile: host memory read ") for line in proc.stderr.split("\n")
+               if "host memory read" in line), proc.stderr
     m = re.search(r"^saved (\S+) \((\d+) bytes\)$", proc.stdout, re.M)
     assert m, proc.stdout
     path, size = m.group(1), int(m.group(2))

@@ -36,6 +36,7 @@ void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *stats);
  * one line rewritten in place; notes (done < 0) on lines of their own after `who`. */
 struct cli_measuring {
     const char *who, *label;
+    bool line_open; /* a progress line is on the terminal, not ended yet */
 };
 void cli_measure_progress(void *user, const char *what, double done);
 

@@ -26,7 +26,7 @@ static void print_usage(FILE *out) {
                  "  --show prints the cached profile without measuring, with what runs taught it per model.\n");
 }
 
-static struct cli_measuring measuring = {"pshard profile", "measuring"};
+static struct cli_measuring measuring = {.who = "pshard profile", .label = "measuring"};
 
 /* Weight bytes per second of a rate table's rows at each token count. */
 static void print_rates(const char *title, const struct profile_rate table[PROFILE_FORMATS]) {

@@ -220,12 +220,14 @@ void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *s) {
 }
 
 void cli_measure_progress(void *user, const char *what, double done) {
-    const struct cli_measuring *m = user;
+    struct cli_measuring *m = user;
     if (done < 0) {
-        fprintf(stderr, "%s: %s\n", m->who, what);
+        fprintf(stderr, "%s%s: %s\n", m->line_open ? "\n" : "", m->who, what); /* below the progress line */
+        m->line_open = false;
         return;
     }
     fprintf(stderr, "\r%s: %3d%% %-34s", m->label, (int)(100 * done), what);
+    m->line_open = done < 1;
     if (done >= 1) fputc('\n', stderr);
 }
 
@@ -236,7 +238,7 @@ pshard_ctx *run_open_model(struct run_opts *o) {
     }
     o->params.model_path = o->model;
     if (!o->quiet && isatty(2)) o->params.progress = progress_bar, o->gen.on_prompt = prompt_progress;
-    static struct cli_measuring measuring = {"pshard", "measuring this machine for the planner (once, under a minute)"};
+    static struct cli_measuring measuring = {.who = "pshard", .label = "measuring this machine for the planner (once, under a minute)"};
     if (!o->quiet) o->params.profile_progress = cli_measure_progress, o->params.progress_user = &measuring;
     pshard_ctx *ctx = NULL;
     if (pshard_open(&o->params, &ctx) != PSHARD_OK) {
