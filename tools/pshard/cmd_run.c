@@ -242,7 +242,7 @@ pshard_ctx *run_open_model(struct run_opts *o) {
     if (!o->quiet) o->params.profile_progress = cli_measure_progress, o->params.progress_user = &measuring;
     pshard_ctx *ctx = NULL;
     if (pshard_open(&o->params, &ctx) != PSHARD_OK) {
-        fprintf(stderr, "pshard: %s\n", pshard_last_error());
+        fprintf(stderr, "%spshard: %s\n", measuring.line_open ? "\n" : "", pshard_last_error()); /* below a cut-off progress line */
         return NULL;
     }
     pshard_info info;
