@@ -590,16 +590,15 @@ int cmd_bench(int argc, char **argv) {
                     st = oracle_config(&o, &m, &prof, o.budgets[bi], o.contexts[ci], rows, &n_rows, &weighed, cpu_cache);
                 if (st != PSHARD_OK) break;
                 st = measure_host_read(o.n_threads, &after);
-                if (st != PSHARD_OK) {
-                    plan_free(&weighed);
-                    break;
+                if (st == PSHARD_OK) {
+                    fprintf(stderr, "  host reads %.1f GB/s before, %.1f after (the profile: %.1f)\n", before, after,
+                            prof.host_read_gbps);
+                    for (int k = 0; k < n_rows; k++) rows[k].host_read[0] = before, rows[k].host_read[1] = after;
+                    for (int k = 0; k < n_rows; k++)
+                        summarize_row(&weighed, &rows[k], &s, json, name, o.budgets[bi], o.contexts[ci]);
+                    fflush(stdout);
+                    if (json) fflush(json);
                 }
-                fprintf(stderr, "  host reads %.1f GB/s before, %.1f after (the profile: %.1f)\n", before, after,
-                        prof.host_read_gbps);
-                for (int k = 0; k < n_rows; k++) rows[k].host_read[0] = before, rows[k].host_read[1] = after;
-                for (int k = 0; k < n_rows; k++) summarize_row(&weighed, &rows[k], &s, json, name, o.budgets[bi], o.contexts[ci]);
-                fflush(stdout);
-                if (json) fflush(json);
                 plan_free(&weighed);
             }
         }
