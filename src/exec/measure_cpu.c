@@ -161,9 +161,9 @@ static pshard_status measure_cpu_matmul(struct cpu_bench *b, const struct shapes
 }
 
 /* Seconds per byte of the experts a step touches, for MoE FFNs of the model's f-th formats, at
- * the first n_points token counts (into s_per_byte); b->call_s: a call's fixed cost. */
+ * the first n_points token counts (into s_per_byte); with call_s, a call's fixed cost too. */
 static pshard_status measure_cpu_experts(struct cpu_bench *b, const struct shapes *sh, int f, int n_points,
-                                         double *s_per_byte) {
+                                         double *s_per_byte, double *call_s) {
     const int64_t E = sh->n_expert, ff = sh->n_ff_exp, d = sh->n_embd;
     b->k = sh->k;
     pshard_status st = measure_synth_make(sh->gate[f], ff, d, E, BIG_BYTES / 3, &b->gate);
@@ -176,7 +176,7 @@ static pshard_status measure_cpu_experts(struct cpu_bench *b, const struct shape
         const double touched = cost_touched((double)E, (double)E, sh->k, (double)b->n_tokens);
         const double s = b->n_tokens <= 16 ? measure_time_best(measure_cpu_experts_step, b) : measure_time_steps(measure_cpu_experts_step, b);
         s_per_byte[i] = s / (touched * expert);
-        if (i == 0) b->call_s = measure_time_steps(cpu_experts_call_step, b);
+        if (i == 0 && call_s) *call_s = measure_time_steps(cpu_experts_call_step, b);
     }
     free(b->gate.data), free(b->up.data), free(b->down.data);
     b->gate.data = b->up.data = b->down.data = NULL;
@@ -252,8 +252,7 @@ pshard_status measure_cpu_rates(const struct measure_request *req, const struct 
     for (int f = 0; f < sh->n_moe && st == PSHARD_OK && !measure_out_of_time(); f++) {
         measure_report(req, "CPU experts", 0.3 + 0.15 * f / sh->n_moe);
         struct profile_rate *r = profile_rate_add(p->cpu_experts, quant_type_name(sh->gate[f]));
-        if (r) st = measure_cpu_experts(&b, sh, f, PROFILE_TOKENS, r->s_per_byte);
-        if (f == 0) p->cpu_moe_call_s = b.call_s;
+        if (r) st = measure_cpu_experts(&b, sh, f, PROFILE_TOKENS, r->s_per_byte, f == 0 ? &p->cpu_moe_call_s : NULL);
     }
     if (st == PSHARD_OK) {
         measure_report(req, "CPU attention", 0.45);
@@ -285,7 +284,7 @@ pshard_status measure_cpu_sample(const struct shapes *sh, struct threadpool *poo
     for (int f = 0; f < sh->n_dense && st == PSHARD_OK && !measure_out_of_time(); f++)
         if (which->dense[f][0] > 0) st = measure_cpu_matmul(&b, sh, sh->dense[f], CPU_SAMPLE_DENSE, s->dense[f]);
     for (int f = 0; f < sh->n_moe && st == PSHARD_OK && !measure_out_of_time(); f++)
-        if (which->experts[f][0] > 0) st = measure_cpu_experts(&b, sh, f, CPU_SAMPLE_EXPERTS, s->experts[f]);
+        if (which->experts[f][0] > 0) st = measure_cpu_experts(&b, sh, f, CPU_SAMPLE_EXPERTS, s->experts[f], NULL);
     measure_cpu_bench_close(&b);
     return st;
 }

@@ -89,7 +89,6 @@ struct cpu_bench {
     const uint64_t *mem;
     size_t mem_words;
     uint64_t sums[256];
-    double call_s; /* cpu_moe's fixed cost */
 };
 
 void measure_cpu_matmul_step(void *arg, int rep);
