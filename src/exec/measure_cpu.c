@@ -160,15 +160,22 @@ static pshard_status measure_cpu_matmul(struct cpu_bench *b, const struct shapes
     return st;
 }
 
+/* Every expert of a layer in the model's f-th formats (gate, up, down), BIG_BYTES in all; on a
+ * failure the caller's close frees what was made. */
+static pshard_status experts_make(struct cpu_bench *b, const struct shapes *sh, int f) {
+    const int64_t E = sh->n_expert, ff = sh->n_ff_exp, d = sh->n_embd;
+    CORE_TRY(measure_synth_make(sh->gate[f], ff, d, E, BIG_BYTES / 3, &b->gate));
+    CORE_TRY(measure_synth_make(sh->gate[f], ff, d, E, BIG_BYTES / 3, &b->up));
+    return measure_synth_make(sh->down[f], d, ff, E, BIG_BYTES / 3, &b->down);
+}
+
 /* Seconds per byte of the experts a step touches, for MoE FFNs of the model's f-th formats, at
  * the first n_points token counts (into s_per_byte); with call_s, a call's fixed cost too. */
 static pshard_status measure_cpu_experts(struct cpu_bench *b, const struct shapes *sh, int f, int n_points,
                                          double *s_per_byte, double *call_s) {
-    const int64_t E = sh->n_expert, ff = sh->n_ff_exp, d = sh->n_embd;
+    const int64_t E = sh->n_expert;
     b->k = sh->k;
-    pshard_status st = measure_synth_make(sh->gate[f], ff, d, E, BIG_BYTES / 3, &b->gate);
-    if (st == PSHARD_OK) st = measure_synth_make(sh->gate[f], ff, d, E, BIG_BYTES / 3, &b->up);
-    if (st == PSHARD_OK) st = measure_synth_make(sh->down[f], d, ff, E, BIG_BYTES / 3, &b->down);
+    pshard_status st = experts_make(b, sh, f);
     const double expert = (double)(b->gate.bytes + b->up.bytes + b->down.bytes) / E;
     for (int i = 0; i < n_points && st == PSHARD_OK; i++) {
         b->n_tokens = profile_tokens[i];
@@ -225,12 +232,9 @@ static pshard_status bench_open(const struct shapes *sh, struct threadpool *pool
 
 pshard_status measure_cpu_experts_open(const struct shapes *sh, struct threadpool *pool, int64_t n_tokens,
                                        struct cpu_bench *b) {
-    const int64_t E = sh->n_expert, ff = sh->n_ff_exp, d = sh->n_embd;
     CORE_TRY(bench_open(sh, pool, n_tokens, false, b));
     b->n_tokens = n_tokens, b->k = sh->k;
-    pshard_status st = measure_synth_make(sh->gate[0], ff, d, E, BIG_BYTES / 3, &b->gate);
-    if (st == PSHARD_OK) st = measure_synth_make(sh->gate[0], ff, d, E, BIG_BYTES / 3, &b->up);
-    if (st == PSHARD_OK) st = measure_synth_make(sh->down[0], d, ff, E, BIG_BYTES / 3, &b->down);
+    const pshard_status st = experts_make(b, sh, 0);
     if (st != PSHARD_OK) measure_cpu_bench_close(b);
     return st;
 }

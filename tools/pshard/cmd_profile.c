@@ -188,8 +188,8 @@ int cmd_profile(int argc, char **argv) {
         gguf_close(file);
     }
     if (st != PSHARD_OK) {
-        if (!show || p.measured)
-            fprintf(stderr, "%spshard profile: %s\n", measuring.line_open ? "\n" : "", pshard_last_error());
+        cli_measure_end_line(&measuring);
+        if (!show || p.measured) fprintf(stderr, "pshard profile: %s\n", pshard_last_error());
         return 1;
     }
     print_profile(&p, path);

@@ -219,11 +219,16 @@ void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *s) {
                 s->predicted_prefill_ms, 1e3 / s->predicted_decode_step_ms);
 }
 
+void cli_measure_end_line(struct cli_measuring *m) {
+    if (m->line_open) fputc('\n', stderr);
+    m->line_open = false;
+}
+
 void cli_measure_progress(void *user, const char *what, double done) {
     struct cli_measuring *m = user;
     if (done < 0) {
-        fprintf(stderr, "%s%s: %s\n", m->line_open ? "\n" : "", m->who, what); /* below the progress line */
-        m->line_open = false;
+        cli_measure_end_line(m); /* a note goes below the progress line */
+        fprintf(stderr, "%s: %s\n", m->who, what);
         return;
     }
     fprintf(stderr, "\r%s: %3d%% %-34s", m->label, (int)(100 * done), what);
@@ -242,7 +247,8 @@ pshard_ctx *run_open_model(struct run_opts *o) {
     if (!o->quiet) o->params.profile_progress = cli_measure_progress, o->params.progress_user = &measuring;
     pshard_ctx *ctx = NULL;
     if (pshard_open(&o->params, &ctx) != PSHARD_OK) {
-        fprintf(stderr, "%spshard: %s\n", measuring.line_open ? "\n" : "", pshard_last_error()); /* below a cut-off progress line */
+        cli_measure_end_line(&measuring);
+        fprintf(stderr, "pshard: %s\n", pshard_last_error());
         return NULL;
     }
     pshard_info info;
