@@ -589,6 +589,26 @@ static void test_cpu_samples_settle(void **state) {
     threadpool_free(pool);
 }
 
+/* A table timed more than once (the in-place expert rates) keeps each point's median over the
+ * samples; a point one sample lacks stays as it was. */
+static void test_median_table(void **state) {
+    (void)state;
+    double v[MEASURE_SAMPLES][PROFILE_TOKENS], out[PROFILE_TOKENS];
+    for (int i = 0; i < PROFILE_TOKENS; i++) v[0][i] = 1 + i, v[1][i] = 5 + i, v[2][i] = 2 + i, out[i] = -1;
+    v[1][3] = 0; /* not measured in the second sample */
+    measure_median_table(v, 3, out);
+    assert_true(out[0] == 2 && out[PROFILE_TOKENS - 1] == 2 + PROFILE_TOKENS - 1);
+    assert_true(out[3] == -1);
+    measure_median_table(v, 2, out); /* two samples: their mean */
+    assert_true(out[0] == 3 && out[1] == 4 && out[3] == -1);
+    measure_median_table(v, 1, out);
+    assert_true(out[0] == 1 && out[3] == 4);
+    out[0] = -1;
+    measure_median_table(v, 0, out); /* none: nothing changes */
+    measure_median_table(v, MEASURE_SAMPLES + 1, out);
+    assert_true(out[0] == -1 && out[1] == 2);
+}
+
 /* The fill pattern's bytes all lie in [0x1c, 0x3b], at any length, and vary. */
 static void test_fill_pattern(void **state) {
     (void)state;
@@ -617,7 +637,8 @@ int main(void) {
         cmocka_unit_test(test_refuses_malformed), cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_save_refuses_nan),  cmocka_unit_test(test_interpolation), cmocka_unit_test(test_attention_by_cache_length),
         cmocka_unit_test(test_rate_tables),       cmocka_unit_test(test_gpu_measure_room),
-        cmocka_unit_test(test_cpu_samples_settle), cmocka_unit_test(test_fill_pattern),
+        cmocka_unit_test(test_cpu_samples_settle), cmocka_unit_test(test_median_table),
+        cmocka_unit_test(test_fill_pattern),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

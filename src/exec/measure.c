@@ -119,6 +119,26 @@ void measure_fill(uint8_t *p, size_t n, uint32_t seed) {
     }
 }
 
+void measure_median(const double *v, int n, double *out) {
+    double x[MEASURE_SAMPLES];
+    if (n < 1 || n > MEASURE_SAMPLES) return;
+    for (int i = 0; i < n; i++) {
+        if (!(v[i] > 0)) return;
+        int j = i; /* insertion sort: n is 3 at most */
+        for (; j > 0 && x[j - 1] > v[i]; j--) x[j] = x[j - 1];
+        x[j] = v[i];
+    }
+    *out = n % 2 ? x[n / 2] : (x[n / 2 - 1] + x[n / 2]) / 2;
+}
+
+void measure_median_table(const double (*v)[PROFILE_TOKENS], int n, double out[PROFILE_TOKENS]) {
+    for (int i = 0; i < PROFILE_TOKENS; i++) {
+        double at[MEASURE_SAMPLES];
+        for (int k = 0; k < n && k < MEASURE_SAMPLES; k++) at[k] = v[k][i];
+        measure_median(at, n, &out[i]);
+    }
+}
+
 pshard_status measure_synth_make(enum quant_type type, int64_t rows, int64_t cols, int64_t experts, size_t want,
                                  struct synth *s) {
     memset(s, 0, sizeof *s);

@@ -306,19 +306,6 @@ void measure_cpu_sample_of(const struct profile *p, const struct shapes *sh, str
     }
 }
 
-/* *out becomes the median of v[0..n) (n at most CPU_SAMPLES), where every one was measured (above
- * 0); else it stays. */
-static void settle_point(const double *v, int n, double *out) {
-    double x[CPU_SAMPLES];
-    for (int i = 0; i < n; i++) {
-        if (!(v[i] > 0)) return;
-        int j = i; /* insertion sort: n is 3 at most */
-        for (; j > 0 && x[j - 1] > v[i]; j--) x[j] = x[j - 1];
-        x[j] = v[i];
-    }
-    *out = n % 2 ? x[n / 2] : (x[n / 2 - 1] + x[n / 2]) / 2;
-}
-
 /* The rate of `format` in table, where the table has one. */
 static struct profile_rate *rate_of(struct profile_rate table[PROFILE_FORMATS], enum quant_type format) {
     return profile_rate_find(table, quant_type_name(format)) ? profile_rate_add(table, quant_type_name(format)) : NULL;
@@ -328,19 +315,19 @@ void measure_cpu_settle(const struct shapes *sh, const struct cpu_sample *s, int
     double v[CPU_SAMPLES];
     if (n < 1 || n > CPU_SAMPLES) return;
     for (int k = 0; k < n; k++) v[k] = s[k].host_read_gbps;
-    settle_point(v, n, &p->host_read_gbps);
+    measure_median(v, n, &p->host_read_gbps);
     for (int f = 0; f < sh->n_dense; f++) {
         struct profile_rate *r = rate_of(p->cpu_matmul, sh->dense[f]);
         for (int i = 0; r && i < CPU_SAMPLE_DENSE; i++) {
             for (int k = 0; k < n; k++) v[k] = s[k].dense[f][i];
-            settle_point(v, n, &r->s_per_byte[i]);
+            measure_median(v, n, &r->s_per_byte[i]);
         }
     }
     for (int f = 0; f < sh->n_moe; f++) {
         struct profile_rate *r = rate_of(p->cpu_experts, sh->gate[f]);
         for (int i = 0; r && i < CPU_SAMPLE_EXPERTS; i++) {
             for (int k = 0; k < n; k++) v[k] = s[k].experts[f][i];
-            settle_point(v, n, &r->s_per_byte[i]);
+            measure_median(v, n, &r->s_per_byte[i]);
         }
     }
 }

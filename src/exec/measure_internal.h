@@ -51,6 +51,13 @@ void measure_report(const struct measure_request *req, const char *what, double 
  * three matmuls normal too. */
 void measure_fill(uint8_t *p, size_t n, uint32_t seed);
 
+/* Figures timed more than once keep their median: at most MEASURE_SAMPLES samples. *out becomes
+ * the median of v[0..n) where every one was measured (above 0); else it stays. */
+enum { MEASURE_SAMPLES = 3 };
+void measure_median(const double *v, int n, double *out);
+/* The same for each token count of a table of n samples. */
+void measure_median_table(const double (*v)[PROFILE_TOKENS], int n, double out[PROFILE_TOKENS]);
+
 /* n copies of a rows x cols matrix (copies cycle, so a loop reads fresh memory each call). */
 struct synth {
     struct cpu_matrix m;
@@ -124,7 +131,7 @@ pshard_status measure_cpu_rates(const struct measure_request *req, const struct 
  * them up to CPU_SAMPLES times, the first with the rest of the CPU's rates, the second straight
  * after and the third once the GPU's are done (while the minute lasts), and keeps each figure's
  * median. */
-enum { CPU_SAMPLE_DENSE = 2, CPU_SAMPLE_EXPERTS = 3, CPU_SAMPLES = 3 };
+enum { CPU_SAMPLE_DENSE = 2, CPU_SAMPLE_EXPERTS = 3, CPU_SAMPLES = MEASURE_SAMPLES };
 struct cpu_sample {
     double host_read_gbps;
     double dense[PROFILE_FORMATS][CPU_SAMPLE_DENSE];
