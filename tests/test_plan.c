@@ -1329,9 +1329,9 @@ static void test_routed_split(void **state) {
 }
 
 /* One expert call (plan.one_expert_call): the resident experts and those read in place in one
- * call's kernels instead of two: predicted faster wherever a layer has both. The reads still
- * come after the resident experts, not hidden behind them: slower reads cost one call as much
- * as two (on the H200, they did). */
+ * call's kernels instead of two: predicted faster wherever a layer has both. In steps of the
+ * matrix-vector kernel the reads still come after the resident experts, not hidden behind them:
+ * slower reads cost one call as much as two (on the H200, they did). */
 static void test_cost_one_expert_call(void **state) {
     (void)state;
     struct profile prof;
@@ -1364,6 +1364,33 @@ static void test_cost_one_expert_call(void **state) {
     const double by_two = after[0].gpu_s - before[0].gpu_s, by_one = after[1].gpu_s - before[1].gpu_s;
     assert_true(by_two > 0);
     assert_true(fabs(by_one - by_two) <= 1e-6 * by_two);
+
+    /* Steps of the tiled kernel (16 tokens): every layer half resident, the rest read in place,
+     * the reads outlasting the resident experts. Slower resident experts cost one call half what
+     * they cost two: one call counts half their time hidden behind the reads. Past 256 tokens
+     * (512), the same as two. */
+    const uint32_t E = moe.hp.n_expert;
+    for (uint32_t l = 0; l < p.n_layers; l++) p.experts_resident[l] = E / 2, p.tier[PLAN_TIER_DECODE].experts_gpu[l] = E;
+    for (int i = 0; i < PROFILE_TOKENS; i++) prof.zero_copy_experts[i] *= 1e4, prof.zero_copy_experts_off[i] *= 1e4;
+    const int32_t tokens[2] = {16, 512};
+    for (int n = 0; n < 2; n++) {
+        struct cost_step fast[2], slow[2];
+        for (int c = 0; c < 2; c++) {
+            p.one_expert_call = c == 1;
+            cost_step(&prof, &moe, &p, t, tokens[n], 1000, &fast[c]);
+        }
+        for (int f = 0; f < PROFILE_FORMATS; f++)
+            for (int i = 0; i < PROFILE_TOKENS; i++) prof.gpu_experts[f].s_per_byte[i] *= 2;
+        for (int c = 0; c < 2; c++) {
+            p.one_expert_call = c == 1;
+            cost_step(&prof, &moe, &p, t, tokens[n], 1000, &slow[c]);
+        }
+        for (int f = 0; f < PROFILE_FORMATS; f++)
+            for (int i = 0; i < PROFILE_TOKENS; i++) prof.gpu_experts[f].s_per_byte[i] /= 2;
+        const double two = slow[0].gpu_s - fast[0].gpu_s, one = slow[1].gpu_s - fast[1].gpu_s;
+        assert_true(two > 0);
+        assert_true(fabs(one - (n == 0 ? two / 2 : two)) <= 1e-6 * two);
+    }
     plan_free(&p);
 }
 
