@@ -417,10 +417,13 @@ static pshard_status expert_read_rates(struct gpu_bench *b, const struct shapes 
 /* The expert kernel reading experts in place: rates from aligned memory and from p->in_place_skew
  * bytes past 256, then the shares beside the CPU (one token's and PROFILE_SPLIT_TOKENS'); the two
  * tables timed again after each, while the minute lasts, each point keeping its median. On the
- * H200, three profiles in a row read 16-token steps' experts in place at 18.8, 22.4 and 19.6 GB/s;
- * the 18.8 made a dynamic plan look 4% slower than it was, enough to choose static at 8 GB and a
- * 1K context where it measured 45% slower (bench/RESULTS.md). One token's off-alignment rate is
- * scaled as the aligned one, whose call's fixed part the shares' probe fits apart. */
+ * H200, three profiles in a row (each timing the tables once) read 16-token steps' experts in
+ * place at 19.6, 22.4 and 18.8 GB/s; before the cost model counted such reads half hidden, the
+ * 18.8 chose static at 8 GB and a 1K context, measured 45.5% slower than the best, where the
+ * three's median chose a dynamic plan. Four profiles with the medians on another start read
+ * 19.5-22.5: the moments differ more than the timings within one (bench/RESULTS.md). One
+ * token's off-alignment rate is scaled as the aligned one, whose call's fixed part the shares'
+ * probe fits apart. */
 static pshard_status zero_copy_experts(struct gpu_bench *b, const struct shapes *sh, struct profile *p) {
     const int64_t E = sh->n_expert, ff = sh->n_ff_exp, d = sh->n_embd;
     const size_t gate = cuda_align(quant_row_bytes(sh->gate[0], d) * (size_t)ff * E);
