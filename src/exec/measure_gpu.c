@@ -341,10 +341,11 @@ static void expert_reads_step(void *arg, int rep) {
  * *cpu_share and *reads_share. (qwen30b on the H200: dynamic plans whose in-place expert reads
  * were the longer side ran 1.16-1.30x their prediction from the dense probe's shares, those
  * whose CPU side was the longer 0.97-1.09x.) Alone, one token's reads are also timed at 2
- * experts a token: a call's fixed part and its rate per byte (`expert` bytes an expert) apart.
- * ids and w: host room for ROUTINGS routings of n tokens. */
+ * experts a token: a call's fixed part (into p) and its rate per byte (`expert` bytes an expert,
+ * into *per_byte) apart, where they fit. ids and w: host room for ROUTINGS routings of n tokens. */
 static pshard_status experts_beside_cpu(struct gpu_bench *b, const struct shapes *sh, struct profile *p, int32_t *ids,
-                                        float *w, double expert, int64_t n, double *cpu_share, double *reads_share) {
+                                        float *w, double expert, int64_t n, double *cpu_share, double *reads_share,
+                                        double *per_byte) {
     struct cpu_bench route = {.ids = ids, .weights = w, .n_tokens = ROUTINGS * n, .k = sh->k};
     measure_route_random(&route, (int)sh->n_expert, 7);
     CORE_TRY(cuda_copy_h2d(b->ids, ids, sizeof *ids * ROUTINGS * n * sh->k, b->s));
@@ -361,7 +362,7 @@ static pshard_status experts_beside_cpu(struct gpu_bench *b, const struct shapes
         const double each = (read_alone - two) / (sh->k - 2);
         if (each > 0 && two > 2 * each) {
             p->zero_copy_expert_call_s = two - 2 * each;
-            p->zero_copy_experts[0] = each / expert;
+            *per_byte = each / expert;
         }
     }
     struct cpu_bench c;
@@ -440,6 +441,7 @@ static pshard_status zero_copy_experts(struct gpu_bench *b, const struct shapes 
     const double expert = (double)(2 * gate + down) / E;
     double aligned[MEASURE_SAMPLES][PROFILE_TOKENS], off[MEASURE_SAMPLES][PROFILE_TOKENS];
     int n_aligned = 0, n_off = 0;
+    double per_byte = 0; /* one token's reads without the call's fixed part, where fitted */
     p->zero_copy_expert_call_s = 0; /* unless fitted below, zero_copy_experts[0] holds it */
     for (int pass = 0; st == PSHARD_OK && pass < MEASURE_SAMPLES && (pass == 0 || !measure_out_of_time()); pass++) {
         memcpy(aligned[n_aligned], p->zero_copy_experts, sizeof aligned[0]); /* points past the work buffer stay */
@@ -455,21 +457,20 @@ static pshard_status zero_copy_experts(struct gpu_bench *b, const struct shapes 
             if (st == PSHARD_OK) n_off++;
         }
         if (st != PSHARD_OK || !b->pool || measure_out_of_time()) continue;
-        if (pass == 0) { /* the shares, and one token's call's fixed part into zero_copy_experts[0] */
+        if (pass == 0) { /* the shares, and one token's call's fixed part */
             st = experts_beside_cpu(b, sh, p, ids, w, expert, 1, &p->cpu_share_under_expert_reads,
-                                    &p->expert_reads_share_under_cpu);
+                                    &p->expert_reads_share_under_cpu, &per_byte);
             /* Steps of more tokens: where time is short, they keep one token's shares. */
             p->cpu_share_under_expert_reads_16 = p->cpu_share_under_expert_reads;
             p->expert_reads_share_under_cpu_16 = p->expert_reads_share_under_cpu;
         } else if (pass == 1 && PROFILE_SPLIT_TOKENS * ROUTINGS <= B)
             st = experts_beside_cpu(b, sh, p, ids, w, expert, PROFILE_SPLIT_TOKENS, &p->cpu_share_under_expert_reads_16,
-                                    &p->expert_reads_share_under_cpu_16);
+                                    &p->expert_reads_share_under_cpu_16, &per_byte);
     }
     if (n_aligned > 0) {
-        const double fitted = p->zero_copy_expert_call_s > 0 ? p->zero_copy_experts[0] : 0; /* by the probe */
         measure_median_table(aligned, n_aligned, p->zero_copy_experts);
         const double whole_call = p->zero_copy_experts[0];
-        if (fitted > 0) p->zero_copy_experts[0] = fitted;
+        if (per_byte > 0) p->zero_copy_experts[0] = per_byte;
         memcpy(p->zero_copy_experts_off, p->zero_copy_experts, sizeof p->zero_copy_experts); /* unless measured */
         if (n_off > 0) {
             measure_median_table(off, n_off, p->zero_copy_experts_off);

@@ -431,7 +431,7 @@ static double expert_reads_s(const struct walk *w, const struct shard *s, double
  * in-place experts' blocks are dispatched last and, being few, read well below the profile's
  * rate, which was measured over every touched expert.
  * Steps of more than CUDA_MATVEC_MAX_TOKENS tokens, up to BESIDE_MAX_TOKENS, where one call
- * computes both (`beside`), are counted halfway between that and the reads fully beside the
+ * computes both (`one`), are counted halfway between that and the reads fully beside the
  * resident experts. The tiled kernel runs one block per expert's tile of rows, far fewer than the
  * matrix-vector kernel's, so likely more of them run at once (not measured). Counted apart, the
  * dynamic plans' 16-token steps at 8 GB were predicted 10-29% slow on four starts, and static was
@@ -442,8 +442,9 @@ static double expert_reads_s(const struct walk *w, const struct shard *s, double
  * the reads stay counted apart: half hidden there too, the 256-1023 tier, weighed at 1023 tokens
  * as well, chose at 16 GB and a 4K context a plan 16-21% slower than the best. */
 enum { BESIDE_MAX_TOKENS = 256 };
-static double experts_and_reads(double resident, double compute, double reads, bool beside) {
+static double experts_and_reads(const struct walk *w, double resident, double compute, double reads, bool one) {
     const double apart = resident + fmax(compute, reads);
+    const bool beside = one && w->n > CUDA_MATVEC_MAX_TOKENS && w->n <= BESIDE_MAX_TOKENS;
     return beside ? (apart + fmax(resident + compute, reads)) / 2 : apart;
 }
 
@@ -493,7 +494,7 @@ static struct split_time moe_split(const struct walk *w, const struct shard *s, 
     const double gpu_rate = cost_expert_rate(pr->gpu_experts, type, E, k, n), moved = in_place * eb;
     const double stream = expert_reads_s(w, s, moved, 1);
     const bool one = one_expert_call(w, s) && streams;
-    gpu += experts_and_reads(res * eb * gpu_rate, moved * gpu_rate, stream, one && n > CUDA_MATVEC_MAX_TOKENS && n <= BESIDE_MAX_TOKENS);
+    gpu += experts_and_reads(w, res * eb * gpu_rate, moved * gpu_rate, stream, one);
     /* Small kernels: routing, norms, adds; and each expert call's own (grouping, conversions,
      * the gated unit, the weighted sum: replayed, each is a graph node however little it does;
      * counting three per streamed call and none for the resident one, the oracle's qwen30b
@@ -535,8 +536,7 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
         if (g > r) { /* in place: only the touched experts' bytes cross PCIe */
             const double moved = cost_touched(g - r, E, k, n) * eb;
             stream = expert_reads_s(w, s, moved, n < 2 ? 1 - hypergeometric(E, g - r, (int)k, 0) : 1);
-            gpu += experts_and_reads(one ? cost_touched(r, E, k, n) * eb * gpu_rate : 0, moved * gpu_rate, stream,
-                                     one && n > CUDA_MATVEC_MAX_TOKENS && n <= BESIDE_MAX_TOKENS);
+            gpu += experts_and_reads(w, one ? cost_touched(r, E, k, n) * eb * gpu_rate : 0, moved * gpu_rate, stream, one);
         }
         w->out->pcie_s += stream;
         const int calls = one ? 1 : (g > r) + (r > 0);
