@@ -415,57 +415,92 @@ static void bench_in_place_shapes(void) {
     cuda_arena_reset(&D.arena, mark);
 }
 
+/* One MoE layer's time (routing + FFN) at n tokens, cycling `layers` copies of the weights
+ * (gate, up, down at gate_at / up_at / down_at, the layers gate_layer / down_layer bytes apart),
+ * with the expert groups on the matrix-vector kernel up to matvec_max tokens. */
+static double moe_layer_us(const uint8_t *gate, const uint8_t *up, const uint8_t *down, size_t gate_layer,
+                           size_t down_layer, int layers, int64_t nt, int matvec_max, const float *x, const float *logits,
+                           int32_t *ids, float *w, float *out) {
+    const int n_expert = 128, k = 8;
+    const int64_t d = 2048, ff = 768;
+    const size_t gb = quant_row_bytes(QUANT_Q4_0, d), db = quant_row_bytes(QUANT_Q4_0, ff);
+    struct cuda_moe m = {0};
+    m.n_expert = n_expert, m.k = k, m.matvec_max_tokens = matvec_max;
+    m.gate = (struct cuda_matrix){QUANT_Q4_0, gate, d, ff, n_expert, gb, false};
+    m.up = (struct cuda_matrix){QUANT_Q4_0, up, d, ff, n_expert, gb, false};
+    m.down = (struct cuda_matrix){QUANT_Q4_0, down, ff, d, n_expert, db, false};
+    const size_t wb = cuda_moe_work_bytes(&m, nt), wmark = cuda_arena_mark(&D.arena);
+    void *work = dt_alloc(&D, wb);
+    const int iters = nt >= 64 ? 8 : 32;
+    for (int it = -1; it < iters; it++) {
+        if (it == 0) DT_CHECK(cuda_event_record(ev0, D.s));
+        const int l = (it + layers) % layers;
+        m.gate.data = gate + gate_layer * (size_t)l, m.up.data = up + gate_layer * (size_t)l;
+        m.down.data = down + down_layer * (size_t)l;
+        DT_CHECK(cuda_moe_route(logits + (size_t)l * 7 * n_expert, nt, n_expert, k, true, ids, w, D.s));
+        DT_CHECK(cuda_moe_ffn(&m, x, ids, w, nt, out, false, work, wb, D.s));
+    }
+    DT_CHECK(cuda_event_record(ev1, D.s));
+    const double us = elapsed_ms() * 1e3 / iters;
+    cuda_arena_reset(&D.arena, wmark);
+    return us;
+}
+
+/* The qwen30b-shaped MoE layer by token count, its expert groups on the matrix-vector kernel
+ * and on the tiled GEMM, with the experts in VRAM and read in place from pinned host memory. */
 static void bench_moe(void) {
-    printf("\n### MoE layer, qwen30b shape (128 experts, top 8, 2048 x 768, Q4_0)\n\n| tokens | time | rate |\n|---|---|---|\n");
+    printf("\n### MoE layer, qwen30b shape (128 experts, top 8, 2048 x 768, Q4_0): routing + FFN, us "
+           "(GB/s of the experts touched)\n\n| tokens | experts touched | VRAM, matrix-vector | VRAM, tiled | "
+           "host in place, matrix-vector | host in place, tiled |\n|---|---|---|---|---|---|\n");
     const int n_expert = 128, k = 8, layers = 4;
     const int64_t d = 2048, ff = 768;
     const size_t mark = cuda_arena_mark(&D.arena);
     const size_t gb = quant_row_bytes(QUANT_Q4_0, d), db = quant_row_bytes(QUANT_Q4_0, ff);
+    const size_t gate_layer = gb * (size_t)(ff * n_expert), down_layer = db * (size_t)(d * n_expert);
     uint8_t *gate = random_weights(QUANT_Q4_0, ff * n_expert, d, layers), *up = random_weights(QUANT_Q4_0, ff * n_expert, d, layers);
     uint8_t *down = random_weights(QUANT_Q4_0, d * n_expert, ff, layers);
-    const size_t gate_layer = gb * (size_t)(ff * n_expert), down_layer = db * (size_t)(d * n_expert);
+    /* The same layers in pinned host memory. */
+    struct cuda_pinned host = {0};
+    const size_t layer_bytes = 2 * gate_layer + down_layer;
+    DT_CHECK(cuda_host_alloc(layer_bytes * layers, &host));
+    uint8_t *hp = host.ptr;
+    dt_random_weights(QUANT_Q4_0, hp, ff * n_expert, d);
+    dt_random_weights(QUANT_Q4_0, hp + gate_layer, ff * n_expert, d);
+    dt_random_weights(QUANT_Q4_0, hp + 2 * gate_layer, d * n_expert, ff);
+    for (int l = 1; l < layers; l++) memcpy(hp + layer_bytes * (size_t)l, hp, layer_bytes);
+    const uint8_t *hdev;
+    DT_CHECK(cuda_host_device_pointer(hp, (const void **)&hdev));
     const int64_t max_tokens = 1024;
-    float *hx = dt_malloc(sizeof(float) * (size_t)(max_tokens * (d > n_expert ? d : n_expert)));
+    float *hx = dt_malloc(sizeof(float) * (size_t)(max_tokens * d));
     dt_fill(hx, max_tokens * d, -1.0f, 1.0f);
     float *x = dt_upload(&D, hx, sizeof(float) * (size_t)(max_tokens * d));
-    dt_fill(hx, max_tokens * n_expert, -3.0f, 3.0f);
-    float *logits = dt_upload(&D, hx, sizeof(float) * (size_t)(max_tokens * n_expert));
-    free(hx);
+    const size_t n_logits = (size_t)(max_tokens + 7 * layers) * n_expert;
+    float *hl = dt_malloc(sizeof(float) * n_logits);
+    dt_fill(hl, (int64_t)n_logits, -3.0f, 3.0f);
+    float *logits = dt_upload(&D, hl, sizeof(float) * n_logits);
+    free(hx), free(hl);
     int32_t *ids = dt_alloc(&D, sizeof(int32_t) * (size_t)(max_tokens * k));
     float *w = dt_alloc(&D, sizeof(float) * (size_t)(max_tokens * k));
     float *out = dt_alloc(&D, sizeof(float) * (size_t)(max_tokens * d));
-    const int64_t tokens[] = {1, 8, 64, 1024};
-    for (int i = 0; i < 4; i++) {
+    const double expert_bytes = 2.0 * ff * gb + (double)d * db;
+    const int64_t tokens[] = {1, 4, 8, 16, 32, 64, 128, 256, 1024};
+    for (size_t i = 0; i < sizeof tokens / sizeof tokens[0]; i++) {
         const int64_t nt = tokens[i];
-        struct cuda_moe m = {0};
-        m.n_expert = n_expert, m.k = k;
-        m.gate = (struct cuda_matrix){QUANT_Q4_0, gate, d, ff, n_expert, gb, false};
-        m.up = (struct cuda_matrix){QUANT_Q4_0, up, d, ff, n_expert, gb, false};
-        m.down = (struct cuda_matrix){QUANT_Q4_0, down, ff, d, n_expert, db, false};
-        const size_t wb = cuda_moe_work_bytes(&m, nt);
-        const size_t wmark = cuda_arena_mark(&D.arena);
-        void *work = dt_alloc(&D, wb);
-        DT_CHECK(cuda_moe_route(logits, nt, n_expert, k, true, ids, w, D.s));
-        const int iters = nt >= 64 ? 8 : 64;
-        for (int it = -1; it < iters; it++) {
-            if (it == 0) DT_CHECK(cuda_event_record(ev0, D.s));
-            const int l = (it + layers) % layers;
-            m.gate.data = gate + gate_layer * (size_t)l, m.up.data = up + gate_layer * (size_t)l;
-            m.down.data = down + down_layer * (size_t)l;
-            DT_CHECK(cuda_moe_route(logits, nt, n_expert, k, true, ids, w, D.s));
-            DT_CHECK(cuda_moe_ffn(&m, x, ids, w, nt, out, false, work, wb, D.s));
+        const double touched = n_expert * (1 - pow(1 - (double)k / n_expert, (double)nt));
+        printf("| %lld | %.0f |", (long long)nt, touched);
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *g = h ? hdev : gate, *u = h ? hdev + gate_layer : up, *dn = h ? hdev + 2 * gate_layer : down;
+            const size_t gl = h ? layer_bytes : gate_layer, dl = h ? layer_bytes : down_layer;
+            for (int tiled = 0; tiled < 2; tiled++) {
+                if (tiled && nt == 1) { printf(" - |"); continue; }
+                const double us = moe_layer_us(g, u, dn, gl, dl, layers, nt, tiled ? 1 : 1 << 30, x, logits, ids, w, out);
+                printf(" %.1f (%.0f) |", us, touched * expert_bytes / (us * 1e3));
+            }
         }
-        DT_CHECK(cuda_event_record(ev1, D.s));
-        const double us = elapsed_ms() * 1e3 / iters;
-        const double expert_bytes = 2.0 * ff * gb + (double)d * db;
-        const double touched = nt * k < n_expert ? nt * k : n_expert; /* expected distinct experts, roughly */
-        if (nt == 1)
-            printf("| 1 (routing + FFN) | %.1f us | %.0f GB/s of the 8 experts' weights |\n", us, k * expert_bytes / (us * 1e3));
-        else
-            printf("| %lld | %.1f us | %.1f TFLOP/s (%.0f experts of weights at most: %.0f GB/s) |\n", (long long)nt, us,
-                   6.0 * nt * k * d * ff / (us * 1e6), touched, touched * expert_bytes / (us * 1e3));
-        cuda_arena_reset(&D.arena, wmark);
+        printf("\n");
+        fflush(stdout);
     }
+    cuda_pinned_release(&host);
     cuda_arena_reset(&D.arena, mark);
 }
 
@@ -483,6 +518,8 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "attention")) { /* just the attention tables */
         bench_attention();
         bench_attention_crossover();
+    } else if (argc > 1 && !strcmp(argv[1], "moe")) {
+        bench_moe();
     } else if (argc > 1 && !strcmp(argv[1], "in-place")) {
         bench_in_place();
         bench_in_place_shapes();

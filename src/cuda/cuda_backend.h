@@ -347,6 +347,10 @@ pshard_status cuda_moe_route_mirror(const float *logits, int64_t n_tokens, int n
 pshard_status cuda_moe_routed_mask(const int32_t *ids, int k, int first, const uint8_t *quota, int n_expert,
                                    bool resident_too, uint8_t *mask, cuda_stream s);
 
+/* Most tokens a step whose expert groups run on the matrix-vector kernel (passes of up to
+ * CUDA_MATVEC_MAX_TOKENS pairs an expert); above, the tiled GEMM. */
+enum { CUDA_MOE_MATVEC_MAX_TOKENS = 8 };
+
 struct cuda_moe {
     struct cuda_matrix gate, up, down; /* 3-D expert tensors: [n_expert][rows][row_bytes] */
     int n_expert, k;
@@ -356,6 +360,9 @@ struct cuda_moe {
     /* Optional [n_expert] device mask: only experts with a nonzero entry are computed here;
      * the others' contributions are left out (for the caller to add from elsewhere). */
     const uint8_t *expert_mask;
+    /* Steps of up to this many tokens run the expert groups on the matrix-vector kernel, more
+     * on the tiled GEMM (0: CUDA_MOE_MATVEC_MAX_TOKENS; benchmarks and tests set others). */
+    int matvec_max_tokens;
 };
 
 /* out [n_tokens][n_embd] (=, or += with accumulate) sum_j w[t][j] * down_e(silu(gate_e(x)) *

@@ -196,12 +196,17 @@ struct moe_work {
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
+/* Whether a step's expert groups run on the tiled GEMM (else the matrix-vector kernel). */
+static bool moe_tiled(const struct cuda_moe *m, int64_t n_tokens) {
+    return n_tokens > (m->matvec_max_tokens > 0 ? m->matvec_max_tokens : CUDA_MOE_MATVEC_MAX_TOKENS);
+}
+
 /* Carve the work buffer (or, with base NULL, just measure it). */
 static moe_work moe_layout(const struct cuda_moe *m, int64_t n_tokens, uint8_t *base) {
     moe_work w = {};
     const int64_t pairs = n_tokens * m->k, n_embd = m->gate.n_cols, n_ff = m->gate.n_rows, E = m->n_expert;
     const int64_t tiles = ceil_div(pairs, GEMM_TILE_M) + (E < pairs ? E : pairs);
-    const bool gemm = n_tokens > CUDA_MATVEC_MAX_TOKENS;
+    const bool gemm = moe_tiled(m, n_tokens);
     size_t at = 0;
     auto take = [&](size_t bytes) { uint8_t *p = base ? base + at : nullptr; at += align256(bytes); return p; };
     w.g.expert_start = (int32_t *)take(4 * (size_t)(E + 1));
@@ -236,7 +241,7 @@ static pshard_status expert_matmul(const struct cuda_moe *m, const struct cuda_m
                                    const moe_work &w, int64_t n_tokens, const uint8_t *act, int act_div, float *y,
                                    cudaStream_t st) {
     const int64_t pairs = n_tokens * m->k;
-    if (n_tokens <= CUDA_MATVEC_MAX_TOKENS) {
+    if (!moe_tiled(m, n_tokens)) {
         mv_args a = {};
         a.w = (const uint8_t *)mat->data;
         a.row_bytes = mat->row_bytes;
@@ -249,8 +254,10 @@ static pshard_status expert_matmul(const struct cuda_moe *m, const struct cuda_m
         a.expert_ptrs = ptrs;
         a.expert_stride = (size_t)mat->n_rows * mat->row_bytes;
         a.act_div = act_div;
-        /* Each token picks an expert at most once, so a group never exceeds n_tokens pairs. */
-        return mv_run(mat->type, mat->n_cols, a, (int)n_tokens, (unsigned)(m->n_expert < pairs ? m->n_expert : pairs), st);
+        /* Each token picks an expert at most once, so a group never exceeds n_tokens pairs;
+         * larger groups run in passes of CUDA_MATVEC_MAX_TOKENS. */
+        const int nt = n_tokens < CUDA_MATVEC_MAX_TOKENS ? (int)n_tokens : CUDA_MATVEC_MAX_TOKENS;
+        return mv_run(mat->type, mat->n_cols, a, nt, (unsigned)(m->n_expert < pairs ? m->n_expert : pairs), st);
     }
     gemm_args a = {};
     a.w = (const uint8_t *)mat->data;
@@ -286,7 +293,7 @@ extern "C" pshard_status cuda_moe_ffn(const struct cuda_moe *m, const float *x, 
     const moe_work w = moe_layout(m, n_tokens, (uint8_t *)work);
     group_kernel<<<1, GROUP_THREADS, 0, st>>>(ids, m->expert_mask, (int)pairs, m->n_expert, w.g);
     CUDA_TRY_LAUNCH("moe group");
-    const bool gemm = n_tokens > CUDA_MATVEC_MAX_TOKENS;
+    const bool gemm = moe_tiled(m, n_tokens);
     if (gemm) {
         CORE_TRY(cuda_quantize(QUANT_F16, x, n_embd, n_tokens, w.x_act, s));
         CORE_TRY(expert_matmul(m, &m->gate, m->gate_ptrs, w, n_tokens, w.x_act, m->k, w.gate_out, st));

@@ -210,8 +210,9 @@ static size_t work_bytes_needed(const struct model *model, const struct model_we
         }
         if (l->gate_exps) {
             struct cuda_moe moe = {shape_of(l->gate_exps), shape_of(l->up_exps), shape_of(l->down_exps),
-                                   (int)hp->n_expert, (int)hp->n_expert_used, NULL, NULL, NULL, NULL};
-            grow_work(&work, cuda_moe_work_bytes(&moe, B));
+                                   (int)hp->n_expert, (int)hp->n_expert_used, NULL, NULL, NULL, NULL, 0};
+            grow_work(&work, cuda_moe_work_bytes(&moe, B)); /* and the matrix-vector kernel's largest step: */
+            grow_work(&work, cuda_moe_work_bytes(&moe, B < CUDA_MOE_MATVEC_MAX_TOKENS ? B : CUDA_MOE_MATVEC_MAX_TOKENS));
         }
     }
     const struct cuda_matrix out = shape_of(w->output);

@@ -370,7 +370,7 @@ static const double EXPERT_CALL_MIN_SHARE = 0.28;
 
 static double expert_call_s(double touched, double E, double eb, double gpu_rate, double n) {
     if (!(touched > 0)) return 0;
-    return (n > CUDA_MATVEC_MAX_TOKENS ? fmax(touched, EXPERT_CALL_MIN_SHARE * E) : touched) * eb * gpu_rate;
+    return (n > CUDA_MOE_MATVEC_MAX_TOKENS ? fmax(touched, EXPERT_CALL_MIN_SHARE * E) : touched) * eb * gpu_rate;
 }
 
 /* An MoE shard of a ring tier (its experts all run on the GPU): the router, shared and
@@ -430,7 +430,7 @@ static double expert_reads_s(const struct walk *w, const struct shard *s, double
  * measured 21-26% slower than the best (bench/RESULTS.md). A likely cause, not measured: the
  * in-place experts' blocks are dispatched last and, being few, read well below the profile's
  * rate, which was measured over every touched expert.
- * Steps of more than CUDA_MATVEC_MAX_TOKENS tokens, up to BESIDE_MAX_TOKENS, where one call
+ * Steps of more than CUDA_MOE_MATVEC_MAX_TOKENS tokens, up to BESIDE_MAX_TOKENS, where one call
  * computes both (`one`), are counted halfway between that and the reads fully beside the
  * resident experts. The tiled kernel runs one block per expert's tile of rows, far fewer than the
  * matrix-vector kernel's, so likely more of them run at once (not measured). Counted apart, the
@@ -444,7 +444,7 @@ static double expert_reads_s(const struct walk *w, const struct shard *s, double
 enum { BESIDE_MAX_TOKENS = 256 };
 static double experts_and_reads(const struct walk *w, double resident, double compute, double reads, bool one) {
     const double apart = resident + fmax(compute, reads);
-    const bool beside = one && w->n > CUDA_MATVEC_MAX_TOKENS && w->n <= BESIDE_MAX_TOKENS;
+    const bool beside = one && w->n > CUDA_MOE_MATVEC_MAX_TOKENS && w->n <= BESIDE_MAX_TOKENS;
     return beside ? (apart + fmax(resident + compute, reads)) / 2 : apart;
 }
 

@@ -131,10 +131,11 @@ static void test_route(struct dt *d, int64_t n_tokens, int n_expert, int k, bool
 enum variant { PLAIN, MASKED, TABLES };
 
 static void test_ffn(struct dt *d, enum quant_type gate_type, enum quant_type down_type, int n_expert, int k,
-                     int64_t n_embd, int64_t n_ff, int64_t n_tokens, enum variant variant) {
+                     int64_t n_embd, int64_t n_ff, int64_t n_tokens, enum variant variant, int matvec_max) {
     const size_t mark = cuda_arena_mark(&d->arena);
     struct experts e;
     experts_init(d, &e, gate_type, down_type, n_expert, k, n_embd, n_ff);
+    e.dev.matvec_max_tokens = matvec_max;
     float *x = dt_malloc(4 * (size_t)(n_tokens * n_embd)), *w = dt_malloc(4 * (size_t)(n_tokens * k));
     int32_t *ids = dt_malloc(4 * (size_t)(n_tokens * k));
     dt_fill(x, n_tokens * n_embd, -1.0f, 1.0f);
@@ -146,7 +147,7 @@ static void test_ffn(struct dt *d, enum quant_type gate_type, enum quant_type do
     /* Reference: masked-out experts weigh 0 (their products are then exactly 0 in the sum). */
     float *wref = dt_malloc(4 * (size_t)(n_tokens * k));
     for (int64_t i = 0; i < n_tokens * k; i++) wref[i] = mask[ids[i]] ? w[i] : 0.0f;
-    const bool gemm = n_tokens > CUDA_MATVEC_MAX_TOKENS;
+    const bool gemm = n_tokens > (matvec_max > 0 ? matvec_max : CUDA_MOE_MATVEC_MAX_TOKENS);
     float *want = dt_malloc(4 * (size_t)(n_tokens * n_embd)), *got = dt_malloc(4 * (size_t)(n_tokens * n_embd));
     if (gemm) reference_f16(&e, x, ids, wref, n_tokens, want);
     else reference_cpu(&e, x, ids, wref, n_tokens, want);
@@ -189,9 +190,9 @@ static void test_ffn(struct dt *d, enum quant_type gate_type, enum quant_type do
     const double tol = gemm ? 5e-4 : 1e-3;
     const double err = dt_max_err(got, want, n_tokens * n_embd, scale, &where);
     static const char *names[] = {"", " masked+accumulate", " pointer tables"};
-    dt_case(d, err <= tol, "moe %-4s/%-4s %2d experts top %d, %lld x %lld, %3lld tokens (%s)%s: max err %.2e of %.3g (tol %.0e)",
+    dt_case(d, err <= tol, "moe %-4s/%-4s %2d experts top %d, %lld x %lld, %3lld tokens (%s%s)%s: max err %.2e of %.3g (tol %.0e)",
             quant_type_name(gate_type), quant_type_name(down_type), n_expert, k, (long long)n_embd, (long long)n_ff,
-            (long long)n_tokens, gemm ? "gemm" : "matvec", names[variant], err, scale, tol);
+            (long long)n_tokens, gemm ? "gemm" : "matvec", matvec_max ? ", forced" : "", names[variant], err, scale, tol);
     if (!(err <= tol))
         printf("    token %lld dim %lld: got %.7g want %.7g\n", (long long)(where / n_embd), (long long)(where % n_embd),
                got[where], want[where]);
@@ -251,11 +252,15 @@ int main(void) {
     test_routed_mask(&d, 128, 8, 200);
     test_routed_mask(&d, 8, 2, 50);
     const int64_t tokens[] = {1, 3, 8, 20, 70};
-    for (size_t i = 0; i < sizeof tokens / sizeof tokens[0]; i++) {
-        test_ffn(&d, QUANT_Q4_0, QUANT_Q4_0, 16, 4, 256, 512, tokens[i], PLAIN);
-        test_ffn(&d, QUANT_Q4_K, QUANT_Q6_K, 16, 4, 256, 512, tokens[i], PLAIN);
-        test_ffn(&d, QUANT_Q8_0, QUANT_Q5_K, 8, 2, 512, 256, tokens[i], MASKED);
-        test_ffn(&d, QUANT_F16, QUANT_Q4_1, 8, 3, 256, 256, tokens[i], TABLES);
-    }
+    /* Each count on the kernel its size picks, then (past one token) on the other one: groups of
+     * more pairs than a matrix-vector pass takes, and the tiled GEMM's mostly empty tiles. */
+    for (size_t i = 0; i < sizeof tokens / sizeof tokens[0]; i++)
+        for (int forced = 0; forced < (tokens[i] > 1 ? 2 : 1); forced++) {
+            const int mv = !forced ? 0 : tokens[i] > CUDA_MOE_MATVEC_MAX_TOKENS ? 1 << 30 : 1;
+            test_ffn(&d, QUANT_Q4_0, QUANT_Q4_0, 16, 4, 256, 512, tokens[i], PLAIN, mv);
+            test_ffn(&d, QUANT_Q4_K, QUANT_Q6_K, 16, 4, 256, 512, tokens[i], PLAIN, mv);
+            test_ffn(&d, QUANT_Q8_0, QUANT_Q5_K, 8, 2, 512, 256, tokens[i], MASKED, mv);
+            test_ffn(&d, QUANT_F16, QUANT_Q4_1, 8, 3, 256, 256, tokens[i], TABLES, mv);
+        }
     return dt_finish(&d);
 }
