@@ -347,10 +347,6 @@ pshard_status cuda_moe_route_mirror(const float *logits, int64_t n_tokens, int n
 pshard_status cuda_moe_routed_mask(const int32_t *ids, int k, int first, const uint8_t *quota, int n_expert,
                                    bool resident_too, uint8_t *mask, cuda_stream s);
 
-/* Most tokens a step whose expert groups run on the matrix-vector kernel (passes of up to
- * CUDA_MATVEC_MAX_TOKENS pairs an expert); above, the tiled GEMM. */
-enum { CUDA_MOE_MATVEC_MAX_TOKENS = 8 };
-
 struct cuda_moe {
     struct cuda_matrix gate, up, down; /* 3-D expert tensors: [n_expert][rows][row_bytes] */
     int n_expert, k;
@@ -361,9 +357,23 @@ struct cuda_moe {
      * the others' contributions are left out (for the caller to add from elsewhere). */
     const uint8_t *expert_mask;
     /* Steps of up to this many tokens run the expert groups on the matrix-vector kernel, more
-     * on the tiled GEMM (0: CUDA_MOE_MATVEC_MAX_TOKENS; benchmarks and tests set others). */
+     * on the tiled GEMM (0: cuda_moe_matvec_max_tokens; benchmarks and tests set others). */
     int matvec_max_tokens;
 };
+
+/* Most tokens a step of an MoE layer (top k of n_expert) whose expert groups run on the
+ * matrix-vector kernel, in passes of up to CUDA_MATVEC_MAX_TOKENS pairs an expert: while its
+ * experts take CUDA_MOE_MATVEC_PAIRS pairs each on average (..._IN_PLACE when any expert is read
+ * from host memory in place), or it has no more tokens than one pass takes; above, the tiled
+ * GEMM. Measured on the H200 (qwen30b's layer, bench/cuda_kernels.md), the matrix-vector kernel
+ * ran 16-128 tokens 1.5-2.4x as fast from VRAM and 256 tokens 13% slower; read in place, it ran
+ * 16-256 tokens 2.0-2.7x as fast (46-52 GB/s of the experts touched, against 18-21), 1024 alike. */
+enum { CUDA_MOE_MATVEC_PAIRS = 8, CUDA_MOE_MATVEC_PAIRS_IN_PLACE = 32 };
+static inline int64_t cuda_moe_matvec_max_tokens(int64_t n_expert, int64_t k, bool in_place) {
+    const int64_t pairs = in_place ? CUDA_MOE_MATVEC_PAIRS_IN_PLACE : CUDA_MOE_MATVEC_PAIRS;
+    const int64_t by_pairs = k > 0 ? pairs * n_expert / k : 0;
+    return by_pairs > CUDA_MATVEC_MAX_TOKENS ? by_pairs : CUDA_MATVEC_MAX_TOKENS;
+}
 
 /* out [n_tokens][n_embd] (=, or += with accumulate) sum_j w[t][j] * down_e(silu(gate_e(x)) *
  * up_e(x)), e = ids[t][j], over the experts computed here. Tokens are grouped by expert on the

@@ -211,8 +211,9 @@ static size_t work_bytes_needed(const struct model *model, const struct model_we
         if (l->gate_exps) {
             struct cuda_moe moe = {shape_of(l->gate_exps), shape_of(l->up_exps), shape_of(l->down_exps),
                                    (int)hp->n_expert, (int)hp->n_expert_used, NULL, NULL, NULL, NULL, 0};
-            grow_work(&work, cuda_moe_work_bytes(&moe, B)); /* and the matrix-vector kernel's largest step: */
-            grow_work(&work, cuda_moe_work_bytes(&moe, B < CUDA_MOE_MATVEC_MAX_TOKENS ? B : CUDA_MOE_MATVEC_MAX_TOKENS));
+            const int64_t matvec = cuda_moe_matvec_max_tokens(moe.n_expert, moe.k, true); /* its largest step too */
+            grow_work(&work, cuda_moe_work_bytes(&moe, B));
+            grow_work(&work, cuda_moe_work_bytes(&moe, B < matvec ? B : matvec));
         }
     }
     const struct cuda_matrix out = shape_of(w->output);

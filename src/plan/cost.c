@@ -359,18 +359,23 @@ static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
     if (slot >= 0) w->slot_free[slot] = w->out->seconds;
 }
 
-/* An expert call of more than 8 tokens (the tiled GEMM path) computing `touched` of a layer's E
- * experts takes at least the time of EXPERT_CALL_MIN_SHARE of them: below that its tiles do not
- * fill the GPU, and the call lasts one wave of them whatever their number. The profile's rate was
+/* An expert call on the tiled GEMM (tiled_experts) computing `touched` of a layer's E experts
+ * takes at least the time of EXPERT_CALL_MIN_SHARE of them: below that its tiles do not fill the GPU, and the call lasts one wave of them whatever their number. The profile's rate was
  * measured over every expert of a layer. On the H200, qwen30b's ring steps at 16 GB stream 5-6
  * experts a layer in a call of their own: counted by their bytes alone, the gpu plan's 63- and
  * 256-token steps were predicted 19-21% fast, about 0.45 ms a call against 1.6 ms for a whole
  * layer's call, which sets the share (bench/RESULTS.md). */
 static const double EXPERT_CALL_MIN_SHARE = 0.28;
 
-static double expert_call_s(double touched, double E, double eb, double gpu_rate, double n) {
+static double expert_call_s(double touched, double E, double eb, double gpu_rate, bool tiled) {
     if (!(touched > 0)) return 0;
-    return (n > CUDA_MOE_MATVEC_MAX_TOKENS ? fmax(touched, EXPERT_CALL_MIN_SHARE * E) : touched) * eb * gpu_rate;
+    return (tiled ? fmax(touched, EXPERT_CALL_MIN_SHARE * E) : touched) * eb * gpu_rate;
+}
+
+/* Whether a step's expert call in the layers of shard s runs the tiled GEMM, its experts all in
+ * VRAM or some read in place (cuda_moe_matvec_max_tokens). */
+static bool tiled_experts(const struct walk *w, const struct shard *s, bool in_place) {
+    return w->n > (double)cuda_moe_matvec_max_tokens(s->n_expert, w->m->hp.n_expert_used, in_place);
 }
 
 /* An MoE shard of a ring tier (its experts all run on the GPU): the router, shared and
@@ -388,7 +393,8 @@ static void staged_pieces(struct walk *w, const struct shard *s, double gpu, int
         const double in_piece = fmin(piece, E - e);
         const int slot = (int)((w->unit + j) % w->p->n_slots);
         copy_ahead(w, in_piece * eb, slot);
-        gpu_busy(w, expert_call_s(cost_touched(in_piece, E, k, w->n), E, eb, gpu_rate, w->n), 3, EXPERT_CALL_OPS);
+        gpu_busy(w, expert_call_s(cost_touched(in_piece, E, k, w->n), E, eb, gpu_rate, tiled_experts(w, s, false)), 3,
+                 EXPERT_CALL_OPS);
         w->slot_free[slot] = w->out->seconds;
     }
 }
@@ -430,11 +436,12 @@ static double expert_reads_s(const struct walk *w, const struct shard *s, double
  * measured 21-26% slower than the best (bench/RESULTS.md). A likely cause, not measured: the
  * in-place experts' blocks are dispatched last and, being few, read well below the profile's
  * rate, which was measured over every touched expert.
- * Steps of more than CUDA_MOE_MATVEC_MAX_TOKENS tokens, up to BESIDE_MAX_TOKENS, where one call
+ * Steps on the tiled kernel (tiled_experts), up to BESIDE_MAX_TOKENS tokens, where one call
  * computes both (`one`), are counted halfway between that and the reads fully beside the
  * resident experts. The tiled kernel runs one block per expert's tile of rows, far fewer than the
- * matrix-vector kernel's, so likely more of them run at once (not measured). Counted apart, the
- * dynamic plans' 16-token steps at 8 GB were predicted 10-29% slow on four starts, and static was
+ * matrix-vector kernel's, so likely more of them run at once (not measured). When 16-token steps
+ * ran it (before the matrix-vector kernel took up to 32 pairs an expert read in place), counted
+ * apart, the dynamic plans' 16-token steps at 8 GB were predicted 10-29% slow on four starts, and static was
  * chosen there, up to 45.5% slower than the best. Replayed over 220 qwen30b configurations of ten
  * starts, counting them half hidden: every choice within 17.4% of the best (45.5% before), 214
  * within 10% (212), over the chosen resident set within 11.0% (36.1%), and the candidates' median
@@ -442,9 +449,10 @@ static double expert_reads_s(const struct walk *w, const struct shard *s, double
  * the reads stay counted apart: half hidden there too, the 256-1023 tier, weighed at 1023 tokens
  * as well, chose at 16 GB and a 4K context a plan 16-21% slower than the best. */
 enum { BESIDE_MAX_TOKENS = 256 };
-static double experts_and_reads(const struct walk *w, double resident, double compute, double reads, bool one) {
+static double experts_and_reads(const struct walk *w, const struct shard *s, double resident, double compute,
+                                double reads, bool one) {
     const double apart = resident + fmax(compute, reads);
-    const bool beside = one && w->n > CUDA_MOE_MATVEC_MAX_TOKENS && w->n <= BESIDE_MAX_TOKENS;
+    const bool beside = one && tiled_experts(w, s, true) && w->n <= BESIDE_MAX_TOKENS;
     return beside ? (apart + fmax(resident + compute, reads)) / 2 : apart;
 }
 
@@ -494,7 +502,7 @@ static struct split_time moe_split(const struct walk *w, const struct shard *s, 
     const double gpu_rate = cost_expert_rate(pr->gpu_experts, type, E, k, n), moved = in_place * eb;
     const double stream = expert_reads_s(w, s, moved, 1);
     const bool one = one_expert_call(w, s) && streams;
-    gpu += experts_and_reads(w, res * eb * gpu_rate, moved * gpu_rate, stream, one);
+    gpu += experts_and_reads(w, s, res * eb * gpu_rate, moved * gpu_rate, stream, one);
     /* Small kernels: routing, norms, adds; and each expert call's own (grouping, conversions,
      * the gated unit, the weighted sum: replayed, each is a graph node however little it does;
      * counting three per streamed call and none for the resident one, the oracle's qwen30b
@@ -536,7 +544,7 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
         if (g > r) { /* in place: only the touched experts' bytes cross PCIe */
             const double moved = cost_touched(g - r, E, k, n) * eb;
             stream = expert_reads_s(w, s, moved, n < 2 ? 1 - hypergeometric(E, g - r, (int)k, 0) : 1);
-            gpu += experts_and_reads(w, one ? cost_touched(r, E, k, n) * eb * gpu_rate : 0, moved * gpu_rate, stream, one);
+            gpu += experts_and_reads(w, s, one ? cost_touched(r, E, k, n) * eb * gpu_rate : 0, moved * gpu_rate, stream, one);
         }
         w->out->pcie_s += stream;
         const int calls = one ? 1 : (g > r) + (r > 0);

@@ -147,7 +147,7 @@ static void test_ffn(struct dt *d, enum quant_type gate_type, enum quant_type do
     /* Reference: masked-out experts weigh 0 (their products are then exactly 0 in the sum). */
     float *wref = dt_malloc(4 * (size_t)(n_tokens * k));
     for (int64_t i = 0; i < n_tokens * k; i++) wref[i] = mask[ids[i]] ? w[i] : 0.0f;
-    const bool gemm = n_tokens > (matvec_max > 0 ? matvec_max : CUDA_MOE_MATVEC_MAX_TOKENS);
+    const bool gemm = n_tokens > (matvec_max > 0 ? matvec_max : cuda_moe_matvec_max_tokens(n_expert, k, false));
     float *want = dt_malloc(4 * (size_t)(n_tokens * n_embd)), *got = dt_malloc(4 * (size_t)(n_tokens * n_embd));
     if (gemm) reference_f16(&e, x, ids, wref, n_tokens, want);
     else reference_cpu(&e, x, ids, wref, n_tokens, want);
@@ -251,16 +251,19 @@ int main(void) {
     test_route(&d, 5, 8, 2, true);
     test_routed_mask(&d, 128, 8, 200);
     test_routed_mask(&d, 8, 2, 50);
-    const int64_t tokens[] = {1, 3, 8, 20, 70};
+    const int64_t tokens[] = {1, 3, 8, 12, 20, 70};
     /* Each count on the kernel its size picks, then (past one token) on the other one: groups of
      * more pairs than a matrix-vector pass takes, and the tiled GEMM's mostly empty tiles. */
     for (size_t i = 0; i < sizeof tokens / sizeof tokens[0]; i++)
         for (int forced = 0; forced < (tokens[i] > 1 ? 2 : 1); forced++) {
-            const int mv = !forced ? 0 : tokens[i] > CUDA_MOE_MATVEC_MAX_TOKENS ? 1 << 30 : 1;
-            test_ffn(&d, QUANT_Q4_0, QUANT_Q4_0, 16, 4, 256, 512, tokens[i], PLAIN, mv);
-            test_ffn(&d, QUANT_Q4_K, QUANT_Q6_K, 16, 4, 256, 512, tokens[i], PLAIN, mv);
-            test_ffn(&d, QUANT_Q8_0, QUANT_Q5_K, 8, 2, 512, 256, tokens[i], MASKED, mv);
-            test_ffn(&d, QUANT_F16, QUANT_Q4_1, 8, 3, 256, 256, tokens[i], TABLES, mv);
+            const struct { enum quant_type gate, down; int n_expert, k, n_embd, n_ff; enum variant v; } c[4] = {
+                {QUANT_Q4_0, QUANT_Q4_0, 16, 4, 256, 512, PLAIN}, {QUANT_Q4_K, QUANT_Q6_K, 16, 4, 256, 512, PLAIN},
+                {QUANT_Q8_0, QUANT_Q5_K, 8, 2, 512, 256, MASKED}, {QUANT_F16, QUANT_Q4_1, 8, 3, 256, 256, TABLES}};
+            for (int j = 0; j < 4; j++) {
+                const bool tiled = tokens[i] > cuda_moe_matvec_max_tokens(c[j].n_expert, c[j].k, false);
+                test_ffn(&d, c[j].gate, c[j].down, c[j].n_expert, c[j].k, c[j].n_embd, c[j].n_ff, tokens[i], c[j].v,
+                         !forced ? 0 : tiled ? 1 << 30 : 1);
+            }
         }
     return dt_finish(&d);
 }
