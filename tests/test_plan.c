@@ -1373,7 +1373,7 @@ static void test_cost_one_expert_call(void **state) {
     const uint32_t E = moe.hp.n_expert;
     for (uint32_t l = 0; l < p.n_layers; l++) p.experts_resident[l] = E / 2, p.tier[PLAN_TIER_DECODE].experts_gpu[l] = E;
     for (int i = 0; i < PROFILE_TOKENS; i++) prof.zero_copy_experts[i] *= 1e4, prof.zero_copy_experts_off[i] *= 1e4;
-    const int32_t matvec = (int32_t)cuda_moe_matvec_max_tokens(E, moe.hp.n_expert_used, true);
+    const int32_t matvec = (int32_t)cuda_moe_matvec_max_tokens(E, moe.hp.n_expert_used);
     assert_true(matvec + 1 < 256);
     const int32_t tokens[3] = {matvec, matvec + 1, 512};
     for (int n = 0; n < 3; n++) {

@@ -363,15 +363,16 @@ struct cuda_moe {
 
 /* Most tokens a step of an MoE layer (top k of n_expert) whose expert groups run on the
  * matrix-vector kernel, in passes of up to CUDA_MATVEC_MAX_TOKENS pairs an expert: while its
- * experts take CUDA_MOE_MATVEC_PAIRS pairs each on average (..._IN_PLACE when any expert is read
- * from host memory in place), or it has no more tokens than one pass takes; above, the tiled
- * GEMM. Measured on the H200 (qwen30b's layer, bench/cuda_kernels.md), the matrix-vector kernel
- * ran 16-128 tokens 1.5-2.4x as fast from VRAM and 256 tokens 13% slower; read in place, it ran
- * 16-256 tokens 2.0-2.7x as fast (46-52 GB/s of the experts touched, against 18-21), 1024 alike. */
-enum { CUDA_MOE_MATVEC_PAIRS = 8, CUDA_MOE_MATVEC_PAIRS_IN_PLACE = 32 };
-static inline int64_t cuda_moe_matvec_max_tokens(int64_t n_expert, int64_t k, bool in_place) {
-    const int64_t pairs = in_place ? CUDA_MOE_MATVEC_PAIRS_IN_PLACE : CUDA_MOE_MATVEC_PAIRS;
-    const int64_t by_pairs = k > 0 ? pairs * n_expert / k : 0;
+ * experts take CUDA_MOE_MATVEC_PAIRS pairs each on average, or it has no more tokens than one
+ * pass takes; above, the tiled GEMM. Measured on the H200 (qwen30b's layer, 128 experts, top 8;
+ * bench/cuda_kernels.md), the matrix-vector kernel ran 16-128 tokens 1.5-2.4x as fast as the
+ * tiled one from VRAM and 256 tokens 13% slower; reading every expert in place, 16-256 tokens
+ * 2.0-2.7x as fast. One bound serves both: in a call reaching most experts in VRAM and the rest
+ * in place (qwen30b at 16 GB), 256 tokens ran 10-13% slower on the matrix-vector kernel, and the
+ * profile times the in-place reads with the kernel every call of that size runs. */
+enum { CUDA_MOE_MATVEC_PAIRS = 8 };
+static inline int64_t cuda_moe_matvec_max_tokens(int64_t n_expert, int64_t k) {
+    const int64_t by_pairs = k > 0 ? CUDA_MOE_MATVEC_PAIRS * n_expert / k : 0;
     return by_pairs > CUDA_MATVEC_MAX_TOKENS ? by_pairs : CUDA_MATVEC_MAX_TOKENS;
 }
 

@@ -198,8 +198,7 @@ static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 /* Whether a step's expert groups run on the tiled GEMM (else the matrix-vector kernel). */
 static bool moe_tiled(const struct cuda_moe *m, int64_t n_tokens) {
-    const bool in_place = m->gate.in_place || m->up.in_place || m->down.in_place;
-    return n_tokens > (m->matvec_max_tokens > 0 ? m->matvec_max_tokens : cuda_moe_matvec_max_tokens(m->n_expert, m->k, in_place));
+    return n_tokens > (m->matvec_max_tokens > 0 ? m->matvec_max_tokens : cuda_moe_matvec_max_tokens(m->n_expert, m->k));
 }
 
 /* Carve the work buffer (or, with base NULL, just measure it). */

@@ -372,10 +372,10 @@ static double expert_call_s(double touched, double E, double eb, double gpu_rate
     return (tiled ? fmax(touched, EXPERT_CALL_MIN_SHARE * E) : touched) * eb * gpu_rate;
 }
 
-/* Whether a step's expert call in the layers of shard s runs the tiled GEMM, its experts all in
- * VRAM or some read in place (cuda_moe_matvec_max_tokens). */
-static bool tiled_experts(const struct walk *w, const struct shard *s, bool in_place) {
-    return w->n > (double)cuda_moe_matvec_max_tokens(s->n_expert, w->m->hp.n_expert_used, in_place);
+/* Whether a step's expert calls in the layers of shard s run the tiled GEMM
+ * (cuda_moe_matvec_max_tokens). */
+static bool tiled_experts(const struct walk *w, const struct shard *s) {
+    return w->n > (double)cuda_moe_matvec_max_tokens(s->n_expert, w->m->hp.n_expert_used);
 }
 
 /* An MoE shard of a ring tier (its experts all run on the GPU): the router, shared and
@@ -393,7 +393,7 @@ static void staged_pieces(struct walk *w, const struct shard *s, double gpu, int
         const double in_piece = fmin(piece, E - e);
         const int slot = (int)((w->unit + j) % w->p->n_slots);
         copy_ahead(w, in_piece * eb, slot);
-        gpu_busy(w, expert_call_s(cost_touched(in_piece, E, k, w->n), E, eb, gpu_rate, tiled_experts(w, s, false)), 3,
+        gpu_busy(w, expert_call_s(cost_touched(in_piece, E, k, w->n), E, eb, gpu_rate, tiled_experts(w, s)), 3,
                  EXPERT_CALL_OPS);
         w->slot_free[slot] = w->out->seconds;
     }
@@ -440,8 +440,8 @@ static double expert_reads_s(const struct walk *w, const struct shard *s, double
  * computes both (`one`), are counted halfway between that and the reads fully beside the
  * resident experts. The tiled kernel runs one block per expert's tile of rows, far fewer than the
  * matrix-vector kernel's, so likely more of them run at once (not measured). When 16-token steps
- * ran it (before the matrix-vector kernel took up to 32 pairs an expert read in place), counted
- * apart, the dynamic plans' 16-token steps at 8 GB were predicted 10-29% slow on four starts, and static was
+ * ran it (before the matrix-vector kernel took up to 8 pairs an expert), counted apart, the
+ * dynamic plans' 16-token steps at 8 GB were predicted 10-29% slow on four starts, and static was
  * chosen there, up to 45.5% slower than the best. Replayed over 220 qwen30b configurations of ten
  * starts, counting them half hidden: every choice within 17.4% of the best (45.5% before), 214
  * within 10% (212), over the chosen resident set within 11.0% (36.1%), and the candidates' median
@@ -452,7 +452,7 @@ enum { BESIDE_MAX_TOKENS = 256 };
 static double experts_and_reads(const struct walk *w, const struct shard *s, double resident, double compute,
                                 double reads, bool one) {
     const double apart = resident + fmax(compute, reads);
-    const bool beside = one && tiled_experts(w, s, true) && w->n <= BESIDE_MAX_TOKENS;
+    const bool beside = one && tiled_experts(w, s) && w->n <= BESIDE_MAX_TOKENS;
     return beside ? (apart + fmax(resident + compute, reads)) / 2 : apart;
 }
 

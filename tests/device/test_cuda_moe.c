@@ -147,7 +147,7 @@ static void test_ffn(struct dt *d, enum quant_type gate_type, enum quant_type do
     /* Reference: masked-out experts weigh 0 (their products are then exactly 0 in the sum). */
     float *wref = dt_malloc(4 * (size_t)(n_tokens * k));
     for (int64_t i = 0; i < n_tokens * k; i++) wref[i] = mask[ids[i]] ? w[i] : 0.0f;
-    const bool gemm = n_tokens > (matvec_max > 0 ? matvec_max : cuda_moe_matvec_max_tokens(n_expert, k, false));
+    const bool gemm = n_tokens > (matvec_max > 0 ? matvec_max : cuda_moe_matvec_max_tokens(n_expert, k));
     float *want = dt_malloc(4 * (size_t)(n_tokens * n_embd)), *got = dt_malloc(4 * (size_t)(n_tokens * n_embd));
     if (gemm) reference_f16(&e, x, ids, wref, n_tokens, want);
     else reference_cpu(&e, x, ids, wref, n_tokens, want);
@@ -260,7 +260,7 @@ int main(void) {
                 {QUANT_Q4_0, QUANT_Q4_0, 16, 4, 256, 512, PLAIN}, {QUANT_Q4_K, QUANT_Q6_K, 16, 4, 256, 512, PLAIN},
                 {QUANT_Q8_0, QUANT_Q5_K, 8, 2, 512, 256, MASKED}, {QUANT_F16, QUANT_Q4_1, 8, 3, 256, 256, TABLES}};
             for (int j = 0; j < 4; j++) {
-                const bool tiled = tokens[i] > cuda_moe_matvec_max_tokens(c[j].n_expert, c[j].k, false);
+                const bool tiled = tokens[i] > cuda_moe_matvec_max_tokens(c[j].n_expert, c[j].k);
                 test_ffn(&d, c[j].gate, c[j].down, c[j].n_expert, c[j].k, c[j].n_embd, c[j].n_ff, tokens[i], c[j].v,
                          !forced ? 0 : tiled ? 1 << 30 : 1);
             }
