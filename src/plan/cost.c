@@ -360,7 +360,8 @@ static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
 }
 
 /* An expert call on the tiled GEMM (tiled_experts) computing `touched` of a layer's E experts
- * takes at least the time of EXPERT_CALL_MIN_SHARE of them: below that its tiles do not fill the GPU, and the call lasts one wave of them whatever their number. The profile's rate was
+ * takes at least the time of EXPERT_CALL_MIN_SHARE of them: below that its tiles do not fill the
+ * GPU, and the call lasts one wave of them whatever their number. The profile's rate was
  * measured over every expert of a layer. On the H200, qwen30b's ring steps at 16 GB stream 5-6
  * experts a layer in a call of their own: counted by their bytes alone, the gpu plan's 63- and
  * 256-token steps were predicted 19-21% fast, about 0.45 ms a call against 1.6 ms for a whole
