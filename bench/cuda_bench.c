@@ -415,20 +415,12 @@ static void bench_in_place_shapes(void) {
     cuda_arena_reset(&D.arena, mark);
 }
 
-/* One MoE layer's time (routing + FFN) at n tokens, cycling `layers` copies of the weights
- * (gate, up, down at gate_at / up_at / down_at, the layers gate_layer / down_layer bytes apart),
- * with the expert groups on the matrix-vector kernel up to matvec_max tokens. */
-static double moe_layer_us(const uint8_t *gate, const uint8_t *up, const uint8_t *down, size_t gate_layer,
-                           size_t down_layer, int layers, int64_t nt, int matvec_max, const float *x, const float *logits,
-                           int32_t *ids, float *w, float *out) {
-    const int n_expert = 128, k = 8;
-    const int64_t d = 2048, ff = 768;
-    const size_t gb = quant_row_bytes(QUANT_Q4_0, d), db = quant_row_bytes(QUANT_Q4_0, ff);
-    struct cuda_moe m = {0};
-    m.n_expert = n_expert, m.k = k, m.matvec_max_tokens = matvec_max;
-    m.gate = (struct cuda_matrix){QUANT_Q4_0, gate, d, ff, n_expert, gb, false};
-    m.up = (struct cuda_matrix){QUANT_Q4_0, up, d, ff, n_expert, gb, false};
-    m.down = (struct cuda_matrix){QUANT_Q4_0, down, ff, d, n_expert, db, false};
+/* One MoE layer's time (routing + FFN) at nt tokens: m as given (its kernel bound too) with its
+ * matrices' data moved to each of `layers` copies in turn, the copies gate_layer bytes apart for
+ * gate and up and down_layer for down. */
+static double moe_layer_us(struct cuda_moe m, size_t gate_layer, size_t down_layer, int layers, int64_t nt,
+                           const float *x, const float *logits, int32_t *ids, float *w, float *out) {
+    const uint8_t *gate = m.gate.data, *up = m.up.data, *down = m.down.data;
     const size_t wb = cuda_moe_work_bytes(&m, nt), wmark = cuda_arena_mark(&D.arena);
     void *work = dt_alloc(&D, wb);
     const int iters = nt >= 64 ? 8 : 32;
@@ -437,7 +429,7 @@ static double moe_layer_us(const uint8_t *gate, const uint8_t *up, const uint8_t
         const int l = (it + layers) % layers;
         m.gate.data = gate + gate_layer * (size_t)l, m.up.data = up + gate_layer * (size_t)l;
         m.down.data = down + down_layer * (size_t)l;
-        DT_CHECK(cuda_moe_route(logits + (size_t)l * 7 * n_expert, nt, n_expert, k, true, ids, w, D.s));
+        DT_CHECK(cuda_moe_route(logits + (size_t)l * 7 * m.n_expert, nt, m.n_expert, m.k, true, ids, w, D.s));
         DT_CHECK(cuda_moe_ffn(&m, x, ids, w, nt, out, false, work, wb, D.s));
     }
     DT_CHECK(cuda_event_record(ev1, D.s));
@@ -489,11 +481,15 @@ static void bench_moe(void) {
         const double touched = n_expert * (1 - pow(1 - (double)k / n_expert, (double)nt));
         printf("| %lld | %.0f |", (long long)nt, touched);
         for (int h = 0; h < 2; h++) {
-            const uint8_t *g = h ? hdev : gate, *u = h ? hdev + gate_layer : up, *dn = h ? hdev + 2 * gate_layer : down;
+            struct cuda_moe m = {.n_expert = n_expert, .k = k};
+            m.gate = (struct cuda_matrix){QUANT_Q4_0, h ? hdev : gate, d, ff, n_expert, gb, h};
+            m.up = (struct cuda_matrix){QUANT_Q4_0, h ? hdev + gate_layer : up, d, ff, n_expert, gb, h};
+            m.down = (struct cuda_matrix){QUANT_Q4_0, h ? hdev + 2 * gate_layer : down, ff, d, n_expert, db, h};
             const size_t gl = h ? layer_bytes : gate_layer, dl = h ? layer_bytes : down_layer;
             for (int tiled = 0; tiled < 2; tiled++) {
                 if (tiled && nt == 1) { printf(" - |"); continue; }
-                const double us = moe_layer_us(g, u, dn, gl, dl, layers, nt, tiled ? 1 : 1 << 30, x, logits, ids, w, out);
+                m.matvec_max_tokens = tiled ? 1 : 1 << 30;
+                const double us = moe_layer_us(m, gl, dl, layers, nt, x, logits, ids, w, out);
                 printf(" %.1f (%.0f) |", us, touched * expert_bytes / (us * 1e3));
             }
         }
