@@ -23,7 +23,7 @@ static struct gguf_file *file, *moe_file;
 static struct model model, moe;
 static char moe_path[256];
 static const struct plan_gpu_costs costs = {100 << 20, 20 << 20, 10 << 20, 32 << 20, 256 << 10};
-static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false, false, false, false, NULL, 0, false, false, -1, 0, false, false, 0};
+static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false, false, false, false, NULL, 0, false, false, -1, 0, false, false, 0, false};
 
 static int setup(void **state) {
     (void)state;
@@ -207,6 +207,21 @@ static void test_dynamic_ring_tiers_stage_alike(void **state) {
         cpu_ffn += model.shards[i].kind == SHARD_FFN && p.tier[PLAN_TIER_DECODE].shard[i] == PLACE_CPU;
     assert_true(cpu_ffn > 0);
     plan_free(&p);
+    /* In place (as auto weighs dynamic): no tier takes the ring, and the large ones split with the
+     * CPU too, over the same resident set. */
+    r.dynamic_in_place = true;
+    struct plan q;
+    assert_int_equal(plan_build(&model, &r, &costs, &q), PSHARD_OK);
+    assert_true(q.n_slots > 0);
+    for (int t = 0; t < PLAN_TIERS; t++) {
+        assert_false(q.tier[t].ring);
+        int split = 0;
+        for (uint32_t i = 0; i < model.n_shards; i++)
+            split += model.shards[i].kind == SHARD_FFN &&
+                     (q.tier[t].shard[i] == PLACE_CPU || q.tier[t].ffn_rows_gpu[model.shards[i].layer] > 0);
+        assert_true(split > 0);
+    }
+    plan_free(&q);
 }
 
 /* Lending the slots: the dense shards among the ring's last units (what a ring step leaves in the

@@ -126,7 +126,7 @@ static struct plan_request request_for(const struct exec_params *p, bool gpu_wan
                                  env_switch("PSHARD_ROUTED_SPLIT", true), NULL, 0,
                                  env_switch("PSHARD_ONE_EXPERT_CALL", true), p->decode_set != PLAN_DECODE_SAME, p->decode_set,
                                  p->n_decode, env_switch("PSHARD_KV_STREAM", true), env_switch("PSHARD_LONG_DECODE", true),
-                                 0};
+                                 0, p->dynamic_in_place};
 }
 
 /* PSHARD_DECODE_FROM=N (for tests and comparison): with a decode set asked for, decode steps run
@@ -200,6 +200,7 @@ struct exec_params exec_params_for_candidate(const struct exec_params *params, c
     cp.plan = cand->family;
     cp.stream_share = cand->share;
     cp.staging = (int32_t)cand->set;
+    cp.dynamic_in_place = true;
     if (cand->family == PLAN_CPU) cp.vram_budget = 0;
     return cp;
 }

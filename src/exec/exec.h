@@ -23,6 +23,9 @@ struct exec_params {
                             finds it pays; PLAN_DECODE_SAME, one set for every step; else decode steps
                             over this set (enum plan_set) */
     int32_t n_decode;    /* auto: tokens a request generates, which the planner weighs by (0: 128) */
+    bool dynamic_in_place; /* dynamic: every tier splits with the CPU, reading in place, as auto's
+                              candidates do (else tiers of PLAN_RING_ALL_MIN_TOKENS on stream all
+                              through the ring) */
 };
 
 struct exec_batch {

@@ -332,8 +332,9 @@ static void place_tier(const struct model *m, const struct plan_request *req, co
                        int ti, float share, bool staging, bool kv_stream) {
     struct plan_tier *t = &p->tier[ti];
     /* Ring tiers stream everything not resident, so they all stage the same units. */
+    const bool dynamic_ring = req->family != PLAN_AUTO && !req->dynamic_in_place;
     const bool ring_ok = staging && ((t->family == PLAN_GPU && t->min_tokens >= PLAN_RING_MIN_TOKENS) ||
-                                     (t->family == PLAN_DYNAMIC && t->min_tokens >= PLAN_RING_ALL_MIN_TOKENS) ||
+                                     (t->family == PLAN_DYNAMIC && dynamic_ring && t->min_tokens >= PLAN_RING_ALL_MIN_TOKENS) ||
                                      (t->family == PLAN_STATIC && req->stage_static));
     const bool stream_all = t->family == PLAN_GPU || (t->family == PLAN_DYNAMIC && ring_ok);
     const bool balanced = share <= 0 && req->stream_share <= 0;
@@ -631,7 +632,7 @@ static void set_tier(const struct model *m, const struct plan_request *req, cons
 }
 
 /* A tier's placement as a number: two candidates that place everything alike in a tier (gpu and
- * dynamic in ring tiers) are one plan there. */
+ * static in a tier whose weights are all resident, say) are one plan there. */
 uint64_t plan_tier_key(const struct plan *p, int t) {
     uint64_t h = 1469598103934665603ull;
     const struct plan_tier *tier = &p->tier[t];
@@ -950,7 +951,8 @@ static pshard_status build(const struct model *m, const struct plan_request *req
     }
     if (req->family == PLAN_AUTO) return search(m, req, costs, prof, budget, p);
 
-    /* One family in every tier. gpu and dynamic stream their largest steps through the ring. */
+    /* One family in every tier. gpu streams its largest steps through the ring, and dynamic too
+     * unless in place (plan_request.dynamic_in_place, as auto's candidates). */
     const enum plan_family family = req->family;
     /* With the ring asked for or refused, this is a candidate as the planner weighs it: its
      * resident set by benefit alone. Otherwise gpu keeps every layer's KV in VRAM first, so

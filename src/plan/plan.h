@@ -41,10 +41,12 @@ enum { PLAN_FAMILY_COUNT = PLAN_DYNAMIC + 1 };
 enum { PLAN_TIERS = 6, PLAN_TIER_DECODE = 0 };
 extern const int32_t plan_tier_tokens[PLAN_TIERS]; /* 1, 4, 16, 64, 256, 1024 */
 /* The staging ring: gpu tiers of at least PLAN_RING_MIN_TOKENS tokens, and dynamic ones of at
- * least PLAN_RING_ALL_MIN_TOKENS, copy the weights they stream through it (smaller steps, and
- * dynamic tiers between the two, read them in place: a dynamic step of 16-63 tokens may still
- * gain from splitting with the CPU; measured on the H200, llama8b's 16-token steps took 0.45 s
- * reading F16 weights in place and 0.26 s at 64 tokens through the ring). PLAN_STAGING_SLOTS slots where the
+ * least PLAN_RING_ALL_MIN_TOKENS asked for alone (not plan_request.dynamic_in_place), copy the
+ * weights they stream through it (smaller steps, and dynamic tiers between the two, read them in
+ * place: a dynamic step of 16-63 tokens may still gain from splitting with the CPU; measured on
+ * the H200, llama8b's 16-token steps took 0.45 s reading F16 weights in place and 0.26 s at 64
+ * tokens through the ring). auto's dynamic candidates split in place at every size: a dynamic
+ * tier through the ring streams everything, as gpu's does. PLAN_STAGING_SLOTS slots where the
  * budget is at least 32 slots' worth (a deeper ring absorbs uneven compute), else
  * PLAN_MIN_SLOTS; an MoE shard is staged in pieces of at most PLAN_PIECE_MAX_BYTES of experts
  * (each piece is one grouped-expert launch, so fewer, larger pieces waste less; measured on the
@@ -108,6 +110,8 @@ struct plan_request {
                              short ones (plan.decode_from, decode_until) */
     int32_t decode_from;  /* with decode_set asked for: decode steps run over it only over caches of
                              this many cells or more (tests, comparison); 0: every cache */
+    bool dynamic_in_place; /* dynamic: every tier splits with the CPU, reading in place (auto always
+                             weighs dynamic so: streaming everything through the ring is gpu's) */
 };
 
 /* auto: the typical request generates this many tokens unless told (plan_request.n_decode). */

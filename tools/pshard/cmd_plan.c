@@ -85,7 +85,7 @@ int cmd_plan(int argc, char **argv) {
     const char *model_path = NULL;
     bool no_profile = false, every_shard = false;
     const char *profile_file = NULL;
-    struct exec_params p = {4096, 512, 1, 0, PLAN_AUTO, -1, 0.0f, -1, NULL, PLAN_DECODE_WEIGHED, 0};
+    struct exec_params p = {4096, 512, 1, 0, PLAN_AUTO, -1, 0.0f, -1, NULL, PLAN_DECODE_WEIGHED, 0, false};
     int64_t tokens[MAX_TOKENS];
     int n_tokens = 0;
     for (int i = 1; i < argc; i++) {
