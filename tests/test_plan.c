@@ -23,7 +23,7 @@ static struct gguf_file *file, *moe_file;
 static struct model model, moe;
 static char moe_path[256];
 static const struct plan_gpu_costs costs = {100 << 20, 20 << 20, 10 << 20, 32 << 20, 256 << 10};
-static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false, false, false, false, NULL, 0, false, false, -1, 0, false, false, 0, false};
+static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false, false, false, false, NULL, 0, false, false, -1, 0, false, false, 0, false, false};
 
 static int setup(void **state) {
     (void)state;
@@ -785,6 +785,103 @@ static int64_t moe_split_budget(const struct shard **m0_out, uint64_t *slot_out)
     *m0_out = m0;
     *slot_out = slot;
     return (int64_t)(fixed_streaming() + everything + shared + 15 * m0->expert_bytes + PLAN_MIN_SLOTS * slot + 4096);
+}
+
+/* Lending expert pieces (plan.experts_lent): an MoE shard's pieces go through the ring from its
+ * highest experts down, so the pieces among the ring's last units are, in each layer, the range
+ * just past its resident experts; tiers without the ring compute those from the slots (in VRAM,
+ * split or not), ring tiers stage them as before, and the cost model takes them as resident. */
+static void test_lent_experts(void **state) {
+    (void)state;
+    /* qwen30b's shape in two layers, Q2_K experts: a layer's experts take several pieces */
+    char path[256], cmd[640];
+    snprintf(path, sizeof path, "/tmp/pshard-test-lent-%d.gguf", (int)getpid());
+    const char *build = getenv("PSHARD_BUILD_DIR");
+    snprintf(cmd, sizeof cmd, "'%s/gguf-synth' --shape qwen30b --layers 2 --vocab 259 --expert-type Q2_K --quiet -o '%s'",
+             build ? build : ".", path);
+    struct gguf_file *f = NULL;
+    struct model big;
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(gguf_open(path, &f), PSHARD_OK);
+    assert_int_equal(model_load(f, &big), PSHARD_OK);
+    unlink(path); /* (mapped: gone once closed, whatever fails below) */
+    struct plan_request r = base;
+    r.family = PLAN_DYNAMIC;
+    r.stream_share = 0.25f;
+    r.vram_budget = 520ll << 20;
+    r.lend_slots = r.one_expert_call = true;
+    struct plan plain, p;
+    assert_int_equal(plan_build(&big, &r, &costs, &plain), PSHARD_OK);
+    assert_null(plain.experts_lent); /* off unless asked for */
+    r.lend_experts = true;
+    assert_int_equal(plan_build(&big, &r, &costs, &p), PSHARD_OK);
+    assert_non_null(p.experts_lent);
+    assert_true(plan_lends(&p) && p.n_slots > 0);
+    int ring = -1;
+    for (int t = PLAN_TIERS - 1; t >= 0; t--) ring = p.tier[t].ring ? t : ring;
+    assert_true(ring > 0);
+    struct plan_unit *units = malloc(sizeof *units * plan_ring_units_max(&p));
+    assert_non_null(units);
+    const uint32_t n = plan_ring_units(&p, &big, &p.tier[ring], units);
+    assert_true(n > p.n_slots);
+    uint32_t lent_total = 0, lent_units = 0, after = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        const struct shard *s = &big.shards[units[j].shard];
+        const bool last = j >= n - p.n_slots;
+        assert_int_equal(plan_unit_lent(&p, &big, &units[j]), last && (s->kind == SHARD_MOE || p.lent[units[j].shard]));
+        if (s->kind != SHARD_MOE) continue;
+        if (j + 1 < n && units[j + 1].shard == units[j].shard) { /* a layer's pieces: highest first */
+            assert_int_equal(units[j + 1].end, units[j].first);
+            after++;
+        } else {
+            assert_int_equal(units[j].first, p.experts_resident[s->layer]); /* its last follows the resident */
+        }
+        if (last) lent_units++, lent_total += units[j].end - units[j].first;
+    }
+    assert_true(after > 0 && lent_units > 0); /* several pieces a layer, some lent */
+    uint32_t sum = 0;
+    for (uint32_t l = 0; l < big.hp.n_layers; l++) sum += p.experts_lent[l];
+    assert_int_equal(sum, lent_total);
+    const struct plan_tier *d = &p.tier[PLAN_TIER_DECODE];
+    assert_false(d->ring);
+    for (uint32_t i = 0; i < big.n_shards; i++) {
+        const struct shard *s = &big.shards[i];
+        if (s->kind != SHARD_MOE) continue;
+        const uint32_t l = s->layer, r0 = p.experts_resident[l], lent = p.experts_lent[l];
+        assert_true(r0 + lent <= s->n_expert);
+        assert_int_equal(plan_experts_vram(&p, &p.tier[ring], l), r0); /* the ring stages them */
+        assert_int_equal(p.tier[ring].experts_gpu[l], s->n_expert);
+        assert_int_equal(plan_experts_vram(&p, d, l), r0 + lent);
+        /* the split starts past them: the same share of what is left */
+        assert_int_equal(d->experts_gpu[l] - r0 - lent, (uint32_t)lroundf(0.25f * (float)(s->n_expert - r0 - lent)));
+    }
+    const struct plan_tier *a = &plain.tier[PLAN_TIER_DECODE];
+    assert_true(d->gpu_bytes_per_token > a->gpu_bytes_per_token);
+    assert_true(d->host_bytes_per_token + d->pcie_bytes_per_token < a->host_bytes_per_token + a->pcie_bytes_per_token);
+    struct profile prof;
+    plan_profile(NULL, &prof); /* the defaults, with a GPU */
+    struct cost_step ca, cb;
+    cost_step(&prof, &big, &plain, a, 1, 1000, &ca);
+    cost_step(&prof, &big, &p, d, 1, 1000, &cb);
+    assert_true(cb.seconds < ca.seconds);
+    /* static over the ring's room: the lent experts leave the CPU for the GPU's one call */
+    plan_free(&p);
+    r.family = PLAN_STATIC;
+    r.staging = PLAN_SET_RING;
+    r.stream_share = 0;
+    assert_int_equal(plan_build(&big, &r, &costs, &p), PSHARD_OK);
+    assert_false(p.tier[0].ring);
+    uint32_t lent_static = 0;
+    for (uint32_t l = 0; l < big.hp.n_layers; l++) {
+        lent_static += p.experts_lent[l];
+        assert_int_equal(p.tier[0].experts_gpu[l], p.experts_resident[l] + p.experts_lent[l]);
+    }
+    assert_true(lent_static > 0);
+    free(units);
+    plan_free(&plain);
+    plan_free(&p);
+    model_free(&big);
+    gguf_close(f);
 }
 
 static void test_moe_experts_by_range(void **state) {
@@ -1593,7 +1690,7 @@ int main(void) {
         cmocka_unit_test(test_dynamic_ring_tiers_stage_alike), cmocka_unit_test(test_cost_launches_and_hand_offs),
         cmocka_unit_test(test_lent_slots), cmocka_unit_test(test_cost_attention_call),
         cmocka_unit_test(test_cost_expert_reads_beside_cpu), cmocka_unit_test(test_cost_moe_ring_copies_hide_gpu_work),
-        cmocka_unit_test(test_static_stages_attention), cmocka_unit_test(test_dynamic_splits_ffn_rows),
+        cmocka_unit_test(test_static_stages_attention), cmocka_unit_test(test_lent_experts), cmocka_unit_test(test_dynamic_splits_ffn_rows),
         cmocka_unit_test(test_routed_split), cmocka_unit_test(test_cost_cpu_attention_per_query_head),
         cmocka_unit_test(test_cost_one_expert_call),
         cmocka_unit_test(test_cost_small_expert_calls), cmocka_unit_test(test_cost_in_place_call_by_odds), cmocka_unit_test(test_cost_hand_off_on_gpu_side), cmocka_unit_test(test_soonest_set),

@@ -123,19 +123,42 @@ static pshard_status upload_experts(struct exec_gpu *g, const struct gguf_tensor
     return PSHARD_OK;
 }
 
-/* Tables of where each expert's gate, up and down are: [0, r) in VRAM (moe), the rest in host
- * memory (moe_host), for one call over both (plan.one_expert_call). */
-static pshard_status expert_tables(struct exec_gpu *g, uint32_t r, struct gpu_layer *l) {
+/* Where expert e of MoE shard `shard` is in the slot the ring's last units left it in
+ * (plan.experts_lent): matrix m of the unit holding it, laid out as ring_fill copies them. */
+static const void *lent_expert(const struct exec_gpu *g, const struct plan *plan, uint32_t shard, uint32_t e,
+                               const size_t stride[3], int m) {
+    for (uint32_t j = g->n_units > plan->n_slots ? g->n_units - plan->n_slots : 0; j < g->n_units; j++) {
+        const struct plan_unit *u = &g->units[j];
+        if (u->shard != shard || e < u->first || e >= u->end) continue;
+        size_t at = 0;
+        for (int k = 0; k < m; k++) at += cuda_align(stride[k] * (u->end - u->first));
+        return g->slot[j % plan->n_slots] + at + stride[m] * (e - u->first);
+    }
+    return NULL;
+}
+
+/* Tables of where each expert's gate, up and down are: [0, r) in VRAM (moe), the next `lent` in
+ * the ring's slots (plan.experts_lent; for tiers without the ring), the rest in host memory
+ * (moe_host), for one call over them all (plan.one_expert_call). */
+static pshard_status expert_tables(struct exec_gpu *g, const struct plan *plan, uint32_t shard, uint32_t r,
+                                   uint32_t lent, struct gpu_layer *l) {
     const int E = l->moe_host.n_expert;
     const struct cuda_matrix *vram[3] = {&l->moe.gate, &l->moe.up, &l->moe.down};
     const struct cuda_matrix *host[3] = {&l->moe_host.gate, &l->moe_host.up, &l->moe_host.down};
+    size_t stride[3];
+    for (int m = 0; m < 3; m++) stride[m] = (size_t)host[m]->n_rows * host[m]->row_bytes;
     const void **table = malloc(sizeof(void *) * (size_t)E * 3);
     if (!table) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
-    for (int m = 0; m < 3; m++) {
-        const size_t stride = (size_t)host[m]->n_rows * host[m]->row_bytes;
-        for (int e = 0; e < E; e++)
-            table[m * E + e] = (const uint8_t *)((uint32_t)e < r ? vram[m]->data : host[m]->data) + stride * (size_t)e;
-    }
+    for (int m = 0; m < 3; m++)
+        for (int e = 0; e < E; e++) {
+            const uint32_t x = (uint32_t)e;
+            table[m * E + e] = x >= r && x < r + lent ? lent_expert(g, plan, shard, x, stride, m)
+                                                      : (const uint8_t *)(x < r ? vram[m]->data : host[m]->data) + stride[m] * x;
+            if (!table[m * E + e]) {
+                free(table);
+                return core_fail(PSHARD_ERR_INTERNAL, "expert %d of shard %u is lent but not in a last unit of the ring", e, shard);
+            }
+        }
     void **dev = NULL;
     pshard_status st = cuda_arena_alloc(&g->arena, sizeof(void *) * (size_t)E * 3, "activations", (void **)&dev);
     if (st == PSHARD_OK) st = upload(g, dev, table, sizeof(void *) * (size_t)E * 3);
@@ -149,9 +172,12 @@ static pshard_status expert_tables(struct exec_gpu *g, uint32_t r, struct gpu_la
     return PSHARD_OK;
 }
 
-static pshard_status upload_ffn(struct exec_gpu *g, const struct layer_weights *w, const struct model_hparams *hp,
-                                bool resident, uint32_t experts_resident, bool experts_streamed, bool one_call,
-                                struct gpu_layer *l) {
+static pshard_status upload_ffn(struct exec_gpu *g, const struct plan *plan, uint32_t shard, uint32_t layer,
+                                const struct layer_weights *w, const struct model_hparams *hp, bool resident,
+                                bool experts_streamed, struct gpu_layer *l) {
+    const uint32_t experts_resident = plan->experts_resident[layer];
+    const uint32_t lent = plan->experts_lent ? plan->experts_lent[layer] : 0;
+    const bool one_call = plan->one_expert_call;
     CORE_TRY(vector(g, w->ffn_norm, &l->ffn_norm));
     CORE_TRY(vector(g, w->gate_inp_shexp, &l->gate_inp_shexp));
     CORE_TRY(bind_matrix(g, w->ffn_gate, resident, &l->ffn_gate));
@@ -178,8 +204,8 @@ static pshard_status upload_ffn(struct exec_gpu *g, const struct layer_weights *
             CORE_TRY(host_matrix(w->gate_exps, &l->moe_host.gate));
             CORE_TRY(host_matrix(w->up_exps, &l->moe_host.up));
             CORE_TRY(host_matrix(w->down_exps, &l->moe_host.down));
-            if (one_call && experts_resident > 0 && experts_resident < hp->n_expert)
-                CORE_TRY(expert_tables(g, experts_resident, l));
+            if (one_call && (experts_resident > 0 || lent > 0) && experts_resident < hp->n_expert)
+                CORE_TRY(expert_tables(g, plan, shard, experts_resident, lent, l));
         }
     }
     return PSHARD_OK;
@@ -415,7 +441,7 @@ static pshard_status make_ring(struct exec_gpu *g, const struct exec_ctx *ctx) {
         bool last = false;
         for (uint32_t j = g->n_units > plan->n_slots ? g->n_units - plan->n_slots : 0; j < g->n_units; j++)
             last |= g->units[j].shard == i;
-        if (plan->lent[i] && !last) return core_fail(PSHARD_ERR_INTERNAL, "shard %u is lent but not a last unit of the ring", i);
+        if (plan->lent && plan->lent[i] && !last) return core_fail(PSHARD_ERR_INTERNAL, "shard %u is lent but not a last unit of the ring", i);
     }
     return PSHARD_OK;
 }
@@ -449,10 +475,8 @@ static pshard_status carve_plan(struct exec_gpu *g, struct exec_ctx *ctx) {
         case SHARD_ATTN: CORE_TRY(upload_attn(g, &ctx->w.layers[s->layer], resident, &g->layers[s->layer])); break;
         case SHARD_FFN:
         case SHARD_MOE:
-            CORE_TRY(upload_ffn(g, &ctx->w.layers[s->layer], hp, resident || s->kind == SHARD_MOE,
-                                s->kind == SHARD_MOE ? plan->experts_resident[s->layer] : 0,
-                                s->kind == SHARD_MOE && experts_streamed(plan, s->layer), plan->one_expert_call,
-                                &g->layers[s->layer]));
+            CORE_TRY(upload_ffn(g, plan, i, s->layer, &ctx->w.layers[s->layer], hp, resident || s->kind == SHARD_MOE,
+                                s->kind == SHARD_MOE && experts_streamed(plan, s->layer), &g->layers[s->layer]));
             break;
         case SHARD_HEAD:
             CORE_TRY(bind_matrix(g, ctx->w.output, resident, &g->output));

@@ -230,7 +230,7 @@ static pshard_status ring_pass(struct exec_ctx *ctx, struct exec_gpu *g) {
 }
 
 static pshard_status ring_start(struct exec_ctx *ctx, struct exec_gpu *g, const struct plan_tier *tier) {
-    if (ctx->active->lent) /* steps before may have read lent units: the fills wait for them */
+    if (ctx->active->lent || ctx->active->experts_lent) /* steps before may have read lent units: the fills wait for them */
         for (uint32_t k = 0; k < ctx->active->n_slots; k++) {
             CORE_TRY(cuda_event_record(g->freed[k], g->stream));
             g->slot_used[k] = true;
@@ -308,9 +308,9 @@ static uint8_t *lent_slot(const struct exec_ctx *ctx, const struct exec_gpu *g, 
 /* Before a step without the ring: unless a ring step left the lent units in their slots, copy
  * them there; the compute stream waits for the copies. */
 static pshard_status ensure_lent(struct exec_ctx *ctx, struct exec_gpu *g) {
-    if (!ctx->active->lent || g->lent_ready) return PSHARD_OK;
+    if ((!ctx->active->lent && !ctx->active->experts_lent) || g->lent_ready) return PSHARD_OK;
     for (uint32_t j = last_units(ctx, g); j < g->n_units; j++) {
-        if (!ctx->active->lent[g->units[j].shard]) continue;
+        if (!plan_unit_lent(ctx->active, ctx->model, &g->units[j])) continue;
         CORE_TRY(ring_fill(ctx, g, j));
         CORE_TRY(cuda_stream_wait(g->stream, g->filled[j % ctx->active->n_slots]));
     }
@@ -326,7 +326,10 @@ static pshard_status staged_experts(struct exec_ctx *ctx, struct exec_gpu *g, ui
                                     uint32_t end) {
     const struct gpu_layer *l = &g->layers[il];
     const uint32_t piece = ctx->active->piece_experts, r = ctx->active->experts_resident[il];
-    for (uint32_t first = r; first < end; first += piece) {
+    /* (in the ring's order: from the highest piece down where the plan lends experts) */
+    const uint32_t pieces = (end - r + piece - 1) / piece;
+    for (uint32_t p = 0; p < pieces; p++) {
+        const uint32_t first = r + (ctx->active->experts_lent ? pieces - 1 - p : p) * piece;
         uint8_t *slot;
         CORE_TRY(ring_acquire(ctx, g, index, first, &slot));
         const struct gguf_tensor *tensors[3];
@@ -382,7 +385,7 @@ static void cpu_experts(struct exec_ctx *ctx, struct exec_gpu *g, const struct p
     if (routed_step(tier, n)) {
         bool gpu[PLAN_MAX_ROUTED];
         int32_t routed[PLAN_MAX_ROUTED];
-        first = ctx->active->experts_resident[s->layer];
+        first = plan_experts_vram(ctx->active, tier, s->layer);
         plan_routed_split(ids, (int)k, (int32_t)first, tier->routed_quota, gpu);
         uint64_t mine = 0, read = 0;
         for (size_t j = 0; j < k; j++) {
@@ -544,17 +547,19 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
     const uint64_t touched = (uint64_t)(n * hp->n_expert_used < E ? n * hp->n_expert_used : E);
     const bool routed = split && routed_step(tier, n);
     if (l->moe_all.gate_ptrs && !tier->ring && (routed || on_gpu > r)) {
-        /* One call: the resident experts from VRAM and the streamed ones in place, side by side. */
+        /* One call: the resident experts from VRAM (and those lent in the ring's slots) and the
+         * streamed ones in place, side by side. */
+        const uint32_t vram = plan_experts_vram(ctx->active, tier, (uint32_t)il);
         struct cuda_moe all = l->moe_all;
         all.expert_mask = l->mask_gpu[tier - ctx->active->tier];
         if (routed) {
-            CORE_TRY(cuda_moe_routed_mask(g->expert_ids, (int)hp->n_expert_used, (int)r,
+            CORE_TRY(cuda_moe_routed_mask(g->expert_ids, (int)hp->n_expert_used, (int)vram,
                                           g->routed_quota[tier - ctx->active->tier], (int)E, true, g->routed_mask, s));
             all.expert_mask = g->routed_mask;
         }
         CORE_TRY(cuda_moe_ffn(&all, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work, g->work_bytes, s));
-        ctx->stats.weight_bytes_read += touched * shard->expert_bytes * (routed ? r : on_gpu) / E;
-        if (!routed) ctx->stats.streamed_bytes += touched * shard->expert_bytes * (on_gpu - r) / E;
+        ctx->stats.weight_bytes_read += touched * shard->expert_bytes * (routed ? vram : on_gpu) / E;
+        if (!routed) ctx->stats.streamed_bytes += touched * shard->expert_bytes * (on_gpu - vram) / E;
     } else {
         CORE_TRY(experts_apart(ctx, g, index, il, tier, n, routed, touched));
     }

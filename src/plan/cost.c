@@ -412,7 +412,7 @@ static double hypergeometric(double E, double among, int k, int hit) {
 /* Whether an MoE layer's resident and streamed experts run as one call (plan.one_expert_call:
  * where some are resident and some not, outside ring tiers). */
 static bool one_expert_call(const struct walk *w, const struct shard *s) {
-    const uint32_t r = w->p->experts_resident[s->layer];
+    const uint32_t r = plan_experts_vram(w->p, w->t, s->layer);
     return w->p->one_expert_call && r > 0 && r < s->n_expert && !w->t->ring;
 }
 
@@ -509,7 +509,7 @@ static struct split_time moe_split(const struct walk *w, const struct shard *s, 
      * counting three per streamed call and none for the resident one, the oracle's qwen30b
      * candidates were predicted 14.9% off at the median, 12.5% counting all eight); a routed
      * tier's mask. */
-    const int calls = one ? 1 : (w->p->experts_resident[s->layer] > 0) + streams;
+    const int calls = one ? 1 : (plan_experts_vram(w->p, w->t, s->layer) > 0) + streams;
     const int kernels = extra_kernels[SHARD_MOE] + EXPERT_CALL_OPS * calls + w->t->routed;
     const int ops = extra_kernels[SHARD_MOE] + MATRIX_OPS * count + EXPERT_CALL_OPS * calls + HAND_OFF_OPS + w->t->routed;
     return split_time(w, true, gpu, kernels, ops, stream, moved, pr->cpu_moe_call_s + cpu * eb * cost_expert_rate(pr->cpu_experts, type, E, k, n),
@@ -531,7 +531,7 @@ static void moe_shard(struct walk *w, const struct shard *s, uint32_t i) {
         return;
     }
     move_to(w, true);
-    const double r = w->p->experts_resident[s->layer], g = w->t->experts_gpu[s->layer];
+    const double r = plan_experts_vram(w->p, w->t, s->layer), g = w->t->experts_gpu[s->layer];
     const double gpu_rate = cost_expert_rate(pr->gpu_experts, type, E, k, n);
     double gpu = matrices_s(w, s, true, n, &shared_bytes, &count);
     const bool one = one_expert_call(w, s) && g > r;

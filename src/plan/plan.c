@@ -144,7 +144,7 @@ static void tier_account(const struct model *m, const struct plan *p, struct pla
             *(place == PLACE_CPU ? &t->host_bytes_per_token
                                  : place == PLACE_STREAMED ? &t->pcie_bytes_per_token : &t->gpu_bytes_per_token) += row;
         } else if (s->kind == SHARD_MOE && place != PLACE_CPU) {
-            const uint32_t r = p->experts_resident[s->layer], g = t->experts_gpu[s->layer], E = s->n_expert;
+            const uint32_t r = plan_experts_vram(p, t, s->layer), g = t->experts_gpu[s->layer], E = s->n_expert;
             t->all_gpu &= g == E;
             t->gpu_bytes_per_token += shared_bytes(s) + k * s->expert_bytes * r / E;
             t->pcie_bytes_per_token += k * s->expert_bytes * (g - r) / E;
@@ -209,7 +209,9 @@ uint32_t plan_ring_units(const struct plan *p, const struct model *m, const stru
             if (s->kind != SHARD_MOE) {
                 out[n] = (struct plan_unit){i, 0, 0};
             } else {
-                const uint32_t e = p->experts_resident[s->layer] + u * piece;
+                /* (lending experts: highest pieces first, so a layer's last pieces follow its
+                 * resident experts) */
+                const uint32_t e = p->experts_resident[s->layer] + (p->experts_lent ? units - 1 - u : u) * piece;
                 out[n] = (struct plan_unit){i, e, e + piece < s->n_expert ? e + piece : s->n_expert};
             }
         }
@@ -226,19 +228,33 @@ bool plan_tier_stages(const struct model *m, const struct plan_tier *t, const st
 bool plan_lends(const struct plan *p) {
     for (uint32_t i = 0; p->lent && i < p->n_shards; i++)
         if (p->lent[i]) return true;
+    for (uint32_t l = 0; p->experts_lent && l < p->n_layers; l++)
+        if (p->experts_lent[l]) return true;
     return false;
 }
 
-/* plan.lent from the resident set (marked in tier 0): the dense shards among the ring's last
- * n_slots units. */
+bool plan_unit_lent(const struct plan *p, const struct model *m, const struct plan_unit *u) {
+    const struct shard *s = &m->shards[u->shard];
+    if (s->kind != SHARD_MOE) return p->lent && p->lent[u->shard];
+    return p->experts_lent && u->first < p->experts_resident[s->layer] + p->experts_lent[s->layer];
+}
+
+/* plan.lent and plan.experts_lent from the resident set (marked in tier 0): the dense shards and
+ * the MoE pieces among the ring's last n_slots units. */
 static pshard_status lend_slots(const struct model *m, struct plan *p) {
     struct plan_unit *units = malloc(sizeof *units * plan_ring_units_max(p));
     if (!units) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
     const uint32_t n = plan_ring_units(p, m, &p->tier[0], units);
     for (uint32_t j = n > p->n_slots ? n - p->n_slots : 0; j < n; j++) {
         const struct shard *s = &m->shards[units[j].shard];
+        if (s->kind == SHARD_MOE) {
+            /* (a layer's pieces run from its highest experts down, so those among the last units
+             * are the lowest past its resident ones: one range) */
+            if (p->experts_lent) p->experts_lent[s->layer] += units[j].end - units[j].first;
+            continue;
+        }
         /* (attention whose KV is on the host needs its cells in the slot, which only ring steps bring) */
-        p->lent[units[j].shard] |= s->kind == SHARD_FFN || (s->kind == SHARD_ATTN && p->kv_gpu[s->layer]);
+        if (p->lent) p->lent[units[j].shard] |= s->kind == SHARD_FFN || (s->kind == SHARD_ATTN && p->kv_gpu[s->layer]);
     }
     free(units);
     return PSHARD_OK;
@@ -352,9 +368,11 @@ static void place_tier(const struct model *m, const struct plan_request *req, co
             /* On the GPU when its shared part is resident (marked by the caller). */
             if (*place == PLACE_CPU) continue;
             const uint32_t r = p->experts_resident[s->layer], E = s->n_expert;
-            uint32_t g = r;
+            /* (a tier that cannot take the ring computes the experts lent it from their slots) */
+            const uint32_t vram = r + (p->experts_lent && !ring_ok ? p->experts_lent[s->layer] : 0);
+            uint32_t g = vram;
             if (stream_all) g = E;
-            else if (t->family == PLAN_DYNAMIC) g = r + (uint32_t)lroundf(share * (float)(E - r));
+            else if (t->family == PLAN_DYNAMIC) g = vram + (uint32_t)lroundf(share * (float)(E - vram));
             t->experts_gpu[s->layer] = g;
             *place = r == E ? PLACE_RESIDENT : PLACE_STREAMED;
             t->ring |= ring_ok && g > r;
@@ -395,6 +413,12 @@ static void place_tier(const struct model *m, const struct plan_request *req, co
                 t->shard[i] = PLACE_STREAMED;
                 if (m->shards[i].kind == SHARD_FFN) t->ffn_rows_gpu[m->shards[i].layer] = 0;
             }
+    for (uint32_t i = 0; !t->ring && p->experts_lent && i < m->n_shards; i++) {
+        const struct shard *s = &m->shards[i];
+        if (s->kind != SHARD_MOE || t->shard[i] == PLACE_CPU) continue;
+        const uint32_t vram = plan_experts_vram(p, t, s->layer);
+        if (t->experts_gpu[s->layer] < vram) t->experts_gpu[s->layer] = vram;
+    }
 }
 
 /* A unit of the resident set: a shard's matrices (with its layer's KV, for attention) or an
@@ -543,6 +567,7 @@ static void reset_places(struct plan *p) {
     p->kv_stream = false;
     p->budget.staging = 0;
     if (p->lent) memset(p->lent, 0, sizeof *p->lent * p->n_shards);
+    if (p->experts_lent) memset(p->experts_lent, 0, sizeof *p->experts_lent * p->n_layers);
 }
 
 /* Staging slots a budget holds: PLAN_STAGING_SLOTS where they are a small part of it. */
@@ -593,7 +618,7 @@ static pshard_status resident_set(const struct model *m, const struct plan_reque
     if (staging) p->n_slots = n_slots, p->slot_bytes = slot, p->budget.staging = ring;
     CORE_TRY(choose_resident(m, req, prof, budget - fixed - ring, kv_first, p));
     for (uint32_t l = 0; carries_kv && l < p->n_layers; l++) p->kv_stream |= !p->kv_gpu[l];
-    return staging && p->lent ? lend_slots(m, p) : PSHARD_OK;
+    return staging && (p->lent || p->experts_lent) ? lend_slots(m, p) : PSHARD_OK;
 }
 
 /* Set tier t to a family (and dynamic share) over the resident set, and account for it. */
@@ -639,7 +664,8 @@ uint64_t plan_tier_key(const struct plan *p, int t) {
     for (uint32_t i = 0; i < p->n_shards; i++) h = (h ^ (uint64_t)tier->shard[i]) * 1099511628211ull;
     for (uint32_t l = 0; l < p->n_layers; l++)
         h = (h ^ tier->experts_gpu[l] ^ (uint64_t)tier->ffn_rows_gpu[l] << 32 ^ (uint64_t)p->experts_resident[l] << 20 ^
-             (uint64_t)p->kv_gpu[l] << 40) * 1099511628211ull;
+             (uint64_t)p->kv_gpu[l] << 40 ^
+             (uint64_t)(plan_experts_vram(p, tier, l) - p->experts_resident[l]) << 48) * 1099511628211ull;
     h = (h ^ tier->ring) * 1099511628211ull;
     if (tier->routed)
         for (int n = 0; n <= PLAN_MAX_ROUTED; n++) h = (h ^ (uint64_t)tier->routed_quota[n] << 8 ^ 1) * 1099511628211ull;
@@ -1030,7 +1056,9 @@ pshard_status plan_build(const struct model *model, const struct plan_request *r
     out->kv_gpu = calloc(nl, sizeof *out->kv_gpu);
     out->experts_resident = calloc(nl, sizeof *out->experts_resident);
     out->lent = req->lend_slots ? calloc(ns, sizeof *out->lent) : NULL;
-    bool ok = out->kv_gpu && out->experts_resident && (out->lent || !req->lend_slots);
+    const bool lend_experts = req->lend_slots && req->lend_experts && req->one_expert_call && model->hp.n_expert;
+    out->experts_lent = lend_experts ? calloc(nl, sizeof *out->experts_lent) : NULL;
+    bool ok = out->kv_gpu && out->experts_resident && (out->lent || !req->lend_slots) && (out->experts_lent || !lend_experts);
     for (int t = 0; t < PLAN_TIERS; t++) {
         out->tier[t].shard = calloc(ns, sizeof *out->tier[t].shard);
         out->tier[t].experts_gpu = calloc(nl, sizeof *out->tier[t].experts_gpu);
@@ -1082,6 +1110,8 @@ void plan_free(struct plan *plan) {
     free(plan->kv_gpu);
     free(plan->experts_resident);
     free(plan->lent);
+    free(plan->experts_lent);
+    plan->experts_lent = NULL;
     plan->kv_gpu = NULL;
     plan->experts_resident = NULL;
     plan->lent = NULL;

@@ -112,6 +112,9 @@ struct plan_request {
                              this many cells or more (tests, comparison); 0: every cache */
     bool dynamic_in_place; /* dynamic: every tier splits with the CPU, reading in place (auto always
                              weighs dynamic so: streaming everything through the ring is gpu's) */
+    bool lend_experts;    /* with lend_slots and one_expert_call: tiers without the ring read the
+                             MoE pieces among the ring's last units from their slots as well
+                             (plan.experts_lent) */
 };
 
 /* auto: the typical request generates this many tokens unless told (plan_request.n_decode). */
@@ -194,6 +197,12 @@ struct plan {
      * them there, from VRAM, instead of from host memory (the executor fills the slots itself
      * when no ring step ran since). NULL when the plan lends nothing. */
     bool *lent;
+    /* Per layer: experts [r, r + experts_lent) of an MoE shard (r resident) among the ring's last
+     * units, which tiers without the ring read from their slots too (plan_experts_vram). An MoE
+     * shard's pieces then go through the ring from its highest experts down, so the last pieces
+     * of a layer are those just past its resident ones. NULL unless asked for
+     * (plan_request.lend_experts). */
+    uint32_t *experts_lent;
     bool any_gpu, any_cpu_attention;
     bool one_expert_call; /* the GPU's experts of an MoE layer, resident and streamed, in one call */
     struct plan_budget budget;
@@ -351,6 +360,16 @@ bool plan_splits_ffn(const struct plan *p);
 static inline bool plan_ffn_split(const struct plan_tier *t, const struct shard *s) {
     return s->kind == SHARD_FFN && s->layer >= 0 && t->ffn_rows_gpu[s->layer] > 0;
 }
+/* The experts of layer l tier t computes from VRAM: the resident ones and, in a tier without the
+ * ring, those the ring's last pieces left in the slots (plan.experts_lent), [0, this) in all. */
+static inline uint32_t plan_experts_vram(const struct plan *p, const struct plan_tier *t, uint32_t l) {
+    return p->experts_resident[l] + (p->experts_lent && !t->ring ? p->experts_lent[l] : 0);
+}
+
+/* Whether ring unit u is one a tier without the ring reads from its slot (plan.lent, and
+ * plan.experts_lent for an MoE shard's pieces). */
+bool plan_unit_lent(const struct plan *p, const struct model *m, const struct plan_unit *u);
+
 /* Whether tier t reads shard i from the slot the ring left it in (see plan.lent). */
 static inline bool plan_reads_lent(const struct plan *p, const struct plan_tier *t, uint32_t i) {
     return p->lent && p->lent[i] && !t->ring && t->shard[i] == PLACE_STREAMED;

@@ -36,8 +36,11 @@ void plan_note(FILE *out, const char *fmt, ...) {
 static void place_text(const struct plan *p, const struct model *m, const struct plan_tier *t, const struct shard *s,
                        uint32_t i, char *buf, size_t size) {
     if (s->kind == SHARD_MOE && t->shard[i] != PLACE_CPU) {
-        const uint32_t r = p->experts_resident[s->layer], g = t->experts_gpu[s->layer];
-        snprintf(buf, size, "%u/%u/%u", r, g - r, s->n_expert - g);
+        const uint32_t r = p->experts_resident[s->layer], v = plan_experts_vram(p, t, s->layer), g = t->experts_gpu[s->layer];
+        if (v > r)
+            snprintf(buf, size, "%u+%u/%u/%u", r, v - r, g - v, s->n_expert - g);
+        else
+            snprintf(buf, size, "%u/%u/%u", r, g - r, s->n_expert - g);
     } else if (t->shard[i] == PLACE_STREAMED && plan_ffn_split(t, s)) {
         const uint32_t f = t->ffn_rows_gpu[s->layer];
         snprintf(buf, size, "0/%u/%u", f, m->hp.n_ff - f);
@@ -318,8 +321,8 @@ void plan_print(const struct plan *p, const struct model *m, bool every_shard, F
             break;
         }
     if (plan_lends(p))
-        plan_note(out, "(IN SLOT: read from the staging slot where the ring's last step left it; copied there first "
-                  "when no prompt step has used the ring yet)");
+        plan_note(out, "(IN SLOT, and experts R+S: read from the staging slot where the ring's last step left it, "
+                  "S experts past the R resident; copied there first when no prompt step has used the ring yet)");
     print_shards(p, dp, m, every_shard, out);
     char what[64];
     if (p->decode && p->decode_from > 0)
