@@ -118,9 +118,8 @@ static bool env_switch(const char *name, bool unset) {
  * ones. PSHARD_LEND_SLOTS=0, PSHARD_SPLIT_FFN=0, PSHARD_STAGE_STATIC=0, PSHARD_ROUTED_SPLIT=0,
  * PSHARD_KV_STREAM=0 and PSHARD_LONG_DECODE=0 turn these off (for comparison); so does
  * PSHARD_ONE_EXPERT_CALL=0 for the one call over a layer's resident and streamed experts (two
- * calls, resident ones first). PSHARD_LEND_EXPERTS=1 has tiers without the ring read the MoE
- * pieces among the ring's last units from their slots too (plan.experts_lent; off by default
- * until measured). */
+ * calls, resident ones first), and PSHARD_LEND_EXPERTS=0 for tiers without the ring reading the
+ * MoE pieces among the ring's last units from their slots too (plan.experts_lent). */
 static struct plan_request request_for(const struct exec_params *p, bool gpu_wanted) {
     return (struct plan_request){gpu_wanted ? p->plan : PLAN_CPU, p->vram_budget, p->n_ctx, p->n_batch, p->n_seq,
                                  p->stream_share, p->staging, p->profile, env_switch("PSHARD_LEND_SLOTS", true),
@@ -128,7 +127,7 @@ static struct plan_request request_for(const struct exec_params *p, bool gpu_wan
                                  env_switch("PSHARD_ROUTED_SPLIT", true), NULL, 0,
                                  env_switch("PSHARD_ONE_EXPERT_CALL", true), p->decode_set != PLAN_DECODE_SAME, p->decode_set,
                                  p->n_decode, env_switch("PSHARD_KV_STREAM", true), env_switch("PSHARD_LONG_DECODE", true),
-                                 0, p->dynamic_in_place, env_switch("PSHARD_LEND_EXPERTS", false)};
+                                 0, p->dynamic_in_place, env_switch("PSHARD_LEND_EXPERTS", true)};
 }
 
 /* PSHARD_DECODE_FROM=N (for tests and comparison): with a decode set asked for, decode steps run

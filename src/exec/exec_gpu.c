@@ -124,15 +124,15 @@ static pshard_status upload_experts(struct exec_gpu *g, const struct gguf_tensor
 }
 
 /* Where expert e of MoE shard `shard` is in the slot the ring's last units left it in
- * (plan.experts_lent): matrix m of the unit holding it, laid out as ring_fill copies them. */
-static const void *lent_expert(const struct exec_gpu *g, const struct plan *plan, uint32_t shard, uint32_t e,
-                               const size_t stride[3], int m) {
+ * (plan.experts_lent): matrix m of the unit holding it. */
+static const void *lent_expert(const struct exec_gpu *g, const struct plan *plan, const struct layer_weights *w,
+                               uint32_t shard, uint32_t e, const size_t stride[3], int m) {
     for (uint32_t j = g->n_units > plan->n_slots ? g->n_units - plan->n_slots : 0; j < g->n_units; j++) {
         const struct plan_unit *u = &g->units[j];
         if (u->shard != shard || e < u->first || e >= u->end) continue;
-        size_t at = 0;
-        for (int k = 0; k < m; k++) at += cuda_align(stride[k] * (u->end - u->first));
-        return g->slot[j % plan->n_slots] + at + stride[m] * (e - u->first);
+        uintptr_t base[3];
+        expert_slot_bases(w, u->first, u->end, g->slot[j % plan->n_slots], base);
+        return (const void *)(base[m] + stride[m] * e);
     }
     return NULL;
 }
@@ -140,8 +140,8 @@ static const void *lent_expert(const struct exec_gpu *g, const struct plan *plan
 /* Tables of where each expert's gate, up and down are: [0, r) in VRAM (moe), the next `lent` in
  * the ring's slots (plan.experts_lent; for tiers without the ring), the rest in host memory
  * (moe_host), for one call over them all (plan.one_expert_call). */
-static pshard_status expert_tables(struct exec_gpu *g, const struct plan *plan, uint32_t shard, uint32_t r,
-                                   uint32_t lent, struct gpu_layer *l) {
+static pshard_status expert_tables(struct exec_gpu *g, const struct plan *plan, const struct layer_weights *w,
+                                   uint32_t shard, uint32_t r, uint32_t lent, struct gpu_layer *l) {
     const int E = l->moe_host.n_expert;
     const struct cuda_matrix *vram[3] = {&l->moe.gate, &l->moe.up, &l->moe.down};
     const struct cuda_matrix *host[3] = {&l->moe_host.gate, &l->moe_host.up, &l->moe_host.down};
@@ -152,7 +152,7 @@ static pshard_status expert_tables(struct exec_gpu *g, const struct plan *plan, 
     for (int m = 0; m < 3; m++)
         for (int e = 0; e < E; e++) {
             const uint32_t x = (uint32_t)e;
-            table[m * E + e] = x >= r && x < r + lent ? lent_expert(g, plan, shard, x, stride, m)
+            table[m * E + e] = x >= r && x < r + lent ? lent_expert(g, plan, w, shard, x, stride, m)
                                                       : (const uint8_t *)(x < r ? vram[m]->data : host[m]->data) + stride[m] * x;
             if (!table[m * E + e]) {
                 free(table);
@@ -205,7 +205,7 @@ static pshard_status upload_ffn(struct exec_gpu *g, const struct plan *plan, uin
             CORE_TRY(host_matrix(w->up_exps, &l->moe_host.up));
             CORE_TRY(host_matrix(w->down_exps, &l->moe_host.down));
             if (one_call && (experts_resident > 0 || lent > 0) && experts_resident < hp->n_expert)
-                CORE_TRY(expert_tables(g, plan, shard, experts_resident, lent, l));
+                CORE_TRY(expert_tables(g, plan, w, shard, experts_resident, lent, l));
         }
     }
     return PSHARD_OK;

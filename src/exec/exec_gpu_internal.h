@@ -106,4 +106,18 @@ struct exec_gpu {
     bool *seen;
 };
 
+/* A unit's layout in its slot (ring_fill copies it so): its n matrices of bytes[] one after
+ * another, each aligned; where matrix m starts (m = n: the bytes the matrices take). */
+static inline size_t unit_matrix_at(const size_t *bytes, int m) {
+    size_t at = 0;
+    for (int k = 0; k < m; k++) at += cuda_align(bytes[k]);
+    return at;
+}
+
+/* A slot holding experts [first, end) of a layer as ring_fill copies them: for gate, up and down
+ * the address expert 0 would have, so expert e of matrix m lies at base[m] + its bytes * e
+ * (shards_gpu.c). */
+void expert_slot_bases(const struct layer_weights *w, uint32_t first, uint32_t end, const uint8_t *slot,
+                       uintptr_t base[3]);
+
 #endif

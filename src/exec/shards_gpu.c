@@ -160,6 +160,14 @@ static void expert_unit(const struct layer_weights *w, uint32_t first, uint32_t 
     }
 }
 
+void expert_slot_bases(const struct layer_weights *w, uint32_t first, uint32_t end, const uint8_t *slot,
+                       uintptr_t base[3]) {
+    const struct gguf_tensor *tensors[3];
+    size_t offset[3], bytes[3];
+    expert_unit(w, first, end, tensors, offset, bytes);
+    for (int m = 0; m < 3; m++) base[m] = (uintptr_t)(slot + unit_matrix_at(bytes, m)) - (uintptr_t)offset[m];
+}
+
 /* A layer's KV cells in a slot, from `at` (past its matrices): every sequence's n_ctx cells of K,
  * then of V, laid out as the cache in VRAM is (plan.kv_stream). */
 static struct cuda_kv_layer slot_kv(const struct exec_ctx *ctx, uint8_t *at) {
@@ -202,11 +210,10 @@ static pshard_status ring_fill(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
         n = dense_unit(&g->layers[s->layer], w, s->kind, NULL, tensors);
         for (int m = 0; m < n; m++) bytes[m] = tensors[m]->n_bytes;
     }
-    size_t at = 0;
-    for (int m = 0; m < n; m++) {
-        CORE_TRY(cuda_copy_h2d(g->slot[slot] + at, (const uint8_t *)tensors[m]->data + offset[m], bytes[m], g->copy));
-        at += cuda_align(bytes[m]);
-    }
+    for (int m = 0; m < n; m++)
+        CORE_TRY(cuda_copy_h2d(g->slot[slot] + unit_matrix_at(bytes, m), (const uint8_t *)tensors[m]->data + offset[m],
+                               bytes[m], g->copy));
+    const size_t at = unit_matrix_at(bytes, n);
     ctx->stats.streamed_bytes += at;
     if (s->kind == SHARD_ATTN && !ctx->active->kv_gpu[s->layer]) CORE_TRY(kv_cells_up(ctx, g, s->layer, g->slot[slot] + at));
     return cuda_event_record(g->filled[slot], g->copy);
@@ -332,14 +339,12 @@ static pshard_status staged_experts(struct exec_ctx *ctx, struct exec_gpu *g, ui
         const uint32_t first = r + (ctx->active->experts_lent ? pieces - 1 - p : p) * piece;
         uint8_t *slot;
         CORE_TRY(ring_acquire(ctx, g, index, first, &slot));
-        const struct gguf_tensor *tensors[3];
-        size_t offset[3], bytes[3];
-        expert_unit(&ctx->w.layers[il], first, g->units[g->next_use].end, tensors, offset, bytes);
+        uintptr_t base[3];
+        expert_slot_bases(&ctx->w.layers[il], first, g->units[g->next_use].end, slot, base);
         struct cuda_moe view = l->moe_host;
         struct cuda_matrix *mats[] = {&view.gate, &view.up, &view.down};
-        size_t at = 0;
-        for (int m = 0; m < 3; at += cuda_align(bytes[m]), m++) {
-            mats[m]->data = (const void *)((uintptr_t)(slot + at) - (uintptr_t)offset[m]);
+        for (int m = 0; m < 3; m++) {
+            mats[m]->data = (const void *)base[m];
             mats[m]->in_place = false;
         }
         view.expert_mask = l->mask_pieces + (size_t)((first - r) / piece) * ctx->active->n_expert;
