@@ -279,11 +279,13 @@ static pshard_status dense_in_slot(struct exec_ctx *ctx, struct exec_gpu *g, con
     struct cuda_matrix *mats[4];
     const struct gguf_tensor *tensors[4];
     const int n = dense_unit(&view, &ctx->w.layers[shard->layer], shard->kind, mats, tensors);
-    size_t at = 0;
-    for (int m = 0; m < n; at += cuda_align(tensors[m]->n_bytes), m++) {
-        mats[m]->data = slot + at;
+    size_t bytes[4];
+    for (int m = 0; m < n; m++) bytes[m] = tensors[m]->n_bytes;
+    for (int m = 0; m < n; m++) {
+        mats[m]->data = slot + unit_matrix_at(bytes, m);
         mats[m]->in_place = false;
     }
+    const size_t at = unit_matrix_at(bytes, n);
     if (shard->kind != SHARD_ATTN) return ffn_shard(ctx, g, &view, b);
     if (ctx->active->kv_gpu[shard->layer]) return attn_shard(ctx, g, shard->layer, &view, &g->kv[shard->layer], b);
     const struct cuda_kv_layer kv = slot_kv(ctx, slot + at);
