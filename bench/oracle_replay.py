@@ -17,7 +17,9 @@ choice was the measured best (among all candidates, and among those over the cho
 resident set), how much slower when not (and how often within 2, 5 and 10% of the best), and the
 median prediction error; and how repeatable the
 measured best is: redrawn from the loads it was timed over, how often the same plan comes out
-best. --by-plan adds, per model, candidate and tokens per step, the median signed prediction
+best; and what the loads' strays from their plan's median share: the correlation of one load's strays
+across its step sizes (a load runs slow or fast throughout) against that of the plans of one round
+of loads at one step size (the machine ran slow or fast for a while). --by-plan adds, per model, candidate and tokens per step, the median signed prediction
 error (where the cost model is off, and which way). --latest keeps, of a configuration (model,
 budget, context, tokens per step) measured in several of the files, only its row in the file
 given last (give the files oldest first): each configuration at its latest measurement. Which
@@ -27,6 +29,7 @@ replays each configuration whose run recorded the host's read speed around it (`
 runs before this field have none) with the profile's CPU rates scaled to that speed: whether the host's
 drift since profiling explains the CPU's share of the prediction error."""
 import json
+import math
 import os
 import random
 import re
@@ -203,6 +206,28 @@ def beside(oracle_file):
     return stem + ".profile.json" if os.path.exists(stem + ".profile.json") else ""
 
 
+def noise_pairs(deviations):
+    """Pairs of deviations from a plan's median load: the same load at two step sizes, and two plans
+    in the same round of loads (the same index) at one step size."""
+    same_load, same_round = [], []
+    for by_load in deviations.values():
+        for (plan, i), by_tokens in by_load.items():
+            steps = sorted(by_tokens)
+            same_load += [(by_tokens[a], by_tokens[b]) for k, a in enumerate(steps) for b in steps[k + 1:]]
+            for (other, j), theirs in by_load.items():
+                if j == i and other > plan:
+                    same_round += [(by_tokens[n], theirs[n]) for n in steps if n in theirs]
+    return same_load, same_round
+
+
+def correlation(pairs):
+    xs, ys = [a for a, _ in pairs], [b for _, b in pairs]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    sxy = sum((x - mx) * (y - my) for x, y in pairs)
+    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else 0.0
+
+
 def main():
     args = sys.argv[1:]
     by_plan, latest, anchor = "--by-plan" in args, "--latest" in args, "--anchor" in args
@@ -240,6 +265,7 @@ def main():
     repeat = []  # per configuration: the share of redraws of its loads that name the same best
     errors, all_errors = [], []
     slowdowns = []  # per configuration: how much slower the choice was than the best (0: it was)
+    deviations = {}  # (profile, model, budget, context) -> (plan, load) -> tokens -> log(load / plan's median)
     for profile, env, r in rows:
         key = (profile, env, r["model"], r["budget_gb"], r["context"])
         if key not in cache:
@@ -272,6 +298,12 @@ def main():
         # (A close call's loads are kept on one of the candidates that place the step alike.)
         loads = {table[canonical(c["plan"])][0]: c["loads"] for c in r["candidates"]
                  if len(c.get("loads") or []) > 1 and canonical(c["plan"]) in table}
+        for c in r["candidates"]:
+            if len(c.get("loads") or []) > 2:
+                mid = statistics.median(c["loads"])
+                for i, t in enumerate(c["loads"]):
+                    deviations.setdefault((profile, r["model"], r["budget_gb"], r["context"]), {}).setdefault(
+                        (canonical(c["plan"]), i), {})[n] = math.log(t / mid)
         mine, theirs = loads.get(table[chosen][0]), loads.get(table[best][0])
         if slower > 0 and mine and theirs and mine is not theirs and min(mine) <= max(theirs):
             overlapped += 1
@@ -310,6 +342,11 @@ def main():
           "the best's slowest" % (configs - best_n, overlapped))
     print("measured again (each plan timed over several loads taking the median of a resample of them), the same "
           "plan would be the best in %.0f%% of the configurations on average" % (100 * statistics.mean(repeat) if repeat else 0))
+    load_pairs, round_pairs = noise_pairs(deviations)
+    if len(load_pairs) > 2 and len(round_pairs) > 2:
+        print("where the loads' times stray from their plan's median: within one load, across its step sizes, alike "
+              "(correlation %.2f over %d pairs); across the plans of one round of loads, %.2f (%d pairs)" % (
+                  correlation(load_pairs), len(load_pairs), correlation(round_pairs), len(round_pairs)))
     print("against the candidates over the resident set the choice runs over (a phase's tiers share one): the measured best in %d "
           "(%.0f%%), within 10%% in %d; at worst %.1f%% slower" % (set_best, 100.0 * set_best / max(configs, 1),
                                                                     set_within, 100 * set_worst))

@@ -125,3 +125,21 @@ def test_anchor_scales_the_cpu_rates_to_the_host_speed_recorded(tmp_path):
             assert all(abs(s / v - 2) < 0.02 for s, v in zip(slow[table][fmt], values) if v)
     assert all(abs(s / v - 2) < 0.02 for s, v in zip(slow["cpu_attn"], profile["cpu_attn"]) if v)
     assert slow["gpu_experts"] == profile["gpu_experts"] and slow["h2d_gbps"] == profile["h2d_gbps"]
+
+
+def test_noise_pairs_split_loads_from_rounds():
+    """A load that runs slow at every step size pairs with itself across step sizes; plans of one
+    round pair at each step size; and the correlations say which kind of stray the loads share."""
+    replay = load_replay()
+    # Two plans, three loads each, at 1 and 16 tokens: each load strays alike at both step sizes,
+    # and the two plans' loads of one round stray in opposite ways.
+    strays = [0.05, -0.03, 0.0]
+    deviations = {("p", "m", 4, 1024): {}}
+    for plan, sign in (("a", 1), ("b", -1)):
+        for i, d in enumerate(strays):
+            deviations[("p", "m", 4, 1024)][(plan, i)] = {1: sign * d, 16: sign * d}
+    same_load, same_round = replay.noise_pairs(deviations)
+    assert len(same_load) == 6 and len(same_round) == 6
+    assert abs(replay.correlation(same_load) - 1) < 1e-9
+    assert abs(replay.correlation(same_round) + 1) < 1e-9
+    assert replay.correlation([(0.0, 1.0), (0.0, 2.0)]) == 0.0  # no spread: no correlation claimed
