@@ -221,11 +221,11 @@ def noise_pairs(deviations):
 
 
 def correlation(pairs):
-    xs, ys = [a for a, _ in pairs], [b for _, b in pairs]
-    mx, my = statistics.mean(xs), statistics.mean(ys)
-    sxy = sum((x - mx) * (y - my) for x, y in pairs)
-    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
-    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else 0.0
+    """Pearson's correlation of the pairs; 0 where either side does not vary."""
+    try:
+        return statistics.correlation([a for a, _ in pairs], [b for _, b in pairs])
+    except statistics.StatisticsError:
+        return 0.0
 
 
 def main():
@@ -265,7 +265,7 @@ def main():
     repeat = []  # per configuration: the share of redraws of its loads that name the same best
     errors, all_errors = [], []
     slowdowns = []  # per configuration: how much slower the choice was than the best (0: it was)
-    deviations = {}  # (profile, model, budget, context) -> (plan, load) -> tokens -> log(load / plan's median)
+    deviations = {}  # configuration key -> (plan, load) -> tokens -> log(load / plan's median)
     for profile, env, r in rows:
         key = (profile, env, r["model"], r["budget_gb"], r["context"])
         if key not in cache:
@@ -302,8 +302,7 @@ def main():
             if len(c.get("loads") or []) > 2:
                 mid = statistics.median(c["loads"])
                 for i, t in enumerate(c["loads"]):
-                    deviations.setdefault((profile, r["model"], r["budget_gb"], r["context"]), {}).setdefault(
-                        (canonical(c["plan"]), i), {})[n] = math.log(t / mid)
+                    deviations.setdefault(key, {}).setdefault((canonical(c["plan"]), i), {})[n] = math.log(t / mid)
         mine, theirs = loads.get(table[chosen][0]), loads.get(table[best][0])
         if slower > 0 and mine and theirs and mine is not theirs and min(mine) <= max(theirs):
             overlapped += 1
