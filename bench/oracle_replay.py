@@ -5,7 +5,7 @@ measured on the machine that ran the oracle) gives every candidate's predicted t
 size timed and the candidate the plan runs there; the measured times say which candidate really
 was fastest.
 
-Usage: bench/oracle_replay.py [--by-plan] [--latest] [--anchor] PSHARD PROFILE MODEL_DIR ORACLE.json[:PROFILE.json][@N][,NAME=VALUE...] [...]
+Usage: bench/oracle_replay.py [--by-plan] [--latest] [--anchor] [--as-profiled] PSHARD PROFILE MODEL_DIR ORACLE.json[:PROFILE.json][@N][,NAME=VALUE...] [...]
 (an oracle run's file may name its own profile after a colon; without one, the profile the run wrote
 beside it (FILE less .json, plus .profile.json) where there is one; PROFILE is for the others; a profile
 of an older format is read with the fields added since set to what its format meant; @N keeps
@@ -27,7 +27,10 @@ configurations were timed again is a choice, often of the ones that missed; a mi
 may come out best by chance, so the summary over all measurements is the one to trust. --anchor
 replays each configuration whose run recorded the host's read speed around it (`host_read_gbps`;
 runs before this field have none) with the profile's CPU rates scaled to that speed: whether the host's
-drift since profiling explains the CPU's share of the prediction error."""
+drift since profiling explains the CPU's share of the prediction error. A run that timed the
+CPU's figures that follow host memory again before each configuration (`cpu_now`, the default of
+`pshard bench --oracle` since it has them) is replayed with them, as its plans were weighed;
+--as-profiled replays it with the profile as cached instead."""
 import json
 import math
 import os
@@ -168,8 +171,23 @@ REDRAWS = 1000
 DRAW = random.Random(1)
 
 
-ANCHORED = {}  # (profile, ratio) -> the copy with the CPU's rates scaled
+VARIANTS = {}  # (profile, what changed) -> a copy of the profile so changed
 PROFILES = {}  # profile path -> its contents, read once
+
+
+def variant(profile, key, change):
+    """A copy of the profile changed by change(contents), written once for each key."""
+    if (profile, key) not in VARIANTS:
+        if profile not in PROFILES:
+            with open(profile) as f:
+                PROFILES[profile] = json.load(f)
+        d = json.loads(json.dumps(PROFILES[profile]))  # a copy to change
+        change(d)
+        out = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+        json.dump(d, out)
+        out.close()
+        VARIANTS[(profile, key)] = out.name
+    return VARIANTS[(profile, key)]
 
 
 def anchored(profile, r):
@@ -186,17 +204,28 @@ def anchored(profile, r):
     ratio = round(PROFILES[profile]["host_read_gbps"] / statistics.mean(reads), 2)  # > 1: the host read slower
     if ratio == 1:
         return profile
-    if (profile, ratio) not in ANCHORED:
-        d = json.loads(json.dumps(PROFILES[profile]))  # a copy to scale
+
+    def scale(d):
         for table in ("cpu_matmul", "cpu_experts"):
             d[table] = {fmt: [v * ratio for v in values] for fmt, values in d[table].items()}
         d["cpu_attn"] = [v * ratio for v in d["cpu_attn"]]
         d["host_read_gbps"] /= ratio
-        out = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
-        json.dump(d, out)
-        out.close()
-        ANCHORED[(profile, ratio)] = out.name
-    return ANCHORED[(profile, ratio)]
+    return variant(profile, ("anchor", ratio), scale)
+
+
+def weighed_with(profile, r):
+    """The profile row r's plans were weighed with: where the oracle timed the CPU's figures that
+    follow host memory again before the configuration (cpu_now), the profile with those; else the
+    profile itself."""
+    now = r.get("cpu_now")
+    if not now:
+        return profile
+
+    def update(d):
+        d["host_read_gbps"] = now["host_read_gbps"]
+        for table in ("cpu_matmul", "cpu_experts"):
+            d[table].update(now[table])
+    return variant(profile, ("now", json.dumps(now, sort_keys=True)), update)
 
 
 def beside(oracle_file):
@@ -230,8 +259,9 @@ def correlation(pairs):
 
 def main():
     args = sys.argv[1:]
-    by_plan, latest, anchor = "--by-plan" in args, "--latest" in args, "--anchor" in args
-    for flag in ("--by-plan", "--latest", "--anchor"):
+    by_plan, latest, anchor, as_profiled = ("--by-plan" in args, "--latest" in args, "--anchor" in args,
+                                            "--as-profiled" in args)
+    for flag in ("--by-plan", "--latest", "--anchor", "--as-profiled"):
         if flag in args:
             args.remove(flag)
     pshard, profile, model_dir, files = args[0], args[1], args[2], args[3:]
@@ -249,7 +279,9 @@ def main():
             except ValueError:
                 continue  # a line cut short (the run was stopped while writing it)
             if not most or r["tokens"] <= int(most):
-                rows.append((anchored(own or profile, r) if anchor else own or profile, env, r))
+                p = own or profile
+                p = p if as_profiled or anchor else weighed_with(p, r)
+                rows.append((anchored(p, r) if anchor else p, env, r))
     if latest:  # the last file's row of each configuration
         last = {configuration(r): r for _, _, r in rows}
         rows = [row for row in rows if last[configuration(row[2])] is row[2]]

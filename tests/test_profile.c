@@ -589,6 +589,28 @@ static void test_cpu_samples_settle(void **state) {
     threadpool_free(pool);
 }
 
+/* exec_measure_now times the figures that follow host memory again, in the formats the profile
+ * has, and leaves the rest of the profile as it was. */
+static void test_measure_now(void **state) {
+    (void)state;
+    struct profile p;
+    profile_defaults(&p);
+    memset(p.cpu_matmul, 0, sizeof p.cpu_matmul), memset(p.cpu_experts, 0, sizeof p.cpu_experts);
+    struct profile_rate *q4 = profile_rate_add(p.cpu_matmul, "Q4_0");
+    for (int i = 0; i < PROFILE_TOKENS; i++) q4->s_per_byte[i] = 1; /* a second a byte: nothing runs so slowly */
+    p.host_read_gbps = 0.001;
+    struct profile before = p;
+    assert_int_equal(exec_measure_now(NULL, 2, &p), PSHARD_OK); /* no model: 4096-wide Q4_0, Q8_0, F16 shapes */
+    assert_true(p.host_read_gbps > 0.1 && isfinite(p.host_read_gbps));
+    for (int i = 0; i < CPU_SAMPLE_DENSE; i++) assert_true(q4->s_per_byte[i] > 0 && q4->s_per_byte[i] < 1e-6);
+    for (int i = CPU_SAMPLE_DENSE; i < PROFILE_TOKENS; i++) assert_true(q4->s_per_byte[i] == 1);
+    assert_null(profile_rate_find(p.cpu_matmul, "Q8_0")); /* not in the profile: not added */
+    assert_null(profile_rate_find(p.cpu_experts, "Q4_0"));
+    assert_memory_equal(p.cpu_attn, before.cpu_attn, sizeof p.cpu_attn);
+    assert_memory_equal(p.gpu_matmul, before.gpu_matmul, sizeof p.gpu_matmul);
+    assert_true(p.h2d_gbps[0] == before.h2d_gbps[0] && p.cpu_step_s == before.cpu_step_s);
+}
+
 /* A table timed more than once (the in-place expert rates) keeps each point's median over the
  * samples; a point one sample lacks stays as it was. */
 static void test_median_table(void **state) {
@@ -637,7 +659,8 @@ int main(void) {
         cmocka_unit_test(test_refuses_malformed), cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_save_refuses_nan),  cmocka_unit_test(test_interpolation), cmocka_unit_test(test_attention_by_cache_length),
         cmocka_unit_test(test_rate_tables),       cmocka_unit_test(test_gpu_measure_room),
-        cmocka_unit_test(test_cpu_samples_settle), cmocka_unit_test(test_median_table),
+        cmocka_unit_test(test_cpu_samples_settle), cmocka_unit_test(test_measure_now),
+        cmocka_unit_test(test_median_table),
         cmocka_unit_test(test_fill_pattern),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

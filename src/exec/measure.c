@@ -293,6 +293,21 @@ pshard_status exec_measure(const struct measure_request *req, struct profile *p)
     return PSHARD_OK;
 }
 
+pshard_status exec_measure_now(const struct model *model, int n_threads, struct profile *p) {
+    struct shapes sh;
+    measure_shapes_of(model, &sh);
+    struct threadpool *pool;
+    CORE_TRY(threadpool_create(n_threads > 0 ? n_threads : threadpool_cpu_count(), &pool));
+    deadline_ms = 0; /* no minute to keep to (one left from a profile measured before would skip figures) */
+    struct cpu_sample which, now;
+    measure_cpu_sample_of(p, &sh, &which);
+    const pshard_status st = measure_cpu_sample(&sh, pool, &which, &now);
+    threadpool_free(pool);
+    if (st != PSHARD_OK) return core_fail_context(st, "timing the CPU again: ");
+    measure_cpu_settle(&sh, &now, 1, p);
+    return PSHARD_OK;
+}
+
 /* Whether p has rates for every format the model computes with. */
 static bool has_formats(const struct profile *p, const struct shapes *sh) {
     for (int i = 0; i < sh->n_dense; i++)

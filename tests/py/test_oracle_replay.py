@@ -127,6 +127,33 @@ def test_anchor_scales_the_cpu_rates_to_the_host_speed_recorded(tmp_path):
     assert slow["gpu_experts"] == profile["gpu_experts"] and slow["h2d_gbps"] == profile["h2d_gbps"]
 
 
+def test_rows_are_replayed_with_the_cpu_figures_timed_before_them(tmp_path):
+    """A row with the CPU's figures timed again before its configuration (cpu_now) is replayed with
+    the profile those make: its host reads and CPU tables replaced format by format, the rest as
+    profiled; a row without them keeps the profile; and the replay's predictions follow them."""
+    replay = load_replay()
+    profile = json.load(open(PROFILE))
+    row = {"model": "qwen30b.gguf", "tokens": 1}
+    assert replay.weighed_with(PROFILE, row) == PROFILE
+    fmt = next(iter(profile["cpu_experts"]))
+    slow = [v * 3 for v in profile["cpu_experts"][fmt]]
+    now = {"host_read_gbps": 12.5, "cpu_matmul": {}, "cpu_experts": {fmt: slow}}
+    path = replay.weighed_with(PROFILE, dict(row, cpu_now=now))
+    assert path != PROFILE and replay.weighed_with(PROFILE, dict(row, cpu_now=now)) == path  # written once
+    weighed = json.load(open(path))
+    assert weighed["host_read_gbps"] == 12.5 and weighed["cpu_experts"][fmt] == slow
+    assert weighed["cpu_matmul"] == profile["cpu_matmul"] and weighed["gpu_experts"] == profile["gpu_experts"]
+
+    # The CPU's experts three times slower: the profile's choice at 2 GB (which computes some of
+    # them on the CPU) is predicted slower.
+    model = header_only_qwen30b(tmp_path)
+    pshard = os.path.join(BUILD, "pshard")
+    as_cached = replay.plan_table(pshard, PROFILE, str(model), 2, 1024, 1024, [1])
+    as_now = replay.plan_table(pshard, path, str(model), 2, 1024, 1024, [1])
+    chosen = lambda table: next(name for name, cells in table.items() if cells[1][1])
+    assert as_now[chosen(as_cached)][1][0] > as_cached[chosen(as_cached)][1][0]
+
+
 def test_noise_pairs_split_loads_from_rounds():
     """A load that runs slow at every step size pairs with itself across step sizes; plans of one
     round pair at each step size; and the correlations say which kind of stray the loads share."""

@@ -53,6 +53,7 @@ struct oracle_opts {
     int n_budgets, n_contexts, n_tiers;
     int32_t n_batch, n_threads, reps;
     int recheck; /* loads more of each close call (--recheck N, default 2; 0 with --no-recheck) */
+    bool as_profiled; /* --as-profiled: weigh plans with the profile as cached, its CPU figures not timed again */
     const char *json;
 };
 
@@ -68,12 +69,13 @@ struct oracle_row {
     int n_loads[PLAN_MAX_CANDIDATES];
     int chosen, tier;
     double host_read[2]; /* GB/s, as the profile's host_read_gbps: before and after the configuration */
+    const struct profile *now; /* the profile the plans were weighed with, its CPU figures timed just before */
 };
 
 static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard bench --oracle -m MODEL [-m MODEL ...] [--budgets 2G,4G,8G,16G]\n"
                  "                    [--contexts 1024,4096,16384] [--tiers 1,16,256,1024] [-b BATCH] [-t THREADS]\n"
-                 "                    [--reps N] [--recheck N | --no-recheck] [--json FILE]\n"
+                 "                    [--reps N] [--recheck N | --no-recheck] [--as-profiled] [--json FILE]\n"
                  "  For every model, budget, context and tokens per step: runs every candidate plan the\n"
                  "  planner weighs, times a step of each, and reports whether the planner chose the fastest,\n"
                  "  how much slower its choice was when not, and the cost model's prediction error. Uses\n"
@@ -81,9 +83,13 @@ static void print_usage(FILE *out) {
                  "  (default 5) below 16 tokens, twice below 256, once from 256, after one warm-up run.\n"
                  "  The choice and the plans measured faster or within 15%% of it (the four fastest) are\n"
                  "  loaded and timed N more times (default 2, at most 4; --no-recheck: none), in rounds of\n"
-                 "  alternating order, and each one's time is the median over its loads. --json FILE writes\n"
-                 "  one line per configuration, and beside it FILE less .json plus .profile.json: the profile\n"
-                 "  the plans were weighed with (bench/oracle_replay.py scores a run with it by default).\n");
+                 "  alternating order, and each one's time is the median over its loads. Before each\n"
+                 "  configuration the profile's CPU figures that follow host memory (host reads, matmuls of\n"
+                 "  up to 4 tokens, experts of up to 16) are timed again and the plans weighed with them, as\n"
+                 "  the host's speed drifts (--as-profiled: with the profile as cached). --json FILE writes\n"
+                 "  one line per configuration (with the figures timed again), and beside it FILE less .json\n"
+                 "  plus .profile.json: the profile as cached (bench/oracle_replay.py scores a run with them\n"
+                 "  by default).\n");
 }
 
 /* Where --json FILE's profile goes: FILE less a ".json" ending, plus ".profile.json". */
@@ -139,6 +145,8 @@ static int parse_opts(int argc, char **argv, struct oracle_opts *o) {
             o->recheck = n, i++;
         } else if (!strcmp(a, "--no-recheck")) {
             o->recheck = 0;
+        } else if (!strcmp(a, "--as-profiled")) {
+            o->as_profiled = true;
         } else if (!strcmp(a, "--json") && v) {
             o->json = argv[++i];
         } else {
@@ -474,6 +482,30 @@ static int fastest(const struct plan *weighed, const struct oracle_row *r, const
     return best;
 }
 
+/* A rate table as JSON, {"FORMAT": [seconds per byte at each token count], ...}. */
+static void rates_json(FILE *json, const struct profile_rate table[PROFILE_FORMATS]) {
+    fprintf(json, "{");
+    for (int f = 0, n = 0; f < PROFILE_FORMATS; f++) {
+        if (!table[f].format[0]) continue;
+        fprintf(json, "%s\"%s\": [", n++ ? ", " : "", table[f].format);
+        for (int i = 0; i < PROFILE_TOKENS; i++) fprintf(json, "%s%.6g", i ? ", " : "", table[f].s_per_byte[i]);
+        fprintf(json, "]");
+    }
+    fprintf(json, "}");
+}
+
+/* The one-token rates of the first format of each CPU table, now against the profile's. */
+static void print_cpu_now(const struct profile *prof, const struct profile *now) {
+    const struct profile_rate *tables[2][2] = {{prof->cpu_matmul, now->cpu_matmul}, {prof->cpu_experts, now->cpu_experts}};
+    static const char *const what[2] = {"matmul", "experts"};
+    fprintf(stderr, "  CPU timed again:");
+    for (int t = 0; t < 2; t++)
+        if (tables[t][0][0].format[0] && tables[t][0][0].s_per_byte[0] > 0 && tables[t][1][0].s_per_byte[0] > 0)
+            fprintf(stderr, " %s %s at one token %.1f GB/s (the profile: %.1f);", what[t], tables[t][1][0].format,
+                    1e-9 / tables[t][1][0].s_per_byte[0], 1e-9 / tables[t][0][0].s_per_byte[0]);
+    fprintf(stderr, " host reads %.1f GB/s (%.1f)\n", now->host_read_gbps, prof->host_read_gbps);
+}
+
 static void summarize_row(const struct plan *weighed, const struct oracle_row *r, struct summary *s, FILE *json,
                           const char *model, int64_t budget, int32_t ctx) {
     const int best = fastest(weighed, r, NULL);
@@ -533,7 +565,15 @@ static void summarize_row(const struct plan *weighed, const struct oracle_row *r
             }
             fprintf(json, "}");
         }
-        fprintf(json, "]}\n");
+        fprintf(json, "]");
+        if (r->now) {
+            fprintf(json, ", \"cpu_now\": {\"host_read_gbps\": %.6g, \"cpu_matmul\": ", r->now->host_read_gbps);
+            rates_json(json, r->now->cpu_matmul);
+            fprintf(json, ", \"cpu_experts\": ");
+            rates_json(json, r->now->cpu_experts);
+            fprintf(json, "}");
+        }
+        fprintf(json, "}\n");
     }
 }
 
@@ -583,17 +623,27 @@ int cmd_bench(int argc, char **argv) {
                 int n_rows;
                 struct plan weighed;
                 /* The host's read speed around the configuration, beside the profile's: CPU work runs
-                 * slower or faster than predicted by as much (bench/RESULTS.md, start AO). */
+                 * slower or faster than predicted by as much (bench/RESULTS.md, start AO). The plans
+                 * are weighed with the CPU's figures that follow it timed again now, unless asked
+                 * not to. */
                 double before, after;
-                st = measure_host_read(o.n_threads, &before);
+                struct profile now = prof;
+                if (o.as_profiled) {
+                    st = measure_host_read(o.n_threads, &before);
+                } else {
+                    st = exec_measure_now(&m, o.n_threads, &now);
+                    before = now.host_read_gbps;
+                    if (st == PSHARD_OK) print_cpu_now(&prof, &now);
+                }
                 if (st == PSHARD_OK)
-                    st = oracle_config(&o, &m, &prof, o.budgets[bi], o.contexts[ci], rows, &n_rows, &weighed, cpu_cache);
+                    st = oracle_config(&o, &m, &now, o.budgets[bi], o.contexts[ci], rows, &n_rows, &weighed, cpu_cache);
                 if (st != PSHARD_OK) break;
                 st = measure_host_read(o.n_threads, &after);
                 if (st == PSHARD_OK) {
                     fprintf(stderr, "  host reads %.1f GB/s before, %.1f after (the profile: %.1f)\n", before, after,
                             prof.host_read_gbps);
-                    for (int k = 0; k < n_rows; k++) rows[k].host_read[0] = before, rows[k].host_read[1] = after;
+                    for (int k = 0; k < n_rows; k++)
+                        rows[k].host_read[0] = before, rows[k].host_read[1] = after, rows[k].now = o.as_profiled ? NULL : &now;
                     for (int k = 0; k < n_rows; k++)
                         summarize_row(&weighed, &rows[k], &s, json, name, o.budgets[bi], o.contexts[ci]);
                     fflush(stdout);
