@@ -5,7 +5,7 @@ measured on the machine that ran the oracle) gives every candidate's predicted t
 size timed and the candidate the plan runs there; the measured times say which candidate really
 was fastest.
 
-Usage: bench/oracle_replay.py [--by-plan] [--latest] [--anchor] [--as-profiled] PSHARD PROFILE MODEL_DIR ORACLE.json[:PROFILE.json][@N][,NAME=VALUE...] [...]
+Usage: bench/oracle_replay.py [--by-plan] [--latest] [--anchor] [--as-profiled | --cpu-now] PSHARD PROFILE MODEL_DIR ORACLE.json[:PROFILE.json][@N][,NAME=VALUE...] [...]
 (an oracle run's file may name its own profile after a colon; without one, the profile the run wrote
 beside it (FILE less .json, plus .profile.json) where there is one; PROFILE is for the others; a profile
 of an older format is read with the fields added since set to what its format meant; @N keeps
@@ -27,10 +27,13 @@ configurations were timed again is a choice, often of the ones that missed; a mi
 may come out best by chance, so the summary over all measurements is the one to trust. --anchor
 replays each configuration whose run recorded the host's read speed around it (`host_read_gbps`;
 runs before this field have none) with the profile's CPU rates scaled to that speed: whether the host's
-drift since profiling explains the CPU's share of the prediction error. A run that timed the
-CPU's figures that follow host memory again before each configuration (`cpu_now`, the default of
-`pshard bench --oracle` since it has them) is replayed with them, as its plans were weighed;
---as-profiled replays it with the profile as cached instead."""
+drift since profiling explains the CPU's share of the prediction error. Runs since start BD
+recorded the CPU's figures that follow host memory (host reads, matmuls of up to 4 tokens,
+experts of up to 16) timed again before each configuration (`cpu_now`); a row is replayed with
+the profile its plans were weighed with (the cached one, or with those figures under `pshard
+bench --oracle --cpu-now`, as on BD), --as-profiled with the cached one, --cpu-now with the
+figures timed again: one run then scores both ways of weighing its plans against the same
+measurements."""
 import json
 import math
 import os
@@ -213,12 +216,14 @@ def anchored(profile, r):
     return variant(profile, ("anchor", ratio), scale)
 
 
-def weighed_with(profile, r):
-    """The profile row r's plans were weighed with: where the oracle timed the CPU's figures that
-    follow host memory again before the configuration (cpu_now), the profile with those; else the
-    profile itself."""
+def weighed_with(profile, r, cpu_now=None):
+    """The profile to replay row r with: where the oracle timed the CPU's figures that follow host
+    memory again before the configuration (cpu_now), the profile with those if the row's plans were
+    weighed with them (weighed_with "cpu_now"; rows of start BD, which has no weighed_with, all
+    were) or cpu_now is True; else, or with cpu_now False, the profile itself."""
     now = r.get("cpu_now")
-    if not now:
+    weighed_now = r.get("weighed_with", "cpu_now") == "cpu_now"
+    if not now or cpu_now is False or (cpu_now is None and not weighed_now):
         return profile
 
     def update(d):
@@ -259,9 +264,9 @@ def correlation(pairs):
 
 def main():
     args = sys.argv[1:]
-    by_plan, latest, anchor, as_profiled = ("--by-plan" in args, "--latest" in args, "--anchor" in args,
-                                            "--as-profiled" in args)
-    for flag in ("--by-plan", "--latest", "--anchor", "--as-profiled"):
+    by_plan, latest, anchor = "--by-plan" in args, "--latest" in args, "--anchor" in args
+    cpu_now = True if "--cpu-now" in args else False if "--as-profiled" in args else None
+    for flag in ("--by-plan", "--latest", "--anchor", "--as-profiled", "--cpu-now"):
         if flag in args:
             args.remove(flag)
     pshard, profile, model_dir, files = args[0], args[1], args[2], args[3:]
@@ -280,7 +285,7 @@ def main():
                 continue  # a line cut short (the run was stopped while writing it)
             if not most or r["tokens"] <= int(most):
                 p = own or profile
-                p = p if as_profiled or anchor else weighed_with(p, r)
+                p = p if anchor else weighed_with(p, r, cpu_now)
                 rows.append((anchored(p, r) if anchor else p, env, r))
     if latest:  # the last file's row of each configuration
         last = {configuration(r): r for _, _, r in rows}

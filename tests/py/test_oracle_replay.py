@@ -128,18 +128,25 @@ def test_anchor_scales_the_cpu_rates_to_the_host_speed_recorded(tmp_path):
 
 
 def test_rows_are_replayed_with_the_cpu_figures_timed_before_them(tmp_path):
-    """A row with the CPU's figures timed again before its configuration (cpu_now) is replayed with
-    the profile those make: its host reads and CPU tables replaced format by format, the rest as
-    profiled; a row without them keeps the profile; and the replay's predictions follow them."""
+    """A row whose plans were weighed with the CPU's figures timed again before its configuration
+    (cpu_now) is replayed with the profile those make: its host reads and CPU tables replaced format
+    by format, the rest as profiled. A row weighed with the profile keeps it, as does one without
+    the figures; --as-profiled (False) and --cpu-now (True) choose either way where there are
+    figures. The replay's predictions follow them."""
     replay = load_replay()
     profile = json.load(open(PROFILE))
     row = {"model": "qwen30b.gguf", "tokens": 1}
     assert replay.weighed_with(PROFILE, row) == PROFILE
+    assert replay.weighed_with(PROFILE, row, True) == PROFILE
     fmt = next(iter(profile["cpu_experts"]))
     slow = [v * 3 for v in profile["cpu_experts"][fmt]]
     now = {"host_read_gbps": 12.5, "cpu_matmul": {}, "cpu_experts": {fmt: slow}}
-    path = replay.weighed_with(PROFILE, dict(row, cpu_now=now))
+    path = replay.weighed_with(PROFILE, dict(row, cpu_now=now))  # no weighed_with: start BD's rows, weighed so
     assert path != PROFILE and replay.weighed_with(PROFILE, dict(row, cpu_now=now)) == path  # written once
+    assert replay.weighed_with(PROFILE, dict(row, cpu_now=now, weighed_with="cpu_now")) == path
+    assert replay.weighed_with(PROFILE, dict(row, cpu_now=now), False) == PROFILE
+    as_run = dict(row, cpu_now=now, weighed_with="profile")
+    assert replay.weighed_with(PROFILE, as_run) == PROFILE and replay.weighed_with(PROFILE, as_run, True) == path
     weighed = json.load(open(path))
     assert weighed["host_read_gbps"] == 12.5 and weighed["cpu_experts"][fmt] == slow
     assert weighed["cpu_matmul"] == profile["cpu_matmul"] and weighed["gpu_experts"] == profile["gpu_experts"]

@@ -25,8 +25,9 @@
  * one timed only in the first pass would be compared across minutes (qwen30b at 2 GB on the H200:
  * plans ran up to twice as slow in the rounds as in the first pass, and one timed once there
  * came out 17% faster than the median of the choice, retimed beside one other plan). Around each
- * configuration the host's read speed is measured as the profile measured it, and recorded with
- * its rows: the profile is one moment of a host whose speed drifts. */
+ * configuration the host's read speed is measured as the profile measured it, and before it the
+ * CPU's figures that follow host memory are timed again, all recorded with its rows (--cpu-now
+ * weighs its plans with those figures): the profile is one moment of a host whose speed drifts. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -53,7 +54,7 @@ struct oracle_opts {
     int n_budgets, n_contexts, n_tiers;
     int32_t n_batch, n_threads, reps;
     int recheck; /* loads more of each close call (--recheck N, default 2; 0 with --no-recheck) */
-    bool as_profiled; /* --as-profiled: weigh plans with the profile as cached, its CPU figures not timed again */
+    bool cpu_now; /* --cpu-now: weigh plans with the CPU's figures timed just before, not the profile's */
     const char *json;
 };
 
@@ -69,13 +70,14 @@ struct oracle_row {
     int n_loads[PLAN_MAX_CANDIDATES];
     int chosen, tier;
     double host_read[2]; /* GB/s, as the profile's host_read_gbps: before and after the configuration */
-    const struct profile *now; /* the profile the plans were weighed with, its CPU figures timed just before */
+    const struct profile *now; /* the profile with its CPU figures timed again just before */
+    bool weighed_now;          /* the plans were weighed with `now` (else with the profile as cached) */
 };
 
 static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard bench --oracle -m MODEL [-m MODEL ...] [--budgets 2G,4G,8G,16G]\n"
                  "                    [--contexts 1024,4096,16384] [--tiers 1,16,256,1024] [-b BATCH] [-t THREADS]\n"
-                 "                    [--reps N] [--recheck N | --no-recheck] [--as-profiled] [--json FILE]\n"
+                 "                    [--reps N] [--recheck N | --no-recheck] [--cpu-now] [--json FILE]\n"
                  "  For every model, budget, context and tokens per step: runs every candidate plan the\n"
                  "  planner weighs, times a step of each, and reports whether the planner chose the fastest,\n"
                  "  how much slower its choice was when not, and the cost model's prediction error. Uses\n"
@@ -85,11 +87,11 @@ static void print_usage(FILE *out) {
                  "  loaded and timed N more times (default 2, at most 4; --no-recheck: none), in rounds of\n"
                  "  alternating order, and each one's time is the median over its loads. Before each\n"
                  "  configuration the profile's CPU figures that follow host memory (host reads, matmuls of\n"
-                 "  up to 4 tokens, experts of up to 16) are timed again and the plans weighed with them, as\n"
-                 "  the host's speed drifts (--as-profiled: with the profile as cached). --json FILE writes\n"
-                 "  one line per configuration (with the figures timed again), and beside it FILE less .json\n"
-                 "  plus .profile.json: the profile as cached (bench/oracle_replay.py scores a run with them\n"
-                 "  by default).\n");
+                 "  up to 4 tokens, experts of up to 16) are timed again, as the host's speed drifts; plans\n"
+                 "  are weighed with the profile as cached, as `pshard run` weighs them (--cpu-now: with\n"
+                 "  the figures just timed). --json FILE writes one line per configuration (with the\n"
+                 "  figures timed again), and beside it FILE less .json plus .profile.json: the profile as\n"
+                 "  cached (bench/oracle_replay.py scores a run with them).\n");
 }
 
 /* Where --json FILE's profile goes: FILE less a ".json" ending, plus ".profile.json". */
@@ -145,8 +147,8 @@ static int parse_opts(int argc, char **argv, struct oracle_opts *o) {
             o->recheck = n, i++;
         } else if (!strcmp(a, "--no-recheck")) {
             o->recheck = 0;
-        } else if (!strcmp(a, "--as-profiled")) {
-            o->as_profiled = true;
+        } else if (!strcmp(a, "--cpu-now")) {
+            o->cpu_now = true;
         } else if (!strcmp(a, "--json") && v) {
             o->json = argv[++i];
         } else {
@@ -567,7 +569,8 @@ static void summarize_row(const struct plan *weighed, const struct oracle_row *r
         }
         fprintf(json, "]");
         if (r->now) {
-            fprintf(json, ", \"cpu_now\": {\"host_read_gbps\": %.6g, \"cpu_matmul\": ", r->now->host_read_gbps);
+            fprintf(json, ", \"weighed_with\": \"%s\", \"cpu_now\": {\"host_read_gbps\": %.6g, \"cpu_matmul\": ",
+                    r->weighed_now ? "cpu_now" : "profile", r->now->host_read_gbps);
             rates_json(json, r->now->cpu_matmul);
             fprintf(json, ", \"cpu_experts\": ");
             rates_json(json, r->now->cpu_experts);
@@ -623,27 +626,25 @@ int cmd_bench(int argc, char **argv) {
                 int n_rows;
                 struct plan weighed;
                 /* The host's read speed around the configuration, beside the profile's: CPU work runs
-                 * slower or faster than predicted by as much (bench/RESULTS.md, start AO). The plans
-                 * are weighed with the CPU's figures that follow it timed again now, unless asked
-                 * not to. */
+                 * slower or faster than predicted by as much (bench/RESULTS.md, start AO); and the
+                 * CPU's figures that follow it, timed again now: the plans are weighed with them
+                 * when asked (--cpu-now), else with the profile as a run weighs them. */
                 double before, after;
                 struct profile now = prof;
-                if (o.as_profiled) {
-                    st = measure_host_read(o.n_threads, &before);
-                } else {
-                    st = exec_measure_now(&m, o.n_threads, &now);
-                    before = now.host_read_gbps;
-                    if (st == PSHARD_OK) print_cpu_now(&prof, &now);
-                }
+                st = exec_measure_now(&m, o.n_threads, &now);
+                before = now.host_read_gbps;
+                if (st == PSHARD_OK) print_cpu_now(&prof, &now);
                 if (st == PSHARD_OK)
-                    st = oracle_config(&o, &m, &now, o.budgets[bi], o.contexts[ci], rows, &n_rows, &weighed, cpu_cache);
+                    st = oracle_config(&o, &m, o.cpu_now ? &now : &prof, o.budgets[bi], o.contexts[ci], rows, &n_rows,
+                                       &weighed, cpu_cache);
                 if (st != PSHARD_OK) break;
                 st = measure_host_read(o.n_threads, &after);
                 if (st == PSHARD_OK) {
                     fprintf(stderr, "  host reads %.1f GB/s before, %.1f after (the profile: %.1f)\n", before, after,
                             prof.host_read_gbps);
                     for (int k = 0; k < n_rows; k++)
-                        rows[k].host_read[0] = before, rows[k].host_read[1] = after, rows[k].now = o.as_profiled ? NULL : &now;
+                        rows[k].host_read[0] = before, rows[k].host_read[1] = after, rows[k].now = &now,
+                        rows[k].weighed_now = o.cpu_now;
                     for (int k = 0; k < n_rows; k++)
                         summarize_row(&weighed, &rows[k], &s, json, name, o.budgets[bi], o.contexts[ci]);
                     fflush(stdout);
