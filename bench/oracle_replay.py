@@ -178,13 +178,18 @@ VARIANTS = {}  # (profile, what changed) -> a copy of the profile so changed
 PROFILES = {}  # profile path -> its contents, read once
 
 
+def contents(profile):
+    """The profile file's contents, read once."""
+    if profile not in PROFILES:
+        with open(profile) as f:
+            PROFILES[profile] = json.load(f)
+    return PROFILES[profile]
+
+
 def variant(profile, key, change):
     """A copy of the profile changed by change(contents), written once for each key."""
     if (profile, key) not in VARIANTS:
-        if profile not in PROFILES:
-            with open(profile) as f:
-                PROFILES[profile] = json.load(f)
-        d = json.loads(json.dumps(PROFILES[profile]))  # a copy to change
+        d = json.loads(json.dumps(contents(profile)))  # a copy to change
         change(d)
         out = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
         json.dump(d, out)
@@ -201,10 +206,7 @@ def anchored(profile, r):
     reads = r.get("host_read_gbps")
     if not reads or min(reads) <= 0:
         return profile
-    if profile not in PROFILES:
-        with open(profile) as f:
-            PROFILES[profile] = json.load(f)
-    ratio = round(PROFILES[profile]["host_read_gbps"] / statistics.mean(reads), 2)  # > 1: the host read slower
+    ratio = round(contents(profile)["host_read_gbps"] / statistics.mean(reads), 2)  # > 1: the host read slower
     if ratio == 1:
         return profile
 

@@ -69,7 +69,11 @@ struct oracle_row {
     double loads[PLAN_MAX_CANDIDATES][MAX_LOADS]; /* a rechecked candidate's time on each load */
     int n_loads[PLAN_MAX_CANDIDATES];
     int chosen, tier;
-    double host_read[2]; /* GB/s, as the profile's host_read_gbps: before and after the configuration */
+};
+
+/* The host around one configuration, recorded with each of its rows. */
+struct oracle_host {
+    double read[2];            /* GB/s, as the profile's host_read_gbps: before and after the configuration */
     const struct profile *now; /* the profile with its CPU figures timed again just before */
     bool weighed_now;          /* the plans were weighed with `now` (else with the profile as cached) */
 };
@@ -508,8 +512,8 @@ static void print_cpu_now(const struct profile *prof, const struct profile *now)
     fprintf(stderr, " host reads %.1f GB/s (%.1f)\n", now->host_read_gbps, prof->host_read_gbps);
 }
 
-static void summarize_row(const struct plan *weighed, const struct oracle_row *r, struct summary *s, FILE *json,
-                          const char *model, int64_t budget, int32_t ctx) {
+static void summarize_row(const struct plan *weighed, const struct oracle_row *r, const struct oracle_host *host,
+                          struct summary *s, FILE *json, const char *model, int64_t budget, int32_t ctx) {
     const int best = fastest(weighed, r, NULL);
     if (best < 0 || r->chosen < 0) return;
     const int in_set = fastest(weighed, r, &weighed->candidates[r->chosen].set);
@@ -550,7 +554,7 @@ static void summarize_row(const struct plan *weighed, const struct oracle_row *r
     if (json) {
         fprintf(json, "{\"model\": \"%s\", \"budget_gb\": %.0f, \"context\": %d, \"tokens\": %d, \"chosen\": \"%s\", "
                       "\"best\": \"%s\", \"host_read_gbps\": [%.1f, %.1f], \"candidates\": [",
-                model, budget / 1073741824.0, ctx, r->n_tokens, chosen_label, best_label, r->host_read[0], r->host_read[1]);
+                model, budget / 1073741824.0, ctx, r->n_tokens, chosen_label, best_label, host->read[0], host->read[1]);
         for (uint32_t c = 0; c < weighed->n_candidates; c++) {
             char label[48];
             plan_candidate_name(&weighed->candidates[c], label, sizeof label);
@@ -567,16 +571,12 @@ static void summarize_row(const struct plan *weighed, const struct oracle_row *r
             }
             fprintf(json, "}");
         }
-        fprintf(json, "]");
-        if (r->now) {
-            fprintf(json, ", \"weighed_with\": \"%s\", \"cpu_now\": {\"host_read_gbps\": %.6g, \"cpu_matmul\": ",
-                    r->weighed_now ? "cpu_now" : "profile", r->now->host_read_gbps);
-            rates_json(json, r->now->cpu_matmul);
-            fprintf(json, ", \"cpu_experts\": ");
-            rates_json(json, r->now->cpu_experts);
-            fprintf(json, "}");
-        }
-        fprintf(json, "}\n");
+        fprintf(json, "], \"weighed_with\": \"%s\", \"cpu_now\": {\"host_read_gbps\": %.6g, \"cpu_matmul\": ",
+                host->weighed_now ? "cpu_now" : "profile", host->now->host_read_gbps);
+        rates_json(json, host->now->cpu_matmul);
+        fprintf(json, ", \"cpu_experts\": ");
+        rates_json(json, host->now->cpu_experts);
+        fprintf(json, "}}\n");
     }
 }
 
@@ -629,24 +629,20 @@ int cmd_bench(int argc, char **argv) {
                  * slower or faster than predicted by as much (bench/RESULTS.md, start AO); and the
                  * CPU's figures that follow it, timed again now: the plans are weighed with them
                  * when asked (--cpu-now), else with the profile as a run weighs them. */
-                double before, after;
                 struct profile now = prof;
                 st = exec_measure_now(&m, o.n_threads, &now);
-                before = now.host_read_gbps;
+                struct oracle_host host = {{now.host_read_gbps, 0}, &now, o.cpu_now};
                 if (st == PSHARD_OK) print_cpu_now(&prof, &now);
                 if (st == PSHARD_OK)
                     st = oracle_config(&o, &m, o.cpu_now ? &now : &prof, o.budgets[bi], o.contexts[ci], rows, &n_rows,
                                        &weighed, cpu_cache);
                 if (st != PSHARD_OK) break;
-                st = measure_host_read(o.n_threads, &after);
+                st = measure_host_read(o.n_threads, &host.read[1]);
                 if (st == PSHARD_OK) {
-                    fprintf(stderr, "  host reads %.1f GB/s before, %.1f after (the profile: %.1f)\n", before, after,
-                            prof.host_read_gbps);
+                    fprintf(stderr, "  host reads %.1f GB/s before, %.1f after (the profile: %.1f)\n", host.read[0],
+                            host.read[1], prof.host_read_gbps);
                     for (int k = 0; k < n_rows; k++)
-                        rows[k].host_read[0] = before, rows[k].host_read[1] = after, rows[k].now = &now,
-                        rows[k].weighed_now = o.cpu_now;
-                    for (int k = 0; k < n_rows; k++)
-                        summarize_row(&weighed, &rows[k], &s, json, name, o.budgets[bi], o.contexts[ci]);
+                        summarize_row(&weighed, &rows[k], &host, &s, json, name, o.budgets[bi], o.contexts[ci]);
                     fflush(stdout);
                     if (json) fflush(json);
                 }
