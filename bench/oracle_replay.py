@@ -118,6 +118,8 @@ def upgraded(profile, refusal, model):
             continue       # tiles; it stands as measured
         if version == 19:  # format 18 timed a decode token's CPU attention over its whole cache,
             continue       # a KV head's group cut among threads; it stands as measured
+        if version == 20:  # format 19 streamed host memory over 384 MiB, partly from a large L3
+            continue       # (the H200 machine's is 300 MiB); it stands as measured
         if version not in UPGRADES:
             sys.exit("%s: format %d, and no upgrade to format %d is known" % (profile, have, version))
         for field, like in UPGRADES[version].items():
@@ -264,6 +266,44 @@ def correlation(pairs):
         return 0.0
 
 
+GENERATED = 128  # tokens a request generates, as the planner weighs its resident sets
+
+
+def workload_report(timed):
+    """Whether the resident set the choices share was the measured-fastest for the request the
+    planner weighs sets by: a prompt of 1K tokens (or half the context) in steps of the largest
+    size timed, then GENERATED one-token steps, each set at each size taking its best plan
+    measured (the CPU alone is in reach of every set). Configurations without one-token steps
+    and steps of 64 or more are left out."""
+    right = total = 0
+    worst = 0.0
+    for (_, _, model, budget, context), by_n in sorted(timed.items()):
+        big = max(by_n)
+        if 1 not in by_n or big < 64:
+            continue
+        chosen = next((resident_set(c) for _, c in by_n.values() if resident_set(c) is not None), None)
+        sets = {resident_set(name) for n in (1, big) for name in by_n[n][0]} - {None}
+        prompt = min(1024, context // 2)
+        request = {}
+        for s in sets:
+            best = [min((t for name, t in by_n[n][0].items() if resident_set(name) in (None, s)), default=None)
+                    for n in (big, 1)]
+            if None not in best:
+                request[s] = math.ceil(prompt / big) * best[0] + GENERATED * best[1]
+        if chosen is None or chosen not in request:
+            continue
+        slower = request[chosen] / min(request.values()) - 1
+        total += 1
+        right += slower <= 0
+        worst = max(worst, slower)
+        if slower > 0:
+            print("%-14s %3dG %6d  the set chosen (%s) was %.1f%% slower for a %d-token prompt and %d tokens" % (
+                model[:14], budget, context, chosen.strip("()") or "the ring's", 100 * slower, prompt, GENERATED))
+    if total:
+        print("the resident set the choices share, for a prompt of 1K tokens (or half the context) and %d generated: the "
+              "measured fastest in %d of %d; at worst %.1f%% slower" % (GENERATED, right, total, 100 * worst))
+
+
 def main():
     args = sys.argv[1:]
     by_plan, latest, anchor = "--by-plan" in args, "--latest" in args, "--anchor" in args
@@ -304,6 +344,7 @@ def main():
     repeat = []  # per configuration: the share of redraws of its loads that name the same best
     errors, all_errors = [], []
     slowdowns = []  # per configuration: how much slower the choice was than the best (0: it was)
+    timed = {}  # configuration less its step size -> step size -> (each plan's time, the choice)
     deviations = {}  # configuration key -> (plan, load) -> tokens -> log(load / plan's median)
     for profile, env, r in rows:
         key = (profile, env, r["model"], r["budget_gb"], r["context"])
@@ -353,6 +394,7 @@ def main():
             again = {name: drawn.get(table[name][0], t) for name, t in lower.items()}
             same += table[min(again, key=again.get)][0] == table[best][0]
         repeat.append(same / REDRAWS)
+        timed.setdefault(key[:5], {})[n] = (lower, chosen)
         configs += 1
         slowdowns.append(slower)
         best_n += slower <= 0
@@ -388,6 +430,7 @@ def main():
     print("against the candidates over the resident set the choice runs over (a phase's tiers share one): the measured best in %d "
           "(%.0f%%), within 10%% in %d; at worst %.1f%% slower" % (set_best, 100.0 * set_best / max(configs, 1),
                                                                     set_within, 100 * set_worst))
+    workload_report(timed)
     print("prediction error: median %.1f%% for the chosen plans, %.1f%% over %d measured candidates" % (
         100 * statistics.median(errors) if errors else 0, 100 * statistics.median(all_errors) if all_errors else 0,
         len(all_errors)))

@@ -177,3 +177,29 @@ def test_noise_pairs_split_loads_from_rounds():
     assert abs(replay.correlation(same_load) - 1) < 1e-9
     assert abs(replay.correlation(same_round) + 1) < 1e-9
     assert replay.correlation([(0.0, 1.0), (0.0, 2.0)]) == 0.0  # no spread: no correlation claimed
+
+
+def test_workload_report_weighs_the_shared_set_over_a_request(capsys):
+    """The set the choices share is scored over a request (a prompt in steps of the largest size
+    timed, then 128 one-token steps), each set taking its best plan at each size and the CPU alone
+    in reach of both: a set slower per token but far faster through the prompt is the right one,
+    and one that loses the request is named with how much slower it was."""
+    replay = load_replay()
+    ring, no_ring = "dynamic balanced", "dynamic balanced (no ring)"
+    # Context 1024: a 512-token prompt in two 256-token steps, then 128 tokens.
+    prompt_heavy = {1: ({ring: 0.0101, no_ring: 0.0100, "cpu": 0.03}, ring),
+                    256: ({ring: 0.5, no_ring: 1.5, "cpu": 3.0}, ring)}
+    # Here the ring's set saves 0.4 s on the prompt and loses 128 * 0.005 s on the tokens.
+    token_heavy = {1: ({ring: 0.025, no_ring: 0.020, "cpu": 0.03}, ring),
+                   256: ({ring: 0.8, no_ring: 1.0, "cpu": 3.0}, ring)}
+    # The CPU alone, faster than either at one token, serves both sets' requests alike.
+    cpu_wins = {1: ({ring: 0.04, no_ring: 0.04, "cpu": 0.01}, "cpu"),
+                64: ({ring: 0.2, no_ring: 0.3, "cpu": 1.0}, ring)}
+    no_prompt = {1: ({ring: 0.02, no_ring: 0.01}, ring), 16: ({ring: 0.1, no_ring: 0.2}, ring)}
+    replay.workload_report({("p", (), "m", 2, 1024): prompt_heavy, ("p", (), "m", 4, 1024): token_heavy,
+                            ("p", (), "m", 8, 1024): cpu_wins, ("p", (), "m", 16, 1024): no_prompt})
+    out = capsys.readouterr().out
+    slower = (2 * 0.8 + 128 * 0.025) / (2 * 1.0 + 128 * 0.020) - 1
+    assert re.search(r"\b4G\s+1024  the set chosen \(the ring's\) was %.1f%% slower" % (100 * slower), out), out
+    assert "2G" not in out and "8G" not in out and "16G" not in out, out
+    assert "the measured fastest in 2 of 3; at worst %.1f%% slower" % (100 * slower) in out, out
