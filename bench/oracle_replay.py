@@ -19,7 +19,10 @@ median prediction error; and how repeatable the
 measured best is: redrawn from the loads it was timed over, how often the same plan comes out
 best; and what the loads' strays from their plan's median share: the correlation of one load's strays
 across its step sizes (a load runs slow or fast throughout) against that of the plans of one round
-of loads at one step size (the machine ran slow or fast for a while). --by-plan adds, per model, candidate and tokens per step, the median signed prediction
+of loads at one step size (the machine ran slow or fast for a while); and, beyond what the oracle
+prints, whether the resident set the choices share was the fastest for the request the planner
+weighs sets by (a 1K-token prompt, or half the context, then 128 tokens), each set at its best plan
+measured at each step size. --by-plan adds, per model, candidate and tokens per step, the median signed prediction
 error (where the cost model is off, and which way). --latest keeps, of a configuration (model,
 budget, context, tokens per step) measured in several of the files, only its row in the file
 given last (give the files oldest first): each configuration at its latest measurement. Which
