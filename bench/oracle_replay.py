@@ -314,6 +314,8 @@ def main():
     for flag in ("--by-plan", "--latest", "--anchor", "--as-profiled", "--cpu-now"):
         if flag in args:
             args.remove(flag)
+    if len(args) < 4 or any(a.startswith("--") for a in args):
+        sys.exit("usage: " + __doc__.split("Usage: ")[1].split("\n(")[0])
     pshard, profile, model_dir, files = args[0], args[1], args[2], args[3:]
     signed = {}  # (model, candidate) -> tokens -> signed errors
     rows = []
