@@ -277,12 +277,12 @@ def workload_report(timed):
     planner weighs sets by: a prompt of 1K tokens (or half the context) in steps of the largest
     size timed, then GENERATED one-token steps, each set at each size taking its best plan
     measured (the CPU alone is in reach of every set). Configurations without one-token steps
-    and steps of 64 or more are left out."""
+    and steps of 256 tokens or more (as a prompt runs) are left out."""
     right = total = 0
     worst = 0.0
     for (_, _, model, budget, context), by_n in sorted(timed.items()):
         big = max(by_n)
-        if 1 not in by_n or big < 64:
+        if 1 not in by_n or big < 256:
             continue
         chosen = next((resident_set(c) for _, c in by_n.values() if resident_set(c) is not None), None)
         sets = {resident_set(name) for n in (1, big) for name in by_n[n][0]} - {None}
