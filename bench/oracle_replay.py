@@ -121,6 +121,9 @@ def upgraded(profile, refusal, model):
             continue       # tiles; it stands as measured
         if version == 19:  # format 18 timed a decode token's CPU attention over its whole cache,
             continue       # a KV head's group cut among threads; it stands as measured
+        if version == 20:  # format 19 priced an MoE router at the model's large matrices' rate:
+            p.setdefault("cpu_router", [0.0] * len(p["cpu_attn"]))  # unmeasured, which prices it so
+            continue
         if version == 20:  # format 19 streamed host memory over 384 MiB, partly from a large L3
             continue       # (the H200 machine's is 300 MiB); it stands as measured
         if version not in UPGRADES:

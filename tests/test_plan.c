@@ -227,6 +227,47 @@ static void test_dynamic_ring_tiers_stage_alike(void **state) {
 /* Lending the slots: the dense shards among the ring's last units (what a ring step leaves in the
  * slots) run from there in tiers without the ring, in every family that has the ring's room, and
  * those tiers neither stream them over PCIe nor pay for it. */
+/* An MoE layer's router on the CPU is priced at the rate the profile timed at its own shape
+ * (cpu_router) where it has one, else at the model's large matrices' rate; where the layer runs
+ * on the GPU, nothing moves. */
+static void test_cpu_router_rate(void **state) {
+    (void)state;
+    struct profile prof;
+    plan_profile(NULL, &prof); /* the defaults: no router timed */
+    uint64_t router_bytes = 0;
+    uint32_t type = 0;
+    for (uint32_t i = 0; i < moe.n_shards; i++)
+        for (uint32_t t = 0; moe.shards[i].kind == SHARD_MOE && t < moe.shards[i].n_tensors; t++) {
+            const struct gguf_tensor *g = moe.shards[i].tensors[t];
+            if (model_tensor_is_matrix(g) && !model_tensor_is_experts(g) && g->ne[1] == (int64_t)moe.hp.n_expert)
+                router_bytes += g->n_bytes, type = g->type;
+        }
+    assert_true(router_bytes > 0);
+    struct plan_request r = base;
+    r.family = PLAN_CPU;
+    struct plan cpu, gpu;
+    assert_int_equal(plan_build(&moe, &r, &costs, &cpu), PSHARD_OK);
+    r = base;
+    r.family = PLAN_GPU;
+    r.vram_budget = (int64_t)8 << 30; /* every shard resident */
+    assert_int_equal(plan_build(&moe, &r, &costs, &gpu), PSHARD_OK);
+    for (int n = 1; n <= 64; n *= 4) {
+        struct profile timed = prof;
+        for (int i = 0; i < PROFILE_TOKENS; i++) timed.cpu_router[i] = 3 * cost_rate(prof.cpu_matmul, type, profile_tokens[i]);
+        struct cost_step a, b;
+        cost_step(&prof, &moe, &cpu, &cpu.tier[0], n, 100, &a);
+        cost_step(&timed, &moe, &cpu, &cpu.tier[0], n, 100, &b);
+        const double more = (double)router_bytes * 2 * cost_rate(prof.cpu_matmul, type, n);
+        assert_true(more > 0 && fabs(b.seconds - a.seconds - more) <= 1e-6 * more);
+        assert_true(fabs(b.cpu_s - a.cpu_s - more) <= 1e-6 * more);
+        cost_step(&prof, &moe, &gpu, &gpu.tier[0], n, 100, &a);
+        cost_step(&timed, &moe, &gpu, &gpu.tier[0], n, 100, &b);
+        assert_true(a.seconds == b.seconds);
+    }
+    plan_free(&cpu);
+    plan_free(&gpu);
+}
+
 static void test_lent_slots(void **state) {
     (void)state;
     struct plan_request r = small_request(PLAN_GPU, NULL);
@@ -1689,6 +1730,7 @@ int main(void) {
         cmocka_unit_test(test_cost_model_and_learning), cmocka_unit_test(test_dynamic_balances_from_the_profile),
         cmocka_unit_test(test_dynamic_ring_tiers_stage_alike), cmocka_unit_test(test_cost_launches_and_hand_offs),
         cmocka_unit_test(test_lent_slots), cmocka_unit_test(test_cost_attention_call),
+        cmocka_unit_test(test_cpu_router_rate),
         cmocka_unit_test(test_cost_expert_reads_beside_cpu), cmocka_unit_test(test_cost_moe_ring_copies_hide_gpu_work),
         cmocka_unit_test(test_static_stages_attention), cmocka_unit_test(test_lent_experts), cmocka_unit_test(test_dynamic_splits_ffn_rows),
         cmocka_unit_test(test_routed_split), cmocka_unit_test(test_cost_cpu_attention_per_query_head),

@@ -60,6 +60,7 @@ static struct profile sample(void) {
     p.expert_reads_share_under_cpu = 0.47, p.cpu_share_under_expert_reads = 0.89;
     p.zero_copy_experts[4] = 1.0 / 31.25e9;
     p.cpu_moe_call_s = 7.5e-5;
+    for (int i = 0; i < PROFILE_TOKENS; i++) p.cpu_router[i] = (i + 1) / 27e9;
     p.zero_copy_expert_call_s = 3.25e-5;
     p.in_place_skew = 96;
     p.zero_copy_off[2] = 1.0 / 35.5e9, p.zero_copy_experts_off[1] = 1.0 / 17.75e9;
@@ -124,6 +125,7 @@ static void assert_profiles_equal(const struct profile *a, const struct profile 
     assert_rates_equal(a->cpu_matmul, b->cpu_matmul);
     assert_rates_equal(a->cpu_experts, b->cpu_experts);
     assert_reals_equal(a->cpu_attn, b->cpu_attn, PROFILE_TOKENS);
+    assert_reals_equal(a->cpu_router, b->cpu_router, PROFILE_TOKENS);
     assert_true(a->cpu_step_s == b->cpu_step_s);
     assert_int_equal(a->has_gpu, b->has_gpu);
     assert_rates_equal(a->gpu_matmul, b->gpu_matmul);
@@ -214,6 +216,16 @@ static void test_unmeasured_points_hold(void **state) {
     const struct profile_rate *l = profile_rate_find(loaded.gpu_experts, saved.gpu_experts[0].format);
     assert_non_null(l);
     assert_true(l->s_per_byte[5] == at256 && l->s_per_byte[0] == at4 && l->s_per_byte[4] == at256);
+    /* The router's table too; one never measured (a dense model's) stays unmeasured. */
+    const double router4 = saved.cpu_router[1];
+    saved.cpu_router[0] = 0;
+    assert_int_equal(profile_save(path, &saved), PSHARD_OK);
+    assert_int_equal(profile_load(path, &here, &loaded), PSHARD_OK);
+    assert_true(loaded.cpu_router[0] == router4 && loaded.cpu_router[1] == router4);
+    memset(saved.cpu_router, 0, sizeof saved.cpu_router);
+    assert_int_equal(profile_save(path, &saved), PSHARD_OK);
+    assert_int_equal(profile_load(path, &here, &loaded), PSHARD_OK);
+    for (int i = 0; i < PROFILE_TOKENS; i++) assert_true(loaded.cpu_router[i] == 0);
 }
 
 static void test_path(void **state) {

@@ -136,10 +136,11 @@ static void empty_step(void *arg, int rep) {
 }
 
 
-/* Seconds per weight byte of a dense matmul of format t at the first n_points token counts
- * (into s_per_byte): up to 4 tokens over BIG_BYTES, past that SMALL_BYTES, each made once. */
-static pshard_status measure_cpu_matmul(struct cpu_bench *b, const struct shapes *sh, enum quant_type t, int n_points,
-                                        double *s_per_byte) {
+/* Seconds per weight byte of a dense matmul of format t, `rows` rows of the model's width, at
+ * the first n_points token counts (into s_per_byte): up to 4 tokens over BIG_BYTES, past that
+ * SMALL_BYTES, each made once. */
+static pshard_status measure_cpu_matmul_rows(struct cpu_bench *b, const struct shapes *sh, enum quant_type t, int64_t rows,
+                                             int n_points, double *s_per_byte) {
     pshard_status st = PSHARD_OK;
     size_t made = 0;
     for (int i = 0; i < n_points && st == PSHARD_OK; i++) {
@@ -148,7 +149,7 @@ static pshard_status measure_cpu_matmul(struct cpu_bench *b, const struct shapes
         if (want != made) {
             free(b->gate.data);
             b->gate.data = NULL;
-            st = measure_synth_make(t, sh->rows, sh->n_embd, 1, want, &b->gate);
+            st = measure_synth_make(t, rows, sh->n_embd, 1, want, &b->gate);
             made = want;
         }
         if (st != PSHARD_OK) break;
@@ -158,6 +159,12 @@ static pshard_status measure_cpu_matmul(struct cpu_bench *b, const struct shapes
     free(b->gate.data);
     b->gate.data = NULL;
     return st;
+}
+
+/* The model's dense matrices' shape. */
+static pshard_status measure_cpu_matmul(struct cpu_bench *b, const struct shapes *sh, enum quant_type t, int n_points,
+                                        double *s_per_byte) {
+    return measure_cpu_matmul_rows(b, sh, t, sh->rows, n_points, s_per_byte);
 }
 
 /* Every expert of a layer in the model's f-th formats (gate, up, down), BIG_BYTES in all; on a
@@ -252,6 +259,15 @@ pshard_status measure_cpu_rates(const struct measure_request *req, const struct 
         measure_report(req, "CPU matmul", 0.05 + 0.25 * f / sh->n_dense);
         struct profile_rate *r = profile_rate_add(p->cpu_matmul, quant_type_name(sh->dense[f]));
         if (r) st = measure_cpu_matmul(&b, sh, sh->dense[f], PROFILE_TOKENS, r->s_per_byte);
+    }
+    /* An MoE layer's router (qwen30b's: 128 rows of 2048 F32, 1 MB) ran a decode step at 31 us a
+     * layer on the H200's 16 threads, where the model's large F32 matrices' rate priced it at about
+     * 11 (bench/RESULTS.md): its own shape, then. */
+    if (sh->has_router && st == PSHARD_OK && !measure_out_of_time()) {
+        double router[PROFILE_TOKENS] = {0};
+        measure_report(req, "CPU router", 0.29);
+        st = measure_cpu_matmul_rows(&b, sh, sh->router, sh->n_expert, PROFILE_TOKENS, router);
+        if (st == PSHARD_OK) memcpy(p->cpu_router, router, sizeof router);
     }
     for (int f = 0; f < sh->n_moe && st == PSHARD_OK && !measure_out_of_time(); f++) {
         measure_report(req, "CPU experts", 0.3 + 0.15 * f / sh->n_moe);

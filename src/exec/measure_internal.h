@@ -25,6 +25,8 @@ enum {
 struct shapes {
     int64_t n_embd, rows, n_ff_exp;
     int n_expert, k;
+    bool has_router;          /* an MoE layer's router: n_expert rows of n_embd, in format `router` */
+    enum quant_type router;
     struct cpu_attn_shape attn;
     enum quant_type dense[PROFILE_FORMATS], gate[PROFILE_FORMATS], down[PROFILE_FORMATS];
     int n_dense, n_moe;

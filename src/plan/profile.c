@@ -297,6 +297,7 @@ static json_t *profile_json(const struct profile *p) {
     ok &= put(root, "host_served_gbps", json_real(p->host_served_gbps));
     ok &= put(root, "cpu_matmul", rates_json(p->cpu_matmul));
     ok &= put(root, "cpu_experts", rates_json(p->cpu_experts));
+    ok &= put(root, "cpu_router", reals_json(p->cpu_router, PROFILE_TOKENS));
     ok &= put(root, "cpu_attn", reals_json(p->cpu_attn, PROFILE_TOKENS));
     ok &= put(root, "cpu_step_s", json_real(p->cpu_step_s));
     ok &= put(root, "has_gpu", json_boolean(p->has_gpu));
@@ -512,6 +513,10 @@ static pshard_status profile_from_json(const char *path, json_t *root, struct pr
     CORE_TRY(read_real(path, root, "host_served_gbps", &p->host_served_gbps));
     CORE_TRY(read_rates(path, root, "cpu_matmul", p->cpu_matmul));
     CORE_TRY(read_rates(path, root, "cpu_experts", p->cpu_experts));
+    CORE_TRY(read_reals(path, root, "cpu_router", p->cpu_router, PROFILE_TOKENS));
+    bool router = false;
+    for (int i = 0; i < PROFILE_TOKENS; i++) router |= p->cpu_router[i] > 0;
+    if (router) hold_unmeasured(p->cpu_router);
     CORE_TRY(read_reals(path, root, "cpu_attn", p->cpu_attn, PROFILE_TOKENS));
     CORE_TRY(read_real(path, root, "cpu_step_s", &p->cpu_step_s));
     CORE_TRY(read_bool(path, root, "has_gpu", &p->has_gpu));

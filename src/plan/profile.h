@@ -22,8 +22,9 @@
  * one to four tokens by step, Q2_K and Q3_K among them, Q4_K/Q5_K folded their mins, and the
  * CPU's attention read a KV head once for the query heads that share it; 18 when a prompt step's
  * tokens of one sequence attended in tiles that read the KV cache once for all of them; 19 when a
- * decode token's attention went through its cache in runs of cells, each KV head's group together. */
-#define PROFILE_VERSION 19
+ * decode token's attention went through its cache in runs of cells, each KV head's group together;
+ * 20 when an MoE model's router matrix was timed at its own shape (cpu_router). */
+#define PROFILE_VERSION 20
 enum {
     PROFILE_TOKENS = 6,   /* token counts: 1, 4, 16, 64, 256, 1024 */
     PROFILE_SIZES = 5,    /* transfer sizes: 64 KiB, 512 KiB, 4 MiB, 32 MiB, 128 MiB */
@@ -83,6 +84,10 @@ struct profile {
                                 this, and the CPU's cores alone may not reach it (host_read_gbps) */
     struct profile_rate cpu_matmul[PROFILE_FORMATS]; /* dense matrix times n tokens */
     struct profile_rate cpu_experts[PROFILE_FORMATS];/* one expert's matrices times its tokens */
+    double cpu_router[PROFILE_TOKENS];               /* seconds per byte of an MoE layer's router matrix
+                                                        (n_expert rows, in its format) times n tokens: a
+                                                        small matrix runs below a large one's rate; 0 where
+                                                        unmeasured (a dense model: cpu_matmul prices it) */
     double cpu_attn[PROFILE_TOKENS];                 /* seconds per KV byte per query head that reads it
                                                         (a KV head serves n_head / n_head_kv), per new token */
     double cpu_step_s;                               /* fixed cost of a CPU shard (thread pool wake) */

@@ -99,6 +99,11 @@ static void print_profile(const struct profile *p, const char *path) {
     printf("\n");
     print_rates("CPU matmul", p->cpu_matmul);
     print_rates("CPU experts", p->cpu_experts);
+    if (p->cpu_router[0] > 0) {
+        printf("  %-19s", "CPU router");
+        for (int i = 0; i < PROFILE_TOKENS; i++) printf(" %9.3g", 1e-9 / p->cpu_router[i]);
+        printf("\n");
+    }
     if (p->has_gpu) {
         print_rates("GPU matmul", p->gpu_matmul);
         print_rates("GPU experts", p->gpu_experts);
