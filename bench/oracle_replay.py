@@ -124,8 +124,6 @@ def upgraded(profile, refusal, model):
         if version == 20:  # format 19 priced an MoE router at the model's large matrices' rate:
             p.setdefault("cpu_router", [0.0] * len(p["cpu_attn"]))  # unmeasured, which prices it so
             continue
-        if version == 20:  # format 19 streamed host memory over 384 MiB, partly from a large L3
-            continue       # (the H200 machine's is 300 MiB); it stands as measured
         if version not in UPGRADES:
             sys.exit("%s: format %d, and no upgrade to format %d is known" % (profile, have, version))
         for field, like in UPGRADES[version].items():

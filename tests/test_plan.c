@@ -239,7 +239,7 @@ static void test_cpu_router_rate(void **state) {
     for (uint32_t i = 0; i < moe.n_shards; i++)
         for (uint32_t t = 0; moe.shards[i].kind == SHARD_MOE && t < moe.shards[i].n_tensors; t++) {
             const struct gguf_tensor *g = moe.shards[i].tensors[t];
-            if (model_tensor_is_matrix(g) && !model_tensor_is_experts(g) && g->ne[1] == (int64_t)moe.hp.n_expert)
+            if (model_tensor_is_router(&moe, &moe.shards[i], g))
                 router_bytes += g->n_bytes, type = g->type;
         }
     assert_true(router_bytes > 0);

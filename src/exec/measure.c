@@ -65,9 +65,7 @@ void measure_shapes_of(const struct model *m, struct shapes *s) {
         for (uint32_t t = 0; t < sh->n_tensors; t++) {
             const struct gguf_tensor *g = sh->tensors[t];
             if (!model_tensor_is_matrix(g)) continue;
-            if (sh->kind == SHARD_MOE && !model_tensor_is_experts(g) && g->ne[1] == (int64_t)hp->n_expert &&
-                !s->has_router)
-                s->has_router = true, s->router = (enum quant_type)g->type;
+            if (model_tensor_is_router(m, sh, g) && !s->has_router) s->has_router = true, s->router = (enum quant_type)g->type;
             if (model_tensor_is_experts(g)) {
                 if (name_has(&g->name, "gate_exps")) add_type(s->gate, &s->n_moe, (enum quant_type)g->type);
                 if (name_has(&g->name, "down_exps") && s->n_moe) s->down[s->n_moe - 1] = (enum quant_type)g->type;

@@ -69,6 +69,11 @@ const char *shard_kind_name(enum shard_kind kind);
 /* A weight matrix (2-D or more, more than one row), and a 3-D tensor of MoE experts. */
 static inline bool model_tensor_is_matrix(const struct gguf_tensor *t) { return t->n_dims >= 2 && t->ne[1] > 1; }
 static inline bool model_tensor_is_experts(const struct gguf_tensor *t) { return t->n_dims >= 3 && t->ne[2] > 1; }
+/* An MoE layer's router: the matrix of its shard with a row for each expert. */
+static inline bool model_tensor_is_router(const struct model *m, const struct shard *s, const struct gguf_tensor *t) {
+    return s->kind == SHARD_MOE && model_tensor_is_matrix(t) && !model_tensor_is_experts(t) &&
+           t->ne[1] == (int64_t)m->hp.n_expert;
+}
 /* The tensor type of a shard's experts (its first expert tensor), 0 when it has none. */
 uint32_t shard_expert_type(const struct shard *s);
 const char *model_arch_name(enum model_arch arch);

@@ -232,14 +232,14 @@ static double matrices_s(const struct walk *w, const struct shard *s, bool gpu, 
     double sec = 0;
     *bytes = 0;
     *count = 0;
-    const bool router_timed = !gpu && s->kind == SHARD_MOE && w->prof->cpu_router[0] > 0;
+    const bool router_timed = !gpu && w->prof->cpu_router[0] > 0;
     for (uint32_t i = 0; i < s->n_tensors; i++) {
         const struct gguf_tensor *t = s->tensors[i];
         if (!model_tensor_is_matrix(t) || model_tensor_is_experts(t)) continue;
         uint64_t b = t->n_bytes;
         if (s->kind == SHARD_EMBED) b = t->ne[1] ? t->n_bytes / t->ne[1] * (uint64_t)n : 0; /* rows looked up */
         /* The CPU's router runs at the rate timed at its own small shape (profile.cpu_router). */
-        const bool router = router_timed && t->ne[1] == (int64_t)w->m->hp.n_expert;
+        const bool router = router_timed && model_tensor_is_router(w->m, s, t);
         sec += b * (router ? profile_at_tokens(w->prof->cpu_router, n)
                            : cost_rate(gpu ? w->prof->gpu_matmul : w->prof->cpu_matmul, t->type, n));
         *bytes += b;

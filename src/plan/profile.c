@@ -514,9 +514,7 @@ static pshard_status profile_from_json(const char *path, json_t *root, struct pr
     CORE_TRY(read_rates(path, root, "cpu_matmul", p->cpu_matmul));
     CORE_TRY(read_rates(path, root, "cpu_experts", p->cpu_experts));
     CORE_TRY(read_reals(path, root, "cpu_router", p->cpu_router, PROFILE_TOKENS));
-    bool router = false;
-    for (int i = 0; i < PROFILE_TOKENS; i++) router |= p->cpu_router[i] > 0;
-    if (router) hold_unmeasured(p->cpu_router);
+    hold_unmeasured(p->cpu_router); /* never measured (a dense model's): all stay 0 */
     CORE_TRY(read_reals(path, root, "cpu_attn", p->cpu_attn, PROFILE_TOKENS));
     CORE_TRY(read_real(path, root, "cpu_step_s", &p->cpu_step_s));
     CORE_TRY(read_bool(path, root, "has_gpu", &p->has_gpu));
