@@ -14,7 +14,9 @@ NAME=VALUE sets a variable for `pshard plan` on that run's steps, e.g. PSHARD_KV
 run measured before ring tiers carried KV cells, whose candidates placed attention otherwise)
 Prints one line per configuration and the summary `pshard bench --oracle` prints: how often the
 choice was the measured best (among all candidates, and among those over the chosen plan's
-resident set), how much slower when not (and how often within 2, 5 and 10% of the best), and the
+resident set), how much slower when not (and how often within 2, 5 and 10% of the best), how many
+misses were timed over loads that overlap the best's (one more load could rank the two the other
+way; among all candidates, and again over the chosen set), and the
 median prediction error; and how repeatable the
 measured best is: redrawn from the loads it was timed over, how often the same plan comes out
 best; and what the loads' strays from their plan's median share: the correlation of one load's strays
@@ -308,6 +310,14 @@ def workload_report(timed):
               "measured fastest in %d of %d; at worst %.1f%% slower" % (GENERATED, right, total, 100 * worst))
 
 
+def loads_overlap(loads, mine, theirs):
+    """Whether two plans (keys of `loads`, each timed over several loads) could be ranked the other
+    way by one more load: the first's fastest load beat the second's slowest. Plans not timed over
+    loads, or one plan twice, do not overlap."""
+    a, b = loads.get(mine), loads.get(theirs)
+    return bool(a and b and a is not b and min(a) <= max(b))
+
+
 def main():
     args = sys.argv[1:]
     by_plan, latest, anchor = "--by-plan" in args, "--latest" in args, "--anchor" in args
@@ -347,6 +357,7 @@ def main():
     set_best = set_within = 0
     set_worst = 0.0
     overlapped = 0  # choices not the best whose loads overlapped the best's
+    set_overlapped = 0  # the same against the best over the choice's resident set
     repeat = []  # per configuration: the share of redraws of its loads that name the same best
     errors, all_errors = [], []
     slowdowns = []  # per configuration: how much slower the choice was than the best (0: it was)
@@ -389,9 +400,7 @@ def main():
                 mid = statistics.median(c["loads"])
                 for i, t in enumerate(c["loads"]):
                     deviations.setdefault(key, {}).setdefault((canonical(c["plan"]), i), {})[n] = math.log(t / mid)
-        mine, theirs = loads.get(table[chosen][0]), loads.get(table[best][0])
-        if slower > 0 and mine and theirs and mine is not theirs and min(mine) <= max(theirs):
-            overlapped += 1
+        overlapped += slower > 0 and loads_overlap(loads, table[chosen][0], table[best][0])
         # How often measuring again would name the same best: each plan timed over several loads
         # takes the median of a resample of them (the others keep their one time).
         same = 0
@@ -409,6 +418,7 @@ def main():
         # A phase's tiers share one resident set: its best there (or the CPU alone) is in reach.
         reach = {n: t for n, t in lower.items() if resident_set(n) in (None, resident_set(chosen))}
         set_slower = lower[chosen] / min(reach.values()) - 1
+        set_overlapped += set_slower > 0 and loads_overlap(loads, table[chosen][0], table[min(reach, key=reach.get)][0])
         set_best += set_slower <= 0
         set_within += set_slower <= 0.10
         set_worst = max(set_worst, set_slower)
@@ -436,6 +446,9 @@ def main():
     print("against the candidates over the resident set the choice runs over (a phase's tiers share one): the measured best in %d "
           "(%.0f%%), within 10%% in %d; at worst %.1f%% slower" % (set_best, 100.0 * set_best / max(configs, 1),
                                                                     set_within, 100 * set_worst))
+    print("of the %d where it was not, %d were timed over several loads with the choice's fastest load faster than "
+          "the best's slowest (the best there, or not told from it by its loads, in %d)" % (
+              configs - set_best, set_overlapped, set_best + set_overlapped))
     workload_report(timed)
     print("prediction error: median %.1f%% for the chosen plans, %.1f%% over %d measured candidates" % (
         100 * statistics.median(errors) if errors else 0, 100 * statistics.median(all_errors) if all_errors else 0,

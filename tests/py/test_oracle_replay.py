@@ -204,3 +204,37 @@ def test_workload_report_weighs_the_shared_set_over_a_request(capsys):
     assert re.search(r"\b4G\s+1024  the set chosen \(the ring's\) was %.1f%% slower" % (100 * slower), out), out
     assert "2G" not in out and "8G" not in out and "16G" not in out, out
     assert "the measured fastest in 2 of 3; at worst %.1f%% slower" % (100 * slower) in out, out
+
+
+def test_a_miss_over_the_chosen_set_its_loads_cannot_rank(tmp_path):
+    """Against the candidates over the choice's resident set, a miss whose loads overlap the best's
+    (one more load could rank them the other way) is counted apart from one whose loads do not."""
+    replay = load_replay()
+    model = header_only_qwen30b(tmp_path)
+    table = replay.plan_table(os.path.join(BUILD, "pshard"), PROFILE, str(model), 2, 1024, 1024, [1, 4])
+    rows = []
+    for n, overlap in ((1, True), (4, False)):
+        row = oracle_row(table, n, False)
+        chosen = row["chosen"]
+        cells = [cells[n][0] for cells in table.values()]
+        rival = next(c for c in row["candidates"] if c["plan"] != chosen and c["plan"] != "cpu"
+                     and replay.resident_set(c["plan"]) == replay.resident_set(chosen)
+                     and cells.count(table[c["plan"]][n][0]) == 1)
+        mine = next(c for c in row["candidates"] if c["plan"] == chosen)
+        t = mine["measured_s"]
+        mine["loads"] = [0.97 * t, t, 1.03 * t] if overlap else [t, 1.01 * t, 1.02 * t]
+        rival["loads"] = [0.96 * t, 0.98 * t, 0.98 * t]  # its slowest beats the choice's fastest only without overlap
+        rival["measured_s"] = 0.98 * t
+        mine["rechecked"] = rival["rechecked"] = True
+        rows.append(row)
+    run = tmp_path / "run.json"
+    run.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = subprocess.run([sys.executable, REPLAY, os.path.join(BUILD, "pshard"), PROFILE, str(tmp_path), str(run)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "over the resident set the choice runs over (a phase's tiers share one): the measured best in 0 " in proc.stdout
+    assert ("of the 2 where it was not, 1 were timed over several loads with the choice's fastest load faster than the "
+            "best's slowest (the best there, or not told from it by its loads, in 1)") in proc.stdout, proc.stdout
+    assert replay.loads_overlap({1.0: [1, 2], 2.0: [2.5, 3]}, 2.0, 1.0) is False
+    assert replay.loads_overlap({1.0: [1, 2], 2.0: [1.5, 3]}, 2.0, 1.0) is True
+    assert replay.loads_overlap({1.0: [1, 2]}, 1.0, 2.0) is False  # one not timed over loads

@@ -458,6 +458,7 @@ struct summary {
     double spreads[4096]; /* a close call's loads: slowest over fastest, less one */
     int n_spreads;
     int overlapped; /* choices not the best, both timed over loads, the choice's fastest load faster than the best's slowest */
+    int overlapped_in_set; /* the same against the best over the choice's resident set */
 };
 
 /* The candidate that holds the loads of the plan c places, c or a twin (a close call's loads are
@@ -512,6 +513,17 @@ static void print_cpu_now(const struct profile *prof, const struct profile *now)
     fprintf(stderr, " host reads %.1f GB/s (%.1f)\n", now->host_read_gbps, prof->host_read_gbps);
 }
 
+/* Whether one more load could have ranked candidates a and b the other way: both timed over loads
+ * (as different plans), a's fastest load faster than b's slowest. */
+static bool loads_overlap(const struct plan *weighed, const struct oracle_row *r, int a, int b) {
+    const int a_loads = with_loads(weighed, r, a), b_loads = with_loads(weighed, r, b);
+    if (a_loads < 0 || b_loads < 0 || a_loads == b_loads) return false;
+    double a_lo, a_hi, b_lo, b_hi;
+    load_range(r, a_loads, &a_lo, &a_hi);
+    load_range(r, b_loads, &b_lo, &b_hi);
+    return a_lo <= b_hi;
+}
+
 static void summarize_row(const struct plan *weighed, const struct oracle_row *r, const struct oracle_host *host,
                           struct summary *s, FILE *json, const char *model, int64_t budget, int32_t ctx) {
     const int best = fastest(weighed, r, NULL);
@@ -534,14 +546,8 @@ static void summarize_row(const struct plan *weighed, const struct oracle_row *r
         load_range(r, (int)c, &lo, &hi);
         s->spreads[s->n_spreads++] = hi / lo - 1;
     }
-    /* One more load could have ranked the two the other way. */
-    const int chosen_loads = with_loads(weighed, r, r->chosen), best_loads = with_loads(weighed, r, best);
-    if (slowdown > 0 && chosen_loads >= 0 && best_loads >= 0 && chosen_loads != best_loads) {
-        double chosen_lo, chosen_hi, best_lo, best_hi;
-        load_range(r, chosen_loads, &chosen_lo, &chosen_hi);
-        load_range(r, best_loads, &best_lo, &best_hi);
-        s->overlapped += chosen_lo <= best_hi;
-    }
+    s->overlapped += slowdown > 0 && loads_overlap(weighed, r, r->chosen, best);
+    s->overlapped_in_set += set_slowdown > 0 && in_set >= 0 && loads_overlap(weighed, r, r->chosen, in_set);
     for (uint32_t c = 0; c < weighed->n_candidates; c++)
         if (isfinite(r->measured[c]) && !r->cut[c] && s->n_all < 16384)
             s->all_errors[s->n_all++] = fabs(r->predicted[c] / r->measured[c] - 1);
@@ -664,6 +670,9 @@ int cmd_bench(int argc, char **argv) {
     printf("against the candidates over the resident set the choice runs over (a phase's tiers share one): the measured best in %d "
            "(%.0f%%), within 10%% in %d; at worst %.1f%% slower\n",
            s.best_in_set, s.configs ? 100.0 * s.best_in_set / s.configs : 0, s.within10_in_set, 100 * s.worst_in_set);
+    printf("of the %d where it was not, %d were timed over several loads with the choice's fastest load faster than the "
+           "best's slowest (the best there, or not told from it by its loads, in %d)\n",
+           s.configs - s.best_in_set, s.overlapped_in_set, s.best_in_set + s.overlapped_in_set);
     printf("prediction error (|predicted/measured - 1|): median %.1f%% for the chosen plans, %.1f%% over all %d "
            "candidates measured in full\n",
            s.n_errors ? 100 * median(s.errors, s.n_errors) : 0, s.n_all ? 100 * median(s.all_errors, s.n_all) : 0, s.n_all);
