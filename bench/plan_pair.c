@@ -58,10 +58,9 @@ static double median(const double *v, int n) {
 /* One load of a plan: every step size timed, one line each. */
 static pshard_status time_load(const struct model *m, const struct exec_params *params, const struct spec *s,
                                const int32_t *sizes, int n_sizes, int reps, int round) {
-    struct exec_params p = *params;
-    p.plan = s->family, p.stream_share = s->share, p.staging = plan_takes_set(s->family) ? (int32_t)s->set : -1;
-    p.dynamic_in_place = true;
-    if (s->family == PLAN_CPU) p.vram_budget = 0;
+    /* Placed as the oracle places the planner's candidates. */
+    const struct plan_candidate cand = {.family = s->family, .share = s->share, .set = s->set};
+    const struct exec_params p = exec_params_for_candidate(params, &cand);
     struct exec_ctx *ex = NULL;
     const double t0 = core_now_ms();
     CORE_TRY(exec_create(m, &p, &ex));
