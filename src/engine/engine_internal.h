@@ -29,4 +29,8 @@ struct pshard_ctx {
     int8_t *batch_logits;
 };
 
+/* Whether a token ends a turn: the tokenizer's end-of-generation tokens and the control tokens
+ * that end one in the chat families we support. */
+bool engine_is_end_of_turn(const struct tok *tok, int32_t id);
+
 #endif

@@ -24,7 +24,7 @@ void pshard_gen_opts_default(pshard_gen_opts *o) {
 }
 
 /* Tokens that end a turn in the families we support, beyond the tokenizer's EOS/EOT/EOM. */
-static bool is_end_of_turn(const struct tok *tok, int32_t id) {
+bool engine_is_end_of_turn(const struct tok *tok, int32_t id) {
     if (tok_is_eog(tok, id)) return true;
     if (tok_token_type(tok, id) != 3 /* CONTROL */) return false;
     static const char *const names[] = {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<|end|>"};
@@ -93,7 +93,7 @@ static pshard_status decode_loop(struct generation *g, double t_start) {
             t_first = core_now_ms();
             g->stats->ttft_ms = t_first - t_start;
         }
-        if (!g->opts->ignore_eos && is_end_of_turn(ctx->tok, token)) {
+        if (!g->opts->ignore_eos && engine_is_end_of_turn(ctx->tok, token)) {
             g->stats->stopped_by_eog = 1;
             break;
         }
