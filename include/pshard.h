@@ -60,6 +60,9 @@ typedef struct pshard_params {
                             machine on first use (the measured profile is cached per machine) */
     int32_t n_predict;   /* automatic plans: the tokens a request is expected to generate, which the
                             planner weighs its choices by (a prompt, then this many); 0: 128 */
+    int32_t n_parallel;  /* sequences that run at once (pshard_request_add); 0: 1. With more than one,
+                            n_ctx is the KV cells all of them share, and each may grow to all of them */
+    int32_t max_queue;   /* requests that may wait for a sequence; 0: 4096 */
     pshard_progress_cb progress;
     void *progress_user;
     /* Called while this machine is measured for planning (first use): what, and the fraction done. */
@@ -141,6 +144,101 @@ pshard_status pshard_generate(pshard_ctx *ctx, const char *prompt, const pshard_
 /* Format messages with the model's chat template and generate the assistant's reply. */
 pshard_status pshard_chat(pshard_ctx *ctx, const pshard_message *messages, size_t n_messages,
                           const pshard_gen_opts *opts, pshard_text_cb on_text, void *user, pshard_gen_stats *stats);
+
+/* ---- Many sequences at once (continuous batching).
+ *
+ * A context opened with n_parallel N holds up to N sequences. Requests are added at any time and
+ * wait in a queue until a sequence is free; each pshard_step runs one step carrying the new tokens
+ * of every active request (prompt chunks of some, one decode token of others), so requests join
+ * and leave between any two steps. A request's tokens reach its callback as they are sampled; the
+ * last event of a request says why it finished. A finished or cancelled request's KV cells are
+ * free for the next step. pshard_generate and pshard_chat may not run while requests are active. */
+
+typedef enum pshard_finish_reason {
+    PSHARD_FINISH_NONE = 0,  /* still generating */
+    PSHARD_FINISH_STOP,      /* an end-of-generation token or a stop string */
+    PSHARD_FINISH_LENGTH,    /* the request's token limit, or the sequence's context is full */
+    PSHARD_FINISH_CANCELLED, /* pshard_request_cancel, or the callback asked to stop */
+    PSHARD_FINISH_ERROR,     /* the request could not run (pshard_last_error() is not kept: see error) */
+} pshard_finish_reason;
+
+/* Short name of a finish reason: "stop", "length", "cancelled", "error" ("" while generating). */
+const char *pshard_finish_name(pshard_finish_reason finish);
+
+typedef struct pshard_request_stats {
+    int32_t n_prompt;        /* prompt tokens */
+    int32_t n_prompt_cached; /* of those, reused from cells already computed (a shared prefix) */
+    int32_t n_generated;     /* tokens generated (an end-of-generation token not counted) */
+    double queued_ms;        /* from pshard_request_add until a sequence took it */
+    double ttft_ms;          /* from pshard_request_add to its first generated token */
+    double total_ms;         /* from pshard_request_add to its end */
+} pshard_request_stats;
+
+/* One event of a request: a generated token (token >= 0) with its text in whole UTF-8 characters
+ * (len may be 0 while a character is incomplete, or when a stop string may be starting), and, on
+ * its last event, why it finished (token then -1 where no token came with it). */
+typedef struct pshard_token_event {
+    int32_t request;                    /* the id pshard_request_add gave */
+    int32_t token;
+    const char *text;
+    size_t len;
+    float logprob;                      /* the token's log-probability under the model's raw distribution
+                                           (NaN unless top_logprobs >= 0) */
+    pshard_finish_reason finish;        /* PSHARD_FINISH_NONE until the last event */
+    const pshard_request_stats *stats;  /* on the last event; else NULL */
+    const char *error;                  /* PSHARD_FINISH_ERROR: what went wrong */
+    int32_t n_top;                      /* with top_logprobs asked for: the most likely tokens, */
+    const int32_t *top_tokens;          /* most likely first, and their log-probabilities */
+    const float *top_logprobs;
+} pshard_token_event;
+
+/* Hears each event; return nonzero to cancel the request (its last event follows at once). */
+typedef int (*pshard_event_cb)(void *user, const pshard_token_event *event);
+
+typedef struct pshard_request {
+    const char *prompt;           /* raw text (format chat yourself, or use pshard_format_chat) */
+    const int32_t *prompt_tokens; /* or tokens, when prompt is NULL */
+    int32_t n_prompt_tokens;
+    int32_t n_predict;            /* most tokens to generate; < 0: until the sequence's context is full */
+    pshard_sampling sampling;     /* its own sampler and seed */
+    int parse_special;            /* recognize special-token text in the prompt */
+    int ignore_eos;               /* keep generating past end-of-generation tokens (benchmarks) */
+    const char *const *stop;      /* stop strings: generation ends before the first one that appears */
+    size_t n_stop;
+    int32_t top_logprobs;         /* < 0: no log-probabilities; 0: each token's own; 1..20: also that many
+                                     of the most likely tokens at each step */
+    pshard_event_cb on_event;
+    void *user;
+} pshard_request;
+
+void pshard_request_default(pshard_request *req);
+
+/* Queue a request (its prompt is tokenized and checked now: an empty prompt, one longer than a
+ * sequence's context or a full queue fail here and queue nothing). *id names it in events. */
+pshard_status pshard_request_add(pshard_ctx *ctx, const pshard_request *req, int32_t *id);
+
+/* Cancel a queued or active request: its last event (PSHARD_FINISH_CANCELLED) is delivered now,
+ * and its cells are free. An id that is not running (finished, or never given) fails. */
+pshard_status pshard_request_cancel(pshard_ctx *ctx, int32_t id);
+
+/* Run one step over the active requests, admitting queued ones first. *n_pending (optional) is
+ * how many requests remain, queued or active (0: nothing left to do; the step did nothing). */
+pshard_status pshard_step(pshard_ctx *ctx, int32_t *n_pending);
+
+/* What the scheduler holds now. */
+typedef struct pshard_batch_info {
+    int32_t n_parallel;          /* sequences the context holds */
+    int32_t n_active, n_queued;
+    int32_t n_cells, n_cells_free; /* KV cells of all sequences, and those no sequence holds */
+    int32_t last_step_tokens;    /* new tokens the last step carried */
+    char last_step_plan[16];     /* the plan family that ran it */
+} pshard_batch_info;
+void pshard_get_batch_info(const pshard_ctx *ctx, pshard_batch_info *info);
+
+/* Format messages with the model's chat template, ready for generation; *out is malloc'd, the
+ * caller frees it. */
+pshard_status pshard_format_chat(pshard_ctx *ctx, const pshard_message *messages, size_t n_messages, int default_system,
+                                 char **out);
 
 /* Facts about the loaded model and context. */
 typedef struct pshard_info {

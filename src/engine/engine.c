@@ -51,7 +51,7 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
     struct gguf_str tpl = {NULL, 0};
     if (gguf_find(ctx->file, "tokenizer.chat_template")) CORE_TRY(gguf_get_str(ctx->file, "tokenizer.chat_template", &tpl));
     chat_template_detect(tpl.data, tpl.len, &ctx->chat);
-    struct exec_params ep = {p->n_ctx, p->n_batch, 1, p->n_threads, (enum plan_family)p->plan, p->vram_budget,
+    struct exec_params ep = {p->n_ctx, p->n_batch, p->n_parallel, p->n_threads, (enum plan_family)p->plan, p->vram_budget,
                              p->stream_share, p->resident_set > 0 ? p->resident_set - 1 : -1, NULL,
                              p->decode_set > 0 ? p->decode_set - 1 : p->decode_set < 0 ? PLAN_DECODE_SAME : PLAN_DECODE_WEIGHED,
                              p->n_predict, false};
@@ -62,6 +62,7 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
     }
     if (ep.n_batch <= 0) ep.n_batch = 512;
     if (ep.n_batch > ep.n_ctx) ep.n_batch = ep.n_ctx;
+    if (ep.n_batch < ep.n_seq) ep.n_batch = ep.n_seq; /* a step carries one token of every sequence */
     /* An automatic plan under a budget the model does not fit whole is chosen by the cost model
      * from this machine's profile (measured on first use). */
     bool resident = p->gpu && cuda_device_count() > 0;
@@ -101,7 +102,7 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
     ctx->batch_logits = calloc((size_t)ep.n_batch, 1);
     if (!ctx->cached || !ctx->prompt || !ctx->batch_pos || !ctx->batch_seq || !ctx->batch_logits)
         return core_fail(PSHARD_ERR_NOMEM, "out of memory");
-    return PSHARD_OK;
+    return engine_batch_create(ctx);
 }
 
 pshard_status pshard_open(const pshard_params *params, pshard_ctx **out) {
@@ -117,9 +118,14 @@ pshard_status pshard_open(const pshard_params *params, pshard_ctx **out) {
     if (params->decode_set && (params->gpu || params->plan != PLAN_AUTO))
         return core_fail(PSHARD_ERR_INVALID_ARG, "a decode set (--decode-set) is the automatic plan's choice; leave --plan "
                                                  "as auto");
+    if (params->n_parallel < 0 || params->n_parallel > 4096)
+        return core_fail(PSHARD_ERR_INVALID_ARG, "parallel sequences: %d is not one of 1..4096", params->n_parallel);
+    if (params->max_queue < 0) return core_fail(PSHARD_ERR_INVALID_ARG, "the queue's length %d is negative", params->max_queue);
     pshard_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
     ctx->params = *params;
+    if (ctx->params.n_parallel == 0) ctx->params.n_parallel = 1;
+    if (ctx->params.max_queue == 0) ctx->params.max_queue = 4096;
     pshard_status st = open_ctx(ctx);
     if (st != PSHARD_OK) {
         pshard_close(ctx);
@@ -131,6 +137,7 @@ pshard_status pshard_open(const pshard_params *params, pshard_ctx **out) {
 
 void pshard_close(pshard_ctx *ctx) {
     if (!ctx) return;
+    engine_batch_free(ctx);
     free(ctx->cached);
     free(ctx->prompt);
     free(ctx->batch_pos);

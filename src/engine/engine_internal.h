@@ -27,10 +27,17 @@ struct pshard_ctx {
     int32_t *prompt; /* scratch for the prompt's tokens, n_ctx long */
     int32_t *batch_pos, *batch_seq;
     int8_t *batch_logits;
+    struct engine_batch *batch; /* requests and the sequences running them (batch.c) */
 };
 
 /* Whether a token ends a turn: the tokenizer's end-of-generation tokens and the control tokens
  * that end one in the chat families we support. */
 bool engine_is_end_of_turn(const struct tok *tok, int32_t id);
+
+/* The scheduler of many sequences (batch.c): created with the context, freed with it. */
+pshard_status engine_batch_create(pshard_ctx *ctx);
+void engine_batch_free(pshard_ctx *ctx);
+/* Requests queued or running. */
+int32_t engine_batch_pending(const pshard_ctx *ctx);
 
 #endif

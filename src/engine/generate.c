@@ -176,6 +176,8 @@ pshard_status pshard_generate(pshard_ctx *ctx, const char *prompt, const pshard_
     pshard_gen_opts defaults;
     if (!opts) pshard_gen_opts_default(&defaults), opts = &defaults;
     if (!prompt) return core_fail(PSHARD_ERR_INVALID_ARG, "no prompt given");
+    if (engine_batch_pending(ctx))
+        return core_fail(PSHARD_ERR_INVALID_ARG, "requests are running (pshard_request_add); step them to the end or cancel them first");
     const double t_start = core_now_ms();
     int32_t n_prompt = 0;
     CORE_TRY(tokenize_prompt(ctx, prompt, opts->parse_special, &n_prompt));
@@ -210,12 +212,15 @@ pshard_status pshard_generate(pshard_ctx *ctx, const char *prompt, const pshard_
     return st;
 }
 
-pshard_status pshard_chat(pshard_ctx *ctx, const pshard_message *messages, size_t n_messages, const pshard_gen_opts *opts,
-                          pshard_text_cb on_text, void *user, pshard_gen_stats *stats) {
+pshard_status pshard_format_chat(pshard_ctx *ctx, const pshard_message *messages, size_t n_messages, int default_system,
+                                 char **out) {
+    *out = NULL;
+    if (!messages && n_messages) return core_fail(PSHARD_ERR_INVALID_ARG, "no messages given");
+    for (size_t i = 0; i < n_messages; i++)
+        if (!messages[i].role || !messages[i].content)
+            return core_fail(PSHARD_ERR_INVALID_ARG, "message %zu has no %s", i, messages[i].role ? "content" : "role");
     size_t needed = 0;
-    pshard_gen_opts defaults;
-    if (!opts) pshard_gen_opts_default(&defaults), opts = &defaults;
-    ctx->chat.use_default_system = opts->default_system;
+    ctx->chat.use_default_system = default_system;
     struct chat_message *msgs = malloc(sizeof *msgs * (n_messages ? n_messages : 1));
     if (!msgs) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < n_messages; i++) msgs[i] = (struct chat_message){messages[i].role, messages[i].content};
@@ -224,6 +229,17 @@ pshard_status pshard_chat(pshard_ctx *ctx, const pshard_message *messages, size_
     pshard_status st = text ? chat_format_messages(&ctx->chat, msgs, n_messages, 1, text, needed + 1, &needed)
                             : core_fail(PSHARD_ERR_NOMEM, "out of memory");
     free(msgs);
+    if (st != PSHARD_OK) free(text);
+    else *out = text;
+    return st;
+}
+
+pshard_status pshard_chat(pshard_ctx *ctx, const pshard_message *messages, size_t n_messages, const pshard_gen_opts *opts,
+                          pshard_text_cb on_text, void *user, pshard_gen_stats *stats) {
+    pshard_gen_opts defaults;
+    if (!opts) pshard_gen_opts_default(&defaults), opts = &defaults;
+    char *text;
+    pshard_status st = pshard_format_chat(ctx, messages, n_messages, opts->default_system, &text);
     if (st == PSHARD_OK) st = pshard_generate(ctx, text, opts, on_text, user, stats);
     free(text);
     return st;

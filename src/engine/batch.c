@@ -1,0 +1,501 @@
+/* Many sequences at once: a queue of requests, sequences (the executor's slots) that take them,
+ * and the step that carries every active request's new tokens together — one decode token of
+ * each request that is generating, then prompt chunks of those still reading their prompt, up to
+ * the step's token limit. Requests join and leave between any two steps (continuous batching).
+ * A sequence that finishes keeps the tokens of its cells, so a later request that starts with
+ * them (a system prompt) reuses them instead of computing them again. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/timer.h"
+#include "engine/engine_internal.h"
+
+enum { TOP_LOGPROBS_MAX = 20 };
+
+struct engine_request {
+    int32_t id;
+    int32_t *tokens;           /* the prompt, then what was generated */
+    int32_t n_prompt, n_tokens, cap;
+    int32_t n_computed;        /* tokens whose K/V are in the sequence's cells */
+    int32_t n_predict, n_generated;
+    int32_t slot;              /* the sequence it runs in; -1 while queued */
+    struct sampler_params sampling;
+    struct sampler *sampler;
+    struct tok_decoder *decoder;
+    char **stop;
+    size_t n_stop;
+    char *held;                /* text not yet given out: it may be the start of a stop string */
+    size_t n_held, held_cap;
+    bool ignore_eos;
+    int32_t top_logprobs;      /* < 0: no log-probabilities */
+    pshard_event_cb on_event;
+    void *user;
+    double t_add, t_admit, t_first;
+    int32_t n_cached;
+    struct engine_request *next; /* the queue */
+};
+
+struct engine_batch {
+    int32_t n_parallel, max_queue, n_queued, next_id;
+    struct engine_request **active;   /* per sequence: the request it runs, or NULL */
+    int32_t **history;                /* per sequence: the tokens its cells hold (sequence 0: ctx->cached) */
+    int32_t *history_len;
+    struct engine_request *queue_head, *queue_tail;
+    /* the step's scratch, n_batch long */
+    int32_t *tokens, *pos, *seq;
+    int8_t *logits;
+    struct engine_request **out_req;
+    int32_t last_tokens;
+    enum plan_family last_family;
+    int32_t top_tokens[TOP_LOGPROBS_MAX];
+    float top_logprobs[TOP_LOGPROBS_MAX];
+};
+
+const char *pshard_finish_name(pshard_finish_reason finish) {
+    switch (finish) {
+    case PSHARD_FINISH_STOP: return "stop";
+    case PSHARD_FINISH_LENGTH: return "length";
+    case PSHARD_FINISH_CANCELLED: return "cancelled";
+    case PSHARD_FINISH_ERROR: return "error";
+    case PSHARD_FINISH_NONE: break;
+    }
+    return "";
+}
+
+void pshard_request_default(pshard_request *req) {
+    memset(req, 0, sizeof *req);
+    req->n_predict = 256;
+    req->parse_special = 1;
+    req->top_logprobs = -1;
+    pshard_sampling_default(&req->sampling);
+}
+
+pshard_status engine_batch_create(pshard_ctx *ctx) {
+    struct engine_batch *b = calloc(1, sizeof *b);
+    if (!b) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    ctx->batch = b;
+    b->n_parallel = ctx->params.n_parallel;
+    b->max_queue = ctx->params.max_queue;
+    const size_t n_batch = (size_t)ctx->params.n_batch, n_seq = (size_t)b->n_parallel;
+    b->active = calloc(n_seq, sizeof *b->active);
+    b->history = calloc(n_seq, sizeof *b->history);
+    b->history_len = calloc(n_seq, sizeof *b->history_len);
+    b->tokens = malloc(sizeof(int32_t) * n_batch);
+    b->pos = malloc(sizeof(int32_t) * n_batch);
+    b->seq = malloc(sizeof(int32_t) * n_batch);
+    b->logits = malloc(n_batch);
+    b->out_req = malloc(sizeof *b->out_req * n_batch);
+    if (!b->active || !b->history || !b->history_len || !b->tokens || !b->pos || !b->seq || !b->logits || !b->out_req)
+        return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    b->history[0] = ctx->cached; /* the one-sequence calls' cache is sequence 0's */
+    for (size_t s = 1; s < n_seq; s++)
+        if (!(b->history[s] = malloc(sizeof(int32_t) * (size_t)ctx->params.n_ctx)))
+            return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    return PSHARD_OK;
+}
+
+static void request_free(struct engine_request *r) {
+    if (!r) return;
+    free(r->tokens);
+    for (size_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->stop);
+    free(r->held);
+    sampler_free(r->sampler);
+    tok_decoder_free(r->decoder);
+    free(r);
+}
+
+void engine_batch_free(pshard_ctx *ctx) {
+    struct engine_batch *b = ctx->batch;
+    if (!b) return;
+    for (int32_t s = 0; b->active && s < b->n_parallel; s++) request_free(b->active[s]);
+    for (struct engine_request *r = b->queue_head, *next; r; r = next) next = r->next, request_free(r);
+    for (int32_t s = 1; b->history && s < b->n_parallel; s++) free(b->history[s]);
+    free(b->history);
+    free(b->history_len);
+    free(b->active);
+    free(b->tokens);
+    free(b->pos);
+    free(b->seq);
+    free(b->logits);
+    free(b->out_req);
+    free(b);
+    ctx->batch = NULL;
+}
+
+int32_t engine_batch_pending(const pshard_ctx *ctx) {
+    const struct engine_batch *b = ctx->batch;
+    int32_t n = b->n_queued;
+    for (int32_t s = 0; s < b->n_parallel; s++) n += b->active[s] != NULL;
+    return n;
+}
+
+/* The one-sequence calls keep their history in ctx->cached/n_cached: sequence 0's. */
+static int32_t *history_len(pshard_ctx *ctx, int32_t s) { return s == 0 ? &ctx->n_cached : &ctx->batch->history_len[s]; }
+
+/* ---- Adding requests. */
+
+static pshard_status copy_stops(struct engine_request *r, const pshard_request *req) {
+    if (!req->n_stop) return PSHARD_OK;
+    if (!req->stop) return core_fail(PSHARD_ERR_INVALID_ARG, "n_stop is %zu but stop is NULL", req->n_stop);
+    r->stop = calloc(req->n_stop, sizeof *r->stop);
+    if (!r->stop) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < req->n_stop; i++) {
+        if (!req->stop[i] || !*req->stop[i]) return core_fail(PSHARD_ERR_INVALID_ARG, "stop string %zu is empty", i);
+        if (!(r->stop[r->n_stop++] = strdup(req->stop[i]))) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    }
+    return PSHARD_OK;
+}
+
+static pshard_status request_tokens(pshard_ctx *ctx, const pshard_request *req, struct engine_request *r) {
+    const int32_t n_ctx = ctx->params.n_ctx;
+    int32_t n = 0;
+    if (req->prompt) {
+        size_t got = 0;
+        const int flags = TOK_ADD_SPECIAL | (req->parse_special ? TOK_PARSE_SPECIAL : 0);
+        pshard_status st = tok_encode_into(ctx->tok, req->prompt, strlen(req->prompt), flags, ctx->prompt, (size_t)n_ctx, &got);
+        if (st == PSHARD_ERR_RANGE || (st == PSHARD_OK && got >= (size_t)n_ctx))
+            return core_fail(PSHARD_ERR_RANGE, "the prompt has %zu tokens but a sequence's context holds %d", got, n_ctx);
+        CORE_TRY(st);
+        n = (int32_t)got;
+    } else {
+        if (req->n_prompt_tokens < 0 || (req->n_prompt_tokens && !req->prompt_tokens))
+            return core_fail(PSHARD_ERR_INVALID_ARG, "no prompt given");
+        if (req->n_prompt_tokens >= n_ctx)
+            return core_fail(PSHARD_ERR_RANGE, "the prompt has %d tokens but a sequence's context holds %d",
+                             req->n_prompt_tokens, n_ctx);
+        n = req->n_prompt_tokens;
+        for (int32_t i = 0; i < n; i++)
+            if (req->prompt_tokens[i] < 0 || req->prompt_tokens[i] >= exec_n_vocab(ctx->exec))
+                return core_fail(PSHARD_ERR_INVALID_ARG, "prompt token %d is %d, outside the vocabulary (%d)", i,
+                                 req->prompt_tokens[i], exec_n_vocab(ctx->exec));
+    }
+    if (n == 0) return core_fail(PSHARD_ERR_INVALID_ARG, "the prompt is empty");
+    /* Room for the prompt and what it may generate, the last token sampled but never computed. */
+    int64_t cap = req->n_predict < 0 ? (int64_t)n_ctx + 1 : (int64_t)n + req->n_predict + 1;
+    if (cap > (int64_t)n_ctx + 1) cap = (int64_t)n_ctx + 1;
+    r->tokens = malloc(sizeof(int32_t) * (size_t)cap);
+    if (!r->tokens) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    memcpy(r->tokens, req->prompt ? ctx->prompt : req->prompt_tokens, sizeof(int32_t) * (size_t)n);
+    r->cap = (int32_t)cap;
+    r->n_prompt = r->n_tokens = n;
+    return PSHARD_OK;
+}
+
+pshard_status pshard_request_add(pshard_ctx *ctx, const pshard_request *req, int32_t *id) {
+    struct engine_batch *b = ctx->batch;
+    if (!req || !id) return core_fail(PSHARD_ERR_INVALID_ARG, "no request given");
+    if (!req->prompt && !req->prompt_tokens) return core_fail(PSHARD_ERR_INVALID_ARG, "no prompt given");
+    if (b->n_queued >= b->max_queue)
+        return core_fail(PSHARD_ERR_RANGE, "the queue is full (%d requests wait for a sequence)", b->n_queued);
+    if (req->top_logprobs > TOP_LOGPROBS_MAX)
+        return core_fail(PSHARD_ERR_RANGE, "top_logprobs is %d; at most %d", req->top_logprobs, TOP_LOGPROBS_MAX);
+    const pshard_sampling *sp = &req->sampling;
+    struct engine_request *r = calloc(1, sizeof *r);
+    if (!r) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    r->sampling = (struct sampler_params){sp->temperature, sp->top_k, sp->top_p, sp->min_p, sp->repeat_penalty,
+                                          sp->presence_penalty, sp->frequency_penalty, sp->penalty_last_n, sp->seed};
+    r->n_predict = req->n_predict;
+    r->ignore_eos = req->ignore_eos != 0;
+    r->top_logprobs = req->top_logprobs;
+    r->on_event = req->on_event, r->user = req->user;
+    r->slot = -1;
+    pshard_status st = request_tokens(ctx, req, r);
+    if (st == PSHARD_OK) st = copy_stops(r, req);
+    if (st != PSHARD_OK) {
+        request_free(r);
+        return st;
+    }
+    r->id = b->next_id++;
+    if (b->next_id < 0) b->next_id = 0;
+    r->t_add = core_now_ms();
+    if (b->queue_tail) b->queue_tail->next = r;
+    else b->queue_head = r;
+    b->queue_tail = r;
+    b->n_queued++;
+    *id = r->id;
+    return PSHARD_OK;
+}
+
+/* ---- Events. */
+
+/* Give out held text that cannot be the start of a stop string; with a stop string in it, what
+ * precedes it, and say so. */
+static bool release_text(struct engine_request *r, size_t *out_len) {
+    size_t keep = 0;
+    for (size_t i = 0; i < r->n_stop; i++) {
+        const char *hit = NULL;
+        const size_t n = strlen(r->stop[i]);
+        for (size_t at = 0; !hit && at + n <= r->n_held; at++)
+            if (!memcmp(r->held + at, r->stop[i], n)) hit = r->held + at;
+        if (hit) {
+            *out_len = (size_t)(hit - r->held);
+            for (size_t j = i + 1; j < r->n_stop; j++) { /* an earlier match of another wins */
+                const size_t m = strlen(r->stop[j]);
+                for (size_t at = 0; at + m <= *out_len; at++)
+                    if (!memcmp(r->held + at, r->stop[j], m)) *out_len = at;
+            }
+            return true;
+        }
+        /* The longest tail of the held text that begins this stop string. */
+        for (size_t tail = n - 1 < r->n_held ? n - 1 : r->n_held; tail > keep; tail--)
+            if (!memcmp(r->held + r->n_held - tail, r->stop[i], tail)) {
+                keep = tail;
+                break;
+            }
+    }
+    *out_len = r->n_held - keep;
+    return false;
+}
+
+static pshard_status hold(struct engine_request *r, const char *text, size_t len) {
+    if (r->n_held + len > r->held_cap) {
+        size_t cap = r->held_cap ? r->held_cap * 2 : 64;
+        while (cap < r->n_held + len) cap *= 2;
+        char *p = realloc(r->held, cap);
+        if (!p) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+        r->held = p, r->held_cap = cap;
+    }
+    memcpy(r->held + r->n_held, text, len);
+    r->n_held += len;
+    return PSHARD_OK;
+}
+
+static int emit(struct engine_request *r, int32_t token, size_t len, float logprob, pshard_finish_reason finish,
+                const pshard_request_stats *stats, const char *error, struct engine_batch *b) {
+    if (!r->on_event) return 0;
+    pshard_token_event ev = {r->id, token, r->held, len, logprob, finish, stats, error, 0, NULL, NULL};
+    if (token >= 0 && r->top_logprobs > 0) ev.n_top = r->top_logprobs, ev.top_tokens = b->top_tokens, ev.top_logprobs = b->top_logprobs;
+    const int stop = r->on_event(r->user, &ev);
+    memmove(r->held, r->held + len, r->n_held - len);
+    r->n_held -= len;
+    return stop;
+}
+
+/* The request's sequence keeps the tokens of its cells for later requests; its last event. */
+static void finish(pshard_ctx *ctx, struct engine_request *r, pshard_finish_reason why, const char *error, bool stopped) {
+    struct engine_batch *b = ctx->batch;
+    const double now = core_now_ms();
+    pshard_request_stats stats = {r->n_prompt, r->n_cached, r->n_generated, r->slot >= 0 ? r->t_admit - r->t_add : now - r->t_add,
+                                  r->t_first > 0 ? r->t_first - r->t_add : 0, now - r->t_add};
+    if (!stopped && why != PSHARD_FINISH_ERROR) { /* what the decoder still holds, unless a stop string cut it */
+        const char *text;
+        size_t len;
+        if (tok_decoder_flush(r->decoder, &text, &len) == PSHARD_OK && len) hold(r, text, len);
+    }
+    size_t len = r->n_held;
+    if (r->n_stop && release_text(r, &len)) why = PSHARD_FINISH_STOP;
+    if (why == PSHARD_FINISH_ERROR) len = 0;
+    emit(r, -1, len, NAN, why, &stats, error, b);
+    if (r->slot >= 0) {
+        const int32_t s = r->slot;
+        memcpy(b->history[s], r->tokens, sizeof(int32_t) * (size_t)r->n_computed);
+        *history_len(ctx, s) = r->n_computed;
+        exec_truncate_seq(ctx->exec, s, r->n_computed);
+        b->active[s] = NULL;
+    }
+    request_free(r);
+}
+
+pshard_status pshard_request_cancel(pshard_ctx *ctx, int32_t id) {
+    struct engine_batch *b = ctx->batch;
+    for (int32_t s = 0; s < b->n_parallel; s++)
+        if (b->active[s] && b->active[s]->id == id) {
+            finish(ctx, b->active[s], PSHARD_FINISH_CANCELLED, NULL, false);
+            return PSHARD_OK;
+        }
+    for (struct engine_request **p = &b->queue_head; *p; p = &(*p)->next)
+        if ((*p)->id == id) {
+            struct engine_request *r = *p;
+            *p = r->next;
+            if (b->queue_tail == r) {
+                b->queue_tail = NULL;
+                for (struct engine_request *q = b->queue_head; q; q = q->next) b->queue_tail = q;
+            }
+            b->n_queued--;
+            finish(ctx, r, PSHARD_FINISH_CANCELLED, NULL, false);
+            return PSHARD_OK;
+        }
+    return core_fail(PSHARD_ERR_NOT_FOUND, "request %d is not queued or running", id);
+}
+
+/* ---- The step. */
+
+static int32_t common_prefix(const int32_t *a, int32_t na, const int32_t *b, int32_t nb) {
+    int32_t n = 0;
+    while (n < na && n < nb && a[n] == b[n]) n++;
+    return n;
+}
+
+/* Give queued requests to free sequences: each the free one whose cells share the longest prefix
+ * with its prompt (at least its last prompt token runs, for logits). */
+static pshard_status admit(pshard_ctx *ctx) {
+    struct engine_batch *b = ctx->batch;
+    while (b->queue_head) {
+        struct engine_request *r = b->queue_head;
+        int32_t best = -1, best_keep = -1;
+        for (int32_t s = 0; s < b->n_parallel; s++) {
+            if (b->active[s]) continue;
+            const int32_t keep = common_prefix(b->history[s], *history_len(ctx, s), r->tokens, r->n_prompt - 1);
+            if (keep > best_keep) best = s, best_keep = keep;
+        }
+        if (best < 0) break;
+        b->queue_head = r->next;
+        if (!b->queue_head) b->queue_tail = NULL;
+        b->n_queued--;
+        r->next = NULL;
+        r->slot = best;
+        b->active[best] = r;
+        r->t_admit = core_now_ms();
+        exec_truncate_seq(ctx->exec, best, best_keep);
+        *history_len(ctx, best) = best_keep;
+        r->n_computed = r->n_cached = best_keep;
+        pshard_status st = sampler_create(&r->sampling, exec_n_vocab(ctx->exec), &r->sampler);
+        if (st == PSHARD_OK) st = tok_decoder_create(ctx->tok, 0, &r->decoder);
+        if (st != PSHARD_OK) {
+            finish(ctx, r, PSHARD_FINISH_ERROR, pshard_last_error(), false);
+            continue;
+        }
+        for (int32_t i = 0; i < r->n_prompt; i++) sampler_accept(r->sampler, r->tokens[i]);
+    }
+    return PSHARD_OK;
+}
+
+/* Log-probabilities of a token and of the most likely ones, over the model's raw distribution. */
+static float logprobs(struct engine_batch *b, const float *logits, int32_t n_vocab, int32_t token, int32_t n_top) {
+    float max = logits[0];
+    for (int32_t i = 1; i < n_vocab; i++) max = logits[i] > max ? logits[i] : max;
+    double sum = 0;
+    for (int32_t i = 0; i < n_vocab; i++) sum += exp((double)(logits[i] - max));
+    const float log_z = max + (float)log(sum);
+    for (int32_t k = 0; k < n_top; k++) { /* n_top is small: a pass each */
+        int32_t best = -1;
+        for (int32_t i = 0; i < n_vocab; i++) {
+            bool taken = false;
+            for (int32_t j = 0; j < k && !taken; j++) taken = b->top_tokens[j] == i;
+            if (!taken && (best < 0 || logits[i] > logits[best])) best = i;
+        }
+        b->top_tokens[k] = best;
+        b->top_logprobs[k] = logits[best] - log_z;
+    }
+    return logits[token] - log_z;
+}
+
+/* A token sampled for a request: give it out, and end the request where it should end. */
+static void take_token(pshard_ctx *ctx, struct engine_request *r, const float *logits) {
+    struct engine_batch *b = ctx->batch;
+    const int32_t token = sampler_sample(r->sampler, logits);
+    if (r->n_generated == 0) r->t_first = core_now_ms();
+    if (!r->ignore_eos && engine_is_end_of_turn(ctx->tok, token)) {
+        finish(ctx, r, PSHARD_FINISH_STOP, NULL, false);
+        return;
+    }
+    const float logprob = r->top_logprobs >= 0 ? logprobs(b, logits, exec_n_vocab(ctx->exec), token, r->top_logprobs) : NAN;
+    sampler_accept(r->sampler, token);
+    r->tokens[r->n_tokens++] = token;
+    r->n_generated++;
+    const char *text;
+    size_t len;
+    pshard_status st = tok_decoder_push(r->decoder, token, &text, &len);
+    if (st == PSHARD_OK && len) st = hold(r, text, len);
+    if (st != PSHARD_OK) {
+        finish(ctx, r, PSHARD_FINISH_ERROR, pshard_last_error(), false);
+        return;
+    }
+    size_t out = r->n_held;
+    const bool stopped = r->n_stop && release_text(r, &out);
+    if (emit(r, token, out, logprob, PSHARD_FINISH_NONE, NULL, NULL, b)) finish(ctx, r, PSHARD_FINISH_CANCELLED, NULL, false);
+    else if (stopped) {
+        r->n_held = 0; /* the stop string and what follows it are not given out */
+        finish(ctx, r, PSHARD_FINISH_STOP, NULL, true);
+    } else if ((r->n_predict >= 0 && r->n_generated >= r->n_predict) || r->n_tokens - 1 >= ctx->params.n_ctx ||
+               r->n_tokens >= r->cap)
+        finish(ctx, r, PSHARD_FINISH_LENGTH, NULL, false);
+}
+
+/* One decode token of each generating request, then prompt chunks in the order they came. */
+static int32_t gather(pshard_ctx *ctx) {
+    struct engine_batch *b = ctx->batch;
+    const int32_t limit = ctx->params.n_batch;
+    int32_t n = 0;
+    for (int32_t s = 0; s < b->n_parallel && n < limit; s++) {
+        struct engine_request *r = b->active[s];
+        if (!r || r->n_computed < r->n_prompt) continue;
+        b->tokens[n] = r->tokens[r->n_computed], b->pos[n] = r->n_computed, b->seq[n] = s, b->logits[n] = 1;
+        b->out_req[n++] = r;
+    }
+    /* Prompts in admission order: the one admitted first (the lowest t_admit) first. */
+    for (;;) {
+        struct engine_request *next = NULL;
+        for (int32_t s = 0; s < b->n_parallel; s++) {
+            struct engine_request *r = b->active[s];
+            if (r && r->n_computed < r->n_prompt && (!next || r->t_admit < next->t_admit)) next = r;
+        }
+        if (!next || n >= limit) break;
+        const int32_t take = next->n_prompt - next->n_computed < limit - n ? next->n_prompt - next->n_computed : limit - n;
+        for (int32_t i = 0; i < take; i++) {
+            const int32_t p = next->n_computed + i;
+            b->tokens[n] = next->tokens[p], b->pos[n] = p, b->seq[n] = next->slot;
+            b->logits[n] = p == next->n_prompt - 1;
+            b->out_req[n++] = next;
+        }
+        next->n_computed += take; /* taken back below if the step fails */
+        if (next->n_computed < next->n_prompt) break;
+    }
+    return n;
+}
+
+pshard_status pshard_step(pshard_ctx *ctx, int32_t *n_pending) {
+    struct engine_batch *b = ctx->batch;
+    if (n_pending) *n_pending = 0;
+    CORE_TRY(admit(ctx));
+    const int32_t n = gather(ctx);
+    b->last_tokens = n;
+    if (n == 0) {
+        if (n_pending) *n_pending = engine_batch_pending(ctx);
+        return PSHARD_OK;
+    }
+    const struct exec_batch batch = {n, b->tokens, b->pos, b->seq, b->logits};
+    const pshard_status st = exec_step(ctx->exec, &batch);
+    int32_t max_pos = 0;
+    for (int32_t i = 0; i < n; i++) max_pos = b->pos[i] + 1 > max_pos ? b->pos[i] + 1 : max_pos;
+    b->last_family = plan_step_tier(exec_get_plan(ctx->exec), n, max_pos)->family;
+    if (st != PSHARD_OK) { /* the step changed nothing: end its requests, say why */
+        char why[512];
+        snprintf(why, sizeof why, "%s", pshard_last_error());
+        for (int32_t i = 0; i < n; i++) {
+            struct engine_request *r = b->out_req[i];
+            if (r && b->active[r->slot] == r) {
+                for (int32_t j = i + 1; j < n; j++) if (b->out_req[j] == r) b->out_req[j] = NULL;
+                r->n_computed = b->pos[i];
+                finish(ctx, r, PSHARD_FINISH_ERROR, why, false);
+            }
+        }
+        return core_fail(st, "%s", why);
+    }
+    int32_t out = 0;
+    for (int32_t i = 0; i < n; i++) {
+        struct engine_request *r = b->out_req[i];
+        if (b->pos[i] >= r->n_prompt) r->n_computed = b->pos[i] + 1; /* a decode token */
+        if (!b->logits[i]) continue;
+        take_token(ctx, r, exec_logits(ctx->exec, out++)); /* may end r: it is not read after */
+    }
+    if (n_pending) *n_pending = engine_batch_pending(ctx);
+    return PSHARD_OK;
+}
+
+void pshard_get_batch_info(const pshard_ctx *ctx, pshard_batch_info *info) {
+    const struct engine_batch *b = ctx->batch;
+    memset(info, 0, sizeof *info);
+    info->n_parallel = b->n_parallel;
+    info->n_queued = b->n_queued;
+    for (int32_t s = 0; s < b->n_parallel; s++) info->n_active += b->active[s] != NULL;
+    const struct exec_params *p = exec_get_params(ctx->exec);
+    info->n_cells = p->n_ctx * p->n_seq;
+    info->n_cells_free = info->n_cells;
+    for (int32_t s = 0; s < p->n_seq; s++) info->n_cells_free -= exec_seq_len(ctx->exec, s);
+    info->last_step_tokens = b->last_tokens;
+    snprintf(info->last_step_plan, sizeof info->last_step_plan, "%s", b->last_tokens ? plan_family_name(b->last_family) : "");
+}
