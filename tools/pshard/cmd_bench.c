@@ -79,7 +79,8 @@ struct oracle_host {
 };
 
 static void print_usage(FILE *out) {
-    fprintf(out, "usage: pshard bench --oracle -m MODEL [-m MODEL ...] [--budgets 2G,4G,8G,16G]\n"
+    fprintf(out, "usage: pshard bench --batch ... (many sequences at once: pshard bench --batch --help)\n"
+                 "       pshard bench --oracle -m MODEL [-m MODEL ...] [--budgets 2G,4G,8G,16G]\n"
                  "                    [--contexts 1024,4096,16384] [--tiers 1,16,256,1024] [-b BATCH] [-t THREADS]\n"
                  "                    [--reps N] [--recheck N | --no-recheck] [--cpu-now] [--json FILE]\n"
                  "  For every model, budget, context and tokens per step: runs every candidate plan the\n"
@@ -173,7 +174,7 @@ static int parse_opts(int argc, char **argv, struct oracle_opts *o) {
         }
     }
     if (!oracle || !o->n_models) {
-        fprintf(stderr, "pshard bench: give --oracle and at least one -m MODEL\n");
+        fprintf(stderr, "pshard bench: give --batch, or --oracle and at least one -m MODEL\n");
         return -1;
     }
     for (int k = 0; k < o->n_tiers; k++)
@@ -587,6 +588,8 @@ static void summarize_row(const struct plan *weighed, const struct oracle_row *r
 }
 
 int cmd_bench(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--batch")) return cmd_bench_batch(argc, argv);
     struct oracle_opts o;
     const int rc = parse_opts(argc, argv, &o);
     if (rc) return rc > 0 ? 0 : 2;

@@ -14,7 +14,7 @@ static const struct command {
     {"chat", cmd_chat, "talk with a model interactively"},
     {"plan", cmd_plan, "show where each shard would run under a VRAM budget, and why"},
     {"profile", cmd_profile, "measure this machine for the planner (under a minute; cached)"},
-    {"bench", cmd_bench, "check the planner's choices against measured times (--oracle)"},
+    {"bench", cmd_bench, "many sequences at once (--batch); the planner's choices against measured times (--oracle)"},
     {"info", cmd_info, "show a model's architecture, tensors and shard list"},
     {"tokenize", cmd_tokenize, "show the token ids of a text"},
     {"eval", cmd_eval, "write the logits of every position of a token sequence (for testing)"},

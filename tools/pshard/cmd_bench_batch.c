@@ -1,0 +1,264 @@
+/* `pshard bench --batch`: many sequences at once, as llama.cpp's batched-bench names the sizes.
+ * For each VRAM budget and each count of parallel sequences (-npl), that many requests of -npp
+ * prompt tokens (random, each its own) and -ntg generated tokens (greedy, end-of-text ignored)
+ * are added together and stepped to the end by the continuous-batching scheduler. Reported: the
+ * prompt throughput (all prompt tokens over the time to the last first token), the generation
+ * throughput (tokens generated after that, over the time after it), the whole run's, TTFT per
+ * sequence (p50, p99) and the device memory pshard holds (its arena, the budget, plus the CUDA
+ * context). */
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <unistd.h>
+
+#include "cli.h"
+#include "core/error.h"
+#include "core/timer.h"
+#include "plan/plan.h"
+
+enum { MAX_LIST = 16 };
+
+struct batch_opts {
+    const char *model;
+    char default_path[4096];
+    int64_t budgets[MAX_LIST], counts[MAX_LIST];
+    int n_budgets, n_counts;
+    int32_t npp, ntg, n_batch, n_threads;
+    const char *json;
+    int quiet;
+};
+
+static void print_usage(FILE *out) {
+    fprintf(out,
+            "usage: pshard bench --batch [-m MODEL] [--vram-budget SIZE[,SIZE...]] [-npp N] [-ntg N]\n"
+            "                    [-npl N[,N...]] [-b BATCH] [-t THREADS] [--json FILE] [-q]\n"
+            "  For each budget (default 0: the CPU) and each count of parallel sequences (-npl, default\n"
+            "  1,4,16), runs that many requests at once: -npp prompt tokens each (default 1024, random\n"
+            "  tokens, each request its own), then -ntg generated tokens each (default 128, greedy).\n"
+            "  A step carries up to -b tokens (default 2048): one of each generating sequence, the rest\n"
+            "  prompt chunks. The KV cache holds npl * (npp + ntg) cells. Prints prompt and generation\n"
+            "  throughput, TTFT per sequence (p50, p99) and device memory; --json FILE writes one line\n"
+            "  per configuration (bench/batch_plot.py draws throughput against sequences from it).\n");
+}
+
+static int parse_count(const char *flag, const char *v, int32_t lo, int32_t hi, int32_t *out) {
+    char *end;
+    const long n = v ? strtol(v, &end, 10) : 0;
+    if (!v || !*v || *end || n < lo || n > hi) {
+        fprintf(stderr, "pshard bench: %s wants a whole number in [%d, %d], got '%s'\n", flag, lo, hi, v ? v : "");
+        return -1;
+    }
+    *out = (int32_t)n;
+    return 0;
+}
+
+static int parse_opts(int argc, char **argv, struct batch_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->n_budgets = 1, o->budgets[0] = 0;
+    o->n_counts = 3, o->counts[0] = 1, o->counts[1] = 4, o->counts[2] = 16;
+    o->npp = 1024, o->ntg = 128, o->n_batch = 2048;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            print_usage(stdout);
+            return 1;
+        } else if (!strcmp(a, "--batch")) {
+        } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
+            o->quiet = 1;
+        } else if (!strcmp(a, "-m") && v) {
+            o->model = argv[++i];
+        } else if (!strcmp(a, "--json") && v) {
+            o->json = argv[++i];
+        } else if (!strcmp(a, "--vram-budget") && v) {
+            int n = 0;
+            char *copy = strdup(argv[++i]);
+            o->n_budgets = 0;
+            for (char *item = strtok(copy, ","); item && n < MAX_LIST; item = strtok(NULL, ",")) {
+                if (plan_parse_size(item, &o->budgets[n]) != PSHARD_OK) {
+                    fprintf(stderr, "pshard bench: --vram-budget: %s\n", pshard_last_error());
+                    free(copy);
+                    return -1;
+                }
+                n++;
+            }
+            free(copy);
+            if (!n) {
+                fprintf(stderr, "pshard bench: --vram-budget needs a size\n");
+                return -1;
+            }
+            o->n_budgets = n;
+        } else if (!strcmp(a, "-npl") && v) {
+            if (cli_parse_list(argv[++i], false, o->counts, MAX_LIST, &o->n_counts)) {
+                fprintf(stderr, "pshard bench: -npl wants counts of sequences such as 1,4,16, got '%s'\n", argv[i]);
+                return -1;
+            }
+            for (int k = 0; k < o->n_counts; k++)
+                if (o->counts[k] > 4096) {
+                    fprintf(stderr, "pshard bench: -npl: at most 4096 sequences\n");
+                    return -1;
+                }
+        } else if (!strcmp(a, "-npp")) {
+            if (parse_count(a, v, 1, 1 << 20, &o->npp)) return -1;
+            i++;
+        } else if (!strcmp(a, "-ntg")) {
+            if (parse_count(a, v, 1, 1 << 20, &o->ntg)) return -1;
+            i++;
+        } else if (!strcmp(a, "-b")) {
+            if (parse_count(a, v, 1, 65536, &o->n_batch)) return -1;
+            i++;
+        } else if (!strcmp(a, "-t")) {
+            if (parse_count(a, v, 1, 1024, &o->n_threads)) return -1;
+            i++;
+        } else {
+            fprintf(stderr, "pshard bench: unknown or incomplete option '%s'\n", a);
+            print_usage(stderr);
+            return -1;
+        }
+    }
+    if (!o->model) {
+        if (cli_default_model(o->default_path, sizeof o->default_path)) return -1;
+        o->model = o->default_path;
+    }
+    return 0;
+}
+
+/* What one configuration's requests heard. */
+struct run {
+    int32_t npl, ntg;
+    double t0, *ttft_ms, *token_ms; /* token_ms: [npl][ntg], from t0 */
+    int32_t *n_tokens;
+    int32_t finished, failed;
+};
+
+static int on_event(void *user, const pshard_token_event *ev) {
+    struct run *r = user;
+    const int32_t s = ev->request % r->npl;
+    if (ev->token >= 0 && r->n_tokens[s] < r->ntg) r->token_ms[(size_t)s * r->ntg + r->n_tokens[s]++] = core_now_ms() - r->t0;
+    if (ev->finish != PSHARD_FINISH_NONE) {
+        r->finished++;
+        r->ttft_ms[s] = ev->stats->ttft_ms;
+        if (ev->finish == PSHARD_FINISH_ERROR) {
+            if (!r->failed) fprintf(stderr, "pshard bench: a request failed: %s\n", ev->error);
+            r->failed++;
+        }
+    }
+    return 0;
+}
+
+static int by_value(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The p-th percentile (0..100) of v (sorted in place), nearest rank. */
+static double percentile(double *v, int n, double p) {
+    qsort(v, (size_t)n, sizeof *v, by_value);
+    int k = (int)ceil(p / 100 * n) - 1;
+    return v[k < 0 ? 0 : k >= n ? n - 1 : k];
+}
+
+static pshard_status run_config(const struct batch_opts *o, int64_t budget, int32_t npl, FILE *json) {
+    pshard_params params;
+    pshard_params_default(&params);
+    params.model_path = o->model;
+    params.n_parallel = npl;
+    params.n_ctx = npl * (o->npp + o->ntg);
+    params.n_batch = o->n_batch;
+    params.n_threads = o->n_threads;
+    params.n_predict = o->ntg;
+    params.vram_budget = budget;
+    params.max_queue = npl;
+    pshard_ctx *ctx;
+    CORE_TRY(pshard_open(&params, &ctx));
+    pshard_info info;
+    pshard_get_info(ctx, &info);
+    struct run r = {npl, o->ntg, 0, calloc((size_t)npl, sizeof(double)), calloc((size_t)npl * o->ntg, sizeof(double)),
+                    calloc((size_t)npl, sizeof(int32_t)), 0, 0};
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)o->npp);
+    pshard_status st = r.ttft_ms && r.token_ms && r.n_tokens && prompt ? PSHARD_OK : core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    r.t0 = core_now_ms();
+    for (int32_t s = 0; st == PSHARD_OK && s < npl; s++) {
+        for (int32_t i = 0; i < o->npp; i++) {
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            prompt[i] = (int32_t)(100 + rng % (uint64_t)(info.n_vocab - 100)); /* clear of the first, special ids */
+        }
+        pshard_request req;
+        pshard_request_default(&req);
+        req.prompt_tokens = prompt, req.n_prompt_tokens = o->npp, req.n_predict = o->ntg, req.ignore_eos = 1;
+        req.sampling.temperature = 0, req.on_event = on_event, req.user = &r;
+        int32_t id;
+        st = pshard_request_add(ctx, &req, &id);
+    }
+    int32_t pending = npl, steps = 0;
+    while (st == PSHARD_OK && pending) {
+        st = pshard_step(ctx, &pending);
+        steps++;
+        if (!o->quiet && isatty(2))
+            fprintf(stderr, "\r  %d sequences: step %d, %d finished\033[K", npl, steps, r.finished);
+    }
+    const double total_ms = core_now_ms() - r.t0;
+    if (!o->quiet && isatty(2)) fprintf(stderr, "\r\033[K");
+    if (st == PSHARD_OK && r.failed) st = core_fail(PSHARD_ERR_INTERNAL, "%d requests failed", r.failed);
+    if (st == PSHARD_OK) {
+        double pp_ms = 0;
+        for (int32_t s = 0; s < npl; s++) pp_ms = r.token_ms[(size_t)s * o->ntg] > pp_ms ? r.token_ms[(size_t)s * o->ntg] : pp_ms;
+        int64_t after = 0;
+        for (int32_t s = 0; s < npl; s++)
+            for (int32_t k = 0; k < r.n_tokens[s]; k++) after += r.token_ms[(size_t)s * o->ntg + k] > pp_ms;
+        const double pp_tps = (double)npl * o->npp * 1e3 / pp_ms;
+        const double tg_tps = total_ms > pp_ms ? after * 1e3 / (total_ms - pp_ms) : 0;
+        const double all_tps = (double)npl * (o->npp + o->ntg) * 1e3 / total_ms;
+        const double p50 = percentile(r.ttft_ms, npl, 50), p99 = percentile(r.ttft_ms, npl, 99);
+        const double device_mib = (info.vram_arena_bytes + info.vram_context_bytes) / 1048576.0;
+        char budget_text[32];
+        snprintf(budget_text, sizeof budget_text, "%s", budget ? cli_format_bytes((uint64_t)budget, budget_text, sizeof budget_text) : "cpu");
+        printf("%-9s %5d %6d %5d %10.1f %10.1f %10.1f %9.0f %9.0f %10.0f  %s\n", budget_text, npl, o->npp, o->ntg, pp_tps,
+               tg_tps, all_tps, p50, p99, device_mib, info.plan);
+        fflush(stdout);
+        if (json) {
+            fprintf(json,
+                    "{\"model\": \"%s\", \"budget_bytes\": %lld, \"npl\": %d, \"npp\": %d, \"ntg\": %d, \"n_batch\": %d, "
+                    "\"threads\": %d, \"prompt_tps\": %.2f, \"gen_tps\": %.2f, \"total_tps\": %.2f, \"prompt_ms\": %.1f, "
+                    "\"total_ms\": %.1f, \"ttft_p50_ms\": %.1f, \"ttft_p99_ms\": %.1f, \"steps\": %d, "
+                    "\"device_mib\": %.0f, \"context_mib\": %.0f, \"kv_bytes\": %llu, \"plan\": \"%s\"}\n",
+                    o->model, (long long)budget, npl, o->npp, o->ntg, info.n_batch, info.n_threads, pp_tps, tg_tps, all_tps,
+                    pp_ms, total_ms, p50, p99, steps, device_mib, info.vram_context_bytes / 1048576.0,
+                    (unsigned long long)info.kv_bytes, info.plan);
+            fflush(json);
+        }
+    }
+    free(prompt);
+    free(r.ttft_ms);
+    free(r.token_ms);
+    free(r.n_tokens);
+    pshard_close(ctx);
+    return st;
+}
+
+int cmd_bench_batch(int argc, char **argv) {
+    struct batch_opts o;
+    const int rc = parse_opts(argc, argv, &o);
+    if (rc) return rc > 0 ? 0 : 2;
+    FILE *json = o.json ? fopen(o.json, "w") : NULL;
+    if (o.json && !json) {
+        perror(o.json);
+        return 1;
+    }
+    printf("%-9s %5s %6s %5s %10s %10s %10s %9s %9s %10s  %s\n", "budget", "npl", "npp", "ntg", "prompt t/s", "gen t/s",
+           "all t/s", "TTFT p50", "TTFT p99", "device MiB", "plan (decode/prompt)");
+    for (int bi = 0; bi < o.n_budgets; bi++)
+        for (int ci = 0; ci < o.n_counts; ci++) {
+            const pshard_status st = run_config(&o, o.budgets[bi], (int32_t)o.counts[ci], json);
+            if (st != PSHARD_OK) {
+                fprintf(stderr, "pshard bench: %s\n", pshard_last_error());
+                if (json) fclose(json);
+                return 1;
+            }
+        }
+    if (json) fclose(json);
+    return 0;
+}
