@@ -12,6 +12,7 @@ static const struct command {
 } commands[] = {
     {"run", cmd_run, "generate a reply to one prompt"},
     {"chat", cmd_chat, "talk with a model interactively"},
+    {"batch", cmd_batch, "run many prompts at once (continuous batching)"},
     {"plan", cmd_plan, "show where each shard would run under a VRAM budget, and why"},
     {"profile", cmd_profile, "measure this machine for the planner (under a minute; cached)"},
     {"bench", cmd_bench, "many sequences at once (--batch); the planner's choices against measured times (--oracle)"},

@@ -1,0 +1,59 @@
+"""`pshard batch` on the CPU: each prompt of a continuously batched run (two sequences at once,
+prompts joining one a step while others decode) gives the greedy tokens `pshard run` gives it
+alone, on the default model through its chat template and on a tiny synthetic MoE model; replies
+carry why they ended; bad options are refused naming them."""
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import BUILD, run_pshard
+
+PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Count from one to ten.",
+           "Name three fruits.", "Why is the sky blue?"]
+
+
+def alone_ids(model, prompt, extra):
+    out = run_pshard("run", "-m", model, "-p", prompt, "--temp", "0", "-n", "16", "--ids", "-q", "-t", "2", *extra).stdout
+    return [int(x) for x in [l for l in out.splitlines() if l.startswith("ids:")][-1].split()[1:]]
+
+
+def batched(model, prompts, extra):
+    args = ["batch", "-m", model, "--temp", "0", "-n", "16", "--jsonl", "-q", "-t", "2", "--parallel", "2",
+            "--stagger", "1"]
+    for p in prompts:
+        args += ["-p", p]
+    out = run_pshard(*args, *extra).stdout
+    return {json.loads(l)["index"]: json.loads(l) for l in out.splitlines()}
+
+
+def check_equal(model, prompts, extra):
+    got = batched(model, prompts, extra)
+    assert sorted(got) == list(range(1, len(prompts) + 1))
+    for i, prompt in enumerate(prompts, 1):
+        ref = alone_ids(model, prompt, extra)
+        assert got[i]["ids"] == ref, "prompt %d: batched %s, alone %s" % (i, got[i]["ids"], ref)
+        assert got[i]["finish"] == ("length" if len(ref) == 16 else "stop")
+        assert got[i]["n_generated"] == len(ref)
+
+
+def test_batch_equals_alone_default_model(default_model):
+    check_equal(default_model, PROMPTS, [])
+
+
+def test_batch_equals_alone_tiny_moe(tmp_path):
+    path = str(tmp_path / "tiny-moe.gguf")
+    subprocess.run([os.path.join(BUILD, "gguf-synth"), "--shape", "tiny-moe", "--type", "Q4_K", "--seed", "5", "-o",
+                    path, "--quiet"], check=True)
+    check_equal(path, ["The capital of France is", "1, 2, 3,", "Once upon a time", "x"], ["--raw", "--ignore-eos"])
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--parallel", "0"], "--parallel"), (["--parallel", "2.5"], "--parallel"), (["--stagger", "nan"], "--stagger"),
+    ([], "give prompts"),
+])
+def test_batch_refuses_bad_options(default_model, args, needle):
+    proc = run_pshard("batch", "-m", default_model, *args, *(["-p", "hi"] if needle != "give prompts" else []),
+                      check=False)
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
