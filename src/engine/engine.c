@@ -54,7 +54,7 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
     struct exec_params ep = {p->n_ctx, p->n_batch, p->n_parallel, p->n_threads, (enum plan_family)p->plan, p->vram_budget,
                              p->stream_share, p->resident_set > 0 ? p->resident_set - 1 : -1, NULL,
                              p->decode_set > 0 ? p->decode_set - 1 : p->decode_set < 0 ? PLAN_DECODE_SAME : PLAN_DECODE_WEIGHED,
-                             p->n_predict, false};
+                             p->n_predict, false, 0};
     if (p->gpu) ep.plan = PLAN_GPU, ep.vram_budget = -1;
     if (ep.n_ctx <= 0) {
         ep.n_ctx = 4096;

@@ -26,6 +26,9 @@ struct exec_params {
     bool dynamic_in_place; /* dynamic: every tier splits with the CPU, reading in place, as auto's
                               candidates do (else tiers of PLAN_RING_ALL_MIN_TOKENS on stream all
                               through the ring) */
+    int32_t n_cells;     /* cells of the KV pool all sequences share, in blocks of exec_block_cells
+                            (n_ctx stays the most one sequence may hold; a pool smaller than that is
+                            allowed); 0: n_ctx * n_seq, room for every sequence at n_ctx */
 };
 
 struct exec_batch {
@@ -72,6 +75,16 @@ void exec_truncate_seq(struct exec_ctx *ctx, int32_t seq, int32_t len);
 /* Benchmarks: make sequence `seq` `len` cells long without computing them (K and V zero), so a
  * step can be timed at any context length. */
 pshard_status exec_fill_seq(struct exec_ctx *ctx, int32_t seq, int32_t len);
+/* The KV pool: cells held by no sequence (whole free blocks), so a scheduler admits sequences
+ * only when they fit; and the cells of a block, the unit sequences take the pool in. A step
+ * takes the blocks its new cells need and fails with PSHARD_ERR_RANGE, changing nothing, when
+ * the pool lacks them; truncating a sequence gives back its blocks past the new length. */
+int32_t exec_free_cells(const struct exec_ctx *ctx);
+int32_t exec_block_cells(const struct exec_ctx *ctx);
+/* Sequence dst (empty) starts with the first n_cells of src (at most its length), without
+ * computing them: src's whole blocks are shared (held by both, never written while shared), the
+ * rest copied into a block of dst's own. Errors change nothing. */
+pshard_status exec_share_prefix(struct exec_ctx *ctx, int32_t dst_seq, int32_t src_seq, int32_t n_cells);
 const struct exec_params *exec_get_params(const struct exec_ctx *ctx);
 uint64_t exec_kv_bytes(const struct exec_ctx *ctx);
 
