@@ -11,13 +11,14 @@ const char *model_arch_name(enum model_arch arch) {
     case ARCH_QWEN2: return "qwen2";
     case ARCH_QWEN3: return "qwen3";
     case ARCH_QWEN3MOE: return "qwen3moe";
+    case ARCH_QWEN2VL: return "qwen2vl";
     case ARCH_UNKNOWN: break;
     }
     return "unknown";
 }
 
 static enum model_arch arch_from_name(const char *name) {
-    for (enum model_arch a = ARCH_LLAMA; a <= ARCH_QWEN3MOE; a++)
+    for (enum model_arch a = ARCH_LLAMA; a <= ARCH_QWEN2VL; a++)
         if (!strcmp(name, model_arch_name(a))) return a;
     return ARCH_UNKNOWN;
 }
@@ -35,6 +36,31 @@ static pshard_status arch_f32(const struct gguf_file *f, const char *arch, const
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     if (!gguf_find(f, key)) return PSHARD_OK;
     return gguf_get_f32(f, key, out);
+}
+
+/* qwen2vl.rope.dimension_sections: up to 4 counts of rotated pairs (llama.cpp pads to 4), which
+ * must cover the rotated dimensions exactly, so text positions give plain rope. */
+static pshard_status read_rope_sections(const struct gguf_file *f, struct model_hparams *hp) {
+    char key[160];
+    snprintf(key, sizeof key, "%s.rope.dimension_sections", hp->arch_name);
+    if (!gguf_find(f, key)) return core_fail(PSHARD_ERR_FORMAT, "%s: metadata key '%s' is missing", gguf_path(f), key);
+    struct gguf_array a;
+    pshard_status st = gguf_get_array(f, key, &a);
+    if (st != PSHARD_OK) return core_fail_context(st, "%s: ", gguf_path(f));
+    if (a.n == 0 || a.n > 4 || a.type == GGUF_TYPE_STRING || a.type == GGUF_TYPE_ARRAY || a.type == GGUF_TYPE_FLOAT32 ||
+        a.type == GGUF_TYPE_FLOAT64 || a.type == GGUF_TYPE_BOOL)
+        return core_fail(PSHARD_ERR_FORMAT, "%s: '%s' must hold 1 to 4 integers", gguf_path(f), key);
+    uint64_t sum = 0;
+    for (uint64_t i = 0; i < a.n; i++) {
+        int64_t v = gguf_array_int(&a, i);
+        if (v < 0 || v > 65536) return core_fail(PSHARD_ERR_FORMAT, "%s: '%s' holds %lld", gguf_path(f), key, (long long)v);
+        hp->rope_sections[i] = (uint32_t)v;
+        sum += (uint64_t)v;
+    }
+    if (sum * 2 != hp->rope_dim)
+        return core_fail(PSHARD_ERR_FORMAT, "%s: '%s' covers %llu rotated pairs, the rope dimension %u has %u", gguf_path(f), key,
+                         (unsigned long long)sum, hp->rope_dim, hp->rope_dim / 2);
+    return PSHARD_OK;
 }
 
 static pshard_status read_hparams(const struct gguf_file *f, struct model_hparams *hp) {
@@ -70,6 +96,7 @@ static pshard_status read_hparams(const struct gguf_file *f, struct model_hparam
     const struct gguf_tensor *embd = gguf_find_tensor(f, "token_embd.weight");
     if (hp->n_vocab == 0 && embd && embd->n_dims >= 2) hp->n_vocab = (uint32_t)embd->ne[1];
     hp->tied_embeddings = gguf_find_tensor(f, "output.weight") == NULL;
+    if (hp->arch == ARCH_QWEN2VL) CORE_TRY(read_rope_sections(f, hp));
     if (hp->n_expert_used > hp->n_expert)
         return core_fail(PSHARD_ERR_FORMAT, "%s: %s.expert_used_count (%u) exceeds expert_count (%u)", gguf_path(f), a,
                          hp->n_expert_used, hp->n_expert);

@@ -9,7 +9,10 @@
 
 #include "gguf/gguf.h"
 
-enum model_arch { ARCH_UNKNOWN, ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_QWEN3MOE };
+/* ARCH_QWEN2VL: the language model of Qwen2-VL / Qwen2.5-VL, a qwen2 whose rotary positions are
+ * multimodal (M-RoPE: the rotated pairs are cut into sections turned by time, row and column).
+ * For text every section gets the token's position, which is plain rope (neox order). */
+enum model_arch { ARCH_UNKNOWN, ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_QWEN3MOE, ARCH_QWEN2VL };
 
 struct model_hparams {
     char arch_name[64];
@@ -20,6 +23,7 @@ struct model_hparams {
     uint32_t n_ff;                   /* dense FFN width (0 for MoE-only models) */
     uint32_t n_expert, n_expert_used, n_ff_expert, n_ff_shared_expert;
     uint32_t rope_dim;
+    uint32_t rope_sections[4]; /* qwen2vl: rotated pairs per section (time, row, column, unused) */
     float rope_freq_base, rms_eps;
     bool tied_embeddings; /* no output.weight: the head reuses token_embd */
 };

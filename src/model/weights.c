@@ -51,7 +51,7 @@ static pshard_status bind_attn(const struct binder *b, int il, struct layer_weig
     CORE_TRY(find(b, il, "attn_k", true, &l->wk));
     CORE_TRY(find(b, il, "attn_v", true, &l->wv));
     CORE_TRY(find(b, il, "attn_output", true, &l->wo));
-    const bool qwen2 = hp->arch == ARCH_QWEN2, qk_norm = hp->arch == ARCH_QWEN3 || hp->arch == ARCH_QWEN3MOE;
+    const bool qwen2 = hp->arch == ARCH_QWEN2 || hp->arch == ARCH_QWEN2VL, qk_norm = hp->arch == ARCH_QWEN3 || hp->arch == ARCH_QWEN3MOE;
     CORE_TRY(find(b, il, "attn_q.bias", qwen2, &l->bq));
     CORE_TRY(find(b, il, "attn_k.bias", qwen2, &l->bk));
     CORE_TRY(find(b, il, "attn_v.bias", qwen2, &l->bv));
@@ -146,7 +146,7 @@ static pshard_status read_rope(const struct binder *b, struct model_weights *w) 
 static pshard_status bind(const struct binder *b, struct model_weights *w) {
     const struct model_hparams *hp = &b->model->hp;
     if (hp->arch == ARCH_UNKNOWN)
-        return core_fail(PSHARD_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported (supported: llama, qwen2, qwen3, qwen3moe)",
+        return core_fail(PSHARD_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported (supported: llama, qwen2, qwen2vl, qwen3, qwen3moe)",
                          b->path, hp->arch_name);
     if (hp->n_layers == 0 || hp->n_embd == 0 || hp->n_head == 0 || hp->n_vocab == 0 || hp->head_dim_k == 0 ||
         hp->head_dim_v == 0 || hp->head_dim_k > 512 || hp->head_dim_v > 512)

@@ -89,6 +89,13 @@ void synth_kv_i32_array(struct synth_kv *kv, const char *key, const int32_t *val
     synth_buf_put(&kv->buf, values, n * sizeof *values);
 }
 
+void synth_kv_f32_array(struct synth_kv *kv, const char *key, const float *values, size_t n) {
+    kv_key(kv, key, GGUF_TYPE_ARRAY);
+    synth_buf_u32(&kv->buf, GGUF_TYPE_FLOAT32);
+    synth_buf_u64(&kv->buf, n);
+    synth_buf_put(&kv->buf, values, n * sizeof *values);
+}
+
 pshard_status synth_gguf_header(struct synth_buf *out, const struct synth_kv *kv,
                                 const struct synth_model *model) {
     synth_buf_put(out, "GGUF", 4);

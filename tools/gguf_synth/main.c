@@ -188,7 +188,7 @@ static void format_bytes(char *out, size_t n, uint64_t bytes) {
 }
 
 static int list_shapes(void) {
-    printf("%-11s %-9s %6s %5s %9s %13s %7s %-12s %13s\n", "shape", "arch", "layers", "d",
+    printf("%-20s %-9s %6s %5s %9s %13s %7s %-12s %13s\n", "shape", "arch", "layers", "d",
            "heads", "experts", "vocab", "types", "tensor bytes");
     for (size_t i = 0; i < synth_shape_count(); i++) {
         const struct synth_shape *s = synth_shape_at(i);
@@ -204,7 +204,7 @@ static int list_shapes(void) {
         if (s->expert_type != s->matrix_type && s->n_expert)
             snprintf(types, sizeof types, "%s+%s", quant_type_name(s->matrix_type), quant_type_name(s->expert_type));
         else snprintf(types, sizeof types, "%s", quant_type_name(s->matrix_type));
-        printf("%-11s %-9s %6u %5u %9s %13s %7u %-12s %13llu\n", s->name, synth_arch_name(s->arch),
+        printf("%-20s %-9s %6u %5u %9s %13s %7u %-12s %13llu\n", s->name, synth_arch_name(s->arch),
                s->n_layer, s->n_embd, heads, experts, s->n_vocab, types,
                (unsigned long long)model.data_bytes);
         synth_model_free(&model);
@@ -274,7 +274,7 @@ int main(int argc, char **argv) {
     struct synth_buf header = {0};
     struct synth_fill_cache *cache = NULL;
     double seconds = 0;
-    if (synth_vocab_build(&vocab, shape.n_vocab) != PSHARD_OK) goto done;
+    if (shape.arch != SYNTH_ARCH_CLIP && synth_vocab_build(&vocab, shape.n_vocab) != PSHARD_OK) goto done;
     synth_metadata(&kv, &model, &vocab, o.seed);
     if (synth_fill_prepare(&cache, &model, o.seed) != PSHARD_OK) goto done;
     if (synth_gguf_header(&header, &kv, &model) != PSHARD_OK) goto done;

@@ -10,25 +10,46 @@
 static const struct synth_shape shapes[] = {
     {"tiny-llama", "llama, 4 layers, d 256, 8/4 heads x 32, ff 512; for CPU tests",
      SYNTH_ARCH_LLAMA, 4, 256, 512, 8, 4, 32, 0, 0, 0, 1536, 2048, 10000.0f, 1e-5f,
-     QUANT_Q8_0, QUANT_Q8_0, false, "gpt-2"},
+     QUANT_Q8_0, QUANT_Q8_0, false, "gpt-2", {0}, 0, 0, 0, 0},
     {"tiny-moe", "qwen3moe, 4 layers, d 256, 8/4 heads x 64, 8 experts (2 used) x ff 128",
      SYNTH_ARCH_QWEN3MOE, 4, 256, 512, 8, 4, 64, 8, 2, 128, 1536, 2048, 1000000.0f, 1e-6f,
-     QUANT_Q8_0, QUANT_Q8_0, false, "qwen2"},
+     QUANT_Q8_0, QUANT_Q8_0, false, "qwen2", {0}, 0, 0, 0, 0},
     {"qwen30b", "Qwen3-30B-A3B: 48 layers, d 2048, 32/4 heads x 128, 128 experts (8) x ff 768",
      SYNTH_ARCH_QWEN3MOE, 48, 2048, 6144, 32, 4, 128, 128, 8, 768, 151936, 40960, 1000000.0f,
-     1e-6f, QUANT_Q4_0, QUANT_Q4_0, false, "qwen2"},
+     1e-6f, QUANT_Q4_0, QUANT_Q4_0, false, "qwen2", {0}, 0, 0, 0, 0},
     {"llama8b", "Llama-3.1-8B: 32 layers, d 4096, 32/8 heads x 128, ff 14336", SYNTH_ARCH_LLAMA,
      32, 4096, 14336, 32, 8, 128, 0, 0, 0, 128256, 131072, 500000.0f, 1e-5f, QUANT_F16,
-     QUANT_F16, false, "gpt-2"},
+     QUANT_F16, false, "gpt-2", {0}, 0, 0, 0, 0},
     {"qwen235b", "Qwen3-235B-A22B: 94 layers, d 4096, 64/4 heads x 128, 128 experts (8) x ff 1536",
      SYNTH_ARCH_QWEN3MOE, 94, 4096, 12288, 64, 4, 128, 128, 8, 1536, 151936, 40960, 1000000.0f,
-     1e-6f, QUANT_Q4_K, QUANT_Q2_K, false, "qwen2"},
+     1e-6f, QUANT_Q4_K, QUANT_Q2_K, false, "qwen2", {0}, 0, 0, 0, 0},
     {"minitron8b", "Mistral-NeMo-Minitron-8B: 40 layers, d 4096, 32/8 heads x 128, ff 11520",
      SYNTH_ARCH_LLAMA, 40, 4096, 11520, 32, 8, 128, 0, 0, 0, 131072, 8192, 1000000.0f, 1e-5f,
-     QUANT_F16, QUANT_F16, false, "gpt-2"},
+     QUANT_F16, QUANT_F16, false, "gpt-2", {0}, 0, 0, 0, 0},
     {"minitron4b", "Llama-3.1-Minitron-4B-Width: 32 layers, d 3072, 32/8 heads x 128, ff 9216",
      SYNTH_ARCH_LLAMA, 32, 3072, 9216, 32, 8, 128, 0, 0, 0, 128256, 131072, 500000.0f, 1e-5f,
-     QUANT_F16, QUANT_F16, false, "gpt-2"},
+     QUANT_F16, QUANT_F16, false, "gpt-2", {0}, 0, 0, 0, 0},
+    /* Qwen2.5-VL (and Cosmos-Reason1, which is Qwen2.5-VL-7B fine-tuned): a language model file
+     * and its separate mmproj file, the vision encoder and projector. */
+    {.name = "tiny-qwen25vl", .description = "qwen2vl, 4 layers, d 256, 4/2 heads x 64, ff 512; for CPU tests",
+     .arch = SYNTH_ARCH_QWEN2VL, .n_layer = 4, .n_embd = 256, .n_ff = 512, .n_head = 4, .n_head_kv = 2, .head_dim = 64,
+     .n_vocab = 1536, .n_ctx = 4096, .rope_freq_base = 1000000.0f, .rms_eps = 1e-6f, .matrix_type = QUANT_Q8_0,
+     .expert_type = QUANT_Q8_0, .pre = "qwen2", .rope_sections = {8, 12, 12, 0}},
+    {.name = "tiny-qwen25vl-mmproj", .description = "clip qwen2.5vl_merger, 4 layers, width 128, 4 heads, ff 256, "
+     "patch 14, full attention every 2nd layer, into d 256; tiny-qwen25vl's vision encoder",
+     .arch = SYNTH_ARCH_CLIP, .n_layer = 4, .n_embd = 128, .n_ff = 256, .n_head = 4, .n_head_kv = 4, .head_dim = 32, .rms_eps = 1e-6f,
+     .matrix_type = QUANT_F16, .expert_type = QUANT_F16, .image_size = 560, .patch_size = 14, .n_wa_pattern = 2,
+     .projection_dim = 256},
+    {.name = "qwen25vl7b", .description = "Qwen2.5-VL-7B / Cosmos-Reason1-7B language model: 28 layers, d 3584, "
+     "28/4 heads x 128, ff 18944",
+     .arch = SYNTH_ARCH_QWEN2VL, .n_layer = 28, .n_embd = 3584, .n_ff = 18944, .n_head = 28, .n_head_kv = 4,
+     .head_dim = 128, .n_vocab = 152064, .n_ctx = 128000, .rope_freq_base = 1000000.0f, .rms_eps = 1e-6f,
+     .matrix_type = QUANT_F16, .expert_type = QUANT_F16, .pre = "qwen2", .rope_sections = {16, 24, 24, 0}},
+    {.name = "qwen25vl7b-mmproj", .description = "Qwen2.5-VL-7B / Cosmos-Reason1-7B vision encoder: 32 layers, "
+     "width 1280, 16 heads, ff 3420, patch 14, full attention in layers 7/15/23/31, into d 3584",
+     .arch = SYNTH_ARCH_CLIP, .n_layer = 32, .n_embd = 1280, .n_ff = 3420, .n_head = 16, .n_head_kv = 16, .head_dim = 80,
+     .rms_eps = 1e-6f, .matrix_type = QUANT_F16, .expert_type = QUANT_F16, .image_size = 560, .patch_size = 14,
+     .n_wa_pattern = 8, .projection_dim = 3584},
 };
 
 size_t synth_shape_count(void) { return sizeof shapes / sizeof shapes[0]; }
@@ -44,7 +65,12 @@ const struct synth_shape *synth_shape_find(const char *name) {
 }
 
 const char *synth_arch_name(enum synth_arch arch) {
-    return arch == SYNTH_ARCH_QWEN3MOE ? "qwen3moe" : "llama";
+    switch (arch) {
+    case SYNTH_ARCH_QWEN3MOE: return "qwen3moe";
+    case SYNTH_ARCH_QWEN2VL: return "qwen2vl";
+    case SYNTH_ARCH_CLIP: return "clip";
+    default: return "llama";
+    }
 }
 
 /* A type whose blocks fit rows of `row_len` elements: the wanted one, else what llama.cpp's
@@ -79,9 +105,9 @@ struct tensor_list {
     bool failed;
 };
 
-static void add_tensor(struct tensor_list *list, const char *name, enum quant_type type,
-                       enum synth_init init, uint32_t n_dims, int64_t ne0, int64_t ne1,
-                       int64_t ne2) {
+static void add_tensor4(struct tensor_list *list, const char *name, enum quant_type type,
+                        enum synth_init init, uint32_t n_dims, int64_t ne0, int64_t ne1,
+                        int64_t ne2, int64_t ne3) {
     struct synth_model *m = list->model;
     if (list->failed) return;
     if (m->n_tensors == list->cap) {
@@ -101,7 +127,7 @@ static void add_tensor(struct tensor_list *list, const char *name, enum quant_ty
     t->ne[0] = ne0;
     t->ne[1] = n_dims > 1 ? ne1 : 1;
     t->ne[2] = n_dims > 2 ? ne2 : 1;
-    t->ne[3] = 1;
+    t->ne[3] = n_dims > 3 ? ne3 : 1;
     bool fell_back;
     t->type = fit_type(type, ne0, &fell_back);
     if (fell_back) m->n_fallback++;
@@ -117,14 +143,21 @@ static void add_tensor(struct tensor_list *list, const char *name, enum quant_ty
      * of its tokens on one. */
     switch (init) {
     case SYNTH_INIT_NORM: t->stddev = 0.05f; break;
+    case SYNTH_INIT_BIAS: t->stddev = 0.02f; break;
     case SYNTH_INIT_EMBED: t->stddev = 1.0f; break;
     case SYNTH_INIT_OUTPUT: t->stddev = 1.0f / sqrtf((float)ne0 * 2.0f * (float)m->shape.n_layer); break;
     default: t->stddev = 1.0f / sqrtf((float)ne0); break;
     }
     t->seed_key = name_hash(name);
     t->offset = list->offset;
-    t->bytes = quant_row_bytes(t->type, ne0) * (uint64_t)t->ne[1] * (uint64_t)t->ne[2];
+    t->bytes = quant_row_bytes(t->type, ne0) * (uint64_t)t->ne[1] * (uint64_t)t->ne[2] * (uint64_t)t->ne[3];
     list->offset += (t->bytes + SYNTH_ALIGNMENT - 1) / SYNTH_ALIGNMENT * SYNTH_ALIGNMENT;
+}
+
+static void add_tensor(struct tensor_list *list, const char *name, enum quant_type type,
+                       enum synth_init init, uint32_t n_dims, int64_t ne0, int64_t ne1,
+                       int64_t ne2) {
+    add_tensor4(list, name, type, init, n_dims, ne0, ne1, ne2, 1);
 }
 
 static void add_layer(struct tensor_list *list, const struct synth_shape *s, uint32_t il) {
@@ -139,6 +172,14 @@ static void add_layer(struct tensor_list *list, const struct synth_shape *s, uin
     } while (0)
     LAYER_TENSOR("attn_norm", QUANT_F32, SYNTH_INIT_NORM, 1, d, 0, 0);
     LAYER_TENSOR("attn_q", mt, SYNTH_INIT_WEIGHT, 2, d, q_dim, 0);
+    if (s->arch == SYNTH_ARCH_QWEN2VL) { /* qwen2's Q, K and V projections have biases */
+        snprintf(name, sizeof name, "blk.%u.attn_q.bias", il);
+        add_tensor(list, name, QUANT_F32, SYNTH_INIT_BIAS, 1, q_dim, 0, 0);
+        snprintf(name, sizeof name, "blk.%u.attn_k.bias", il);
+        add_tensor(list, name, QUANT_F32, SYNTH_INIT_BIAS, 1, kv_dim, 0, 0);
+        snprintf(name, sizeof name, "blk.%u.attn_v.bias", il);
+        add_tensor(list, name, QUANT_F32, SYNTH_INIT_BIAS, 1, kv_dim, 0, 0);
+    }
     if (s->arch == SYNTH_ARCH_QWEN3MOE)
         LAYER_TENSOR("attn_q_norm", QUANT_F32, SYNTH_INIT_NORM, 1, s->head_dim, 0, 0);
     LAYER_TENSOR("attn_k", mt, SYNTH_INIT_WEIGHT, 2, d, kv_dim, 0);
@@ -161,11 +202,63 @@ static void add_layer(struct tensor_list *list, const struct synth_shape *s, uin
 #undef LAYER_TENSOR
 }
 
+/* An mmproj file's tensors as llama.cpp's converter writes Qwen2.5-VL's vision tower: the
+ * Conv3d patch embedding split into its two temporal slices, per block RMS-norm gains,
+ * separate Q/K/V (with biases), output projection and a gated FFN, all with biases, then the
+ * merger's norm and its two linear layers over 2x2 merged patches ("mm.0", "mm.2"). */
+static void add_clip(struct tensor_list *list, const struct synth_shape *s) {
+    const int64_t e = s->n_embd, ff = s->n_ff, p = s->patch_size, merged = 4 * (int64_t)s->n_embd;
+    const enum quant_type mt = s->matrix_type;
+    char name[64];
+    /* The patch embedding stays F16 (or F32): llama.cpp's convolution wants one of those. */
+    const enum quant_type pt = mt == QUANT_F32 ? QUANT_F32 : QUANT_F16;
+    add_tensor4(list, "v.patch_embd.weight", pt, SYNTH_INIT_WEIGHT, 4, p, p, 3, e);
+    add_tensor4(list, "v.patch_embd.weight.1", pt, SYNTH_INIT_WEIGHT, 4, p, p, 3, e);
+    for (uint32_t il = 0; il < s->n_layer; il++) {
+#define VIT_TENSOR(suffix, ...)                                                                  \
+    do {                                                                                         \
+        snprintf(name, sizeof name, "v.blk.%u." suffix, il);                                     \
+        add_tensor(list, name, __VA_ARGS__);                                                     \
+    } while (0)
+        VIT_TENSOR("ln1.weight", QUANT_F32, SYNTH_INIT_NORM, 1, e, 0, 0);
+        VIT_TENSOR("attn_q.weight", mt, SYNTH_INIT_WEIGHT, 2, e, e, 0);
+        VIT_TENSOR("attn_q.bias", QUANT_F32, SYNTH_INIT_BIAS, 1, e, 0, 0);
+        VIT_TENSOR("attn_k.weight", mt, SYNTH_INIT_WEIGHT, 2, e, e, 0);
+        VIT_TENSOR("attn_k.bias", QUANT_F32, SYNTH_INIT_BIAS, 1, e, 0, 0);
+        VIT_TENSOR("attn_v.weight", mt, SYNTH_INIT_WEIGHT, 2, e, e, 0);
+        VIT_TENSOR("attn_v.bias", QUANT_F32, SYNTH_INIT_BIAS, 1, e, 0, 0);
+        VIT_TENSOR("attn_out.weight", mt, SYNTH_INIT_OUTPUT, 2, e, e, 0);
+        VIT_TENSOR("attn_out.bias", QUANT_F32, SYNTH_INIT_BIAS, 1, e, 0, 0);
+        VIT_TENSOR("ln2.weight", QUANT_F32, SYNTH_INIT_NORM, 1, e, 0, 0);
+        VIT_TENSOR("ffn_gate.weight", mt, SYNTH_INIT_WEIGHT, 2, e, ff, 0);
+        VIT_TENSOR("ffn_gate.bias", QUANT_F32, SYNTH_INIT_BIAS, 1, ff, 0, 0);
+        VIT_TENSOR("ffn_up.weight", mt, SYNTH_INIT_WEIGHT, 2, e, ff, 0);
+        VIT_TENSOR("ffn_up.bias", QUANT_F32, SYNTH_INIT_BIAS, 1, ff, 0, 0);
+        VIT_TENSOR("ffn_down.weight", mt, SYNTH_INIT_OUTPUT, 2, ff, e, 0);
+        VIT_TENSOR("ffn_down.bias", QUANT_F32, SYNTH_INIT_BIAS, 1, e, 0, 0);
+#undef VIT_TENSOR
+    }
+    add_tensor(list, "v.post_ln.weight", QUANT_F32, SYNTH_INIT_NORM, 1, e, 0, 0);
+    add_tensor(list, "mm.0.weight", mt, SYNTH_INIT_WEIGHT, 2, merged, merged, 0);
+    add_tensor(list, "mm.0.bias", QUANT_F32, SYNTH_INIT_BIAS, 1, merged, 0, 0);
+    add_tensor(list, "mm.2.weight", mt, SYNTH_INIT_WEIGHT, 2, merged, s->projection_dim, 0);
+    add_tensor(list, "mm.2.bias", QUANT_F32, SYNTH_INIT_BIAS, 1, s->projection_dim, 0, 0);
+}
+
 pshard_status synth_model_build(struct synth_model *model, const struct synth_shape *shape) {
     memset(model, 0, sizeof *model);
     model->shape = *shape;
     struct tensor_list list = {.model = model};
     const struct synth_shape *s = &model->shape;
+    if (s->arch == SYNTH_ARCH_CLIP) {
+        add_clip(&list, s);
+        if (list.failed) {
+            synth_model_free(model);
+            return core_fail(PSHARD_ERR_NOMEM, "out of memory listing tensors");
+        }
+        model->data_bytes = list.offset;
+        return PSHARD_OK;
+    }
     /* Tied, the embedding is also the head: at unit scale its logits would be sqrt(d) wide. */
     add_tensor(&list, "token_embd.weight", s->matrix_type, s->tied ? SYNTH_INIT_WEIGHT : SYNTH_INIT_EMBED, 2, s->n_embd,
                s->n_vocab, 0);

@@ -11,7 +11,9 @@
 #include "core/error.h"
 #include "quant/types.h"
 
-enum synth_arch { SYNTH_ARCH_LLAMA, SYNTH_ARCH_QWEN3MOE };
+/* QWEN2VL: the language model of Qwen2.5-VL (qwen2 with Q/K/V biases and multimodal rope
+ * sections); CLIP: its vision encoder and projector, the separate "mmproj" file. */
+enum synth_arch { SYNTH_ARCH_LLAMA, SYNTH_ARCH_QWEN3MOE, SYNTH_ARCH_QWEN2VL, SYNTH_ARCH_CLIP };
 
 /* A model shape: what llama.cpp reads as hyper-parameters, plus the weight types. */
 struct synth_shape {
@@ -27,6 +29,10 @@ struct synth_shape {
     enum quant_type expert_type; /* the 3-D expert tensors */
     bool tied;                   /* no output.weight: the head reuses token_embd */
     const char *pre;             /* tokenizer.ggml.pre */
+    uint32_t rope_sections[4];   /* qwen2vl: rotated pairs per section (time, row, column, -) */
+    /* clip: n_layer, n_embd, n_ff, n_head and rms_eps describe the vision encoder; these the
+     * image side and the projector (its output width is the language model's n_embd). */
+    uint32_t image_size, patch_size, n_wa_pattern, projection_dim;
 };
 
 const struct synth_shape *synth_shape_find(const char *name);
@@ -40,6 +46,7 @@ enum synth_init {
     SYNTH_INIT_EMBED,  /* the same, at unit scale (token embeddings) */
     SYNTH_INIT_OUTPUT, /* the same, scaled down by the layer count (a residual branch's output) */
     SYNTH_INIT_NORM,   /* mean 1, standard deviation `stddev` (RMS-norm gains) */
+    SYNTH_INIT_BIAS,   /* mean 0, small (biases) */
 };
 
 struct synth_fill_params; /* fill.c: tables that turn random bits into values of a type */
@@ -113,6 +120,7 @@ void synth_kv_f32(struct synth_kv *kv, const char *key, float value);
 void synth_kv_bool(struct synth_kv *kv, const char *key, bool value);
 void synth_kv_str_array(struct synth_kv *kv, const char *key, char *const *values, size_t n);
 void synth_kv_i32_array(struct synth_kv *kv, const char *key, const int32_t *values, size_t n);
+void synth_kv_f32_array(struct synth_kv *kv, const char *key, const float *values, size_t n);
 
 enum { SYNTH_ALIGNMENT = 32 };
 
@@ -120,7 +128,8 @@ enum { SYNTH_ALIGNMENT = 32 };
 pshard_status synth_gguf_header(struct synth_buf *out, const struct synth_kv *kv,
                                 const struct synth_model *model);
 
-/* Metadata of a model and its vocabulary, as llama.cpp reads them (metadata.c). */
+/* Metadata of a model and its vocabulary, as llama.cpp reads them (metadata.c); a clip shape
+ * has no vocabulary (`vocab` is not read). */
 void synth_metadata(struct synth_kv *kv, const struct synth_model *model,
                     const struct synth_vocab *vocab, uint64_t seed);
 

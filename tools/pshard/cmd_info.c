@@ -8,10 +8,12 @@
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "quant/types.h"
+#include "vision/mmproj.h"
 
 static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard info [-m] [MODEL.gguf] [--no-shards] [--metadata] [--tensors]\n"
-                 "  Prints architecture, hyperparameters, tensor types and sizes, and the shard list.\n"
+                 "  Prints architecture, hyperparameters, tensor types and sizes, and the shard list;\n"
+                 "  for a vision encoder (mmproj) file, its image, patch, layer and projector settings.\n"
                  "  --metadata  also every metadata key with its type and value (arrays: length and first items)\n"
                  "  --tensors   also every tensor: name, type, shape, byte offset in its file, bytes\n"
                  "  Without MODEL, the default model is used.\n");
@@ -78,7 +80,7 @@ static void print_tensors(const struct gguf_file *file) {
 
 static void print_hparams(const struct model_hparams *hp) {
     printf("architecture  %s%s\n", hp->arch_name,
-           hp->arch == ARCH_UNKNOWN ? "  (not supported for running; supported: llama, qwen2, qwen3, qwen3moe)" : "");
+           hp->arch == ARCH_UNKNOWN ? "  (not supported for running; supported: llama, qwen2, qwen2vl, qwen3, qwen3moe)" : "");
     printf("layers        %u\n", hp->n_layers);
     printf("embedding     %u\n", hp->n_embd);
     printf("heads         %u query / %u key-value, head size %u (k) %u (v)\n", hp->n_head, hp->n_head_kv,
@@ -90,6 +92,40 @@ static void print_hparams(const struct model_hparams *hp) {
     printf("vocabulary    %u%s\n", hp->n_vocab, hp->tied_embeddings ? " (output tied to the embedding)" : "");
     printf("context       %u (trained)\n", hp->n_ctx_train);
     printf("rope          base %g, %u dims; rms eps %g\n", hp->rope_freq_base, hp->rope_dim, hp->rms_eps);
+    if (hp->arch == ARCH_QWEN2VL)
+        printf("rope sections %u %u %u %u pairs (time, row, column, -): multimodal rope\n", hp->rope_sections[0],
+               hp->rope_sections[1], hp->rope_sections[2], hp->rope_sections[3]);
+}
+
+static void print_types(const struct gguf_file *file);
+
+/* An mmproj file: the vision encoder and projector settings, and its weights. */
+static int print_mmproj(struct gguf_file *file) {
+    struct mmproj m;
+    if (mmproj_load(file, &m) != PSHARD_OK) {
+        fprintf(stderr, "pshard info: %s\n", pshard_last_error());
+        print_types(file);
+        return 1;
+    }
+    const struct vision_hparams *hp = &m.hp;
+    printf("architecture  clip (vision encoder and projector for a language model)\n");
+    printf("projector     %s, output width %u (the language model's embedding)\n", hp->projector_name, hp->projection_dim);
+    printf("image size    %u (model's nominal side); resized to %llu..%llu pixels in multiples of %u\n", hp->image_size,
+           (unsigned long long)hp->min_pixels, (unsigned long long)hp->max_pixels, hp->patch_size * hp->spatial_merge);
+    printf("patch size    %u x %u, %u frames per patch; %u x %u patches merged per image token\n", hp->patch_size,
+           hp->patch_size, VISION_TEMPORAL_PATCH, hp->spatial_merge, hp->spatial_merge);
+    printf("layers        %u, width %u, feed-forward %u, %u heads of %u; rms eps %g\n", hp->n_layer, hp->n_embd, hp->n_ff,
+           hp->n_head, hp->head_dim, hp->eps);
+    printf("window layers %u of %u attend within %u x %u pixel windows; full attention in layers", hp->n_layer - hp->n_full_attention,
+           hp->n_layer, hp->window_size, hp->window_size);
+    for (uint32_t il = 0; il < hp->n_layer; il++)
+        if (hp->full_attention[il]) printf(" %u", il);
+    printf("\n");
+    printf("normalize     mean %.8g %.8g %.8g, std %.8g %.8g %.8g\n", hp->image_mean[0], hp->image_mean[1], hp->image_mean[2],
+           hp->image_std[0], hp->image_std[1], hp->image_std[2]);
+    print_types(file);
+    mmproj_free(&m);
+    return 0;
 }
 
 static void print_types(const struct gguf_file *file) {
@@ -170,7 +206,9 @@ int cmd_info(int argc, char **argv) {
     if (name.len) printf("name          %.*s\n", (int)(name.len > 200 ? 200 : name.len), name.data);
     struct model model;
     int rc = 0;
-    if (model_load(file, &model) != PSHARD_OK) {
+    if (mmproj_is_mmproj(file)) {
+        rc = print_mmproj(file);
+    } else if (model_load(file, &model) != PSHARD_OK) {
         fprintf(stderr, "pshard info: %s\n", pshard_last_error());
         print_types(file);
         rc = 1;
