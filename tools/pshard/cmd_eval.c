@@ -51,51 +51,58 @@ int cmd_eval(int argc, char **argv) {
     pshard_params_default(&params);
     params.prefault = 0;
     for (int i = 1; i < argc; i++) {
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { print_usage(stdout); return 0; }
-        else if (!strcmp(argv[i], "--tokens") && v) tokens_arg = argv[++i];
-        else if (!strcmp(argv[i], "-p") && v) prompt = argv[++i];
-        else if (!strcmp(argv[i], "--steps") && v) steps_arg = argv[++i];
-        else if (!strcmp(argv[i], "-o") && v) out_path = argv[++i];
-        else if (!strcmp(argv[i], "-m") && v) model = argv[++i];
-        else if (!strcmp(argv[i], "-c") && v) params.n_ctx = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "-b") && v) params.n_batch = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "-t") && v) params.n_threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--gpu")) params.gpu = 1;
-        else if (!strcmp(argv[i], "--no-profile")) params.no_profile = 1;
-        else if (!strcmp(argv[i], "--vram-budget") && v) {
-            if (plan_parse_size(argv[++i], &params.vram_budget) != PSHARD_OK) {
-                fprintf(stderr, "pshard eval: %s\n", pshard_last_error());
-                return 2;
-            }
-        } else if (!strcmp(argv[i], "--plan") && v) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t k;
+        double x;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { print_usage(stdout); return 0; }
+        else if (!strcmp(a, "--tokens") && v) tokens_arg = argv[++i];
+        else if (!strcmp(a, "-p") && v) prompt = argv[++i];
+        else if (!strcmp(a, "--steps") && v) steps_arg = argv[++i];
+        else if (!strcmp(a, "-o") && v) out_path = argv[++i];
+        else if (!strcmp(a, "-m") && v) model = argv[++i];
+        else if (!strcmp(a, "-c") && v) {
+            if (cli_int("eval", a, argv[++i], 1, 1 << 24, &k)) return 2;
+            params.n_ctx = (int32_t)k;
+        } else if (!strcmp(a, "-b") && v) {
+            if (cli_int("eval", a, argv[++i], 1, 65536, &k)) return 2;
+            params.n_batch = (int32_t)k;
+        } else if (!strcmp(a, "-t") && v) {
+            if (cli_int("eval", a, argv[++i], 1, 1024, &k)) return 2;
+            params.n_threads = (int32_t)k;
+        }
+        else if (!strcmp(a, "--gpu")) params.gpu = 1;
+        else if (!strcmp(a, "--no-profile")) params.no_profile = 1;
+        else if (!strcmp(a, "--vram-budget") && v) {
+            if (cli_size("eval", a, argv[++i], &params.vram_budget)) return 2;
+        } else if (!strcmp(a, "--plan") && v) {
             enum plan_family f;
             if (plan_parse_family(argv[++i], &f) != PSHARD_OK) {
                 fprintf(stderr, "pshard eval: %s\n", pshard_last_error());
                 return 2;
             }
             params.plan = (int)f;
-        } else if (!strcmp(argv[i], "--stream-share") && v) {
-            if (plan_parse_share(argv[++i], &params.stream_share) != PSHARD_OK) {
-                fprintf(stderr, "pshard eval: --stream-share: %s\n", pshard_last_error());
-                return 2;
-            }
-        } else if (!strcmp(argv[i], "--decode-set") && v) {
+        } else if (!strcmp(a, "--stream-share") && v) {
+            if (cli_real("eval", a, argv[++i], 0, 1, false, &x)) return 2;
+            params.stream_share = (float)x;
+        } else if (!strcmp(a, "--decode-set") && v) {
             int32_t set;
             if (plan_parse_decode_set(argv[++i], &set) != PSHARD_OK) {
                 fprintf(stderr, "pshard eval: --decode-set: %s\n", pshard_last_error());
                 return 2;
             }
             params.decode_set = set == PLAN_DECODE_SAME ? -1 : set + 1;
-        } else if (!strcmp(argv[i], "--set") && v) {
+        } else if (!strcmp(a, "--set") && v) {
             enum plan_set set;
             if (plan_parse_set(argv[++i], &set) != PSHARD_OK) {
                 fprintf(stderr, "pshard eval: --set: %s\n", pshard_last_error());
                 return 2;
             }
             params.resident_set = (int)set + 1;
+        } else {
+            fprintf(stderr, "pshard eval: unknown or incomplete option '%s'\n", a);
+            print_usage(stderr);
+            return 2;
         }
-        else { print_usage(stderr); return 2; }
     }
     if ((!tokens_arg && !prompt) || !out_path) { print_usage(stderr); return 2; }
     char default_path[4096];
@@ -104,6 +111,9 @@ int cmd_eval(int argc, char **argv) {
         model = default_path;
     }
     params.model_path = model;
+    uint32_t n_ctx_train;
+    if (params.n_ctx > 0 && cli_model_context(model, &n_ctx_train) == 0)
+        params.n_ctx = cli_cap_context("eval", n_ctx_train, params.n_ctx);
     pshard_ctx *ctx = NULL;
     if (pshard_open(&params, &ctx) != PSHARD_OK) {
         fprintf(stderr, "pshard eval: %s\n", pshard_last_error());

@@ -85,79 +85,80 @@ int cmd_plan(int argc, char **argv) {
     const char *model_path = NULL;
     bool no_profile = false, every_shard = false;
     const char *profile_file = NULL;
-    struct exec_params p = {4096, 512, 1, 0, PLAN_AUTO, -1, 0.0f, -1, NULL, PLAN_DECODE_WEIGHED, 0, false};
+    struct exec_params p = {.n_ctx = 4096, .n_batch = 512, .n_seq = 1, .plan = PLAN_AUTO, .vram_budget = -1, .staging = -1,
+                            .decode_set = PLAN_DECODE_WEIGHED};
     int64_t tokens[MAX_TOKENS];
     int n_tokens = 0;
+    bool budget_given = false;
     for (int i = 1; i < argc; i++) {
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t k;
+        double x;
+        /* Reads the option's value (consuming it) into k or x; nonzero: refused, said why. */
+#define INT(lo, hi) (i++, cli_int("plan", a, v, lo, hi, &k))
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             print_usage(stdout);
             return 0;
-        } else if (!strcmp(argv[i], "-m") && v) {
+        } else if (!strcmp(a, "-m") && v) {
             model_path = argv[++i];
-        } else if (!strcmp(argv[i], "--vram-budget") && v) {
-            if (plan_parse_size(argv[++i], &p.vram_budget) != PSHARD_OK) goto bad;
-        } else if (!strcmp(argv[i], "--plan") && v) {
+        } else if (!strcmp(a, "--vram-budget") && v) {
+            if (cli_size("plan", a, argv[++i], &p.vram_budget)) return 2;
+            budget_given = true;
+        } else if (!strcmp(a, "--plan") && v) {
             if (plan_parse_family(argv[++i], &p.plan) != PSHARD_OK) goto bad;
-        } else if (!strcmp(argv[i], "--stream-share") && v) {
-            if (plan_parse_share(argv[++i], &p.stream_share) != PSHARD_OK) {
-                fprintf(stderr, "pshard plan: --stream-share: %s\n", pshard_last_error());
-                return 2;
-            }
-        } else if (!strcmp(argv[i], "--shards")) {
+        } else if (!strcmp(a, "--stream-share") && v) {
+            if (i++, cli_real("plan", a, v, 0, 1, false, &x)) return 2;
+            p.stream_share = (float)x;
+        } else if (!strcmp(a, "--shards")) {
             every_shard = true;
-        } else if (!strcmp(argv[i], "--no-profile")) {
+        } else if (!strcmp(a, "--no-profile")) {
             no_profile = true;
-        } else if (!strcmp(argv[i], "--profile") && v) {
+        } else if (!strcmp(a, "--profile") && v) {
             profile_file = argv[++i];
-        } else if (!strcmp(argv[i], "--set") && v) {
+        } else if (!strcmp(a, "--set") && v) {
             enum plan_set set;
             if (plan_parse_set(argv[++i], &set) != PSHARD_OK) {
                 fprintf(stderr, "pshard plan: --set: %s\n", pshard_last_error());
                 return 2;
             }
             p.staging = (int32_t)set;
-        } else if (!strcmp(argv[i], "--decode-set") && v) {
+        } else if (!strcmp(a, "--decode-set") && v) {
             if (plan_parse_decode_set(argv[++i], &p.decode_set) != PSHARD_OK) {
                 fprintf(stderr, "pshard plan: --decode-set: %s\n", pshard_last_error());
                 return 2;
             }
-        } else if (!strcmp(argv[i], "--tokens") && v) {
+        } else if (!strcmp(a, "--tokens") && v) {
             if (cli_parse_list(argv[++i], false, tokens, MAX_TOKENS, &n_tokens) != 0) {
                 fprintf(stderr, "pshard plan: --tokens takes up to %d whole numbers of tokens, such as 16,32,63\n", MAX_TOKENS);
                 return 2;
             }
-        } else if (!strcmp(argv[i], "-n") && v) {
-            char *end;
-            const long n = strtol(argv[++i], &end, 10);
-            if (*end || end == argv[i] || n < -1 || n > 1000000000L) {
-                fprintf(stderr, "pshard plan: -n takes the tokens a request generates (-1: to the context's end)\n");
-                return 2;
-            }
-            p.n_decode = cli_request_tokens(n);
-        } else if (!strcmp(argv[i], "--parallel") && v) {
-            p.n_seq = atoi(argv[++i]);
-        } else if (!strcmp(argv[i], "-t") && v) {
-            p.n_threads = atoi(argv[++i]);
-        } else if (!strcmp(argv[i], "-c") && v) {
-            p.n_ctx = atoi(argv[++i]);
-        } else if (!strcmp(argv[i], "-b") && v) {
-            p.n_batch = atoi(argv[++i]);
+        } else if (!strcmp(a, "-n") && v) {
+            if (INT(-1, 1000000000)) return 2;
+            p.n_decode = cli_request_tokens(k);
+        } else if (!strcmp(a, "--parallel") && v) {
+            if (INT(1, 65536)) return 2;
+            p.n_seq = (int32_t)k;
+        } else if (!strcmp(a, "-t") && v) {
+            if (INT(1, 1024)) return 2;
+            p.n_threads = (int32_t)k;
+        } else if (!strcmp(a, "-c") && v) {
+            if (INT(1, 1 << 24)) return 2;
+            p.n_ctx = (int32_t)k;
+        } else if (!strcmp(a, "-b") && v) {
+            if (INT(1, 65536)) return 2;
+            p.n_batch = (int32_t)k;
         } else {
+            fprintf(stderr, "pshard plan: unknown or incomplete option '%s'\n", a);
             print_usage(stderr);
             return 2;
         }
+#undef INT
     }
-    if (p.n_ctx <= 0 || p.n_batch <= 0 || p.n_seq <= 0 || p.n_threads < 0) {
-        fprintf(stderr, "pshard plan: -c, -b and --parallel must be positive\n");
+    if (!budget_given) {
+        fprintf(stderr, "pshard plan: --vram-budget SIZE is required: the device memory to plan for, such as 2G or\n"
+                        "1536M (0: the CPU alone)\n");
         return 2;
     }
-    for (int k = 0; k < n_tokens; k++)
-        if (tokens[k] > p.n_batch || tokens[k] > p.n_ctx) {
-            fprintf(stderr, "pshard plan: --tokens: a step of %lld tokens is over the micro-batch (-b %d) or the context (-c %d)\n",
-                    (long long)tokens[k], p.n_batch, p.n_ctx);
-            return 2;
-        }
     if (p.staging >= 0 && !plan_takes_set(p.plan)) {
         fprintf(stderr, "pshard plan: --set places a gpu, static or dynamic plan; name one with --plan\n");
         return 2;
@@ -175,6 +176,15 @@ int cmd_plan(int argc, char **argv) {
         gguf_close(file);
         goto fail;
     }
+    p.n_ctx = cli_cap_context("plan", model.hp.n_ctx_train, p.n_ctx);
+    for (int k = 0; k < n_tokens; k++)
+        if (tokens[k] > p.n_batch || tokens[k] > p.n_ctx) {
+            fprintf(stderr, "pshard plan: --tokens: a step of %lld tokens is over the micro-batch (-b %d) or the context (-c %d)\n",
+                    (long long)tokens[k], p.n_batch, p.n_ctx);
+            model_free(&model);
+            gguf_close(file);
+            return 2;
+        }
     struct profile profile;
     bool measured_now;
     pshard_status st = profile_file ? profile_load(profile_file, NULL, &profile)
@@ -184,16 +194,26 @@ int cmd_plan(int argc, char **argv) {
     if (st == PSHARD_OK) {
         p.profile = &profile;
         const bool gpu_steps = p.vram_budget != 0 && p.plan != PLAN_CPU;
+        const bool no_device = gpu_steps && cuda_device_count() == 0;
+        const bool unpriced = gpu_steps && profile.measured && !profile.has_gpu; /* every GPU step: inf */
         if (profile.measured)
             plan_note(stdout, "profile: measured in %.0f s on %s, %d threads%s%s%s", profile.seconds, profile.fp.cpu,
                    profile.fp.threads, profile.fp.gpu[0] ? ", " : "", profile.fp.gpu,
-                   gpu_steps && !profile.has_gpu ? "; it has no GPU, so steps on one are not priced (inf): plan with "
-                                                   "the GPU machine's profile (--profile FILE)"
-                                                 : "");
+                   !unpriced ? ""
+                   : no_device ? ", without a GPU"
+                               : "; it has no GPU, so steps on one are not priced (inf): plan with the GPU machine's "
+                                 "profile (--profile FILE)");
         else
             plan_note(stdout, "profile: %s; predictions use conservative defaults",
                    no_profile ? "not used (--no-profile)" : "none cached for this machine (run `pshard profile`)");
-        if (gpu_steps && cuda_device_count() == 0)
+        /* Said once, with what to do instead. */
+        if (no_device && unpriced)
+            plan_note(stderr, "pshard plan: this machine has no CUDA device and the profile has no GPU figures, so "
+                              "steps on a GPU are not priced (inf) and the plan below keeps to the CPU. `pshard run` "
+                              "here runs on the CPU alone (--vram-budget 0). To plan for a machine with a GPU, give "
+                              "its profile (--profile FILE, saved by `pshard profile` there) or plan with "
+                              "conservative defaults (--no-profile)");
+        else if (no_device)
             plan_note(stderr, "pshard plan: this machine has no CUDA device, so `pshard run` here runs on the CPU "
                               "alone (--vram-budget 0); this plan is for a machine with one");
     }

@@ -129,14 +129,13 @@ int cmd_profile(int argc, char **argv) {
         } else if (!strcmp(argv[i], "-m") && v) {
             model_path = argv[++i];
         } else if (!strcmp(argv[i], "-t") && v) {
-            threads = atoi(argv[++i]);
-            if (threads <= 0) {
-                fprintf(stderr, "pshard profile: -t needs a positive thread count\n");
-                return 2;
-            }
+            int64_t k;
+            if (cli_int("profile", argv[i], argv[i + 1], 1, 1024, &k)) return 2;
+            threads = (int)k, i++;
         } else if (!strcmp(argv[i], "--vram-budget") && v) {
             if (plan_parse_size(argv[++i], &vram_cap) != PSHARD_OK || vram_cap <= 0) {
-                fprintf(stderr, "pshard profile: --vram-budget takes a size of device memory such as 2G or 1536M\n");
+                fprintf(stderr, "pshard profile: --vram-budget takes a size of device memory such as 2G or 1536M, "
+                                "got '%s'\n", argv[i]);
                 return 2;
             }
         } else if (!strcmp(argv[i], "--cpu-only")) {
@@ -144,6 +143,7 @@ int cmd_profile(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--show")) {
             show = true;
         } else {
+            fprintf(stderr, "pshard profile: unknown or incomplete option '%s'\n", argv[i]);
             print_usage(stderr);
             return 2;
         }

@@ -16,16 +16,19 @@ static void print_usage(FILE *out, const char *cmd) {
             "usage: pshard %s [-m MODEL] %s[options]\n"
             "  -m, --model PATH        GGUF model (default: SmolLM2-135M-Instruct, or $PSHARD_MODEL)\n"
             "%s"
-            "  -n, --n-predict N       most tokens to generate (default 256; -1: until the context is full);\n"
+            "  -n, --n-predict N       most tokens to generate (default 256; 0: none, the prompt is only read;\n"
+            "                          -1: until the context is full);\n"
             "                          given, the automatic plan weighs its choices by a prompt and this many\n"
             "                          generated tokens (else 128), as `pshard plan -n N` shows\n"
-            "  -c, --ctx-size N        context length (default 4096, at most the model's)\n"
+            "  -c, --ctx-size N        context length (default 4096; a larger one than the model was trained\n"
+            "                          for is capped at that, with a notice)\n"
             "  -b, --batch-size N      prompt tokens per step (default 512)\n"
             "  -t, --threads N         CPU threads (default: all cores)\n"
             "  --temp T                temperature; 0 is greedy (default 0.8)\n"
             "  --top-k K, --top-p P, --min-p P   filters (default 40, 0.95, 0.05; 0/1/0 turn them off)\n"
             "  --repeat-penalty R, --presence-penalty P, --frequency-penalty F, --repeat-last-n N\n"
-            "  --seed S                random seed (same seed, same output)\n"
+            "  --seed S                random seed (same seed, same output; default 24301; -1: drawn at random,\n"
+            "                          and printed)\n"
             "  --system TEXT           system message ('default': the one the model's chat template\n"
             "                          inserts on its own; without --system none is sent)\n"
             "  --raw                   no chat template: continue the prompt text as it is\n"
@@ -56,28 +59,25 @@ static void print_usage(FILE *out, const char *cmd) {
             strcmp(cmd, "run") ? "" : "  -p, --prompt TEXT       the prompt (required)\n");
 }
 
-static int parse_number(const char *flag, const char *text, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(text, &end);
-    if (errno || end == text || *end || v < lo || v > hi) {
-        fprintf(stderr, "pshard: %s expects a number in [%g, %g], got '%s'\n", flag, lo, hi, text);
-        return -1;
-    }
-    *out = v;
-    return 0;
+static int missing_value(const char *cmd, const char *opt) {
+    fprintf(stderr, "pshard %s: %s needs a value\n", cmd, opt);
+    return -1;
 }
 
 /* Returns 0 on success, 1 when help was printed, -1 on a bad option. */
 int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
     memset(o, 0, sizeof *o);
+    o->cmd = cmd;
     pshard_params_default(&o->params);
     pshard_gen_opts_default(&o->gen);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t k;
         double x;
-#define NUM(lo, hi) (v ? (i++, parse_number(a, v, lo, hi, &x)) : (fprintf(stderr, "pshard: %s needs a value\n", a), -1))
+        /* Each reads the option's value (consuming it) into k or x; nonzero: refused, said why. */
+#define INT(lo, hi) (v ? (i++, cli_int(cmd, a, v, lo, hi, &k)) : missing_value(cmd, a))
+#define REAL(lo, hi, above_lo) (v ? (i++, cli_real(cmd, a, v, lo, hi, above_lo, &x)) : missing_value(cmd, a))
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { print_usage(stdout, cmd); return 1; }
         else if (!strcmp(a, "--raw")) o->raw = 1;
         else if (!strcmp(a, "--ids")) o->print_ids = 1;
@@ -87,17 +87,12 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
         else if (!strcmp(a, "--no-profile")) o->params.no_profile = 1;
         else if (!strcmp(a, "--gpu")) o->params.gpu = 1;
         else if (!strcmp(a, "--vram-budget") && v) {
-            int64_t bytes;
-            if (plan_parse_size(argv[++i], &bytes) != PSHARD_OK) {
-                fprintf(stderr, "pshard: --vram-budget: %s\n", pshard_last_error());
-                return -1;
-            }
-            o->params.vram_budget = bytes;
+            if (cli_size(cmd, a, argv[++i], &o->params.vram_budget)) return -1;
             if (!o->params.plan) o->params.plan = PLAN_AUTO;
         } else if (!strcmp(a, "--plan") && v) {
             enum plan_family f;
             if (plan_parse_family(argv[++i], &f) != PSHARD_OK) {
-                fprintf(stderr, "pshard: --plan: %s\n", pshard_last_error());
+                fprintf(stderr, "pshard %s: --plan: %s\n", cmd, pshard_last_error());
                 return -1;
             }
             o->params.plan = (int)f;
@@ -110,18 +105,18 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
             if (!strcmp(o->system, "default")) o->system = NULL, o->gen.default_system = 1;
         }
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
-            if (NUM(-1, 1e9)) return -1;
-            o->gen.n_predict = (int32_t)x;
-            o->params.n_predict = cli_request_tokens((long long)x); /* the planner weighs by it */
+            if (INT(-1, 1000000000)) return -1;
+            o->gen.n_predict = (int32_t)k;
+            o->params.n_predict = cli_request_tokens(k); /* the planner weighs by it */
         }
-        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { if (NUM(1, 1 << 24)) return -1; o->params.n_ctx = (int32_t)x; }
-        else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) { if (NUM(1, 65536)) return -1; o->params.n_batch = (int32_t)x; }
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (NUM(1, 1024)) return -1; o->params.n_threads = (int32_t)x; }
-        else if (!strcmp(a, "--stream-share")) { if (NUM(0, 1)) return -1; o->params.stream_share = (float)x; }
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { if (INT(1, 1 << 24)) return -1; o->params.n_ctx = (int32_t)k; }
+        else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) { if (INT(1, 65536)) return -1; o->params.n_batch = (int32_t)k; }
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (INT(1, 1024)) return -1; o->params.n_threads = (int32_t)k; }
+        else if (!strcmp(a, "--stream-share")) { if (REAL(0, 1, false)) return -1; o->params.stream_share = (float)x; }
         else if (!strcmp(a, "--decode-set") && v) {
             int32_t set;
             if (plan_parse_decode_set(argv[++i], &set) != PSHARD_OK) {
-                fprintf(stderr, "pshard: --decode-set: %s\n", pshard_last_error());
+                fprintf(stderr, "pshard %s: --decode-set: %s\n", cmd, pshard_last_error());
                 return -1;
             }
             o->params.decode_set = set == PLAN_DECODE_SAME ? -1 : set + 1;
@@ -129,27 +124,32 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
         else if (!strcmp(a, "--set") && v) {
             enum plan_set set;
             if (plan_parse_set(argv[++i], &set) != PSHARD_OK) {
-                fprintf(stderr, "pshard: --set: %s\n", pshard_last_error());
+                fprintf(stderr, "pshard %s: --set: %s\n", cmd, pshard_last_error());
                 return -1;
             }
             o->params.resident_set = (int)set + 1;
         }
-        else if (!strcmp(a, "--temp")) { if (NUM(0, 100)) return -1; o->gen.sampling.temperature = (float)x; }
-        else if (!strcmp(a, "--top-k")) { if (NUM(0, 1e9)) return -1; o->gen.sampling.top_k = (int32_t)x; }
-        else if (!strcmp(a, "--top-p")) { if (NUM(1e-6, 1)) return -1; o->gen.sampling.top_p = (float)x; }
-        else if (!strcmp(a, "--min-p")) { if (NUM(0, 1)) return -1; o->gen.sampling.min_p = (float)x; }
-        else if (!strcmp(a, "--repeat-penalty")) { if (NUM(1e-3, 100)) return -1; o->gen.sampling.repeat_penalty = (float)x; }
-        else if (!strcmp(a, "--presence-penalty")) { if (NUM(-100, 100)) return -1; o->gen.sampling.presence_penalty = (float)x; }
-        else if (!strcmp(a, "--frequency-penalty")) { if (NUM(-100, 100)) return -1; o->gen.sampling.frequency_penalty = (float)x; }
-        else if (!strcmp(a, "--repeat-last-n")) { if (NUM(0, 1 << 20)) return -1; o->gen.sampling.penalty_last_n = (int32_t)x; }
-        else if (!strcmp(a, "--seed")) { if (NUM(0, 1.8e19)) return -1; o->gen.sampling.seed = (uint64_t)x; }
+        else if (!strcmp(a, "--temp")) { if (REAL(0, 100, false)) return -1; o->gen.sampling.temperature = (float)x; }
+        else if (!strcmp(a, "--top-k")) { if (INT(0, 1000000000)) return -1; o->gen.sampling.top_k = (int32_t)k; }
+        else if (!strcmp(a, "--top-p")) { if (REAL(0, 1, true)) return -1; o->gen.sampling.top_p = (float)x; }
+        else if (!strcmp(a, "--min-p")) { if (REAL(0, 1, false)) return -1; o->gen.sampling.min_p = (float)x; }
+        else if (!strcmp(a, "--repeat-penalty")) { if (REAL(0, 100, true)) return -1; o->gen.sampling.repeat_penalty = (float)x; }
+        else if (!strcmp(a, "--presence-penalty")) { if (REAL(-100, 100, false)) return -1; o->gen.sampling.presence_penalty = (float)x; }
+        else if (!strcmp(a, "--frequency-penalty")) { if (REAL(-100, 100, false)) return -1; o->gen.sampling.frequency_penalty = (float)x; }
+        else if (!strcmp(a, "--repeat-last-n")) { if (INT(0, 1 << 20)) return -1; o->gen.sampling.penalty_last_n = (int32_t)k; }
+        else if (!strcmp(a, "--seed")) {
+            if (!v) return missing_value(cmd, a);
+            if (cli_seed(cmd, argv[++i], &o->gen.sampling.seed, &o->seed_drawn)) return -1;
+        }
         else {
             fprintf(stderr, "pshard %s: unknown or incomplete option '%s'\n", cmd, a);
             print_usage(stderr, cmd);
             return -1;
         }
-#undef NUM
+#undef INT
+#undef REAL
     }
+    if (o->seed_drawn && !o->quiet) fprintf(stderr, "seed: %" PRIu64 " (drawn at random)\n", o->gen.sampling.seed);
     return 0;
 }
 
@@ -175,6 +175,10 @@ static int prompt_progress(void *user, int32_t done, int32_t total) {
     else fprintf(stderr, "\r\033[K");
     return 0;
 }
+
+/* -n 0: the prompt is read and nothing is generated. The engine samples a first token before it
+ * checks the limit; its text stops the generation, unshown. */
+static int stop_at_once(void *user, const char *text, size_t len) { return 1; }
 
 static int print_text(void *user, const char *text, size_t len) {
     (void)user;
@@ -242,6 +246,9 @@ pshard_ctx *run_open_model(struct run_opts *o) {
         o->model = o->default_path;
     }
     o->params.model_path = o->model;
+    uint32_t n_ctx_train;
+    if (o->params.n_ctx > 0 && cli_model_context(o->model, &n_ctx_train) == 0)
+        o->params.n_ctx = cli_cap_context(o->cmd, n_ctx_train, o->params.n_ctx);
     if (!o->quiet && isatty(2)) o->params.progress = progress_bar, o->gen.on_prompt = prompt_progress;
     static struct cli_measuring measuring = {.who = "pshard", .label = "measuring this machine for the planner (once, under a minute)"};
     if (!o->quiet) o->params.profile_progress = cli_measure_progress, o->params.progress_user = &measuring;
@@ -283,19 +290,21 @@ int cmd_run(int argc, char **argv) {
     if (!ctx) return 1;
     pshard_gen_stats stats;
     pshard_status st;
+    const pshard_text_cb on_text = o.gen.n_predict == 0 ? stop_at_once : print_text;
     if (o.raw) {
-        st = pshard_generate(ctx, o.prompt, &o.gen, print_text, NULL, &stats);
+        st = pshard_generate(ctx, o.prompt, &o.gen, on_text, NULL, &stats);
     } else {
         pshard_message msgs[2] = {{"system", o.system}, {"user", o.prompt}};
-        st = o.system ? pshard_chat(ctx, msgs, 2, &o.gen, print_text, NULL, &stats)
-                      : pshard_chat(ctx, msgs + 1, 1, &o.gen, print_text, NULL, &stats);
+        st = o.system ? pshard_chat(ctx, msgs, 2, &o.gen, on_text, NULL, &stats)
+                      : pshard_chat(ctx, msgs + 1, 1, &o.gen, on_text, NULL, &stats);
     }
+    if (o.gen.n_predict == 0) stats.n_generated = 0; /* the token that stopped it is not the reply's */
     if (st != PSHARD_OK) {
         fprintf(stderr, "pshard: %s\n", pshard_last_error());
         pshard_close(ctx);
         return 1;
     }
-    printf("\n");
+    if (o.gen.n_predict != 0) printf("\n");
     if (o.print_ids) {
         printf("ids:");
         for (int32_t i = 0; i < stats.n_generated && i < o.gen.out_tokens_cap; i++) printf(" %d", ids[i]);

@@ -6,18 +6,30 @@
 #include "gguf/gguf.h"
 #include "tok/tok.h"
 
+static void print_usage(FILE *out) {
+    fprintf(out, "usage: pshard tokenize [-m MODEL] -p TEXT [--pieces]\n"
+                 "  Prints the token ids (with --pieces, id and text per line), BOS included when the\n"
+                 "  model adds one; special-token text such as <|im_start|> is recognized.\n");
+}
+
 int cmd_tokenize(int argc, char **argv) {
     const char *model = NULL, *text = NULL;
     int pieces = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-m") && i + 1 < argc) model = argv[++i];
-        else if (!strcmp(argv[i], "-p") && i + 1 < argc) text = argv[++i];
-        else if (!strcmp(argv[i], "--pieces")) pieces = 1;
-        else {
-            fprintf(stderr, "usage: pshard tokenize [-m MODEL] -p TEXT [--pieces]\n"
-                            "  Prints the token ids (with --pieces, id and text per line), BOS included when the\n"
-                            "  model adds one; special-token text such as <|im_start|> is recognized.\n");
-            return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            print_usage(stdout);
+            return 0;
+        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && i + 1 < argc) {
+            model = argv[++i];
+        } else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && i + 1 < argc) {
+            text = argv[++i];
+        } else if (!strcmp(a, "--pieces")) {
+            pieces = 1;
+        } else {
+            fprintf(stderr, "pshard tokenize: unknown or incomplete option '%s'\n", a);
+            print_usage(stderr);
+            return 2;
         }
     }
     if (!text) {

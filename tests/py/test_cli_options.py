@@ -1,0 +1,141 @@
+"""The options of every pshard subcommand as a newcomer tries them: numbers are read by one parser
+(whole numbers are whole, NaN and infinities refused, the message names the option and prints its
+range in whole numbers), -n 0 generates nothing, a context over the model's is capped with a
+notice, --seed -1 draws a seed, --help goes to stdout, and `pshard plan` needs its budget and says
+once what to do where no GPU can be priced."""
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+from conftest import BUILD
+
+INTS = {
+    "run": ["-n", "-c", "-b", "-t", "--top-k", "--repeat-last-n"],
+    "chat": ["-n", "-c", "-b", "-t", "--top-k", "--repeat-last-n"],
+    "plan": ["-n", "-c", "-b", "-t", "--parallel"],
+    "eval": ["-c", "-b", "-t"],
+    "profile": ["-t"],
+}
+REALS = {
+    "run": ["--temp", "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty", "--frequency-penalty",
+            "--stream-share"],
+    "chat": ["--temp", "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty", "--frequency-penalty",
+             "--stream-share"],
+    "plan": ["--stream-share"],
+    "eval": ["--stream-share"],
+}
+SIZES = {"run": ["--vram-budget"], "chat": ["--vram-budget"], "plan": ["--vram-budget"], "eval": ["--vram-budget"],
+         "profile": ["--vram-budget"]}
+
+
+def pshard(*args, env=None, timeout=300):
+    return subprocess.run([os.path.join(BUILD, "pshard"), *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def refused(cmd, option, value):
+    proc = pshard(cmd, option, value, *(["-p", "x"] if cmd in ("run",) else []))
+    assert proc.returncode == 2, (cmd, option, value, proc.stderr)
+    message = proc.stderr.splitlines()[0]
+    assert message.startswith("pshard %s: %s " % (cmd, option)) and "'%s'" % value in message, (cmd, option, message)
+    assert not re.search(r"\de[+-]?\d", message.split(", got")[0]), message  # whole numbers, not 1.67772e+07
+    assert proc.stdout == ""
+    return message
+
+
+@pytest.mark.parametrize("cmd", sorted(set(INTS) | set(REALS) | set(SIZES)))
+def test_numbers_are_checked_alike_by_every_subcommand(cmd):
+    for option in INTS.get(cmd, []):
+        for value in ("nan", "inf", "-inf", "2.5", "1e3", "0x10", " 7", ""):
+            assert "takes a whole number from" in refused(cmd, option, value)
+    for option in REALS.get(cmd, []):
+        for value in ("nan", "NaN", "inf", "-infinity", "1,5", "x"):
+            assert "takes a number in" in refused(cmd, option, value)
+    for option in SIZES.get(cmd, []):
+        for value in ("nan", "inf", "-1G", "2X"):
+            refused(cmd, option, value)
+    if cmd in ("run", "chat"):
+        message = refused(cmd, "-c", "99999999")
+        assert "from 1 to 16777216" in message, message
+        for value in ("-2", "1.5", "nan"):
+            assert "-1 for a random one" in refused(cmd, "--seed", value)
+
+
+def test_n_0_generates_nothing(default_model):
+    none = pshard("run", "-m", default_model, "-p", "Hello", "-t", "2", "-n", "0", "--ids")
+    assert none.returncode == 0, none.stderr
+    assert none.stdout == "ids:\n", none.stdout
+    assert re.search(r"^prompt: \d+ tokens", none.stderr, re.M) and "decode:" not in none.stderr, none.stderr
+    one = pshard("run", "-m", default_model, "-p", "Hello", "-t", "2", "-n", "1", "--ids", "--ignore-eos", "-q")
+    assert one.returncode == 0 and len(one.stdout.splitlines()[-1].split()) == 2, one.stdout  # "ids: N"
+
+
+def test_context_over_the_models_is_capped_with_a_notice(default_model):
+    proc = pshard("run", "-m", default_model, "-p", "Hello", "-t", "2", "-n", "1", "-q", "-c", "100000")
+    assert proc.returncode == 0, proc.stderr
+    assert "pshard run: -c 100000 is over the context the model was trained for; using 8192" in proc.stderr
+    plan = pshard("plan", "-m", default_model, "--vram-budget", "0", "--no-profile", "-c", "100000")
+    assert plan.returncode == 0 and "-c 100000 is over the context" in plan.stderr, plan.stderr
+    assert "using 8192" in plan.stderr
+    within = pshard("run", "-m", default_model, "-p", "Hello", "-t", "2", "-n", "1", "-q", "-c", "8192")
+    assert within.returncode == 0 and "over the context" not in within.stderr, within.stderr
+    assert "a larger one than the model was trained" in pshard("run", "--help").stdout
+
+
+def test_a_random_seed(default_model):
+    args = ["run", "-m", default_model, "-p", "Name a colour.", "-t", "2", "-n", "6", "--temp", "1.5"]
+    drawn = pshard(*args, "--seed", "-1")
+    assert drawn.returncode == 0, drawn.stderr
+    seed = re.search(r"^seed: (\d+) \(drawn at random\)$", drawn.stderr, re.M)
+    assert seed, drawn.stderr
+    again = pshard(*args, "--seed", seed.group(1))
+    assert again.returncode == 0 and again.stdout == drawn.stdout, (drawn.stdout, again.stdout)
+    quiet = pshard(*args, "--seed", "-1", "-q")
+    assert quiet.returncode == 0 and "seed" not in quiet.stderr, quiet.stderr
+
+
+@pytest.mark.parametrize("cmd", ["run", "chat", "plan", "profile", "bench", "info", "tokenize", "eval"])
+def test_help_goes_to_stdout(cmd):
+    proc = pshard(cmd, "--help")
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: pshard %s" % cmd) and proc.stderr == "", proc
+    bad = pshard(cmd, "--no-such-option")
+    assert bad.returncode == 2 and "usage:" in bad.stderr and bad.stdout == "", bad
+
+
+def test_plan_needs_a_budget(default_model):
+    proc = pshard("plan", "-m", default_model, "--no-profile")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert "--vram-budget SIZE is required" in proc.stderr and "0: the CPU alone" in proc.stderr, proc.stderr
+
+
+def test_plan_without_a_gpu_says_once_what_to_do(tmp_path):
+    """A CPU-only profile on a machine without a CUDA device prices no GPU step (inf): one note says
+    so and what the user can do instead; the profile line does not say it again."""
+    probe = pshard("plan", "-m", str(synth_qwen30b(tmp_path)), "--vram-budget", "2G", "--no-profile")
+    if "has no CUDA device" not in probe.stderr:
+        pytest.skip("a CUDA device is here: its plans are priced")
+    profile = json.load(open(os.path.join(os.path.dirname(__file__), "..", "data", "profile", "h200-qwen30b.json")))
+    profile["has_gpu"] = False
+    cpu_only = tmp_path / "cpu-only.json"
+    cpu_only.write_text(json.dumps(profile))
+    proc = pshard("plan", "-m", str(tmp_path / "qwen30b.gguf"), "--vram-budget", "2G", "--profile", str(cpu_only))
+    assert proc.returncode == 0, proc.stderr
+    note = " ".join(proc.stderr.split())
+    assert note.count("no CUDA device") == 1 and "not priced (inf)" in note, note
+    for remedy in ("--vram-budget 0", "--profile FILE", "--no-profile"):
+        assert remedy in note, (remedy, note)
+    assert all(len(l) <= 100 for l in proc.stderr.splitlines()), proc.stderr
+    assert "not priced" not in proc.stdout and "CUDA device" not in proc.stdout
+    assert proc.stdout.startswith("profile: measured in") and ", without a GPU" in proc.stdout.splitlines()[0]
+
+
+def synth_qwen30b(directory):
+    model = directory / "qwen30b.gguf"
+    if not model.exists():
+        synth = subprocess.run([os.path.join(BUILD, "gguf-synth"), "--shape", "qwen30b", "--header-only", "--quiet",
+                                "-o", str(model)], capture_output=True, text=True)
+        assert synth.returncode == 0, synth.stderr
+    return model
