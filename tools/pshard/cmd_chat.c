@@ -1,5 +1,8 @@
 /* `pshard chat`: an interactive conversation. The history is re-formatted each turn; the KV
- * cache keeps the common prefix, so only the new turn is processed. */
+ * cache keeps the common prefix, so only the new turn is processed. Ctrl-C stops an answer and
+ * keeps the conversation; /commands are the chat's own. */
+#include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,13 +39,24 @@ static void history_clear(struct history *h, size_t keep) {
     while (h->n > keep) free(h->owned[--h->n]);
 }
 
+/* Set by Ctrl-C (SIGINT), read between tokens and at the prompt. A signal handler can reach
+ * nothing else, so this one flag is global. */
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    interrupted = 1;
+}
+
 struct reply {
     char *text;
     size_t len, cap;
+    bool silent; /* -n 0: nothing is generated, so the first text stops it, unshown */
 };
 
 static int on_text(void *user, const char *text, size_t len) {
     struct reply *r = user;
+    if (interrupted || r->silent) return 1; /* the reply stops here; what came before is kept */
     fwrite(text, 1, len, stdout);
     fflush(stdout);
     if (r->len + len + 1 > r->cap) {
@@ -58,6 +72,36 @@ static int on_text(void *user, const char *text, size_t len) {
     return 0;
 }
 
+/* The prompt's steps: Ctrl-C stops them too; the progress line, where there is one, goes on. */
+struct prompt_watch {
+    int (*progress)(void *user, int32_t done, int32_t total);
+    void *user;
+};
+
+static int on_prompt(void *user, int32_t done, int32_t total) {
+    const struct prompt_watch *w = user;
+    if (interrupted) {
+        if (w->progress) w->progress(w->user, total, total); /* clears the progress line */
+        return 1;
+    }
+    return w->progress ? w->progress(w->user, done, total) : 0;
+}
+
+static const struct chat_command {
+    const char *name, *help;
+} chat_commands[] = {
+    {"/help", "list these commands"},
+    {"/reset", "start the conversation again (the system message stays)"},
+    {"/quit", "end the chat (also /exit, Ctrl-D, or Ctrl-C at the prompt)"},
+};
+
+static void print_commands(void) {
+    for (size_t i = 0; i < sizeof chat_commands / sizeof chat_commands[0]; i++)
+        fprintf(stderr, "  %-8s %s\n", chat_commands[i].name, chat_commands[i].help);
+    fprintf(stderr, "  Ctrl-C while the model answers stops the answer and keeps the conversation.\n"
+                    "  A line starting with // is sent with one / (for text that starts with a slash).\n");
+}
+
 int cmd_chat(int argc, char **argv) {
     struct run_opts o;
     int rc = run_parse_args(argc, argv, "chat", &o);
@@ -70,34 +114,58 @@ int cmd_chat(int argc, char **argv) {
         if (history_add(&h, "system", o.system)) goto oom;
         base = 1;
     }
+    struct prompt_watch watch = {o.gen.on_prompt, o.gen.prompt_user};
+    o.gen.on_prompt = on_prompt, o.gen.prompt_user = &watch;
+    /* Without SA_RESTART, so that Ctrl-C at the prompt ends the read. */
+    struct sigaction sa = {.sa_handler = on_sigint};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
     const int interactive = isatty(0);
-    if (interactive) fprintf(stderr, "chat with the model; /reset clears the conversation, /exit or Ctrl-D quits\n");
+    if (interactive)
+        fprintf(stderr, "chat with the model; /help lists the commands, Ctrl-C stops an answer, /quit or Ctrl-D quits\n");
     char line[16384];
     for (;;) {
         if (interactive) fprintf(stderr, "> ");
-        if (!fgets(line, sizeof line, stdin)) break;
+        interrupted = 0;
+        if (!fgets(line, sizeof line, stdin)) {
+            if (interrupted || interactive) fputc('\n', stderr); /* the shell's prompt starts a line */
+            break;
+        }
         line[strcspn(line, "\r\n")] = '\0';
         if (!line[0]) continue;
-        if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) break;
-        if (!strcmp(line, "/reset")) {
-            history_clear(&h, base);
-            fprintf(stderr, "(conversation cleared)\n");
+        const char *text = line;
+        if (line[0] == '/' && line[1] == '/') {
+            text = line + 1;
+        } else if (line[0] == '/') {
+            const size_t word = strcspn(line, " \t");
+            if (word == 5 && !strncmp(line, "/exit", 5)) break;
+            if (word == 5 && !strncmp(line, "/quit", 5)) break;
+            if (word == 5 && !strncmp(line, "/help", 5)) {
+                print_commands();
+            } else if (word == 6 && !strncmp(line, "/reset", 6)) {
+                history_clear(&h, base);
+                fprintf(stderr, "(conversation cleared)\n");
+            } else {
+                fprintf(stderr, "unknown command '%.*s'; /help lists the commands\n", (int)word, line);
+            }
             continue;
         }
-        if (history_add(&h, "user", line)) goto oom;
-        struct reply r = {0};
+        if (history_add(&h, "user", text)) goto oom;
+        struct reply r = {.silent = o.gen.n_predict == 0};
         pshard_gen_stats stats;
         if (pshard_chat(ctx, h.msgs, h.n, &o.gen, on_text, &r, &stats) != PSHARD_OK) {
-            fprintf(stderr, "\npshard: %s\n", pshard_last_error());
+            if (interrupted) fprintf(stderr, "(stopped)\n");
+            else fprintf(stderr, "\npshard: %s\n", pshard_last_error());
             history_clear(&h, h.n - 1);
             free(r.text);
             continue;
         }
         printf("\n");
+        if (interrupted) fprintf(stderr, "(stopped)\n");
         int failed = history_add(&h, "assistant", r.text ? r.text : "");
         free(r.text);
         if (failed) goto oom;
-        if (!o.quiet) run_print_stats(ctx, &stats);
+        if (!o.quiet && !r.silent) run_print_stats(ctx, &stats);
     }
     history_clear(&h, 0);
     free(h.msgs);
