@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
-APT_PACKAGES="cmake ninja-build gcc g++ pkg-config libpcre2-dev libjansson-dev libcmocka-dev libspng-dev libturbojpeg0-dev libjpeg62-turbo-dev clang libclang-rt-14-dev python3 python3-pip"
+APT_PACKAGES="cmake ninja-build gcc g++ pkg-config libpcre2-dev libjansson-dev libmicrohttpd-dev chromium libcmocka-dev libspng-dev libturbojpeg0-dev libjpeg62-turbo-dev clang libclang-rt-14-dev python3 python3-pip"
 missing=""
 for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

@@ -13,6 +13,7 @@ static const struct command {
     {"run", cmd_run, "generate a reply to one prompt"},
     {"chat", cmd_chat, "talk with a model interactively"},
     {"batch", cmd_batch, "run many prompts at once (continuous batching)"},
+    {"serve", cmd_serve, "serve the model over HTTP: OpenAI's API and a chat page"},
     {"plan", cmd_plan, "show where each shard would run under a VRAM budget, and why"},
     {"profile", cmd_profile, "measure this machine for the planner (under a minute; cached)"},
     {"bench", cmd_bench, "many sequences at once (--batch); the planner's choices against measured times (--oracle)"},

@@ -1,0 +1,411 @@
+/* The engine thread and the jobs it runs (see worker.h). HTTP threads submit jobs to an inbox and
+ * flag cancellations; the engine thread, the only one that calls into pshard, formats and adds
+ * them between steps, steps while anything is pending, and sleeps on a condition variable when
+ * idle. Events land in the jobs under one lock; one broadcast a step wakes the HTTP threads. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server/token_piece.h"
+#include "server/worker.h"
+
+enum { RATE_WINDOW_S = 10 };
+
+struct worker {
+    struct worker_config cfg;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;     /* the engine thread: the inbox, a cancellation, a stop */
+    pthread_cond_t progress; /* HTTP threads: some job moved */
+    enum worker_state state;
+    pshard_ctx *ctx;
+    struct job *inbox, *running;
+    int32_t n_jobs;          /* submitted and not finished */
+    bool cancel_flagged, stop_now;
+    double drain_deadline;
+    uint64_t seed_counter;
+    struct worker_snapshot snap;
+    int64_t rate_second[RATE_WINDOW_S];
+    uint64_t rate_tokens[RATE_WINDOW_S];
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void worker_lock(struct worker *w) { pthread_mutex_lock(&w->lock); }
+void worker_unlock(struct worker *w) { pthread_mutex_unlock(&w->lock); }
+
+void worker_wait(struct worker *w, int timeout_ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += timeout_ms / 1000;
+    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&w->progress, &w->lock, &ts);
+}
+
+struct job *job_new(void) {
+    struct job *j = calloc(1, sizeof *j);
+    if (j) j->refs = 1, j->id = -1;
+    return j;
+}
+
+/* Under the lock. */
+static void job_unref(struct job *j) {
+    if (--j->refs > 0) return;
+    api_request_free(&j->req);
+    free(j->text);
+    free(j->tokens);
+    free(j->tops);
+    free(j->pieces);
+    free(j);
+}
+
+void job_release(struct worker *w, struct job *j) {
+    if (!j) return;
+    worker_lock(w);
+    job_unref(j);
+    worker_unlock(w);
+}
+
+int worker_submit(struct worker *w, struct job *j, struct api_error *err) {
+    int rc = 0;
+    worker_lock(w);
+    if (w->state == WORKER_LOADING)
+        rc = api_fail(err, 503, "server_error", "loading", NULL, "the model is still loading; try again shortly");
+    else if (w->state != WORKER_READY)
+        rc = api_fail(err, 503, "server_error", "unavailable", NULL, "the server is shutting down");
+    else if (w->n_jobs >= w->cfg.n_parallel + w->cfg.max_queue)
+        rc = api_fail(err, 503, "server_error", "queue_full", NULL,
+                      "the server is busy: %d requests are running or waiting; try again shortly", w->n_jobs);
+    if (rc == 0) {
+        j->refs++;
+        j->state = JOB_QUEUED;
+        j->worker = w;
+        struct job **tail = &w->inbox;
+        while (*tail) tail = &(*tail)->next;
+        *tail = j;
+        w->n_jobs++;
+        pthread_cond_signal(&w->wake);
+    }
+    worker_unlock(w);
+    return rc;
+}
+
+void worker_cancel(struct worker *w, struct job *j) {
+    worker_lock(w);
+    if (j->state == JOB_QUEUED || j->state == JOB_RUNNING) {
+        j->cancel = true;
+        w->cancel_flagged = true;
+        pthread_cond_signal(&w->wake);
+    }
+    worker_unlock(w);
+}
+
+/* ---- Events, on the engine thread (the lock not held by the caller). */
+
+static int grow(void **p, size_t *cap, size_t need, size_t item) {
+    if (need <= *cap) return 0;
+    size_t n = *cap ? *cap * 2 : 64;
+    while (n < need) n *= 2;
+    void *q = realloc(*p, n * item);
+    if (!q) return -1;
+    *p = q, *cap = n;
+    return 0;
+}
+
+static int append_piece(struct job *j, pshard_ctx *ctx, int32_t token, uint32_t *off, uint32_t *len) {
+    const char *piece;
+    size_t n;
+    server_token_piece(ctx, token, &piece, &n);
+    if (n > 1024 || j->pieces_len + n > UINT32_MAX || grow((void **)&j->pieces, &j->pieces_cap, j->pieces_len + n, 1))
+        return -1;
+    memcpy(j->pieces + j->pieces_len, piece, n);
+    *off = (uint32_t)j->pieces_len, *len = (uint32_t)n;
+    j->pieces_len += n;
+    return 0;
+}
+
+/* Under the lock: the request's token and the most likely ones, kept for the logprobs field. */
+static int keep_logprobs(struct worker *w, struct job *j, const pshard_token_event *ev) {
+    if (grow((void **)&j->tokens, &j->tokens_cap, j->n_tokens + 1, sizeof *j->tokens) ||
+        grow((void **)&j->tops, &j->tops_cap, j->n_tops + (size_t)ev->n_top, sizeof *j->tops))
+        return -1;
+    struct job_token *t = &j->tokens[j->n_tokens];
+    t->text_end = j->text_len, t->logprob = ev->logprob, t->top_off = (uint32_t)j->n_tops, t->n_top = ev->n_top;
+    if (append_piece(j, w->ctx, ev->token, &t->piece_off, &t->piece_len)) return -1;
+    for (int32_t k = 0; k < ev->n_top; k++) {
+        struct job_top *top = &j->tops[j->n_tops + (size_t)k];
+        top->logprob = ev->top_logprobs[k];
+        if (append_piece(j, w->ctx, ev->top_tokens[k], &top->piece_off, &top->piece_len)) return -1;
+    }
+    j->n_tops += (size_t)ev->n_top;
+    j->n_tokens++;
+    return 0;
+}
+
+static void count_rate(struct worker *w, uint64_t n) {
+    const int64_t sec = (int64_t)now_s();
+    const int at = (int)(sec % RATE_WINDOW_S);
+    if (w->rate_second[at] != sec) w->rate_second[at] = sec, w->rate_tokens[at] = 0;
+    w->rate_tokens[at] += n;
+}
+
+/* A request's event: its text and tokens into the job; the last one ends the job. */
+static int on_event(void *user, const pshard_token_event *ev) {
+    struct job *j = user;
+    struct worker *w = j->worker;
+    worker_lock(w);
+    if (ev->len && !grow((void **)&j->text, &j->text_cap, j->text_len + ev->len + 1, 1)) {
+        memcpy(j->text + j->text_len, ev->text, ev->len);
+        j->text_len += ev->len;
+        j->text[j->text_len] = 0;
+    } else if (ev->len) {
+        j->alloc_failed = true;
+    }
+    if (ev->token >= 0) {
+        j->n_generated++;
+        w->snap.generated_tokens++;
+        count_rate(w, 1);
+        if (j->req.top_logprobs >= 0 && keep_logprobs(w, j, ev)) j->alloc_failed = true;
+    }
+    const int stop = j->cancel || j->alloc_failed;
+    if (ev->finish != PSHARD_FINISH_NONE) {
+        j->finish = ev->finish;
+        j->stats = *ev->stats;
+        j->state = JOB_DONE;
+        if (ev->finish == PSHARD_FINISH_ERROR)
+            api_fail(&j->error, 500, "server_error", NULL, NULL, "generation failed: %s", ev->error ? ev->error : "");
+        if (j->alloc_failed) {
+            j->finish = PSHARD_FINISH_ERROR;
+            api_fail(&j->error, 500, "server_error", NULL, NULL, "out of memory");
+        }
+        if (j->finish == PSHARD_FINISH_CANCELLED) w->snap.requests_cancelled++;
+        else if (j->finish == PSHARD_FINISH_ERROR) w->snap.requests_failed++;
+        else w->snap.requests_done++;
+        w->snap.prompt_tokens += (uint64_t)ev->stats->n_prompt;
+        w->snap.prompt_tokens_cached += (uint64_t)ev->stats->n_prompt_cached;
+        for (struct job **p = &w->running; *p; p = &(*p)->next)
+            if (*p == j) {
+                *p = j->next;
+                break;
+            }
+        w->n_jobs--;
+        job_unref(j); /* the engine's reference */
+    }
+    worker_unlock(w);
+    return stop;
+}
+
+/* ---- The engine thread. */
+
+/* A job from the inbox becomes a pshard request: its prompt formatted, its options mapped. */
+static void start_job(struct worker *w, struct job *j) {
+    const struct api_request *q = &j->req;
+    char *formatted = NULL;
+    pshard_status st = PSHARD_OK;
+    if (q->kind == API_CHAT) {
+        pshard_message *msgs = calloc(q->n_messages, sizeof *msgs);
+        for (size_t i = 0; msgs && i < q->n_messages; i++) msgs[i] = (pshard_message){q->messages[i].role, q->messages[i].content};
+        st = msgs ? pshard_format_chat(w->ctx, msgs, q->n_messages, 0, &formatted) : PSHARD_ERR_NOMEM;
+        free(msgs);
+    }
+    pshard_request r;
+    pshard_request_default(&r);
+    r.prompt = q->kind == API_CHAT ? formatted : q->prompt;
+    r.prompt_tokens = q->prompt_tokens, r.n_prompt_tokens = q->n_prompt_tokens;
+    r.n_predict = q->max_tokens >= 0 ? q->max_tokens : w->cfg.default_max_tokens;
+    r.sampling = w->cfg.sampling;
+    pshard_sampling *s = &r.sampling;
+    if (q->has_temperature) s->temperature = q->temperature;
+    if (q->has_top_p) s->top_p = q->top_p > 0 ? q->top_p : 1, s->top_k = q->top_p > 0 ? s->top_k : 1;
+    if (q->has_top_k) s->top_k = q->top_k;
+    if (q->has_min_p) s->min_p = q->min_p;
+    if (q->has_presence) s->presence_penalty = q->presence_penalty;
+    if (q->has_frequency) s->frequency_penalty = q->frequency_penalty;
+    if (q->has_repeat) s->repeat_penalty = q->repeat_penalty;
+    /* No seed: one of its own, so replies vary as they do elsewhere. */
+    s->seed = q->has_seed ? q->seed : (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull + ++w->seed_counter * 0xbf58476d1ce4e5b9ull;
+    r.stop = (const char *const *)q->stop, r.n_stop = q->n_stop;
+    r.top_logprobs = q->top_logprobs;
+    r.on_event = on_event, r.user = j;
+    int32_t id = -1;
+    if (st == PSHARD_OK) st = pshard_request_add(w->ctx, &r, &id);
+    free(formatted);
+    worker_lock(w);
+    if (st == PSHARD_OK) {
+        j->id = id;
+        j->state = JOB_RUNNING;
+        j->next = w->running;
+        w->running = j;
+    } else {
+        const char *why = pshard_last_error();
+        if (st == PSHARD_ERR_RANGE && strstr(why, "context"))
+            api_fail(&j->error, 400, "invalid_request_error", "context_length_exceeded", q->kind == API_CHAT ? "messages" : "prompt",
+                     "%s", why);
+        else if (st == PSHARD_ERR_RANGE)
+            api_fail(&j->error, 503, "server_error", "queue_full", NULL, "%s", why);
+        else if (st == PSHARD_ERR_INVALID_ARG)
+            api_fail(&j->error, 400, "invalid_request_error", NULL, q->kind == API_CHAT ? "messages" : "prompt", "%s", why);
+        else
+            api_fail(&j->error, 500, "server_error", NULL, NULL, "%s", why);
+        j->state = JOB_FAILED;
+        w->snap.requests_failed++;
+        w->n_jobs--;
+        job_unref(j);
+    }
+    worker_unlock(w);
+}
+
+static void take_snapshot(struct worker *w) {
+    pshard_batch_info batch;
+    pshard_info info;
+    pshard_get_batch_info(w->ctx, &batch);
+    pshard_get_info(w->ctx, &info);
+    worker_lock(w);
+    w->snap.batch = batch;
+    snprintf(w->snap.arch, sizeof w->snap.arch, "%s", info.arch ? info.arch : "");
+    snprintf(w->snap.chat_format, sizeof w->snap.chat_format, "%s", info.chat_format ? info.chat_format : "");
+    info.arch = w->snap.arch, info.chat_format = w->snap.chat_format;
+    w->snap.info = info;
+    worker_unlock(w);
+}
+
+/* Under the lock: whether the engine should stop now, cancelling what still runs when the
+ * drain's time is up. */
+static bool drained(struct worker *w, int32_t pending) {
+    if (w->state != WORKER_STOPPING) return false;
+    if (w->stop_now || now_s() >= w->drain_deadline)
+        for (struct job *j = w->running; j; j = j->next) j->cancel = true, w->cancel_flagged = true;
+    return pending == 0 && !w->inbox;
+}
+
+static void *engine_main(void *arg) {
+    struct worker *w = arg;
+    pshard_ctx *ctx = w->cfg.open(w->cfg.open_user);
+    worker_lock(w);
+    w->ctx = ctx;
+    w->state = ctx ? (w->state == WORKER_STOPPING ? WORKER_STOPPING : WORKER_READY) : WORKER_FAILED;
+    worker_unlock(w);
+    if (!ctx) return NULL;
+    take_snapshot(w);
+    int32_t pending = 0, ids[256];
+    for (;;) {
+        worker_lock(w);
+        while (pending == 0 && !w->inbox && !w->cancel_flagged && w->state != WORKER_STOPPING) {
+            pthread_cond_broadcast(&w->progress);
+            pthread_cond_wait(&w->wake, &w->lock);
+        }
+        if (drained(w, pending)) {
+            worker_unlock(w);
+            break;
+        }
+        struct job *inbox = w->inbox;
+        w->inbox = NULL;
+        int n_cancel = 0;
+        w->cancel_flagged = false;
+        for (struct job *j = w->running; j; j = j->next)
+            if (j->cancel && !j->cancel_sent) {
+                if (n_cancel == (int)(sizeof ids / sizeof ids[0])) {
+                    w->cancel_flagged = true; /* the rest next time round */
+                    break;
+                }
+                j->cancel_sent = true;
+                ids[n_cancel++] = j->id;
+            }
+        worker_unlock(w);
+        for (struct job *j = inbox, *next; j; j = next) {
+            next = j->next;
+            j->next = NULL;
+            worker_lock(w);
+            const bool cancelled = j->cancel || w->stop_now;
+            if (cancelled) {
+                j->state = JOB_DONE, j->finish = PSHARD_FINISH_CANCELLED;
+                w->snap.requests_cancelled++;
+                w->n_jobs--;
+                job_unref(j);
+            }
+            worker_unlock(w);
+            if (!cancelled) start_job(w, j);
+        }
+        for (int i = 0; i < n_cancel; i++) pshard_request_cancel(ctx, ids[i]); /* one that ended meanwhile: fails, harmless */
+        if (pshard_step(ctx, &pending) != PSHARD_OK) fprintf(stderr, "pshard serve: a step failed: %s\n", pshard_last_error());
+        take_snapshot(w);
+        worker_lock(w);
+        w->snap.steps++;
+        pthread_cond_broadcast(&w->progress);
+        worker_unlock(w);
+    }
+    pshard_close(ctx);
+    worker_lock(w);
+    w->ctx = NULL;
+    w->state = WORKER_STOPPED;
+    pthread_cond_broadcast(&w->progress);
+    worker_unlock(w);
+    return NULL;
+}
+
+int worker_start(const struct worker_config *cfg, struct worker **out) {
+    struct worker *w = calloc(1, sizeof *w);
+    if (!w) return -1;
+    w->cfg = *cfg;
+    w->state = WORKER_LOADING;
+    pthread_mutex_init(&w->lock, NULL);
+    pthread_cond_init(&w->wake, NULL);
+    pthread_cond_init(&w->progress, NULL);
+    if (pthread_create(&w->thread, NULL, engine_main, w) != 0) {
+        fprintf(stderr, "pshard serve: cannot start the engine thread\n");
+        free(w);
+        return -1;
+    }
+    *out = w;
+    return 0;
+}
+
+void worker_stop(struct worker *w) {
+    worker_lock(w);
+    if (w->state == WORKER_STOPPING) w->stop_now = true;
+    if (w->state == WORKER_READY || w->state == WORKER_LOADING) {
+        w->state = WORKER_STOPPING;
+        w->drain_deadline = now_s() + w->cfg.drain_s;
+    }
+    pthread_cond_signal(&w->wake);
+    pthread_cond_broadcast(&w->progress);
+    worker_unlock(w);
+}
+
+void worker_free(struct worker *w) {
+    if (!w) return;
+    pthread_join(w->thread, NULL);
+    pthread_mutex_destroy(&w->lock);
+    pthread_cond_destroy(&w->wake);
+    pthread_cond_destroy(&w->progress);
+    free(w);
+}
+
+enum worker_state worker_state(struct worker *w) {
+    worker_lock(w);
+    const enum worker_state s = w->state;
+    worker_unlock(w);
+    return s;
+}
+
+void worker_snapshot(struct worker *w, struct worker_snapshot *out) {
+    worker_lock(w);
+    *out = w->snap;
+    out->info.arch = out->arch, out->info.chat_format = out->chat_format;
+    out->state = w->state;
+    out->n_jobs = w->n_jobs;
+    const int64_t sec = (int64_t)now_s();
+    uint64_t n = 0;
+    for (int i = 0; i < RATE_WINDOW_S; i++)
+        if (w->rate_second[i] > sec - RATE_WINDOW_S && w->rate_second[i] < sec) n += w->rate_tokens[i];
+    out->tokens_per_s = (double)n / (RATE_WINDOW_S - 1);
+    worker_unlock(w);
+}

@@ -1,0 +1,107 @@
+/* The engine thread: the one thread that owns the pshard context (the API is not thread-safe).
+ * It opens the model, then loops: takes new jobs and cancellations from a mutex-protected inbox,
+ * runs pshard_step while anything is pending, and appends each request's events to its job, which
+ * the HTTP threads read under the same lock and wait on (worker_wait). */
+#ifndef SERVER_WORKER_H
+#define SERVER_WORKER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pshard.h"
+#include "server/api.h"
+
+struct worker;
+
+struct worker_config {
+    /* Opens the model (called on the engine thread; NULL: failed, the reason already printed). */
+    pshard_ctx *(*open)(void *user);
+    void *open_user;
+    int32_t n_parallel, max_queue; /* more than both together in flight are refused (503) */
+    int32_t default_max_tokens;    /* when a request gives none; < 0: to the context's end */
+    pshard_sampling sampling;      /* defaults for what a request does not give (its seed: drawn) */
+    double drain_s;                /* on stop: how long running requests may take to finish */
+};
+
+enum worker_state { WORKER_LOADING, WORKER_READY, WORKER_FAILED, WORKER_STOPPING, WORKER_STOPPED };
+
+enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE, JOB_FAILED };
+
+/* One generated token as the job keeps it: the text given out up to and with it, and, with
+ * log-probabilities asked for, its piece and the most likely pieces (offsets into job.pieces and
+ * job.tops). */
+struct job_token {
+    size_t text_end;
+    float logprob;
+    uint32_t piece_off, piece_len;
+    uint32_t top_off;
+    int32_t n_top;
+};
+struct job_top {
+    float logprob;
+    uint32_t piece_off, piece_len;
+};
+
+/* A request in flight. Every field below req is read and written under the worker's lock. */
+struct job {
+    struct api_request req;  /* set before worker_submit, then the engine thread's to read */
+    enum job_state state;
+    int refs;
+    bool cancel, cancel_sent;
+    struct api_error error;  /* JOB_FAILED, or JOB_DONE with finish ERROR */
+    char *text;              /* all text given out so far */
+    size_t text_len, text_cap;
+    struct job_token *tokens; /* with log-probabilities */
+    size_t n_tokens, tokens_cap;
+    struct job_top *tops;
+    size_t n_tops, tops_cap;
+    char *pieces;
+    size_t pieces_len, pieces_cap;
+    int32_t n_generated;
+    bool alloc_failed;
+    pshard_finish_reason finish;
+    pshard_request_stats stats;
+    int32_t id;
+    struct worker *worker;   /* set by worker_submit */
+    struct job *next;        /* the inbox, then the engine's list of running jobs */
+};
+
+/* What /metrics and /props report, copied out under the lock. */
+struct worker_snapshot {
+    enum worker_state state;
+    uint64_t requests_done, requests_failed, requests_cancelled;
+    uint64_t prompt_tokens, prompt_tokens_cached, generated_tokens, steps;
+    double tokens_per_s; /* generated over the last 10 seconds */
+    int32_t n_jobs;
+    pshard_batch_info batch;
+    pshard_info info;    /* its strings point into arch/chat_format below */
+    char arch[32], chat_format[32];
+};
+
+/* Starts the engine thread (which loads the model). 0, or -1 with a message on stderr. */
+int worker_start(const struct worker_config *cfg, struct worker **out);
+/* Asks the engine to stop: running jobs get drain_s to finish, then are cancelled; a second
+ * call cancels them now. */
+void worker_stop(struct worker *w);
+/* Waits for the engine thread to end (the model closed) and frees the worker. */
+void worker_free(struct worker *w);
+
+enum worker_state worker_state(struct worker *w);
+void worker_snapshot(struct worker *w, struct worker_snapshot *out);
+
+/* A new job (refs 1: the caller's); NULL when out of memory. */
+struct job *job_new(void);
+/* Hands the job to the engine (it takes a reference). -1: refused, err says why (loading,
+ * stopping, the queue full: 503). */
+int worker_submit(struct worker *w, struct job *job, struct api_error *err);
+/* Asks for the job to be cancelled (a client went away); the engine does it before its next step. */
+void worker_cancel(struct worker *w, struct job *job);
+void job_release(struct worker *w, struct job *job);
+
+/* The lock over every job, and the wait for progress (any job's), at most timeout_ms. */
+void worker_lock(struct worker *w);
+void worker_unlock(struct worker *w);
+void worker_wait(struct worker *w, int timeout_ms);
+
+#endif
