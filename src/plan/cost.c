@@ -701,16 +701,18 @@ void cost_decode_mean(const struct profile *prof, const struct model *m, const s
 }
 
 void cost_request(const struct profile *prof, const struct model *m, const struct plan *p, int32_t n_prompt,
-                  int32_t n_batch, int32_t n_gen, double *ttft_s, double *decode_s) {
+                  int32_t n_batch, int32_t n_gen, int32_t n_seq, double *ttft_s, double *decode_s) {
     struct cost_step c;
     double ttft = 0;
-    for (int32_t done = 0; done < n_prompt;) {
-        const int32_t n = n_prompt - done < n_batch ? n_prompt - done : n_batch;
-        cost_plan_step(prof, m, p, n, done, &c);
+    const int64_t total = (int64_t)n_prompt * (n_seq > 0 ? n_seq : 1);
+    for (int64_t done = 0; done < total;) {
+        const int32_t n = total - done < n_batch ? (int32_t)(total - done) : n_batch;
+        /* a step's cache: where its first tokens stand in their prompt */
+        cost_plan_step(prof, m, p, n, (int32_t)(done % n_prompt), &c);
         ttft += c.seconds;
         done += n;
     }
-    cost_plan_step(prof, m, p, 1, n_prompt + n_gen / 2, &c);
+    cost_plan_step(prof, m, p, n_seq > 0 ? n_seq : 1, n_prompt + n_gen / 2, &c);
     *ttft_s = ttft;
     *decode_s = c.seconds;
 }

@@ -75,10 +75,12 @@ void cost_learn(struct profile *prof, const struct model *m, enum plan_family fa
 /* The name a model's learning is kept under: architecture, layers x width, experts, size. */
 void cost_model_key(const struct model *m, char *out, size_t size);
 
-/* A request: a prompt of n_prompt tokens in steps of at most n_batch, then n_gen decode steps;
- * seconds to the first token and per generated token. */
+/* n_seq requests at once: their prompts of n_prompt tokens each, read in steps of at most n_batch
+ * tokens (a step takes the next prompt's tokens where one ends), then n_gen decode steps of one
+ * token of each; seconds until every prompt is read (one request: to its first token) and per
+ * decode step. */
 void cost_request(const struct profile *prof, const struct model *m, const struct plan *p, int32_t n_prompt,
-                  int32_t n_batch, int32_t n_gen, double *ttft_s, double *decode_s);
+                  int32_t n_batch, int32_t n_gen, int32_t n_seq, double *ttft_s, double *decode_s);
 
 /* KV bytes per cached position (one sequence) of the layers plan p keeps in VRAM. */
 double cost_kv_position_bytes(const struct model *m, const struct plan *p);

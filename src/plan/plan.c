@@ -859,7 +859,7 @@ static pshard_status search(const struct model *m, const struct plan_request *re
         if (chosen[set][0] < 0) continue;
         for (int t = 0; t < PLAN_TIERS; t++) set_tier(m, req, prof, p, t, pick[set][t].family, pick[set][t].share);
         double ttft, decode;
-        cost_request(prof, m, p, n_prompt, req->n_batch, n_out, &ttft, &decode);
+        cost_request(prof, m, p, n_prompt, req->n_batch, n_out, req->n_seq, &ttft, &decode);
         p->weighed_set[set].ttft = ttft, p->weighed_set[set].decode = decode;
         for (int g = 0; g < n_cells; g++) {
             struct cost_step cs;
@@ -898,7 +898,7 @@ static pshard_status search(const struct model *m, const struct plan_request *re
     reset_places(p);
     account(m, req, costs, p);
     double cpu_ttft, cpu_decode;
-    cost_request(prof, m, p, n_prompt, req->n_batch, n_out, &cpu_ttft, &cpu_decode);
+    cost_request(prof, m, p, n_prompt, req->n_batch, n_out, req->n_seq, &cpu_ttft, &cpu_decode);
     if (n_cands < PLAN_MAX_CANDIDATES) {
         struct plan_candidate *cand = &cands[n_cands];
         memset(cand, 0, sizeof *cand);
@@ -1082,7 +1082,8 @@ pshard_status plan_build(const struct model *model, const struct plan_request *r
         const int32_t n = plan_tier_step_tokens(out, t);
         out->predicted[t] = step_seconds(prof, model, req, plan_for_step(out, n, req->n_ctx), t, n);
     }
-    cost_request(prof, model, out, plan_typical_prompt(req->n_ctx), req->n_batch, out->n_decode,
+    out->n_seq = req->n_seq;
+    cost_request(prof, model, out, plan_typical_prompt(req->n_ctx), req->n_batch, out->n_decode, req->n_seq,
                  &out->predicted_ttft, &out->predicted_decode);
     return PSHARD_OK;
 }

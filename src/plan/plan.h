@@ -244,6 +244,8 @@ struct plan {
     int32_t decode_from, decode_until;
     int32_t n_batch, n_ctx;
     int32_t n_decode; /* the tokens the typical request generated, as weighed (plan.c: typical_generated) */
+    int32_t n_seq;    /* the requests weighed at once: predicted_ttft is until every one's prompt is read,
+                         predicted_decode a step of one token of each */
 };
 
 /* Size of the GPU-side buffers a plan needs besides weights and KV, for these shapes. Filled

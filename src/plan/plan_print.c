@@ -136,14 +136,22 @@ static void print_candidates(const struct plan *p, FILE *out) {
                  1e3 * p->weighed_phases.to_decode, 1e3 * p->weighed_phases.to_prompt);
     else
         snprintf(sets, sizeof sets, "the tiers share one resident set, so switching between them copies nothing");
-    plan_note(out, "predicted: %.3f s to the first token of a %d-token prompt, then %.1f tokens/s; %s", p->predicted_ttft,
-         n_prompt, p->predicted_decode > 0 ? 1 / p->predicted_decode : 0, sets);
+    if (p->n_seq > 1)
+        plan_note(out, "predicted for %d requests at once: %.3f s until every %d-token prompt is read, then %.1f tokens/s "
+                  "in all (%.1f each); %s", p->n_seq, p->predicted_ttft, n_prompt,
+                  p->predicted_decode > 0 ? p->n_seq / p->predicted_decode : 0,
+                  p->predicted_decode > 0 ? 1 / p->predicted_decode : 0, sets);
+    else
+        plan_note(out, "predicted: %.3f s to the first token of a %d-token prompt, then %.1f tokens/s; %s", p->predicted_ttft,
+                  n_prompt, p->predicted_decode > 0 ? 1 / p->predicted_decode : 0, sets);
     /* Which set, and why: each one's typical request, its tiers at their best. */
     const int n_out = p->n_decode;
-    plan_note(out, "resident sets weighed, for a %d-token prompt then %d tokens (the soonest wins, or within %.0f%% of it "
+    char times[32] = "";
+    if (p->n_seq > 1) snprintf(times, sizeof times, ", %d times at once", p->n_seq);
+    plan_note(out, "resident sets weighed, for a %d-token prompt then %d tokens%s (the soonest wins, or within %.0f%% of it "
               "one whose first token is more than %.0f%% sooner; decoding over another set wins where the request, "
               "both changes counted, is more than %.0f%% sooner):",
-         n_prompt, n_out, 100 * PLAN_SET_MARGIN, 100 * PLAN_SET_MARGIN, 100 * PLAN_SET_MARGIN);
+         n_prompt, n_out, times, 100 * PLAN_SET_MARGIN, 100 * PLAN_SET_MARGIN, 100 * PLAN_SET_MARGIN);
     static const enum plan_set order[] = {PLAN_SET_RING, PLAN_SET_NO_RING, PLAN_SET_ALL_KV};
     const int chosen = p->chosen[last] >= 0 ? p->chosen[last] : -1;
     const bool cpu_chosen = chosen >= 0 && p->candidates[chosen].family == PLAN_CPU;
