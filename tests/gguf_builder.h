@@ -5,6 +5,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,7 +64,7 @@ static inline void tb_tensor(struct tb_file *f, const char *name, uint32_t type,
                              uint64_t ne1, uint64_t ne2, uint64_t ne3) {
     struct tb_tensor *t = &f->tensors[f->n_tensors++];
     memset(t, 0, sizeof *t);
-    strncpy(t->name, name, sizeof t->name - 1);
+    snprintf(t->name, sizeof t->name, "%s", name);
     t->type = type;
     t->n_dims = n_dims;
     const uint64_t ne[4] = {ne0, ne1, ne2, ne3};

@@ -1,0 +1,28 @@
+/* The Qwen2.5-VL vision encoder on the CPU, a plain reference: patch embedding, blocks with 2D
+ * rotary attention (within 112-pixel windows, or over the whole image in the full-attention
+ * layers) and a SiLU-gated MLP, then the merger that turns each 2x2 group of patches into one
+ * token of the language model's width. Single-threaded and allocation per call: correctness
+ * first; the fast and GPU versions are to be checked against it. */
+#ifndef VISION_ENCODER_H
+#define VISION_ENCODER_H
+
+#include <stdint.h>
+
+#include "vision/mmproj.h"
+#include "vision/preprocess.h"
+
+/* One image's embeddings: n_tokens rows of n_embd floats, in raster order of the 2x2 groups. */
+struct vision_embeddings {
+    uint32_t n_tokens, n_embd;
+    float *data;
+};
+
+/* Encode preprocessed patches (vision_preprocess with the same file's hyperparameters). */
+pshard_status vision_encode(const struct mmproj *m, const struct vision_patches *patches, struct vision_embeddings *out);
+void vision_embeddings_free(struct vision_embeddings *e);
+
+/* The window (0-based, row-major over windows) a patch at (row, col) belongs to, for a grid
+ * grid_w patches wide: windows are window_size / patch_size / merge merged units a side. */
+uint32_t vision_window_of(const struct vision_hparams *hp, uint32_t grid_w, uint32_t row, uint32_t col);
+
+#endif

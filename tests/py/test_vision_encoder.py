@@ -1,0 +1,146 @@
+"""The CPU vision encoder against an independent numpy version of Hugging Face's Qwen2.5-VL
+vision tower, which works differently where it can: it reorders the patches window by window
+(the model's get_window_index, with its padding), attends within each cu_seqlens segment or over
+everything in the full-attention blocks, builds the rotary table from the row/column position
+ids, and undoes the order after the merger. Weights are gguf-synth's tiny-qwen25vl-mmproj, read
+by the `gguf` package; both sides get the same patches (made by Pillow and numpy).
+
+Tolerance: the numpy side runs in float64 from the F16 weights, ours in float32 with float64
+dot products: every output within 2e-3 of the output's standard deviation (absolute)."""
+import ctypes
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import BUILD
+from test_vision_preprocess import LIB_PATH, VisionPatches, normalize, reference_patches
+
+gguf = pytest.importorskip("gguf")
+Image = pytest.importorskip("PIL.Image")
+
+SYNTH = os.path.join(BUILD, "gguf-synth")
+
+
+class Embeddings(ctypes.Structure):
+    _fields_ = [("n_tokens", ctypes.c_uint32), ("n_embd", ctypes.c_uint32), ("data", ctypes.POINTER(ctypes.c_float))]
+
+
+def weights(path):
+    r = gguf.GGUFReader(str(path))
+    w = {t.name: np.array(t.data, dtype=np.float64) for t in r.tensors}
+    kv = {k: f.contents() for k, f in r.fields.items() if k.startswith("clip.")}
+    return w, kv
+
+
+def rms(x, g, eps):
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * g
+
+
+def window_index(gh, gw, merge=2, ws=4):
+    """The model's get_window_index for one image: merged-unit order and window boundaries."""
+    lh, lw = gh // merge, gw // merge
+    index = np.arange(lh * lw).reshape(lh, lw)
+    pad_h, pad_w = ws - lh % ws, ws - lw % ws
+    nh, nw = (lh + pad_h) // ws, (lw + pad_w) // ws
+    padded = np.pad(index, ((0, pad_h), (0, pad_w)), constant_values=-100)
+    padded = padded.reshape(nh, ws, nw, ws).transpose(0, 2, 1, 3).reshape(nh * nw, ws, ws)
+    seqlens = (padded != -100).sum(axis=(1, 2))
+    flat = padded.reshape(-1)
+    cu = np.concatenate([[0], np.cumsum(seqlens) * merge * merge])
+    return flat[flat != -100], np.unique(cu)
+
+
+def hf_encode(w, kv, patches, gh, gw, all_full=False):
+    e, heads, layers = kv["clip.vision.embedding_length"], kv["clip.vision.attention.head_count"], kv["clip.vision.block_count"]
+    eps, pattern, hd = kv["clip.vision.attention.layer_norm_epsilon"], kv["clip.vision.n_wa_pattern"], e // heads
+    full_layers = {il for il in range(layers) if (il + 1) % pattern == 0 or all_full}
+    n = patches.shape[0]
+    x = patches.reshape(n, 3, 2, 14 * 14)
+    k0 = w["v.patch_embd.weight"].reshape(e, 3, 14 * 14)
+    k1 = w["v.patch_embd.weight.1"].reshape(e, 3, 14 * 14)
+    h = np.einsum("ncp,ecp->ne", x[:, :, 0], k0) + np.einsum("ncp,ecp->ne", x[:, :, 1], k1)
+    # rotary position ids as the model makes them: (row, col) permuted into the 2x2 group order
+    hpos = np.arange(gh)[:, None].repeat(gw, 1).reshape(gh // 2, 2, gw // 2, 2).transpose(0, 2, 1, 3).reshape(-1)
+    wpos = np.arange(gw)[None, :].repeat(gh, 0).reshape(gh // 2, 2, gw // 2, 2).transpose(0, 2, 1, 3).reshape(-1)
+    dim = hd // 2
+    inv_freq = 1.0 / (10000 ** (np.arange(0, dim, 2) / dim))
+    rot = np.concatenate([hpos[:, None] * inv_freq, wpos[:, None] * inv_freq], axis=1)
+    widx, cu_window = window_index(gh, gw)
+    h = h.reshape(n // 4, 4, e)[widx].reshape(n, e)
+    rot = rot.reshape(n // 4, 4, -1)[widx].reshape(n, -1)
+    emb = np.concatenate([rot, rot], axis=1)
+    cos, sin = np.cos(emb)[:, None, :], np.sin(emb)[:, None, :]
+
+    def rope(t):
+        half = t.shape[-1] // 2
+        return t * cos + np.concatenate([-t[..., half:], t[..., :half]], axis=-1) * sin
+
+    def lin(x, name):
+        return x @ w[name + ".weight"].T + w[name + ".bias"]
+
+    for il in range(layers):
+        p = f"v.blk.{il}."
+        a = rms(h, w[p + "ln1.weight"], eps)
+        q, k, v = (lin(a, p + t).reshape(n, heads, hd) for t in ("attn_q", "attn_k", "attn_v"))
+        q, k = rope(q), rope(k)
+        cu = [0, n] if il in full_layers else cu_window
+        out = np.zeros_like(q)
+        for s, t in zip(cu[:-1], cu[1:]):
+            scores = np.einsum("qhd,khd->hqk", q[s:t], k[s:t]) / np.sqrt(hd)
+            scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            scores /= scores.sum(axis=-1, keepdims=True)
+            out[s:t] = np.einsum("hqk,khd->qhd", scores, v[s:t])
+        h = h + lin(out.reshape(n, e), p + "attn_out")
+        a = rms(h, w[p + "ln2.weight"], eps)
+        g = lin(a, p + "ffn_gate")
+        h = h + lin(g / (1 + np.exp(-g)) * lin(a, p + "ffn_up"), p + "ffn_down")
+    h = rms(h, w["v.post_ln.weight"], eps).reshape(n // 4, 4 * e)
+    from math import erf
+    m = lin(h, "mm.0")
+    m = 0.5 * m * (1 + np.vectorize(erf)(m / np.sqrt(2)))
+    out = lin(m, "mm.2")
+    return out[np.argsort(widx)]
+
+
+def test_encoder_matches_numpy_reference(tmp_path):
+    if not LIB_PATH.exists():
+        pytest.skip(f"{LIB_PATH} not built")
+    path = tmp_path / "mmproj.gguf"
+    subprocess.run([SYNTH, "--shape", "tiny-qwen25vl-mmproj", "-o", str(path), "--quiet"], check=True)
+    w, kv = weights(path)
+    # 300x200 -> 308x196: 22 x 14 patches, 11 x 7 groups, windows of 4 x 4 groups (3 x 2 of them,
+    # the last ones partial), so window and full attention differ.
+    rng = np.random.default_rng(3)
+    src = Image.fromarray(rng.integers(0, 256, size=(200, 300, 3), dtype=np.uint8))
+    resized = np.asarray(src.resize((308, 196), Image.Resampling.BICUBIC))
+    patches = np.ascontiguousarray(reference_patches(normalize(resized)), dtype=np.float32)
+    gh, gw = 14, 22
+    want = hf_encode(w, kv, patches.astype(np.float64), gh, gw)
+
+    lib = ctypes.CDLL(str(LIB_PATH))
+    lib.gguf_open.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+    lib.mmproj_load.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.vision_encode.argtypes = [ctypes.c_void_p, ctypes.POINTER(VisionPatches), ctypes.POINTER(Embeddings)]
+    lib.gguf_close.argtypes = [ctypes.c_void_p]
+    lib.mmproj_free.argtypes = [ctypes.c_void_p]
+    lib.vision_embeddings_free.argtypes = [ctypes.POINTER(Embeddings)]
+    file = ctypes.c_void_p()
+    assert lib.gguf_open(str(path).encode(), ctypes.byref(file)) == 0
+    mmproj = ctypes.create_string_buffer(16384)  # struct mmproj is far smaller
+    assert lib.mmproj_load(file, mmproj) == 0
+    vp = VisionPatches(height=196, width=308, grid_t=1, grid_h=gh, grid_w=gw, patch_dim=1176, n_patches=gh * gw,
+                       data=patches.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
+    out = Embeddings()
+    assert lib.vision_encode(mmproj, ctypes.byref(vp), ctypes.byref(out)) == 0
+    got = np.ctypeslib.as_array(out.data, shape=(out.n_tokens, out.n_embd)).astype(np.float64)
+    lib.vision_embeddings_free(ctypes.byref(out))
+    lib.mmproj_free(mmproj)
+    lib.gguf_close(file)
+    assert got.shape == want.shape == (77, kv["clip.vision.projection_dim"])
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-3 * want.std())
+    # The windows matter: without them the output is far outside that tolerance.
+    unwindowed = hf_encode(w, kv, patches.astype(np.float64), gh, gw, all_full=True)
+    assert np.abs(unwindowed - want).max() > 0.05 * want.std()

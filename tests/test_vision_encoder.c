@@ -1,0 +1,138 @@
+/* The CPU vision encoder on a small Qwen2.5-VL mmproj built here (F32, random weights): the
+ * output has one row of the language model's width per 2x2 patch group, is finite and depends
+ * on the image; windows are assigned as the model's window index does. The numbers are checked
+ * against an independent numpy version of the model's code in tests/py/test_vision_encoder.py. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gguf/gguf.h"
+#include "gguf_builder.h"
+#include "test_helpers.h"
+#include "vision/encoder.h"
+
+enum { E = 64, FF = 96, LAYERS = 2, PROJ = 48, P = 14 };
+
+static uint8_t *build(size_t *size) {
+    static const float mean[3] = {0.48145466f, 0.4578275f, 0.40821073f}, std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
+    struct tb_file f = {0};
+    tb_kv_str(&f, "general.architecture", "clip");
+    tb_kv_str(&f, "clip.projector_type", "qwen2.5vl_merger");
+    tb_kv_u32(&f, "clip.vision.projection_dim", PROJ);
+    tb_kv_u32(&f, "clip.vision.image_size", 560);
+    tb_kv_u32(&f, "clip.vision.patch_size", P);
+    tb_kv_u32(&f, "clip.vision.embedding_length", E);
+    tb_kv_u32(&f, "clip.vision.feed_forward_length", FF);
+    tb_kv_u32(&f, "clip.vision.block_count", LAYERS);
+    tb_kv_u32(&f, "clip.vision.attention.head_count", 4);
+    tb_kv_f32s(&f, "clip.vision.image_mean", mean, 3);
+    tb_kv_f32s(&f, "clip.vision.image_std", std, 3);
+    tb_kv_f32(&f, "clip.vision.attention.layer_norm_epsilon", 1e-6f);
+    tb_kv_u32(&f, "clip.vision.n_wa_pattern", 2);
+    tb_tensor(&f, "v.patch_embd.weight", 0, 4, P, P, 3, E);
+    tb_tensor(&f, "v.patch_embd.weight.1", 0, 4, P, P, 3, E);
+    static const char *const mats[] = {"attn_q", "attn_k", "attn_v", "attn_out"};
+    char name[96];
+    for (int il = 0; il < LAYERS; il++) {
+        snprintf(name, sizeof name, "v.blk.%d.ln1.weight", il), tb_tensor(&f, name, 0, 1, E, 1, 1, 1);
+        snprintf(name, sizeof name, "v.blk.%d.ln2.weight", il), tb_tensor(&f, name, 0, 1, E, 1, 1, 1);
+        for (int k = 0; k < 4; k++) {
+            snprintf(name, sizeof name, "v.blk.%d.%s.weight", il, mats[k]), tb_tensor(&f, name, 0, 2, E, E, 1, 1);
+            snprintf(name, sizeof name, "v.blk.%d.%s.bias", il, mats[k]), tb_tensor(&f, name, 0, 1, E, 1, 1, 1);
+        }
+        snprintf(name, sizeof name, "v.blk.%d.ffn_gate.weight", il), tb_tensor(&f, name, 0, 2, E, FF, 1, 1);
+        snprintf(name, sizeof name, "v.blk.%d.ffn_gate.bias", il), tb_tensor(&f, name, 0, 1, FF, 1, 1, 1);
+        snprintf(name, sizeof name, "v.blk.%d.ffn_up.weight", il), tb_tensor(&f, name, 0, 2, E, FF, 1, 1);
+        snprintf(name, sizeof name, "v.blk.%d.ffn_up.bias", il), tb_tensor(&f, name, 0, 1, FF, 1, 1, 1);
+        snprintf(name, sizeof name, "v.blk.%d.ffn_down.weight", il), tb_tensor(&f, name, 0, 2, FF, E, 1, 1);
+        snprintf(name, sizeof name, "v.blk.%d.ffn_down.bias", il), tb_tensor(&f, name, 0, 1, E, 1, 1, 1);
+    }
+    tb_tensor(&f, "v.post_ln.weight", 0, 1, E, 1, 1, 1);
+    tb_tensor(&f, "mm.0.weight", 0, 2, 4 * E, 4 * E, 1, 1);
+    tb_tensor(&f, "mm.0.bias", 0, 1, 4 * E, 1, 1, 1);
+    tb_tensor(&f, "mm.2.weight", 0, 2, 4 * E, PROJ, 1, 1);
+    tb_tensor(&f, "mm.2.bias", 0, 1, PROJ, 1, 1, 1);
+    return tb_finish(&f, size);
+}
+
+/* Fill every tensor: norm gains near 1, the rest uniform with variance 1 / row length. */
+static void fill(struct gguf_file *f) {
+    uint64_t state = 12345;
+    for (uint64_t i = 0; i < gguf_tensor_count(f); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        float *v = (float *)t->data; /* our own buffer */
+        const bool gain = t->name.len > 7 && (memmem(t->name.data, t->name.len, "ln", 2) != NULL);
+        const float scale = sqrtf(3.0f / (float)t->ne[0]);
+        for (uint64_t j = 0; j < t->n_bytes / 4; j++) {
+            state = state * 6364136223846793005ull + 1442695040888963407ull;
+            const float u = (float)((state >> 40) & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
+            v[j] = gain ? 1.0f + 0.1f * u : u * scale;
+        }
+    }
+}
+
+static void test_encode_shapes_and_values(void **state) {
+    (void)state;
+    size_t size;
+    uint8_t *bytes = build(&size);
+    struct gguf_file *f = NULL;
+    assert_int_equal(gguf_open_memory(bytes, size, "encoder", &f), PSHARD_OK);
+    fill(f);
+    struct mmproj m;
+    if (mmproj_load(f, &m) != PSHARD_OK) fail_msg("%s", pshard_last_error());
+    struct vision_image img;
+    assert_int_equal(vision_image_load(test_data_path("image/gradient_40x30.png"), NULL, &img), PSHARD_OK);
+    struct vision_patches p;
+    assert_int_equal(vision_preprocess(&m.hp, &img, &p), PSHARD_OK);
+    struct vision_embeddings out;
+    if (vision_encode(&m, &p, &out) != PSHARD_OK) fail_msg("%s", pshard_last_error());
+    assert_int_equal(out.n_tokens, 6); /* 4 x 6 patches, 2 x 3 groups */
+    assert_int_equal(out.n_embd, PROJ);
+    double sum = 0, sum2 = 0;
+    for (size_t i = 0; i < (size_t)out.n_tokens * PROJ; i++) {
+        assert_true(isfinite(out.data[i]));
+        sum += out.data[i], sum2 += (double)out.data[i] * out.data[i];
+    }
+    const double n = (double)out.n_tokens * PROJ, sd = sqrt(sum2 / n - (sum / n) * (sum / n));
+    assert_true(sd > 0.01);
+    /* Tokens differ from each other (the image and the positions reach the output). */
+    assert_true(memcmp(out.data, out.data + PROJ, PROJ * sizeof(float)) != 0);
+    /* A different image gives different embeddings. */
+    p.data[0] += 1.0f;
+    struct vision_embeddings again;
+    assert_int_equal(vision_encode(&m, &p, &again), PSHARD_OK);
+    assert_true(memcmp(out.data, again.data, (size_t)out.n_tokens * PROJ * sizeof(float)) != 0);
+    vision_embeddings_free(&again);
+    /* Patches that do not fit the model are refused. */
+    p.patch_dim = 100;
+    assert_int_equal(vision_encode(&m, &p, &again), PSHARD_ERR_INVALID_ARG);
+    vision_embeddings_free(&out);
+    vision_patches_free(&p);
+    vision_image_free(&img);
+    mmproj_free(&m);
+    gguf_close(f);
+    free(bytes);
+}
+
+static void test_windows(void **state) {
+    (void)state;
+    struct vision_hparams hp = {.patch_size = 14, .spatial_merge = 2, .window_size = 112};
+    /* A grid 20 patches wide: 10 merged units, windows of 4 units, so 3 windows across. */
+    assert_int_equal(vision_window_of(&hp, 20, 0, 0), 0);
+    assert_int_equal(vision_window_of(&hp, 20, 7, 7), 0);
+    assert_int_equal(vision_window_of(&hp, 20, 0, 8), 1);
+    assert_int_equal(vision_window_of(&hp, 20, 0, 19), 2);
+    assert_int_equal(vision_window_of(&hp, 20, 8, 0), 3);
+    assert_int_equal(vision_window_of(&hp, 20, 17, 17), 8);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_encode_shapes_and_values), cmocka_unit_test(test_windows)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
