@@ -9,12 +9,27 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
+
+import pytest
 
 from conftest import BUILD
 
 HERE = os.path.dirname(__file__)
 REPLAY = os.path.join(HERE, "..", "..", "bench", "oracle_replay.py")
 PROFILE = os.path.join(HERE, "..", "data", "profile", "h200-qwen30b.json")
+
+
+@pytest.fixture(autouse=True)
+def replay_scratch(monkeypatch, tmp_path_factory):
+    """The replay writes its profile copies with tempfile, in the replay run here (TMPDIR) and in
+    its functions called here (tempfile.tempdir): they go to a folder removed after each test,
+    not to /tmp."""
+    tmp_path_factory.getbasetemp()  # pytest's own folder, placed before tempfile's is moved
+    with tempfile.TemporaryDirectory(prefix="oracle-replay-test-") as scratch:
+        monkeypatch.setenv("TMPDIR", scratch)
+        monkeypatch.setattr(tempfile, "tempdir", scratch)
+        yield
 
 
 def load_replay():
