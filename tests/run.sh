@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test: C unit tests in a Release build and in an ASan+UBSan build, the Python
-# end-to-end and reference tests, and the fuzzers (GGUF reader, tokenizer, profile JSON, images) for a bounded time.
+# end-to-end and reference tests, and the fuzzers (GGUF reader, tokenizer, profile JSON, images, server requests) for a bounded time.
 # Environment: FUZZ_SECONDS (default 60), JOBS (default: all cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +31,7 @@ if ! python3 -c "import llama_cpp" >/dev/null 2>&1; then
 fi
 PSHARD_BUILD_DIR="$PWD/build" python3 -m pytest -q tests/py
 
-echo "== fuzzers (GGUF reader, tokenizer input: ${FUZZ_SECONDS}s each; machine profile JSON, images: half that)"
+echo "== fuzzers (GGUF reader, tokenizer input: ${FUZZ_SECONDS}s each; machine profile JSON, images, server requests: half that)"
 CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPSHARD_FUZZ=ON >/dev/null
 cmake --build build-fuzz
 mkdir -p build-fuzz/corpus-gguf build-fuzz/corpus-tok build-fuzz/corpus-profile
@@ -45,5 +45,8 @@ build-fuzz/tests/fuzz/fuzz_profile -max_total_time="$((FUZZ_SECONDS / 2))" -rss_
 mkdir -p build-fuzz/corpus-image
 build-fuzz/tests/fuzz/fuzz_image -max_total_time="$((FUZZ_SECONDS / 2))" -max_len=65536 -rss_limit_mb=2048 -print_final_stats=1 \
   -artifact_prefix=build-fuzz/ build-fuzz/corpus-image tests/data/image 2>&1 | tail -n 12
+mkdir -p build-fuzz/corpus-server
+build-fuzz/tests/fuzz/fuzz_server_request -max_total_time="$((FUZZ_SECONDS / 2))" -max_len=4096 -rss_limit_mb=2048 \
+  -print_final_stats=1 -artifact_prefix=build-fuzz/ build-fuzz/corpus-server tests/data/server 2>&1 | tail -n 12
 
 echo "== all tests passed"
