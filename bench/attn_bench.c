@@ -50,11 +50,11 @@ int main(int argc, char **argv) {
             for (int together = 0; together < 2; together++) {
                 const double t0 = now_s();
                 for (int c = 0; c < copies; c++) {
-                    const uint16_t *kc = k + k_elems * c, *vc = v + v_elems * c;
+                    const struct cpu_kv_view kv = cpu_kv_contiguous(k + k_elems * c, v + v_elems * c);
                     if (together)
-                        cpu_attention_heads(s, q, kc, vc, cells, 0, s->n_head, out);
+                        cpu_attention_heads(s, q, &kv, cells, 0, s->n_head, out);
                     else
-                        for (int h = 0; h < s->n_head; h++) cpu_attention_heads(s, q, kc, vc, cells, h, h + 1, out);
+                        for (int h = 0; h < s->n_head; h++) cpu_attention_heads(s, q, &kv, cells, h, h + 1, out);
                 }
                 const double t = (now_s() - t0) / copies;
                 best[together] = t < best[together] ? t : best[together];

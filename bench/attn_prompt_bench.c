@@ -37,7 +37,7 @@ struct job {
     const struct cpu_attn_shape *shape;
     struct cpu_attn_units units;
     const float *q;
-    const uint16_t *k, *v;
+    struct cpu_kv_view kv;
     const int64_t *n_cells;
     float *out, *partial;
     _Atomic int64_t next;
@@ -51,7 +51,7 @@ static void worker(void *p, int thread, int n_threads) {
         int64_t t0, t1;
         int h0, h1, split;
         cpu_attention_unit(j->shape, &j->units, j->units.count - 1 - c, &t0, &t1, &h0, &h1, &split);
-        cpu_attention_run_unit(j->shape, &j->units, t0, t1, h0, h1, split, j->q, j->k, j->v, j->n_cells + t0, j->partial,
+        cpu_attention_run_unit(j->shape, &j->units, t0, t1, h0, h1, split, j->q, &j->kv, j->n_cells + t0, j->partial,
                                j->out);
     }
 }
@@ -87,7 +87,7 @@ int main(int argc, char **argv) {
         int splits = 1;
         for (int way = 0; way < 2; way++) {
             out[way] = calloc((size_t)qn, sizeof(float));
-            struct job j = {s, {0}, q, k, v, n_cells, out[way], partial, 0};
+            struct job j = {s, {0}, q, cpu_kv_contiguous(k, v), n_cells, out[way], partial, 0};
             /* way 0: no tiles, no runs (a cache of 0 cells makes none) */
             cpu_attention_units(s, n_tokens, way == 1 ? cells : 0, way == 1, threadpool_size(pool), &j.units);
             if (way == 1) splits = j.units.splits;

@@ -159,6 +159,17 @@ static void bench_gemm(void) {
             }
 }
 
+/* A block table for n_seq sequences of n_ctx cells, each's blocks in order (as the executor's pool
+ * hands them to sequences grown alone): a layer's cache of [n_seq][n_ctx] cells read through it. */
+static const int32_t *ordered_blocks(int64_t n_seq, int64_t n_ctx) {
+    const int64_t n = n_seq * (n_ctx / CUDA_KV_TILE);
+    int32_t *blocks = dt_malloc(sizeof(int32_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) blocks[i] = (int32_t)i;
+    const int32_t *dev = dt_upload(&D, blocks, sizeof(int32_t) * (size_t)n);
+    free(blocks);
+    return dev;
+}
+
 static void bench_attention(void) {
     printf("\n### attention over an f16 KV cache\n\n| case | time | rate |\n|---|---|---|\n");
     const int shapes[][3] = {{32, 8, 128}, {32, 4, 128}};
@@ -173,6 +184,7 @@ static void bench_attention(void) {
         uint16_t *k = dt_alloc(&D, layer_bytes * layers), *v = dt_alloc(&D, layer_bytes * layers);
         random_device(k, layer_bytes * layers, MASK_F16);
         random_device(v, layer_bytes * layers, MASK_F16);
+        const int32_t *blocks = ordered_blocks(n_seq, n_ctx);
         float *q = dt_alloc(&D, sizeof(float) * 1024 * (size_t)a.n_head * a.head_k);
         float *hq = dt_malloc(sizeof(float) * 1024 * (size_t)a.n_head * a.head_k);
         dt_fill(hq, 1024 * a.n_head * a.head_k, -1.0f, 1.0f);
@@ -190,7 +202,8 @@ static void bench_attention(void) {
                 if (it == 0) DT_CHECK(cuda_event_record(ev0, D.s));
                 const int l = (it + layers) % layers;
                 struct cuda_kv_layer kv = {(uint16_t *)((uint8_t *)k + layer_bytes * (size_t)l),
-                                           (uint16_t *)((uint8_t *)v + layer_bytes * (size_t)l), n_ctx * width, n_ctx * width};
+                                           (uint16_t *)((uint8_t *)v + layer_bytes * (size_t)l), blocks,
+                                           (int32_t)(n_ctx / CUDA_KV_TILE), CUDA_KV_TILE};
                 DT_CHECK(cuda_attention_decode(&a, &kv, q, seq, pos, nt, (int32_t)n_ctx, out, work, wb, D.s));
             }
             DT_CHECK(cuda_event_record(ev1, D.s));
@@ -202,7 +215,7 @@ static void bench_attention(void) {
         /* Prefill: 1024 tokens of sequence 0 at positions 0..1023. */
         for (int t = 0; t < 1024; t++) hpos[t] = t;
         int32_t *pos = dt_upload(&D, hpos, sizeof hpos);
-        struct cuda_kv_layer kv = {k, v, n_ctx * width, n_ctx * width};
+        struct cuda_kv_layer kv = {k, v, blocks, (int32_t)(n_ctx / CUDA_KV_TILE), CUDA_KV_TILE};
         DT_CHECK(cuda_attention_prefill(&a, &kv, q, 0, pos, 1024, 1024, out, NULL, 0, D.s)); /* 512 blocks: one slice */
         DT_CHECK(cuda_event_record(ev0, D.s));
         for (int it = 0; it < 10; it++) DT_CHECK(cuda_attention_prefill(&a, &kv, q, 0, pos, 1024, 1024, out, NULL, 0, D.s));
@@ -238,6 +251,7 @@ static void bench_attention_crossover(void) {
         uint16_t *k = dt_alloc(&D, layer_bytes * layers), *v = dt_alloc(&D, layer_bytes * layers);
         random_device(k, layer_bytes * layers, MASK_F16);
         random_device(v, layer_bytes * layers, MASK_F16);
+        const int32_t *blocks = ordered_blocks(1, max_ctx);
         const size_t q_floats = (size_t)max_tok * a.n_head * a.head_k;
         float *q = dt_alloc(&D, sizeof(float) * q_floats), *hq = dt_malloc(sizeof(float) * q_floats);
         dt_fill(hq, (int64_t)q_floats, -1.0f, 1.0f);
@@ -267,8 +281,8 @@ static void bench_attention_crossover(void) {
                         if (it == 0) DT_CHECK(cuda_event_record(ev0, D.s));
                         const int l = (it + layers) % layers;
                         struct cuda_kv_layer kv = {(uint16_t *)((uint8_t *)k + layer_bytes * (size_t)l),
-                                                   (uint16_t *)((uint8_t *)v + layer_bytes * (size_t)l), max_ctx * width,
-                                                   max_ctx * width};
+                                                   (uint16_t *)((uint8_t *)v + layer_bytes * (size_t)l), blocks, 0,
+                                                   CUDA_KV_TILE};
                         if (kernel == 0)
                             DT_CHECK(cuda_attention_decode(&a, &kv, q, seq, pos, nt, ctx, out, work, wb, D.s));
                         else

@@ -141,12 +141,13 @@ static void test_attention_matches_naive_softmax(void **state) {
     const struct cpu_attn_shape s = {4, 2, 32, 16, 1.0f / sqrtf(32.0f)};
     const int64_t n_cells = 150; /* crosses several key blocks */
     uint16_t *k = malloc(sizeof(uint16_t) * n_cells * 2 * 32), *v = malloc(sizeof(uint16_t) * n_cells * 2 * 16);
+    const struct cpu_kv_view kv = cpu_kv_contiguous(k, v);
     float q[4 * 32], out[4 * 16];
     uint32_t seed = 11;
     for (int64_t i = 0; i < n_cells * 64; i++) k[i] = half_from_f32(3 * frand(&seed));
     for (int64_t i = 0; i < n_cells * 32; i++) v[i] = half_from_f32(frand(&seed));
     for (int i = 0; i < 128; i++) q[i] = frand(&seed);
-    cpu_attention_heads(&s, q, k, v, n_cells, 0, 4, out);
+    cpu_attention_heads(&s, q, &kv, n_cells, 0, 4, out);
     for (int h = 0; h < 4; h++) {
         const int kvh = h / 2;
         double scores[150], max = -1e30, sum = 0;
@@ -179,6 +180,7 @@ static void test_attention_heads_together_equal_alone(void **state) {
         const int64_t n_cells = 200;
         uint16_t *k = malloc(sizeof(uint16_t) * n_cells * s.n_head_kv * s.head_k);
         uint16_t *v = malloc(sizeof(uint16_t) * n_cells * s.n_head_kv * s.head_v);
+        const struct cpu_kv_view kv = cpu_kv_contiguous(k, v);
         float *q = malloc(sizeof(float) * s.n_head * s.head_k);
         float *alone = malloc(sizeof(float) * s.n_head * s.head_v);
         float *together = malloc(sizeof(float) * s.n_head * s.head_v);
@@ -186,11 +188,11 @@ static void test_attention_heads_together_equal_alone(void **state) {
         for (int64_t i = 0; i < n_cells * s.n_head_kv * s.head_k; i++) k[i] = half_from_f32(3 * frand(&seed));
         for (int64_t i = 0; i < n_cells * s.n_head_kv * s.head_v; i++) v[i] = half_from_f32(frand(&seed));
         for (int i = 0; i < s.n_head * s.head_k; i++) q[i] = frand(&seed);
-        for (int h = 0; h < s.n_head; h++) cpu_attention_heads(&s, q, k, v, n_cells, h, h + 1, alone);
+        for (int h = 0; h < s.n_head; h++) cpu_attention_heads(&s, q, &kv, n_cells, h, h + 1, alone);
         const int ranges[][2] = {{0, s.n_head}, {1, s.n_head - 1}, {3, 5}, {s.n_head / 2 - 1, s.n_head / 2 + 2}};
         for (size_t r = 0; r < sizeof ranges / sizeof ranges[0]; r++) {
             memset(together, 0, sizeof(float) * s.n_head * s.head_v);
-            cpu_attention_heads(&s, q, k, v, n_cells, ranges[r][0], ranges[r][1], together);
+            cpu_attention_heads(&s, q, &kv, n_cells, ranges[r][0], ranges[r][1], together);
             for (int h = ranges[r][0]; h < ranges[r][1]; h++)
                 assert_memory_equal(together + h * s.head_v, alone + h * s.head_v, sizeof(float) * s.head_v);
         }
@@ -235,6 +237,7 @@ static void test_attention_tiles_equal_tokens_alone(void **state) {
             const int64_t cells = past + n_tokens, q_width = (int64_t)s.n_head * s.head_k, o_width = (int64_t)s.n_head * s.head_v;
             uint16_t *k = malloc(sizeof(uint16_t) * cells * s.n_head_kv * s.head_k);
             uint16_t *v = malloc(sizeof(uint16_t) * cells * s.n_head_kv * s.head_v);
+            const struct cpu_kv_view kv = cpu_kv_contiguous(k, v);
             float *q = malloc(sizeof(float) * n_tokens * q_width);
             float *alone = calloc((size_t)(n_tokens * o_width), sizeof(float));
             float *tiled = calloc((size_t)(n_tokens * o_width), sizeof(float));
@@ -245,13 +248,13 @@ static void test_attention_tiles_equal_tokens_alone(void **state) {
             for (int64_t i = 0; i < n_tokens * q_width; i++) q[i] = frand(&seed);
             for (int t = 0; t < n_tokens; t++) {
                 n_cells[t] = past + t + 1;
-                cpu_attention_heads(&s, q + t * q_width, k, v, n_cells[t], 0, s.n_head, alone + t * o_width);
+                cpu_attention_heads(&s, q + t * q_width, &kv, n_cells[t], 0, s.n_head, alone + t * o_width);
             }
             const int ranges[][2] = {{0, s.n_head}, {1, s.n_head - 1}, {s.n_head / 2 - 1, s.n_head / 2 + 1}};
             for (size_t r = 0; r < sizeof ranges / sizeof ranges[0]; r++) {
                 const int h0 = ranges[r][0], h1 = ranges[r][1];
                 memset(tiled, 0, sizeof(float) * n_tokens * o_width);
-                cpu_attention_tokens(&s, q, k, v, n_cells, n_tokens, h0, h1, tiled);
+                cpu_attention_tokens(&s, q, &kv, n_cells, n_tokens, h0, h1, tiled);
                 for (int t = 0; t < n_tokens; t++)
                     assert_memory_equal(tiled + t * o_width + h0 * s.head_v, alone + t * o_width + h0 * s.head_v,
                                         sizeof(float) * (size_t)(h1 - h0) * s.head_v);
@@ -272,7 +275,7 @@ static void test_attention_tiles_equal_tokens_alone(void **state) {
                     assert_true(h0 < h1 && h1 - h0 <= 8 && h0 / group == (h1 - 1) / group);
                     for (int64_t t = t0; t < t1; t++)
                         for (int h = h0; h < h1; h++) seen[t * s.n_head + h]++;
-                    cpu_attention_tokens(&s, q + t0 * q_width, k, v, n_cells + t0, (int)(t1 - t0), h0, h1, tiled + t0 * o_width);
+                    cpu_attention_tokens(&s, q + t0 * q_width, &kv, n_cells + t0, (int)(t1 - t0), h0, h1, tiled + t0 * o_width);
                 }
                 for (int64_t i = 0; i < n_tokens * s.n_head; i++) assert_int_equal(seen[i], 1);
                 assert_true(u.count >= n_threads || (u.tokens == 1 && u.per == 1));
@@ -283,6 +286,59 @@ static void test_attention_tiles_equal_tokens_alone(void **state) {
             free(k), free(v), free(q), free(alone), free(tiled);
         }
     }
+}
+
+/* A cache in blocks of a pool, in any order (the executor's KV pool): every path of the attention
+ * (one token's heads, a prompt's tiles, a long cache's runs) gives, bit for bit, what it gives
+ * over the same cells laid out in order. */
+static void test_attention_paged_equals_contiguous(void **state) {
+    (void)state;
+    const struct cpu_attn_shape s = {8, 2, 64, 48, 0.125f};
+    enum { BLOCK = 64, N_BLOCKS = 24, TOKENS = 40 };
+    const int64_t cells = N_BLOCKS * BLOCK - 17, kw = (int64_t)s.n_head_kv * s.head_k, vw = (int64_t)s.n_head_kv * s.head_v;
+    const int64_t q_width = (int64_t)s.n_head * s.head_k, o_width = (int64_t)s.n_head * s.head_v;
+    const int64_t pool_blocks = N_BLOCKS + 9; /* with blocks no one reads, filled with garbage */
+    uint16_t *k = malloc(sizeof(uint16_t) * N_BLOCKS * BLOCK * kw), *v = malloc(sizeof(uint16_t) * N_BLOCKS * BLOCK * vw);
+    uint16_t *pk = malloc(sizeof(uint16_t) * pool_blocks * BLOCK * kw), *pv = malloc(sizeof(uint16_t) * pool_blocks * BLOCK * vw);
+    float *q = malloc(sizeof(float) * TOKENS * q_width), *want = malloc(sizeof(float) * TOKENS * o_width);
+    float *got = malloc(sizeof(float) * TOKENS * o_width);
+    float *partial = malloc(sizeof(float) * (size_t)cpu_attention_partial_floats_max(&s));
+    float *partial_want = malloc(sizeof(float) * (size_t)cpu_attention_partial_floats_max(&s));
+    uint32_t seed = 77;
+    for (int64_t i = 0; i < N_BLOCKS * BLOCK * kw; i++) k[i] = half_from_f32(3 * frand(&seed));
+    for (int64_t i = 0; i < N_BLOCKS * BLOCK * vw; i++) v[i] = half_from_f32(frand(&seed));
+    for (int64_t i = 0; i < pool_blocks * BLOCK * kw; i++) pk[i] = 0x7e00; /* NaN: a wrong row shows */
+    for (int64_t i = 0; i < pool_blocks * BLOCK * vw; i++) pv[i] = 0x7e00;
+    for (int64_t i = 0; i < TOKENS * q_width; i++) q[i] = frand(&seed);
+    int32_t blocks[N_BLOCKS];
+    for (int b = 0; b < N_BLOCKS; b++) blocks[b] = (int32_t)((b * 7 + 5) % pool_blocks); /* 7 and 33 coprime: distinct */
+    for (int b = 0; b < N_BLOCKS; b++) {
+        memcpy(pk + (int64_t)blocks[b] * BLOCK * kw, k + (int64_t)b * BLOCK * kw, sizeof(uint16_t) * BLOCK * kw);
+        memcpy(pv + (int64_t)blocks[b] * BLOCK * vw, v + (int64_t)b * BLOCK * vw, sizeof(uint16_t) * BLOCK * vw);
+    }
+    const struct cpu_kv_view flat = cpu_kv_contiguous(k, v), paged = {pk, pv, blocks, BLOCK};
+    /* One token, every cell; and a prompt's tokens ending across block boundaries, in tiles. */
+    cpu_attention_heads(&s, q, &flat, cells, 0, s.n_head, want);
+    cpu_attention_heads(&s, q, &paged, cells, 0, s.n_head, got);
+    assert_memory_equal(got, want, sizeof(float) * o_width);
+    int64_t n_cells[TOKENS];
+    for (int t = 0; t < TOKENS; t++) n_cells[t] = cells - TOKENS + 1 + t;
+    cpu_attention_tokens(&s, q, &flat, n_cells, TOKENS, 0, s.n_head, want);
+    cpu_attention_tokens(&s, q, &paged, n_cells, TOKENS, 0, s.n_head, got);
+    assert_memory_equal(got, want, sizeof(float) * TOKENS * o_width);
+    /* Runs of a long cache, each starting inside the pool wherever its block is. */
+    struct cpu_attn_units u;
+    cpu_attention_units(&s, 1, cells, false, 4, &u);
+    assert_true(u.splits > 1);
+    for (int64_t i = 0; i < u.count; i++) {
+        int64_t t0, t1;
+        int h0, h1, split;
+        cpu_attention_unit(&s, &u, i, &t0, &t1, &h0, &h1, &split);
+        cpu_attention_split(&s, &u, q, &flat, cells, t0, h0, h1, split, partial_want);
+        cpu_attention_split(&s, &u, q, &paged, cells, t0, h0, h1, split, partial);
+    }
+    assert_memory_equal(partial, partial_want, sizeof(float) * (size_t)cpu_attention_partial_floats(&s, &u));
+    free(k), free(v), free(pk), free(pv), free(q), free(want), free(got), free(partial), free(partial_want);
 }
 
 /* A step of few tokens over a long cache cuts each token's cells into runs (cpu_attention_units
@@ -301,6 +357,7 @@ static void test_attention_split_equals_whole(void **state) {
         const int64_t q_width = (int64_t)s.n_head * s.head_k, o_width = (int64_t)s.n_head * s.head_v;
         const int64_t kw = (int64_t)s.n_head_kv * s.head_k, vw = (int64_t)s.n_head_kv * s.head_v;
         uint16_t *k = malloc(sizeof(uint16_t) * cells[0] * kw), *v = malloc(sizeof(uint16_t) * cells[0] * vw);
+        const struct cpu_kv_view kv = cpu_kv_contiguous(k, v);
         float *q = malloc(sizeof(float) * n_tokens * q_width);
         float *alone = malloc(sizeof(float) * n_tokens * o_width), *first = malloc(sizeof(float) * n_tokens * o_width);
         float *merged = malloc(sizeof(float) * n_tokens * o_width);
@@ -309,7 +366,7 @@ static void test_attention_split_equals_whole(void **state) {
         for (int64_t i = 0; i < cells[0] * kw; i++) k[i] = half_from_f32(3 * frand(&seed));
         for (int64_t i = 0; i < cells[0] * vw; i++) v[i] = half_from_f32(frand(&seed));
         for (int64_t i = 0; i < n_tokens * q_width; i++) q[i] = frand(&seed);
-        for (int t = 0; t < n_tokens; t++) cpu_attention_heads(&s, q + t * q_width, k, v, cells[t], 0, s.n_head, alone + t * o_width);
+        for (int t = 0; t < n_tokens; t++) cpu_attention_heads(&s, q + t * q_width, &kv, cells[t], 0, s.n_head, alone + t * o_width);
         const int group = s.n_head / s.n_head_kv;
         for (int n_threads = 1; n_threads <= 64; n_threads *= 4) {
             struct cpu_attn_units u;
@@ -325,7 +382,7 @@ static void test_attention_split_equals_whole(void **state) {
                 assert_true(t0 >= 0 && t1 == t0 + 1 && t1 <= n_tokens && split >= 0 && split < u.splits);
                 assert_true(h0 < h1 && h0 / group == (h1 - 1) / group);
                 for (int h = h0; h < h1; h++) seen[(t0 * s.n_head + h) * u.splits + split]++;
-                cpu_attention_split(&s, &u, q + t0 * q_width, k, v, cells[t0], t0, h0, h1, split, partial);
+                cpu_attention_split(&s, &u, q + t0 * q_width, &kv, cells[t0], t0, h0, h1, split, partial);
             }
             for (int64_t i = 0; i < n_tokens * s.n_head * u.splits; i++) assert_int_equal(seen[i], 1);
             cpu_attention_merge(&s, &u, partial, merged);
@@ -497,7 +554,8 @@ int main(void) {
         cmocka_unit_test(test_attention_matches_naive_softmax),
         cmocka_unit_test(test_attention_heads_together_equal_alone),
         cmocka_unit_test(test_attention_tiles_equal_tokens_alone),
-        cmocka_unit_test(test_attention_split_equals_whole), cmocka_unit_test(test_topk_and_router),
+        cmocka_unit_test(test_attention_split_equals_whole), cmocka_unit_test(test_attention_paged_equals_contiguous),
+        cmocka_unit_test(test_topk_and_router),
         cmocka_unit_test(test_matmul_against_dequantized), cmocka_unit_test(test_moe_matches_its_products),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

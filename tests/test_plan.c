@@ -23,7 +23,7 @@ static struct gguf_file *file, *moe_file;
 static struct model model, moe;
 static char moe_path[256];
 static const struct plan_gpu_costs costs = {100 << 20, 20 << 20, 10 << 20, 32 << 20, 256 << 10};
-static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false, false, false, false, NULL, 0, false, false, -1, 0, false, false, 0, false, false};
+static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false, false, false, false, NULL, 0, false, false, -1, 0, false, false, 0, false, false, 0};
 
 static int setup(void **state) {
     (void)state;
@@ -116,6 +116,27 @@ static void test_everything_fits_is_gpu(void **state) {
     r.vram_budget = -1; /* no budget: what the plan needs */
     assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
     assert_int_equal(p.budget.total, used(&p));
+    plan_free(&p);
+}
+
+/* The KV cache is sized as the pool the sequences share (plan_request.kv_cells), not n_seq full
+ * contexts: the gpu plan's KV is every layer's bytes per cell times the pool's cells. */
+static void test_kv_sized_as_the_pool(void **state) {
+    (void)state;
+    struct plan p;
+    struct plan_request r = base;
+    r.family = PLAN_GPU, r.vram_budget = -1, r.n_seq = 8;
+    uint64_t per_cell = 0;
+    for (uint32_t i = 0; i < model.n_shards; i++)
+        if (model.shards[i].kind == SHARD_ATTN) per_cell += model.shards[i].kv_bytes_per_token;
+    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    const uint64_t whole = p.budget.kv; /* 0: n_ctx * n_seq cells */
+    assert_true(whole >= per_cell * 2048 * 8);
+    plan_free(&p);
+    r.kv_cells = 3000;
+    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_true(p.budget.kv >= per_cell * 3000 && p.budget.kv < per_cell * 3000 + (whole - per_cell * 2048 * 8) + (1 << 20));
+    assert_true(p.budget.kv < whole / 4);
     plan_free(&p);
 }
 
@@ -1722,6 +1743,7 @@ static void test_cost_expert_rate_by_pairs(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_budget_zero_is_cpu),          cmocka_unit_test(test_everything_fits_is_gpu),
+        cmocka_unit_test(test_kv_sized_as_the_pool),
         cmocka_unit_test(test_static_fills_by_priority),    cmocka_unit_test(test_gpu_streams_what_does_not_fit),
         cmocka_unit_test(test_auto_picks_the_fastest_per_tier),
         cmocka_unit_test(test_auto_resident_set), cmocka_unit_test(test_moe_experts_by_range),

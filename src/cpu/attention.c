@@ -10,7 +10,7 @@
 #include "quant/half.h"
 #include "quant/quant.h"
 
-enum { KEY_BLOCK = 64, MAX_HEAD = 512, PREFETCH_CELLS = 8, HEAD_CHUNK = 8 };
+enum { KEY_BLOCK = CPU_ATTN_KEY_BLOCK, MAX_HEAD = 512, PREFETCH_CELLS = 8, HEAD_CHUNK = 8 };
 
 /* A prompt's tokens of one sequence go through the cache a tile at a time: up to TILE_ROWS query
  * rows (tokens times the heads of a unit) score each block of keys while it is in L1, widened
@@ -52,18 +52,31 @@ static void accumulate_f32_ref(float *acc, const float *p, const float *v, int64
         for (int i = 0; i < n; i++) acc[i] += p[j] * v[j * v_stride + i];
 }
 
+/* Rows of one KV head from cell c (a multiple of KEY_BLOCK: its key block lies in one block of
+ * the view), `stride` values apart: one lookup of the table per block of keys. */
+static inline const uint16_t *head_rows(const uint16_t *base, const struct cpu_kv_view *kv, int64_t c, int64_t stride) {
+    const int64_t b = c / kv->block_cells;
+    return base + ((int64_t)kv->blocks[b] * kv->block_cells + (c - b * kv->block_cells)) * stride;
+}
+
+/* Where to prefetch row j + PREFETCH_CELLS of the key block at `rows`, the next key block's rows
+ * being `next` (NULL: past the cells). */
+static inline const uint16_t *ahead_row(const uint16_t *rows, const uint16_t *next, int64_t j, int64_t stride) {
+    const int64_t a = j + PREFETCH_CELLS;
+    return a < KEY_BLOCK ? rows + a * stride : next ? next + (a - KEY_BLOCK) * stride : NULL;
+}
+
 /* Up to HEAD_CHUNK query heads that share a KV head go through the cache together: each block
  * of key rows is scored for every head while it is in L1, then each block of value rows is added
  * into every head's output. Each head's sums run in the same order as alone, so the result is
  * the same bit for bit; the cache is read once for the heads of a chunk rather than once for
- * each. */
+ * each. Cells [c_begin, c_end), c_begin a multiple of KEY_BLOCK. */
 /* partial (not NULL): each head's maximum, sum and unnormalized output go there instead, head g's
  * at partial + g * partial_stride (a run of a split step). */
-static void attend_chunk(const struct cpu_attn_shape *s, const float *q, const uint16_t *k, const uint16_t *v,
-                         int64_t n_cells, int kvh, int h0, int n_heads, float *out, float *partial,
-                         int64_t partial_stride) {
+static void attend_chunk(const struct cpu_attn_shape *s, const float *q, const struct cpu_kv_view *kv, int64_t c_begin,
+                         int64_t c_end, int kvh, int h0, int n_heads, float *out, float *partial, int64_t partial_stride) {
     const int64_t k_stride = (int64_t)s->n_head_kv * s->head_k, v_stride = (int64_t)s->n_head_kv * s->head_v;
-    const uint16_t *k_head = k + (int64_t)kvh * s->head_k, *v_head = v + (int64_t)kvh * s->head_v;
+    const uint16_t *k_base = kv->k + (int64_t)kvh * s->head_k, *v_base = kv->v + (int64_t)kvh * s->head_v;
     float qh[HEAD_CHUNK][MAX_HEAD], acc[HEAD_CHUNK][MAX_HEAD], scores[HEAD_CHUNK][KEY_BLOCK];
     float max[HEAD_CHUNK], sum[HEAD_CHUNK];
     const int simd = cpu_features()->avx2;
@@ -75,15 +88,20 @@ static void attend_chunk(const struct cpu_attn_shape *s, const float *q, const u
         for (int i = 0; i < s->head_v; i++) acc[g][i] = 0.0f;
         max[g] = -INFINITY, sum[g] = 0.0f;
     }
-    for (int64_t c0 = 0; c0 < n_cells; c0 += KEY_BLOCK) {
-        const int64_t n = n_cells - c0 < KEY_BLOCK ? n_cells - c0 : KEY_BLOCK;
+    const uint16_t *k_rows = c_begin < c_end ? head_rows(k_base, kv, c_begin, k_stride) : NULL;
+    const uint16_t *v_rows = c_begin < c_end ? head_rows(v_base, kv, c_begin, v_stride) : NULL;
+    for (int64_t c0 = c_begin; c0 < c_end; c0 += KEY_BLOCK) {
+        const int64_t n = c_end - c0 < KEY_BLOCK ? c_end - c0 : KEY_BLOCK;
+        /* the next block's rows, for the prefetches that reach past this one */
+        const bool more = c0 + KEY_BLOCK < c_end;
+        const uint16_t *k_next = more ? head_rows(k_base, kv, c0 + KEY_BLOCK, k_stride) : NULL;
+        const uint16_t *v_next = more ? head_rows(v_base, kv, c0 + KEY_BLOCK, v_stride) : NULL;
         float new_max[HEAD_CHUNK];
         for (int g = 0; g < n_heads; g++) {
             float block_max = -INFINITY;
             for (int64_t j = 0; j < n; j++) {
-                if (g == 0 && c0 + j + PREFETCH_CELLS < n_cells)
-                    prefetch_row(k_head + (c0 + j + PREFETCH_CELLS) * k_stride, s->head_k);
-                scores[g][j] = dot_f16(qh[g], k_head + (c0 + j) * k_stride, s->head_k) * s->scale;
+                if (g == 0 && c0 + j + PREFETCH_CELLS < c_end) prefetch_row(ahead_row(k_rows, k_next, j, k_stride), s->head_k);
+                scores[g][j] = dot_f16(qh[g], k_rows + j * k_stride, s->head_k) * s->scale;
                 block_max = scores[g][j] > block_max ? scores[g][j] : block_max;
             }
             new_max[g] = block_max > max[g] ? block_max : max[g];
@@ -93,14 +111,14 @@ static void attend_chunk(const struct cpu_attn_shape *s, const float *q, const u
         }
         for (int g = 0; g < n_heads; g++) {
             for (int64_t j = 0; j < n; j++) {
-                if (g == 0 && c0 + j + PREFETCH_CELLS < n_cells)
-                    prefetch_row(v_head + (c0 + j + PREFETCH_CELLS) * v_stride, s->head_v);
+                if (g == 0 && c0 + j + PREFETCH_CELLS < c_end) prefetch_row(ahead_row(v_rows, v_next, j, v_stride), s->head_v);
                 const float p = expf(scores[g][j] - new_max[g]);
                 sum[g] += p;
-                axpy_f16(acc[g], p, v_head + (c0 + j) * v_stride, s->head_v);
+                axpy_f16(acc[g], p, v_rows + j * v_stride, s->head_v);
             }
             max[g] = new_max[g];
         }
+        k_rows = k_next, v_rows = v_next;
     }
     for (int g = 0; g < n_heads; g++) {
         if (partial) {
@@ -114,13 +132,14 @@ static void attend_chunk(const struct cpu_attn_shape *s, const float *q, const u
     }
 }
 
-/* Cells [c0, c0 + n) of one KV head's rows (`width` values, `stride` apart) widened to f32 into
- * `block`, a row after another; the rows PREFETCH_CELLS ahead are asked for on the way. */
-static void widen_block(void (*widen)(const void *, float *, int64_t), const uint16_t *head, int64_t stride, int width,
-                        int64_t c0, int64_t n, int64_t cells, float *block) {
+/* The n cells of a key block of one KV head (rows `width` values, `stride` apart, from `rows`;
+ * the next key block's from `next`) widened to f32 into `block`, a row after another; the rows
+ * PREFETCH_CELLS ahead are asked for on the way (left: cells before `left` of the tile's end). */
+static void widen_block(void (*widen)(const void *, float *, int64_t), const uint16_t *rows, const uint16_t *next,
+                        int64_t stride, int width, int64_t n, int64_t left, float *block) {
     for (int64_t j = 0; j < n; j++) {
-        if (c0 + j + PREFETCH_CELLS < cells) prefetch_row(head + (c0 + j + PREFETCH_CELLS) * stride, width);
-        widen(head + (c0 + j) * stride, block + j * width, width);
+        if (j + PREFETCH_CELLS < left) prefetch_row(ahead_row(rows, next, j, stride), width);
+        widen(rows + j * stride, block + j * width, width);
     }
 }
 
@@ -132,10 +151,10 @@ static void widen_block(void (*widen)(const void *, float *, int64_t), const uin
  * llama8b's 256-token steps over 16K cells spent 10-17 s in the CPU's attention,
  * bench/RESULTS.md). */
 static void attend_tile(const struct cpu_attn_shape *s, const float *q, const int64_t *n_cells, int n_tokens,
-                        const uint16_t *k, const uint16_t *v, int kvh, int h0, int n_heads, float *out) {
+                        const struct cpu_kv_view *kv, int kvh, int h0, int n_heads, float *out) {
     const int64_t k_stride = (int64_t)s->n_head_kv * s->head_k, v_stride = (int64_t)s->n_head_kv * s->head_v;
     const int64_t q_width = (int64_t)s->n_head * s->head_k, o_width = (int64_t)s->n_head * s->head_v;
-    const uint16_t *k_head = k + (int64_t)kvh * s->head_k, *v_head = v + (int64_t)kvh * s->head_v;
+    const uint16_t *k_base = kv->k + (int64_t)kvh * s->head_k, *v_base = kv->v + (int64_t)kvh * s->head_v;
     float qh[TILE_ROWS][TILE_HEAD], acc[TILE_ROWS][TILE_HEAD], block[KEY_BLOCK * TILE_HEAD], scores[TILE_ROWS][KEY_BLOCK];
     float max[TILE_ROWS], sum[TILE_ROWS], new_max[TILE_ROWS];
     const int simd = cpu_features()->avx2;
@@ -152,11 +171,16 @@ static void attend_tile(const struct cpu_attn_shape *s, const float *q, const in
         for (int i = 0; i < s->head_v; i++) acc[r][i] = 0.0f;
         max[r] = -INFINITY, sum[r] = 0.0f;
     }
+    const uint16_t *k_rows = longest > 0 ? head_rows(k_base, kv, 0, k_stride) : NULL;
+    const uint16_t *v_rows = longest > 0 ? head_rows(v_base, kv, 0, v_stride) : NULL;
     for (int64_t c0 = 0; c0 < longest; c0 += KEY_BLOCK) {
         const int64_t n = longest - c0 < KEY_BLOCK ? longest - c0 : KEY_BLOCK;
+        const bool more = c0 + KEY_BLOCK < longest;
+        const uint16_t *k_next = more ? head_rows(k_base, kv, c0 + KEY_BLOCK, k_stride) : NULL;
+        const uint16_t *v_next = more ? head_rows(v_base, kv, c0 + KEY_BLOCK, v_stride) : NULL;
         int64_t take[TILE_ROWS]; /* the block's cells each token attends */
         for (int i = 0; i < n_tokens; i++) take[i] = n_cells[i] - c0 < n ? n_cells[i] - c0 : n;
-        widen_block(widen, k_head, k_stride, s->head_k, c0, n, longest, block);
+        widen_block(widen, k_rows, k_next, k_stride, s->head_k, n, longest - c0, block);
         for (int r = 0; r < rows; r++) {
             const int64_t nr = take[r / n_heads];
             if (nr <= 0) continue;
@@ -168,7 +192,7 @@ static void attend_tile(const struct cpu_attn_shape *s, const float *q, const in
             sum[r] *= rescale;
             for (int i = 0; i < s->head_v; i++) acc[r][i] *= rescale;
         }
-        widen_block(widen, v_head, v_stride, s->head_v, c0, n, longest, block);
+        widen_block(widen, v_rows, v_next, v_stride, s->head_v, n, longest - c0, block);
         for (int r = 0; r < rows; r++) {
             const int64_t nr = take[r / n_heads];
             if (nr <= 0) continue;
@@ -180,6 +204,7 @@ static void attend_tile(const struct cpu_attn_shape *s, const float *q, const in
             accumulate(acc[r], p, block, s->head_v, (int)nr, s->head_v);
             max[r] = new_max[r];
         }
+        k_rows = k_next, v_rows = v_next;
     }
     for (int r = 0; r < rows; r++) {
         const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
@@ -188,25 +213,25 @@ static void attend_tile(const struct cpu_attn_shape *s, const float *q, const in
     }
 }
 
-void cpu_attention_heads(const struct cpu_attn_shape *s, const float *q, const uint16_t *k, const uint16_t *v,
-                         int64_t n_cells, int head_begin, int head_end, float *out) {
+void cpu_attention_heads(const struct cpu_attn_shape *s, const float *q, const struct cpu_kv_view *kv, int64_t n_cells,
+                         int head_begin, int head_end, float *out) {
     const int group = s->n_head / s->n_head_kv;
     for (int h = head_begin; h < head_end;) {
         const int kvh = h / group, group_end = (kvh + 1) * group;
         const int end = head_end < group_end ? head_end : group_end;
         const int n = end - h < HEAD_CHUNK ? end - h : HEAD_CHUNK;
-        attend_chunk(s, q, k, v, n_cells, kvh, h, n, out, NULL, 0);
+        attend_chunk(s, q, kv, 0, n_cells, kvh, h, n, out, NULL, 0);
         h += n;
     }
 }
 
-void cpu_attention_tokens(const struct cpu_attn_shape *s, const float *q, const uint16_t *k, const uint16_t *v,
+void cpu_attention_tokens(const struct cpu_attn_shape *s, const float *q, const struct cpu_kv_view *kv,
                           const int64_t *n_cells, int n_tokens, int head_begin, int head_end, float *out) {
     const int64_t q_width = (int64_t)s->n_head * s->head_k, o_width = (int64_t)s->n_head * s->head_v;
     const int group = s->n_head / s->n_head_kv;
     if (n_tokens == 1 || s->head_k > TILE_HEAD || s->head_v > TILE_HEAD) {
         for (int i = 0; i < n_tokens; i++)
-            cpu_attention_heads(s, q + i * q_width, k, v, n_cells[i], head_begin, head_end, out + i * o_width);
+            cpu_attention_heads(s, q + i * q_width, kv, n_cells[i], head_begin, head_end, out + i * o_width);
         return;
     }
     for (int h = head_begin; h < head_end;) {
@@ -214,7 +239,7 @@ void cpu_attention_tokens(const struct cpu_attn_shape *s, const float *q, const 
         const int end = head_end < group_end ? head_end : group_end;
         const int heads = end - h < HEAD_CHUNK ? end - h : HEAD_CHUNK, step = TILE_ROWS / heads;
         for (int t0 = 0; t0 < n_tokens; t0 += step)
-            attend_tile(s, q + t0 * q_width, n_cells + t0, n_tokens - t0 < step ? n_tokens - t0 : step, k, v, kvh, h, heads,
+            attend_tile(s, q + t0 * q_width, n_cells + t0, n_tokens - t0 < step ? n_tokens - t0 : step, kv, kvh, h, heads,
                         out + t0 * o_width);
         h += heads;
     }
@@ -270,12 +295,11 @@ static inline int64_t partial_at(const struct cpu_attn_shape *s, const struct cp
     return ((token * s->n_head + head) * u->splits + split) * (s->head_v + 2);
 }
 
-void cpu_attention_split(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, const float *q, const uint16_t *k,
-                         const uint16_t *v, int64_t n_cells, int64_t token, int head_begin, int head_end, int split,
+void cpu_attention_split(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, const float *q,
+                         const struct cpu_kv_view *kv, int64_t n_cells, int64_t token, int head_begin, int head_end, int split,
                          float *partial) {
     const int group = s->n_head / s->n_head_kv, kvh = head_begin / group;
     const int64_t c0 = split * u->split_cells, end = c0 + u->split_cells < n_cells ? c0 + u->split_cells : n_cells;
-    const int64_t k_stride = (int64_t)s->n_head_kv * s->head_k, v_stride = (int64_t)s->n_head_kv * s->head_v;
     const int64_t stride = (int64_t)u->splits * (s->head_v + 2); /* from one head's run to the next head's */
     for (int h = head_begin; h < head_end; h += HEAD_CHUNK) {
         const int n = head_end - h < HEAD_CHUNK ? head_end - h : HEAD_CHUNK;
@@ -284,18 +308,18 @@ void cpu_attention_split(const struct cpu_attn_shape *s, const struct cpu_attn_u
             for (int g = 0; g < n; g++) p[g * stride] = -INFINITY, p[g * stride + 1] = 0.0f;
             continue;
         }
-        attend_chunk(s, q, k + c0 * k_stride, v + c0 * v_stride, end - c0, kvh, h, n, NULL, p, stride);
+        attend_chunk(s, q, kv, c0, end, kvh, h, n, NULL, p, stride);
     }
 }
 
 void cpu_attention_run_unit(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, int64_t token_begin,
-                            int64_t token_end, int head_begin, int head_end, int split, const float *q, const uint16_t *k,
-                            const uint16_t *v, const int64_t *n_cells, float *partial, float *out) {
+                            int64_t token_end, int head_begin, int head_end, int split, const float *q,
+                            const struct cpu_kv_view *kv, const int64_t *n_cells, float *partial, float *out) {
     const float *qt = q + token_begin * s->n_head * s->head_k;
     if (u->splits > 1)
-        cpu_attention_split(s, u, qt, k, v, n_cells[0], token_begin, head_begin, head_end, split, partial);
+        cpu_attention_split(s, u, qt, kv, n_cells[0], token_begin, head_begin, head_end, split, partial);
     else
-        cpu_attention_tokens(s, qt, k, v, n_cells, (int)(token_end - token_begin), head_begin, head_end,
+        cpu_attention_tokens(s, qt, kv, n_cells, (int)(token_end - token_begin), head_begin, head_end,
                              out + token_begin * s->n_head * s->head_v);
 }
 

@@ -13,18 +13,36 @@ struct cpu_attn_shape {
     float scale; /* usually 1/sqrt(head_k) */
 };
 
-/* One query token: q [n_head][head_k] f32 attends to cells 0..n_cells-1 of k [cell][n_head_kv
- * * head_k] and v [cell][n_head_kv * head_v] (f16 bits); out [n_head][head_v]. Heads
+/* The kernels score keys CPU_ATTN_KEY_BLOCK cells at a time, from multiples of it. */
+enum { CPU_ATTN_KEY_BLOCK = 64 };
+
+/* One sequence's cells in a paged cache: cell c is row blocks[c / block_cells] * block_cells +
+ * c % block_cells of k (rows of n_head_kv * head_k f16 values) and of v (n_head_kv * head_v).
+ * block_cells is a multiple of CPU_ATTN_KEY_BLOCK, so a block of keys is one table lookup. */
+struct cpu_kv_view {
+    const uint16_t *k, *v;
+    const int32_t *blocks;
+    int64_t block_cells;
+};
+
+/* A cache whose cells are k's and v's rows in order (one block that never ends). */
+static inline struct cpu_kv_view cpu_kv_contiguous(const uint16_t *k, const uint16_t *v) {
+    static const int32_t first = 0;
+    return (struct cpu_kv_view){k, v, &first, (int64_t)CPU_ATTN_KEY_BLOCK << 34};
+}
+
+/* One query token: q [n_head][head_k] f32 attends to cells 0..n_cells-1 of the cache kv; out
+ * [n_head][head_v]. Heads
  * [head_begin, head_end) only, so callers can split heads across threads; heads in the range
  * that share a KV head read the cache together (a head's result does not depend on the range). */
-void cpu_attention_heads(const struct cpu_attn_shape *s, const float *q, const uint16_t *k, const uint16_t *v,
-                         int64_t n_cells, int head_begin, int head_end, float *out);
+void cpu_attention_heads(const struct cpu_attn_shape *s, const float *q, const struct cpu_kv_view *kv, int64_t n_cells,
+                         int head_begin, int head_end, float *out);
 
 /* Tokens of one sequence: q [n_tokens][n_head * head_k], token i attending cells
  * 0..n_cells[i]-1, out [n_tokens][n_head * head_v]; heads [head_begin, head_end). Each token's
  * result is the one cpu_attention_heads gives it alone, bit for bit; the tokens read the cache
  * together, a tile of them per block of cells. */
-void cpu_attention_tokens(const struct cpu_attn_shape *s, const float *q, const uint16_t *k, const uint16_t *v,
+void cpu_attention_tokens(const struct cpu_attn_shape *s, const float *q, const struct cpu_kv_view *kv,
                           const int64_t *n_cells, int n_tokens, int head_begin, int head_end, float *out);
 
 /* A step's attention as units of work for a thread pool: each a run of query heads that share a
@@ -72,16 +90,16 @@ static inline int64_t cpu_attention_partial_floats_max(const struct cpu_attn_sha
 
 /* Run `split` of token `token` (q: that token's queries, n_cells: the cells it attends) for heads
  * [head_begin, head_end) of one KV head: its partial sums into `partial` (the step's). */
-void cpu_attention_split(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, const float *q, const uint16_t *k,
-                         const uint16_t *v, int64_t n_cells, int64_t token, int head_begin, int head_end, int split,
+void cpu_attention_split(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, const float *q,
+                         const struct cpu_kv_view *kv, int64_t n_cells, int64_t token, int head_begin, int head_end, int split,
                          float *partial);
 
 /* Runs a unit as cpu_attention_unit gave it: q and out are the step's ([n_tokens][n_head * head_k],
- * [n_tokens][n_head * head_v]), k and v the cache of the unit's tokens' sequence, n_cells the
+ * [n_tokens][n_head * head_v]), kv the cache of the unit's tokens' sequence, n_cells the
  * cells of each of the unit's tokens; a split step's run leaves its sums in `partial`. */
 void cpu_attention_run_unit(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, int64_t token_begin,
-                            int64_t token_end, int head_begin, int head_end, int split, const float *q, const uint16_t *k,
-                            const uint16_t *v, const int64_t *n_cells, float *partial, float *out);
+                            int64_t token_end, int head_begin, int head_end, int split, const float *q,
+                            const struct cpu_kv_view *kv, const int64_t *n_cells, float *partial, float *out);
 
 /* Every token's output, out [n_tokens][n_head * head_v], from the runs' partial sums. */
 void cpu_attention_merge(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, const float *partial, float *out);

@@ -3,7 +3,7 @@
  * once per group), and one slice of cells; it keeps a running max, sum and output per head
  * (online softmax), and a second kernel merges the slices. Scores are q (rounded to f16, as
  * the CPU does) . k in f32, times the scale; probabilities use expf. Any batch: each token
- * has its own sequence and position. */
+ * has its own sequence and position, its cells found through the sequence's blocks. */
 #include "cuda/cuda_internal.cuh"
 
 #include <math.h>
@@ -13,8 +13,9 @@ enum { AD_THREADS = 128, AD_WARPS = AD_THREADS / 32, AD_TILE = AD_THREADS, AD_MI
 
 struct ad_args {
     const float *q;
-    const uint16_t *k, *v;
-    int64_t seq_stride_k, seq_stride_v;
+    const uint16_t *k, *v;   /* the layer's pool */
+    const int32_t *blocks;   /* [sequence][blocks_stride]: the table of each sequence's blocks */
+    int blocks_stride, block_cells;
     const int32_t *seq, *pos;
     int n_head, n_head_kv, head_k, head_v, group;
     float scale;
@@ -35,8 +36,8 @@ template <int DPT> __global__ void __launch_bounds__(AD_THREADS) attn_decode_ker
     const int c_begin = split * a.split_len, c_end = min(a.pos[t] + 1, c_begin + a.split_len);
     for (int i = tid; i < G * a.head_k; i += AD_THREADS)
         qs[i] = __half2float(__float2half_rn(a.q[((int64_t)t * a.n_head + kvh * G) * a.head_k + i]));
-    const uint16_t *kb = a.k + a.seq[t] * a.seq_stride_k + kvh * a.head_k;
-    const uint16_t *vb = a.v + a.seq[t] * a.seq_stride_v + kvh * a.head_v;
+    const uint16_t *kb = a.k + kvh * a.head_k, *vb = a.v + kvh * a.head_v;
+    const int32_t *blocks = a.blocks + (int64_t)a.seq[t] * a.blocks_stride, bc = a.block_cells;
     float m[AD_MAX_GROUP], l[AD_MAX_GROUP], acc[AD_MAX_GROUP][DPT];
 #pragma unroll
     for (int g = 0; g < AD_MAX_GROUP; g++) {
@@ -52,7 +53,8 @@ template <int DPT> __global__ void __launch_bounds__(AD_THREADS) attn_decode_ker
 #pragma unroll
         for (int g = 0; g < AD_MAX_GROUP; g++) s[g] = 0.0f;
         if (c < c_end) {
-            const uint4 *kr = (const uint4 *)(kb + (int64_t)c * k_width);
+            const int64_t row = (int64_t)blocks[c / bc] * bc + c % bc; /* this thread's cell: one lookup */
+            const uint4 *kr = (const uint4 *)(kb + row * k_width);
             for (int d8 = 0; d8 < a.head_k / 8; d8++) {
                 const uint4 kv = kr[d8];
                 const __half2 *kh = (const __half2 *)&kv;
@@ -116,11 +118,16 @@ template <int DPT> __global__ void __launch_bounds__(AD_THREADS) attn_decode_ker
         for (int i = 0; i < DPT; i++) {
             const int d = tid + AD_THREADS * i;
             if (d >= a.head_v) break;
-            for (int j = 0; j < n; j++) {
-                const float vf = __half2float(*(const __half *)(vb + (int64_t)(c0 + j) * v_width + d));
+            for (int j0 = 0; j0 < n;) { /* the tile's cells a block at a time: one lookup each */
+                const int c = c0 + j0, in_block = c % bc, run = min(n - j0, bc - in_block);
+                const uint16_t *vr = vb + ((int64_t)blocks[c / bc] * bc + in_block) * v_width + d;
+                for (int j = 0; j < run; j++) {
+                    const float vf = __half2float(*(const __half *)(vr + (int64_t)j * v_width));
 #pragma unroll
-                for (int g = 0; g < AD_MAX_GROUP; g++)
-                    if (g < G) acc[g][i] += ps[g * AD_TILE + j] * vf;
+                    for (int g = 0; g < AD_MAX_GROUP; g++)
+                        if (g < G) acc[g][i] += ps[g * AD_TILE + j0 + j] * vf;
+                }
+                j0 += run;
             }
         }
         __syncthreads(); /* ps and wred are rewritten by the next tile */
@@ -195,11 +202,12 @@ extern "C" pshard_status cuda_attention_decode(const struct cuda_attn_shape *a, 
     CUDA_ARG(work_bytes >= cuda_attention_decode_work_bytes(a, n_tokens, max_kv_len),
              "attention: work buffer too small");
     CUDA_ARG(n_tokens < 65536, "attention: %lld tokens in one call", (long long)n_tokens);
+    CUDA_ARG(kv->block_cells > 0, "attention: blocks of %d cells", kv->block_cells);
     if (n_tokens == 0) return PSHARD_OK;
     ad_args p = {};
     p.q = q;
     p.k = kv->k, p.v = kv->v;
-    p.seq_stride_k = kv->seq_stride_k, p.seq_stride_v = kv->seq_stride_v;
+    p.blocks = kv->blocks, p.blocks_stride = kv->blocks_stride, p.block_cells = kv->block_cells;
     p.seq = seq, p.pos = pos;
     p.n_head = a->n_head, p.n_head_kv = a->n_head_kv, p.head_k = a->head_k, p.head_v = a->head_v;
     p.group = a->n_head / a->n_head_kv;

@@ -14,13 +14,15 @@
 
 using namespace nvcuda;
 
-enum { AP_Q = 64, AP_KV = 64, AP_THREADS = 128, AP_MAX_HEAD = 128, SP = AP_KV + 4, PP = AP_KV + 8,
+enum { AP_Q = 64, AP_KV = CUDA_KV_TILE, AP_THREADS = 128, AP_MAX_HEAD = 128, SP = AP_KV + 4, PP = AP_KV + 8,
        AP_TARGET_BLOCKS = 256, /* two blocks (of ~112 KB of shared memory) on each of ~128 SMs */
        AP_MIN_SPLIT = 512 };   /* cells a slice walks at the least */
 
 struct ap_args {
     const float *q;
-    const uint16_t *k, *v; /* the sequence's cell 0 */
+    const uint16_t *k, *v;  /* the layer's pool */
+    const int32_t *blocks;  /* the sequence's blocks */
+    int block_cells;        /* a multiple of AP_KV: a tile is one block's run of rows */
     int64_t k_width, v_width;
     const int32_t *pos;
     int n_tokens, n_head, group, head_k, head_v;
@@ -85,16 +87,19 @@ __global__ void __launch_bounds__(AP_THREADS) attn_prefill_kernel(const ap_args 
     const int c_begin = split * a.split_len;
     if (split + 1 < a.n_splits) kv_end = min(kv_end, c_begin + a.split_len);
 
-    const uint16_t *kb = a.k + kvh * HK, *vb = a.v + kvh * HV;
     for (int c0 = c_begin; c0 < kv_end; c0 += AP_KV) {
-        /* K and V tiles; cells past the last position are zeros (never garbage: 0 * NaN). */
+        /* K and V tiles, from the rows of the block holding them (one lookup: c0 is a multiple of
+         * AP_KV, which divides the block); cells past the last position are zeros (never garbage:
+         * 0 * NaN). */
+        const int64_t row0 = (int64_t)a.blocks[c0 / a.block_cells] * a.block_cells + c0 % a.block_cells;
+        const uint16_t *kb = a.k + row0 * a.k_width + kvh * HK, *vb = a.v + row0 * a.v_width + kvh * HV;
         for (int i = tid; i < AP_KV * (HK / 8); i += AP_THREADS) {
             const int r = i / (HK / 8), d8 = i % (HK / 8), c = c0 + r;
-            *(uint4 *)(Ks + r * HKP + d8 * 8) = c < kv_end ? *(const uint4 *)(kb + (int64_t)c * a.k_width + d8 * 8) : make_uint4(0, 0, 0, 0);
+            *(uint4 *)(Ks + r * HKP + d8 * 8) = c < kv_end ? *(const uint4 *)(kb + (int64_t)r * a.k_width + d8 * 8) : make_uint4(0, 0, 0, 0);
         }
         for (int i = tid; i < AP_KV * (HV / 8); i += AP_THREADS) {
             const int r = i / (HV / 8), d8 = i % (HV / 8), c = c0 + r;
-            *(uint4 *)(Vs + r * HVP + d8 * 8) = c < kv_end ? *(const uint4 *)(vb + (int64_t)c * a.v_width + d8 * 8) : make_uint4(0, 0, 0, 0);
+            *(uint4 *)(Vs + r * HVP + d8 * 8) = c < kv_end ? *(const uint4 *)(vb + (int64_t)r * a.v_width + d8 * 8) : make_uint4(0, 0, 0, 0);
         }
         __syncthreads();
         /* S = Q K^T for this warp's 16 rows. */
@@ -229,12 +234,15 @@ extern "C" pshard_status cuda_attention_prefill(const struct cuda_attn_shape *a,
     CUDA_ARG(cuda_attention_prefill_supported(a), "prefill attention: heads %d/%d of %d/%d not supported", a->n_head,
              a->n_head_kv, a->head_k, a->head_v);
     CUDA_ARG(n_tokens < (1 << 30), "prefill attention: %lld tokens", (long long)n_tokens);
+    CUDA_ARG(kv->block_cells > 0 && kv->block_cells % AP_KV == 0, "prefill attention: blocks of %d cells (a multiple of %d)",
+             kv->block_cells, (int)AP_KV);
     CUDA_ARG(!work || work_bytes >= split_bytes(a, n_tokens, max_kv_len), "prefill attention: work buffer too small");
     if (n_tokens == 0) return PSHARD_OK;
     ap_args p = {};
     p.q = q;
-    p.k = kv->k + seq * kv->seq_stride_k;
-    p.v = kv->v + seq * kv->seq_stride_v;
+    p.k = kv->k, p.v = kv->v;
+    p.blocks = kv->blocks + (int64_t)seq * kv->blocks_stride;
+    p.block_cells = kv->block_cells;
     p.k_width = (int64_t)a->n_head_kv * a->head_k;
     p.v_width = (int64_t)a->n_head_kv * a->head_v;
     p.pos = pos;

@@ -280,14 +280,20 @@ pshard_status cuda_norm_rope(const struct rope_params *p, const float *cs, float
 
 /* ---- KV cache and attention ------------------------------------------------------------------ */
 
-/* One layer's f16 cache, laid out as src/exec/kv_cache.h: k + seq * seq_stride_k is sequence
- * seq's cell 0; a cell holds n_head_kv * head_k (v: head_v) values. */
+/* One layer's f16 cache, a pool of blocks as src/exec/kv_cache.h lays it out: rows of n_head_kv *
+ * head_k values (v: head_v), block_cells rows a block. Sequence s's cell at position p is row
+ * blocks[s * blocks_stride + p / block_cells] * block_cells + p % block_cells; the table lives in
+ * device memory (blocks_stride 0: every sequence reads the first row of the table). block_cells
+ * is a multiple of CUDA_KV_TILE, so a prompt kernel's tile of cells is one lookup. */
+enum { CUDA_KV_TILE = 64 };
 struct cuda_kv_layer {
     uint16_t *k, *v;
-    int64_t seq_stride_k, seq_stride_v; /* elements: n_ctx * width */
+    const int32_t *blocks;
+    int32_t blocks_stride, block_cells;
 };
 
-/* Round k [n_tokens][n_head_kv*head_k] and v to f16 into cell pos[t] of sequence seq[t]. */
+/* Round k [n_tokens][n_head_kv*head_k] and v to f16 into cell pos[t] of sequence seq[t] (whose
+ * block the caller took for it). */
 pshard_status cuda_kv_store(const struct cuda_kv_layer *kv, const float *k, const float *v, int64_t k_width,
                             int64_t v_width, const int32_t *seq, const int32_t *pos, int64_t n_tokens, cuda_stream s);
 

@@ -138,26 +138,30 @@ extern "C" pshard_status cuda_rope_apply(const struct rope_params *p, const floa
     return PSHARD_OK;
 }
 
-/* ---- KV store: round to f16 (nearest even, as half_from_f32) into cell pos[t] of seq[t]. */
+/* ---- KV store: round to f16 (nearest even, as half_from_f32) into cell pos[t] of seq[t], at its
+ * row of the pool through the sequence's blocks. */
 
-__global__ void kv_store_kernel(uint16_t *cache, int64_t seq_stride, const float *x, int64_t width,
-                                const int32_t *seq, const int32_t *pos, int64_t n_tokens) {
+__global__ void kv_store_kernel(uint16_t *cache, const int32_t *blocks, int blocks_stride, int block_cells,
+                                const float *x, int64_t width, const int32_t *seq, const int32_t *pos, int64_t n_tokens) {
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= n_tokens * width) return;
     const int64_t t = idx / width, i = idx % width;
+    const int p = pos[t];
+    const int64_t row = (int64_t)blocks[(int64_t)seq[t] * blocks_stride + p / block_cells] * block_cells + p % block_cells;
     const __half h = __float2half_rn(x[idx]);
-    cache[seq[t] * seq_stride + (int64_t)pos[t] * width + i] = *(const uint16_t *)&h;
+    cache[row * width + i] = *(const uint16_t *)&h;
 }
 
 extern "C" pshard_status cuda_kv_store(const struct cuda_kv_layer *kv, const float *k, const float *v, int64_t k_width,
                                        int64_t v_width, const int32_t *seq, const int32_t *pos, int64_t n_tokens,
                                        cuda_stream s) {
+    CUDA_ARG(kv->block_cells > 0, "kv store: blocks of %d cells", kv->block_cells);
     if (n_tokens == 0) return PSHARD_OK;
-    kv_store_kernel<<<(unsigned)ceil_div(n_tokens * k_width, 256), 256, 0, raw_stream(s)>>>(kv->k, kv->seq_stride_k, k,
-                                                                                        k_width, seq, pos, n_tokens);
+    kv_store_kernel<<<(unsigned)ceil_div(n_tokens * k_width, 256), 256, 0, raw_stream(s)>>>(
+        kv->k, kv->blocks, kv->blocks_stride, kv->block_cells, k, k_width, seq, pos, n_tokens);
     CUDA_TRY_LAUNCH("kv_store");
-    kv_store_kernel<<<(unsigned)ceil_div(n_tokens * v_width, 256), 256, 0, raw_stream(s)>>>(kv->v, kv->seq_stride_v, v,
-                                                                                        v_width, seq, pos, n_tokens);
+    kv_store_kernel<<<(unsigned)ceil_div(n_tokens * v_width, 256), 256, 0, raw_stream(s)>>>(
+        kv->v, kv->blocks, kv->blocks_stride, kv->block_cells, v, v_width, seq, pos, n_tokens);
     CUDA_TRY_LAUNCH("kv_store");
     return PSHARD_OK;
 }

@@ -127,7 +127,8 @@ static struct plan_request request_for(const struct exec_params *p, bool gpu_wan
                                  env_switch("PSHARD_ROUTED_SPLIT", true), NULL, 0,
                                  env_switch("PSHARD_ONE_EXPERT_CALL", true), p->decode_set != PLAN_DECODE_SAME, p->decode_set,
                                  p->n_decode, env_switch("PSHARD_KV_STREAM", true), env_switch("PSHARD_LONG_DECODE", true),
-                                 0, p->dynamic_in_place, env_switch("PSHARD_LEND_EXPERTS", true)};
+                                 0, p->dynamic_in_place, env_switch("PSHARD_LEND_EXPERTS", true),
+                                 kv_cache_pool_cells(p->n_seq, p->n_ctx, p->n_cells)};
 }
 
 /* PSHARD_DECODE_FROM=N (for tests and comparison): with a decode set asked for, decode steps run
@@ -211,7 +212,7 @@ const struct plan *exec_get_plan(const struct exec_ctx *ctx) { return &ctx->plan
 static pshard_status create(struct exec_ctx *ctx) {
     const struct model_hparams *hp = &ctx->model->hp;
     const struct exec_params *p = &ctx->params;
-    if (p->n_ctx <= 0 || p->n_batch <= 0 || p->n_seq <= 0 || p->n_threads < 0)
+    if (p->n_ctx <= 0 || p->n_batch <= 0 || p->n_seq <= 0 || p->n_threads < 0 || p->n_cells < 0)
         return core_fail(PSHARD_ERR_INVALID_ARG, "context, batch and sequence counts must be positive");
     CORE_TRY(model_bind_weights(ctx->model, &ctx->w));
     ctx->mats = calloc(hp->n_layers, sizeof *ctx->mats);
@@ -221,7 +222,7 @@ static pshard_status create(struct exec_ctx *ctx) {
     ctx->active = &ctx->plan;
     /* Two phases keep every layer's KV cache on the host too: a change of phase moves it there
      * and back. */
-    CORE_TRY(kv_cache_init(&ctx->kv, (int32_t)hp->n_layers, p->n_seq, p->n_ctx, (int64_t)hp->n_head_kv * hp->head_dim_k,
+    CORE_TRY(kv_cache_init(&ctx->kv, (int32_t)hp->n_layers, p->n_seq, p->n_ctx, p->n_cells, (int64_t)hp->n_head_kv * hp->head_dim_k,
                            (int64_t)hp->n_head_kv * hp->head_dim_v, ctx->plan.any_cpu_attention || ctx->plan.decode));
     CORE_TRY(alloc_scratch(ctx));
     ctx->next_pos = malloc(sizeof(int32_t) * (size_t)p->n_seq);
@@ -282,6 +283,27 @@ static pshard_status validate(const struct exec_ctx *ctx, const struct exec_batc
             return core_fail(PSHARD_ERR_RANGE, "context full: sequence %d would need more than %d positions (raise -c)",
                              b->seq[t], p->n_ctx);
     }
+    /* The blocks the new cells need, every sequence's together, from the pool's free ones. */
+    int64_t need = 0;
+    for (int32_t s = 0; s < p->n_seq; s++)
+        if (ctx->next_pos[s] > ctx->kv.seq_len[s]) need += kv_cache_blocks_needed(&ctx->kv, s, ctx->next_pos[s]);
+    if (need > ctx->kv.n_free)
+        return core_fail(PSHARD_ERR_RANGE, "KV cache full: the step needs %lld blocks of %d cells and %d are free (of %d; "
+                         "raise -c)", (long long)need, (int)KV_BLOCK_CELLS, ctx->kv.n_free, ctx->kv.n_blocks);
+    return PSHARD_OK;
+}
+
+/* A block's first cells copied on the GPU too, for the layers whose cache is there. */
+static pshard_status copy_on_gpu(void *arg, int32_t dst, int32_t src, int32_t n_cells) {
+    struct exec_ctx *ctx = arg;
+    return ctx->gpu ? exec_gpu_copy_cells(ctx, dst, src, n_cells) : PSHARD_OK;
+}
+
+/* The blocks the batch writes, taken from the pool (validate counted them). */
+static pshard_status reserve_cells(struct exec_ctx *ctx) {
+    const struct kv_copier copier = {copy_on_gpu, ctx};
+    for (int32_t s = 0; s < ctx->params.n_seq; s++)
+        if (ctx->next_pos[s] > ctx->kv.seq_len[s]) CORE_TRY(kv_cache_reserve(&ctx->kv, s, ctx->next_pos[s], &copier));
     return PSHARD_OK;
 }
 
@@ -303,9 +325,11 @@ pshard_status exec_step(struct exec_ctx *ctx, const struct exec_batch *batch) {
         const struct plan *runs = plan_for_step(&ctx->plan, batch->n_tokens, cells);
         pshard_status st = runs != ctx->active ? exec_gpu_switch(ctx, runs) : PSHARD_OK;
         if (st != PSHARD_OK) return core_fail_context(st, "changing to the %s phase's plan", runs == &ctx->plan ? "prompt" : "decode");
+        CORE_TRY(reserve_cells(ctx));
         st = exec_gpu_step(ctx, batch);
         if (st != PSHARD_OK) return core_fail_context(st, "step on the GPU");
     } else {
+        CORE_TRY(reserve_cells(ctx));
         for (uint32_t i = 0; i < model->n_shards; i++) {
             const struct shard *shard = &model->shards[i];
             switch (shard->kind) {
@@ -345,13 +369,34 @@ pshard_status exec_fill_seq(struct exec_ctx *ctx, int32_t seq, int32_t len) {
     struct kv_cache *kv = &ctx->kv;
     if (seq < 0 || seq >= kv->n_seq || len < 0 || len >= kv->n_ctx)
         return core_fail(PSHARD_ERR_INVALID_ARG, "cannot fill sequence %d to %d cells (context %d)", seq, len, kv->n_ctx);
-    if (kv->k) {
-        memset(kv->k, 0, (size_t)kv->n_layers * kv->n_seq * kv->n_ctx * kv->k_width * sizeof(uint16_t));
-        memset(kv->v, 0, (size_t)kv->n_layers * kv->n_seq * kv->n_ctx * kv->v_width * sizeof(uint16_t));
-    }
-    if (ctx->gpu) CORE_TRY(exec_gpu_clear_kv(ctx));
+    int32_t own = 0; /* blocks the sequence gives back first */
+    for (int32_t i = 0; i < kv->n_held[seq]; i++) own += kv->refs[kv_cache_blocks(kv, seq)[i]] == 1;
+    if ((len + KV_BLOCK_CELLS - 1) / KV_BLOCK_CELLS > kv->n_free + own)
+        return core_fail(PSHARD_ERR_RANGE, "KV cache full: %d cells do not fit the %d free (raise -c)", len,
+                         (kv->n_free + own) * KV_BLOCK_CELLS);
+    kv_cache_truncate(kv, seq, 0);
+    CORE_TRY(kv_cache_reserve(kv, seq, len, NULL));
+    /* Its blocks zeroed, on the host and on the GPU. */
+    for (int32_t il = 0; kv->k && il < kv->n_layers; il++)
+        for (int32_t i = 0; i < kv->n_held[seq]; i++) {
+            const int64_t row = (int64_t)kv_cache_blocks(kv, seq)[i] * KV_BLOCK_CELLS;
+            memset(kv_cache_k(kv, il, row), 0, sizeof(uint16_t) * KV_BLOCK_CELLS * (size_t)kv->k_width);
+            memset(kv_cache_v(kv, il, row), 0, sizeof(uint16_t) * KV_BLOCK_CELLS * (size_t)kv->v_width);
+        }
+    if (ctx->gpu) CORE_TRY(exec_gpu_clear_kv(ctx, seq));
     kv->seq_len[seq] = len;
     return PSHARD_OK;
 }
 
 void exec_truncate_seq(struct exec_ctx *ctx, int32_t seq, int32_t len) { kv_cache_truncate(&ctx->kv, seq, len); }
+
+int32_t exec_free_cells(const struct exec_ctx *ctx) { return ctx->kv.n_free * KV_BLOCK_CELLS; }
+int32_t exec_block_cells(const struct exec_ctx *ctx) {
+    (void)ctx;
+    return KV_BLOCK_CELLS;
+}
+
+pshard_status exec_share_prefix(struct exec_ctx *ctx, int32_t dst_seq, int32_t src_seq, int32_t n_cells) {
+    const struct kv_copier copier = {copy_on_gpu, ctx};
+    return kv_cache_share(&ctx->kv, dst_seq, src_seq, n_cells, &copier);
+}

@@ -245,7 +245,9 @@ static size_t work_bytes_needed(const struct model *model, const struct model_we
     const struct cuda_matrix out = shape_of(w->output);
     grow_work(&work, cuda_matmul_work_bytes(&out, B));
     const struct cuda_attn_shape a = {(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v, 1};
-    grow_work(&work, cuda_attention_decode_work_bytes(&a, B, p->n_ctx));
+    /* (fewer tokens cut the cache into more slices: a step of several sequences' tokens, which
+     * takes the split-KV kernel at any count, can need more than the largest step) */
+    for (int64_t n = 1; n <= B; n++) grow_work(&work, cuda_attention_decode_work_bytes(&a, n, p->n_ctx));
     grow_work(&work, cuda_attention_prefill_work_bytes(&a, B, p->n_ctx));
     return align_up(work);
 }
@@ -275,6 +277,8 @@ pshard_status exec_gpu_costs(const struct model *model, const struct model_weigh
     out->logits = logits;
     out->work = work_bytes_needed(model, w, p);
     out->blas = CUDA_BLAS_WORKSPACE_BYTES;
+    /* The KV block table, one row a sequence. */
+    out->activations += align_up(sizeof(int32_t) * (size_t)p->n_seq * (size_t)((p->n_ctx + KV_BLOCK_CELLS - 1) / KV_BLOCK_CELLS));
     /* The driver maps registered host memory for the GPU with 8 bytes of page table per 4 KiB
      * page (measured on the H200: 34 MiB for a 17.2 GB file). */
     out->host_mapping = ((gguf_file_bytes(model->file) / 512 >> 20) + 2) << 20;
@@ -319,31 +323,57 @@ static pshard_status carve_activations(struct exec_gpu *g, const struct exec_ctx
     return PSHARD_OK;
 }
 
+/* The KV block table's place, then each pool of the layers whose cache is in VRAM. */
 static pshard_status carve_kv(struct exec_gpu *g, const struct exec_ctx *ctx) {
     const struct kv_cache *kv = &ctx->kv;
-    const size_t before = g->arena.used;
+    CORE_TRY(carve(g, sizeof(int32_t) * (size_t)kv->n_seq * (size_t)kv->max_blocks, "activations", (void **)&g->kv_table));
+    g->table_stale = true;
+    const size_t before = g->arena.used, cells = (size_t)kv_cache_cells(kv);
     for (int32_t il = 0; il < kv->n_layers; il++) {
-        if (!ctx->active->kv_gpu[il]) continue; /* this layer's attention and KV stay on the host */
         struct cuda_kv_layer *l = &g->kv[il];
-        l->seq_stride_k = (int64_t)kv->n_ctx * kv->k_width;
-        l->seq_stride_v = (int64_t)kv->n_ctx * kv->v_width;
-        CORE_TRY(carve(g, sizeof(uint16_t) * (size_t)(l->seq_stride_k * kv->n_seq), "kv", (void **)&l->k));
-        CORE_TRY(carve(g, sizeof(uint16_t) * (size_t)(l->seq_stride_v * kv->n_seq), "kv", (void **)&l->v));
+        *l = (struct cuda_kv_layer){NULL, NULL, g->kv_table, kv->max_blocks, KV_BLOCK_CELLS};
+        if (!ctx->active->kv_gpu[il]) continue; /* this layer's attention and KV stay on the host */
+        CORE_TRY(carve(g, sizeof(uint16_t) * cells * (size_t)kv->k_width, "kv", (void **)&l->k));
+        CORE_TRY(carve(g, sizeof(uint16_t) * cells * (size_t)kv->v_width, "kv", (void **)&l->v));
     }
     g->report.kv_bytes = g->arena.used - before;
     return PSHARD_OK;
 }
 
-pshard_status exec_gpu_clear_kv(struct exec_ctx *ctx) {
+/* Rows [row, row + n) of every layer's pool in VRAM: zeroed (dst NULL), or copied from src rows
+ * (as rows, not bytes). */
+static pshard_status kv_rows(struct exec_ctx *ctx, int64_t row, int64_t n, const int64_t *src) {
     struct exec_gpu *g = ctx->gpu;
     const struct kv_cache *kv = &ctx->kv;
     for (int32_t il = 0; il < kv->n_layers; il++) {
         const struct cuda_kv_layer *l = &g->kv[il];
         if (!l->k) continue;
-        CORE_TRY(cuda_memset(l->k, 0, sizeof(uint16_t) * (size_t)(l->seq_stride_k * kv->n_seq), g->stream));
-        CORE_TRY(cuda_memset(l->v, 0, sizeof(uint16_t) * (size_t)(l->seq_stride_v * kv->n_seq), g->stream));
+        uint16_t *k = l->k + row * kv->k_width, *v = l->v + row * kv->v_width;
+        const size_t kb = sizeof(uint16_t) * (size_t)(n * kv->k_width), vb = sizeof(uint16_t) * (size_t)(n * kv->v_width);
+        if (!src) {
+            CORE_TRY(cuda_memset(k, 0, kb, g->stream));
+            CORE_TRY(cuda_memset(v, 0, vb, g->stream));
+        } else {
+            CORE_TRY(cuda_copy_d2d(k, l->k + *src * kv->k_width, kb, g->stream));
+            CORE_TRY(cuda_copy_d2d(v, l->v + *src * kv->v_width, vb, g->stream));
+        }
     }
-    return cuda_stream_sync(g->stream);
+    return PSHARD_OK;
+}
+
+pshard_status exec_gpu_clear_kv(struct exec_ctx *ctx, int32_t seq) {
+    const struct kv_cache *kv = &ctx->kv;
+    const int32_t *blocks = kv_cache_blocks(kv, seq);
+    for (int32_t i = 0, n; i < kv->n_held[seq]; i += n) { /* a run of consecutive blocks at a time */
+        for (n = 1; i + n < kv->n_held[seq] && blocks[i + n] == blocks[i] + n;) n++;
+        CORE_TRY(kv_rows(ctx, (int64_t)blocks[i] * KV_BLOCK_CELLS, (int64_t)n * KV_BLOCK_CELLS, NULL));
+    }
+    return cuda_stream_sync(ctx->gpu->stream);
+}
+
+pshard_status exec_gpu_copy_cells(struct exec_ctx *ctx, int32_t dst, int32_t src, int32_t n_cells) {
+    const int64_t from = (int64_t)src * KV_BLOCK_CELLS;
+    return kv_rows(ctx, (int64_t)dst * KV_BLOCK_CELLS, n_cells, &from);
 }
 
 static bool experts_streamed(const struct plan *plan, int layer) {
@@ -512,19 +542,21 @@ static void forget_plan(struct exec_gpu *g, const struct exec_ctx *ctx) {
     cuda_arena_reset(&g->arena, 0);
 }
 
-/* The cached cells of every layer whose KV cache is in VRAM, copied to the host's cache (down)
- * or from it. */
+/* The blocks sequences hold, of every layer whose KV cache is in VRAM, copied to the host's
+ * pool (down) or from it: a run of consecutive held blocks a copy. */
 static pshard_status move_kv(struct exec_gpu *g, struct exec_ctx *ctx, bool down) {
     const struct kv_cache *kv = &ctx->kv;
     for (int32_t il = 0; il < kv->n_layers; il++) {
         const struct cuda_kv_layer *l = &g->kv[il];
         if (!l->k) continue;
-        for (int32_t s = 0; s < kv->n_seq; s++) {
-            const size_t cells = (size_t)kv->seq_len[s];
-            if (!cells) continue;
-            uint16_t *k = kv_cache_k(kv, il, s), *v = kv_cache_v(kv, il, s);
-            uint16_t *dk = l->k + l->seq_stride_k * s, *dv = l->v + l->seq_stride_v * s;
-            const size_t kb = sizeof(uint16_t) * cells * (size_t)kv->k_width, vb = sizeof(uint16_t) * cells * (size_t)kv->v_width;
+        for (int32_t b = 0, n; b < kv->n_blocks; b += n) {
+            n = 1;
+            if (!kv->refs[b]) continue;
+            while (b + n < kv->n_blocks && kv->refs[b + n]) n++;
+            const int64_t row = (int64_t)b * KV_BLOCK_CELLS, cells = (int64_t)n * KV_BLOCK_CELLS;
+            uint16_t *k = kv_cache_k(kv, il, row), *v = kv_cache_v(kv, il, row);
+            uint16_t *dk = l->k + row * kv->k_width, *dv = l->v + row * kv->v_width;
+            const size_t kb = sizeof(uint16_t) * (size_t)(cells * kv->k_width), vb = sizeof(uint16_t) * (size_t)(cells * kv->v_width);
             CORE_TRY(down ? cuda_copy_d2h(k, dk, kb, g->stream) : cuda_copy_h2d(dk, k, kb, g->stream));
             CORE_TRY(down ? cuda_copy_d2h(v, dv, vb, g->stream) : cuda_copy_h2d(dv, v, vb, g->stream));
         }
@@ -571,12 +603,15 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
     g->kv = calloc((size_t)ctx->kv.n_layers, sizeof *g->kv);
     g->step_seq = calloc((size_t)ctx->kv.n_seq, sizeof *g->step_seq);
     g->seen = calloc((size_t)ctx->kv.n_seq, sizeof *g->seen);
+    g->kv_marks = calloc((size_t)ctx->kv.n_blocks, sizeof *g->kv_marks);
     g->cap_uploaded = (uint32_t)gguf_tensor_count(model->file);
     g->uploaded = calloc(g->cap_uploaded ? g->cap_uploaded : 1, sizeof *g->uploaded);
-    if (!g->layers || !g->kv || !g->uploaded || !g->step_seq || !g->seen) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    if (!g->layers || !g->kv || !g->uploaded || !g->step_seq || !g->seen || !g->kv_marks)
+        return core_fail(PSHARD_ERR_NOMEM, "out of memory");
     const size_t B = (size_t)ctx->params.n_batch, d = hp->n_embd, k = hp->n_expert_used ? hp->n_expert_used : 1;
     CORE_TRY(cuda_host_alloc(UPLOAD_CHUNK_BYTES, &g->staging));
     CORE_TRY(cuda_host_alloc(sizeof(int32_t) * B * 4, &g->host_in));
+    CORE_TRY(cuda_host_alloc(sizeof(int32_t) * (size_t)ctx->kv.n_seq * (size_t)ctx->kv.max_blocks, &g->host_table));
     CORE_TRY(cuda_host_alloc(sizeof(float) * B * hp->n_vocab, &g->host_logits));
     CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_x)); /* activations crossing PCIe */
     if (hp->n_expert || either_phase(ctx, plan_splits_ffn)) { /* hand-offs of layers split with the CPU */
@@ -606,7 +641,7 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
     if ((decode || either_phase(ctx, plan_streams_kv)) && ctx->kv.k) {
         /* moved at each change of phase, or carried in the ring: pinned, where the system lets it */
         const struct kv_cache *kv = &ctx->kv;
-        const size_t cells = (size_t)kv->n_layers * kv->n_seq * kv->n_ctx;
+        const size_t cells = (size_t)kv->n_layers * (size_t)kv_cache_cells(kv);
         CORE_TRY(cuda_host_register_writable(kv->k, sizeof(uint16_t) * cells * (size_t)kv->k_width, &g->kv_host[0]));
         CORE_TRY(cuda_host_register_writable(kv->v, sizeof(uint16_t) * cells * (size_t)kv->v_width, &g->kv_host[1]));
     }
@@ -637,6 +672,7 @@ void exec_gpu_free(struct exec_gpu *g) {
     if (g->arena.base) cuda_arena_destroy(&g->arena);
     cuda_pinned_release(&g->staging);
     cuda_pinned_release(&g->host_in);
+    cuda_pinned_release(&g->host_table);
     cuda_pinned_release(&g->host_logits);
     cuda_pinned_release(&g->host_x);
     cuda_pinned_release(&g->host_xn);
@@ -660,6 +696,7 @@ void exec_gpu_free(struct exec_gpu *g) {
     free(g->kv);
     free(g->step_seq);
     free(g->seen);
+    free(g->kv_marks);
     free(g->uploaded);
     free(g);
 }

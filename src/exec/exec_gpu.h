@@ -42,8 +42,11 @@ void exec_gpu_free(struct exec_gpu *gpu);
  * layers in VRAM go to the host's cache, `to`'s resident weights are copied up, then the KV
  * cells of the layers `to` keeps in VRAM. Between steps; afterwards ctx->active is `to`. */
 pshard_status exec_gpu_switch(struct exec_ctx *ctx, const struct plan *to);
-/* Zero the KV cells in VRAM (benchmarks that time steps at a context they did not compute). */
-pshard_status exec_gpu_clear_kv(struct exec_ctx *ctx);
+/* Zero a sequence's blocks in VRAM (benchmarks that time steps at a context they did not compute). */
+pshard_status exec_gpu_clear_kv(struct exec_ctx *ctx, int32_t seq);
+/* Cells [0, n_cells) of KV block src copied into block dst in VRAM, every layer whose cache is
+ * there (a shared prefix's last block, a copy on write); in order with the steps after it. */
+pshard_status exec_gpu_copy_cells(struct exec_ctx *ctx, int32_t dst, int32_t src, int32_t n_cells);
 const struct gpu_memory_report *exec_gpu_report(const struct exec_gpu *gpu);
 
 /* One step following the plan: GPU shards on the GPU, CPU shards on the thread pool, the

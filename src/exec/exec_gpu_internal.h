@@ -43,6 +43,15 @@ struct exec_gpu {
     const float *output_norm, *rope_freqs;
     struct cuda_attn_shape attn_shape;
     struct cuda_kv_layer *kv;
+    /* The KV block table ([n_seq][max_blocks], as ctx->kv.table) at a fixed place in the arena, so
+     * a replayed graph reads the current one: copied up before a step whenever the host's changed
+     * (table_version) through its pinned buffer; kv_marks: a step's blocks to carry up
+     * (plan.kv_stream), [n_blocks]. */
+    int32_t *kv_table;
+    struct cuda_pinned host_table;
+    uint64_t table_version;
+    bool table_stale;
+    bool *kv_marks;
     /* device activations, sized for n_batch tokens */
     float *x, *xn, *proj, *q, *k, *v, *attn, *gate, *up, *router, *expert_weights, *rope_cs, *logits;
     int32_t *expert_ids, *tokens, *pos, *seq, *out_rows;

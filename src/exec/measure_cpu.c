@@ -68,14 +68,14 @@ static void cpu_attn_job(void *arg, int thread, int n_threads) {
     const struct cpu_attn_units *units = &b->attn_units;
     int64_t begin, end;
     threadpool_range(units->count, 1, thread, n_threads, &begin, &end);
-    const uint16_t *k = b->kv_at, *v = b->kv_at + b->cells * a->n_head_kv * a->head_k;
+    const struct cpu_kv_view kv = cpu_kv_contiguous(b->kv_at, b->kv_at + b->cells * a->n_head_kv * a->head_k);
     int64_t n_cells[CPU_ATTN_TILE_TOKENS];
     for (int i = 0; i < CPU_ATTN_TILE_TOKENS; i++) n_cells[i] = b->cells;
     for (int64_t u = begin; u < end; u++) {
         int64_t t0, t1;
         int h0, h1, split;
         cpu_attention_unit(a, units, u, &t0, &t1, &h0, &h1, &split);
-        cpu_attention_run_unit(a, units, t0, t1, h0, h1, split, b->q, k, v, n_cells, b->partial, b->out);
+        cpu_attention_run_unit(a, units, t0, t1, h0, h1, split, b->q, &kv, n_cells, b->partial, b->out);
     }
 }
 

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/timer.h"
 #include "cuda/cuda_backend.h"
+#include "exec/kv_cache.h"
 #include "exec/measure_internal.h"
 #include "plan/cost.h"
 #include "quant/types.h"
@@ -517,8 +518,19 @@ static pshard_status attention_rates(struct gpu_bench *b, int64_t cells, int64_t
     CORE_TRY(carve(b, sizeof(uint16_t) * room * a->n_head_kv * a->head_v, (void **)&b->kv.v));
     CORE_TRY(cuda_memset(b->kv.k, 0x22, sizeof(uint16_t) * room * a->n_head_kv * a->head_k, b->s));
     CORE_TRY(cuda_memset(b->kv.v, 0x22, sizeof(uint16_t) * room * a->n_head_kv * a->head_v, b->s));
-    b->kv.seq_stride_k = room * a->n_head_kv * a->head_k;
-    b->kv.seq_stride_v = room * a->n_head_kv * a->head_v;
+    /* The cells through a block table as the executor's (its blocks in order: a sequence grown
+     * alone has them so); every token reads the one sequence. */
+    const int64_t n_blocks = (room + KV_BLOCK_CELLS - 1) / KV_BLOCK_CELLS;
+    int32_t *blocks = malloc(sizeof *blocks * (size_t)n_blocks);
+    if (!blocks) return core_fail(PSHARD_ERR_NOMEM, "out of memory while measuring");
+    for (int64_t i = 0; i < n_blocks; i++) blocks[i] = (int32_t)i;
+    pshard_status up = carve(b, sizeof *blocks * (size_t)n_blocks, (void **)&b->kv.blocks);
+    if (up == PSHARD_OK) up = cuda_copy_h2d((void *)b->kv.blocks, blocks, sizeof *blocks * (size_t)n_blocks, b->s);
+    if (up == PSHARD_OK) up = cuda_stream_sync(b->s);
+    free(blocks);
+    CORE_TRY(up);
+    b->kv.blocks_stride = 0;
+    b->kv.block_cells = KV_BLOCK_CELLS;
     double quarter_s = 0;
     pshard_status st = PSHARD_OK;
     for (int i = find_call ? -1 : 0; i < PROFILE_TOKENS && st == PSHARD_OK; i++) {

@@ -51,9 +51,11 @@ static void attn_worker(void *p, int thread, int n_threads) {
         int h0, h1, split;
         cpu_attention_unit(&job->shape, &job->units, total - 1 - claimed, &t0, &t1, &h0, &h1, &split);
         for (int64_t t = t0; t < t1; t++) n_cells[t - t0] = job->batch->pos[t] + 1;
-        const int32_t seq = job->batch->seq[t0];
-        cpu_attention_run_unit(&job->shape, &job->units, t0, t1, h0, h1, split, ctx->s.q, kv_cache_k(&ctx->kv, job->layer, seq),
-                               kv_cache_v(&ctx->kv, job->layer, seq), n_cells, job->partial, ctx->s.attn);
+        /* the sequence's cells through its blocks, in this layer's pool */
+        const struct cpu_kv_view view = {kv_cache_k(&ctx->kv, job->layer, 0), kv_cache_v(&ctx->kv, job->layer, 0),
+                                         kv_cache_blocks(&ctx->kv, job->batch->seq[t0]), KV_BLOCK_CELLS};
+        cpu_attention_run_unit(&job->shape, &job->units, t0, t1, h0, h1, split, ctx->s.q, &view, n_cells, job->partial,
+                               ctx->s.attn);
     }
 }
 
@@ -107,9 +109,10 @@ void shard_attn_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *ba
         cpu_rope_table(&ctx->w.rope, batch->pos[t], cs);
         cpu_rope_apply(&ctx->w.rope, cs, s->q + t * q_width, (int)hp->n_head, (int)hp->head_dim_k);
         cpu_rope_apply(&ctx->w.rope, cs, s->k + t * k_width, (int)hp->n_head_kv, (int)hp->head_dim_k);
-        /* Write this token's K and V into its sequence's cell before anyone attends. */
-        uint16_t *kc = kv_cache_k(&ctx->kv, layer, batch->seq[t]) + (int64_t)batch->pos[t] * k_width;
-        uint16_t *vc = kv_cache_v(&ctx->kv, layer, batch->seq[t]) + (int64_t)batch->pos[t] * v_width;
+        /* Write this token's K and V into its sequence's cell before anyone attends (the step
+         * took the cell's block for it: never one another sequence holds). */
+        const int64_t row = kv_cache_row(&ctx->kv, batch->seq[t], batch->pos[t]);
+        uint16_t *kc = kv_cache_k(&ctx->kv, layer, row), *vc = kv_cache_v(&ctx->kv, layer, row);
         for (int64_t i = 0; i < k_width; i++) kc[i] = half_from_f32(s->k[t * k_width + i]);
         for (int64_t i = 0; i < v_width; i++) vc[i] = half_from_f32(s->v[t * v_width + i]);
     }

@@ -44,18 +44,20 @@ static pshard_status project_each(struct exec_ctx *ctx, struct exec_gpu *g, cons
 }
 
 /* The step's new cells of a layer whose KV cache is in host memory, from their copy in a slot down
- * to the host's cache: one copy of K and one of V for each run of consecutive positions of a
- * sequence. */
+ * to the host's pool (the slot holds the pool's rows at their places): one copy of K and one of
+ * V for each run of consecutive positions of a sequence whose rows follow one another. */
 static pshard_status kv_cells_down(struct exec_ctx *ctx, struct exec_gpu *g, int il, const struct cuda_kv_layer *kv,
                                    const struct exec_batch *b) {
     const int64_t kw = ctx->kv.k_width, vw = ctx->kv.v_width;
     for (int32_t t = 0, end; t < b->n_tokens; t = end) {
         const int32_t s = b->seq[t], from = b->pos[t];
         for (end = t + 1; end < b->n_tokens && b->seq[end] == s && b->pos[end] == from + (end - t);) end++;
-        const size_t cells = (size_t)(end - t);
-        const uint16_t *k = kv->k + kv->seq_stride_k * s + (int64_t)from * kw, *v = kv->v + kv->seq_stride_v * s + (int64_t)from * vw;
-        CORE_TRY(cuda_copy_d2h(kv_cache_k(&ctx->kv, il, s) + (int64_t)from * kw, k, sizeof(uint16_t) * cells * (size_t)kw, g->stream));
-        CORE_TRY(cuda_copy_d2h(kv_cache_v(&ctx->kv, il, s) + (int64_t)from * vw, v, sizeof(uint16_t) * cells * (size_t)vw, g->stream));
+        for (int32_t pos = from, n; pos < from + (end - t); pos += n) {
+            int64_t row;
+            n = kv_cache_run(&ctx->kv, s, pos, from + (end - t), &row);
+            CORE_TRY(cuda_copy_d2h(kv_cache_k(&ctx->kv, il, row), kv->k + row * kw, sizeof(uint16_t) * (size_t)(n * kw), g->stream));
+            CORE_TRY(cuda_copy_d2h(kv_cache_v(&ctx->kv, il, row), kv->v + row * vw, sizeof(uint16_t) * (size_t)(n * vw), g->stream));
+        }
     }
     return PSHARD_OK;
 }
@@ -168,27 +170,34 @@ void expert_slot_bases(const struct layer_weights *w, uint32_t first, uint32_t e
     for (int m = 0; m < 3; m++) base[m] = (uintptr_t)(slot + unit_matrix_at(bytes, m)) - (uintptr_t)offset[m];
 }
 
-/* A layer's KV cells in a slot, from `at` (past its matrices): every sequence's n_ctx cells of K,
- * then of V, laid out as the cache in VRAM is (plan.kv_stream). */
-static struct cuda_kv_layer slot_kv(const struct exec_ctx *ctx, uint8_t *at) {
+/* A layer's KV cells in a slot, from `at` (past its matrices): a copy of its pool's rows of K,
+ * then of V, addressed through the block table as the pool in VRAM is (plan.kv_stream). */
+static struct cuda_kv_layer slot_kv(const struct exec_ctx *ctx, const struct exec_gpu *g, uint8_t *at) {
     const struct kv_cache *kv = &ctx->kv;
-    struct cuda_kv_layer l = {(uint16_t *)at, NULL, (int64_t)kv->n_ctx * kv->k_width, (int64_t)kv->n_ctx * kv->v_width};
-    l.v = (uint16_t *)(at + cuda_align(sizeof(uint16_t) * (size_t)(l.seq_stride_k * kv->n_seq)));
+    struct cuda_kv_layer l = {(uint16_t *)at, NULL, g->kv_table, kv->max_blocks, KV_BLOCK_CELLS};
+    l.v = (uint16_t *)(at + cuda_align(sizeof(uint16_t) * (size_t)(kv_cache_cells(kv) * kv->k_width)));
     return l;
 }
 
-/* The cells the step's sequences have cached in a layer whose KV is on the host, copied into
- * the slot on the copy stream (the step adds its own there). */
+/* The blocks the step's sequences hold below their lengths, of a layer whose KV is on the host,
+ * copied into the slot on the copy stream (the step adds its own cells there): each block once,
+ * though sequences share it, a run of consecutive blocks a copy. */
 static pshard_status kv_cells_up(struct exec_ctx *ctx, struct exec_gpu *g, int il, uint8_t *at) {
     const struct kv_cache *kv = &ctx->kv;
-    const struct cuda_kv_layer l = slot_kv(ctx, at);
+    const struct cuda_kv_layer l = slot_kv(ctx, g, at);
     for (int32_t i = 0; i < g->n_step_seq; i++) {
-        const int32_t s = g->step_seq[i];
-        const size_t cells = (size_t)kv->seq_len[s];
-        if (!cells) continue;
-        const size_t kb = sizeof(uint16_t) * cells * (size_t)kv->k_width, vb = sizeof(uint16_t) * cells * (size_t)kv->v_width;
-        CORE_TRY(cuda_copy_h2d(l.k + l.seq_stride_k * s, kv_cache_k(kv, il, s), kb, g->copy));
-        CORE_TRY(cuda_copy_h2d(l.v + l.seq_stride_v * s, kv_cache_v(kv, il, s), vb, g->copy));
+        const int32_t s = g->step_seq[i], *blocks = kv_cache_blocks(kv, s);
+        for (int32_t j = 0; j < (kv->seq_len[s] + KV_BLOCK_CELLS - 1) / KV_BLOCK_CELLS; j++) g->kv_marks[blocks[j]] = true;
+    }
+    for (int32_t b = 0, n; b < kv->n_blocks; b += n) {
+        n = 1;
+        if (!g->kv_marks[b]) continue;
+        while (b + n < kv->n_blocks && g->kv_marks[b + n]) n++;
+        memset(g->kv_marks + b, 0, (size_t)n * sizeof *g->kv_marks);
+        const int64_t row = (int64_t)b * KV_BLOCK_CELLS, cells = (int64_t)n * KV_BLOCK_CELLS;
+        const size_t kb = sizeof(uint16_t) * (size_t)(cells * kv->k_width), vb = sizeof(uint16_t) * (size_t)(cells * kv->v_width);
+        CORE_TRY(cuda_copy_h2d(l.k + row * kv->k_width, kv_cache_k(kv, il, row), kb, g->copy));
+        CORE_TRY(cuda_copy_h2d(l.v + row * kv->v_width, kv_cache_v(kv, il, row), vb, g->copy));
         ctx->stats.streamed_bytes += kb + vb;
     }
     return PSHARD_OK;
@@ -288,7 +297,7 @@ static pshard_status dense_in_slot(struct exec_ctx *ctx, struct exec_gpu *g, con
     const size_t at = unit_matrix_at(bytes, n);
     if (shard->kind != SHARD_ATTN) return ffn_shard(ctx, g, &view, b);
     if (ctx->active->kv_gpu[shard->layer]) return attn_shard(ctx, g, shard->layer, &view, &g->kv[shard->layer], b);
-    const struct cuda_kv_layer kv = slot_kv(ctx, slot + at);
+    const struct cuda_kv_layer kv = slot_kv(ctx, g, slot + at);
     return attn_shard(ctx, g, shard->layer, &view, &kv, b);
 }
 
@@ -597,6 +606,19 @@ static pshard_status head_shard(struct exec_ctx *ctx, struct exec_gpu *g) {
     return PSHARD_OK;
 }
 
+/* The KV block table up to its fixed place, on the compute stream before the step (a replayed
+ * graph reads it there), whenever the host's changed since. The pinned buffer is free: the
+ * last step waited for its copy. */
+static pshard_status table_up(struct exec_ctx *ctx, struct exec_gpu *g) {
+    if (!g->table_stale && g->table_version == ctx->kv.table_version) return PSHARD_OK;
+    const size_t bytes = sizeof(int32_t) * (size_t)ctx->kv.n_seq * (size_t)ctx->kv.max_blocks;
+    memcpy(g->host_table.ptr, ctx->kv.table, bytes);
+    CORE_TRY(cuda_copy_h2d(g->kv_table, g->host_table.ptr, bytes, g->stream));
+    g->table_version = ctx->kv.table_version;
+    g->table_stale = false;
+    return PSHARD_OK;
+}
+
 static pshard_status upload_batch(struct exec_ctx *ctx, struct exec_gpu *g, const struct exec_batch *b) {
     const size_t B = (size_t)ctx->params.n_batch, n = (size_t)b->n_tokens;
     int32_t *host = g->host_in.ptr;
@@ -753,6 +775,7 @@ pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
         if (!g->seen[b->seq[t]]) g->seen[b->seq[t]] = true, g->step_seq[g->n_step_seq++] = b->seq[t];
     for (int32_t i = 0; i < g->n_step_seq; i++) g->seen[g->step_seq[i]] = false;
     CORE_TRY(upload_batch(ctx, g, b));
+    CORE_TRY(table_up(ctx, g));
     if (!tier->ring && tier->any_gpu) CORE_TRY(ensure_lent(ctx, g));
     const bool replayed = plan_tier_replays(tier, b->n_tokens) && ctx->stats.n_outputs == 1 && !g->no_graphs;
     if (replayed)

@@ -123,8 +123,13 @@ uint64_t plan_unit_bytes(const struct shard *s, uint32_t n_experts) {
 /* An MoE shard's always-used part: router, norm, shared expert. */
 static uint64_t shared_bytes(const struct shard *s) { return s->weight_bytes - (uint64_t)s->n_expert * s->expert_bytes; }
 
+/* The cells of each layer's KV pool, which the sequences share. */
+static uint64_t kv_cells(const struct plan_request *req) {
+    return req->kv_cells > 0 ? (uint64_t)req->kv_cells : (uint64_t)req->n_ctx * (uint64_t)req->n_seq;
+}
+
 static uint64_t kv_bytes(const struct shard *s, const struct plan_request *req) {
-    return s->kind == SHARD_ATTN ? s->kv_bytes_per_token * (uint64_t)req->n_ctx * (uint64_t)req->n_seq : 0;
+    return s->kind == SHARD_ATTN ? s->kv_bytes_per_token * kv_cells(req) : 0;
 }
 
 /* The per-token byte counts of a tier: who reads what from where. */
@@ -440,7 +445,8 @@ static void unit_benefit(const struct model *m, const struct plan_request *req, 
             saved += t->n_bytes * (cost_rate(prof->cpu_matmul, t->type, 1) - cost_rate(prof->gpu_matmul, t->type, 1));
     }
     if (s->kind == SHARD_ATTN)
-        saved += (double)kv_bytes(s, req) / req->n_seq * (prof->cpu_attn[0] * cost_query_heads_per_kv(m) - prof->gpu_attn[0]);
+        saved += (double)s->kv_bytes_per_token * (kv_cells(req) < (uint64_t)req->n_ctx ? kv_cells(req) : (uint64_t)req->n_ctx) *
+                 (prof->cpu_attn[0] * cost_query_heads_per_kv(m) - prof->gpu_attn[0]); /* a sequence's longest cache */
     u->benefit = saved / (double)(u->bytes ? u->bytes : 1);
     /* An MoE layer's shared part (its router: a few MB) is what lets the GPU take any of the
      * layer's experts, streamed, read in place or split; without it every tier, prompts
@@ -529,7 +535,7 @@ static pshard_status choose_resident(const struct model *m, const struct plan_re
     return PSHARD_OK;
 }
 
-/* Bytes of a layer's KV cells in a slot (plan.kv_stream): every sequence's context, K then V. */
+/* Bytes of a layer's KV cells in a slot (plan.kv_stream): a copy of its pool, K then V. */
 static uint64_t kv_unit_bytes(const struct shard *s, const struct plan_request *req) {
     return align_up(kv_bytes(s, req)) + ALIGN;
 }

@@ -115,6 +115,7 @@ struct plan_request {
     bool lend_experts;    /* with lend_slots and one_expert_call: tiers without the ring read the
                              MoE pieces among the ring's last units from their slots as well
                              (plan.experts_lent) */
+    int64_t kv_cells;     /* cells of each layer's KV pool, shared by the sequences (0: n_ctx * n_seq) */
 };
 
 /* auto: the typical request generates this many tokens unless told (plan_request.n_decode). */
@@ -183,8 +184,9 @@ struct plan {
     struct plan_tier tier[PLAN_TIERS];
     bool *kv_gpu;              /* per layer: KV in VRAM (attention on the GPU in every tier) */
     /* The ring carries a unit for the attention of each layer whose KV is in host memory: its
-     * matrices, then the layer's cached cells of the step's sequences ([n_seq][n_ctx] cells of K,
-     * then of V, as in VRAM), copied up with them; the attention writes the step's new cells there
+     * matrices, then the layer's cached cells of the step's sequences (the KV pool's blocks they
+     * hold, at their places in a copy of the pool: its cells of K, then of V, as in VRAM), copied
+     * up with them; the attention writes the step's new cells there
      * and copies them down to the host's cache. Tiers with plan_tier.kv_stream run it so; the
      * others pass over those units. */
     bool kv_stream;

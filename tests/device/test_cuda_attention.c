@@ -1,15 +1,18 @@
-/* GPU test: attention over an f16 KV cache laid out as src/exec/kv_cache.h, against
- * cpu_attention_heads. Decode: any batch (tokens of different sequences and positions), GQA
- * groups 1..16, head sizes 64..256, contexts from 1 cell to thousands (several KV splits).
- * Prefill: a prompt of one sequence (causal inside the batch, continuing an existing prefix).
- * Errors are relative to max |v|; prefill rounds probabilities to f16, so its tolerance is
- * looser. */
+/* GPU test: attention over an f16 KV cache in a pool of blocks, as src/exec/kv_cache.h lays it out
+ * (each sequence's blocks interleaved with the others' and in no order, the cells no sequence
+ * holds NaN), against cpu_attention_heads over the same cells in order. Decode: any batch (tokens
+ * of different sequences and positions), GQA groups 1..16, head sizes 64..256, contexts from 1
+ * cell to thousands (several KV splits). Prefill: a prompt of one sequence (causal inside the
+ * batch, continuing an existing prefix). Errors are relative to max |v|; prefill rounds
+ * probabilities to f16, so its tolerance is looser. */
 #include "cpu/attention.h"
 #include "device_test.h"
 
+enum { BLOCK = CUDA_KV_TILE };
+
 struct cache {
     int64_t n_seq, n_ctx, k_width, v_width;
-    uint16_t *k, *v; /* host */
+    uint16_t *k, *v; /* host: [seq][cell][width], in order */
     struct cuda_kv_layer dev;
 };
 
@@ -20,15 +23,33 @@ static void cache_init(struct dt *d, struct cache *c, const struct cuda_attn_sha
     c->k = dt_malloc(kb), c->v = dt_malloc(vb);
     for (size_t i = 0; i < kb / 2; i++) c->k[i] = half_from_f32(dt_uniform(-1.0f, 1.0f));
     for (size_t i = 0; i < vb / 2; i++) c->v[i] = half_from_f32(dt_uniform(-1.0f, 1.0f));
-    c->dev = (struct cuda_kv_layer){dt_upload(d, c->k, kb), dt_upload(d, c->v, vb), n_ctx * c->k_width, n_ctx * c->v_width};
+    /* Block i of sequence s at pool block n - 1 - (i * n_seq + s): the sequences' blocks alternate,
+     * each's run backwards, and two blocks no one holds lead the pool. */
+    const int64_t per = (n_ctx + BLOCK - 1) / BLOCK, n = n_seq * per + 2;
+    int32_t *blocks = dt_malloc(sizeof(int32_t) * (size_t)(n_seq * per));
+    uint16_t *pk = dt_malloc(2 * (size_t)(n * BLOCK * c->k_width)), *pv = dt_malloc(2 * (size_t)(n * BLOCK * c->v_width));
+    for (int64_t i = 0; i < n * BLOCK * c->k_width; i++) pk[i] = 0x7e00; /* NaN: a cell read wrongly shows */
+    for (int64_t i = 0; i < n * BLOCK * c->v_width; i++) pv[i] = 0x7e00;
+    for (int64_t s = 0; s < n_seq; s++)
+        for (int64_t i = 0; i < per; i++) {
+            const int64_t b = n - 1 - (i * n_seq + s), cells = n_ctx - i * BLOCK < BLOCK ? n_ctx - i * BLOCK : BLOCK;
+            blocks[s * per + i] = (int32_t)b;
+            memcpy(pk + b * BLOCK * c->k_width, c->k + (s * n_ctx + i * BLOCK) * c->k_width, 2 * (size_t)(cells * c->k_width));
+            memcpy(pv + b * BLOCK * c->v_width, c->v + (s * n_ctx + i * BLOCK) * c->v_width, 2 * (size_t)(cells * c->v_width));
+        }
+    c->dev = (struct cuda_kv_layer){dt_upload(d, pk, 2 * (size_t)(n * BLOCK * c->k_width)),
+                                    dt_upload(d, pv, 2 * (size_t)(n * BLOCK * c->v_width)),
+                                    dt_upload(d, blocks, sizeof(int32_t) * (size_t)(n_seq * per)), (int32_t)per, BLOCK};
+    free(blocks), free(pk), free(pv);
 }
 
 static void reference(const struct cuda_attn_shape *a, const struct cache *c, const float *q, const int32_t *seq,
                       const int32_t *pos, int64_t n_tokens, float *out) {
     const struct cpu_attn_shape s = {a->n_head, a->n_head_kv, a->head_k, a->head_v, a->scale};
-    for (int64_t t = 0; t < n_tokens; t++)
-        cpu_attention_heads(&s, q + t * a->n_head * a->head_k, c->k + seq[t] * c->n_ctx * c->k_width,
-                            c->v + seq[t] * c->n_ctx * c->v_width, pos[t] + 1, 0, a->n_head, out + t * a->n_head * a->head_v);
+    for (int64_t t = 0; t < n_tokens; t++) {
+        const struct cpu_kv_view kv = cpu_kv_contiguous(c->k + seq[t] * c->n_ctx * c->k_width, c->v + seq[t] * c->n_ctx * c->v_width);
+        cpu_attention_heads(&s, q + t * a->n_head * a->head_k, &kv, pos[t] + 1, 0, a->n_head, out + t * a->n_head * a->head_v);
+    }
 }
 
 enum kernel { DECODE, PREFILL, PREFILL_ONE_SLICE };

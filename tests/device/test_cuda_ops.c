@@ -113,20 +113,26 @@ static void test_rope(struct dt *d, const char *name, struct rope_params p, int 
     free(ff), free(cs), free(cs_got), free(x), free(x_got);
 }
 
+/* Cells land at their rows of the pool through each sequence's blocks (interleaved, backwards). */
 static void test_kv_store(struct dt *d) {
-    const int64_t n_seq = 3, n_ctx = 50, k_width = 256, v_width = 192, n_tokens = 6;
-    const int32_t seq[] = {0, 2, 2, 1, 0, 2}, pos[] = {0, 7, 8, 49, 3, 9};
+    const int64_t n_seq = 3, n_ctx = 150, k_width = 256, v_width = 192, n_tokens = 6, per = 3, n = n_seq * per + 1;
+    const int32_t seq[] = {0, 2, 2, 1, 0, 2}, pos[] = {0, 63, 64, 149, 3, 130};
+    int32_t blocks[9];
+    for (int64_t s = 0; s < n_seq; s++)
+        for (int64_t i = 0; i < per; i++) blocks[s * per + i] = (int32_t)(n - 1 - (i * n_seq + s));
     const size_t mark = cuda_arena_mark(&d->arena);
-    const size_t kb = 2 * (size_t)(n_seq * n_ctx * k_width), vb = 2 * (size_t)(n_seq * n_ctx * v_width);
+    const size_t kb = 2 * (size_t)(n * CUDA_KV_TILE * k_width), vb = 2 * (size_t)(n * CUDA_KV_TILE * v_width);
     uint16_t *kc = calloc(1, kb), *vc = calloc(1, vb), *kg = dt_malloc(kb), *vg = dt_malloc(vb);
     float *k = dt_malloc(4 * (size_t)(n_tokens * k_width)), *v = dt_malloc(4 * (size_t)(n_tokens * v_width));
     dt_fill(k, n_tokens * k_width, -100.0f, 100.0f);
     dt_fill(v, n_tokens * v_width, -1e-5f, 1e-5f); /* subnormal halves */
     for (int64_t t = 0; t < n_tokens; t++) {
-        for (int64_t i = 0; i < k_width; i++) kc[(seq[t] * n_ctx + pos[t]) * k_width + i] = half_from_f32(k[t * k_width + i]);
-        for (int64_t i = 0; i < v_width; i++) vc[(seq[t] * n_ctx + pos[t]) * v_width + i] = half_from_f32(v[t * v_width + i]);
+        const int64_t row = (int64_t)blocks[seq[t] * per + pos[t] / CUDA_KV_TILE] * CUDA_KV_TILE + pos[t] % CUDA_KV_TILE;
+        for (int64_t i = 0; i < k_width; i++) kc[row * k_width + i] = half_from_f32(k[t * k_width + i]);
+        for (int64_t i = 0; i < v_width; i++) vc[row * v_width + i] = half_from_f32(v[t * v_width + i]);
     }
-    struct cuda_kv_layer kv = {dt_alloc(d, kb), dt_alloc(d, vb), n_ctx * k_width, n_ctx * v_width};
+    struct cuda_kv_layer kv = {dt_alloc(d, kb), dt_alloc(d, vb), dt_upload(d, blocks, sizeof blocks), (int32_t)per, CUDA_KV_TILE};
+    (void)n_ctx;
     DT_CHECK(cuda_memset(kv.k, 0, kb, d->s));
     DT_CHECK(cuda_memset(kv.v, 0, vb, d->s));
     DT_CHECK(cuda_kv_store(&kv, dt_upload(d, k, 4 * (size_t)(n_tokens * k_width)),
@@ -134,7 +140,7 @@ static void test_kv_store(struct dt *d) {
                            dt_upload(d, pos, sizeof pos), n_tokens, d->s));
     dt_download(d, kg, kv.k, kb);
     dt_download(d, vg, kv.v, vb);
-    dt_case(d, memcmp(kg, kc, kb) == 0 && memcmp(vg, vc, vb) == 0, "kv store: f16 bits at the right cells");
+    dt_case(d, memcmp(kg, kc, kb) == 0 && memcmp(vg, vc, vb) == 0, "kv store: f16 bits at the right cells of the pool's blocks");
     cuda_arena_reset(&d->arena, mark);
     free(kc), free(vc), free(kg), free(vg), free(k), free(v);
 }
