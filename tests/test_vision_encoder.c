@@ -14,6 +14,7 @@
 
 #include "gguf/gguf.h"
 #include "gguf_builder.h"
+#include "core/threadpool.h"
 #include "test_helpers.h"
 #include "vision/encoder.h"
 
@@ -91,7 +92,7 @@ static void test_encode_shapes_and_values(void **state) {
     struct vision_patches p;
     assert_int_equal(vision_preprocess(&m.hp, &img, &p), PSHARD_OK);
     struct vision_embeddings out;
-    if (vision_encode(&m, &p, &out) != PSHARD_OK) fail_msg("%s", pshard_last_error());
+    if (vision_encode(&m, &p, NULL, &out) != PSHARD_OK) fail_msg("%s", pshard_last_error());
     assert_int_equal(out.n_tokens, 6); /* 4 x 6 patches, 2 x 3 groups */
     assert_int_equal(out.n_embd, PROJ);
     double sum = 0, sum2 = 0;
@@ -103,15 +104,24 @@ static void test_encode_shapes_and_values(void **state) {
     assert_true(sd > 0.01);
     /* Tokens differ from each other (the image and the positions reach the output). */
     assert_true(memcmp(out.data, out.data + PROJ, PROJ * sizeof(float)) != 0);
+    /* On a pool of 3 threads: the same bits (each output is computed the same way, whoever
+     * computes it). */
+    struct threadpool *pool;
+    assert_int_equal(threadpool_create(3, &pool), PSHARD_OK);
+    struct vision_embeddings threaded;
+    assert_int_equal(vision_encode(&m, &p, pool, &threaded), PSHARD_OK);
+    assert_memory_equal(out.data, threaded.data, (size_t)out.n_tokens * PROJ * sizeof(float));
+    vision_embeddings_free(&threaded);
+    threadpool_free(pool);
     /* A different image gives different embeddings. */
     p.data[0] += 1.0f;
     struct vision_embeddings again;
-    assert_int_equal(vision_encode(&m, &p, &again), PSHARD_OK);
+    assert_int_equal(vision_encode(&m, &p, NULL, &again), PSHARD_OK);
     assert_true(memcmp(out.data, again.data, (size_t)out.n_tokens * PROJ * sizeof(float)) != 0);
     vision_embeddings_free(&again);
     /* Patches that do not fit the model are refused. */
     p.patch_dim = 100;
-    assert_int_equal(vision_encode(&m, &p, &again), PSHARD_ERR_INVALID_ARG);
+    assert_int_equal(vision_encode(&m, &p, NULL, &again), PSHARD_ERR_INVALID_ARG);
     vision_embeddings_free(&out);
     vision_patches_free(&p);
     vision_image_free(&img);

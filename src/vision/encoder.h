@@ -1,8 +1,8 @@
 /* The Qwen2.5-VL vision encoder on the CPU, a plain reference: patch embedding, blocks with 2D
  * rotary attention (within 112-pixel windows, or over the whole image in the full-attention
  * layers) and a SiLU-gated MLP, then the merger that turns each 2x2 group of patches into one
- * token of the language model's width. Single-threaded and allocation per call: correctness
- * first; the fast and GPU versions are to be checked against it. */
+ * token of the language model's width. Allocation per call, float32 activations: correctness
+ * first; the GPU version is to be checked against it. */
 #ifndef VISION_ENCODER_H
 #define VISION_ENCODER_H
 
@@ -17,8 +17,12 @@ struct vision_embeddings {
     float *data;
 };
 
-/* Encode preprocessed patches (vision_preprocess with the same file's hyperparameters). */
-pshard_status vision_encode(const struct mmproj *m, const struct vision_patches *patches, struct vision_embeddings *out);
+struct threadpool;
+
+/* Encode preprocessed patches (vision_preprocess with the same file's hyperparameters), on
+ * `pool`'s threads, or on the caller's alone when it is NULL. */
+pshard_status vision_encode(const struct mmproj *m, const struct vision_patches *patches, struct threadpool *pool,
+                            struct vision_embeddings *out);
 void vision_embeddings_free(struct vision_embeddings *e);
 
 /* The window (0-based, row-major over windows) a patch at (row, col) belongs to, for a grid
