@@ -18,6 +18,7 @@ INTS = {
     "plan": ["-n", "-c", "-b", "-t", "--parallel"],
     "eval": ["-c", "-b", "-t"],
     "profile": ["-t"],
+    "batch": ["-n", "-c", "-t", "--parallel", "--stagger"],
 }
 REALS = {
     "run": ["--temp", "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty", "--frequency-penalty",
@@ -26,6 +27,7 @@ REALS = {
              "--stream-share"],
     "plan": ["--stream-share"],
     "eval": ["--stream-share"],
+    "batch": ["--temp", "--top-p"],
 }
 SIZES = {"run": ["--vram-budget"], "chat": ["--vram-budget"], "plan": ["--vram-budget"], "eval": ["--vram-budget"],
          "profile": ["--vram-budget"]}
@@ -97,7 +99,7 @@ def test_a_random_seed(default_model):
     assert quiet.returncode == 0 and "seed" not in quiet.stderr, quiet.stderr
 
 
-@pytest.mark.parametrize("cmd", ["run", "chat", "plan", "profile", "bench", "info", "tokenize", "eval"])
+@pytest.mark.parametrize("cmd", ["run", "chat", "batch", "plan", "profile", "bench", "info", "tokenize", "eval"])
 def test_help_goes_to_stdout(cmd):
     proc = pshard(cmd, "--help")
     assert proc.returncode == 0 and proc.stdout.startswith("usage: pshard %s" % cmd) and proc.stderr == "", proc

@@ -58,14 +58,14 @@ static void json_string(FILE *out, const char *s, size_t n) {
     fputc('"', out);
 }
 
-/* A whole number in [lo, hi] for option opt. */
+/* A whole number in [lo, hi] for option opt, read as every subcommand reads one (cli_int). */
 static int whole(const char *opt, const char *v, long lo, long hi, int32_t *out) {
-    char *end;
-    const long n = v ? strtol(v, &end, 10) : 0;
-    if (!v || !*v || *end || n < lo || n > hi) {
-        fprintf(stderr, "pshard batch: %s takes a whole number from %ld to %ld, not '%s'\n", opt, lo, hi, v ? v : "");
+    int64_t n;
+    if (!v) {
+        fprintf(stderr, "pshard batch: %s needs a value\n", opt);
         return -1;
     }
+    if (cli_int("batch", opt, v, lo, hi, &n)) return -1;
     *out = (int32_t)n;
     return 0;
 }
