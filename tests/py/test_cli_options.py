@@ -85,6 +85,9 @@ def test_context_over_the_models_is_capped_with_a_notice(default_model):
     within = pshard("run", "-m", default_model, "-p", "Hello", "-t", "2", "-n", "1", "-q", "-c", "8192")
     assert within.returncode == 0 and "over the context" not in within.stderr, within.stderr
     assert "a larger one than the model was trained" in pshard("run", "--help").stdout
+    # With many sequences, -c is the cells they share (4 x 4096 by default): not one context.
+    batch = pshard("batch", "-m", default_model, "-p", "Hello", "-p", "Hi", "-t", "2", "-n", "1", "-q", "--parallel", "4")
+    assert batch.returncode == 0 and "over the context" not in batch.stderr, batch.stderr
 
 
 def test_a_random_seed(default_model):

@@ -246,8 +246,10 @@ pshard_ctx *run_open_model(struct run_opts *o) {
         o->model = o->default_path;
     }
     o->params.model_path = o->model;
+    /* One sequence's context is capped here; with many, -c is the cells they share, and each
+     * sequence's own reach is capped by the engine. */
     uint32_t n_ctx_train;
-    if (o->params.n_ctx > 0 && cli_model_context(o->model, &n_ctx_train) == 0)
+    if (o->params.n_ctx > 0 && o->params.n_parallel <= 1 && cli_model_context(o->model, &n_ctx_train) == 0)
         o->params.n_ctx = cli_cap_context(o->cmd, n_ctx_train, o->params.n_ctx);
     if (!o->quiet && isatty(2)) o->params.progress = progress_bar, o->gen.on_prompt = prompt_progress;
     static struct cli_measuring measuring = {.who = "pshard", .label = "measuring this machine for the planner (once, under a minute)"};
