@@ -6,6 +6,7 @@ import json
 import signal
 import socket
 import threading
+import time
 import urllib.request
 
 import openai
@@ -219,3 +220,25 @@ def test_sigint_finishes_streams_and_exits(default_model, tmp_path):
     chunks = list(stream)  # the running request is let finish
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
     assert s.stop(timeout=30) == 0 and "stopped" in s.log_text()
+
+
+def test_full_queue_is_503_with_retry_after(default_model, tmp_path):
+    s = Server(default_model, "-c", "2048", "--parallel", "1", "--max-queue", "1", "--drain", "0", log_dir=tmp_path)
+    try:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+        running = chat(client, "Write a long story.", max_tokens=400, stream=True)
+        next(iter(running))  # generating: the one sequence is taken
+        got = []
+        waiting = threading.Thread(target=lambda: got.append(chat(client, "Hi", max_tokens=2)), daemon=True)
+        waiting.start()  # queued behind it
+        deadline = time.monotonic() + 30
+        while "pshard_requests_in_flight 2" not in s.request("GET", "/metrics")[2] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        status, headers, body = s.request("POST", "/v1/chat/completions",
+                                          {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
+        assert status == 503 and headers["Retry-After"] == "1" and body["error"]["code"] == "queue_full", body
+        running.close()  # cancelled: the waiting one takes the sequence
+        waiting.join(timeout=60)
+        assert got and got[0].choices[0].message.content is not None
+    finally:
+        assert s.stop() == 0
