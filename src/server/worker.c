@@ -74,10 +74,27 @@ void job_release(struct worker *w, struct job *j) {
     worker_unlock(w);
 }
 
+/* Bytes of text the request's prompt holds. */
+static size_t prompt_bytes(const struct api_request *q) {
+    size_t n = q->prompt ? strlen(q->prompt) : 0;
+    for (size_t i = 0; i < q->n_messages; i++) n += strlen(q->messages[i].content);
+    return n;
+}
+
 int worker_submit(struct worker *w, struct job *j, struct api_error *err) {
     int rc = 0;
+    /* Far more text than the context could hold is refused here, so that tokenizing it does not
+     * hold up the engine thread: over 128 bytes a token on average, a prompt would have to be
+     * made of nothing but a vocabulary's very longest tokens to fit. */
+    const size_t bytes = prompt_bytes(&j->req);
     worker_lock(w);
-    if (w->state == WORKER_LOADING)
+    const int64_t n_ctx = w->snap.info.n_ctx;
+    if (n_ctx > 0 && bytes > (size_t)n_ctx * 128)
+        rc = api_fail(err, 400, "invalid_request_error", "context_length_exceeded",
+                      j->req.kind == API_CHAT ? "messages" : "prompt",
+                      "the prompt has %zu bytes, more than a sequence's context of %lld tokens can hold", bytes,
+                      (long long)n_ctx);
+    else if (w->state == WORKER_LOADING)
         rc = api_fail(err, 503, "server_error", "loading", NULL, "the model is still loading; try again shortly");
     else if (w->state != WORKER_READY)
         rc = api_fail(err, 503, "server_error", "unavailable", NULL, "the server is shutting down");
