@@ -15,6 +15,7 @@
 #include "gguf_builder.h"
 #include "model/model.h"
 #include "vision/mmproj.h"
+#include "vision/mrope.h"
 
 /* What to get wrong in the file built below (all zero: a valid tiny mmproj). */
 struct defect {
@@ -248,11 +249,39 @@ static void test_qwen2vl_hparams(void **state) {
     assert_non_null(strstr(pshard_last_error(), "qwen2vl.rope.dimension_sections"));
 }
 
+/* M-RoPE for a prompt with an image: three text tokens (0, 1, 2), a 2x2-token image from 3,
+ * then text again from 3 + max(2, 2) = 5, as the processor's get_rope_index counts. */
+static void test_mrope_positions(void **state) {
+    (void)state;
+    uint32_t t[6], r[6], c[6];
+    assert_int_equal(vision_mrope_image_positions(2, 2, 3, t, r, c), 5);
+    static const uint32_t want_t[4] = {3, 3, 3, 3}, want_r[4] = {3, 3, 4, 4}, want_c[4] = {3, 4, 3, 4};
+    assert_memory_equal(t, want_t, sizeof want_t);
+    assert_memory_equal(r, want_r, sizeof want_r);
+    assert_memory_equal(c, want_c, sizeof want_c);
+    /* A wide image: 2 rows of 3 tokens from 10; the text after it from 13. */
+    assert_int_equal(vision_mrope_image_positions(2, 3, 10, t, r, c), 13);
+    assert_int_equal(r[5], 11);
+    assert_int_equal(c[5], 12);
+    /* Qwen2.5-VL-7B's sections 16/24/24/0 over 64 pairs. */
+    static const uint32_t sections[4] = {16, 24, 24, 0};
+    assert_int_equal(vision_mrope_axis(sections, 0), MROPE_TIME);
+    assert_int_equal(vision_mrope_axis(sections, 15), MROPE_TIME);
+    assert_int_equal(vision_mrope_axis(sections, 16), MROPE_ROW);
+    assert_int_equal(vision_mrope_axis(sections, 39), MROPE_ROW);
+    assert_int_equal(vision_mrope_axis(sections, 40), MROPE_COLUMN);
+    assert_int_equal(vision_mrope_axis(sections, 63), MROPE_COLUMN);
+    static const uint32_t with_extra[4] = {2, 2, 2, 2};
+    assert_int_equal(vision_mrope_axis(with_extra, 7), MROPE_EXTRA);
+    assert_int_equal(vision_mrope_axis(with_extra, 8), MROPE_TIME); /* counted cyclically */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid_file),      cmocka_unit_test(test_window_layer_list),
         cmocka_unit_test(test_bad_keys),        cmocka_unit_test(test_projector_types),
         cmocka_unit_test(test_bad_tensors),     cmocka_unit_test(test_qwen2vl_hparams),
+        cmocka_unit_test(test_mrope_positions),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
