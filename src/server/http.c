@@ -98,11 +98,15 @@ static enum MHD_Result fail(struct server *s, struct MHD_Connection *conn, int r
 
 static int find_route(const char *method, const char *url, bool *wrong_method) {
     *wrong_method = false;
-    for (int r = 0; r < ROUTE_OTHER; r++)
-        if (!strcmp(url, routes[r].path)) {
-            if (strcmp(method, routes[r].method) && !(r < ROUTE_CHAT && !strcmp(method, "HEAD"))) *wrong_method = true;
-            return r;
-        }
+    for (int r = 0; r < ROUTE_OTHER; r++) {
+        const size_t n = strlen(routes[r].path);
+        /* /v1/models/ID names one model */
+        const bool match = !strcmp(url, routes[r].path) || (r == ROUTE_MODELS && !strncmp(url, routes[r].path, n) &&
+                                                             url[n] == '/' && url[n + 1]);
+        if (!match) continue;
+        if (strcmp(method, routes[r].method) && !(r < ROUTE_CHAT && !strcmp(method, "HEAD"))) *wrong_method = true;
+        return r;
+    }
     return ROUTE_OTHER;
 }
 
@@ -132,7 +136,7 @@ static enum MHD_Result begin(struct server *s, struct MHD_Connection *conn, stru
     case ROUTE_HEALTH: rc = info_health(s, &r); break;
     case ROUTE_METRICS: rc = info_metrics(s, &r); break;
     case ROUTE_PROPS: rc = info_props(s, &r); break;
-    case ROUTE_MODELS: rc = info_models(s, &r); break;
+    case ROUTE_MODELS: rc = info_models(s, url[strlen("/v1/models")] ? url + strlen("/v1/models/") : NULL, &r); break;
     default: *answered = false; return MHD_YES; /* a body to read first */
     }
     if (rc) return fail(s, conn, c->route, 500, "server_error", NULL, "out of memory");

@@ -36,7 +36,7 @@ struct reply {
 };
 
 int info_health(struct server *s, struct reply *out);
-int info_models(struct server *s, struct reply *out);
+int info_models(struct server *s, const char *id, struct reply *out);
 int info_props(struct server *s, struct reply *out);
 int info_metrics(struct server *s, struct reply *out);
 

@@ -18,12 +18,24 @@ int info_health(struct server *s, struct reply *out) {
     return out->body ? 0 : -1;
 }
 
-int info_models(struct server *s, struct reply *out) {
+/* /v1/models (id NULL): the list of the one model; /v1/models/ID: that model, or 404. */
+int info_models(struct server *s, const char *id, struct reply *out) {
     json_t *model = json_pack("{s:s,s:s,s:I,s:s}", "id", s->cfg->model_id, "object", "model", "created",
                               (json_int_t)s->started, "owned_by", "pshard");
     out->status = 200;
     out->content_type = "application/json";
-    out->body = api_dump(json_pack("{s:s,s:[o]}", "object", "list", "data", model));
+    if (!id) {
+        out->body = api_dump(json_pack("{s:s,s:[o]}", "object", "list", "data", model));
+    } else if (!strcmp(id, s->cfg->model_id)) {
+        out->body = api_dump(model);
+    } else {
+        json_decref(model);
+        struct api_error err;
+        api_fail(&err, 404, "invalid_request_error", "model_not_found", "model", "no model '%.200s' here; this server has '%.100s'",
+                 id, s->cfg->model_id);
+        out->status = 404;
+        out->body = api_dump(api_error_json(&err));
+    }
     return out->body ? 0 : -1;
 }
 

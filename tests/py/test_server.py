@@ -116,6 +116,10 @@ def test_logprobs(client):
 def test_models_health_props_metrics(server, client):
     models = client.models.list()
     assert [m.id for m in models.data] == ["SmolLM2-135M-Instruct.Q4_1"]
+    assert client.models.retrieve("SmolLM2-135M-Instruct.Q4_1").id == "SmolLM2-135M-Instruct.Q4_1"
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("gpt-5")
+    assert error_of(e)["code"] == "model_not_found"
     assert server.request("GET", "/health")[::2] == (200, {"status": "ok"})
     status, _, props = server.request("GET", "/props")
     assert status == 200 and props["n_parallel"] == 4 and props["plan"] and props["vram"]["budget_bytes"] == 0
@@ -164,6 +168,15 @@ def test_content_parts_and_developer_role(client):
         {"role": "developer", "content": "Answer briefly."},
         {"role": "user", "content": [{"type": "text", "text": "What is the capital "}, {"type": "text", "text": "of France?"}]}])
     assert r.choices[0].message.content
+
+
+def test_shared_system_prompt_is_reused(client):
+    system = "You are a helpful assistant who answers questions about geography. " * 8
+    ask = lambda q: client.chat.completions.create(model="any", max_tokens=2, temperature=0, messages=[
+        {"role": "system", "content": system}, {"role": "user", "content": q}])
+    ask("What is the capital of Spain?")
+    second = ask("Where is Mount Everest?")
+    assert second.usage.prompt_tokens_details.cached_tokens > 80  # the system prompt's cells
 
 
 def test_prompt_longer_than_context(client):
