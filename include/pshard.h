@@ -61,7 +61,8 @@ typedef struct pshard_params {
     int32_t n_predict;   /* automatic plans: the tokens a request is expected to generate, which the
                             planner weighs its choices by (a prompt, then this many); 0: 128 */
     int32_t n_parallel;  /* sequences that run at once (pshard_request_add); 0: 1. With more than one,
-                            n_ctx is the KV cells all of them share, and each may grow to all of them */
+                            n_ctx is the KV cells all of them share (0: 4096 each), and each may grow
+                            to all of them, up to the context the model was trained for */
     int32_t max_queue;   /* requests that may wait for a sequence; 0: 4096 */
     pshard_progress_cb progress;
     void *progress_user;
@@ -229,7 +230,8 @@ pshard_status pshard_step(pshard_ctx *ctx, int32_t *n_pending);
 typedef struct pshard_batch_info {
     int32_t n_parallel;          /* sequences the context holds */
     int32_t n_active, n_queued;
-    int32_t n_cells, n_cells_free; /* KV cells of all sequences, and those no sequence holds */
+    int32_t n_cells, n_cells_free; /* KV cells of all sequences, and those no request holds (a finished
+                                      request's are kept for a later one that starts alike, until needed) */
     int32_t last_step_tokens;    /* new tokens the last step carried */
     char last_step_plan[16];     /* the plan family that ran it */
 } pshard_batch_info;

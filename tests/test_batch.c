@@ -45,18 +45,22 @@ static int on_event(void *user, const pshard_token_event *ev) {
     return o->cancel_after && o->n_tokens >= o->cancel_after;
 }
 
-static pshard_ctx *open_ctx(int32_t n_parallel, int32_t n_batch, int32_t max_queue) {
+static pshard_ctx *open_pool(int32_t n_parallel, int32_t n_batch, int32_t max_queue, int32_t n_ctx) {
     const char *path = getenv("PSHARD_DEFAULT_MODEL");
     if (!path || !*path) fail_msg("PSHARD_DEFAULT_MODEL must name the default model");
     pshard_params params;
     pshard_params_default(&params);
     params.model_path = path;
-    params.n_ctx = 512, params.n_batch = n_batch, params.n_threads = 2, params.n_parallel = n_parallel;
+    params.n_ctx = n_ctx, params.n_batch = n_batch, params.n_threads = 2, params.n_parallel = n_parallel;
     params.max_queue = max_queue;
     params.vram_budget = 0, params.prefault = 0, params.no_profile = 1;
     pshard_ctx *ctx = NULL;
     if (pshard_open(&params, &ctx) != PSHARD_OK) fail_msg("%s", pshard_last_error());
     return ctx;
+}
+
+static pshard_ctx *open_ctx(int32_t n_parallel, int32_t n_batch, int32_t max_queue) {
+    return open_pool(n_parallel, n_batch, max_queue, 512);
 }
 
 static void request(pshard_ctx *ctx, const char *prompt, int32_t n_predict, float temperature, uint64_t seed,
@@ -257,6 +261,72 @@ static void test_prefix_reuse(void **state) {
     pshard_close(ctx);
 }
 
+/* One pool of cells for every sequence: eight short requests run at once in a pool that holds
+ * two long ones, which then run at once too; a request the pool cannot hold yet waits. */
+static void test_pool_short_and_long(void **state) {
+    (void)state;
+    pshard_ctx *ctx = open_pool(8, 64, 0, 640);
+    pshard_batch_info info;
+    pshard_get_batch_info(ctx, &info);
+    assert_int_equal(info.n_cells, 640);
+    struct outcome shorts[8], longs[3];
+    memset(shorts, 0, sizeof shorts), memset(longs, 0, sizeof longs);
+    for (int i = 0; i < 8; i++) request(ctx, PROMPTS[i % N_PROMPTS], 16, 0, 1, &shorts[i]);
+    int most = 0;
+    for (int32_t pending = 1; pending;) {
+        assert_int_equal(pshard_step(ctx, &pending), PSHARD_OK);
+        pshard_get_batch_info(ctx, &info);
+        most = info.n_active > most ? info.n_active : most;
+    }
+    assert_int_equal(most, 8);
+    /* two of ~220 cells (four 64-cell blocks) each fit at once; a third waits for one of them */
+    char longer[3][2048];
+    for (int i = 0; i < 3; i++) {
+        longer[i][0] = 0;
+        for (int k = 0; k < 14; k++) strcat(longer[i], PROMPTS[(i + k) % N_PROMPTS]), strcat(longer[i], " ");
+        request(ctx, longer[i], 40, 0, 1, &longs[i]);
+    }
+    most = 0;
+    for (int32_t pending = 1; pending;) {
+        assert_int_equal(pshard_step(ctx, &pending), PSHARD_OK);
+        pshard_get_batch_info(ctx, &info);
+        most = info.n_active > most ? info.n_active : most;
+        assert_true(info.n_cells_free >= 0 && info.n_cells_free <= 640);
+    }
+    assert_int_equal(most, 2);
+    for (int i = 0; i < 3; i++) {
+        struct outcome ref;
+        alone(longer[i], 40, 0, 1, &ref);
+        assert_true(longs[i].stats.n_prompt > 150 && longs[i].stats.n_prompt + 40 <= 256);
+        same_tokens(&ref, &longs[i]);
+    }
+    pshard_close(ctx);
+}
+
+/* A request that starts like a running one (a system prompt) shares that one's blocks instead of
+ * computing them, and gives the tokens it gives alone; the first one's tokens are untouched. */
+static void test_shared_prefix(void **state) {
+    (void)state;
+    char a[1024], b[1024];
+    char common[768] = "";
+    for (int k = 0; k < 8; k++) strcat(common, PROMPTS[k % N_PROMPTS]), strcat(common, " ");
+    snprintf(a, sizeof a, "%sQuestion one: what is red?", common);
+    snprintf(b, sizeof b, "%sQuestion two: why is grass green?", common);
+    struct outcome ref_a, ref_b, got_a = {0}, got_b = {0};
+    alone(a, 20, 0, 1, &ref_a);
+    alone(b, 20, 0, 1, &ref_b);
+    pshard_ctx *ctx = open_ctx(2, 16, 0);
+    request(ctx, a, 20, 0, 1, &got_a);
+    while (got_a.n_tokens == 0) assert_int_equal(pshard_step(ctx, NULL), PSHARD_OK);
+    request(ctx, b, 20, 0, 1, &got_b);
+    run_to_end(ctx);
+    assert_true(got_b.stats.n_prompt_cached >= 64); /* whole blocks of the common part */
+    assert_true(got_b.stats.n_prompt_cached < got_b.stats.n_prompt);
+    same_tokens(&ref_a, &got_a);
+    same_tokens(&ref_b, &got_b);
+    pshard_close(ctx);
+}
+
 /* Log-probabilities: the greedy token is the most likely, its log-probability the top one's. */
 static int on_logprob(void *user, const pshard_token_event *ev) {
     int *checked = user;
@@ -288,6 +358,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_equals_alone), cmocka_unit_test(test_stop_string), cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_bad_requests),       cmocka_unit_test(test_prefix_reuse), cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_pool_short_and_long), cmocka_unit_test(test_shared_prefix),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

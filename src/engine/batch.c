@@ -19,6 +19,7 @@ struct engine_request {
     int32_t *tokens;           /* the prompt, then what was generated */
     int32_t n_prompt, n_tokens, cap;
     int32_t n_computed;        /* tokens whose K/V are in the sequence's cells */
+    int32_t max_cells;         /* the cells it may hold (the pool promised them when it was admitted) */
     int32_t n_predict, n_generated;
     int32_t slot;              /* the sequence it runs in; -1 while queued */
     struct sampler_params sampling;
@@ -173,6 +174,10 @@ static pshard_status request_tokens(pshard_ctx *ctx, const pshard_request *req, 
                                  req->prompt_tokens[i], exec_n_vocab(ctx->exec));
     }
     if (n == 0) return core_fail(PSHARD_ERR_INVALID_ARG, "the prompt is empty");
+    const struct exec_params *ep = exec_get_params(ctx->exec);
+    const int32_t pool = ep->n_cells > 0 ? ep->n_cells : ep->n_ctx * ep->n_seq;
+    if (n >= pool)
+        return core_fail(PSHARD_ERR_RANGE, "the prompt has %d tokens but the KV cache holds %d (raise -c)", n, pool);
     /* Room for the prompt and what it may generate, the last token sampled but never computed. */
     int64_t cap = req->n_predict < 0 ? (int64_t)n_ctx + 1 : (int64_t)n + req->n_predict + 1;
     if (cap > (int64_t)n_ctx + 1) cap = (int64_t)n_ctx + 1;
@@ -329,38 +334,101 @@ static int32_t common_prefix(const int32_t *a, int32_t na, const int32_t *b, int
     return n;
 }
 
-/* Give queued requests to free sequences: each the free one whose cells share the longest prefix
- * with its prompt (at least its last prompt token runs, for logits). */
-static pshard_status admit(pshard_ctx *ctx) {
+static int32_t round_up(int32_t cells, int32_t block) { return (cells + block - 1) / block * block; }
+
+/* The cells a request holds at its longest: its prompt and every token it may generate. */
+static int32_t final_cells(const pshard_ctx *ctx, const struct engine_request *r) {
+    const int32_t n_ctx = ctx->params.n_ctx;
+    const struct exec_params *ep = exec_get_params(ctx->exec);
+    const int32_t pool = ep->n_cells > 0 ? ep->n_cells : n_ctx * ep->n_seq;
+    int64_t n = r->n_predict < 0 ? n_ctx : (int64_t)r->n_prompt + r->n_predict;
+    n = n < n_ctx ? n : n_ctx;
+    return n < pool ? (int32_t)n : pool; /* a request longer than the pool ends where it is full */
+}
+
+/* Cells of the pool neither held nor promised: the active requests will grow to their longest. */
+static int32_t unpromised_cells(const pshard_ctx *ctx) {
+    const struct engine_batch *b = ctx->batch;
+    const int32_t block = exec_block_cells(ctx->exec);
+    int64_t free_cells = exec_free_cells(ctx->exec);
+    for (int32_t s = 0; s < b->n_parallel; s++)
+        if (b->active[s])
+            free_cells -= round_up(final_cells(ctx, b->active[s]), block) - round_up(exec_seq_len(ctx->exec, s), block);
+    return free_cells > 0 ? (int32_t)free_cells : 0;
+}
+
+/* The tokens sequence s's cells hold: its request's computed ones, or what a finished one left. */
+static const int32_t *held_tokens(pshard_ctx *ctx, int32_t s, int32_t *n) {
+    const struct engine_request *a = ctx->batch->active[s];
+    *n = a ? a->n_computed : *history_len(ctx, s);
+    return a ? a->tokens : ctx->batch->history[s];
+}
+
+/* Give the oldest queued request a free sequence, if the pool can hold it to its end: the free
+ * sequence whose cells share the longest prefix with its prompt, or, where another sequence's
+ * cells share a longer one, a prefix shared with that sequence's blocks. At least its last
+ * prompt token runs, for logits. Finished requests' cells are given back, least reusable first,
+ * when the pool lacks room. Returns false when nothing more can be admitted now. */
+static bool admit_one(pshard_ctx *ctx) {
     struct engine_batch *b = ctx->batch;
-    while (b->queue_head) {
-        struct engine_request *r = b->queue_head;
-        int32_t best = -1, best_keep = -1;
-        for (int32_t s = 0; s < b->n_parallel; s++) {
-            if (b->active[s]) continue;
-            const int32_t keep = common_prefix(b->history[s], *history_len(ctx, s), r->tokens, r->n_prompt - 1);
-            if (keep > best_keep) best = s, best_keep = keep;
-        }
-        if (best < 0) break;
-        b->queue_head = r->next;
-        if (!b->queue_head) b->queue_tail = NULL;
-        b->n_queued--;
-        r->next = NULL;
-        r->slot = best;
-        b->active[best] = r;
-        r->t_admit = core_now_ms();
-        exec_truncate_seq(ctx->exec, best, best_keep);
-        *history_len(ctx, best) = best_keep;
-        r->n_computed = r->n_cached = best_keep;
-        pshard_status st = sampler_create(&r->sampling, exec_n_vocab(ctx->exec), &r->sampler);
-        if (st == PSHARD_OK) st = tok_decoder_create(ctx->tok, 0, &r->decoder);
-        if (st != PSHARD_OK) {
-            finish(ctx, r, PSHARD_FINISH_ERROR, pshard_last_error(), false);
-            continue;
-        }
-        for (int32_t i = 0; i < r->n_prompt; i++) sampler_accept(r->sampler, r->tokens[i]);
+    struct engine_request *r = b->queue_head;
+    if (!r) return false;
+    int32_t slot = -1, keep = -1, source = -1, shared = 0;
+    for (int32_t s = 0; s < b->n_parallel; s++) {
+        int32_t n;
+        const int32_t *held = held_tokens(ctx, s, &n);
+        const int32_t common = common_prefix(held, n, r->tokens, r->n_prompt - 1);
+        if (!b->active[s] && common > keep) slot = s, keep = common;
+        if (common > shared) source = s, shared = common;
     }
-    return PSHARD_OK;
+    if (slot < 0) return false;
+    const int32_t block = exec_block_cells(ctx->exec);
+    if (shared < keep + block || source == slot) source = -1, shared = keep; /* not worth a share */
+    /* Room to its end, beyond the cells it starts with: give back finished requests' cells, those
+     * that share least with this prompt first. */
+    const int32_t need = round_up(final_cells(ctx, r), block) - (source >= 0 ? shared / block * block : round_up(keep, block));
+    while (unpromised_cells(ctx) < need) {
+        int32_t victim = -1, victim_keep = INT32_MAX;
+        for (int32_t s = 0; s < b->n_parallel; s++) {
+            if (b->active[s] || s == source || !*history_len(ctx, s)) continue;
+            const int32_t k = s == slot ? keep : 0;
+            if (k < victim_keep) victim = s, victim_keep = k;
+        }
+        if (victim < 0) return false; /* wait for running requests to end */
+        exec_truncate_seq(ctx->exec, victim, 0);
+        *history_len(ctx, victim) = 0;
+        if (victim == slot) keep = 0;
+    }
+    b->queue_head = r->next;
+    if (!b->queue_head) b->queue_tail = NULL;
+    b->n_queued--;
+    r->next = NULL;
+    r->slot = slot;
+    b->active[slot] = r;
+    r->t_admit = core_now_ms();
+    pshard_status st = PSHARD_OK;
+    if (source >= 0) {
+        exec_truncate_seq(ctx->exec, slot, 0);
+        st = exec_share_prefix(ctx->exec, slot, source, shared);
+        keep = st == PSHARD_OK ? shared : 0;
+    } else {
+        exec_truncate_seq(ctx->exec, slot, keep);
+    }
+    *history_len(ctx, slot) = 0;
+    r->n_computed = r->n_cached = keep;
+    r->max_cells = final_cells(ctx, r);
+    if (st == PSHARD_OK) st = sampler_create(&r->sampling, exec_n_vocab(ctx->exec), &r->sampler);
+    if (st == PSHARD_OK) st = tok_decoder_create(ctx->tok, 0, &r->decoder);
+    if (st != PSHARD_OK) {
+        finish(ctx, r, PSHARD_FINISH_ERROR, pshard_last_error(), false);
+        return true;
+    }
+    for (int32_t i = 0; i < r->n_prompt; i++) sampler_accept(r->sampler, r->tokens[i]);
+    return true;
+}
+
+static void admit(pshard_ctx *ctx) {
+    while (admit_one(ctx)) {}
 }
 
 /* Log-probabilities of a token and of the most likely ones, over the model's raw distribution. */
@@ -410,7 +478,7 @@ static void take_token(pshard_ctx *ctx, struct engine_request *r, const float *l
     else if (stopped) {
         r->n_held = 0; /* the stop string and what follows it are not given out */
         finish(ctx, r, PSHARD_FINISH_STOP, NULL, true);
-    } else if ((r->n_predict >= 0 && r->n_generated >= r->n_predict) || r->n_tokens - 1 >= ctx->params.n_ctx ||
+    } else if ((r->n_predict >= 0 && r->n_generated >= r->n_predict) || r->n_tokens - 1 >= r->max_cells ||
                r->n_tokens >= r->cap)
         finish(ctx, r, PSHARD_FINISH_LENGTH, NULL, false);
 }
@@ -450,7 +518,7 @@ static int32_t gather(pshard_ctx *ctx) {
 pshard_status pshard_step(pshard_ctx *ctx, int32_t *n_pending) {
     struct engine_batch *b = ctx->batch;
     if (n_pending) *n_pending = 0;
-    CORE_TRY(admit(ctx));
+    admit(ctx);
     const int32_t n = gather(ctx);
     b->last_tokens = n;
     if (n == 0) {
@@ -493,9 +561,10 @@ void pshard_get_batch_info(const pshard_ctx *ctx, pshard_batch_info *info) {
     info->n_queued = b->n_queued;
     for (int32_t s = 0; s < b->n_parallel; s++) info->n_active += b->active[s] != NULL;
     const struct exec_params *p = exec_get_params(ctx->exec);
-    info->n_cells = p->n_ctx * p->n_seq;
-    info->n_cells_free = info->n_cells;
-    for (int32_t s = 0; s < p->n_seq; s++) info->n_cells_free -= exec_seq_len(ctx->exec, s);
+    info->n_cells = p->n_cells > 0 ? p->n_cells : p->n_ctx * p->n_seq;
+    info->n_cells_free = exec_free_cells(ctx->exec);
+    for (int32_t s = 0; s < b->n_parallel; s++)
+        if (!b->active[s]) info->n_cells_free += round_up(*history_len((pshard_ctx *)ctx, s), exec_block_cells(ctx->exec));
     info->last_step_tokens = b->last_tokens;
     snprintf(info->last_step_plan, sizeof info->last_step_plan, "%s", b->last_tokens ? plan_family_name(b->last_family) : "");
 }

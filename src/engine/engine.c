@@ -56,9 +56,17 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
                              p->decode_set > 0 ? p->decode_set - 1 : p->decode_set < 0 ? PLAN_DECODE_SAME : PLAN_DECODE_WEIGHED,
                              p->n_predict, false, 0};
     if (p->gpu) ep.plan = PLAN_GPU, ep.vram_budget = -1;
+    const uint32_t n_ctx_train = ctx->model.hp.n_ctx_train;
     if (ep.n_ctx <= 0) {
         ep.n_ctx = 4096;
-        if (ctx->model.hp.n_ctx_train && ctx->model.hp.n_ctx_train < (uint32_t)ep.n_ctx) ep.n_ctx = (int32_t)ctx->model.hp.n_ctx_train;
+        if (n_ctx_train && n_ctx_train < (uint32_t)ep.n_ctx) ep.n_ctx = (int32_t)n_ctx_train;
+        ep.n_ctx *= ep.n_seq;
+    }
+    /* Many sequences share one pool of n_ctx cells; each may grow to all of it, up to the context
+     * the model was trained for. */
+    if (ep.n_seq > 1) {
+        ep.n_cells = ep.n_ctx;
+        if (n_ctx_train && (uint32_t)ep.n_ctx > n_ctx_train) ep.n_ctx = (int32_t)n_ctx_train;
     }
     if (ep.n_batch <= 0) ep.n_batch = 512;
     if (ep.n_batch > ep.n_ctx) ep.n_batch = ep.n_ctx;
