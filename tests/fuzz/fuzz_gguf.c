@@ -1,11 +1,13 @@
 /* libFuzzer target for the GGUF reader: any byte string must open cleanly or fail with a
- * message; when it opens, every accessor and the shard builder must stay in bounds. */
+ * message; when it opens, every accessor, the shard builder and the mmproj reader must stay in
+ * bounds. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gguf/gguf.h"
 #include "model/model.h"
+#include "vision/mmproj.h"
 
 static void touch_everything(struct gguf_file *f) {
     volatile uint64_t sink = 0;
@@ -36,6 +38,8 @@ static void touch_everything(struct gguf_file *f) {
     }
     struct model model;
     if (model_load(f, &model) == PSHARD_OK) model_free(&model);
+    struct mmproj mmproj; /* an mmproj file's checks (tests/data/mmproj seeds them) */
+    if (mmproj_is_mmproj(f) && mmproj_load(f, &mmproj) == PSHARD_OK) mmproj_free(&mmproj);
     (void)sink;
 }
 
