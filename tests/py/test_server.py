@@ -259,3 +259,26 @@ def test_full_queue_is_503_with_retry_after(default_model, tmp_path):
         assert got and got[0].choices[0].message.content is not None
     finally:
         assert s.stop() == 0
+
+
+def test_client_leaving_cancels(server):
+    """A client that closes its connection, waiting for a whole reply or mid-stream, has its
+    request cancelled: nothing stays in flight."""
+    host, port = server.url[len("http://"):].rsplit(":", 1)
+
+    def in_flight():
+        text = server.request("GET", "/metrics")[2]
+        return {l.split()[0]: float(l.split()[1]) for l in text.splitlines() if l and not l.startswith("#")}
+
+    before = in_flight()['pshard_requests_total{result="cancelled"}']
+    for stream in (False, True):
+        body = json.dumps({"messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 500,
+                           "stream": stream}).encode()
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            time.sleep(0.3)
+        deadline = time.monotonic() + 20
+        while in_flight()["pshard_requests_in_flight"] > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert in_flight()["pshard_requests_in_flight"] == 0
+    assert in_flight()['pshard_requests_total{result="cancelled"}'] == before + 2
