@@ -10,6 +10,7 @@ import pytest
 llama_cpp = pytest.importorskip("llama_cpp")
 tokenizers = pytest.importorskip("tokenizers")
 gguf = pytest.importorskip("gguf")
+from llama_cpp_plain import plain_cpu_kernels  # noqa: F401 (autouse: AMX kernels crash)
 
 SYNTH = os.path.join(os.environ.get("PSHARD_BUILD_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build")), "gguf-synth")
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import BUILD, run_pshard
+from llama_cpp_plain import plain_cpu_kernels  # noqa: F401 (autouse: AMX kernels crash)
 
 gguf = pytest.importorskip("gguf")
 
@@ -133,15 +134,14 @@ def test_synth_mmproj_is_deterministic(tmp_path):
 def test_llama_cpp_runs_tiny_qwen2vl_and_its_mmproj(tmp_path):
     """llama.cpp loads the language model and runs text through it, loads the mmproj file into
     its multimodal library and encodes an image with it into finite embeddings of the language
-    model's width. F16: llama.cpp's AMX kernels crash on this machine's Q8_0 (tiny-llama too).
-    Low-level calls, since llama-cpp-python's eval() gives one position per token where M-RoPE
-    wants four (a null position array lets llama.cpp fill them)."""
+    model's width. Low-level calls, since llama-cpp-python's eval() gives one position per token
+    where M-RoPE wants four (a null position array lets llama.cpp fill them)."""
     llama_cpp = pytest.importorskip("llama_cpp")
     import ctypes
 
     from llama_cpp import mtmd_cpp as mt
 
-    lm = write(tmp_path, "tiny-qwen25vl", "--type", "F16")
+    lm = write(tmp_path, "tiny-qwen25vl")
     mmproj = write(tmp_path, "tiny-qwen25vl-mmproj")
     model = llama_cpp.Llama(model_path=str(lm), n_ctx=256, verbose=False, n_threads=2)
     ids = model.tokenize(b"The quick brown fox jumps over the lazy dog.", add_bos=False)

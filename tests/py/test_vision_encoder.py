@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import BUILD
+from llama_cpp_plain import plain_cpu_kernels  # noqa: F401 (autouse: AMX kernels crash)
 from test_vision_preprocess import LIB_PATH, VisionPatches, normalize, reference_patches
 
 gguf = pytest.importorskip("gguf")
