@@ -48,6 +48,7 @@ struct api_request {
     size_t n_stop;
     int32_t top_logprobs;         /* -1: no log-probabilities; 0..20 */
     bool echo;                    /* completions: refused unless false */
+    bool ignore_eos;              /* llama.cpp's extension: generate past end-of-generation tokens */
 };
 
 /* An error as the API reports it: HTTP status and OpenAI's error object. */

@@ -233,7 +233,7 @@ static int get_options(json_t *root, struct api_request *r, struct api_error *er
     if (r->has_top_k) r->top_k = (int32_t)k;
     if (get_int(root, "seed", INT64_MIN, INT64_MAX, &k, &r->has_seed, err)) return -1;
     if (r->has_seed) r->seed = (uint64_t)k;
-    if (get_bool(root, "stream", &r->stream, err)) return -1;
+    if (get_bool(root, "stream", &r->stream, err) || get_bool(root, "ignore_eos", &r->ignore_eos, err)) return -1;
     json_t *so = field(root, "stream_options");
     if (so && !json_is_object(so)) return bad(err, "stream_options", "'stream_options' must be an object");
     if (so && get_bool(so, "include_usage", &r->include_usage, err)) {

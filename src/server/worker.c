@@ -251,6 +251,7 @@ static void start_job(struct worker *w, struct job *j) {
     s->seed = q->has_seed ? q->seed : (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull + ++w->seed_counter * 0xbf58476d1ce4e5b9ull;
     r.stop = (const char *const *)q->stop, r.n_stop = q->n_stop;
     r.top_logprobs = q->top_logprobs;
+    r.ignore_eos = q->ignore_eos;
     r.on_event = on_event, r.user = j;
     int32_t id = -1;
     if (st == PSHARD_OK) st = pshard_request_add(w->ctx, &r, &id);

@@ -46,6 +46,8 @@ def test_chat(client):
 def test_max_tokens_gives_length(client):
     r = chat(client, "Write a long story about a dragon.", max_completion_tokens=5, temperature=0)
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 5
+    r = chat(client, "Say yes.", max_tokens=40, temperature=0, extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 40
 
 
 def test_completions(client):
