@@ -183,6 +183,7 @@ pshard_status mmproj_read_hparams(const struct gguf_file *file, struct vision_hp
 
 struct binder {
     const struct gguf_file *file;
+    bool *claimed; /* by tensor index (the file's tensors are one array) */
     uint64_t n_bound;
     uint64_t bytes;
 };
@@ -205,6 +206,7 @@ static pshard_status bind(struct binder *b, const char *name, int64_t ne0, int64
         return core_fail(PSHARD_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, not supported here%s", gguf_path(b->file), name,
                          info ? info->name : "?", vector ? " (norms and biases must be F32 or F16)" : "");
     *out = t;
+    b->claimed[t - gguf_tensor_at(b->file, 0)] = true;
     b->n_bound++;
     b->bytes += t->n_bytes;
     return PSHARD_OK;
@@ -260,13 +262,7 @@ static pshard_status bind_all(struct binder *b, struct mmproj *m) {
     /* Something else is in the file: name the first tensor no role claimed. */
     for (uint64_t i = 0; i < gguf_tensor_count(b->file); i++) {
         const struct gguf_tensor *t = gguf_tensor_at(b->file, i);
-        bool claimed = t == m->patch_embd[0] || t == m->patch_embd[1] || t == m->post_ln || t == m->mm0_w ||
-                       t == m->mm0_b || t == m->mm2_w || t == m->mm2_b;
-        for (uint32_t il = 0; il < hp->n_layer && !claimed; il++) {
-            const struct gguf_tensor *const *roles = (const struct gguf_tensor *const *)&m->layers[il];
-            for (size_t r = 0; r < sizeof m->layers[il] / sizeof *roles; r++) claimed |= roles[r] == t;
-        }
-        if (!claimed)
+        if (!b->claimed[i])
             return core_fail(PSHARD_ERR_FORMAT, "%s: unexpected tensor '%.*s' in a %s mmproj with %u layers", gguf_path(b->file),
                              (int)(t->name.len > 80 ? 80 : t->name.len), t->name.data, hp->projector_name, hp->n_layer);
     }
@@ -279,8 +275,9 @@ pshard_status mmproj_load(struct gguf_file *file, struct mmproj *out) {
     CORE_TRY(mmproj_read_hparams(file, &out->hp));
     out->layers = calloc(out->hp.n_layer, sizeof *out->layers);
     if (!out->layers) return core_fail(PSHARD_ERR_NOMEM, "out of memory for %u vision layers", out->hp.n_layer);
-    struct binder b = {.file = file};
-    pshard_status st = bind_all(&b, out);
+    struct binder b = {.file = file, .claimed = calloc(gguf_tensor_count(file) + 1, sizeof(bool))};
+    pshard_status st = b.claimed ? bind_all(&b, out) : core_fail(PSHARD_ERR_NOMEM, "out of memory binding the mmproj");
+    free(b.claimed);
     if (st != PSHARD_OK) {
         mmproj_free(out);
         return st;
