@@ -95,7 +95,9 @@ int cmd_serve(int argc, char **argv) {
         o.model = o.default_path;
     }
     o.params.n_parallel = (int32_t)c.n_parallel;
-    o.params.max_queue = (int32_t)c.max_queue + 1; /* the server bounds it; the engine never refuses first */
+    /* The server bounds the requests in flight at both together; any of them may wait in the
+     * engine's queue until a step admits it, so the engine's bound is never the one reached. */
+    o.params.max_queue = (int32_t)(c.n_parallel + c.max_queue);
     if (o.params.n_ctx <= 0) o.params.n_ctx = 4096 * (int32_t)c.n_parallel;
     char name[256];
     model_name(o.model, name, sizeof name);
