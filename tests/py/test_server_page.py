@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -30,10 +31,14 @@ class Browser:
             os.dup2(cmd_r, 3)
             os.dup2(out_w, 4)
 
+        # Its temporary folder (the singleton socket's), removed at close: killed, it would leave it
+        # in /tmp. Short, as a socket's path must be.
+        self.scratch = tempfile.mkdtemp(prefix="chromium-")
         self.proc = subprocess.Popen(
             [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
              "--remote-debugging-pipe", "--user-data-dir=" + str(profile_dir), "--window-size=1000,760", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(3, 4), preexec_fn=to_fds_3_and_4)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(3, 4), preexec_fn=to_fds_3_and_4,
+            env={**os.environ, "TMPDIR": self.scratch})
         os.close(cmd_r)
         os.close(out_w)
         self.buffer, self.next_id, self.session = b"", 0, None
@@ -88,6 +93,7 @@ class Browser:
         self.proc.wait()
         os.close(self.cmd_w)
         os.close(self.out_r)
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 @pytest.mark.skipif(not CHROMIUM, reason="no chromium installed (Debian: apt-get install chromium)")
