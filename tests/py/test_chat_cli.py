@@ -23,8 +23,8 @@ def test_ctrl_c_stops_the_answer_and_keeps_the_conversation(default_model):
         for question in ("Count from one to one hundred in words.", "Go on counting."):
             child.sendline(question)
             child.expect_exact(question)  # the terminal's echo
-            child.expect(r"\w{3}")  # the answer has begun
-            time.sleep(1.0)
+            child.expect(r"(?s)\w.{40}")  # the answer has begun: some ten tokens of it
+            time.sleep(0.5)
             started = time.monotonic()
             child.sendintr()
             child.expect_exact("(stopped)")
@@ -37,7 +37,7 @@ def test_ctrl_c_stops_the_answer_and_keeps_the_conversation(default_model):
         assert first_reused == 0
         # The second turn reuses the first question and its answer as far as it got: the cache
         # kept the conversation, so only the new turn was processed.
-        assert second_reused >= first_new + 5, turns
+        assert second_reused >= first_new + 3, turns
         child.sendintr()  # at the prompt: the chat ends
         child.expect(pexpect.EOF)
         child.close()
