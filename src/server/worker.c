@@ -281,17 +281,21 @@ static void start_job(struct worker *w, struct job *j) {
     worker_unlock(w);
 }
 
-static void take_snapshot(struct worker *w) {
+/* What /metrics and /props read: the scheduler's state after every step, the model's and the
+ * plan's facts (which walk the model's tensors) at most twice a second. */
+static void take_snapshot(struct worker *w, bool full) {
     pshard_batch_info batch;
     pshard_info info;
     pshard_get_batch_info(w->ctx, &batch);
-    pshard_get_info(w->ctx, &info);
+    if (full) pshard_get_info(w->ctx, &info);
     worker_lock(w);
     w->snap.batch = batch;
-    snprintf(w->snap.arch, sizeof w->snap.arch, "%s", info.arch ? info.arch : "");
-    snprintf(w->snap.chat_format, sizeof w->snap.chat_format, "%s", info.chat_format ? info.chat_format : "");
-    info.arch = w->snap.arch, info.chat_format = w->snap.chat_format;
-    w->snap.info = info;
+    if (full) {
+        snprintf(w->snap.arch, sizeof w->snap.arch, "%s", info.arch ? info.arch : "");
+        snprintf(w->snap.chat_format, sizeof w->snap.chat_format, "%s", info.chat_format ? info.chat_format : "");
+        info.arch = w->snap.arch, info.chat_format = w->snap.chat_format;
+        w->snap.info = info;
+    }
     worker_unlock(w);
 }
 
@@ -312,7 +316,8 @@ static void *engine_main(void *arg) {
     w->state = ctx ? (w->state == WORKER_STOPPING ? WORKER_STOPPING : WORKER_READY) : WORKER_FAILED;
     worker_unlock(w);
     if (!ctx) return NULL;
-    take_snapshot(w);
+    take_snapshot(w, true);
+    double last_full = now_s();
     int32_t pending = 0, ids[256];
     for (;;) {
         worker_lock(w);
@@ -354,7 +359,9 @@ static void *engine_main(void *arg) {
         }
         for (int i = 0; i < n_cancel; i++) pshard_request_cancel(ctx, ids[i]); /* one that ended meanwhile: fails, harmless */
         if (pshard_step(ctx, &pending) != PSHARD_OK) fprintf(stderr, "pshard serve: a step failed: %s\n", pshard_last_error());
-        take_snapshot(w);
+        const bool full = now_s() - last_full >= 0.5;
+        take_snapshot(w, full);
+        if (full) last_full = now_s();
         worker_lock(w);
         w->snap.steps++;
         pthread_cond_broadcast(&w->progress);
