@@ -157,3 +157,17 @@ def test_jpeg_and_the_test_images(lib):
         want = reference_patches(normalize(np.asarray(src.resize((w, h), Image.Resampling.BICUBIC))))
         atol = 2 / 255 / min(STD) + 1e-6 if name.endswith(".jpg") else 1e-6
         np.testing.assert_allclose(got, want, rtol=0, atol=atol, err_msg=name)
+
+
+def test_transparency_over_white_as_the_processor(lib):
+    """The processor's convert_to_rgb: RGBA composited over a white background (PIL's
+    alpha_composite); ours within one level of it."""
+    img = VisionImage()
+    assert lib.vision_image_load(str(IMAGES / "alpha_40x30.png").encode(), None, ctypes.byref(img)) == 0
+    got = np.ctypeslib.as_array(img.rgb, shape=(img.height, img.width, 3)).astype(int).copy()
+    lib.vision_image_free(ctypes.byref(img))
+    rgba = Image.open(IMAGES / "alpha_40x30.png").convert("RGBA")
+    white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+    want = np.asarray(Image.alpha_composite(white, rgba).convert("RGB")).astype(int)
+    assert np.abs(got - want).max() <= 1
+    assert (want[0] >= 250).all() and np.abs(want[-1] - got[-1]).max() <= 1
