@@ -12,6 +12,7 @@ import urllib.request
 import openai
 import pytest
 
+from conftest import run_pshard
 from server_helpers import Server
 
 MODEL_ARGS = ["--parallel", "4", "-c", "4096"]
@@ -284,3 +285,12 @@ def test_client_leaving_cancels(server):
             time.sleep(0.05)
         assert in_flight()["pshard_requests_in_flight"] == 0
     assert in_flight()['pshard_requests_total{result="cancelled"}'] == before + 2
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--port", "abc"], "--port"), (["--port", "70000"], "--port"), (["--parallel", "0"], "--parallel"),
+    (["--max-body", "12"], "--max-body"), (["--api-key"], "--api-key"), (["--bogus"], "--bogus"),
+])
+def test_bad_options_refused(default_model, args, needle):
+    proc = run_pshard("serve", "-m", default_model, *args, check=False)
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
