@@ -365,6 +365,13 @@ static void *engine_main(void *arg) {
         worker_lock(w);
         w->snap.steps++;
         pthread_cond_broadcast(&w->progress);
+        if (pending > 0 && w->snap.batch.last_step_tokens == 0) { /* requests wait, none could run: no spinning */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 5000000L;
+            if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+            pthread_cond_timedwait(&w->wake, &w->lock, &ts);
+        }
         worker_unlock(w);
     }
     pshard_close(ctx);
