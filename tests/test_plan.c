@@ -649,6 +649,42 @@ static void test_auto_picks_the_fastest_per_tier(void **state) {
     plan_free(&p);
 }
 
+/* N requests at once (pshard plan --parallel N): their prompts go through steps that take the next
+ * prompt's tokens where one ends, each token attending only its own sequence's cells, so four
+ * 256-token prompts in one 1024-token step cost less than a 1024-token prompt's step; decode steps
+ * carry a token of each. The plan prints the time until every prompt is read. */
+static void test_request_mix_of_many(void **state) {
+    (void)state;
+    struct plan p;
+    struct plan_request r = base;
+    r.vram_budget = (int64_t)(fixed() + attention_and_kv(&model, 2048) + (24 << 20));
+    r.n_seq = 4;
+    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(p.n_seq, 4);
+    struct profile prof;
+    profile_defaults(&prof);
+    prof.has_gpu = true;
+    double four_ttft, four_decode, one_ttft, one_decode;
+    cost_request(&prof, &model, &p, 256, 1024, 128, 4, &four_ttft, &four_decode);
+    cost_request(&prof, &model, &p, 256, 1024, 128, 1, &one_ttft, &one_decode);
+    struct cost_step whole;
+    cost_plan_step(&prof, &model, &p, 1024, 0, &whole); /* one 1024-token prompt: attends more */
+    assert_true(four_ttft > one_ttft && four_ttft < whole.seconds);
+    struct cost_step four;
+    cost_plan_step(&prof, &model, &p, 4, 256 + 64, &four);
+    assert_true(four_decode > one_decode && fabs(four_decode / four.seconds - 1) < 0.05);
+    char *text = NULL;
+    size_t size = 0;
+    FILE *out = open_memstream(&text, &size);
+    assert_non_null(out);
+    plan_print(&p, &model, false, out);
+    fclose(out);
+    assert_non_null(strstr(text, "predicted for 4 requests at once"));
+    assert_non_null(strstr(text, "4 times at once"));
+    free(text);
+    plan_free(&p);
+}
+
 /* The resident set: the soonest typical request, or within PLAN_SET_MARGIN of it the soonest
  * first token; checked against every set weighed, at budgets from tight to ample. */
 static void test_auto_resident_set(void **state) {
@@ -1745,7 +1781,7 @@ int main(void) {
         cmocka_unit_test(test_budget_zero_is_cpu),          cmocka_unit_test(test_everything_fits_is_gpu),
         cmocka_unit_test(test_kv_sized_as_the_pool),
         cmocka_unit_test(test_static_fills_by_priority),    cmocka_unit_test(test_gpu_streams_what_does_not_fit),
-        cmocka_unit_test(test_auto_picks_the_fastest_per_tier),
+        cmocka_unit_test(test_auto_picks_the_fastest_per_tier), cmocka_unit_test(test_request_mix_of_many),
         cmocka_unit_test(test_auto_resident_set), cmocka_unit_test(test_moe_experts_by_range),
         cmocka_unit_test(test_too_small_names_the_minimum), cmocka_unit_test(test_in_place_rates_follow_alignment),
         cmocka_unit_test(test_parse),

@@ -625,12 +625,13 @@ static double learned_scale(const struct profile *prof, const struct model *m, e
     return n ? exp(log_sum / n) : 0;
 }
 
-void cost_step(const struct profile *prof, const struct model *m, const struct plan *p, const struct plan_tier *t,
-               int32_t n_tokens, int32_t n_past, struct cost_step *out) {
+/* A step whose tokens attend mean_cells cells each (one sequence's: its past and half the step). */
+static void step_attending(const struct profile *prof, const struct model *m, const struct plan *p,
+                           const struct plan_tier *t, int32_t n_tokens, int32_t n_past, double mean_cells,
+                           struct cost_step *out) {
     memset(out, 0, sizeof *out);
     const double n = n_tokens > 0 ? n_tokens : 1;
-    struct walk w = {.prof = prof, .m = m, .p = p, .t = t, .n = n, .n_out = 1, .ctx = n_past + (n + 1) / 2,
-                     .past = n_past, .out = out};
+    struct walk w = {.prof = prof, .m = m, .p = p, .t = t, .n = n, .n_out = 1, .ctx = mean_cells, .past = n_past, .out = out};
     w.graph = plan_tier_replays(t, n_tokens);
     if (!prof->has_gpu && t->any_gpu) {
         out->seconds = INFINITY;
@@ -675,10 +676,22 @@ void cost_learn(struct profile *prof, const struct model *m, enum plan_family fa
     *r = *r > 0 ? (*r + ratio) / 2 : ratio;
 }
 
+void cost_step(const struct profile *prof, const struct model *m, const struct plan *p, const struct plan_tier *t,
+               int32_t n_tokens, int32_t n_past, struct cost_step *out) {
+    step_attending(prof, m, p, t, n_tokens, n_past, n_past + ((n_tokens > 0 ? n_tokens : 1) + 1) / 2.0, out);
+}
+
 void cost_plan_step(const struct profile *prof, const struct model *m, const struct plan *p, int32_t n_tokens,
                     int32_t n_past, struct cost_step *out) {
     const struct plan *runs = plan_for_step(p, n_tokens, n_past + n_tokens);
     cost_step(prof, m, runs, plan_tier_for(runs, n_tokens), n_tokens, n_past, out);
+}
+
+/* A step of tokens of many sequences: each attends its own sequence's mean_cells cells. */
+static void plan_step_attending(const struct profile *prof, const struct model *m, const struct plan *p, int32_t n_tokens,
+                                double mean_cells, struct cost_step *out) {
+    const struct plan *runs = plan_for_step(p, n_tokens, (int32_t)mean_cells + 1);
+    step_attending(prof, m, runs, plan_tier_for(runs, n_tokens), n_tokens, (int32_t)mean_cells, mean_cells, out);
 }
 
 void cost_decode_mean(const struct profile *prof, const struct model *m, const struct plan *p, int32_t n_prompt,
@@ -704,15 +717,30 @@ void cost_request(const struct profile *prof, const struct model *m, const struc
                   int32_t n_batch, int32_t n_gen, int32_t n_seq, double *ttft_s, double *decode_s) {
     struct cost_step c;
     double ttft = 0;
-    const int64_t total = (int64_t)n_prompt * (n_seq > 0 ? n_seq : 1);
+    if (n_seq <= 1) { /* one sequence: its prompt's steps over the cells before them */
+        for (int32_t done = 0; done < n_prompt;) {
+            const int32_t n = n_prompt - done < n_batch ? n_prompt - done : n_batch;
+            cost_plan_step(prof, m, p, n, done, &c);
+            ttft += c.seconds;
+            done += n;
+        }
+        cost_plan_step(prof, m, p, 1, n_prompt + n_gen / 2, &c);
+        *ttft_s = ttft;
+        *decode_s = c.seconds;
+        return;
+    }
+    /* Many: a step takes the next prompt's tokens where one ends, and each token attends only its
+     * own sequence's cells (its place in its prompt, plus itself). */
+    const int64_t total = (int64_t)n_prompt * n_seq;
     for (int64_t done = 0; done < total;) {
         const int32_t n = total - done < n_batch ? (int32_t)(total - done) : n_batch;
-        /* a step's cache: where its first tokens stand in their prompt */
-        cost_plan_step(prof, m, p, n, (int32_t)(done % n_prompt), &c);
+        double cells = 0;
+        for (int64_t i = done; i < done + n; i++) cells += (double)(i % n_prompt) + 1;
+        plan_step_attending(prof, m, p, n, cells / n, &c);
         ttft += c.seconds;
         done += n;
     }
-    cost_plan_step(prof, m, p, n_seq > 0 ? n_seq : 1, n_prompt + n_gen / 2, &c);
+    plan_step_attending(prof, m, p, n_seq, n_prompt + n_gen / 2.0 + 1, &c);
     *ttft_s = ttft;
     *decode_s = c.seconds;
 }

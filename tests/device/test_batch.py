@@ -7,6 +7,7 @@ test_plans.py rules them). Exits 0 with a "skipped" line where no GPU exists.
 Usage: tests/device/test_batch.py BUILD_DIR"""
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -18,6 +19,15 @@ import test_plans as tp  # noqa: E402
 PROMPTS = ["The capital of France is", "1, 2, 3, 4, 5,", "Once upon a time,", "def fibonacci(n):",
            "One morning, as Gregor Samsa was waking up from anxious dreams, he discovered that in bed he"]
 N_OUT = 24
+
+
+def minimum_mb(model, family):
+    """The least budget of a plan for three sequences sharing a pool of 4096 cells."""
+    proc = eq.run("plan", "-m", model, "--vram-budget", "1M", "--plan", family, "-c", "4096", "--parallel", "3")
+    m = re.search(r"(?:minimum for this model and context is|needs at least) (\d+) MB", proc.stderr)
+    if not m:
+        raise SystemExit("no minimum in: " + proc.stderr)
+    return int(m.group(1))
 
 
 def batched(model, placement):
@@ -49,7 +59,7 @@ def main():
             alone = {p: tp.greedy(path, p, [])[0][:N_OUT] for p in PROMPTS}
             placements = [("cpu", []), ("gpu, all resident", ["--gpu"])]
             for family in ("gpu", "static", "dynamic", "auto"):
-                low = tp.minimum_mb(path, family)
+                low = minimum_mb(path, family)
                 placements.append(("%s at %dM" % (family, low + 2), ["--vram-budget", "%dM" % (low + 2), "--plan", family,
                                                                      "--no-profile"]))
             for label, placement in placements:
