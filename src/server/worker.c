@@ -264,11 +264,13 @@ static void start_job(struct worker *w, struct job *j) {
         w->running = j;
     } else {
         const char *why = pshard_last_error();
-        if (st == PSHARD_ERR_RANGE && strstr(why, "context"))
+        /* The engine says which by its message alone: a full queue, else a prompt longer than a
+         * sequence's context or the whole KV pool. */
+        if (st == PSHARD_ERR_RANGE && strstr(why, "queue is full"))
+            api_fail(&j->error, 503, "server_error", "queue_full", NULL, "%s", why);
+        else if (st == PSHARD_ERR_RANGE)
             api_fail(&j->error, 400, "invalid_request_error", "context_length_exceeded", q->kind == API_CHAT ? "messages" : "prompt",
                      "%s", why);
-        else if (st == PSHARD_ERR_RANGE)
-            api_fail(&j->error, 503, "server_error", "queue_full", NULL, "%s", why);
         else if (st == PSHARD_ERR_INVALID_ARG)
             api_fail(&j->error, 400, "invalid_request_error", NULL, q->kind == API_CHAT ? "messages" : "prompt", "%s", why);
         else

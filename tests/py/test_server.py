@@ -186,7 +186,7 @@ def test_prompt_longer_than_context(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="any", prompt="word " * 5000, max_tokens=4)
     err = error_of(e)
-    assert err["code"] == "context_length_exceeded" and "context" in err["message"]
+    assert err["code"] == "context_length_exceeded" and "tokens" in err["message"]
     with pytest.raises(openai.BadRequestError) as e:  # refused before it is tokenized
         chat(client, "x" * (4096 * 128 + 1))
     err = error_of(e)

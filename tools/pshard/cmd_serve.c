@@ -28,9 +28,9 @@ static void print_usage(FILE *out) {
                  "  --alias NAME       the model's name in the API (default: the file's name)\n"
                  "  --max-body BYTES   largest request body (default 4M); larger ones get 413\n"
                  "  --drain SECONDS    on SIGINT/SIGTERM, time requests running get to finish (default 10)\n"
-                 "  -c is the KV cells all sequences share (default 4096 per sequence, at most the model's\n"
-                 "  trained context); -n the default max_tokens (default: to the context's end); --temp,\n"
-                 "  --top-k, --top-p, --min-p, ... the defaults of what a request does not give.\n"
+                 "  -c is the KV cells all sequences share (default 4096 per sequence; one sequence reaches at\n"
+                 "  most the model's trained context); -n the default max_tokens (default: to the context's\n"
+                 "  end); --temp, --top-k, --top-p, --min-p, ... the defaults of what a request does not give.\n"
                  "  Other options as `pshard run --help`.\n");
 }
 
