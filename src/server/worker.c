@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "server/token_piece.h"
+#include "server/engine_peek.h"
 #include "server/worker.h"
 
 enum { RATE_WINDOW_S = 10 };
@@ -222,6 +222,16 @@ static int on_event(void *user, const pshard_token_event *ev) {
 
 /* ---- The engine thread. */
 
+/* A request without max_tokens: -n's, else what its sequence's share of the KV pool leaves after
+ * its prompt (at least a quarter of the share). The engine admits a request only when the pool
+ * can hold it to its limit, so a limit of the whole context would run such requests one at a time. */
+static int32_t default_limit(const struct worker *w, int32_t n_prompt) {
+    if (w->cfg.default_max_tokens >= 0) return w->cfg.default_max_tokens;
+    const int32_t share = w->snap.info.n_ctx / (w->cfg.n_parallel > 0 ? w->cfg.n_parallel : 1);
+    if (share <= 0) return -1;
+    return share - n_prompt > share / 4 ? share - n_prompt : (share / 4 > 0 ? share / 4 : 1);
+}
+
 /* A job from the inbox becomes a pshard request: its prompt formatted, its options mapped. */
 static void start_job(struct worker *w, struct job *j) {
     const struct api_request *q = &j->req;
@@ -233,11 +243,14 @@ static void start_job(struct worker *w, struct job *j) {
         st = msgs ? pshard_format_chat(w->ctx, msgs, q->n_messages, 0, &formatted) : PSHARD_ERR_NOMEM;
         free(msgs);
     }
+    /* The prompt's tokens, made here to size the default limit by them. */
+    const char *text = q->kind == API_CHAT ? formatted : q->prompt;
+    int32_t *tokens = NULL, n_tokens = q->n_prompt_tokens;
+    if (st == PSHARD_OK && text) st = server_tokenize(w->ctx, text, &tokens, &n_tokens);
     pshard_request r;
     pshard_request_default(&r);
-    r.prompt = q->kind == API_CHAT ? formatted : q->prompt;
-    r.prompt_tokens = q->prompt_tokens, r.n_prompt_tokens = q->n_prompt_tokens;
-    r.n_predict = q->max_tokens >= 0 ? q->max_tokens : w->cfg.default_max_tokens;
+    r.prompt_tokens = text ? tokens : q->prompt_tokens, r.n_prompt_tokens = n_tokens;
+    r.n_predict = q->max_tokens >= 0 ? q->max_tokens : default_limit(w, n_tokens);
     r.sampling = w->cfg.sampling;
     pshard_sampling *s = &r.sampling;
     if (q->has_temperature) s->temperature = q->temperature;
@@ -256,6 +269,7 @@ static void start_job(struct worker *w, struct job *j) {
     int32_t id = -1;
     if (st == PSHARD_OK) st = pshard_request_add(w->ctx, &r, &id);
     free(formatted);
+    free(tokens);
     worker_lock(w);
     if (st == PSHARD_OK) {
         j->id = id;

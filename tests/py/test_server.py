@@ -294,3 +294,19 @@ def test_client_leaving_cancels(server):
 def test_bad_options_refused(default_model, args, needle):
     proc = run_pshard("serve", "-m", default_model, *args, check=False)
     assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+
+
+def test_requests_without_max_tokens_run_together(server, client):
+    """Without max_tokens a request may run to its sequence's share of the KV cells, not the whole
+    pool: the engine admits a request only when the pool can hold it to its limit, so four of them
+    run at once on four sequences."""
+    streams = [chat(client, "Write a very long story number %d." % i, stream=True, extra_body={"ignore_eos": True})
+               for i in range(4)]
+    deadline, active = time.monotonic() + 20, []
+    while active != ["pshard_active_sequences 4"] and time.monotonic() < deadline:
+        text = server.request("GET", "/metrics")[2]
+        active = [l for l in text.splitlines() if l.startswith("pshard_active_sequences ")]
+        time.sleep(0.05)
+    for s in streams:
+        s.close()
+    assert active == ["pshard_active_sequences 4"], active

@@ -29,8 +29,9 @@ static void print_usage(FILE *out) {
                  "  --max-body BYTES   largest request body (default 4M); larger ones get 413\n"
                  "  --drain SECONDS    on SIGINT/SIGTERM, time requests running get to finish (default 10)\n"
                  "  -c is the KV cells all sequences share (default 4096 per sequence; one sequence reaches at\n"
-                 "  most the model's trained context); -n the default max_tokens (default: to the context's\n"
-                 "  end); --temp, --top-k, --top-p, --min-p, ... the defaults of what a request does not give.\n"
+                 "  most the model's trained context); -n the default max_tokens (default: what a sequence's\n"
+                 "  share of the cells, -c / --parallel, leaves after the prompt, at least a quarter of it);\n"
+                 "  --temp, --top-k, --top-p, --min-p, ... the defaults of what a request does not give.\n"
                  "  Other options as `pshard run --help`.\n");
 }
 
@@ -114,7 +115,7 @@ int cmd_serve(int argc, char **argv) {
                    .open_user = &o,
                    .n_parallel = (int32_t)c.n_parallel,
                    .max_queue = (int32_t)c.max_queue,
-                   .default_max_tokens = c.n_predict_given ? o.gen.n_predict : -1,
+                   .default_max_tokens = c.n_predict_given ? o.gen.n_predict : -1, /* -1: the share's */
                    .sampling = o.gen.sampling,
                    .drain_s = (double)c.drain_s},
     };
