@@ -274,7 +274,7 @@ static int emit(struct engine_request *r, int32_t token, size_t len, float logpr
     pshard_token_event ev = {r->id, token, r->held, len, logprob, finish, stats, error, 0, NULL, NULL};
     if (token >= 0 && r->top_logprobs > 0) ev.n_top = r->top_logprobs, ev.top_tokens = b->top_tokens, ev.top_logprobs = b->top_logprobs;
     const int stop = r->on_event(r->user, &ev);
-    memmove(r->held, r->held + len, r->n_held - len);
+    if (len < r->n_held) memmove(r->held, r->held + len, r->n_held - len);
     r->n_held -= len;
     return stop;
 }
