@@ -327,6 +327,29 @@ static void test_shared_prefix(void **state) {
     pshard_close(ctx);
 }
 
+/* A token limit of 0 reads the prompt and samples nothing, in both calls. */
+static void test_no_tokens(void **state) {
+    (void)state;
+    pshard_ctx *ctx = open_ctx(2, 16, 0);
+    struct outcome o = {0};
+    request(ctx, PROMPTS[0], 0, 0, 1, &o);
+    run_to_end(ctx);
+    assert_int_equal(o.finish, PSHARD_FINISH_LENGTH);
+    assert_int_equal(o.n_tokens, 0);
+    assert_int_equal(o.n_text, 0);
+    assert_int_equal(o.stats.n_generated, 0);
+    pshard_gen_opts opts;
+    pshard_gen_opts_default(&opts);
+    opts.n_predict = 0;
+    pshard_gen_stats stats;
+    struct outcome heard = {0};
+    assert_int_equal(pshard_generate(ctx, PROMPTS[1], &opts, on_text, &heard, &stats), PSHARD_OK);
+    assert_int_equal(stats.n_generated, 0);
+    assert_int_equal(heard.n_text, 0);
+    assert_true(stats.n_prompt > 0);
+    pshard_close(ctx);
+}
+
 /* Log-probabilities: the greedy token is the most likely, its log-probability the top one's. */
 static int on_logprob(void *user, const pshard_token_event *ev) {
     int *checked = user;
@@ -358,7 +381,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_equals_alone), cmocka_unit_test(test_stop_string), cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_bad_requests),       cmocka_unit_test(test_prefix_reuse), cmocka_unit_test(test_logprobs),
-        cmocka_unit_test(test_pool_short_and_long), cmocka_unit_test(test_shared_prefix),
+        cmocka_unit_test(test_pool_short_and_long), cmocka_unit_test(test_shared_prefix), cmocka_unit_test(test_no_tokens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

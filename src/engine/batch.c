@@ -454,6 +454,10 @@ static float logprobs(struct engine_batch *b, const float *logits, int32_t n_voc
 /* A token sampled for a request: give it out, and end the request where it should end. */
 static void take_token(pshard_ctx *ctx, struct engine_request *r, const float *logits) {
     struct engine_batch *b = ctx->batch;
+    if (r->n_predict == 0) { /* the prompt only: nothing is sampled */
+        finish(ctx, r, PSHARD_FINISH_LENGTH, NULL, false);
+        return;
+    }
     const int32_t token = sampler_sample(r->sampler, logits);
     if (r->n_generated == 0) r->t_first = core_now_ms();
     if (!r->ignore_eos && engine_is_end_of_turn(ctx->tok, token)) {

@@ -88,6 +88,7 @@ static pshard_status decode_loop(struct generation *g, double t_start) {
     double host_compute = 0, host_wait = 0, between = 0, handoff = 0;
     int64_t handoffs = 0;
     for (;;) {
+        if (g->opts->n_predict == 0) break; /* the prompt only: nothing is sampled */
         const int32_t token = sampler_sample(g->sampler, exec_logits(ctx->exec, 0));
         if (g->stats->n_generated == 0) {
             t_first = core_now_ms();

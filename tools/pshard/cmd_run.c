@@ -176,10 +176,6 @@ static int prompt_progress(void *user, int32_t done, int32_t total) {
     return 0;
 }
 
-/* -n 0: the prompt is read and nothing is generated. The engine samples a first token before it
- * checks the limit; its text stops the generation, unshown. */
-static int stop_at_once(void *user, const char *text, size_t len) { return 1; }
-
 static int print_text(void *user, const char *text, size_t len) {
     (void)user;
     fwrite(text, 1, len, stdout);
@@ -292,7 +288,7 @@ int cmd_run(int argc, char **argv) {
     if (!ctx) return 1;
     pshard_gen_stats stats;
     pshard_status st;
-    const pshard_text_cb on_text = o.gen.n_predict == 0 ? stop_at_once : print_text;
+    const pshard_text_cb on_text = print_text;
     if (o.raw) {
         st = pshard_generate(ctx, o.prompt, &o.gen, on_text, NULL, &stats);
     } else {
@@ -300,7 +296,6 @@ int cmd_run(int argc, char **argv) {
         st = o.system ? pshard_chat(ctx, msgs, 2, &o.gen, on_text, NULL, &stats)
                       : pshard_chat(ctx, msgs + 1, 1, &o.gen, on_text, NULL, &stats);
     }
-    if (o.gen.n_predict == 0) stats.n_generated = 0; /* the token that stopped it is not the reply's */
     if (st != PSHARD_OK) {
         fprintf(stderr, "pshard: %s\n", pshard_last_error());
         pshard_close(ctx);
