@@ -62,12 +62,7 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
         if (n_ctx_train && n_ctx_train < (uint32_t)ep.n_ctx) ep.n_ctx = (int32_t)n_ctx_train;
         ep.n_ctx *= ep.n_seq;
     }
-    /* Many sequences share one pool of n_ctx cells; each may grow to all of it, up to the context
-     * the model was trained for. */
-    if (ep.n_seq > 1) {
-        ep.n_cells = ep.n_ctx;
-        if (n_ctx_train && (uint32_t)ep.n_ctx > n_ctx_train) ep.n_ctx = (int32_t)n_ctx_train;
-    }
+    exec_params_share_pool(&ep, n_ctx_train); /* many sequences: n_ctx is the pool they share */
     if (ep.n_batch <= 0) ep.n_batch = 512;
     if (ep.n_batch > ep.n_ctx) ep.n_batch = ep.n_ctx;
     if (ep.n_batch < ep.n_seq) ep.n_batch = ep.n_seq; /* a step carries one token of every sequence */

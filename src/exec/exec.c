@@ -233,6 +233,12 @@ static pshard_status create(struct exec_ctx *ctx) {
     return PSHARD_OK;
 }
 
+void exec_params_share_pool(struct exec_params *p, uint32_t n_ctx_train) {
+    if (p->n_seq <= 1) return;
+    p->n_cells = p->n_ctx;
+    if (n_ctx_train && (uint32_t)p->n_ctx > n_ctx_train) p->n_ctx = (int32_t)n_ctx_train;
+}
+
 pshard_status exec_create(const struct model *model, const struct exec_params *params, struct exec_ctx **out) {
     *out = NULL;
     struct exec_ctx *ctx = calloc(1, sizeof *ctx);

@@ -57,6 +57,11 @@ struct exec_stats {
 
 struct exec_ctx;
 
+/* Many sequences (n_seq > 1) share one pool: n_ctx, as given, becomes the pool's cells (n_cells),
+ * and a sequence's positions are capped at the context the model was trained for (n_ctx_train;
+ * 0: unknown). One sequence keeps n_ctx as it is. The engine and `pshard plan` both size so. */
+void exec_params_share_pool(struct exec_params *params, uint32_t n_ctx_train);
+
 pshard_status exec_create(const struct model *model, const struct exec_params *params, struct exec_ctx **out);
 void exec_free(struct exec_ctx *ctx);
 

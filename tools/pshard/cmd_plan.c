@@ -33,8 +33,9 @@ static void print_usage(FILE *out) {
                  "  `same` for one set throughout. --tokens prices steps of those many tokens (at the end of\n"
                  "  the context) under every candidate, and marks the one the plan runs there. auto weighs\n"
                  "  resident sets by a typical request: a prompt of 1K tokens (or half the context), then 128\n"
-                 "  generated tokens, or N with -n N (-1: to the context's end), as `pshard run -n N` does.\n"
-                 "  Nothing is loaded onto the GPU.\n");
+                 "  generated tokens, or N with -n N (-1: to the context's end), as `pshard run -n N` does;\n"
+                 "  with --parallel N, N such requests at once, and -c is the KV cells they share (as in\n"
+                 "  `pshard batch` and `pshard serve`). Nothing is loaded onto the GPU.\n");
 }
 
 enum { MAX_TOKENS = 16 };
@@ -176,7 +177,8 @@ int cmd_plan(int argc, char **argv) {
         gguf_close(file);
         goto fail;
     }
-    p.n_ctx = cli_cap_context("plan", model.hp.n_ctx_train, p.n_ctx);
+    if (p.n_seq > 1) exec_params_share_pool(&p, model.hp.n_ctx_train); /* --parallel: -c is the pool they share */
+    else p.n_ctx = cli_cap_context("plan", model.hp.n_ctx_train, p.n_ctx);
     for (int k = 0; k < n_tokens; k++)
         if (tokens[k] > p.n_batch || tokens[k] > p.n_ctx) {
             fprintf(stderr, "pshard plan: --tokens: a step of %lld tokens is over the micro-batch (-b %d) or the context (-c %d)\n",
