@@ -23,6 +23,7 @@ typedef enum pshard_status {
     PSHARD_ERR_NOMEM,       /* an allocation failed */
     PSHARD_ERR_RANGE,       /* a value or size is outside what is allowed */
     PSHARD_ERR_INTERNAL,    /* a bug: an invariant did not hold */
+    PSHARD_ERR_BUSY,        /* no room now (a full queue of requests): try again later */
 } pshard_status;
 
 /* Message describing the last failure on the calling thread ("" if none). */
@@ -214,8 +215,9 @@ typedef struct pshard_request {
 
 void pshard_request_default(pshard_request *req);
 
-/* Queue a request (its prompt is tokenized and checked now: an empty prompt, one longer than a
- * sequence's context or a full queue fail here and queue nothing). *id names it in events. */
+/* Queue a request (its prompt is tokenized and checked now: an empty prompt or one longer than a
+ * sequence's context or the KV pool fails here (PSHARD_ERR_INVALID_ARG, PSHARD_ERR_RANGE), a full
+ * queue with PSHARD_ERR_BUSY, and nothing is queued). *id names it in events. */
 pshard_status pshard_request_add(pshard_ctx *ctx, const pshard_request *req, int32_t *id);
 
 /* Cancel a queued or active request: its last event (PSHARD_FINISH_CANCELLED) is delivered now,
@@ -241,6 +243,14 @@ void pshard_get_batch_info(const pshard_ctx *ctx, pshard_batch_info *info);
  * caller frees it. */
 pshard_status pshard_format_chat(pshard_ctx *ctx, const pshard_message *messages, size_t n_messages, int default_system,
                                  char **out);
+
+/* The tokens of a text as a prompt is read: the model's leading special tokens (BOS) where it wants
+ * them, special-token text recognized with parse_special. *tokens is malloc'd (the caller frees it). */
+pshard_status pshard_tokenize(pshard_ctx *ctx, const char *text, int parse_special, int32_t **tokens, int32_t *n_tokens);
+
+/* A token's bytes as the model spells it (special tokens as their text); *piece stays valid while
+ * the context is open. */
+pshard_status pshard_token_piece(const pshard_ctx *ctx, int32_t token, const char **piece, size_t *len);
 
 /* Facts about the loaded model and context. */
 typedef struct pshard_info {

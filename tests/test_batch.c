@@ -235,7 +235,7 @@ static void test_bad_requests(void **state) {
     assert_int_equal(info.n_queued + info.n_active, 0);
     assert_int_equal(pshard_request_add(ctx, &req, &id), PSHARD_OK);
     assert_int_equal(pshard_request_add(ctx, &req, &id), PSHARD_OK);
-    assert_int_equal(pshard_request_add(ctx, &req, &id), PSHARD_ERR_RANGE); /* two wait already */
+    assert_int_equal(pshard_request_add(ctx, &req, &id), PSHARD_ERR_BUSY); /* two wait already */
     /* the one-sequence call refuses while requests run */
     pshard_gen_opts opts;
     pshard_gen_opts_default(&opts);

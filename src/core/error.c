@@ -51,6 +51,7 @@ const char *pshard_status_name(pshard_status status) {
     case PSHARD_ERR_NOMEM: return "out of memory";
     case PSHARD_ERR_RANGE: return "out of range";
     case PSHARD_ERR_INTERNAL: return "internal error";
+    case PSHARD_ERR_BUSY: return "busy";
     }
     return "unknown status";
 }

@@ -194,7 +194,7 @@ pshard_status pshard_request_add(pshard_ctx *ctx, const pshard_request *req, int
     if (!req || !id) return core_fail(PSHARD_ERR_INVALID_ARG, "no request given");
     if (!req->prompt && !req->prompt_tokens) return core_fail(PSHARD_ERR_INVALID_ARG, "no prompt given");
     if (b->n_queued >= b->max_queue)
-        return core_fail(PSHARD_ERR_RANGE, "the queue is full (%d requests wait for a sequence)", b->n_queued);
+        return core_fail(PSHARD_ERR_BUSY, "the queue is full (%d requests wait for a sequence)", b->n_queued);
     if (req->top_logprobs > TOP_LOGPROBS_MAX)
         return core_fail(PSHARD_ERR_RANGE, "top_logprobs is %d; at most %d", req->top_logprobs, TOP_LOGPROBS_MAX);
     const pshard_sampling *sp = &req->sampling;

@@ -9,7 +9,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "server/engine_peek.h"
 #include "server/worker.h"
 
 enum { RATE_WINDOW_S = 10 };
@@ -140,7 +139,7 @@ static int grow(void **p, size_t *cap, size_t need, size_t item) {
 static int append_piece(struct job *j, pshard_ctx *ctx, int32_t token, uint32_t *off, uint32_t *len) {
     const char *piece;
     size_t n;
-    server_token_piece(ctx, token, &piece, &n);
+    pshard_token_piece(ctx, token, &piece, &n);
     if (n > 1024 || j->pieces_len + n > UINT32_MAX || grow((void **)&j->pieces, &j->pieces_cap, j->pieces_len + n, 1))
         return -1;
     memcpy(j->pieces + j->pieces_len, piece, n);
@@ -246,7 +245,7 @@ static void start_job(struct worker *w, struct job *j) {
     /* The prompt's tokens, made here to size the default limit by them. */
     const char *text = q->kind == API_CHAT ? formatted : q->prompt;
     int32_t *tokens = NULL, n_tokens = q->n_prompt_tokens;
-    if (st == PSHARD_OK && text) st = server_tokenize(w->ctx, text, &tokens, &n_tokens);
+    if (st == PSHARD_OK && text) st = pshard_tokenize(w->ctx, text, 1, &tokens, &n_tokens);
     pshard_request r;
     pshard_request_default(&r);
     r.prompt_tokens = text ? tokens : q->prompt_tokens, r.n_prompt_tokens = n_tokens;
@@ -278,9 +277,7 @@ static void start_job(struct worker *w, struct job *j) {
         w->running = j;
     } else {
         const char *why = pshard_last_error();
-        /* The engine says which by its message alone: a full queue, else a prompt longer than a
-         * sequence's context or the whole KV pool. */
-        if (st == PSHARD_ERR_RANGE && strstr(why, "queue is full"))
+        if (st == PSHARD_ERR_BUSY)
             api_fail(&j->error, 503, "server_error", "queue_full", NULL, "%s", why);
         else if (st == PSHARD_ERR_RANGE)
             api_fail(&j->error, 400, "invalid_request_error", "context_length_exceeded", q->kind == API_CHAT ? "messages" : "prompt",
