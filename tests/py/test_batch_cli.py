@@ -49,6 +49,23 @@ def test_batch_equals_alone_tiny_moe(tmp_path):
     check_equal(path, ["The capital of France is", "1, 2, 3,", "Once upon a time", "x"], ["--raw", "--ignore-eos"])
 
 
+def test_prompts_from_a_file(default_model, tmp_path):
+    """-f FILE: a prompt a line (empty lines skipped), the same replies as -p; one file at most,
+    of at most 4096 prompts."""
+    f = tmp_path / "prompts.txt"
+    f.write_text(PROMPTS[0] + "\n\n" + PROMPTS[1] + "\n")
+    out = run_pshard("batch", "-m", default_model, "-f", str(f), "--temp", "0", "-n", "8", "--jsonl", "-q", "-t", "2").stdout
+    got = {json.loads(l)["index"]: json.loads(l) for l in out.splitlines()}
+    assert sorted(got) == [1, 2]
+    assert got[2]["ids"] == alone_ids(default_model, PROMPTS[1], ["-n", "8"])[:8]
+    proc = run_pshard("batch", "-m", default_model, "-f", str(f), "--file", str(f), check=False)
+    assert proc.returncode == 2 and "one -f FILE" in proc.stderr
+    many = tmp_path / "many.txt"
+    many.write_text("".join("prompt %d\n" % i for i in range(4097)))
+    proc = run_pshard("batch", "-m", default_model, "-f", str(many), check=False)
+    assert proc.returncode == 2 and "at most 4096 prompts" in proc.stderr
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--parallel", "0"], "--parallel"), (["--parallel", "2.5"], "--parallel"), (["--stagger", "nan"], "--stagger"),
     ([], "give prompts"),
@@ -56,4 +73,15 @@ def test_batch_equals_alone_tiny_moe(tmp_path):
 def test_batch_refuses_bad_options(default_model, args, needle):
     proc = run_pshard("batch", "-m", default_model, *args, *(["-p", "hi"] if needle != "give prompts" else []),
                       check=False)
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["-b", "2.5"], "-b takes a whole number"), (["-t", "0"], "-t takes a whole number"),
+    (["--reps", "nan"], "--reps takes a whole number"), (["--batch", "-npl", "0"], "-npl"),
+    (["--batch", "-npp", "1e3"], "-npp"),
+])
+def test_bench_refuses_bad_numbers(default_model, args, needle):
+    proc = run_pshard("bench", "--oracle", "-m", default_model, *args, check=False) if "--batch" not in args else \
+        run_pshard("bench", "-m", default_model, *args, check=False)
     assert proc.returncode == 2 and needle in proc.stderr, proc.stderr

@@ -35,7 +35,8 @@ struct batch_run {
 
 static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard batch [-m MODEL] (-p PROMPT ... | -f FILE) [--parallel N] [--jsonl] [run's options]\n"
-                 "  Runs every prompt (each -p, and each line of FILE) through one model, up to N at once\n"
+                 "  Runs every prompt (each -p, and each line of FILE, -f or --file; at most 4096 in all)\n"
+                 "  through one model, up to N at once\n"
                  "  (default 4): a step carries one token of each sequence that is generating and chunks of\n"
                  "  the prompts still being read; a prompt waits for a free sequence and joins between steps.\n"
                  "  Each reply is printed when it ends, headed by its prompt's number (from 1), why it ended\n"
@@ -132,22 +133,38 @@ static int take_own_args(int *argc, char **argv, struct batch_cli *c) {
                 return -1;
             }
             c->prompts[c->n_prompts++] = argv[++i];
-        } else if (!strcmp(a, "-f") && v) {
+        } else if ((!strcmp(a, "-f") || !strcmp(a, "--file")) && v) {
+            if (c->file_text) {
+                fprintf(stderr, "pshard batch: one -f FILE at most (put every prompt in it, a line each)\n");
+                return -1;
+            }
             FILE *f = fopen(argv[++i], "rb");
             if (!f) {
                 perror(argv[i]);
                 return -1;
             }
             size_t len = 0, cap = 0;
-            for (int ch; (ch = fgetc(f)) != EOF;) {
-                if (grow((void **)&c->file_text, &cap, len + 2, 1)) break;
-                c->file_text[len++] = (char)ch;
+            int failed = 0;
+            for (int ch; !failed && (ch = fgetc(f)) != EOF;) {
+                failed = grow((void **)&c->file_text, &cap, len + 2, 1);
+                if (!failed) c->file_text[len++] = (char)ch;
             }
+            failed = failed || ferror(f);
             fclose(f);
-            if (!c->file_text) continue;
+            if (failed) {
+                fprintf(stderr, "pshard batch: cannot read %s\n", argv[i]);
+                return -1;
+            }
+            if (!c->file_text) continue; /* an empty file: no prompts */
             c->file_text[len] = 0;
-            for (char *line = strtok(c->file_text, "\n"); line; line = strtok(NULL, "\n"))
-                if (*line && c->n_prompts < MAX_PROMPTS) c->prompts[c->n_prompts++] = line;
+            for (char *line = strtok(c->file_text, "\n"); line; line = strtok(NULL, "\n")) {
+                if (!*line) continue;
+                if (c->n_prompts == MAX_PROMPTS) {
+                    fprintf(stderr, "pshard batch: at most %d prompts (%s has more)\n", MAX_PROMPTS, argv[i]);
+                    return -1;
+                }
+                c->prompts[c->n_prompts++] = line;
+            }
         } else if (!strcmp(a, "--parallel")) {
             if (whole(a, v, 1, 4096, &c->n_parallel)) return -1;
             i++;

@@ -142,12 +142,10 @@ static int parse_opts(int argc, char **argv, struct oracle_opts *o) {
         } else if (!strcmp(a, "--tiers") && v && !cli_parse_list(argv[++i], false, list, MAX_LIST, &n)) {
             o->n_tiers = n;
             for (int k = 0; k < n; k++) o->tiers[k] = (int32_t)list[k];
-        } else if (!strcmp(a, "-b") && v && atoi(v) > 0) {
-            o->n_batch = atoi(argv[++i]);
-        } else if (!strcmp(a, "-t") && v && atoi(v) > 0) {
-            o->n_threads = atoi(argv[++i]);
-        } else if (!strcmp(a, "--reps") && v && atoi(v) > 0) {
-            o->reps = atoi(argv[++i]);
+        } else if ((!strcmp(a, "-b") || !strcmp(a, "-t") || !strcmp(a, "--reps")) && v) {
+            int64_t k;
+            if (cli_int("bench", a, argv[++i], 1, !strcmp(a, "-b") ? 65536 : 1024, &k)) return -1;
+            *(!strcmp(a, "-b") ? &o->n_batch : !strcmp(a, "-t") ? &o->n_threads : &o->reps) = (int32_t)k;
         } else if (!strcmp(a, "--recheck") && v && parse_count(v, MAX_LOADS - 1, &n)) {
             o->recheck = n, i++;
         } else if (!strcmp(a, "--no-recheck")) {
