@@ -252,6 +252,16 @@ pshard_status pshard_tokenize(pshard_ctx *ctx, const char *text, int parse_speci
  * the context is open. */
 pshard_status pshard_token_piece(const pshard_ctx *ctx, int32_t token, const char **piece, size_t *len);
 
+/* Hears the logits of one position of pshard_eval (n_vocab floats); return nonzero to stop. */
+typedef int (*pshard_logits_cb)(void *user, int32_t position, const float *logits, int32_t n_vocab);
+
+/* Logits of every position of a token sequence, for comparing placements and implementations: the
+ * tokens run from the start of the one-sequence calls' sequence in steps of steps[k % n_steps]
+ * tokens (1 to n_batch; NULL: n_batch each), and each position's logits reach on_logits in order.
+ * Forgets what that sequence held before and after; fails while requests are running. */
+pshard_status pshard_eval(pshard_ctx *ctx, const int32_t *tokens, int32_t n_tokens, const int32_t *steps, int32_t n_steps,
+                          pshard_logits_cb on_logits, void *user);
+
 /* Facts about the loaded model and context. */
 typedef struct pshard_info {
     const char *arch;

@@ -373,6 +373,42 @@ static void test_no_tokens(void **state) {
     pshard_close(ctx);
 }
 
+/* pshard_eval: every position's logits, in any steps; the last position's argmax is the first
+ * greedy token; bad steps are refused. */
+struct argmaxes {
+    int32_t best[64], n;
+};
+
+static int keep_argmax(void *user, int32_t position, const float *logits, int32_t n_vocab) {
+    struct argmaxes *a = user;
+    assert_int_equal(position, a->n);
+    int32_t best = 0;
+    for (int32_t j = 1; j < n_vocab; j++) best = logits[j] > logits[best] ? j : best;
+    a->best[a->n++] = best;
+    return 0;
+}
+
+static void test_eval(void **state) {
+    (void)state;
+    pshard_ctx *ctx = open_ctx(1, 16, 0);
+    int32_t *ids, n;
+    assert_int_equal(pshard_tokenize(ctx, PROMPTS[0], 1, &ids, &n), PSHARD_OK);
+    assert_true(n > 4 && n <= 64);
+    struct argmaxes whole = {0}, stepped = {0};
+    assert_int_equal(pshard_eval(ctx, ids, n, NULL, 0, keep_argmax, &whole), PSHARD_OK);
+    const int32_t steps[] = {3, 1};
+    assert_int_equal(pshard_eval(ctx, ids, n, steps, 2, keep_argmax, &stepped), PSHARD_OK);
+    assert_int_equal(whole.n, n);
+    assert_memory_equal(whole.best, stepped.best, sizeof(int32_t) * (size_t)n);
+    const int32_t bad[] = {0};
+    assert_int_equal(pshard_eval(ctx, ids, n, bad, 1, keep_argmax, &stepped), PSHARD_ERR_INVALID_ARG);
+    struct outcome ref;
+    alone(PROMPTS[0], 1, 0, 1, &ref);
+    assert_int_equal(ref.tokens[0], whole.best[n - 1]);
+    free(ids);
+    pshard_close(ctx);
+}
+
 /* Log-probabilities: the greedy token is the most likely, its log-probability the top one's. */
 static int on_logprob(void *user, const pshard_token_event *ev) {
     int *checked = user;
@@ -413,7 +449,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_equals_alone), cmocka_unit_test(test_stop_string), cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_bad_requests),       cmocka_unit_test(test_prefix_reuse), cmocka_unit_test(test_logprobs),
-        cmocka_unit_test(test_pool_short_and_long), cmocka_unit_test(test_shared_prefix), cmocka_unit_test(test_no_tokens),
+        cmocka_unit_test(test_pool_short_and_long), cmocka_unit_test(test_shared_prefix), cmocka_unit_test(test_no_tokens), cmocka_unit_test(test_eval),
     };
     const int failed = cmocka_run_group_tests(tests, NULL, NULL);
     unlink(model_path);

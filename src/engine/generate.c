@@ -213,6 +213,34 @@ pshard_status pshard_generate(pshard_ctx *ctx, const char *prompt, const pshard_
     return st;
 }
 
+pshard_status pshard_eval(pshard_ctx *ctx, const int32_t *tokens, int32_t n_tokens, const int32_t *steps, int32_t n_steps,
+                          pshard_logits_cb on_logits, void *user) {
+    const int32_t n_batch = ctx->params.n_batch, n_vocab = exec_n_vocab(ctx->exec);
+    if (!tokens || n_tokens <= 0 || !on_logits) return core_fail(PSHARD_ERR_INVALID_ARG, "pshard_eval: no tokens or no callback");
+    if (n_tokens > ctx->params.n_ctx)
+        return core_fail(PSHARD_ERR_RANGE, "%d tokens but the context holds %d (raise -c)", n_tokens, ctx->params.n_ctx);
+    for (int32_t k = 0; steps && k < n_steps; k++)
+        if (steps[k] < 1 || steps[k] > n_batch)
+            return core_fail(PSHARD_ERR_INVALID_ARG, "a step of %d tokens: steps take 1 to the batch size (%d)", steps[k], n_batch);
+    if (steps && n_steps <= 0) return core_fail(PSHARD_ERR_INVALID_ARG, "pshard_eval: steps given but n_steps is %d", n_steps);
+    if (engine_batch_pending(ctx))
+        return core_fail(PSHARD_ERR_INVALID_ARG, "requests are running (pshard_request_add); step them to the end or cancel them first");
+    exec_truncate_seq(ctx->exec, 0, ctx->n_cached = 0);
+    pshard_status st = PSHARD_OK;
+    for (int32_t start = 0, m, k = 0; st == PSHARD_OK && start < n_tokens; start += m, k++) {
+        const int32_t want = steps ? steps[k % n_steps] : n_batch;
+        m = n_tokens - start < want ? n_tokens - start : want;
+        for (int32_t i = 0; i < m; i++) ctx->batch_pos[i] = start + i, ctx->batch_logits[i] = 1;
+        const struct exec_batch b = {m, tokens + start, ctx->batch_pos, ctx->batch_seq, ctx->batch_logits};
+        st = exec_step(ctx->exec, &b);
+        for (int32_t i = 0; st == PSHARD_OK && i < m; i++)
+            if (on_logits(user, start + i, exec_logits(ctx->exec, i), n_vocab))
+                st = core_fail(PSHARD_ERR_INVALID_ARG, "evaluation stopped at position %d", start + i);
+    }
+    exec_truncate_seq(ctx->exec, 0, 0);
+    return st;
+}
+
 pshard_status pshard_format_chat(pshard_ctx *ctx, const pshard_message *messages, size_t n_messages, int default_system,
                                  char **out) {
     *out = NULL;

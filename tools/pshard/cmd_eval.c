@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "engine/engine_internal.h"
 #include "plan/plan.h"
 
 static void print_usage(FILE *out) {
@@ -43,6 +42,15 @@ static int parse_tokens(const char *text, int32_t **out, int32_t *n) {
     *out = ids;
     *n = count;
     return ids && count ? 0 : -1;
+}
+
+/* Each position's argmax to stdout, its logits to the file. */
+static int write_logits(void *user, int32_t position, const float *logits, int32_t n_vocab) {
+    (void)position;
+    int32_t best = 0;
+    for (int32_t j = 1; j < n_vocab; j++) best = logits[j] > logits[best] ? j : best;
+    printf(" %d", best);
+    return fwrite(logits, sizeof(float), (size_t)n_vocab, user) != (size_t)n_vocab;
 }
 
 int cmd_eval(int argc, char **argv) {
@@ -125,54 +133,31 @@ int cmd_eval(int argc, char **argv) {
         fprintf(stderr, "pshard eval: --tokens expects comma-separated token ids\n");
         goto done;
     }
+    pshard_info info;
+    pshard_get_info(ctx, &info);
     if (steps_arg) {
         bool ok = parse_tokens(steps_arg, &steps, &n_steps) == 0;
-        for (int32_t k = 0; ok && k < n_steps; k++) ok = steps[k] >= 1 && steps[k] <= ctx->params.n_batch;
+        for (int32_t k = 0; ok && k < n_steps; k++) ok = steps[k] >= 1 && steps[k] <= info.n_batch;
         if (!ok) {
             fprintf(stderr, "pshard eval: --steps expects comma-separated token counts from 1 to the batch size (%d)\n",
-                    ctx->params.n_batch);
+                    info.n_batch);
             goto done;
         }
     }
-    if (prompt) {
-        struct tok_ids t = {0};
-        if (tok_encode(ctx->tok, prompt, strlen(prompt), TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, &t) != PSHARD_OK) {
-            fprintf(stderr, "pshard eval: %s\n", pshard_last_error());
-            goto done;
-        }
-        ids = t.ids;
-        n = (int32_t)t.n;
+    if (prompt && pshard_tokenize(ctx, prompt, 1, &ids, &n) != PSHARD_OK) {
+        fprintf(stderr, "pshard eval: %s\n", pshard_last_error());
+        goto done;
     }
     FILE *out = fopen(out_path, "wb");
     if (!out) {
         perror(out_path);
         goto done;
     }
-    const int32_t n_batch = ctx->params.n_batch, n_vocab = exec_n_vocab(ctx->exec);
     printf("argmax:");
-    for (int32_t start = 0, m, k = 0; start < n; start += m, k++) {
-        const int32_t want = steps ? steps[k % n_steps] : n_batch;
-        m = n - start < want ? n - start : want;
-        for (int32_t i = 0; i < m; i++) {
-            ctx->batch_pos[i] = start + i;
-            ctx->batch_logits[i] = 1;
-        }
-        struct exec_batch b = {m, ids + start, ctx->batch_pos, ctx->batch_seq, ctx->batch_logits};
-        if (exec_step(ctx->exec, &b) != PSHARD_OK) {
-            fprintf(stderr, "\npshard eval: %s\n", pshard_last_error());
-            fclose(out);
-            goto done;
-        }
-        for (int32_t i = 0; i < m; i++) {
-            const float *l = exec_logits(ctx->exec, i);
-            int32_t best = 0;
-            for (int32_t j = 1; j < n_vocab; j++) best = l[j] > l[best] ? j : best;
-            printf(" %d", best);
-            fwrite(l, sizeof(float), (size_t)n_vocab, out);
-        }
-    }
+    const pshard_status st = pshard_eval(ctx, ids, n, steps, n_steps, write_logits, out);
     printf("\n");
-    rc = fclose(out) == 0 ? 0 : 1;
+    if (st != PSHARD_OK) fprintf(stderr, "pshard eval: %s\n", pshard_last_error());
+    rc = fclose(out) == 0 && st == PSHARD_OK ? 0 : 1;
 done:
     free(ids);
     free(steps);
