@@ -6,7 +6,6 @@
 
 #include "core/error.h"
 #include "engine/engine_internal.h"
-#include "cuda/cuda_backend.h"
 #include "exec/exec_gpu.h"
 #include "exec/measure.h"
 
@@ -68,8 +67,8 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
     if (ep.n_batch < ep.n_seq) ep.n_batch = ep.n_seq; /* a step carries one token of every sequence */
     /* An automatic plan under a budget the model does not fit whole is chosen by the cost model
      * from this machine's profile (measured on first use). */
-    bool resident = p->gpu && cuda_device_count() > 0;
-    if (ep.plan == PLAN_AUTO && ep.vram_budget > 0 && cuda_device_count() > 0) {
+    bool resident = p->gpu && exec_device_count() > 0;
+    if (ep.plan == PLAN_AUTO && ep.vram_budget > 0 && exec_device_count() > 0) {
         bool fits_whole;
         CORE_TRY(fits_whole_in(&ctx->model, &ep, &fits_whole)); /* also: a budget too small fails here */
         resident = fits_whole;
@@ -86,7 +85,7 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
      * fits the budget whole, or --gpu) for the predicted speed; and a family the user named
      * (--plan gpu|static|dynamic) under a budget, so it is placed as `pshard plan --plan FAMILY`
      * shows it (a dynamic plan's balanced share and routed quotas come from it). */
-    const bool named = ep.plan != PLAN_AUTO && ep.plan != PLAN_CPU && ep.vram_budget > 0 && cuda_device_count() > 0;
+    const bool named = ep.plan != PLAN_AUTO && ep.plan != PLAN_CPU && ep.vram_budget > 0 && exec_device_count() > 0;
     if ((resident || named) && !p->no_profile) {
         bool measured_now;
         if (exec_machine_profile(&ctx->model, p->n_threads, 0, PROFILE_CACHED, NULL, NULL, &ctx->profile, &measured_now) ==

@@ -233,6 +233,8 @@ static pshard_status create(struct exec_ctx *ctx) {
     return PSHARD_OK;
 }
 
+int exec_device_count(void) { return cuda_device_count(); }
+
 void exec_params_share_pool(struct exec_params *p, uint32_t n_ctx_train) {
     if (p->n_seq <= 1) return;
     p->n_cells = p->n_ctx;

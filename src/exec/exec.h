@@ -57,6 +57,9 @@ struct exec_stats {
 
 struct exec_ctx;
 
+/* How many CUDA devices this process sees (0 without the CUDA backend or a GPU). */
+int exec_device_count(void);
+
 /* Many sequences (n_seq > 1) share one pool: n_ctx, as given, becomes the pool's cells (n_cells),
  * and a sequence's positions are capped at the context the model was trained for (n_ctx_train;
  * 0: unknown). One sequence keeps n_ctx as it is. The engine and `pshard plan` both size so. */
