@@ -282,8 +282,11 @@ typedef struct pshard_info {
     int profile_measured; /* the machine profile: 1 measured (cached or now), 0 defaults */
     double predicted_ttft_s, predicted_decode_s; /* the cost model's prediction for the plan: the first
                                                     token of a prompt of predicted_prompt_tokens (1K or
-                                                    half the context), then seconds per token */
-    int32_t predicted_prompt_tokens;
+                                                    half the context), then seconds per token; with
+                                                    predicted_requests > 1, that many at once: until
+                                                    every prompt is read, then seconds per step of a
+                                                    token of each */
+    int32_t predicted_prompt_tokens, predicted_requests;
 } pshard_info;
 void pshard_get_info(const pshard_ctx *ctx, pshard_info *info);
 

@@ -196,6 +196,7 @@ void pshard_get_info(const pshard_ctx *ctx, pshard_info *info) {
     info->predicted_ttft_s = plan->predicted_ttft;
     info->predicted_prompt_tokens = plan_typical_prompt(plan->n_ctx);
     info->predicted_decode_s = plan->predicted_decode;
+    info->predicted_requests = plan->n_seq > 1 ? plan->n_seq : 1;
     const struct gpu_memory_report *vram = exec_gpu_memory(ctx->exec);
     if (vram) {
         info->on_gpu = 1;

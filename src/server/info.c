@@ -57,7 +57,7 @@ int info_props(struct server *s, struct reply *out) {
         "arch", w.arch, "chat_format", w.chat_format, "n_ctx", i->n_ctx, "n_parallel", w.batch.n_parallel, "n_threads",
         i->n_threads, "n_layers", i->n_layers, "on_gpu", i->on_gpu, "vram", vram, "plan", i->plan,
         "predicted_ttft_s", i->predicted_ttft_s, "predicted_decode_tokens_per_s",
-        i->predicted_decode_s > 0 ? 1 / i->predicted_decode_s : 0.0, "profile_measured", i->profile_measured,
+        i->predicted_decode_s > 0 ? i->predicted_requests / i->predicted_decode_s : 0.0, "profile_measured", i->profile_measured,
         "weight_bytes", (json_int_t)i->weight_bytes, "version", PSHARD_VERSION));
     return out->body ? 0 : -1;
 }
@@ -143,8 +143,9 @@ int info_metrics(struct server *s, struct reply *out) {
     add(&t, "# HELP pshard_plan_info The plan the engine runs (its families) and the last step's.\n"
             "# TYPE pshard_plan_info gauge\npshard_plan_info{plan=\"%s\",last_step=\"%s\",on_gpu=\"%d\"} 1\n",
         i->plan, w.batch.last_step_plan, i->on_gpu);
-    metric(&t, "predicted_decode_tokens_per_second", "gauge", "The planner's predicted decode speed for one sequence.",
-           i->predicted_decode_s > 0 ? 1 / i->predicted_decode_s : 0);
+    metric(&t, "predicted_decode_tokens_per_second", "gauge",
+           "The planner's predicted decode speed, every sequence's tokens together (as many as --parallel).",
+           i->predicted_decode_s > 0 ? i->predicted_requests / i->predicted_decode_s : 0);
     metric(&t, "plan_phase_changes_total", "counter", "Changes of resident set between prompt and decode steps.",
            i->phase_changes);
     if (t.failed) {

@@ -262,16 +262,18 @@ pshard_ctx *run_open_model(struct run_opts *o) {
     pshard_info info;
     pshard_get_info(ctx, &info);
     if (!o->quiet && info.on_gpu) {
-        char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32];
+        char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], many[48] = "";
+        const int32_t n = info.predicted_requests;
+        if (n > 1) snprintf(many, sizeof many, "for %d requests at once: ", n);
         fprintf(stderr, "VRAM: arena %s = weights %s + KV %s + activations %s + work %s + staging %s; file mapping %s; "
-                "CUDA context %s outside the budget; plan %s (predicted: TTFT %.2f s for %d tokens, %.1f tok/s%s)\n",
+                "CUDA context %s outside the budget; plan %s (predicted %s%s %.2f s for %d-token prompts, %.1f tok/s%s%s)\n",
                 cli_format_bytes(info.vram_arena_bytes, a, sizeof a), cli_format_bytes(info.vram_weight_bytes, b, sizeof b),
                 cli_format_bytes(info.vram_kv_bytes, c, sizeof c), cli_format_bytes(info.vram_activation_bytes, d, sizeof d),
                 cli_format_bytes(info.vram_work_bytes, e, sizeof e), cli_format_bytes(info.vram_staging_bytes, g, sizeof g),
                 cli_format_bytes(info.vram_mapping_bytes, h, sizeof h),
-                cli_format_bytes(info.vram_context_bytes, f, sizeof f), info.plan, info.predicted_ttft_s,
-                info.predicted_prompt_tokens, info.predicted_decode_s > 0 ? 1 / info.predicted_decode_s : 0.0,
-                info.profile_measured ? "" : "; from default costs, not a measured profile");
+                cli_format_bytes(info.vram_context_bytes, f, sizeof f), info.plan, many, n > 1 ? "every first token in" : "TTFT",
+                info.predicted_ttft_s, info.predicted_prompt_tokens, info.predicted_decode_s > 0 ? n / info.predicted_decode_s : 0.0,
+                n > 1 ? " in all" : "", info.profile_measured ? "" : "; from default costs, not a measured profile");
     }
     return ctx;
 }
