@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/grow.h"
 #include "core/timer.h"
 #include "engine/engine_internal.h"
 
@@ -256,13 +257,7 @@ static bool release_text(struct engine_request *r, size_t *out_len) {
 }
 
 static pshard_status hold(struct engine_request *r, const char *text, size_t len) {
-    if (r->n_held + len > r->held_cap) {
-        size_t cap = r->held_cap ? r->held_cap * 2 : 64;
-        while (cap < r->n_held + len) cap *= 2;
-        char *p = realloc(r->held, cap);
-        if (!p) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
-        r->held = p, r->held_cap = cap;
-    }
+    CORE_TRY(core_grow((void **)&r->held, &r->held_cap, r->n_held + len, 1));
     memcpy(r->held + r->n_held, text, len);
     r->n_held += len;
     return PSHARD_OK;

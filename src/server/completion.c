@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/grow.h"
 #include "server/http_internal.h"
 
 enum { WAIT_MS = 100 };
@@ -54,15 +55,9 @@ struct stream {
 };
 
 static void put(struct stream *st, const char *data, size_t len) {
-    if (st->out_len + len > st->out_cap) {
-        size_t cap = st->out_cap ? st->out_cap * 2 : 1024;
-        while (cap < st->out_len + len) cap *= 2;
-        char *p = realloc(st->out, cap);
-        if (!p) {
-            st->failed = true;
-            return;
-        }
-        st->out = p, st->out_cap = cap;
+    if (core_grow((void **)&st->out, &st->out_cap, st->out_len + len, 1) != PSHARD_OK) {
+        st->failed = true;
+        return;
     }
     memcpy(st->out + st->out_len, data, len);
     st->out_len += len;

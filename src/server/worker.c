@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/grow.h"
 #include "server/worker.h"
 
 enum { RATE_WINDOW_S = 10 };
@@ -126,21 +127,11 @@ void worker_cancel(struct worker *w, struct job *j) {
 
 /* ---- Events, on the engine thread (the lock not held by the caller). */
 
-static int grow(void **p, size_t *cap, size_t need, size_t item) {
-    if (need <= *cap) return 0;
-    size_t n = *cap ? *cap * 2 : 64;
-    while (n < need) n *= 2;
-    void *q = realloc(*p, n * item);
-    if (!q) return -1;
-    *p = q, *cap = n;
-    return 0;
-}
-
 static int append_piece(struct job *j, pshard_ctx *ctx, int32_t token, uint32_t *off, uint32_t *len) {
     const char *piece;
     size_t n;
     pshard_token_piece(ctx, token, &piece, &n);
-    if (n > 1024 || j->pieces_len + n > UINT32_MAX || grow((void **)&j->pieces, &j->pieces_cap, j->pieces_len + n, 1))
+    if (n > 1024 || j->pieces_len + n > UINT32_MAX || core_grow((void **)&j->pieces, &j->pieces_cap, j->pieces_len + n, 1))
         return -1;
     memcpy(j->pieces + j->pieces_len, piece, n);
     *off = (uint32_t)j->pieces_len, *len = (uint32_t)n;
@@ -150,8 +141,8 @@ static int append_piece(struct job *j, pshard_ctx *ctx, int32_t token, uint32_t 
 
 /* Under the lock: the request's token and the most likely ones, kept for the logprobs field. */
 static int keep_logprobs(struct worker *w, struct job *j, const pshard_token_event *ev) {
-    if (grow((void **)&j->tokens, &j->tokens_cap, j->n_tokens + 1, sizeof *j->tokens) ||
-        grow((void **)&j->tops, &j->tops_cap, j->n_tops + (size_t)ev->n_top, sizeof *j->tops))
+    if (core_grow((void **)&j->tokens, &j->tokens_cap, j->n_tokens + 1, sizeof *j->tokens) ||
+        core_grow((void **)&j->tops, &j->tops_cap, j->n_tops + (size_t)ev->n_top, sizeof *j->tops))
         return -1;
     struct job_token *t = &j->tokens[j->n_tokens];
     t->text_end = j->text_len, t->logprob = ev->logprob, t->top_off = (uint32_t)j->n_tops, t->n_top = ev->n_top;
@@ -178,7 +169,7 @@ static int on_event(void *user, const pshard_token_event *ev) {
     struct job *j = user;
     struct worker *w = j->worker;
     worker_lock(w);
-    if (ev->len && !grow((void **)&j->text, &j->text_cap, j->text_len + ev->len + 1, 1)) {
+    if (ev->len && !core_grow((void **)&j->text, &j->text_cap, j->text_len + ev->len + 1, 1)) {
         memcpy(j->text + j->text_len, ev->text, ev->len);
         j->text_len += ev->len;
         j->text[j->text_len] = 0;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/grow.h"
 
 /* FNV-1a over 8-byte words with a final mix: token texts are short, and this keeps a 150k
  * vocabulary's build well under a millisecond per 10k tokens. */
@@ -177,17 +178,6 @@ void tok_ids_free(struct tok_ids *ids) {
     ids->n = ids->cap = 0;
 }
 
-static pshard_status grow(void **p, size_t *cap, size_t want, size_t elem_bytes) {
-    if (want <= *cap) return PSHARD_OK;
-    size_t cap2 = *cap ? *cap : 64;
-    while (cap2 < want) cap2 *= 2;
-    void *grown = realloc(*p, cap2 * elem_bytes);
-    if (!grown) return core_fail(PSHARD_ERR_NOMEM, "no memory for tokenizer scratch");
-    *p = grown;
-    *cap = cap2;
-    return PSHARD_OK;
-}
-
 pshard_status tok_scratch_reserve(struct tok_scratch *s, size_t n_symbols, size_t heap_entry_bytes) {
     if (n_symbols > s->sym_cap) {
         size_t cap = s->sym_cap;
@@ -195,16 +185,16 @@ pshard_status tok_scratch_reserve(struct tok_scratch *s, size_t n_symbols, size_
         int32_t **arrays[4] = {&s->sym_id, &s->sym_len, &s->prev, &s->next};
         for (int i = 0; i < 4; i++) {
             cap = s->sym_cap;
-            CORE_TRY(grow((void **)arrays[i], &cap, want, sizeof(int32_t)));
+            CORE_TRY(core_grow((void **)arrays[i], &cap, want, sizeof(int32_t)));
         }
         s->sym_cap = cap;
     }
     /* Each merge adds at most two candidate pairs, so 3n bounds the heap (capacity in bytes). */
-    return grow(&s->heap, &s->heap_cap, (3 * n_symbols + 1) * heap_entry_bytes, 1);
+    return core_grow(&s->heap, &s->heap_cap, (3 * n_symbols + 1) * heap_entry_bytes, 1);
 }
 
 pshard_status tok_scratch_buf(struct tok_scratch *s, size_t bytes) {
-    return grow((void **)&s->buf, &s->buf_cap, bytes, 1);
+    return core_grow((void **)&s->buf, &s->buf_cap, bytes, 1);
 }
 
 /* ---- the merge queue both model kinds use: a binary min-heap in the scratch */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "core/grow.h"
 #include "pshard.h"
 
 enum { MAX_PROMPTS = 4096 };
@@ -71,22 +72,12 @@ static int whole(const char *opt, const char *v, long lo, long hi, int32_t *out)
     return 0;
 }
 
-static int grow(void **p, size_t *cap, size_t need, size_t item) {
-    if (need <= *cap) return 0;
-    size_t n = *cap ? *cap * 2 : 256;
-    while (n < need) n *= 2;
-    void *q = realloc(*p, n * item);
-    if (!q) return -1;
-    *p = q, *cap = n;
-    return 0;
-}
-
 static int on_event(void *user, const pshard_token_event *ev) {
     struct batch_run *b = user;
     struct reply *r = &b->replies[ev->request];
     size_t cap_ids = (size_t)r->cap_ids;
-    if (grow((void **)&r->text, &r->cap, r->len + ev->len + 1, 1) ||
-        (ev->token >= 0 && grow((void **)&r->ids, &cap_ids, (size_t)r->n_ids + 1, sizeof(int32_t))))
+    if (core_grow((void **)&r->text, &r->cap, r->len + ev->len + 1, 1) ||
+        (ev->token >= 0 && core_grow((void **)&r->ids, &cap_ids, (size_t)r->n_ids + 1, sizeof(int32_t))))
         return 1;
     r->cap_ids = (int32_t)cap_ids;
     memcpy(r->text + r->len, ev->text, ev->len);
@@ -146,7 +137,7 @@ static int take_own_args(int *argc, char **argv, struct batch_cli *c) {
             size_t len = 0, cap = 0;
             int failed = 0;
             for (int ch; !failed && (ch = fgetc(f)) != EOF;) {
-                failed = grow((void **)&c->file_text, &cap, len + 2, 1);
+                failed = core_grow((void **)&c->file_text, &cap, len + 2, 1);
                 if (!failed) c->file_text[len++] = (char)ch;
             }
             failed = failed || ferror(f);
