@@ -426,26 +426,6 @@ static void admit(pshard_ctx *ctx) {
     while (admit_one(ctx)) {}
 }
 
-/* Log-probabilities of a token and of the most likely ones, over the model's raw distribution. */
-static float logprobs(struct engine_batch *b, const float *logits, int32_t n_vocab, int32_t token, int32_t n_top) {
-    float max = logits[0];
-    for (int32_t i = 1; i < n_vocab; i++) max = logits[i] > max ? logits[i] : max;
-    double sum = 0;
-    for (int32_t i = 0; i < n_vocab; i++) sum += exp((double)(logits[i] - max));
-    const float log_z = max + (float)log(sum);
-    for (int32_t k = 0; k < n_top; k++) { /* n_top is small: a pass each */
-        int32_t best = -1;
-        for (int32_t i = 0; i < n_vocab; i++) {
-            bool taken = false;
-            for (int32_t j = 0; j < k && !taken; j++) taken = b->top_tokens[j] == i;
-            if (!taken && (best < 0 || logits[i] > logits[best])) best = i;
-        }
-        b->top_tokens[k] = best;
-        b->top_logprobs[k] = logits[best] - log_z;
-    }
-    return logits[token] - log_z;
-}
-
 /* A token sampled for a request: give it out, and end the request where it should end. */
 static void take_token(pshard_ctx *ctx, struct engine_request *r, const float *logits) {
     struct engine_batch *b = ctx->batch;
@@ -459,7 +439,9 @@ static void take_token(pshard_ctx *ctx, struct engine_request *r, const float *l
         finish(ctx, r, PSHARD_FINISH_STOP, NULL, false);
         return;
     }
-    const float logprob = r->top_logprobs >= 0 ? logprobs(b, logits, exec_n_vocab(ctx->exec), token, r->top_logprobs) : NAN;
+    const float logprob = r->top_logprobs >= 0
+                              ? sampler_logprobs(r->sampler, logits, token, r->top_logprobs, b->top_tokens, b->top_logprobs)
+                              : NAN;
     sampler_accept(r->sampler, token);
     r->tokens[r->n_tokens++] = token;
     r->n_generated++;

@@ -122,6 +122,21 @@ static void select_best(struct candidate *c, int32_t n, int32_t k) {
     qsort(c, (size_t)k, sizeof *c, by_logit_desc);
 }
 
+float sampler_logprobs(struct sampler *s, const float *logits, int32_t token, int32_t k, int32_t *ids, float *logprobs) {
+    float max = logits[0];
+    for (int32_t i = 1; i < s->n_vocab; i++) max = logits[i] > max ? logits[i] : max;
+    double sum = 0;
+    for (int32_t i = 0; i < s->n_vocab; i++) sum += exp((double)(logits[i] - max));
+    const float log_z = max + (float)log(sum);
+    if (k > 0) {
+        for (int32_t i = 0; i < s->n_vocab; i++) s->cand[i] = (struct candidate){i, logits[i]};
+        if (k < s->n_vocab) select_best(s->cand, s->n_vocab, k);
+        else qsort(s->cand, (size_t)s->n_vocab, sizeof *s->cand, by_logit_desc);
+        for (int32_t i = 0; i < k; i++) ids[i] = s->cand[i].id, logprobs[i] = s->cand[i].logit - log_z;
+    }
+    return logits[token] - log_z;
+}
+
 static void apply_penalties(struct sampler *s, const float *logits) {
     memcpy(s->adjusted, logits, sizeof *logits * (size_t)s->n_vocab);
     if (s->p.repeat_penalty == 1.0f && s->p.presence_penalty == 0.0f && s->p.frequency_penalty == 0.0f) return;

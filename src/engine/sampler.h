@@ -29,6 +29,11 @@ void sampler_free(struct sampler *s);
 /* Choose the next token from logits (n_vocab floats, left unchanged). */
 int32_t sampler_sample(struct sampler *s, const float *logits);
 
+/* Log-probabilities under the raw distribution of logits (no penalties, temperature 1): token's,
+ * returned, and the k most likely tokens' (ids most likely first, ties by id) into ids and
+ * logprobs (k <= n_vocab; 0: none). Uses the sampler's scratch. */
+float sampler_logprobs(struct sampler *s, const float *logits, int32_t token, int32_t k, int32_t *ids, float *logprobs);
+
 /* Record a token as part of the text (prompt or generated) for the penalties. */
 void sampler_accept(struct sampler *s, int32_t token);
 
