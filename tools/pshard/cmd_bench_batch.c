@@ -17,7 +17,6 @@
 #include "cli.h"
 #include "core/error.h"
 #include "core/timer.h"
-#include "plan/plan.h"
 
 enum { MAX_LIST = 16 };
 
@@ -44,13 +43,10 @@ static void print_usage(FILE *out) {
             "  per configuration (bench/batch_plot.py draws throughput against sequences from it).\n");
 }
 
+/* A whole number in [lo, hi], read as every subcommand reads one (cli_int). */
 static int parse_count(const char *flag, const char *v, int32_t lo, int32_t hi, int32_t *out) {
-    char *end;
-    const long n = v ? strtol(v, &end, 10) : 0;
-    if (!v || !*v || *end || n < lo || n > hi) {
-        fprintf(stderr, "pshard bench: %s wants a whole number in [%d, %d], got '%s'\n", flag, lo, hi, v ? v : "");
-        return -1;
-    }
+    int64_t n;
+    if (cli_int("bench", flag, v, lo, hi, &n)) return -1;
     *out = (int32_t)n;
     return 0;
 }
@@ -77,8 +73,7 @@ static int parse_opts(int argc, char **argv, struct batch_opts *o) {
             char *copy = strdup(argv[++i]);
             o->n_budgets = 0;
             for (char *item = strtok(copy, ","); item && n < MAX_LIST; item = strtok(NULL, ",")) {
-                if (plan_parse_size(item, &o->budgets[n]) != PSHARD_OK) {
-                    fprintf(stderr, "pshard bench: --vram-budget: %s\n", pshard_last_error());
+                if (cli_size("bench", a, item, &o->budgets[n])) {
                     free(copy);
                     return -1;
                 }
