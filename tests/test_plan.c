@@ -418,21 +418,41 @@ static void test_kv_stream(void **state) {
     free(units);
     plan_free(&p);
 
-    /* Several sequences (a slot would hold every sequence's cells of a layer): no cells carried, and
-     * the slots are the size of the largest unit without them. */
+    /* Several sequences: a slot would hold a layer's cells of every sequence (the whole pool's),
+     * so the ring carries them only where they fit in the slots it has without them -- the slots
+     * never grow for them. A pool of 256 cells fits there; one of 4K cells does not. Each pool
+     * at the budgets from the buffers up in steps of 1 MB, until some layer's KV is on the host. */
     r.n_seq = 3;
-    r.vram_budget = (int64_t)(fixed_streaming() + 48 * 1048576ull);
-    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
-    assert_false(p.kv_stream);
-    uint64_t largest = 0;
-    for (uint32_t i = 0; i < model.n_shards; i++) {
-        const struct shard *s = &model.shards[i];
-        if ((s->kind == SHARD_ATTN || s->kind == SHARD_FFN) && plan_unit_bytes(s, 0) > largest) largest = plan_unit_bytes(s, 0);
-        if (s->kind == SHARD_ATTN) assert_int_equal(p.tier[PLAN_TIERS - 1].shard[i] == PLACE_CPU, !p.kv_gpu[s->layer]);
+    const int32_t pools[2] = {256, 4096};
+    for (int k = 0; k < 2; k++) {
+        bool any_host = false;
+        r.n_ctx = pools[k];
+        for (uint64_t extra = 1; !any_host && extra <= 40; extra++) {
+            r.vram_budget = (int64_t)(fixed_streaming() + extra * 1048576ull);
+            r.kv_stream = false;
+            if (plan_build(&model, &r, &costs, &p) != PSHARD_OK) continue;
+            const uint64_t bare = p.slot_bytes;
+            plan_free(&p);
+            r.kv_stream = true;
+            assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+            assert_int_equal(p.slot_bytes, bare);
+            for (uint32_t l = 0; l < p.n_layers; l++) any_host |= !p.kv_gpu[l];
+            if (any_host) {
+                print_message("pool of %d cells at %.0f MB: slots of %.2f MB, cells carried: %d\n", pools[k],
+                              r.vram_budget / 1048576.0, bare / 1048576.0, p.kv_stream);
+                assert_int_equal(p.kv_stream, k == 0);
+            }
+            for (uint32_t i = 0; i < model.n_shards; i++) {
+                const struct shard *s = &model.shards[i];
+                if (s->kind == SHARD_ATTN && !p.kv_stream)
+                    assert_int_equal(p.tier[PLAN_TIERS - 1].shard[i] == PLACE_CPU, !p.kv_gpu[s->layer]);
+            }
+            for (int t = 0; t < PLAN_TIERS; t++) assert_true(p.kv_stream || !p.tier[t].kv_stream);
+            plan_free(&p);
+        }
+        assert_true(any_host);
     }
-    assert_true(p.slot_bytes == 0 || p.slot_bytes == largest);
-    for (int k = 0; k < PLAN_TIERS; k++) assert_false(p.tier[k].kv_stream);
-    plan_free(&p);
+    r.n_ctx = base.n_ctx;
     r.n_seq = 1;
     r.vram_budget = (int64_t)(fixed_streaming() + 40 * 1048576ull);
 

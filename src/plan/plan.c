@@ -609,9 +609,11 @@ static pshard_status resident_set(const struct model *m, const struct plan_reque
     p->budget.total = budget;
     const uint64_t fixed = costs->activations + costs->logits + costs->work + costs->blas + costs->host_mapping;
     /* (a set that takes every KV first keeps the rest of it too: its ring carries no cells; with
-     * several sequences a slot would hold every sequence's cells of a layer, so none either) */
-    const bool carries_kv = staging && req->kv_stream && !kv_first && req->n_seq == 1;
-    const uint64_t slot = slot_size(m, carries_kv ? req : NULL, p);
+     * several sequences a slot would hold every sequence's cells of a layer, the whole pool's, so
+     * they ride only where they fit in the slots the experts' pieces make anyway) */
+    const uint64_t bare_slot = slot_size(m, NULL, p), kv_slot = slot_size(m, req, p);
+    const bool carries_kv = staging && req->kv_stream && !kv_first && (req->n_seq == 1 || kv_slot == bare_slot);
+    const uint64_t slot = carries_kv ? kv_slot : bare_slot;
     const uint32_t n_slots = slots_for(budget, slot);
     const uint64_t ring = staging ? n_slots * slot : 0;
     uint64_t smallest_kv = UINT64_MAX;

@@ -17,13 +17,17 @@ import test_gpu_equivalence as eq  # noqa: E402
 import test_plans as tp  # noqa: E402
 
 PROMPTS = ["The capital of France is", "1, 2, 3, 4, 5,", "Once upon a time,", "def fibonacci(n):",
-           "One morning, as Gregor Samsa was waking up from anxious dreams, he discovered that in bed he"]
+           "One morning, as Gregor Samsa was waking up from anxious dreams, he discovered that in bed he",
+           # long enough that its prompt steps (with the others' decode tokens) reach the 64-token tier
+           " ".join("the %s step of a long prompt," % w for w in ("first", "second", "third", "fourth", "fifth",
+                                                               "sixth", "seventh", "eighth", "ninth", "tenth",
+                                                               "eleventh", "twelfth"))]
 N_OUT = 24
 
 
-def minimum_mb(model, family):
-    """The least budget of a plan for three sequences sharing a pool of 4096 cells."""
-    proc = eq.run("plan", "-m", model, "--vram-budget", "1M", "--plan", family, "-c", "4096", "--parallel", "3")
+def minimum_mb(model, family, cells=4096):
+    """The least budget of a plan for three sequences sharing a pool of `cells` cells."""
+    proc = eq.run("plan", "-m", model, "--vram-budget", "1M", "--plan", family, "-c", str(cells), "--parallel", "3")
     m = re.search(r"(?:minimum for this model and context is|needs at least) (\d+) MB", proc.stderr)
     if not m:
         raise SystemExit("no minimum in: " + proc.stderr)
@@ -31,9 +35,9 @@ def minimum_mb(model, family):
 
 
 def batched(model, placement):
+    cells = [] if "-c" in placement else ["-c", "4096"]
     proc = eq.run("batch", "-m", model, "--raw", "--temp", "0", "-n", str(N_OUT), "--ignore-eos", "--jsonl", "-q",
-                  "--parallel", "3", "--stagger", "2", "-c", "4096", *[a for p in PROMPTS for a in ("-p", p)],
-                  *placement)
+                  "--parallel", "3", "--stagger", "2", *cells, *[a for p in PROMPTS for a in ("-p", p)], *placement)
     if proc.returncode != 0:
         raise SystemExit("pshard batch failed: " + proc.stderr)
     replies = {}
@@ -62,6 +66,15 @@ def main():
                 low = minimum_mb(path, family)
                 placements.append(("%s at %dM" % (family, low + 2), ["--vram-budget", "%dM" % (low + 2), "--plan", family,
                                                                      "--no-profile"]))
+            # A pool small enough that a layer's cells of every sequence ride in the ring's slots
+            # (the KV of the layers it leaves on the host goes up with their matrices in its large steps).
+            for family in ("dynamic",):
+                low = minimum_mb(path, family, 256)
+                args = ["--vram-budget", "%dM" % (low + 2), "--plan", family, "--no-profile", "-c", "256"]
+                shown = eq.run("plan", "-m", path, "--parallel", "3", *args).stdout
+                eq.check("KV up" in shown, "%s %s, %s at %dM, pool of 256: the ring carries the host's KV cells"
+                         % (shape, wtype, family, low + 2))
+                placements.append(("%s at %dM, pool of 256, KV up" % (family, low + 2), args))
             for label, placement in placements:
                 got = batched(path, placement)
                 report = []
