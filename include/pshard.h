@@ -65,6 +65,11 @@ typedef struct pshard_params {
                             n_ctx is the KV cells all of them share (0: 4096 each), and each may grow
                             to all of them, up to the context the model was trained for */
     int32_t max_queue;   /* requests that may wait for a sequence; 0: 4096 */
+    int vram_follow;     /* follow the device's free memory (pshard_follow_free_vram) from the start,
+                            leaving vram_keep bytes (0: 1 GiB) to other programs; vram_budget is the
+                            first budget (0: the device's free memory less vram_keep, at load) */
+    int64_t vram_keep;
+    int32_t vram_poll_ms; /* following free memory: the least time between two checks; 0: 200 ms */
     pshard_progress_cb progress;
     void *progress_user;
     /* Called while this machine is measured for planning (first use): what, and the fraction done. */
@@ -262,6 +267,38 @@ typedef int (*pshard_logits_cb)(void *user, int32_t position, const float *logit
 pshard_status pshard_eval(pshard_ctx *ctx, const int32_t *tokens, int32_t n_tokens, const int32_t *steps, int32_t n_steps,
                           pshard_logits_cb on_logits, void *user);
 
+/* ---- The VRAM budget while running (beside other GPU programs, a game say).
+ *
+ * Call these between steps from the thread that owns the context (a callback of pshard_generate,
+ * pshard_chat or pshard_step included). A change re-plans from the machine profile the context
+ * plans with (nothing is measured) and carves VRAM anew before it returns: resident weights that
+ * no longer fit are dropped (their host copy is the mapped file), the KV cells of layers that leave
+ * VRAM move to host memory, and the old device arena is freed, so the memory given up is the
+ * driver's when the call returns; then the new arena is allocated and its resident weights and
+ * cells copied up. Requests in flight go on at the next step and give the tokens they give at a
+ * constant budget. This version is synchronous: steps wait while the weights are copied up. */
+
+/* A budget as text: a size ("4G", "4096M", "0") or a count of bytes (*follow 0), or "auto" /
+ * "auto:keep=SIZE" (*follow 1, *keep_bytes the memory left to other programs, default 1 GiB). */
+pshard_status pshard_parse_vram_budget(const char *text, int64_t *bytes, int *follow, int64_t *keep_bytes);
+
+/* Change the budget of a context on the GPU, and stop following free memory. Fails and changes
+ * nothing for a budget below the least the model needs (PSHARD_ERR_RANGE; the message names the
+ * least), a negative one, 0 (the CPU alone) on the GPU, or any on a context opened on the CPU
+ * alone. Where the new arena cannot be had (another program took the memory meanwhile) it fails
+ * with the cells kept on the host, and steps fail until a budget that fits is set. */
+pshard_status pshard_set_vram_budget(pshard_ctx *ctx, int64_t bytes);
+
+/* Follow the device's free memory: at step boundaries, at most every vram_poll_ms, the budget
+ * becomes what pshard holds plus what is free, less keep_bytes (0: 1 GiB): cut at once when free
+ * memory falls 64 MiB below keep_bytes, raised once it has stayed 512 MiB above for a second; never
+ * above what the model needs whole, never below its least (it stays there, with a warning). */
+pshard_status pshard_follow_free_vram(pshard_ctx *ctx, int64_t keep_bytes);
+
+/* While following free memory: the check a step makes, for a caller with nothing to step (a
+ * server waiting for requests); at most every vram_poll_ms, else nothing. */
+pshard_status pshard_budget_poll(pshard_ctx *ctx);
+
 /* Facts about the loaded model and context. */
 typedef struct pshard_info {
     const char *arch;
@@ -287,6 +324,14 @@ typedef struct pshard_info {
                                                     every prompt is read, then seconds per step of a
                                                     token of each */
     int32_t predicted_prompt_tokens, predicted_requests;
+    /* The budget now (bytes; 0: the CPU alone), whether it follows free memory and what it leaves
+     * (pshard_follow_free_vram); its changes so far, and the last one's time from its start until
+     * the memory given up was free, and whole (the new resident weights copied up too). */
+    int64_t vram_budget;
+    int vram_follow;
+    int64_t vram_keep;
+    int32_t budget_changes;
+    double budget_free_ms, budget_change_ms;
 } pshard_info;
 void pshard_get_info(const pshard_ctx *ctx, pshard_info *info);
 

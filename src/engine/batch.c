@@ -507,6 +507,7 @@ pshard_status pshard_step(pshard_ctx *ctx, int32_t *n_pending) {
         return PSHARD_OK;
     }
     const struct exec_batch batch = {n, b->tokens, b->pos, b->seq, b->logits};
+    engine_budget_step(ctx);
     const pshard_status st = exec_step(ctx->exec, &batch);
     int32_t max_pos = 0;
     for (int32_t i = 0; i < n; i++) max_pos = b->pos[i] + 1 > max_pos ? b->pos[i] + 1 : max_pos;

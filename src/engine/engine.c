@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "engine/engine_internal.h"
+#include "exec/exec_budget.h"
 #include "exec/exec_gpu.h"
 #include "exec/measure.h"
 
@@ -42,6 +43,41 @@ static pshard_status fits_whole_in(const struct model *model, const struct exec_
     return PSHARD_OK;
 }
 
+void engine_exec_params(const pshard_params *p, const struct model *model, struct exec_params *ep) {
+    *ep = (struct exec_params){p->n_ctx, p->n_batch, p->n_parallel, p->n_threads, (enum plan_family)p->plan, p->vram_budget,
+                             p->stream_share, p->resident_set > 0 ? p->resident_set - 1 : -1, NULL,
+                             p->decode_set > 0 ? p->decode_set - 1 : p->decode_set < 0 ? PLAN_DECODE_SAME : PLAN_DECODE_WEIGHED,
+                             p->n_predict, false, 0};
+    if (p->gpu) ep->plan = PLAN_GPU, ep->vram_budget = -1;
+    const uint32_t n_ctx_train = model->hp.n_ctx_train;
+    if (ep->n_ctx <= 0) {
+        ep->n_ctx = 4096;
+        if (n_ctx_train && n_ctx_train < (uint32_t)ep->n_ctx) ep->n_ctx = (int32_t)n_ctx_train;
+        ep->n_ctx *= ep->n_seq;
+    }
+    exec_params_share_pool(ep, n_ctx_train); /* many sequences: n_ctx is the pool they share */
+    if (ep->n_batch <= 0) ep->n_batch = 512;
+    if (ep->n_batch > ep->n_ctx) ep->n_batch = ep->n_ctx;
+    if (ep->n_batch < ep->n_seq) ep->n_batch = ep->n_seq; /* a step carries one token of every sequence */
+}
+
+/* auto's first budget: the device's free memory less what it leaves to other programs, down to
+ * what the model needs whole. */
+static pshard_status free_less_keep(const struct model *model, struct exec_params *ep, int64_t keep) {
+    uint64_t free_bytes = 0, total = 0;
+    CORE_TRY(exec_device_memory(&free_bytes, &total));
+    if (!total) return core_fail(PSHARD_ERR_UNSUPPORTED, "no CUDA device: a budget that follows free VRAM (auto) needs one");
+    if ((int64_t)free_bytes <= keep)
+        return core_fail(PSHARD_ERR_RANGE, "the GPU has %.0f MB free, no more than the %.0f MB auto leaves to other programs",
+                         free_bytes / 1048576.0, keep / 1048576.0);
+    ep->vram_budget = ((int64_t)free_bytes - keep) / (1 << 20) * (1 << 20);
+    struct plan probe;
+    CORE_TRY(exec_make_trimmed_plan(model, ep, &probe));
+    if (probe.any_gpu) ep->vram_budget = (int64_t)probe.budget.total;
+    plan_free(&probe);
+    return PSHARD_OK;
+}
+
 static pshard_status open_ctx(pshard_ctx *ctx) {
     const pshard_params *p = &ctx->params;
     CORE_TRY(gguf_open(p->model_path, &ctx->file));
@@ -50,21 +86,10 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
     struct gguf_str tpl = {NULL, 0};
     if (gguf_find(ctx->file, "tokenizer.chat_template")) CORE_TRY(gguf_get_str(ctx->file, "tokenizer.chat_template", &tpl));
     chat_template_detect(tpl.data, tpl.len, &ctx->chat);
-    struct exec_params ep = {p->n_ctx, p->n_batch, p->n_parallel, p->n_threads, (enum plan_family)p->plan, p->vram_budget,
-                             p->stream_share, p->resident_set > 0 ? p->resident_set - 1 : -1, NULL,
-                             p->decode_set > 0 ? p->decode_set - 1 : p->decode_set < 0 ? PLAN_DECODE_SAME : PLAN_DECODE_WEIGHED,
-                             p->n_predict, false, 0};
-    if (p->gpu) ep.plan = PLAN_GPU, ep.vram_budget = -1;
-    const uint32_t n_ctx_train = ctx->model.hp.n_ctx_train;
-    if (ep.n_ctx <= 0) {
-        ep.n_ctx = 4096;
-        if (n_ctx_train && n_ctx_train < (uint32_t)ep.n_ctx) ep.n_ctx = (int32_t)n_ctx_train;
-        ep.n_ctx *= ep.n_seq;
-    }
-    exec_params_share_pool(&ep, n_ctx_train); /* many sequences: n_ctx is the pool they share */
-    if (ep.n_batch <= 0) ep.n_batch = 512;
-    if (ep.n_batch > ep.n_ctx) ep.n_batch = ep.n_ctx;
-    if (ep.n_batch < ep.n_seq) ep.n_batch = ep.n_seq; /* a step carries one token of every sequence */
+    struct exec_params ep;
+    engine_exec_params(p, &ctx->model, &ep);
+    ctx->keep = p->vram_keep > 0 ? p->vram_keep : 1ll << 30;
+    if (p->vram_follow && ep.vram_budget == 0) CORE_TRY(free_less_keep(&ctx->model, &ep, ctx->keep));
     /* An automatic plan under a budget the model does not fit whole is chosen by the cost model
      * from this machine's profile (measured on first use). */
     bool resident = p->gpu && exec_device_count() > 0;
@@ -94,6 +119,8 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
     }
     ctx->params.n_ctx = ep.n_ctx;
     ctx->params.n_batch = ep.n_batch;
+    if (p->vram_follow) ctx->params.vram_budget = ep.vram_budget;
+    ctx->follow = p->vram_follow && exec_device_count() > 0;
     if (p->prefault) CORE_TRY(prefault(ctx));
     CORE_TRY(exec_create(&ctx->model, &ep, &ctx->exec));
     ctx->params.n_threads = exec_get_params(ctx->exec)->n_threads;
@@ -123,6 +150,12 @@ pshard_status pshard_open(const pshard_params *params, pshard_ctx **out) {
     if (params->n_parallel < 0 || params->n_parallel > 4096)
         return core_fail(PSHARD_ERR_INVALID_ARG, "parallel sequences: %d is not one of 1..4096", params->n_parallel);
     if (params->max_queue < 0) return core_fail(PSHARD_ERR_INVALID_ARG, "the queue's length %d is negative", params->max_queue);
+    if (params->vram_keep < 0 || params->vram_poll_ms < 0)
+        return core_fail(PSHARD_ERR_INVALID_ARG, "following free VRAM: the memory kept (%lld bytes) and the interval (%d ms) "
+                         "must not be negative", (long long)params->vram_keep, params->vram_poll_ms);
+    if (params->vram_follow && (params->gpu || params->plan == PLAN_CPU))
+        return core_fail(PSHARD_ERR_INVALID_ARG, "a budget that follows free VRAM (auto) is the planner's: leave --gpu and "
+                         "--plan cpu out");
     pshard_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
     ctx->params = *params;
@@ -197,6 +230,7 @@ void pshard_get_info(const pshard_ctx *ctx, pshard_info *info) {
     info->predicted_prompt_tokens = plan_typical_prompt(plan->n_ctx);
     info->predicted_decode_s = plan->predicted_decode;
     info->predicted_requests = plan->n_seq > 1 ? plan->n_seq : 1;
+    engine_budget_info(ctx, info);
     const struct gpu_memory_report *vram = exec_gpu_memory(ctx->exec);
     if (vram) {
         info->on_gpu = 1;

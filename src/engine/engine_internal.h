@@ -28,6 +28,11 @@ struct pshard_ctx {
     int32_t *batch_pos, *batch_seq;
     int8_t *batch_logits;
     struct engine_batch *batch; /* requests and the sequences running them (batch.c) */
+    /* The budget following the device's free memory (budget.c): keep bytes left to other
+     * programs; when it was last checked, since when free memory has stayed high enough to grow. */
+    bool follow, floor_warned;
+    int64_t keep;
+    double polled_ms, grow_since_ms;
 };
 
 /* Whether a token ends a turn: the tokenizer's end-of-generation tokens and the control tokens
@@ -39,5 +44,18 @@ pshard_status engine_batch_create(pshard_ctx *ctx);
 void engine_batch_free(pshard_ctx *ctx);
 /* Requests queued or running. */
 int32_t engine_batch_pending(const pshard_ctx *ctx);
+
+/* The executor's parameters of a context opened with p (engine.c): what a fresh context at a
+ * budget plans with, and what a running one re-plans with. */
+void engine_exec_params(const pshard_params *p, const struct model *model, struct exec_params *ep);
+
+/* Following free memory (budget.c): check it, at most every poll interval unless `now`, and change
+ * the budget where it says so. Called at every step boundary. */
+pshard_status engine_budget_poll(pshard_ctx *ctx, bool now);
+/* Before each step: following free memory, the check (a failed change is logged; the step then
+ * says what it needs). */
+void engine_budget_step(pshard_ctx *ctx);
+/* The budget's fields of pshard_info. */
+void engine_budget_info(const pshard_ctx *ctx, pshard_info *info);
 
 #endif

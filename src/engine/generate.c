@@ -46,6 +46,7 @@ static pshard_status prefill(pshard_ctx *ctx, const pshard_gen_opts *opts, int32
             ctx->batch_logits[i] = start + i == to - 1;
         }
         struct exec_batch b = {n, ctx->prompt + start, ctx->batch_pos, ctx->batch_seq, ctx->batch_logits};
+        engine_budget_step(ctx);
         CORE_TRY(exec_step(ctx->exec, &b));
         ctx->prefill_streamed += exec_last_stats(ctx->exec)->streamed_bytes;
         memcpy(ctx->cached + start, ctx->prompt + start, sizeof(int32_t) * (size_t)n);
@@ -109,6 +110,7 @@ static pshard_status decode_loop(struct generation *g, double t_start) {
         if ((g->opts->n_predict >= 0 && g->stats->n_generated >= g->opts->n_predict) || ctx->n_cached >= n_ctx) break;
         const int32_t pos = ctx->n_cached;
         struct exec_batch b = {1, &token, &pos, ctx->batch_seq, NULL};
+        engine_budget_step(ctx);
         CORE_TRY(exec_step(ctx->exec, &b));
         bytes += exec_last_stats(ctx->exec)->weight_bytes_read;
         streamed += exec_last_stats(ctx->exec)->streamed_bytes;

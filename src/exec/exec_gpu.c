@@ -589,10 +589,79 @@ static bool either_phase(const struct exec_ctx *ctx, bool (*has)(const struct pl
     return has(&ctx->plan) || (ctx->plan.decode && has(ctx->plan.decode));
 }
 
+/* Pinned host buffers of the hand-offs with the CPU (layers split between the two), made for the
+ * first plan that needs them (at creation, or at a change of budget) and kept. */
+static pshard_status handoff_buffers(struct exec_gpu *g, const struct exec_ctx *ctx) {
+    const struct model_hparams *hp = &ctx->model->hp;
+    if (g->host_xn.ptr || !(hp->n_expert || either_phase(ctx, plan_splits_ffn))) return PSHARD_OK;
+    const size_t B = (size_t)ctx->params.n_batch, d = hp->n_embd, k = hp->n_expert_used ? hp->n_expert_used : 1;
+    CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_xn));
+    CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_moe));
+    CORE_TRY(cuda_host_alloc((sizeof(int32_t) + sizeof(float)) * B * k, &g->host_route));
+    CORE_TRY(cuda_host_device_pointer(g->host_xn.ptr, (const void **)&g->xn_to_host));
+    CORE_TRY(cuda_host_device_pointer(g->host_moe.ptr, (const void **)&g->moe_from_host));
+    CORE_TRY(cuda_host_device_pointer(g->host_route.ptr, (const void **)&g->route_to_host));
+    CORE_TRY(cuda_event_create(false, &g->route_ready));
+    CORE_TRY(cuda_flags_alloc(2 * (size_t)hp->n_layers, &g->flags, &g->flags_dev));
+    if (getenv("PSHARD_TRACE_HANDOFFS")) CORE_TRY(cuda_stamps_alloc(2 * (size_t)hp->n_layers, &g->stamps, &g->stamps_dev));
+    return PSHARD_OK;
+}
+
+/* What the budget keeps for the driver's mapping of the model file: the most either phase does. */
+static uint64_t mapping_reserve(const struct exec_ctx *ctx) {
+    uint64_t mapping = ctx->plan.budget.mapping;
+    if (ctx->plan.decode && ctx->plan.decode->budget.mapping > mapping) mapping = ctx->plan.decode->budget.mapping;
+    return mapping;
+}
+
+static void unregister_file(struct exec_gpu *g) {
+    for (uint32_t p = 0; p < g->n_registered; p++) cuda_pinned_release(&g->registered[p]);
+    free(g->registered);
+    g->registered = NULL;
+    g->n_registered = 0;
+    g->report.mapping_bytes = 0;
+}
+
+/* The model file registered while some phase streams, measuring what the driver took for it;
+ * unregistered where none does (after a change of budget), so that memory goes back too. */
+static pshard_status map_file(struct exec_gpu *g, const struct exec_ctx *ctx) {
+    const bool streams = either_phase(ctx, plan_streams);
+    if (!streams) unregister_file(g);
+    if (!streams || g->n_registered) return PSHARD_OK;
+    uint64_t before = 0, after = 0, total = 0;
+    CORE_TRY(cuda_device_memory(&before, &total));
+    CORE_TRY(register_file(g, ctx->model->file));
+    CORE_TRY(cuda_device_memory(&after, &total));
+    g->report.mapping_bytes = before > after ? before - after : 0;
+    const uint64_t mapping = mapping_reserve(ctx);
+    if (g->report.mapping_bytes > mapping)
+        LOG_W("mapping the model file for the GPU took %.1f MB of device memory, %.1f MB more than the plan "
+              "reserved: the budget is exceeded by that much", g->report.mapping_bytes / 1e6,
+              (g->report.mapping_bytes - mapping) / 1e6);
+    return PSHARD_OK;
+}
+
+/* The host's KV cache registered (pinned, where the system lets it), so moving cells between it
+ * and VRAM runs at the speed of pinned copies; once. */
+static pshard_status pin_host_kv(struct exec_gpu *g, const struct exec_ctx *ctx) {
+    const struct kv_cache *kv = &ctx->kv;
+    if (g->kv_host[0].ptr || !kv->k) return PSHARD_OK;
+    const size_t cells = (size_t)kv->n_layers * (size_t)kv_cache_cells(kv);
+    CORE_TRY(cuda_host_register_writable(kv->k, sizeof(uint16_t) * cells * (size_t)kv->k_width, &g->kv_host[0]));
+    return cuda_host_register_writable(kv->v, sizeof(uint16_t) * cells * (size_t)kv->v_width, &g->kv_host[1]);
+}
+
+/* The arena is the plan's budget less the file mapping's reserve; the planner made sure each
+ * phase's parts fit. */
+static pshard_status make_arena(struct exec_gpu *g, struct exec_ctx *ctx) {
+    CORE_TRY(cuda_arena_create(&g->arena, ctx->plan.budget.total - mapping_reserve(ctx)));
+    g->report.arena_bytes = g->arena.size;
+    return carve_plan(g, ctx);
+}
+
 static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
     const struct model *model = ctx->model;
     const struct model_hparams *hp = &model->hp;
-    const struct plan *plan = ctx->active, *decode = ctx->plan.decode;
     CORE_TRY(cuda_ctx_create(0, &g->cuda));
     g->no_graphs = getenv("PSHARD_NO_CUDA_GRAPHS") != NULL;
     g->stream = cuda_ctx_compute_stream(g->cuda);
@@ -608,50 +677,53 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
     g->uploaded = calloc(g->cap_uploaded ? g->cap_uploaded : 1, sizeof *g->uploaded);
     if (!g->layers || !g->kv || !g->uploaded || !g->step_seq || !g->seen || !g->kv_marks)
         return core_fail(PSHARD_ERR_NOMEM, "out of memory");
-    const size_t B = (size_t)ctx->params.n_batch, d = hp->n_embd, k = hp->n_expert_used ? hp->n_expert_used : 1;
+    const size_t B = (size_t)ctx->params.n_batch, d = hp->n_embd;
     CORE_TRY(cuda_host_alloc(UPLOAD_CHUNK_BYTES, &g->staging));
     CORE_TRY(cuda_host_alloc(sizeof(int32_t) * B * 4, &g->host_in));
     CORE_TRY(cuda_host_alloc(sizeof(int32_t) * (size_t)ctx->kv.n_seq * (size_t)ctx->kv.max_blocks, &g->host_table));
     CORE_TRY(cuda_host_alloc(sizeof(float) * B * hp->n_vocab, &g->host_logits));
     CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_x)); /* activations crossing PCIe */
-    if (hp->n_expert || either_phase(ctx, plan_splits_ffn)) { /* hand-offs of layers split with the CPU */
-        CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_xn));
-        CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_moe));
-        CORE_TRY(cuda_host_alloc((sizeof(int32_t) + sizeof(float)) * B * k, &g->host_route));
-        CORE_TRY(cuda_host_device_pointer(g->host_xn.ptr, (const void **)&g->xn_to_host));
-        CORE_TRY(cuda_host_device_pointer(g->host_moe.ptr, (const void **)&g->moe_from_host));
-        CORE_TRY(cuda_host_device_pointer(g->host_route.ptr, (const void **)&g->route_to_host));
-        CORE_TRY(cuda_event_create(false, &g->route_ready));
-        CORE_TRY(cuda_flags_alloc(2 * (size_t)hp->n_layers, &g->flags, &g->flags_dev));
-        if (getenv("PSHARD_TRACE_HANDOFFS")) CORE_TRY(cuda_stamps_alloc(2 * (size_t)hp->n_layers, &g->stamps, &g->stamps_dev));
-    }
-    uint64_t mapping = plan->budget.mapping;
-    if (decode && decode->budget.mapping > mapping) mapping = decode->budget.mapping;
-    if (either_phase(ctx, plan_streams)) {
-        uint64_t before = 0, after = 0, total = 0;
-        CORE_TRY(cuda_device_memory(&before, &total));
-        CORE_TRY(register_file(g, model->file));
-        CORE_TRY(cuda_device_memory(&after, &total));
-        g->report.mapping_bytes = before > after ? before - after : 0;
-        if (g->report.mapping_bytes > mapping)
-            LOG_W("mapping the model file for the GPU took %.1f MB of device memory, %.1f MB more than the plan "
-                     "reserved: the budget is exceeded by that much", g->report.mapping_bytes / 1e6,
-                     (g->report.mapping_bytes - mapping) / 1e6);
-    }
-    if ((decode || either_phase(ctx, plan_streams_kv)) && ctx->kv.k) {
-        /* moved at each change of phase, or carried in the ring: pinned, where the system lets it */
-        const struct kv_cache *kv = &ctx->kv;
-        const size_t cells = (size_t)kv->n_layers * (size_t)kv_cache_cells(kv);
-        CORE_TRY(cuda_host_register_writable(kv->k, sizeof(uint16_t) * cells * (size_t)kv->k_width, &g->kv_host[0]));
-        CORE_TRY(cuda_host_register_writable(kv->v, sizeof(uint16_t) * cells * (size_t)kv->v_width, &g->kv_host[1]));
-    }
-
-    /* The arena is the plan's budget less the file mapping's reserve; the planner made sure each
-     * phase's parts fit. */
-    CORE_TRY(cuda_arena_create(&g->arena, plan->budget.total - mapping));
-    g->report.arena_bytes = g->arena.size;
-    CORE_TRY(carve_plan(g, ctx));
+    CORE_TRY(handoff_buffers(g, ctx));
+    CORE_TRY(map_file(g, ctx));
+    /* moved at each change of phase, or carried in the ring */
+    if (ctx->plan.decode || either_phase(ctx, plan_streams_kv)) CORE_TRY(pin_host_kv(g, ctx));
+    CORE_TRY(make_arena(g, ctx));
     return cuda_stream_sync(g->stream);
+}
+
+pshard_status exec_gpu_rebudget(struct exec_ctx *ctx, struct plan *next, double *free_ms) {
+    struct exec_gpu *g = ctx->gpu;
+    const double t0 = core_now_ms();
+    if (!g->cells_down) { /* (a change that failed after this left the host every cell: nothing to move) */
+        if (g->broken) return core_fail(PSHARD_ERR_INTERNAL, "the GPU's memory was left half carved by a failed change of plan");
+        CORE_TRY(pin_host_kv(g, ctx));
+        CORE_TRY(cuda_stream_sync(g->stream));
+        if (g->copy) CORE_TRY(cuda_stream_sync(g->copy));
+        CORE_TRY(move_kv(g, ctx, true));
+        g->cells_down = g->broken = true;
+        forget_plan(g, ctx);
+        cuda_arena_destroy(&g->arena); /* the driver has the memory back */
+    }
+    *free_ms = core_now_ms() - t0;
+    const bool decoding = ctx->active != &ctx->plan;
+    plan_free(&ctx->plan);
+    ctx->plan = *next;
+    memset(next, 0, sizeof *next);
+    ctx->active = decoding && ctx->plan.decode ? ctx->plan.decode : &ctx->plan;
+    CORE_TRY(map_file(g, ctx));
+    CORE_TRY(handoff_buffers(g, ctx));
+    pshard_status st = make_arena(g, ctx);
+    if (st != PSHARD_OK) {
+        if (g->arena.base) cuda_arena_destroy(&g->arena);
+        return core_fail_context(st, "carving %.0f MB of VRAM for the new budget (the cells stay on the host; steps wait "
+                                 "for a budget that fits)", ctx->plan.budget.total / 1048576.0);
+    }
+    CORE_TRY(move_kv(g, ctx, false));
+    g->cells_down = g->broken = false;
+    g->report.budget_changes++;
+    g->report.budget_free_ms = *free_ms;
+    g->report.budget_change_ms = core_now_ms() - t0;
+    return PSHARD_OK;
 }
 
 pshard_status exec_gpu_create(struct exec_ctx *ctx, struct exec_gpu **out) {
@@ -687,10 +759,9 @@ void exec_gpu_free(struct exec_gpu *g) {
     }
     free(g->units);
     cuda_graph_destroy(g->decode_graph);
-    for (uint32_t p = 0; p < g->n_registered; p++) cuda_pinned_release(&g->registered[p]);
+    unregister_file(g);
     cuda_pinned_release(&g->kv_host[0]);
     cuda_pinned_release(&g->kv_host[1]);
-    free(g->registered);
     if (g->cuda) cuda_ctx_destroy(g->cuda);
     free(g->layers);
     free(g->kv);

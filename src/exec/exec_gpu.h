@@ -22,6 +22,9 @@ struct gpu_memory_report {
     uint64_t mapping_bytes; /* measured: what registering the model file took, inside the budget */
     uint32_t switches;      /* changes of phase so far (plan.decode) */
     double switch_ms;       /* the time they took, all together */
+    uint32_t budget_changes; /* changes of budget carved so far (exec_gpu_rebudget) */
+    double budget_free_ms;   /* the last one: from its start until the old arena was freed */
+    double budget_change_ms; /* the last one, whole: the new arena carved and filled too */
 };
 
 struct exec_gpu;
@@ -42,6 +45,14 @@ void exec_gpu_free(struct exec_gpu *gpu);
  * layers in VRAM go to the host's cache, `to`'s resident weights are copied up, then the KV
  * cells of the layers `to` keeps in VRAM. Between steps; afterwards ctx->active is `to`. */
 pshard_status exec_gpu_switch(struct exec_ctx *ctx, const struct plan *to);
+/* Carve VRAM for another budget's plan `next` (taken over: ctx->plan becomes it, `next` is left
+ * empty), between steps: the KV cells of the layers in VRAM go to the host's cache (which must
+ * exist), the arena is freed (its memory back to the driver; *free_ms: how long that took from
+ * the start), the file's mapping follows whether `next` streams, a new arena of `next`'s budget is
+ * carved, its resident weights copied up and its layers' cells after them. Synchronous: steps
+ * wait for all of it. Where the new arena cannot be had (another program took the memory), the
+ * cells stay on the host and steps are refused until a change that fits. */
+pshard_status exec_gpu_rebudget(struct exec_ctx *ctx, struct plan *next, double *free_ms);
 /* Zero a sequence's blocks in VRAM (benchmarks that time steps at a context they did not compute). */
 pshard_status exec_gpu_clear_kv(struct exec_ctx *ctx, int32_t seq);
 /* Cells [0, n_cells) of KV block src copied into block dst in VRAM, every layer whose cache is

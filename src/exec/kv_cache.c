@@ -51,6 +51,19 @@ pshard_status kv_cache_init(struct kv_cache *kv, int32_t n_layers, int32_t n_seq
     return PSHARD_OK;
 }
 
+pshard_status kv_cache_add_host_storage(struct kv_cache *kv) {
+    if (kv->k) return PSHARD_OK;
+    const size_t cells = (size_t)kv->n_layers * (size_t)kv_cache_cells(kv);
+    kv->k = malloc(cells * (size_t)kv->k_width * sizeof(uint16_t));
+    kv->v = malloc(cells * (size_t)kv->v_width * sizeof(uint16_t));
+    if (kv->k && kv->v) return PSHARD_OK;
+    free(kv->k);
+    free(kv->v);
+    kv->k = kv->v = NULL;
+    return core_fail(PSHARD_ERR_NOMEM, "KV cache: cannot allocate %.1f MB of host memory for the cells the GPU holds",
+                     kv_cache_bytes(kv) / 1e6);
+}
+
 void kv_cache_free(struct kv_cache *kv) {
     free(kv->k);
     free(kv->v);

@@ -49,6 +49,9 @@ struct kv_copier {
 pshard_status kv_cache_init(struct kv_cache *kv, int32_t n_layers, int32_t n_seq, int32_t n_ctx, int32_t n_cells,
                             int64_t k_width, int64_t v_width, bool host_storage);
 void kv_cache_free(struct kv_cache *kv);
+/* Host storage for a pool made without it (the cells lived on the GPU alone), so a change of
+ * budget can move them there; nothing when it has some. Failing changes nothing. */
+pshard_status kv_cache_add_host_storage(struct kv_cache *kv);
 
 /* Bytes the pool holds (every layer). */
 uint64_t kv_cache_bytes(const struct kv_cache *kv);
