@@ -21,6 +21,7 @@ static const struct {
     [ROUTE_MODELS] = {"GET", "/v1/models"},
     [ROUTE_CHAT] = {"POST", "/v1/chat/completions"},
     [ROUTE_COMPLETIONS] = {"POST", "/v1/completions"},
+    [ROUTE_BUDGET] = {"POST", "/v1/pshard/budget"},
     [ROUTE_OTHER] = {"", "other"},
 };
 
@@ -119,7 +120,7 @@ static enum MHD_Result begin(struct server *s, struct MHD_Connection *conn, stru
     if (c->route == ROUTE_OTHER) return fail(s, conn, c->route, 404, "invalid_request_error", "not_found", "no such endpoint");
     if (wrong_method) return fail(s, conn, c->route, 405, "invalid_request_error", "method_not_allowed", "method not allowed here");
     const bool needs_key = c->route == ROUTE_MODELS || c->route == ROUTE_CHAT || c->route == ROUTE_COMPLETIONS ||
-                           c->route == ROUTE_PROPS || c->route == ROUTE_METRICS;
+                           c->route == ROUTE_PROPS || c->route == ROUTE_METRICS || c->route == ROUTE_BUDGET;
     if (needs_key && !authorized(s, conn))
         return fail(s, conn, c->route, 401, "authentication_error", "invalid_api_key",
                     "a valid API key is required: send the header 'Authorization: Bearer KEY'");
@@ -180,6 +181,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
     c->answered = true;
+    if (c->route == ROUTE_BUDGET) return budget_handle(s, conn, c->body ? c->body : "", c->len);
     return completion_handle(s, conn, c->route == ROUTE_CHAT ? API_CHAT : API_COMPLETION, c->body ? c->body : "", c->len);
 }
 

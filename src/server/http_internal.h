@@ -13,7 +13,7 @@
 #include "server/worker.h"
 
 enum route {
-    ROUTE_PAGE, ROUTE_HEALTH, ROUTE_METRICS, ROUTE_PROPS, ROUTE_MODELS, ROUTE_CHAT, ROUTE_COMPLETIONS, ROUTE_OTHER,
+    ROUTE_PAGE, ROUTE_HEALTH, ROUTE_METRICS, ROUTE_PROPS, ROUTE_MODELS, ROUTE_CHAT, ROUTE_COMPLETIONS, ROUTE_BUDGET, ROUTE_OTHER,
     ROUTE_COUNT
 };
 const char *route_name(int route);
@@ -44,6 +44,11 @@ int info_metrics(struct server *s, struct reply *out);
  * what the access handler returns. */
 enum MHD_Result completion_handle(struct server *s, struct MHD_Connection *conn, enum api_kind kind,
                                   const char *body, size_t len);
+
+/* POST /v1/pshard/budget (budget.c): the VRAM budget changed, {"vram_budget": "4G"}. */
+enum MHD_Result budget_handle(struct server *s, struct MHD_Connection *conn, const char *body, size_t len);
+/* The budget and plan in force (the reply above, and part of /props). */
+json_t *budget_json(const pshard_info *info);
 
 /* Queue a whole reply (the body is freed), counting it for /metrics under route. */
 enum MHD_Result http_send(struct server *s, struct MHD_Connection *conn, int route, struct reply *r);

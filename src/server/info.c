@@ -43,7 +43,8 @@ int info_props(struct server *s, struct reply *out) {
     struct worker_snapshot w;
     worker_snapshot(s->worker, &w);
     const pshard_info *i = &w.info;
-    json_t *vram = json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "budget_bytes", (json_int_t)s->cfg->vram_budget,
+    json_t *vram = json_pack("{s:I,s:o,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "budget_bytes", (json_int_t)i->vram_budget,
+                             "budget", budget_json(i),
                              "arena_bytes", (json_int_t)i->vram_arena_bytes, "weight_bytes", (json_int_t)i->vram_weight_bytes,
                              "kv_bytes", (json_int_t)i->vram_kv_bytes, "activation_bytes",
                              (json_int_t)i->vram_activation_bytes, "staging_bytes", (json_int_t)i->vram_staging_bytes,
@@ -128,8 +129,17 @@ int info_metrics(struct server *s, struct reply *out) {
     metric(&t, "kv_cells", "gauge", "KV cells of all sequences.", w.batch.n_cells);
     metric(&t, "kv_cells_free", "gauge", "KV cells no sequence holds.", w.batch.n_cells_free);
     metric(&t, "last_step_tokens", "gauge", "New tokens the last step carried.", w.batch.last_step_tokens);
-    metric(&t, "vram_budget_bytes", "gauge", "Device memory pshard may use (--vram-budget; 0: CPU only).",
-           (double)s->cfg->vram_budget);
+    metric(&t, "vram_budget_bytes", "gauge", "Device memory pshard may use now (--vram-budget, or as changed; 0: CPU only).",
+           (double)i->vram_budget);
+    metric(&t, "vram_budget_follow", "gauge", "1 while the budget follows the GPU's free memory (auto).", i->vram_follow);
+    metric(&t, "vram_budget_keep_bytes", "gauge", "Following free memory: what it leaves to other programs.",
+           (double)i->vram_keep);
+    metric(&t, "vram_budget_changes_total", "counter", "Changes of budget carved (POST /v1/pshard/budget, auto).",
+           i->budget_changes);
+    metric(&t, "vram_budget_last_free_seconds", "gauge", "The last change: from its start until the memory given up was free.",
+           i->budget_free_ms / 1e3);
+    metric(&t, "vram_budget_last_change_seconds", "gauge", "The last change, whole (the new resident weights copied up too).",
+           i->budget_change_ms / 1e3);
     metric(&t, "vram_arena_bytes", "gauge", "Device memory in use: the arena carved from the budget.",
            (double)i->vram_arena_bytes);
     add(&t, "# HELP pshard_vram_part_bytes The arena's parts, and the CUDA context outside the budget.\n"

@@ -2,6 +2,7 @@
  * flag cancellations; the engine thread, the only one that calls into pshard, formats and adds
  * them between steps, steps while anything is pending, and sleeps on a condition variable when
  * idle. Events land in the jobs under one lock; one broadcast a step wakes the HTTP threads. */
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -12,7 +13,7 @@
 #include "core/grow.h"
 #include "server/worker.h"
 
-enum { RATE_WINDOW_S = 10 };
+enum { RATE_WINDOW_S = 10, BUDGET_IDLE_POLL_MS = 200 };
 
 struct worker {
     struct worker_config cfg;
@@ -30,6 +31,12 @@ struct worker {
     struct worker_snapshot snap;
     int64_t rate_second[RATE_WINDOW_S];
     uint64_t rate_tokens[RATE_WINDOW_S];
+    /* A change of VRAM budget asked over HTTP (worker_set_budget), one at a time: the engine
+     * thread applies it between steps (budget_apply) and answers in budget_rc and budget_err. */
+    bool budget_busy, budget_asked, budget_done;
+    char budget_text[64];
+    int budget_rc;
+    struct api_error budget_err;
 };
 
 static double now_s(void) {
@@ -312,6 +319,41 @@ static bool drained(struct worker *w, int32_t pending) {
     return pending == 0 && !w->inbox;
 }
 
+int worker_set_budget(struct worker *w, const char *text, struct api_error *err) {
+    worker_lock(w);
+    while (w->budget_busy && w->state == WORKER_READY) worker_wait(w, 100);
+    bool done = false;
+    int rc = -1;
+    if (w->state == WORKER_READY) {
+        w->budget_busy = w->budget_asked = true, w->budget_done = false;
+        snprintf(w->budget_text, sizeof w->budget_text, "%s", text);
+        pthread_cond_signal(&w->wake);
+        while (!w->budget_done && (w->state == WORKER_READY || w->state == WORKER_STOPPING)) worker_wait(w, 100);
+        done = w->budget_done;
+        if (done) rc = w->budget_rc, *err = w->budget_err;
+        w->budget_busy = w->budget_asked = false;
+        pthread_cond_broadcast(&w->progress);
+    }
+    worker_unlock(w);
+    if (!done) api_fail(err, 503, "server_error", NULL, NULL, "the model is loading or the server is stopping");
+    return rc;
+}
+
+/* On the engine thread, between steps: the budget asked over HTTP, then what /props and /metrics
+ * read of it; and while idle, the check of a budget that follows free memory. */
+static void budget_step(struct worker *w, bool asked, const char *text) {
+    struct api_error err = {0};
+    const int rc = asked ? budget_apply(w->ctx, text, &err) : 0;
+    if (!asked && pshard_budget_poll(w->ctx) != PSHARD_OK)
+        fprintf(stderr, "pshard serve: following free VRAM: %s\n", pshard_last_error());
+    take_snapshot(w, true);
+    if (!asked) return;
+    worker_lock(w);
+    w->budget_rc = rc, w->budget_err = err, w->budget_done = true;
+    pthread_cond_broadcast(&w->progress);
+    worker_unlock(w);
+}
+
 static void *engine_main(void *arg) {
     struct worker *w = arg;
     pshard_ctx *ctx = w->cfg.open(w->cfg.open_user);
@@ -325,14 +367,25 @@ static void *engine_main(void *arg) {
     int32_t pending = 0, ids[256];
     for (;;) {
         worker_lock(w);
-        while (pending == 0 && !w->inbox && !w->cancel_flagged && w->state != WORKER_STOPPING) {
+        while (pending == 0 && !w->inbox && !w->cancel_flagged && !w->budget_asked && w->state != WORKER_STOPPING) {
             pthread_cond_broadcast(&w->progress);
-            pthread_cond_wait(&w->wake, &w->lock);
+            struct timespec ts; /* (idle: a budget that follows free memory is checked now and then) */
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += BUDGET_IDLE_POLL_MS * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+            if (pthread_cond_timedwait(&w->wake, &w->lock, &ts) == ETIMEDOUT) {
+                worker_unlock(w);
+                budget_step(w, false, NULL);
+                worker_lock(w);
+            }
         }
         if (drained(w, pending)) {
             worker_unlock(w);
             break;
         }
+        char budget_text[sizeof w->budget_text];
+        const bool budget_asked = w->budget_asked && !w->budget_done;
+        if (budget_asked) memcpy(budget_text, w->budget_text, sizeof budget_text), w->budget_asked = false;
         struct job *inbox = w->inbox;
         w->inbox = NULL;
         int n_cancel = 0;
@@ -362,6 +415,7 @@ static void *engine_main(void *arg) {
             if (!cancelled) start_job(w, j);
         }
         for (int i = 0; i < n_cancel; i++) pshard_request_cancel(ctx, ids[i]); /* one that ended meanwhile: fails, harmless */
+        if (budget_asked) budget_step(w, true, budget_text);
         if (pshard_step(ctx, &pending) != PSHARD_OK) fprintf(stderr, "pshard serve: a step failed: %s\n", pshard_last_error());
         const bool full = now_s() - last_full >= 0.5;
         take_snapshot(w, full);

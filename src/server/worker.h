@@ -99,6 +99,13 @@ int worker_submit(struct worker *w, struct job *job, struct api_error *err);
 void worker_cancel(struct worker *w, struct job *job);
 void job_release(struct worker *w, struct job *job);
 
+/* Asks the engine thread to change the VRAM budget to `text` (as --vram-budget takes it) between
+ * steps, and waits for it. 0, or -1 with err (400 a refused budget, 409 a server on the CPU alone,
+ * 503 loading or stopping). */
+int worker_set_budget(struct worker *w, const char *text, struct api_error *err);
+/* budget.c, on the engine thread: the budget applied to ctx; 0, or -1 with err as above. */
+int budget_apply(pshard_ctx *ctx, const char *text, struct api_error *err);
+
 /* The lock over every job, and the wait for progress (any job's), at most timeout_ms. */
 void worker_lock(struct worker *w);
 void worker_unlock(struct worker *w);

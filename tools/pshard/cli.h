@@ -30,12 +30,30 @@ struct run_opts {
     pshard_gen_opts gen;
     int raw, print_ids, quiet;
     bool seed_drawn; /* --seed -1: the seed was drawn at random */
+    const char *budget_file; /* --budget-file: the VRAM budget changed while it runs (cli_budget.c) */
 };
 /* 0: parsed; 1: help was printed; -1: bad option (message printed). */
 int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o);
 /* Open the model of o (the default model when none is given), with a progress bar on a TTY. */
 pshard_ctx *run_open_model(struct run_opts *o);
 void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *stats);
+
+/* --budget-file (cli_budget.c): the file's budget (as --vram-budget takes it) applied when the file
+ * changes or on SIGUSR1, checked between tokens and prompt steps (and by chat while it waits for a
+ * line); also the check of a budget that follows free memory. */
+struct cli_budget_watch {
+    const char *cmd, *path; /* path NULL: no file, only the check of auto */
+    bool quiet;
+    int64_t mtime_s, mtime_ns;
+    double checked_ms;
+    pshard_ctx *ctx;
+    int (*prompt_cb)(void *user, int32_t done, int32_t total); /* the prompt's callback it wraps */
+    void *prompt_user;
+};
+void cli_budget_watch_init(struct cli_budget_watch *w, const char *cmd, const char *path, bool quiet);
+void cli_budget_watch_check(struct cli_budget_watch *w, pshard_ctx *ctx);
+/* Check before each of the prompt's steps too (wraps gen's on_prompt). */
+void cli_budget_watch_prompts(struct cli_budget_watch *w, pshard_ctx *ctx, pshard_gen_opts *gen);
 
 /* Progress of measuring the machine (a profile_progress callback; user: a struct cli_measuring):
  * one line rewritten in place; notes (done < 0) on lines of their own after `who`. */

@@ -1,6 +1,8 @@
 /* `pshard chat`: an interactive conversation. The history is re-formatted each turn; the KV
  * cache keeps the common prefix, so only the new turn is processed. Ctrl-C stops an answer and
  * keeps the conversation; /commands are the chat's own. */
+#include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -52,6 +54,7 @@ struct reply {
     char *text;
     size_t len, cap;
     bool silent; /* -n 0: nothing is generated, so the first text stops it, unshown */
+    struct cli_budget_watch *watch;
 };
 
 static int on_text(void *user, const char *text, size_t len) {
@@ -59,6 +62,7 @@ static int on_text(void *user, const char *text, size_t len) {
     if (interrupted || r->silent) return 1; /* the reply stops here; what came before is kept */
     fwrite(text, 1, len, stdout);
     fflush(stdout);
+    cli_budget_watch_check(r->watch, r->watch->ctx);
     if (r->len + len + 1 > r->cap) {
         size_t cap = (r->len + len + 1) * 2;
         char *t = realloc(r->text, cap);
@@ -114,6 +118,9 @@ int cmd_chat(int argc, char **argv) {
         if (history_add(&h, "system", o.system)) goto oom;
         base = 1;
     }
+    struct cli_budget_watch budget;
+    cli_budget_watch_init(&budget, "chat", o.budget_file, o.quiet);
+    cli_budget_watch_prompts(&budget, ctx, &o.gen);
     struct prompt_watch watch = {o.gen.on_prompt, o.gen.prompt_user};
     o.gen.on_prompt = on_prompt, o.gen.prompt_user = &watch;
     /* Without SA_RESTART, so that Ctrl-C at the prompt ends the read. */
@@ -127,7 +134,13 @@ int cmd_chat(int argc, char **argv) {
     for (;;) {
         if (interactive) fprintf(stderr, "> ");
         interrupted = 0;
-        if (!fgets(line, sizeof line, stdin)) {
+        /* (the budget may change while the line is typed) */
+        for (struct pollfd in = {.fd = 0, .events = POLLIN}; !interrupted;) {
+            const int ready = poll(&in, 1, 250);
+            if (ready > 0 || (ready < 0 && errno != EINTR)) break;
+            cli_budget_watch_check(&budget, ctx); /* (SIGUSR1 ends the wait too) */
+        }
+        if (interrupted || !fgets(line, sizeof line, stdin)) {
             if (interrupted || interactive) fputc('\n', stderr); /* the shell's prompt starts a line */
             break;
         }
@@ -151,7 +164,7 @@ int cmd_chat(int argc, char **argv) {
             continue;
         }
         if (history_add(&h, "user", text)) goto oom;
-        struct reply r = {.silent = o.gen.n_predict == 0};
+        struct reply r = {.silent = o.gen.n_predict == 0, .watch = &budget};
         pshard_gen_stats stats;
         if (pshard_chat(ctx, h.msgs, h.n, &o.gen, on_text, &r, &stats) != PSHARD_OK) {
             if (interrupted) fprintf(stderr, "(stopped)\n");

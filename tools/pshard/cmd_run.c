@@ -35,10 +35,14 @@ static void print_usage(FILE *out, const char *cmd) {
             "  --no-prefault           do not read the weights in at load (pages load on first use)\n"
             "  --gpu                   run every shard on the GPU, all weights in VRAM\n"
             "  --vram-budget SIZE      VRAM pshard may use (2G, 2048M; 0: CPU only); the CUDA context is\n"
-            "                          outside it. Shards are placed by the plan: --plan auto (default),\n"
+            "                          outside it; auto[:keep=SIZE]: follow the GPU's free memory, leaving\n"
+            "                          SIZE (default 1G) to other programs (docs/budget.md). Shards are\n"
+            "                          placed by the plan: --plan auto (default),\n"
             "                          cpu, gpu (all on the GPU, streaming what is not resident), static\n"
             "                          (the rest on the CPU), dynamic (what is not resident, MoE experts or\n"
             "                          dense FFN rows, split between streaming and the CPU)\n"
+            "  --budget-file PATH      run, chat: the VRAM budget changes while it runs: PATH holds one budget\n"
+            "                          as --vram-budget takes it, read again when it changes or on SIGUSR1\n"
             "  --plan FAMILY           auto, cpu, gpu, static or dynamic, as above; --plan gpu without a\n"
             "                          budget is --gpu\n"
             "  --stream-share F        dynamic plans: share of what is not resident (experts, FFN rows)\n"
@@ -90,9 +94,17 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
         else if (!strcmp(a, "--no-profile")) o->params.no_profile = 1;
         else if (!strcmp(a, "--gpu")) o->params.gpu = 1;
         else if (!strcmp(a, "--vram-budget") && v) {
-            if (cli_size(cmd, a, argv[++i], &o->params.vram_budget)) return -1;
+            int64_t keep;
+            int follow;
+            if (pshard_parse_vram_budget(argv[++i], &o->params.vram_budget, &follow, &keep) != PSHARD_OK) {
+                fprintf(stderr, "pshard %s: --vram-budget: %s\n", cmd, pshard_last_error());
+                return -1;
+            }
+            o->params.vram_follow = follow, o->params.vram_keep = keep;
             if (!o->params.plan) o->params.plan = PLAN_AUTO;
-        } else if (!strcmp(a, "--plan") && v) {
+        }
+        else if (!strcmp(a, "--budget-file") && v) o->budget_file = argv[++i];
+        else if (!strcmp(a, "--plan") && v) {
             enum plan_family f;
             if (plan_parse_family(argv[++i], &f) != PSHARD_OK) {
                 fprintf(stderr, "pshard %s: --plan: %s\n", cmd, pshard_last_error());
@@ -180,9 +192,10 @@ static int prompt_progress(void *user, int32_t done, int32_t total) {
 }
 
 static int print_text(void *user, const char *text, size_t len) {
-    (void)user;
+    struct cli_budget_watch *watch = user;
     fwrite(text, 1, len, stdout);
     fflush(stdout);
+    cli_budget_watch_check(watch, watch->ctx);
     return 0;
 }
 
@@ -291,15 +304,18 @@ int cmd_run(int argc, char **argv) {
     o.gen.out_tokens_cap = 4096;
     pshard_ctx *ctx = run_open_model(&o);
     if (!ctx) return 1;
+    struct cli_budget_watch watch;
+    cli_budget_watch_init(&watch, "run", o.budget_file, o.quiet);
+    cli_budget_watch_prompts(&watch, ctx, &o.gen);
     pshard_gen_stats stats;
     pshard_status st;
     const pshard_text_cb on_text = print_text;
     if (o.raw) {
-        st = pshard_generate(ctx, o.prompt, &o.gen, on_text, NULL, &stats);
+        st = pshard_generate(ctx, o.prompt, &o.gen, on_text, &watch, &stats);
     } else {
         pshard_message msgs[2] = {{"system", o.system}, {"user", o.prompt}};
-        st = o.system ? pshard_chat(ctx, msgs, 2, &o.gen, on_text, NULL, &stats)
-                      : pshard_chat(ctx, msgs + 1, 1, &o.gen, on_text, NULL, &stats);
+        st = o.system ? pshard_chat(ctx, msgs, 2, &o.gen, on_text, &watch, &stats)
+                      : pshard_chat(ctx, msgs + 1, 1, &o.gen, on_text, &watch, &stats);
     }
     if (st != PSHARD_OK) {
         fprintf(stderr, "pshard: %s\n", pshard_last_error());

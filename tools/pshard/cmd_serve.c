@@ -19,6 +19,8 @@ static void print_usage(FILE *out) {
                  "                    [--api-key KEY] [-c CTX] [run's options]\n"
                  "  Serves the model over HTTP with OpenAI's API: POST /v1/chat/completions, POST /v1/completions,\n"
                  "  GET /v1/models; GET /health, GET /metrics (Prometheus), GET /props, and a chat page at /.\n"
+                 "  POST /v1/pshard/budget {\"vram_budget\": \"4G\"} changes the VRAM budget while it serves (a size,\n"
+                 "  bytes, or \"auto[:keep=SIZE]\"); --vram-budget auto[:keep=SIZE] follows the GPU's free memory.\n"
                  "  --host ADDR        address to listen on (default 127.0.0.1, this machine only)\n"
                  "  --port N           port (default 8080; 0: any free one, printed)\n"
                  "  --parallel N       requests generating at once (default 4); more wait in a queue\n"
@@ -91,6 +93,11 @@ int cmd_serve(int argc, char **argv) {
     struct run_opts o;
     rc = run_parse_args(argc, argv, "serve", &o);
     if (rc) return rc > 0 ? 0 : 2;
+    if (o.budget_file) {
+        fprintf(stderr, "pshard serve: --budget-file is run's and chat's; the server's budget changes with POST "
+                        "/v1/pshard/budget\n");
+        return 2;
+    }
     if (!o.model) {
         if (cli_default_model(o.default_path, sizeof o.default_path) != 0) return 1;
         o.model = o.default_path;
