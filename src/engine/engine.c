@@ -123,6 +123,7 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
     ctx->follow = p->vram_follow && exec_device_count() > 0;
     if (p->prefault) CORE_TRY(prefault(ctx));
     CORE_TRY(exec_create(&ctx->model, &ep, &ctx->exec));
+    if (ctx->follow) CORE_TRY(exec_prepare_budget_changes(ctx->exec)); /* (no change then waits for pinning) */
     ctx->params.n_threads = exec_get_params(ctx->exec)->n_threads;
     ctx->cached = malloc(sizeof(int32_t) * (size_t)ep.n_ctx);
     ctx->prompt = malloc(sizeof(int32_t) * (size_t)ep.n_ctx);

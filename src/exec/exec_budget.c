@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/timer.h"
 #include "exec/exec_budget.h"
 #include "exec/exec_gpu.h"
 #include "exec/exec_internal.h"
@@ -36,6 +37,7 @@ pshard_status exec_set_budget(struct exec_ctx *ctx, int64_t bytes, const struct 
     if (bytes == 0 && ctx->gpu)
         return core_fail(PSHARD_ERR_UNSUPPORTED, "a budget of 0 (the CPU alone) cannot be set while the context runs on "
                          "the GPU: open it with budget 0 for that");
+    const double t0 = core_now_ms(); /* (the change's times count its planning too) */
     struct plan next;
     CORE_TRY(exec_replan(ctx, bytes, prof, trim, &next));
     if (!ctx->gpu) {
@@ -46,8 +48,7 @@ pshard_status exec_set_budget(struct exec_ctx *ctx, int64_t bytes, const struct 
                          "without a GPU): its VRAM budget cannot change");
     }
     pshard_status st = kv_cache_add_host_storage(&ctx->kv);
-    double free_ms = 0;
-    if (st == PSHARD_OK) st = exec_gpu_rebudget(ctx, &next, &free_ms);
+    if (st == PSHARD_OK) st = exec_gpu_rebudget(ctx, &next, t0);
     if (next.n_shards == 0) { /* taken: the context follows the new plan, carved or not */
         ctx->params.vram_budget = (int64_t)ctx->plan.budget.total;
         if (prof) ctx->params.profile = prof;
@@ -55,6 +56,12 @@ pshard_status exec_set_budget(struct exec_ctx *ctx, int64_t bytes, const struct 
         plan_free(&next);
     }
     return st;
+}
+
+pshard_status exec_prepare_budget_changes(struct exec_ctx *ctx) {
+    if (!ctx->gpu) return PSHARD_OK;
+    CORE_TRY(kv_cache_add_host_storage(&ctx->kv));
+    return exec_gpu_prepare_changes(ctx);
 }
 
 int64_t exec_budget(const struct exec_ctx *ctx) {

@@ -22,6 +22,10 @@ pshard_status exec_replan(const struct exec_ctx *ctx, int64_t bytes, const struc
  * without a GPU fails and changes nothing. With trim, a budget above what the model needs whole
  * comes down to that. */
 pshard_status exec_set_budget(struct exec_ctx *ctx, int64_t bytes, const struct profile *prof, bool trim);
+/* Ready the context for changes ahead of them (a budget that follows free memory): the host's KV
+ * cache made, and on the GPU pinned with the model file registered (exec_gpu_prepare_changes), so
+ * a change pays for neither. Nothing without a GPU. */
+pshard_status exec_prepare_budget_changes(struct exec_ctx *ctx);
 /* The budget the context runs under now (bytes; 0: the CPU alone). */
 int64_t exec_budget(const struct exec_ctx *ctx);
 /* The device's free and total memory now (both 0 without a GPU). */

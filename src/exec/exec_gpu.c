@@ -622,19 +622,20 @@ static void unregister_file(struct exec_gpu *g) {
     g->report.mapping_bytes = 0;
 }
 
-/* The model file registered while some phase streams, measuring what the driver took for it;
- * unregistered where none does (after a change of budget), so that memory goes back too. */
+/* The model file registered while some phase streams (or always, once budget changes are
+ * expected: keep_mapped), measuring what the driver took for it; else unregistered (after a change
+ * of budget), so that memory goes back too. */
 static pshard_status map_file(struct exec_gpu *g, const struct exec_ctx *ctx) {
-    const bool streams = either_phase(ctx, plan_streams);
-    if (!streams) unregister_file(g);
-    if (!streams || g->n_registered) return PSHARD_OK;
+    const bool streams = either_phase(ctx, plan_streams), wanted = streams || g->keep_mapped;
+    if (!wanted) unregister_file(g);
+    if (!wanted || g->n_registered) return PSHARD_OK;
     uint64_t before = 0, after = 0, total = 0;
     CORE_TRY(cuda_device_memory(&before, &total));
     CORE_TRY(register_file(g, ctx->model->file));
     CORE_TRY(cuda_device_memory(&after, &total));
     g->report.mapping_bytes = before > after ? before - after : 0;
     const uint64_t mapping = mapping_reserve(ctx);
-    if (g->report.mapping_bytes > mapping)
+    if (streams && g->report.mapping_bytes > mapping)
         LOG_W("mapping the model file for the GPU took %.1f MB of device memory, %.1f MB more than the plan "
               "reserved: the budget is exceeded by that much", g->report.mapping_bytes / 1e6,
               (g->report.mapping_bytes - mapping) / 1e6);
@@ -691,9 +692,15 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
     return cuda_stream_sync(g->stream);
 }
 
-pshard_status exec_gpu_rebudget(struct exec_ctx *ctx, struct plan *next, double *free_ms) {
+pshard_status exec_gpu_prepare_changes(struct exec_ctx *ctx) {
     struct exec_gpu *g = ctx->gpu;
-    const double t0 = core_now_ms();
+    g->keep_mapped = true;
+    CORE_TRY(pin_host_kv(g, ctx));
+    return map_file(g, ctx);
+}
+
+pshard_status exec_gpu_rebudget(struct exec_ctx *ctx, struct plan *next, double t0) {
+    struct exec_gpu *g = ctx->gpu;
     if (!g->cells_down) { /* (a change that failed after this left the host every cell: nothing to move) */
         if (g->broken) return core_fail(PSHARD_ERR_INTERNAL, "the GPU's memory was left half carved by a failed change of plan");
         CORE_TRY(pin_host_kv(g, ctx));
@@ -704,7 +711,7 @@ pshard_status exec_gpu_rebudget(struct exec_ctx *ctx, struct plan *next, double 
         forget_plan(g, ctx);
         cuda_arena_destroy(&g->arena); /* the driver has the memory back */
     }
-    *free_ms = core_now_ms() - t0;
+    const double free_ms = core_now_ms() - t0;
     const bool decoding = ctx->active != &ctx->plan;
     plan_free(&ctx->plan);
     ctx->plan = *next;
@@ -721,7 +728,7 @@ pshard_status exec_gpu_rebudget(struct exec_ctx *ctx, struct plan *next, double 
     CORE_TRY(move_kv(g, ctx, false));
     g->cells_down = g->broken = false;
     g->report.budget_changes++;
-    g->report.budget_free_ms = *free_ms;
+    g->report.budget_free_ms = free_ms;
     g->report.budget_change_ms = core_now_ms() - t0;
     return PSHARD_OK;
 }

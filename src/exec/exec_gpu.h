@@ -23,7 +23,7 @@ struct gpu_memory_report {
     uint32_t switches;      /* changes of phase so far (plan.decode) */
     double switch_ms;       /* the time they took, all together */
     uint32_t budget_changes; /* changes of budget carved so far (exec_gpu_rebudget) */
-    double budget_free_ms;   /* the last one: from its start until the old arena was freed */
+    double budget_free_ms;   /* the last one: from the call (planning too) until the old arena was freed */
     double budget_change_ms; /* the last one, whole: the new arena carved and filled too */
 };
 
@@ -47,12 +47,18 @@ void exec_gpu_free(struct exec_gpu *gpu);
 pshard_status exec_gpu_switch(struct exec_ctx *ctx, const struct plan *to);
 /* Carve VRAM for another budget's plan `next` (taken over: ctx->plan becomes it, `next` is left
  * empty), between steps: the KV cells of the layers in VRAM go to the host's cache (which must
- * exist), the arena is freed (its memory back to the driver; *free_ms: how long that took from
- * the start), the file's mapping follows whether `next` streams, a new arena of `next`'s budget is
- * carved, its resident weights copied up and its layers' cells after them. Synchronous: steps
- * wait for all of it. Where the new arena cannot be had (another program took the memory), the
- * cells stay on the host and steps are refused until a change that fits. */
-pshard_status exec_gpu_rebudget(struct exec_ctx *ctx, struct plan *next, double *free_ms);
+ * exist), the arena is freed (its memory back to the driver), the file's mapping follows whether
+ * `next` streams, a new arena of `next`'s budget is carved, its resident weights copied up and its
+ * layers' cells after them. The report times the free and the whole from t0 (core_now_ms when
+ * the change was asked). Synchronous: steps wait for all of it. Where the new arena cannot be had
+ * (another program took the memory), the cells stay on the host and steps are refused until a
+ * change that fits. */
+pshard_status exec_gpu_rebudget(struct exec_ctx *ctx, struct plan *next, double t0);
+/* Ready for changes of budget ahead of them (a budget that follows free memory): the host's KV
+ * cache (which must exist) pinned, and the model file registered whatever the plan, so a change
+ * to a plan that streams does not wait for that (seconds for tens of GB). While no phase streams,
+ * the driver's mapping of the file (about 2 MB a GB) is then outside the budget. */
+pshard_status exec_gpu_prepare_changes(struct exec_ctx *ctx);
 /* Zero a sequence's blocks in VRAM (benchmarks that time steps at a context they did not compute). */
 pshard_status exec_gpu_clear_kv(struct exec_ctx *ctx, int32_t seq);
 /* Cells [0, n_cells) of KV block src copied into block dst in VRAM, every layer whose cache is

@@ -110,6 +110,7 @@ struct exec_gpu {
     struct cuda_pinned kv_host[2];
     bool broken;
     bool cells_down; /* a change of budget moved every cell to the host and freed the arena */
+    bool keep_mapped; /* the model file stays registered whatever the plan (exec_gpu_prepare_changes) */
     /* The sequences of the step under way, each once (plan.kv_stream: the ring copies their
      * cached cells); seen: [n_seq], false between steps. */
     int32_t *step_seq, n_step_seq;
