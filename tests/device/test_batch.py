@@ -49,11 +49,7 @@ def batched(model, placement):
 
 def main():
     with tempfile.TemporaryDirectory() as tmp:
-        probe = os.path.join(tmp, "probe.gguf")
-        subprocess.run([os.path.join(eq.BUILD, "gguf-synth"), "--shape", "tiny-llama", "--layers", "1", "-o", probe,
-                        "--quiet"], check=True)
-        if "no CUDA device" in eq.run("run", "--raw", "-p", "x", "-n", "1", "--gpu", "-m", probe).stderr:
-            print("no CUDA device: skipped")
+        if not eq.gpu_probe(tmp):
             return 0
         for shape, wtype in (("tiny-llama", "Q8_0"), ("tiny-moe", "Q8_0")):
             path = os.path.join(tmp, "%s-%s.gguf" % (shape, wtype))

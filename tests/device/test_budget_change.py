@@ -213,11 +213,7 @@ def auto_start(tmp, ref):
 
 def main():
     with tempfile.TemporaryDirectory() as tmp:
-        probe = os.path.join(tmp, "probe.gguf")
-        subprocess.run([os.path.join(eq.BUILD, "gguf-synth"), "--shape", "tiny-llama", "--layers", "1", "-o", probe,
-                        "--quiet"], check=True)
-        if "no CUDA device" in eq.run("run", "--raw", "-p", "x", "-n", "1", "--gpu", "-m", probe).stderr:
-            print("no CUDA device: skipped")
+        if not eq.gpu_probe(tmp):
             return 0
         if not os.path.exists(MODEL):
             subprocess.run([os.path.join(eq.BUILD, "gguf-synth"), "--shape", "qwen30b", "-o", MODEL, "--quiet"], check=True)

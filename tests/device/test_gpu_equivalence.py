@@ -209,14 +209,22 @@ def prediction_from_cached_profile(model, tmp):
           "--plan dynamic --no-profile: the prediction says it is from default costs")
 
 
+def gpu_probe(tmp):
+    """A one-layer tiny model in tmp run on the GPU: its path, or None (and a "skipped" line) where
+    this machine has no CUDA device."""
+    probe_model = os.path.join(tmp, "probe.gguf")
+    subprocess.run([os.path.join(BUILD, "gguf-synth"), "--shape", "tiny-llama", "--layers", "1", "-o", probe_model,
+                    "--quiet"], check=True)
+    if "no CUDA device" in run("run", "--raw", "-p", "x", "-n", "1", "--gpu", "-m", probe_model).stderr:
+        print("no CUDA device: skipped")
+        return None
+    return probe_model
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
-        probe_model = os.path.join(tmp, "probe.gguf")
-        subprocess.run([os.path.join(BUILD, "gguf-synth"), "--shape", "tiny-llama", "--layers", "1", "-o", probe_model,
-                        "--quiet"], check=True)
-        probe = run("run", "--raw", "-p", "x", "-n", "1", "--gpu", "-m", probe_model)
-        if "no CUDA device" in probe.stderr:
-            print("no CUDA device: skipped")
+        probe_model = gpu_probe(tmp)
+        if not probe_model:
             return 0
         prediction_from_cached_profile(probe_model, tmp)
         tiny_models(tmp)
