@@ -47,6 +47,12 @@ pshard_status exec_set_budget(struct exec_ctx *ctx, int64_t bytes, const struct 
         return core_fail(PSHARD_ERR_UNSUPPORTED, "the context runs on the CPU alone (opened with budget 0, --plan cpu or "
                          "without a GPU): its VRAM budget cannot change");
     }
+    if (!next.any_gpu) { /* (the executor on the GPU runs plans with some GPU shards only) */
+        plan_free(&next);
+        return core_fail(PSHARD_ERR_RANGE, "at a VRAM budget of %.0f MB the planner runs everything on the CPU (faster "
+                         "there than any plan with the GPU); a context on the GPU changes only to budgets where some "
+                         "shard runs there: give more", bytes / 1048576.0);
+    }
     pshard_status st = kv_cache_add_host_storage(&ctx->kv);
     if (st == PSHARD_OK) st = exec_gpu_rebudget(ctx, &next, t0);
     if (next.n_shards == 0) { /* taken: the context follows the new plan, carved or not */
