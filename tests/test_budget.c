@@ -12,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include "engine/budget.h"
 #include "engine/engine_internal.h"
 #include "exec/exec_budget.h"
 #include "plan/plan.h"
@@ -36,16 +37,47 @@ static void test_parse(void **state) {
     assert_true(follow == 1 && keep == 2 * GIB);
     assert_int_equal(pshard_parse_vram_budget("auto:keep=512M", &bytes, &follow, &keep), PSHARD_OK);
     assert_true(follow == 1 && keep == 512 * MIB);
-    assert_int_equal(pshard_parse_vram_budget("auto:keep=0", &bytes, &follow, &keep), PSHARD_OK);
-    assert_true(follow == 1 && keep == 0);
     const char *bad[] = {"", "auto:", "auto:keep=", "auto:kep=1G", "autox", "auto:keep=1Q", "auto:keep=-1G", "4Q", "-2G",
-                         "auto keep=1G", "G"};
+                         "auto keep=1G", "G", "auto:keep=0"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         follow = 7;
         assert_int_not_equal(pshard_parse_vram_budget(bad[i], &bytes, &follow, &keep), PSHARD_OK);
         assert_true(strlen(pshard_last_error()) > 0);
     }
     assert_int_equal(pshard_parse_vram_budget(NULL, &bytes, &follow, &keep), PSHARD_ERR_INVALID_ARG);
+}
+
+/* Following free memory: cut at once, grow only after free memory stayed high a while, never past
+ * what fits whole, and the arithmetic in whole MiB. */
+static void test_follow_rule(void **state) {
+    (void)state;
+    double since = 0;
+    const int64_t held = 8 * GIB;
+    /* free exactly the keep: nothing to do */
+    assert_int_equal(engine_follow_target(held, GIB, GIB, false, 0, &since), held);
+    /* a game took 3G of the free memory: cut by what keep lacks, at once */
+    assert_int_equal(engine_follow_target(held, 0, GIB, false, 10, &since), 7 * GIB);
+    /* within the slack below the keep: hold */
+    assert_int_equal(engine_follow_target(held, GIB - 32 * MIB, GIB, false, 20, &since), held);
+    /* far below (more taken than pshard holds): the least step, 1 MiB (the planner then refuses it) */
+    assert_int_equal(engine_follow_target(MIB * 100, 0, GIB, false, 30, &since), MIB);
+    /* free memory rises: not taken before it has stayed high for the hold time */
+    assert_int_equal(engine_follow_target(held, 5 * GIB, GIB, false, 1000, &since), held);
+    assert_true(since == 1000);
+    assert_int_equal(engine_follow_target(held, 5 * GIB, GIB, false, 1000 + FOLLOW_GROW_HOLD_MS - 1, &since), held);
+    assert_int_equal(engine_follow_target(held, 5 * GIB, GIB, false, 1000 + FOLLOW_GROW_HOLD_MS, &since), 12 * GIB);
+    /* a dip in between starts the wait again */
+    since = 0;
+    assert_int_equal(engine_follow_target(held, 5 * GIB, GIB, false, 5000, &since), held);
+    assert_int_equal(engine_follow_target(held, GIB, GIB, false, 5500, &since), held);
+    assert_true(since == 0);
+    assert_int_equal(engine_follow_target(held, 5 * GIB, GIB, false, 6000 + FOLLOW_GROW_HOLD_MS / 2, &since), held);
+    /* a small rise (within the grow step) or a model that fits whole: never grow */
+    assert_int_equal(engine_follow_target(held, GIB + 256 * MIB, GIB, false, 9e9, &since), held);
+    since = 1;
+    assert_int_equal(engine_follow_target(held, 50 * GIB, GIB, true, 9e9, &since), held);
+    /* whole MiB */
+    assert_int_equal(engine_follow_target(held, 12345678, GIB, false, 0, &since) % MIB, 0);
 }
 
 static pshard_ctx *open_cpu(const char *path, int32_t n_ctx) {
@@ -211,7 +243,7 @@ int main(void) {
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse), cmocka_unit_test(test_api_errors), cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_parse), cmocka_unit_test(test_follow_rule), cmocka_unit_test(test_api_errors), cmocka_unit_test(test_open_errors),
         cmocka_unit_test(test_replan_equals_fresh), cmocka_unit_test(test_trim),
     };
     const int failed = cmocka_run_group_tests(tests, NULL, NULL);

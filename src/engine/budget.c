@@ -8,19 +8,13 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "engine/budget.h"
 #include "engine/engine_internal.h"
 #include "exec/exec_budget.h"
 #include "exec/exec_gpu.h"
 #include "exec/measure.h"
 
-enum {
-    FOLLOW_POLL_MS = 200,     /* between checks of the device's free memory (one driver call each) */
-    FOLLOW_GROW_HOLD_MS = 1000, /* free memory must stay above the keep this long before taking it */
-};
-static const int64_t MIB = 1 << 20;
 static const int64_t FOLLOW_KEEP_DEFAULT = 1ll << 30;
-static const int64_t FOLLOW_SHRINK_SLACK = 64ll << 20; /* free memory this far below the keep: cut */
-static const int64_t FOLLOW_GROW_STEP = 512ll << 20;   /* this far above it (for FOLLOW_GROW_HOLD_MS): grow */
 
 pshard_status pshard_parse_vram_budget(const char *text, int64_t *bytes, int *follow, int64_t *keep_bytes) {
     if (!text || !bytes || !follow || !keep_bytes) return core_fail(PSHARD_ERR_INVALID_ARG, "pshard_parse_vram_budget: a NULL argument");
@@ -36,6 +30,8 @@ pshard_status pshard_parse_vram_budget(const char *text, int64_t *bytes, int *fo
     int64_t keep;
     pshard_status st = plan_parse_size(rest + 6, &keep);
     if (st != PSHARD_OK) return core_fail_context(st, "VRAM budget '%.64s', the memory auto leaves to other programs", text);
+    if (keep == 0)
+        return core_fail(PSHARD_ERR_INVALID_ARG, "VRAM budget '%.64s': keep must be more than 0 (without keep=, 1G is kept)", text);
     *follow = 1, *keep_bytes = keep;
     return PSHARD_OK;
 }
@@ -77,24 +73,28 @@ pshard_status pshard_follow_free_vram(pshard_ctx *ctx, int64_t keep_bytes) {
     return engine_budget_poll(ctx, true);
 }
 
-/* The budget following free memory would take now, or the current one where nothing changes:
- * a cut at once when free memory is below the keep, a rise once it has stayed well above it. */
+int64_t engine_follow_target(int64_t held, uint64_t free_bytes, int64_t keep, bool fits_whole, double now_ms,
+                             double *grow_since_ms) {
+    const int64_t want = (held + (int64_t)free_bytes - keep) / FOLLOW_MIB * FOLLOW_MIB;
+    if (want < held - FOLLOW_SHRINK_SLACK) {
+        *grow_since_ms = 0;
+        return want > 0 ? want : FOLLOW_MIB;
+    }
+    if (want <= held + FOLLOW_GROW_STEP || fits_whole) {
+        *grow_since_ms = 0;
+        return held;
+    }
+    if (!*grow_since_ms) *grow_since_ms = now_ms;
+    return now_ms - *grow_since_ms >= FOLLOW_GROW_HOLD_MS ? want : held;
+}
+
 static int64_t follow_target(pshard_ctx *ctx, double now_ms) {
     const int64_t held = exec_budget(ctx->exec);
     uint64_t free_bytes = 0, total = 0;
     if (exec_device_memory(&free_bytes, &total) != PSHARD_OK) return held;
-    const int64_t want = (held + (int64_t)free_bytes - ctx->keep) / MIB * MIB;
-    if (want < held - FOLLOW_SHRINK_SLACK) {
-        ctx->grow_since_ms = 0;
-        return want > 0 ? want : MIB;
-    }
     const struct plan *plan = exec_get_plan(ctx->exec);
-    if (want <= held + FOLLOW_GROW_STEP || (plan->n_candidates == 0 && plan->any_gpu)) { /* (or it fits whole) */
-        ctx->grow_since_ms = 0;
-        return held;
-    }
-    if (!ctx->grow_since_ms) ctx->grow_since_ms = now_ms;
-    return now_ms - ctx->grow_since_ms >= FOLLOW_GROW_HOLD_MS ? want : held;
+    return engine_follow_target(held, free_bytes, ctx->keep, plan->n_candidates == 0 && plan->any_gpu, now_ms,
+                                &ctx->grow_since_ms);
 }
 
 pshard_status engine_budget_poll(pshard_ctx *ctx, bool now) {
