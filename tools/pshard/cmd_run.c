@@ -94,10 +94,14 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
         else if (!strcmp(a, "--no-profile")) o->params.no_profile = 1;
         else if (!strcmp(a, "--gpu")) o->params.gpu = 1;
         else if (!strcmp(a, "--vram-budget") && v) {
-            int64_t keep;
-            int follow;
-            if (pshard_parse_vram_budget(argv[++i], &o->params.vram_budget, &follow, &keep) != PSHARD_OK) {
-                fprintf(stderr, "pshard %s: --vram-budget: %s\n", cmd, pshard_last_error());
+            const char *text = argv[++i];
+            int64_t keep = 0;
+            int follow = 0;
+            if (strncmp(text, "auto", 4) != 0) {
+                if (cli_size(cmd, a, text, &o->params.vram_budget)) return -1;
+            } else if (pshard_parse_vram_budget(text, &o->params.vram_budget, &follow, &keep) != PSHARD_OK) {
+                fprintf(stderr, "pshard %s: %s takes a size such as 2G, 1536M or 0, or auto[:keep=SIZE], got '%s'\n", cmd, a,
+                        text);
                 return -1;
             }
             o->params.vram_follow = follow, o->params.vram_keep = keep;
