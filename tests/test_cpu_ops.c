@@ -136,6 +136,37 @@ static void test_rope_matches_formula(void **state) {
     }
 }
 
+/* M-RoPE: pair i turns by the time, row or column position as the sections say (Qwen2.5-VL-7B's
+ * 16/24/24 over 64 pairs, counted cyclically); three equal positions are plain rope, bit for bit. */
+static void test_mrope_sections(void **state) {
+    (void)state;
+    struct rope_params p = {.n_dims = 128, .neox = true, .freq_base = 1e6f, .freq_scale = 1.0f, .attn_factor = 1.0f,
+                            .sections = {16, 24, 24}};
+    assert_true(cpu_rope_is_multi(&p));
+    assert_int_equal(cpu_rope_axis(&p, 0), 0);
+    assert_int_equal(cpu_rope_axis(&p, 15), 0);
+    assert_int_equal(cpu_rope_axis(&p, 16), 1);
+    assert_int_equal(cpu_rope_axis(&p, 39), 1);
+    assert_int_equal(cpu_rope_axis(&p, 40), 2);
+    assert_int_equal(cpu_rope_axis(&p, 63), 2);
+    struct rope_params cyclic = {.sections = {2, 2, 2}};
+    assert_int_equal(cpu_rope_axis(&cyclic, 7), 0);
+    float multi[128], plain[128];
+    for (int32_t pos = 0; pos < 5000; pos += 997) {
+        const int32_t same[3] = {pos, pos, pos};
+        cpu_rope_table_multi(&p, same, multi);
+        cpu_rope_table(&p, pos, plain);
+        assert_memory_equal(multi, plain, sizeof plain);
+    }
+    const int32_t pos[3] = {7, 300, 41};
+    cpu_rope_table_multi(&p, pos, multi);
+    for (int i = 0; i < 64; i++) {
+        const double theta = pos[cpu_rope_axis(&p, i)] * pow(1e6, -2.0 * i / 128);
+        assert_float_equal(multi[2 * i], cos(theta), 2e-4);
+        assert_float_equal(multi[2 * i + 1], sin(theta), 2e-4);
+    }
+}
+
 static void test_attention_matches_naive_softmax(void **state) {
     (void)state;
     const struct cpu_attn_shape s = {4, 2, 32, 16, 1.0f / sqrtf(32.0f)};
@@ -550,7 +581,7 @@ static void test_moe_matches_its_products(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_threadpool_covers_every_index_once),
-        cmocka_unit_test(test_threadpool_runs_without_its_workers), cmocka_unit_test(test_rope_matches_formula),
+        cmocka_unit_test(test_threadpool_runs_without_its_workers), cmocka_unit_test(test_rope_matches_formula), cmocka_unit_test(test_mrope_sections),
         cmocka_unit_test(test_attention_matches_naive_softmax),
         cmocka_unit_test(test_attention_heads_together_equal_alone),
         cmocka_unit_test(test_attention_tiles_equal_tokens_alone),

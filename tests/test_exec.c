@@ -164,6 +164,17 @@ static void test_bad_batches_change_nothing(void **state) {
         assert_int_not_equal(exec_step(f->ctx, &bad[i]), PSHARD_OK);
         assert_int_equal(exec_seq_len(f->ctx, 2), 0);
     }
+    const struct exec_batch fine = {1, &one, &zero, &two, NULL};
+    const float row[1] = {0};
+    const struct exec_media bad_media[] = {
+        {&zero, NULL, 0, 0}, /* rope positions: not a multimodal-rope model */
+        {NULL, row, 0, 2},   /* embeddings past the step */
+        {NULL, row, -1, 1},  /* ... before it */
+    };
+    for (size_t i = 0; i < sizeof bad_media / sizeof bad_media[0]; i++) {
+        assert_int_equal(exec_step_media(f->ctx, &fine, &bad_media[i]), PSHARD_ERR_INVALID_ARG);
+        assert_int_equal(exec_seq_len(f->ctx, 2), 0);
+    }
     /* A full context is refused with a clear message. */
     int32_t tokens[16], pos[16], seq[16];
     for (int32_t start = 0; start < 64; start += 16) {
@@ -176,6 +187,32 @@ static void test_bad_batches_change_nothing(void **state) {
     assert_int_equal(exec_step(f->ctx, &full), PSHARD_ERR_RANGE);
     assert_non_null(strstr(pshard_last_error(), "context full"));
     assert_int_equal(exec_seq_len(f->ctx, 2), 64);
+}
+
+/* Input embeddings in place of tokens' rows (an image's tokens): the token embedding's own rows
+ * given as embeddings give the same logits to the bit; other rows give other logits. */
+static void test_input_embeddings(void **state) {
+    struct fixture *f = *state;
+    const int32_t n_vocab = exec_n_vocab(f->ctx), d = (int32_t)f->model.hp.n_embd;
+    float *want = malloc(sizeof(float) * n_vocab), *rows = malloc(sizeof(float) * 3 * d);
+    run_alone(f->ctx, 0, seq_a, 6, want);
+    for (int i = 0; i < 3; i++) cpu_get_row(&f->ctx->token_embd, seq_a[2 + i], rows + (int64_t)i * d);
+    int32_t pos[6], seq[6];
+    for (int32_t i = 0; i < 6; i++) pos[i] = i, seq[i] = 0;
+    const int32_t placeholders[6] = {seq_a[0], seq_a[1], 0, 0, 0, seq_a[5]}; /* ids not looked up */
+    exec_truncate_seq(f->ctx, 0, 0);
+    const struct exec_batch b = {6, placeholders, pos, seq, NULL};
+    const struct exec_media media = {NULL, rows, 2, 3};
+    assert_int_equal(exec_step_media(f->ctx, &b, &media), PSHARD_OK);
+    assert_memory_equal(exec_logits(f->ctx, 0), want, sizeof(float) * (size_t)n_vocab);
+    for (int64_t i = 0; i < 3 * (int64_t)d; i++) rows[i] *= -1.0f;
+    exec_truncate_seq(f->ctx, 0, 0);
+    assert_int_equal(exec_step_media(f->ctx, &b, &media), PSHARD_OK);
+    double diff = 0;
+    for (int32_t i = 0; i < n_vocab; i++) diff = fmax(diff, fabs(exec_logits(f->ctx, 0)[i] - want[i]));
+    assert_true(diff > 0.1);
+    free(want);
+    free(rows);
 }
 
 /* shard_ffn_cpu_rows over [0, n_ff) equals its parts over [0, f) and [f, n_ff), every layer
@@ -272,6 +309,7 @@ int main(void) {
         cmocka_unit_test(test_mixed_batch_equals_separate),
         cmocka_unit_test(test_long_cache_decode_in_runs),
         cmocka_unit_test(test_bad_batches_change_nothing),
+        cmocka_unit_test(test_input_embeddings),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -279,17 +279,6 @@ static void test_mrope_positions(void **state) {
     assert_int_equal(vision_mrope_image_positions(2, 3, 10, t, r, c), 13);
     assert_int_equal(r[5], 11);
     assert_int_equal(c[5], 12);
-    /* Qwen2.5-VL-7B's sections 16/24/24/0 over 64 pairs. */
-    static const uint32_t sections[4] = {16, 24, 24, 0};
-    assert_int_equal(vision_mrope_axis(sections, 0), MROPE_TIME);
-    assert_int_equal(vision_mrope_axis(sections, 15), MROPE_TIME);
-    assert_int_equal(vision_mrope_axis(sections, 16), MROPE_ROW);
-    assert_int_equal(vision_mrope_axis(sections, 39), MROPE_ROW);
-    assert_int_equal(vision_mrope_axis(sections, 40), MROPE_COLUMN);
-    assert_int_equal(vision_mrope_axis(sections, 63), MROPE_COLUMN);
-    static const uint32_t with_extra[4] = {2, 2, 2, 2};
-    assert_int_equal(vision_mrope_axis(with_extra, 7), MROPE_EXTRA);
-    assert_int_equal(vision_mrope_axis(with_extra, 8), MROPE_TIME); /* counted cyclically */
 }
 
 int main(void) {

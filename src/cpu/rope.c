@@ -15,17 +15,26 @@ static float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) 
     return (float)n_dims * logf((float)n_ctx_orig / (n_rot * 2.0f * (float)M_PI)) / (2.0f * logf(base));
 }
 
-void cpu_rope_table(const struct rope_params *p, int32_t pos, float *cs) {
+int cpu_rope_axis(const struct rope_params *p, int pair) {
+    const int total = p->sections[0] + p->sections[1] + p->sections[2];
+    if (total <= 0) return 0;
+    const int k = pair % total;
+    return k < p->sections[0] ? 0 : k < p->sections[0] + p->sections[1] ? 1 : 2;
+}
+
+/* Each position's angle advances by its own chain of multiplications, so three equal positions
+ * give exactly cpu_rope_table's numbers. */
+void cpu_rope_table_multi(const struct rope_params *p, const int32_t pos[3], float *cs) {
     const float theta_scale = powf(p->freq_base, -2.0f / (float)p->n_dims);
     float corr_lo = 0, corr_hi = 0;
     if (p->ext_factor != 0.0f) {
         corr_lo = fmaxf(0.0f, floorf(yarn_corr_dim(p->n_dims, p->n_ctx_orig, p->beta_fast, p->freq_base)));
         corr_hi = fminf((float)(p->n_dims - 1), ceilf(yarn_corr_dim(p->n_dims, p->n_ctx_orig, p->beta_slow, p->freq_base)));
     }
-    float theta = (float)pos;
+    float theta[3] = {(float)pos[0], (float)pos[1], (float)pos[2]};
     for (int i0 = 0; i0 < p->n_dims; i0 += 2) {
         float factor = p->freq_factors ? p->freq_factors[i0 / 2] : 1.0f;
-        float theta_extrap = theta / factor;
+        float theta_extrap = theta[cpu_rope_axis(p, i0 / 2)] / factor;
         float theta_interp = p->freq_scale * theta_extrap;
         float angle = theta_interp, mscale = p->attn_factor;
         if (p->ext_factor != 0.0f) {
@@ -35,8 +44,13 @@ void cpu_rope_table(const struct rope_params *p, int32_t pos, float *cs) {
         }
         cs[i0] = cosf(angle) * mscale;
         cs[i0 + 1] = sinf(angle) * mscale;
-        theta *= theta_scale;
+        for (int a = 0; a < 3; a++) theta[a] *= theta_scale;
     }
+}
+
+void cpu_rope_table(const struct rope_params *p, int32_t pos, float *cs) {
+    const int32_t same[3] = {pos, pos, pos};
+    cpu_rope_table_multi(p, same, cs);
 }
 
 void cpu_rope_apply(const struct rope_params *p, const float *cs, float *x, int n_heads, int head_size) {

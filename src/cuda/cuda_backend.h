@@ -267,9 +267,11 @@ pshard_status cuda_add_bias(float *x, const float *bias, int64_t n_rows, int64_t
 pshard_status cuda_swiglu(const float *gate, const float *up, float *out, int64_t n, cuda_stream s);
 
 /* RoPE as src/cpu/rope.c: cs [n_tokens][p->n_dims] from device positions; p->freq_factors is
- * ignored (a host pointer): pass the device copy as freq_factors (or NULL). */
+ * ignored (a host pointer): pass the device copy as freq_factors (or NULL). With multimodal rope
+ * (p->sections) token t's time, row and column are pos[t], pos[t + pos_stride] and
+ * pos[t + 2 * pos_stride]; else pos_stride is not used. */
 pshard_status cuda_rope_table(const struct rope_params *p, const float *freq_factors, const int32_t *pos,
-                              int64_t n_tokens, float *cs, cuda_stream s);
+                              int64_t pos_stride, int64_t n_tokens, float *cs, cuda_stream s);
 /* Rotate x [n_tokens][n_heads * head_size] in place with cs [n_tokens][n_dims]. */
 pshard_status cuda_rope_apply(const struct rope_params *p, const float *cs, float *x, int64_t n_tokens, int n_heads,
                               int head_size, cuda_stream s);

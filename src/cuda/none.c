@@ -185,8 +185,8 @@ pshard_status cuda_swiglu(const float *gate, const float *up, float *out, int64_
     return no_cuda();
 }
 pshard_status cuda_rope_table(const struct rope_params *p, const float *freq_factors, const int32_t *pos,
-                              int64_t n_tokens, float *cs, cuda_stream s) {
-    (void)p, (void)freq_factors, (void)pos, (void)n_tokens, (void)cs, (void)s;
+                              int64_t pos_stride, int64_t n_tokens, float *cs, cuda_stream s) {
+    (void)p, (void)freq_factors, (void)pos, (void)pos_stride, (void)n_tokens, (void)cs, (void)s;
     return no_cuda();
 }
 pshard_status cuda_rope_apply(const struct rope_params *p, const float *cs, float *x, int64_t n_tokens, int n_heads,

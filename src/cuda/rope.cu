@@ -1,5 +1,6 @@
 /* RoPE tables and rotation, and the f16 store of new K/V into the cache. The table follows
- * src/cpu/rope.c exactly: theta advances by repeated f32 multiplication with a theta_scale
+ * src/cpu/rope.c exactly (multimodal rope too: three chains, one per position, and each pair
+ * takes the angle of its section's): theta advances by repeated f32 multiplication with a theta_scale
  * computed on the host by the same powf, the YaRN constants come from the host too, and every
  * product and sum is written unfused (__fmul_rn...) as the CPU compiles it, so only cosf/sinf
  * may differ (by an ulp). */
@@ -12,7 +13,16 @@ struct rope_dev {
     bool neox;
     float theta_scale, freq_scale, ext_factor, attn_factor, yarn_mscale, corr_lo, corr_hi;
     const float *freq_factors;
+    int sections[3]; /* M-RoPE; all 0: one position */
 };
+
+/* As cpu_rope_axis. */
+__device__ static int rope_axis(const rope_dev &r, int pair) {
+    const int total = r.sections[0] + r.sections[1] + r.sections[2];
+    if (total <= 0) return 0;
+    const int k = pair % total;
+    return k < r.sections[0] ? 0 : k < r.sections[0] + r.sections[1] ? 1 : 2;
+}
 
 /* Host: the same expressions as cpu_rope_table, evaluated by the same libm. */
 static float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
@@ -35,18 +45,22 @@ static rope_dev rope_prepare(const struct rope_params *p, const float *freq_fact
         r.yarn_mscale = mscale;
     }
     r.freq_factors = freq_factors;
+    for (int i = 0; i < 3; i++) r.sections[i] = p->sections[i];
     return r;
 }
 
-/* One thread per token: the multiplication chain is sequential by definition. */
-__global__ void rope_table_kernel(const rope_dev r, const int32_t *pos, int64_t n_tokens, float *cs) {
+/* One thread per token: the multiplication chains are sequential by definition. With M-RoPE the
+ * three positions of token t are pos[t], pos[t + pos_stride], pos[t + 2 * pos_stride]. */
+__global__ void rope_table_kernel(const rope_dev r, const int32_t *pos, int64_t pos_stride, int64_t n_tokens, float *cs) {
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n_tokens) return;
+    const bool multi = r.sections[0] + r.sections[1] + r.sections[2] > 0;
     float *out = cs + t * r.n_dims;
-    float theta = (float)pos[t];
+    float theta[3];
+    for (int a = 0; a < 3; a++) theta[a] = (float)pos[t + (multi ? a * pos_stride : 0)];
     for (int i0 = 0; i0 < r.n_dims; i0 += 2) {
         const float factor = r.freq_factors ? r.freq_factors[i0 / 2] : 1.0f;
-        const float theta_extrap = __fdiv_rn(theta, factor);
+        const float theta_extrap = __fdiv_rn(theta[rope_axis(r, i0 / 2)], factor);
         const float theta_interp = __fmul_rn(r.freq_scale, theta_extrap);
         float angle = theta_interp, mscale = r.attn_factor;
         if (r.ext_factor != 0.0f) {
@@ -57,7 +71,7 @@ __global__ void rope_table_kernel(const rope_dev r, const int32_t *pos, int64_t 
         }
         out[i0] = __fmul_rn(cosf(angle), mscale);
         out[i0 + 1] = __fmul_rn(sinf(angle), mscale);
-        theta = __fmul_rn(theta, r.theta_scale);
+        for (int a = 0; a < 3; a++) theta[a] = __fmul_rn(theta[a], r.theta_scale);
     }
 }
 
@@ -117,11 +131,13 @@ extern "C" pshard_status cuda_norm_rope(const struct rope_params *p, const float
 }
 
 extern "C" pshard_status cuda_rope_table(const struct rope_params *p, const float *freq_factors, const int32_t *pos,
-                                         int64_t n_tokens, float *cs, cuda_stream s) {
+                                         int64_t pos_stride, int64_t n_tokens, float *cs, cuda_stream s) {
     CUDA_ARG(p->n_dims > 0 && p->n_dims % 2 == 0, "rope: %d rotated dimensions", p->n_dims);
+    CUDA_ARG(!cpu_rope_is_multi(p) || pos_stride >= n_tokens, "rope: positions %lld apart for %lld tokens",
+             (long long)pos_stride, (long long)n_tokens);
     if (n_tokens == 0) return PSHARD_OK;
     rope_table_kernel<<<(unsigned)ceil_div(n_tokens, 64), 64, 0, raw_stream(s)>>>(rope_prepare(p, freq_factors), pos,
-                                                                                n_tokens, cs);
+                                                                                pos_stride, n_tokens, cs);
     CUDA_TRY_LAUNCH("rope_table");
     return PSHARD_OK;
 }

@@ -275,6 +275,13 @@ static pshard_status validate(const struct exec_ctx *ctx, const struct exec_batc
     const struct exec_params *p = &ctx->params;
     if (b->n_tokens <= 0 || b->n_tokens > p->n_batch)
         return core_fail(PSHARD_ERR_INVALID_ARG, "a step carries 1 to %d tokens, not %d", p->n_batch, b->n_tokens);
+    const struct exec_media *m = ctx->media;
+    if (m && m->rope_pos && !cpu_rope_is_multi(&ctx->w.rope))
+        return core_fail(PSHARD_ERR_INVALID_ARG, "rope positions given for a model (%s) without multimodal rope",
+                         ctx->model->hp.arch_name);
+    if (m && m->embd && (m->embd_first < 0 || m->embd_count <= 0 || m->embd_count > b->n_tokens - m->embd_first))
+        return core_fail(PSHARD_ERR_INVALID_ARG, "input embeddings for tokens %d..%d of a step of %d", m->embd_first,
+                         m->embd_first + m->embd_count - 1, b->n_tokens);
     memcpy(ctx->next_pos, ctx->kv.seq_len, sizeof(int32_t) * (size_t)p->n_seq);
     for (int32_t t = 0; t < b->n_tokens; t++) {
         if (b->tokens[t] < 0 || (uint32_t)b->tokens[t] >= ctx->model->hp.n_vocab)
@@ -315,7 +322,7 @@ static pshard_status reserve_cells(struct exec_ctx *ctx) {
     return PSHARD_OK;
 }
 
-pshard_status exec_step(struct exec_ctx *ctx, const struct exec_batch *batch) {
+static pshard_status step(struct exec_ctx *ctx, const struct exec_batch *batch) {
     CORE_TRY(validate(ctx, batch));
     const struct model *model = ctx->model;
     ctx->stats.weight_bytes_read = ctx->stats.streamed_bytes = 0;
@@ -354,6 +361,15 @@ pshard_status exec_step(struct exec_ctx *ctx, const struct exec_batch *batch) {
         if (batch->pos[t] + 1 > ctx->kv.seq_len[batch->seq[t]]) ctx->kv.seq_len[batch->seq[t]] = batch->pos[t] + 1;
     return PSHARD_OK;
 }
+
+pshard_status exec_step_media(struct exec_ctx *ctx, const struct exec_batch *batch, const struct exec_media *media) {
+    ctx->media = media; /* for this step's shards */
+    pshard_status st = step(ctx, batch);
+    ctx->media = NULL;
+    return st;
+}
+
+pshard_status exec_step(struct exec_ctx *ctx, const struct exec_batch *batch) { return exec_step_media(ctx, batch, NULL); }
 
 const float *exec_logits(const struct exec_ctx *ctx, int32_t i) {
     if (i < 0 || i >= ctx->stats.n_outputs) return NULL;

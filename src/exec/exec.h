@@ -39,6 +39,19 @@ struct exec_batch {
     const int8_t *logits;  /* per token: nonzero = compute its logits; NULL = the last token only */
 };
 
+/* What a step's tokens may carry beyond their ids: a prompt with images (exec_step_media). */
+struct exec_media {
+    /* Models with multimodal rope (rope sections): each token's time, row and column positions,
+     * [3][n_tokens]; NULL: all three are pos. After an image they run behind pos (an image of
+     * h x w tokens takes h * w cells but max(h, w) positions). */
+    const int32_t *rope_pos;
+    /* Input embeddings (an image's tokens): tokens [embd_first, embd_first + embd_count) take
+     * their rows of embd ([embd_count][n_embd]) in place of the token embedding's; their token
+     * ids are still checked but not looked up. embd NULL: none. */
+    const float *embd;
+    int32_t embd_first, embd_count;
+};
+
 /* What the last step did. */
 struct exec_stats {
     uint64_t weight_bytes_read; /* weight bytes the step touched (chosen experts only) */
@@ -71,6 +84,8 @@ void exec_free(struct exec_ctx *ctx);
 /* Run one step. Tokens of a sequence must continue it: positions len, len+1, ... in order.
  * Fails without changing any state on bad input (token id, slot, position, context full). */
 pshard_status exec_step(struct exec_ctx *ctx, const struct exec_batch *batch);
+/* The same with rope positions and input embeddings for the batch's tokens (media NULL: none). */
+pshard_status exec_step_media(struct exec_ctx *ctx, const struct exec_batch *batch, const struct exec_media *media);
 
 /* Logits of the i-th output of the last step (outputs in batch order), n_vocab floats. */
 const float *exec_logits(const struct exec_ctx *ctx, int32_t i);

@@ -261,7 +261,7 @@ static size_t activation_bytes(const struct model_hparams *hp, const struct exec
     const size_t k_used = hp->n_expert_used ? hp->n_expert_used : 1, n_exp = hp->n_expert ? hp->n_expert : 1;
     const size_t parts[] = {f * B * hp->n_embd * 3, f * B * q_width, f * B * (size_t)k_width, f * B * (size_t)v_width,
                             f * B * o_width, 2 * f * B * (ff ? ff : 1), f * B * n_exp, f * B * k_used,
-                            sizeof(int32_t) * B * k_used, f * B * (size_t)rope_dims, sizeof(int32_t) * B * 4};
+                            sizeof(int32_t) * B * k_used, f * B * (size_t)rope_dims, sizeof(int32_t) * B * GPU_BATCH_ROWS};
     size_t total = 0;
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) total += align_up(parts[i]) + 2 * CUDA_ARENA_ALIGN;
     *logits = align_up(f * gpu_logit_rows(p->n_batch) * hp->n_vocab);
@@ -317,8 +317,8 @@ static pshard_status carve_activations(struct exec_gpu *g, const struct exec_ctx
     CORE_TRY(carve(g, sizeof(int32_t) * B * k_used, "activations", (void **)&g->expert_ids));
     CORE_TRY(carve(g, f * B * (size_t)ctx->w.rope.n_dims, "activations", (void **)&g->rope_cs));
     if (head_on_gpu) CORE_TRY(carve(g, f * gpu_logit_rows(ctx->params.n_batch) * hp->n_vocab, "logits", (void **)&g->logits));
-    CORE_TRY(carve(g, sizeof(int32_t) * B * 4, "activations", (void **)&g->tokens));
-    g->pos = g->tokens + B, g->seq = g->pos + B, g->out_rows = g->seq + B;
+    CORE_TRY(carve(g, sizeof(int32_t) * B * GPU_BATCH_ROWS, "activations", (void **)&g->tokens));
+    g->pos = g->tokens + B, g->seq = g->pos + B, g->out_rows = g->seq + B, g->rope_pos = g->out_rows + B;
     g->report.activation_bytes = g->arena.used - before;
     return PSHARD_OK;
 }
@@ -680,7 +680,7 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
         return core_fail(PSHARD_ERR_NOMEM, "out of memory");
     const size_t B = (size_t)ctx->params.n_batch, d = hp->n_embd;
     CORE_TRY(cuda_host_alloc(UPLOAD_CHUNK_BYTES, &g->staging));
-    CORE_TRY(cuda_host_alloc(sizeof(int32_t) * B * 4, &g->host_in));
+    CORE_TRY(cuda_host_alloc(sizeof(int32_t) * B * GPU_BATCH_ROWS, &g->host_in));
     CORE_TRY(cuda_host_alloc(sizeof(int32_t) * (size_t)ctx->kv.n_seq * (size_t)ctx->kv.max_blocks, &g->host_table));
     CORE_TRY(cuda_host_alloc(sizeof(float) * B * hp->n_vocab, &g->host_logits));
     CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_x)); /* activations crossing PCIe */

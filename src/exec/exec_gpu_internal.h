@@ -22,6 +22,10 @@ struct gpu_layer {
     const uint8_t *mask_pieces;             /* [n_pieces][n_expert]: the staged pieces */
 };
 
+/* The batch as it goes up, rows of n_batch int32: tokens, positions, sequences, output rows, and
+ * the multimodal rope's time, row and column positions (the batch's, else its positions). */
+enum { GPU_BATCH_ROWS = 7 };
+
 /* Rows of logits the head computes at a time (its device buffer holds this many). */
 enum { GPU_LOGIT_ROWS = 16 };
 static inline size_t gpu_logit_rows(int32_t n_batch) { return n_batch < GPU_LOGIT_ROWS ? (size_t)n_batch : GPU_LOGIT_ROWS; }
@@ -54,7 +58,7 @@ struct exec_gpu {
     bool *kv_marks;
     /* device activations, sized for n_batch tokens */
     float *x, *xn, *proj, *q, *k, *v, *attn, *gate, *up, *router, *expert_weights, *rope_cs, *logits;
-    int32_t *expert_ids, *tokens, *pos, *seq, *out_rows;
+    int32_t *expert_ids, *tokens, *pos, *seq, *out_rows, *rope_pos; /* the batch: GPU_BATCH_ROWS rows of n_batch */
     void *work;
     size_t work_bytes;
     /* pinned host buffers: uploads of the batch, the logits coming back, weight staging, the

@@ -51,6 +51,7 @@ struct exec_ctx {
     const struct plan *active; /* the plan the GPU's memory is carved for: &plan or plan.decode */
     int32_t *next_pos; /* [n_seq] validation scratch: the next position each sequence expects */
     struct exec_gpu *gpu; /* non-NULL: some shards run on the GPU */
+    const struct exec_media *media; /* the step's rope positions and input embeddings, or NULL (exec_step_media) */
 };
 
 /* The shards, CPU placement. Each reads ctx->s.x (the batch's activations) and updates it. */

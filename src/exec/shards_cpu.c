@@ -21,10 +21,29 @@ static void count_bytes(struct exec_ctx *ctx, const struct cpu_matrix *m) {
 
 void shard_embed_cpu(struct exec_ctx *ctx, const struct exec_batch *batch) {
     const int64_t d = ctx->model->hp.n_embd;
+    const struct exec_media *m = ctx->media;
     for (int32_t t = 0; t < batch->n_tokens; t++) {
+        if (m && m->embd && t >= m->embd_first && t - m->embd_first < m->embd_count) {
+            memcpy(ctx->s.x + t * d, m->embd + (int64_t)(t - m->embd_first) * d, sizeof(float) * (size_t)d);
+            continue;
+        }
         cpu_get_row(&ctx->token_embd, batch->tokens[t], ctx->s.x + t * d);
         ctx->stats.weight_bytes_read += ctx->token_embd.row_bytes;
     }
+}
+
+/* Token t's rotation table: its one position, or with multimodal rope its time, row and column
+ * (all three pos where the batch gives none). */
+static void rope_table_of(const struct exec_ctx *ctx, const struct exec_batch *batch, int64_t t, float *cs) {
+    const struct rope_params *r = &ctx->w.rope;
+    const int32_t *rope_pos = ctx->media ? ctx->media->rope_pos : NULL;
+    if (!rope_pos) {
+        cpu_rope_table(r, batch->pos[t], cs);
+        return;
+    }
+    const int64_t n = batch->n_tokens;
+    const int32_t pos[3] = {rope_pos[t], rope_pos[n + t], rope_pos[2 * n + t]};
+    cpu_rope_table_multi(r, pos, cs);
 }
 
 /* ---- attention */
@@ -106,7 +125,7 @@ void shard_attn_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *ba
     const int rope_dims = ctx->w.rope.n_dims;
     for (int64_t t = 0; t < n; t++) {
         float *cs = s->rope + t * rope_dims;
-        cpu_rope_table(&ctx->w.rope, batch->pos[t], cs);
+        rope_table_of(ctx, batch, t, cs);
         cpu_rope_apply(&ctx->w.rope, cs, s->q + t * q_width, (int)hp->n_head, (int)hp->head_dim_k);
         cpu_rope_apply(&ctx->w.rope, cs, s->k + t * k_width, (int)hp->n_head_kv, (int)hp->head_dim_k);
         /* Write this token's K and V into its sequence's cell before anyone attends (the step

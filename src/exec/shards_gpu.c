@@ -78,7 +78,8 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
     if (l->bk) CORE_TRY(cuda_add_bias(g->k, l->bk, n, k_width, s));
     if (l->bv) CORE_TRY(cuda_add_bias(g->v, l->bv, n, v_width, s));
     /* Every layer rotates by the same positions: the table is made once a step. */
-    if (!g->rope_ready) CORE_TRY(cuda_rope_table(&ctx->w.rope, g->rope_freqs, g->pos, n, g->rope_cs, s));
+    const int32_t *rope_pos = cpu_rope_is_multi(&ctx->w.rope) ? g->rope_pos : g->pos;
+    if (!g->rope_ready) CORE_TRY(cuda_rope_table(&ctx->w.rope, g->rope_freqs, rope_pos, ctx->params.n_batch, n, g->rope_cs, s));
     g->rope_ready = true;
     if (l->q_norm) {
         CORE_TRY(cuda_norm_rope(&ctx->w.rope, g->rope_cs, g->q, l->q_norm, hp->rms_eps, n, (int)hp->n_head, (int)hp->head_dim_k, s));
@@ -626,6 +627,9 @@ static pshard_status upload_batch(struct exec_ctx *ctx, struct exec_gpu *g, cons
     memcpy(host + B, b->pos, n * sizeof(int32_t));
     memcpy(host + 2 * B, b->seq, n * sizeof(int32_t));
     memcpy(host + 3 * B, ctx->s.out_rows, (size_t)ctx->stats.n_outputs * sizeof(int32_t));
+    const int32_t *rope_pos = ctx->media ? ctx->media->rope_pos : NULL;
+    for (size_t a = 0; a < 3 && cpu_rope_is_multi(&ctx->w.rope); a++)
+        memcpy(host + (4 + a) * B, rope_pos ? rope_pos + a * n : b->pos, n * sizeof(int32_t));
     return PSHARD_OK;
 }
 
@@ -699,13 +703,15 @@ static pshard_status x_to_host(struct exec_ctx *ctx, struct exec_gpu *g, int64_t
 static pshard_status enqueue_step(struct exec_ctx *ctx, struct exec_gpu *g, const struct plan_tier *tier,
                                   const struct exec_batch *b) {
     const struct model *model = ctx->model;
-    CORE_TRY(cuda_copy_h2d(g->tokens, g->host_in.ptr, 4 * (size_t)ctx->params.n_batch * sizeof(int32_t), g->stream));
+    CORE_TRY(cuda_copy_h2d(g->tokens, g->host_in.ptr, GPU_BATCH_ROWS * (size_t)ctx->params.n_batch * sizeof(int32_t), g->stream));
     g->rope_ready = false;
     if (tier->ring) CORE_TRY(ring_start(ctx, g, tier));
+    const bool embd = ctx->media && ctx->media->embd;
     bool x_on_gpu = false;
     for (uint32_t i = 0; i < model->n_shards; i++) {
         const struct shard *shard = &model->shards[i];
-        const bool on_gpu = tier->shard[i] != PLACE_CPU;
+        /* Input embeddings (an image's tokens) are placed by the host; the stream goes up after. */
+        const bool on_gpu = tier->shard[i] != PLACE_CPU && !(shard->kind == SHARD_EMBED && embd);
         if (on_gpu && !x_on_gpu && shard->kind != SHARD_EMBED) CORE_TRY(x_to_gpu(ctx, g, b->n_tokens));
         if (!on_gpu && x_on_gpu && shard->kind != SHARD_EMBED) CORE_TRY(x_to_host(ctx, g, b->n_tokens));
         if (on_gpu) {
@@ -777,7 +783,8 @@ pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
     CORE_TRY(upload_batch(ctx, g, b));
     CORE_TRY(table_up(ctx, g));
     if (!tier->ring && tier->any_gpu) CORE_TRY(ensure_lent(ctx, g));
-    const bool replayed = plan_tier_replays(tier, b->n_tokens) && ctx->stats.n_outputs == 1 && !g->no_graphs;
+    const bool replayed = plan_tier_replays(tier, b->n_tokens) && ctx->stats.n_outputs == 1 && !g->no_graphs &&
+                          !(ctx->media && ctx->media->embd);
     if (replayed)
         CORE_TRY(replay_decode(ctx, g, tier, b));
     else

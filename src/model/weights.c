@@ -140,6 +140,12 @@ static pshard_status read_rope(const struct binder *b, struct model_weights *w) 
             return core_fail(PSHARD_ERR_FORMAT, "%s: rope_freqs must be F32 of %d values", b->path, r->n_dims / 2);
         r->freq_factors = w->rope_freqs->data;
     }
+    if (hp->arch == ARCH_QWEN2VL) { /* M-RoPE: hparams checked the sections cover the rotated pairs */
+        if (hp->rope_sections[3])
+            return core_fail(PSHARD_ERR_UNSUPPORTED, "%s: a fourth rope section (%u pairs) is not supported (Qwen2-VL has none)",
+                             b->path, hp->rope_sections[3]);
+        for (int i = 0; i < 3; i++) r->sections[i] = (int)hp->rope_sections[i];
+    }
     return PSHARD_OK;
 }
 

@@ -59,8 +59,13 @@ static void test_pointwise(struct dt *d) {
 
 static void test_rope(struct dt *d, const char *name, struct rope_params p, int head_size, int n_heads) {
     const size_t mark = cuda_arena_mark(&d->arena);
-    const int32_t pos[] = {0, 1, 2, 17, 1000, 4095, 32767, 131071};
-    const int64_t n_tokens = sizeof pos / sizeof pos[0];
+    /* M-RoPE: [3][n_tokens] time, row and column (an image's tokens: one time, rows and columns
+     * past it; a text token: all three the same) */
+    const int32_t pos[] = {0, 1, 2, 17, 1000, 4095, 32767, 131071,
+                           0, 1, 2, 17, 1003, 4095, 32767, 131071,
+                           0, 1, 2, 17, 1011, 4099, 32767, 131071};
+    const bool multi = cpu_rope_is_multi(&p);
+    const int64_t n_tokens = sizeof pos / sizeof pos[0] / 3;
     float *ff = NULL, *dff = NULL;
     if (p.freq_factors) {
         ff = dt_malloc(4 * (size_t)(p.n_dims / 2));
@@ -74,9 +79,13 @@ static void test_rope(struct dt *d, const char *name, struct rope_params p, int 
     dt_fill(x, n_tokens * width, -2.0f, 2.0f);
     int32_t *dpos = dt_upload(d, pos, sizeof pos);
     float *dcs = dt_alloc(d, 4 * (size_t)(n_tokens * p.n_dims));
-    DT_CHECK(cuda_rope_table(&p, dff, dpos, n_tokens, dcs, d->s));
+    DT_CHECK(cuda_rope_table(&p, dff, dpos, n_tokens, n_tokens, dcs, d->s));
     dt_download(d, cs_got, dcs, 4 * (size_t)(n_tokens * p.n_dims));
-    for (int64_t t = 0; t < n_tokens; t++) cpu_rope_table(&p, pos[t], cs + t * p.n_dims);
+    for (int64_t t = 0; t < n_tokens; t++) {
+        const int32_t three[3] = {pos[t], pos[n_tokens + t], pos[2 * n_tokens + t]};
+        if (multi) cpu_rope_table_multi(&p, three, cs + t * p.n_dims);
+        else cpu_rope_table(&p, pos[t], cs + t * p.n_dims);
+    }
     int64_t where;
     const double e = dt_max_err(cs_got, cs, n_tokens * p.n_dims, 1.0, &where);
     int64_t bitwise = 0;
@@ -168,6 +177,9 @@ int main(void) {
     struct rope_params yarn = neox;
     yarn.ext_factor = 1.0f, yarn.freq_scale = 0.25f, yarn.n_ctx_orig = 4096;
     test_rope(&d, "yarn", yarn, 128, 2);
+    struct rope_params mrope = neox; /* Qwen2.5-VL-7B's sections */
+    mrope.sections[0] = 16, mrope.sections[1] = 24, mrope.sections[2] = 24;
+    test_rope(&d, "mrope", mrope, 128, 4);
     test_kv_store(&d);
     return dt_finish(&d);
 }
