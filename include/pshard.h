@@ -139,6 +139,14 @@ typedef struct pshard_gen_opts {
      * its whole prompt) */
     int (*on_prompt)(void *user, int32_t done, int32_t total);
     void *prompt_user;
+    /* Images (pshard_vision_load first): one for each PSHARD_IMAGE_MARKER of the prompt, in order.
+     * Each is encoded once and kept, by its content, while later calls' prompts hold it. */
+    const struct pshard_image *images;
+    int32_t n_images;
+    /* optional: called while an image is encoded: which (0-based), of how many in this call's
+     * prompt, and the fraction of its encoder done; return nonzero to stop (the call fails) */
+    int (*on_image)(void *user, int32_t image, int32_t n_images, float done);
+    void *image_user;
 } pshard_gen_opts;
 
 void pshard_gen_opts_default(pshard_gen_opts *opts);
@@ -298,6 +306,27 @@ pshard_status pshard_follow_free_vram(pshard_ctx *ctx, int64_t keep_bytes);
 /* While following free memory: the check a step makes, for a caller with nothing to step (a
  * server waiting for requests); at most every vram_poll_ms, else nothing. */
 pshard_status pshard_budget_poll(pshard_ctx *ctx);
+
+/* ---- Images (vision-language models: a qwen2vl language model with its mmproj file, as
+ * llama.cpp writes them; Qwen2.5-VL, Cosmos-Reason1).
+ *
+ * Where a prompt (or a chat message's content) holds PSHARD_IMAGE_MARKER, the model reads
+ * <|vision_start|>, the image's tokens (its encoder's embeddings, with their row and column
+ * positions), <|vision_end|>. The encoder runs on the CPU. */
+#define PSHARD_IMAGE_MARKER "<__image__>"
+
+/* A JPEG or PNG image: a file, or its bytes in memory (path NULL). Files over 64 MiB, over 50
+ * million pixels or 16384 pixels a side are refused. */
+typedef struct pshard_image {
+    const char *path;
+    const void *data;
+    size_t size;
+} pshard_image;
+
+/* Attach the vision encoder of an mmproj file to a context. Fails, naming the problem, for a file
+ * that is not an mmproj, an unsupported projector, a model that takes no images (not qwen2vl), or
+ * an encoder whose output width is not the model's embedding width (the pair does not match). */
+pshard_status pshard_vision_load(pshard_ctx *ctx, const char *mmproj_path);
 
 /* Facts about the loaded model and context. */
 typedef struct pshard_info {

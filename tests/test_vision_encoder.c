@@ -92,7 +92,7 @@ static void test_encode_shapes_and_values(void **state) {
     struct vision_patches p;
     assert_int_equal(vision_preprocess(&m.hp, &img, &p), PSHARD_OK);
     struct vision_embeddings out;
-    if (vision_encode(&m, &p, NULL, &out) != PSHARD_OK) fail_msg("%s", pshard_last_error());
+    if (vision_encode(&m, &p, NULL, NULL, &out) != PSHARD_OK) fail_msg("%s", pshard_last_error());
     assert_int_equal(out.n_tokens, 6); /* 4 x 6 patches, 2 x 3 groups */
     assert_int_equal(out.n_embd, PROJ);
     double sum = 0, sum2 = 0;
@@ -109,25 +109,39 @@ static void test_encode_shapes_and_values(void **state) {
     struct threadpool *pool;
     assert_int_equal(threadpool_create(3, &pool), PSHARD_OK);
     struct vision_embeddings threaded;
-    assert_int_equal(vision_encode(&m, &p, pool, &threaded), PSHARD_OK);
+    assert_int_equal(vision_encode(&m, &p, pool, NULL, &threaded), PSHARD_OK);
     assert_memory_equal(out.data, threaded.data, (size_t)out.n_tokens * PROJ * sizeof(float));
     vision_embeddings_free(&threaded);
     threadpool_free(pool);
     /* A different image gives different embeddings. */
     p.data[0] += 1.0f;
     struct vision_embeddings again;
-    assert_int_equal(vision_encode(&m, &p, NULL, &again), PSHARD_OK);
+    assert_int_equal(vision_encode(&m, &p, NULL, NULL, &again), PSHARD_OK);
     assert_true(memcmp(out.data, again.data, (size_t)out.n_tokens * PROJ * sizeof(float)) != 0);
     vision_embeddings_free(&again);
     /* Patches that do not fit the model are refused. */
     p.patch_dim = 100;
-    assert_int_equal(vision_encode(&m, &p, NULL, &again), PSHARD_ERR_INVALID_ARG);
+    assert_int_equal(vision_encode(&m, &p, NULL, NULL, &again), PSHARD_ERR_INVALID_ARG);
     vision_embeddings_free(&out);
     vision_patches_free(&p);
     vision_image_free(&img);
     mmproj_free(&m);
     gguf_close(f);
     free(bytes);
+}
+
+/* calls[0]: how many reports, calls[1]: the last one's done (and done == total at the end). */
+static int count_progress(void *user, uint32_t done, uint32_t total) {
+    uint32_t *calls = user;
+    calls[0]++;
+    calls[1] = done;
+    assert_true(done <= total);
+    return 0;
+}
+
+static int stop_progress(void *user, uint32_t done, uint32_t total) {
+    (void)user, (void)done, (void)total;
+    return 1;
 }
 
 /* Another patch size and a file from another writer (tests/data/mmproj): 40x30 resizes to
@@ -146,11 +160,20 @@ static void test_encode_patch2_file(void **state) {
     assert_int_equal(p.height, 52);
     assert_int_equal(p.patch_dim, 24);
     struct vision_embeddings out;
-    assert_int_equal(vision_encode(&m, &p, NULL, &out), PSHARD_OK);
+    uint32_t calls[2] = {0, 0};
+    const struct vision_progress progress = {count_progress, calls};
+    assert_int_equal(vision_encode(&m, &p, NULL, &progress, &out), PSHARD_OK);
+    assert_int_equal(calls[0], m.hp.n_layer + 1); /* every block, then the merger */
+    assert_int_equal(calls[1], m.hp.n_layer + 1);
     assert_int_equal(out.n_tokens, 221);
     assert_int_equal(out.n_embd, 8);
     for (size_t i = 0; i < 221 * 8; i++) assert_true(isfinite(out.data[i]));
     vision_embeddings_free(&out);
+    /* A progress callback that says stop ends the encode with an error and no output. */
+    const struct vision_progress stop = {stop_progress, NULL};
+    assert_int_equal(vision_encode(&m, &p, NULL, &stop, &out), PSHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(pshard_last_error(), "stopped after 1 of"));
+    assert_null(out.data);
     vision_patches_free(&p);
     vision_image_free(&img);
     mmproj_free(&m);

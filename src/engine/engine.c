@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "engine/engine_internal.h"
+#include "engine/vision.h"
 #include "exec/exec_budget.h"
 #include "exec/exec_gpu.h"
 #include "exec/measure.h"
@@ -174,6 +175,7 @@ pshard_status pshard_open(const pshard_params *params, pshard_ctx **out) {
 void pshard_close(pshard_ctx *ctx) {
     if (!ctx) return;
     engine_batch_free(ctx);
+    engine_vision_free(ctx->vision);
     free(ctx->cached);
     free(ctx->prompt);
     free(ctx->batch_pos);

@@ -28,6 +28,7 @@ struct pshard_ctx {
     int32_t *batch_pos, *batch_seq;
     int8_t *batch_logits;
     struct engine_batch *batch; /* requests and the sequences running them (batch.c) */
+    struct engine_vision *vision; /* the mmproj's encoder and the conversation's images (vision.c), or NULL */
     /* The budget following the device's free memory (budget.c): keep bytes left to other
      * programs; when it was last checked, since when free memory has stayed high enough to grow. */
     bool follow, floor_warned;

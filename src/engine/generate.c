@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/timer.h"
 #include "engine/engine_internal.h"
+#include "engine/vision.h"
 #include "plan/cost.h"
 
 void pshard_sampling_default(pshard_sampling *s) {
@@ -39,34 +40,23 @@ bool engine_is_end_of_turn(const struct tok *tok, int32_t id) {
  * step, the caller's on_prompt hears how far it got, and may stop it. */
 static pshard_status prefill(pshard_ctx *ctx, const pshard_gen_opts *opts, int32_t from, int32_t to) {
     const int32_t n_batch = ctx->params.n_batch;
-    for (int32_t start = from; start < to; start += n_batch) {
-        const int32_t n = to - start < n_batch ? to - start : n_batch;
+    for (int32_t start = from, n; start < to; start += n) {
+        n = to - start < n_batch ? to - start : n_batch;
+        struct exec_batch b = {n, ctx->prompt + start, ctx->batch_pos, ctx->batch_seq, ctx->batch_logits};
+        const struct exec_media *media = engine_vision_prompt_step(ctx, start, &b); /* images: one's run a step at most */
+        n = b.n_tokens;
         for (int32_t i = 0; i < n; i++) {
             ctx->batch_pos[i] = start + i;
             ctx->batch_logits[i] = start + i == to - 1;
         }
-        struct exec_batch b = {n, ctx->prompt + start, ctx->batch_pos, ctx->batch_seq, ctx->batch_logits};
         engine_budget_step(ctx);
-        CORE_TRY(exec_step(ctx->exec, &b));
+        CORE_TRY(exec_step_media(ctx->exec, &b, media));
         ctx->prefill_streamed += exec_last_stats(ctx->exec)->streamed_bytes;
         memcpy(ctx->cached + start, ctx->prompt + start, sizeof(int32_t) * (size_t)n);
         ctx->n_cached = start + n;
         if (opts->on_prompt && opts->on_prompt(opts->prompt_user, start + n - from, to - from))
             return core_fail(PSHARD_ERR_INVALID_ARG, "prompt cancelled after %d of its %d tokens", start + n - from, to - from);
     }
-    return PSHARD_OK;
-}
-
-static pshard_status tokenize_prompt(pshard_ctx *ctx, const char *prompt, int parse_special, int32_t *n_prompt) {
-    size_t n = 0;
-    const int flags = TOK_ADD_SPECIAL | (parse_special ? TOK_PARSE_SPECIAL : 0);
-    pshard_status st = tok_encode_into(ctx->tok, prompt, strlen(prompt), flags, ctx->prompt, (size_t)ctx->params.n_ctx, &n);
-    if (st == PSHARD_ERR_RANGE || (st == PSHARD_OK && n >= (size_t)ctx->params.n_ctx))
-        return core_fail(PSHARD_ERR_RANGE, "the prompt has %zu tokens but the context holds %d (raise -c)", n,
-                         ctx->params.n_ctx);
-    CORE_TRY(st);
-    if (n == 0) return core_fail(PSHARD_ERR_INVALID_ARG, "the prompt is empty");
-    *n_prompt = (int32_t)n;
     return PSHARD_OK;
 }
 
@@ -110,8 +100,10 @@ static pshard_status decode_loop(struct generation *g, double t_start) {
         if ((g->opts->n_predict >= 0 && g->stats->n_generated >= g->opts->n_predict) || ctx->n_cached >= n_ctx) break;
         const int32_t pos = ctx->n_cached;
         struct exec_batch b = {1, &token, &pos, ctx->batch_seq, NULL};
+        int32_t rope[3];
+        const struct exec_media media = {engine_vision_decode_rope(ctx, pos, rope), NULL, 0, 0};
         engine_budget_step(ctx);
-        CORE_TRY(exec_step(ctx->exec, &b));
+        CORE_TRY(exec_step_media(ctx->exec, &b, &media));
         bytes += exec_last_stats(ctx->exec)->weight_bytes_read;
         streamed += exec_last_stats(ctx->exec)->streamed_bytes;
         host_compute += exec_last_stats(ctx->exec)->host_compute_ms;
@@ -183,7 +175,7 @@ pshard_status pshard_generate(pshard_ctx *ctx, const char *prompt, const pshard_
         return core_fail(PSHARD_ERR_INVALID_ARG, "requests are running (pshard_request_add); step them to the end or cancel them first");
     const double t_start = core_now_ms();
     int32_t n_prompt = 0;
-    CORE_TRY(tokenize_prompt(ctx, prompt, opts->parse_special, &n_prompt));
+    CORE_TRY(engine_vision_prompt(ctx, prompt, opts, &n_prompt));
 
     /* Reuse the longest common prefix of the cache; at least one token must run for logits. */
     int32_t keep = 0;

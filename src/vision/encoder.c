@@ -274,8 +274,14 @@ static pshard_status scratch_alloc(struct scratch *s, const struct vision_hparam
     return PSHARD_OK;
 }
 
+static pshard_status report(const struct vision_progress *progress, uint32_t done, uint32_t total) {
+    if (progress && progress->fn && progress->fn(progress->user, done, total))
+        return core_fail(PSHARD_ERR_INVALID_ARG, "image encoding stopped after %u of %u blocks", done, total);
+    return PSHARD_OK;
+}
+
 pshard_status vision_encode(const struct mmproj *m, const struct vision_patches *p, struct threadpool *pool,
-                            struct vision_embeddings *out) {
+                            const struct vision_progress *progress, struct vision_embeddings *out) {
     memset(out, 0, sizeof *out);
     const struct vision_hparams *hp = &m->hp;
     const uint32_t e = hp->n_embd, merge2 = hp->spatial_merge * hp->spatial_merge;
@@ -287,7 +293,10 @@ pshard_status vision_encode(const struct mmproj *m, const struct vision_patches 
     pshard_status st = scratch_alloc(&r.s, hp, r.n, pool ? threadpool_size(pool) : 1);
     if (st == PSHARD_OK) st = embed(&r, p);
     if (st == PSHARD_OK) positions(hp, p, &r.s);
-    for (uint32_t il = 0; il < hp->n_layer && st == PSHARD_OK; il++) st = block(&r, il);
+    for (uint32_t il = 0; il < hp->n_layer && st == PSHARD_OK; il++) {
+        st = block(&r, il);
+        if (st == PSHARD_OK) st = report(progress, il + 1, hp->n_layer + 1);
+    }
     /* The merger: RMS norm per patch, then each 2x2 group (consecutive patches) as one 4E
      * vector through Linear, GELU (exact), Linear. */
     const uint32_t n_tokens = r.n / merge2;
@@ -300,6 +309,7 @@ pshard_status vision_encode(const struct mmproj *m, const struct vision_patches 
         if (!out->data) st = core_fail(PSHARD_ERR_NOMEM, "out of memory for %u image tokens", n_tokens);
     }
     if (st == PSHARD_OK) st = linear(&r, m->mm2_w, m->mm2_b, r.s.gate, n_tokens, out->data);
+    if (st == PSHARD_OK) st = report(progress, hp->n_layer + 1, hp->n_layer + 1);
     scratch_free(&r.s);
     if (st != PSHARD_OK) {
         vision_embeddings_free(out);

@@ -19,10 +19,17 @@ struct vision_embeddings {
 
 struct threadpool;
 
+/* Hears how far an encode got: blocks done of all (the merger counts as one more); return
+ * nonzero to stop it (the encode then fails, saying so). */
+struct vision_progress {
+    int (*fn)(void *user, uint32_t done, uint32_t total);
+    void *user;
+};
+
 /* Encode preprocessed patches (vision_preprocess with the same file's hyperparameters), on
- * `pool`'s threads, or on the caller's alone when it is NULL. */
+ * `pool`'s threads, or on the caller's alone when it is NULL; progress may be NULL. */
 pshard_status vision_encode(const struct mmproj *m, const struct vision_patches *patches, struct threadpool *pool,
-                            struct vision_embeddings *out);
+                            const struct vision_progress *progress, struct vision_embeddings *out);
 void vision_embeddings_free(struct vision_embeddings *e);
 
 /* The window (0-based, row-major over windows) a patch at (row, col) belongs to, for a grid

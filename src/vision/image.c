@@ -140,26 +140,40 @@ pshard_status vision_image_decode(const void *data, size_t size, const struct vi
     return st;
 }
 
-pshard_status vision_image_load(const char *path, const struct vision_image_limits *limits, struct vision_image *out) {
-    memset(out, 0, sizeof *out);
+pshard_status vision_image_read(const char *path, const struct vision_image_limits *limits, uint8_t **bytes,
+                                size_t *size) {
+    *bytes = NULL, *size = 0;
     const struct vision_image_limits l = limits ? *limits : vision_image_default_limits();
     FILE *f = fopen(path, "rb");
     if (!f) return core_fail(PSHARD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
     pshard_status st = PSHARD_OK;
-    uint8_t *bytes = NULL;
+    uint8_t *data = NULL;
     if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
         st = core_fail(PSHARD_ERR_IO, "%s: not a regular file", path);
     } else if ((uint64_t)sb.st_size > l.max_file_bytes) {
         st = core_fail(PSHARD_ERR_RANGE, "%s: image file is %lld bytes, more than the limit of %llu", path,
                        (long long)sb.st_size, (unsigned long long)l.max_file_bytes);
-    } else if (!(bytes = malloc(sb.st_size > 0 ? (size_t)sb.st_size : 1))) {
+    } else if (!(data = malloc(sb.st_size > 0 ? (size_t)sb.st_size : 1))) {
         st = core_fail(PSHARD_ERR_NOMEM, "%s: out of memory reading the file", path);
-    } else if (fread(bytes, 1, (size_t)sb.st_size, f) != (size_t)sb.st_size) {
+    } else if (fread(data, 1, (size_t)sb.st_size, f) != (size_t)sb.st_size) {
         st = core_fail(PSHARD_ERR_IO, "%s: read failed", path);
     }
     fclose(f);
-    if (st == PSHARD_OK) st = vision_image_decode(bytes, (size_t)sb.st_size, &l, path, out);
+    if (st != PSHARD_OK) {
+        free(data);
+        return st;
+    }
+    *bytes = data, *size = (size_t)sb.st_size;
+    return PSHARD_OK;
+}
+
+pshard_status vision_image_load(const char *path, const struct vision_image_limits *limits, struct vision_image *out) {
+    memset(out, 0, sizeof *out);
+    uint8_t *bytes;
+    size_t size;
+    CORE_TRY(vision_image_read(path, limits, &bytes, &size));
+    pshard_status st = vision_image_decode(bytes, size, limits, path, out);
     free(bytes);
     return st;
 }

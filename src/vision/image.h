@@ -45,6 +45,10 @@ enum vision_image_format vision_image_sniff(const void *data, size_t size);
 pshard_status vision_image_decode(const void *data, size_t size, const struct vision_image_limits *limits,
                                   const char *label, struct vision_image *out);
 
+/* Read a file's bytes (its size checked against the limit first); *bytes is malloc'd. */
+pshard_status vision_image_read(const char *path, const struct vision_image_limits *limits, uint8_t **bytes,
+                                size_t *size);
+
 /* Read and decode a file (its size is checked before it is read). */
 pshard_status vision_image_load(const char *path, const struct vision_image_limits *limits, struct vision_image *out);
 

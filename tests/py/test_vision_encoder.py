@@ -110,7 +110,8 @@ def pshard_encode(mmproj_path, patches, grid_h, grid_w):
     lib = ctypes.CDLL(str(LIB_PATH))
     lib.gguf_open.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
     lib.mmproj_load.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    lib.vision_encode.argtypes = [ctypes.c_void_p, ctypes.POINTER(VisionPatches), ctypes.c_void_p, ctypes.POINTER(Embeddings)]
+    lib.vision_encode.argtypes = [ctypes.c_void_p, ctypes.POINTER(VisionPatches), ctypes.c_void_p, ctypes.c_void_p,
+                                  ctypes.POINTER(Embeddings)]
     lib.gguf_close.argtypes = [ctypes.c_void_p]
     lib.mmproj_free.argtypes = [ctypes.c_void_p]
     lib.vision_embeddings_free.argtypes = [ctypes.POINTER(Embeddings)]
@@ -122,7 +123,7 @@ def pshard_encode(mmproj_path, patches, grid_h, grid_w):
     vp = VisionPatches(height=grid_h * 14, width=grid_w * 14, grid_t=1, grid_h=grid_h, grid_w=grid_w, patch_dim=1176,
                        n_patches=grid_h * grid_w, data=patches.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
     out = Embeddings()
-    assert lib.vision_encode(mmproj, ctypes.byref(vp), None, ctypes.byref(out)) == 0
+    assert lib.vision_encode(mmproj, ctypes.byref(vp), None, None, ctypes.byref(out)) == 0
     got = np.ctypeslib.as_array(out.data, shape=(out.n_tokens, out.n_embd)).astype(np.float64).copy()
     lib.vision_embeddings_free(ctypes.byref(out))
     lib.mmproj_free(mmproj)

@@ -275,6 +275,7 @@ int main(int argc, char **argv) {
     struct synth_fill_cache *cache = NULL;
     double seconds = 0;
     if (shape.arch != SYNTH_ARCH_CLIP && synth_vocab_build(&vocab, shape.n_vocab) != PSHARD_OK) goto done;
+    if (shape.arch == SYNTH_ARCH_QWEN2VL && synth_vocab_add_vision(&vocab) != PSHARD_OK) goto done;
     synth_metadata(&kv, &model, &vocab, o.seed);
     if (synth_fill_prepare(&cache, &model, o.seed) != PSHARD_OK) goto done;
     if (synth_gguf_header(&header, &kv, &model) != PSHARD_OK) goto done;

@@ -92,6 +92,9 @@ struct synth_vocab {
 };
 
 pshard_status synth_vocab_build(struct synth_vocab *vocab, uint32_t n_vocab);
+/* Qwen2-VL's control tokens around and inside an image (<|vision_start|>, <|vision_end|>,
+ * <|image_pad|>), in place of the first unused fillers. */
+pshard_status synth_vocab_add_vision(struct synth_vocab *vocab);
 void synth_vocab_free(struct synth_vocab *vocab);
 
 /* ---- GGUF bytes (gguf_write.c): a growing buffer that remembers allocation failure */

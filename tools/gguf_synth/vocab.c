@@ -323,6 +323,23 @@ pshard_status synth_vocab_build(struct synth_vocab *vocab, uint32_t n_vocab) {
     return status;
 }
 
+pshard_status synth_vocab_add_vision(struct synth_vocab *vocab) {
+    static const char *const names[] = {"<|vision_start|>", "<|vision_end|>", "<|image_pad|>"};
+    size_t done = 0;
+    for (size_t id = 0; id < vocab->n_tokens && done < sizeof names / sizeof names[0]; id++) {
+        if (vocab->types[id] != SYNTH_TOKEN_UNUSED) continue;
+        char *name = strdup(names[done]);
+        if (!name) return core_fail(PSHARD_ERR_NOMEM, "out of memory building the vocabulary");
+        free(vocab->tokens[id]);
+        vocab->tokens[id] = name;
+        vocab->types[id] = SYNTH_TOKEN_CONTROL;
+        done++;
+    }
+    if (done < sizeof names / sizeof names[0])
+        return core_fail(PSHARD_ERR_RANGE, "the vocabulary has no room for the vision tokens");
+    return PSHARD_OK;
+}
+
 void synth_vocab_free(struct synth_vocab *vocab) {
     if (vocab->tokens)
         for (size_t i = 0; i < vocab->n_tokens; i++) free(vocab->tokens[i]);

@@ -31,12 +31,17 @@ struct run_opts {
     int raw, print_ids, quiet;
     bool seed_drawn; /* --seed -1: the seed was drawn at random */
     const char *budget_file; /* --budget-file: the VRAM budget changed while it runs (cli_budget.c) */
+    const char *mmproj;      /* --mmproj: the vision encoder of a model that reads images */
+    pshard_image images[16]; /* --image, in order */
+    int32_t n_images;
 };
 /* 0: parsed; 1: help was printed; -1: bad option (message printed). */
 int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o);
 /* Open the model of o (the default model when none is given), with a progress bar on a TTY. */
 pshard_ctx *run_open_model(struct run_opts *o);
 void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *stats);
+/* Shows how far an image's encoding got, on one line of the terminal (a pshard_gen_opts on_image). */
+int run_image_progress(void *user, int32_t image, int32_t n_images, float done);
 
 /* --budget-file (cli_budget.c): the file's budget (as --vram-budget takes it) applied when the file
  * changes or on SIGUSR1, checked between tokens and prompt steps (and by chat while it waits for a

@@ -32,6 +32,9 @@ static void print_usage(FILE *out, const char *cmd) {
             "  --system TEXT           system message ('default': the one the model's chat template\n"
             "                          inserts on its own; without --system none is sent)\n"
             "  --raw                   no chat template: continue the prompt text as it is\n"
+            "  --mmproj PATH           the vision encoder (an mmproj GGUF) of a model that reads images\n"
+            "                          (qwen2vl: Qwen2.5-VL, Cosmos-Reason1)\n"
+            "%s"
             "  --no-prefault           do not read the weights in at load (pages load on first use)\n"
             "  --gpu                   run every shard on the GPU, all weights in VRAM\n"
             "  --vram-budget SIZE      VRAM pshard may use (2G, 2048M; 0: CPU only); the CUDA context is\n"
@@ -63,7 +66,10 @@ static void print_usage(FILE *out, const char *cmd) {
             "  --ignore-eos            do not stop at end-of-generation tokens (for benchmarks)\n"
             "  -q, --quiet             no load progress and no speed report\n",
             cmd, strcmp(cmd, "run") ? "" : "-p PROMPT ",
-            strcmp(cmd, "run") ? "" : "  -p, --prompt TEXT       the prompt (required)\n");
+            strcmp(cmd, "run") ? "" : "  -p, --prompt TEXT       the prompt (required)\n",
+            strcmp(cmd, "run") ? "                          (then /image PATH adds an image to your next message)\n"
+                               : "  --image PATH            a JPEG or PNG the prompt is about (needs --mmproj; up to 16,\n"
+                                 "                          each placed at a " PSHARD_IMAGE_MARKER " in the prompt, else before it)\n");
 }
 
 static int missing_value(const char *cmd, const char *opt) {
@@ -108,6 +114,14 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
             if (!o->params.plan) o->params.plan = PLAN_AUTO;
         }
         else if (!strcmp(a, "--budget-file") && v) o->budget_file = argv[++i];
+        else if (!strcmp(a, "--mmproj") && v) o->mmproj = argv[++i];
+        else if (!strcmp(a, "--image") && v && !strcmp(cmd, "run")) {
+            if (o->n_images == (int32_t)(sizeof o->images / sizeof o->images[0])) {
+                fprintf(stderr, "pshard %s: at most %zu images\n", cmd, sizeof o->images / sizeof o->images[0]);
+                return -1;
+            }
+            o->images[o->n_images++] = (pshard_image){argv[++i], NULL, 0};
+        }
         else if (!strcmp(a, "--plan") && v) {
             enum plan_family f;
             if (plan_parse_family(argv[++i], &f) != PSHARD_OK) {
@@ -168,6 +182,10 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
 #undef INT
 #undef REAL
     }
+    if (o->n_images && !o->mmproj) {
+        fprintf(stderr, "pshard %s: --image needs the model's vision encoder: --mmproj PATH\n", cmd);
+        return -1;
+    }
     if (o->seed_drawn && !o->quiet) fprintf(stderr, "seed: %" PRIu64 " (drawn at random)\n", o->gen.sampling.seed);
     return 0;
 }
@@ -191,6 +209,13 @@ static int progress_bar(void *user, uint64_t done, uint64_t total) {
 static int prompt_progress(void *user, int32_t done, int32_t total) {
     (void)user;
     if (done < total) fprintf(stderr, "\rprompt: %d of %d tokens (%d%%)\033[K", done, total, (int)(100.0 * done / total));
+    else fprintf(stderr, "\r\033[K");
+    return 0;
+}
+
+int run_image_progress(void *user, int32_t image, int32_t n_images, float done) {
+    (void)user;
+    if (done < 1.0f) fprintf(stderr, "\rencoding image %d of %d: %d%%\033[K", image + 1, n_images, (int)(100 * done));
     else fprintf(stderr, "\r\033[K");
     return 0;
 }
@@ -267,13 +292,19 @@ pshard_ctx *run_open_model(struct run_opts *o) {
     uint32_t n_ctx_train;
     if (o->params.n_ctx > 0 && o->params.n_parallel <= 1 && cli_model_context(o->model, &n_ctx_train) == 0)
         o->params.n_ctx = cli_cap_context(o->cmd, n_ctx_train, o->params.n_ctx);
-    if (!o->quiet && isatty(2)) o->params.progress = progress_bar, o->gen.on_prompt = prompt_progress;
+    if (!o->quiet && isatty(2))
+        o->params.progress = progress_bar, o->gen.on_prompt = prompt_progress, o->gen.on_image = run_image_progress;
     static struct cli_measuring measuring = {.who = "pshard", .label = "measuring this machine for the planner (once, under a minute)"};
     if (!o->quiet) o->params.profile_progress = cli_measure_progress, o->params.progress_user = &measuring;
     pshard_ctx *ctx = NULL;
     if (pshard_open(&o->params, &ctx) != PSHARD_OK) {
         cli_measure_end_line(&measuring);
         fprintf(stderr, "pshard: %s\n", pshard_last_error());
+        return NULL;
+    }
+    if (o->mmproj && pshard_vision_load(ctx, o->mmproj) != PSHARD_OK) {
+        fprintf(stderr, "pshard: %s\n", pshard_last_error());
+        pshard_close(ctx);
         return NULL;
     }
     pshard_info info;
@@ -314,6 +345,21 @@ int cmd_run(int argc, char **argv) {
     pshard_gen_stats stats;
     pshard_status st;
     const pshard_text_cb on_text = print_text;
+    /* Images the prompt does not place go before it, one marker each (as llama.cpp's CLI does). */
+    char *with_images = NULL;
+    if (o.n_images && !strstr(o.prompt, PSHARD_IMAGE_MARKER)) {
+        const size_t marker = strlen(PSHARD_IMAGE_MARKER), len = strlen(o.prompt);
+        with_images = malloc(marker * (size_t)o.n_images + len + 1);
+        if (!with_images) {
+            fprintf(stderr, "pshard: out of memory\n");
+            pshard_close(ctx);
+            return 1;
+        }
+        for (int32_t i = 0; i < o.n_images; i++) memcpy(with_images + marker * (size_t)i, PSHARD_IMAGE_MARKER, marker);
+        memcpy(with_images + marker * (size_t)o.n_images, o.prompt, len + 1);
+        o.prompt = with_images;
+    }
+    o.gen.images = o.images, o.gen.n_images = o.n_images;
     if (o.raw) {
         st = pshard_generate(ctx, o.prompt, &o.gen, on_text, &watch, &stats);
     } else {
@@ -321,6 +367,7 @@ int cmd_run(int argc, char **argv) {
         st = o.system ? pshard_chat(ctx, msgs, 2, &o.gen, on_text, &watch, &stats)
                       : pshard_chat(ctx, msgs + 1, 1, &o.gen, on_text, &watch, &stats);
     }
+    free(with_images);
     if (st != PSHARD_OK) {
         fprintf(stderr, "pshard: %s\n", pshard_last_error());
         pshard_close(ctx);

@@ -1,0 +1,371 @@
+/* Images in the one-sequence calls: the encoder attached to a context, a conversation's images
+ * kept by content, and prompts whose markers become <|vision_start|>, the image's tokens and
+ * <|vision_end|>, as llama.cpp's multimodal library lays out a Qwen2-VL prompt. */
+#include "engine/vision.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/grow.h"
+#include "core/threadpool.h"
+#include "engine/engine_internal.h"
+#include "vision/encoder.h"
+#include "vision/image.h"
+#include "vision/mmproj.h"
+#include "vision/mrope.h"
+#include "vision/preprocess.h"
+
+/* An encoded image, kept while the conversation's prompts hold it. */
+struct kept_image {
+    uint64_t hash[2];
+    size_t size;
+    int32_t key; /* what its tokens are cached as: negative, never reused */
+    uint32_t tokens_h, tokens_w;
+    struct vision_embeddings embd;
+    bool used; /* by the prompt being built */
+};
+
+/* The tokens [first, first + count) of the prompt are image `image`'s (an index into kept). */
+struct image_run {
+    int32_t first, count, image;
+};
+
+struct engine_vision {
+    struct gguf_file *file;
+    struct mmproj mmproj;
+    struct threadpool *pool;
+    int32_t id_start, id_end, id_pad; /* <|vision_start|>, <|vision_end|>, <|image_pad|>; -1: not in the vocabulary */
+    struct kept_image *kept;
+    int32_t n_kept, next_key;
+    struct image_run *runs;
+    int32_t n_runs;
+    size_t cap_kept, cap_runs;
+    int32_t *rope;       /* [3][n_ctx]: the prompt's rope positions (time, row, column) */
+    int32_t rope_shift;  /* after the prompt: a cell's position minus its rope position */
+    int32_t *step_tokens, *step_rope; /* one step's [n_batch] ids and [3][n_batch] positions */
+    struct exec_media media;          /* what that step carries */
+};
+
+void engine_vision_free(struct engine_vision *v) {
+    if (!v) return;
+    for (int32_t i = 0; i < v->n_kept; i++) vision_embeddings_free(&v->kept[i].embd);
+    free(v->kept);
+    free(v->runs);
+    free(v->rope);
+    free(v->step_tokens);
+    free(v->step_rope);
+    threadpool_free(v->pool);
+    if (v->file) mmproj_free(&v->mmproj);
+    gguf_close(v->file);
+    free(v);
+}
+
+static int32_t find_token(const struct tok *tok, const char *text) { return tok_find(tok, text, strlen(text)); }
+
+static pshard_status load(pshard_ctx *ctx, const char *path, struct engine_vision *v) {
+    const struct model_hparams *hp = &ctx->model.hp;
+    if (hp->arch != ARCH_QWEN2VL)
+        return core_fail(PSHARD_ERR_UNSUPPORTED, "%s: the model (%s) takes no images; an mmproj file goes with a qwen2vl "
+                         "model (Qwen2-VL, Qwen2.5-VL)", path, hp->arch_name);
+    struct gguf_file *file;
+    CORE_TRY(gguf_open(path, &file));
+    if (!mmproj_is_mmproj(file)) {
+        gguf_close(file);
+        return core_fail(PSHARD_ERR_FORMAT, "%s: not an mmproj file (general.architecture is not 'clip')", path);
+    }
+    pshard_status st = mmproj_load(file, &v->mmproj);
+    if (st != PSHARD_OK) {
+        gguf_close(file);
+        return st;
+    }
+    v->file = file;
+    if (v->mmproj.hp.projection_dim != hp->n_embd)
+        return core_fail(PSHARD_ERR_INVALID_ARG, "%s: its encoder gives embeddings %u wide and the model's are %u: the "
+                         "mmproj file is not this model's", path, v->mmproj.hp.projection_dim, hp->n_embd);
+    CORE_TRY(threadpool_create(ctx->params.n_threads, &v->pool));
+    v->id_start = find_token(ctx->tok, "<|vision_start|>");
+    v->id_end = find_token(ctx->tok, "<|vision_end|>");
+    v->id_pad = find_token(ctx->tok, "<|image_pad|>");
+    const size_t n_ctx = (size_t)ctx->params.n_ctx, n_batch = (size_t)ctx->params.n_batch;
+    v->rope = malloc(sizeof(int32_t) * 3 * n_ctx);
+    v->step_tokens = malloc(sizeof(int32_t) * n_batch);
+    v->step_rope = malloc(sizeof(int32_t) * 3 * n_batch);
+    if (!v->rope || !v->step_tokens || !v->step_rope) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    return PSHARD_OK;
+}
+
+pshard_status pshard_vision_load(pshard_ctx *ctx, const char *mmproj_path) {
+    if (!ctx || !mmproj_path) return core_fail(PSHARD_ERR_INVALID_ARG, "pshard_vision_load: a NULL argument");
+    struct engine_vision *v = calloc(1, sizeof *v);
+    if (!v) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    pshard_status st = load(ctx, mmproj_path, v);
+    if (st != PSHARD_OK) {
+        engine_vision_free(v);
+        return st;
+    }
+    engine_vision_free(ctx->vision);
+    ctx->vision = v;
+    return PSHARD_OK;
+}
+
+/* ---- images by content */
+
+/* Two independent 64-bit hashes of the bytes (FNV-1a, and a multiply-rotate over 8-byte words):
+ * with the size, the key an image is kept under. */
+static void content_hash(const uint8_t *p, size_t n, uint64_t h[2]) {
+    uint64_t a = 0xcbf29ce484222325ull, b = 0x9e3779b97f4a7c15ull ^ n;
+    for (size_t i = 0; i < n; i++) a = (a ^ p[i]) * 0x100000001b3ull;
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t w = 0;
+        memcpy(&w, p + i, n - i < 8 ? n - i : 8);
+        b = ((b ^ w) * 0xff51afd7ed558ccdull);
+        b = (b << 31) | (b >> 33);
+    }
+    h[0] = a, h[1] = b;
+}
+
+struct encode_progress {
+    const pshard_gen_opts *opts;
+    int32_t image, n_images;
+};
+
+static int on_blocks(void *user, uint32_t done, uint32_t total) {
+    const struct encode_progress *p = user;
+    return p->opts->on_image(p->opts->image_user, p->image, p->n_images, (float)done / (float)total);
+}
+
+/* Decode, preprocess and encode one image's bytes into kept entry `k`. */
+static pshard_status encode(struct engine_vision *v, const uint8_t *bytes, size_t size, const char *label,
+                            const struct encode_progress *progress, struct kept_image *k) {
+    struct vision_image img;
+    CORE_TRY(vision_image_decode(bytes, size, NULL, label, &img));
+    struct vision_patches patches;
+    pshard_status st = vision_preprocess(&v->mmproj.hp, &img, &patches);
+    vision_image_free(&img);
+    if (st != PSHARD_OK) return core_fail_context(st, "%s: ", label);
+    const struct vision_progress vp = {on_blocks, (void *)progress};
+    st = vision_encode(&v->mmproj, &patches, v->pool, progress->opts->on_image ? &vp : NULL, &k->embd);
+    const uint32_t merge = v->mmproj.hp.spatial_merge;
+    k->tokens_h = patches.grid_h / merge, k->tokens_w = patches.grid_w / merge;
+    vision_patches_free(&patches);
+    return st;
+}
+
+/* The bytes of image i (read from its file, or as given), under the decoder's size limit. */
+static pshard_status image_bytes(const pshard_image *im, int32_t i, uint8_t **owned, const uint8_t **bytes, size_t *size,
+                                 char *label, size_t label_size) {
+    *owned = NULL;
+    if (im->path) {
+        snprintf(label, label_size, "%s", im->path);
+        CORE_TRY(vision_image_read(im->path, NULL, owned, size));
+        *bytes = *owned;
+        return PSHARD_OK;
+    }
+    snprintf(label, label_size, "image %d", i + 1);
+    if (!im->data || !im->size) return core_fail(PSHARD_ERR_INVALID_ARG, "%s: neither a path nor bytes", label);
+    if (im->size > VISION_IMAGE_MAX_FILE_BYTES)
+        return core_fail(PSHARD_ERR_RANGE, "%s: %zu bytes, more than the limit of %d", label, im->size,
+                         (int)VISION_IMAGE_MAX_FILE_BYTES);
+    *bytes = im->data, *size = im->size;
+    return PSHARD_OK;
+}
+
+/* The kept entry of each of the call's images (which[i]), encoding those not kept; entries no
+ * image of this prompt uses are dropped first (the conversation moved on). */
+static pshard_status gather_images(struct engine_vision *v, const pshard_gen_opts *opts, int32_t *which) {
+    const int32_t n = opts->n_images;
+    uint64_t(*hashes)[2] = malloc(sizeof *hashes * (size_t)n);
+    size_t *sizes = malloc(sizeof *sizes * (size_t)n);
+    if (!hashes || !sizes) {
+        free(hashes), free(sizes);
+        return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    }
+    pshard_status st = PSHARD_OK;
+    for (int32_t k = 0; k < v->n_kept; k++) v->kept[k].used = false;
+    char label[512];
+    for (int32_t i = 0; i < n && st == PSHARD_OK; i++) {
+        uint8_t *owned;
+        const uint8_t *bytes;
+        st = image_bytes(&opts->images[i], i, &owned, &bytes, &sizes[i], label, sizeof label);
+        if (st != PSHARD_OK) break;
+        content_hash(bytes, sizes[i], hashes[i]);
+        free(owned);
+        for (int32_t k = 0; k < v->n_kept; k++)
+            if (v->kept[k].size == sizes[i] && !memcmp(v->kept[k].hash, hashes[i], sizeof hashes[i])) v->kept[k].used = true;
+    }
+    int32_t live = 0; /* drop what this prompt does not hold */
+    for (int32_t k = 0; st == PSHARD_OK && k < v->n_kept; k++) {
+        if (v->kept[k].used) v->kept[live++] = v->kept[k];
+        else vision_embeddings_free(&v->kept[k].embd);
+    }
+    if (st == PSHARD_OK) v->n_kept = live;
+    for (int32_t i = 0; i < n && st == PSHARD_OK; i++) {
+        which[i] = -1;
+        for (int32_t k = 0; k < v->n_kept && which[i] < 0; k++)
+            if (v->kept[k].size == sizes[i] && !memcmp(v->kept[k].hash, hashes[i], sizeof hashes[i])) which[i] = k;
+        if (which[i] >= 0) continue;
+        st = core_grow((void **)&v->kept, &v->cap_kept, (size_t)v->n_kept + 1, sizeof *v->kept);
+        if (st != PSHARD_OK) break;
+        uint8_t *owned;
+        const uint8_t *bytes;
+        size_t size;
+        st = image_bytes(&opts->images[i], i, &owned, &bytes, &size, label, sizeof label);
+        struct kept_image *k = &v->kept[v->n_kept];
+        memset(k, 0, sizeof *k);
+        const struct encode_progress progress = {opts, i, n};
+        if (st == PSHARD_OK) st = encode(v, bytes, size, label, &progress, k);
+        free(owned);
+        if (st != PSHARD_OK) break;
+        memcpy(k->hash, hashes[i], sizeof k->hash);
+        k->size = sizes[i];
+        k->key = -(++v->next_key);
+        k->used = true;
+        which[i] = v->n_kept++;
+    }
+    free(hashes), free(sizes);
+    return st;
+}
+
+/* ---- the prompt */
+
+static int32_t count_markers(const char *s) {
+    int32_t n = 0;
+    for (const char *at = strstr(s, PSHARD_IMAGE_MARKER); at; at = strstr(at + strlen(PSHARD_IMAGE_MARKER), PSHARD_IMAGE_MARKER)) n++;
+    return n;
+}
+
+/* Append the tokens of text[0, len) to ctx->prompt at *n. */
+static pshard_status append_text(pshard_ctx *ctx, const char *text, size_t len, int flags, int32_t *n) {
+    size_t got = 0;
+    pshard_status st = tok_encode_into(ctx->tok, text, len, flags, ctx->prompt + *n, (size_t)(ctx->params.n_ctx - *n), &got);
+    if (st == PSHARD_ERR_RANGE || (st == PSHARD_OK && *n + (int64_t)got >= ctx->params.n_ctx))
+        return core_fail(PSHARD_ERR_RANGE, "the prompt has more tokens than the context holds (%d; raise -c)",
+                         ctx->params.n_ctx);
+    CORE_TRY(st);
+    *n += (int32_t)got;
+    return PSHARD_OK;
+}
+
+/* A vision control token: its id, or its text where the vocabulary lacks it (as llama.cpp reads it). */
+static pshard_status append_control(pshard_ctx *ctx, int32_t id, const char *text, int32_t *n) {
+    if (id < 0) return append_text(ctx, text, strlen(text), 0, n);
+    if (*n + 1 >= ctx->params.n_ctx)
+        return core_fail(PSHARD_ERR_RANGE, "the prompt has more tokens than the context holds (%d; raise -c)", ctx->params.n_ctx);
+    ctx->prompt[(*n)++] = id;
+    return PSHARD_OK;
+}
+
+/* Every prompt token's (time, row, column): text counts on by one, an image's tokens take their
+ * grid's positions from where it starts and the text after it goes on past the grid's longer side. */
+static void rope_positions(struct engine_vision *v, int32_t n_prompt, int32_t n_ctx) {
+    int32_t next = 0, r = 0;
+    for (int32_t i = 0; i < n_prompt;) {
+        if (r < v->n_runs && v->runs[r].first == i) {
+            const struct kept_image *k = &v->kept[v->runs[r].image];
+            next = (int32_t)vision_mrope_image_positions(k->tokens_h, k->tokens_w, (uint32_t)next, (uint32_t *)v->rope + i,
+                                                         (uint32_t *)v->rope + n_ctx + i, (uint32_t *)v->rope + 2 * n_ctx + i);
+            i += v->runs[r++].count;
+            continue;
+        }
+        v->rope[i] = v->rope[n_ctx + i] = v->rope[2 * n_ctx + i] = next++;
+        i++;
+    }
+    v->rope_shift = n_prompt - next;
+}
+
+static pshard_status build(pshard_ctx *ctx, const char *prompt, const pshard_gen_opts *opts, const int32_t *which,
+                           int32_t *n_prompt) {
+    struct engine_vision *v = ctx->vision;
+    const int flags = opts->parse_special ? TOK_PARSE_SPECIAL : 0;
+    const size_t marker_len = strlen(PSHARD_IMAGE_MARKER);
+    int32_t n = 0;
+    v->n_runs = 0;
+    const char *text = prompt;
+    for (int32_t i = 0; i <= opts->n_images; i++) {
+        const char *end = i < opts->n_images ? strstr(text, PSHARD_IMAGE_MARKER) : text + strlen(text);
+        CORE_TRY(append_text(ctx, text, (size_t)(end - text), flags | (i == 0 ? TOK_ADD_SPECIAL : 0), &n));
+        if (i == opts->n_images) break;
+        const struct kept_image *k = &v->kept[which[i]];
+        CORE_TRY(append_control(ctx, v->id_start, "<|vision_start|>", &n));
+        const int32_t count = (int32_t)(k->tokens_h * k->tokens_w);
+        if ((int64_t)n + count + 1 >= ctx->params.n_ctx)
+            return core_fail(PSHARD_ERR_RANGE, "image %d takes %d tokens and the context (%d) is full (raise -c)", i + 1,
+                             count, ctx->params.n_ctx);
+        CORE_TRY(core_grow((void **)&v->runs, &v->cap_runs, (size_t)v->n_runs + 1, sizeof *v->runs));
+        v->runs[v->n_runs++] = (struct image_run){n, count, which[i]};
+        for (int32_t t = 0; t < count; t++) ctx->prompt[n++] = k->key;
+        CORE_TRY(append_control(ctx, v->id_end, "<|vision_end|>", &n));
+        text = end + marker_len;
+    }
+    if (n == 0) return core_fail(PSHARD_ERR_INVALID_ARG, "the prompt is empty");
+    rope_positions(v, n, ctx->params.n_ctx);
+    *n_prompt = n;
+    return PSHARD_OK;
+}
+
+pshard_status engine_vision_prompt(pshard_ctx *ctx, const char *prompt, const pshard_gen_opts *opts, int32_t *n_prompt) {
+    struct engine_vision *v = ctx->vision;
+    if (opts->n_images < 0 || (opts->n_images > 0 && !opts->images))
+        return core_fail(PSHARD_ERR_INVALID_ARG, "%d images and %s list of them", opts->n_images, opts->images ? "a" : "no");
+    if (opts->n_images > 0 && !v)
+        return core_fail(PSHARD_ERR_INVALID_ARG, "images need the model's vision encoder: load its mmproj file (--mmproj)");
+    if (!v) { /* no encoder: the prompt's plain tokens (a marker there is text) */
+        int32_t n = 0;
+        CORE_TRY(append_text(ctx, prompt, strlen(prompt), TOK_ADD_SPECIAL | (opts->parse_special ? TOK_PARSE_SPECIAL : 0), &n));
+        if (n == 0) return core_fail(PSHARD_ERR_INVALID_ARG, "the prompt is empty");
+        *n_prompt = n;
+        return PSHARD_OK;
+    }
+    const int32_t markers = count_markers(prompt);
+    if (markers != opts->n_images)
+        return core_fail(PSHARD_ERR_INVALID_ARG, "the prompt has %d image marker%s (%s) and %d image%s came with it", markers,
+                         markers == 1 ? "" : "s", PSHARD_IMAGE_MARKER, opts->n_images, opts->n_images == 1 ? "" : "s");
+    int32_t *which = malloc(sizeof(int32_t) * (size_t)(opts->n_images ? opts->n_images : 1));
+    if (!which) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    pshard_status st = gather_images(v, opts, which);
+    if (st == PSHARD_OK) st = build(ctx, prompt, opts, which, n_prompt);
+    free(which);
+    if (st != PSHARD_OK) v->n_runs = 0, v->rope_shift = 0;
+    return st;
+}
+
+const struct exec_media *engine_vision_prompt_step(pshard_ctx *ctx, int32_t start, struct exec_batch *b) {
+    struct engine_vision *v = ctx->vision;
+    if (!v || v->n_runs == 0) return NULL;
+    int32_t m = b->n_tokens;
+    const struct image_run *run = NULL;
+    for (int32_t r = 0; r < v->n_runs; r++) {
+        const struct image_run *x = &v->runs[r];
+        if (x->first + x->count <= start || x->first >= start + m) continue;
+        if (run) { /* a second image: the step ends where it starts */
+            m = x->first - start;
+            break;
+        }
+        run = x;
+    }
+    const int32_t n_ctx = ctx->params.n_ctx;
+    for (int32_t i = 0; i < m; i++) {
+        const int32_t id = ctx->prompt[start + i];
+        v->step_tokens[i] = id >= 0 ? id : v->id_pad >= 0 ? v->id_pad : 0;
+    }
+    for (int a = 0; a < 3; a++) memcpy(v->step_rope + a * m, v->rope + a * n_ctx + start, sizeof(int32_t) * (size_t)m);
+    b->n_tokens = m;
+    b->tokens = v->step_tokens;
+    v->media = (struct exec_media){v->step_rope, NULL, 0, 0};
+    if (run) {
+        const int32_t first = run->first > start ? run->first : start;
+        const int32_t end = run->first + run->count < start + m ? run->first + run->count : start + m;
+        v->media.embd = v->kept[run->image].embd.data + (size_t)(first - run->first) * v->mmproj.hp.projection_dim;
+        v->media.embd_first = first - start;
+        v->media.embd_count = end - first;
+    }
+    return &v->media;
+}
+
+const int32_t *engine_vision_decode_rope(const pshard_ctx *ctx, int32_t pos, int32_t out[3]) {
+    const struct engine_vision *v = ctx->vision;
+    if (!v || v->rope_shift == 0) return NULL;
+    out[0] = out[1] = out[2] = pos - v->rope_shift;
+    return out;
+}

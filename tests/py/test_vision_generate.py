@@ -1,0 +1,128 @@
+"""Prompts with images on gguf-synth's tiny Qwen2.5-VL pair, against llama.cpp's multimodal
+library (llama-cpp-python's mtmd bindings): the same greedy tokens for a text-only prompt and for
+prompts with one and two images (M-RoPE positions, <|vision_start|> ... <|vision_end|>, the
+encoder's embeddings in place of token rows). Random weights make near ties: tokens are compared
+up to the first step whose top two logits in llama.cpp are closer than 0.01 (at least 4 tokens
+each time). And the errors `pshard run` gives for images it cannot take."""
+import ctypes
+import os
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import BUILD, run_pshard
+from llama_cpp_plain import plain_cpu_kernels  # noqa: F401 (autouse: AMX kernels crash)
+
+Image = pytest.importorskip("PIL.Image")
+SYNTH = os.path.join(BUILD, "gguf-synth")
+N = 12
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("vlm")
+    for shape in ("tiny-qwen25vl", "tiny-qwen25vl-mmproj"):
+        subprocess.run([SYNTH, "--shape", shape, "-o", str(d / f"{shape}.gguf"), "--quiet"], check=True)
+    rng = np.random.default_rng(3)
+    Image.fromarray(rng.integers(0, 256, size=(196, 308, 3), dtype=np.uint8)).save(d / "a.png")
+    Image.fromarray(rng.integers(0, 256, size=(120, 90, 3), dtype=np.uint8)).save(d / "b.png")
+    return d
+
+
+def pshard_ids(files, prompt, images):
+    args = ["run", "-m", str(files / "tiny-qwen25vl.gguf"), "--raw", "--temp", "0", "-n", str(N), "--ids", "-q",
+            "-t", "2", "-p", prompt]
+    if images:
+        args += ["--mmproj", str(files / "tiny-qwen25vl-mmproj.gguf")]
+        for im in images:
+            args += ["--image", str(files / im)]
+    out = run_pshard(*args).stdout
+    return [int(x) for x in re.search(r"^ids:(.*)$", out, re.M).group(1).split()]
+
+
+def llama_cpp_ids(files, prompt, images):
+    """Greedy tokens and each step's margin between the top two logits, from llama.cpp."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    import llama_cpp.llama_cpp as low
+    from llama_cpp import mtmd_cpp as mt
+
+    model = llama_cpp.Llama(model_path=str(files / "tiny-qwen25vl.gguf"), n_ctx=512, n_batch=512, verbose=False,
+                            n_threads=2)
+    params = mt.mtmd_context_params_default()
+    params.use_gpu, params.n_threads, params.print_timings = False, 2, False
+    ctx = mt.mtmd_init_from_file(str(files / "tiny-qwen25vl-mmproj.gguf").encode(), model.model, params)
+    assert ctx
+    try:
+        pixels = [np.ascontiguousarray(np.asarray(Image.open(files / im).convert("RGB"))) for im in images]
+        bitmaps = [mt.mtmd_bitmap_init(p.shape[1], p.shape[0], p.ctypes.data_as(ctypes.POINTER(ctypes.c_ubyte)))
+                   for p in pixels]
+        chunks = mt.mtmd_input_chunks_init()
+        text = prompt.replace("<__image__>", "<__media__>").encode()
+        t = mt.mtmd_input_text()
+        t.text, t.text_len, t.add_special, t.parse_special = text, len(text), True, True
+        array = (mt.mtmd_bitmap_p_ctypes * max(1, len(bitmaps)))(*bitmaps)
+        assert mt.mtmd_tokenize(ctx, chunks, ctypes.byref(t), array, len(bitmaps)) == 0
+        n_past = low.llama_pos(0)
+        assert mt.mtmd_helper_eval_chunks(ctx, model.ctx, chunks, 0, 0, 512, True, ctypes.byref(n_past)) == 0
+        ids, margins = [], []
+        for _ in range(N):
+            logits = np.ctypeslib.as_array(low.llama_get_logits_ith(model.ctx, -1), shape=(model.n_vocab(),))
+            top = np.sort(logits)
+            ids.append(int(logits.argmax()))
+            margins.append(float(top[-1] - top[-2]))
+            one = (low.llama_token * 1)(ids[-1])
+            assert low.llama_decode(model.ctx, low.llama_batch_get_one(one, 1)) == 0
+        mt.mtmd_input_chunks_free(chunks)
+        for b in bitmaps:
+            mt.mtmd_bitmap_free(b)
+    finally:
+        mt.mtmd_free(ctx)
+    return ids, margins
+
+
+@pytest.mark.parametrize("prompt,images", [
+    ("The quick brown fox jumps over the lazy dog.", []),
+    ("<__image__>Describe: ", ["a.png"]),
+    ("Compare <__image__> with <__image__> and say", ["a.png", "b.png"]),
+])
+def test_greedy_tokens_match_llama_cpp(files, prompt, images):
+    ours = pshard_ids(files, prompt, images)
+    theirs, margins = llama_cpp_ids(files, prompt, images)
+    robust = next((i for i, m in enumerate(margins) if m < 0.01), N)
+    assert robust >= 4, f"llama.cpp's step {robust} is a near tie; pick another case ({margins})"
+    assert ours[:robust] == theirs[:robust], (ours, theirs, margins)
+
+
+def test_the_image_matters(files):
+    """The same prompt with another image gives other tokens (the embeddings reach the model)."""
+    assert pshard_ids(files, "<__image__>Describe: ", ["a.png"]) != pshard_ids(files, "<__image__>Describe: ", ["b.png"])
+
+
+def test_clear_errors(files, tmp_path):
+    lm, mmproj = str(files / "tiny-qwen25vl.gguf"), str(files / "tiny-qwen25vl-mmproj.gguf")
+    proc = run_pshard("run", "-m", lm, "--image", str(files / "a.png"), "-p", "x", check=False)
+    assert proc.returncode == 2 and "--mmproj" in proc.stderr
+    proc = run_pshard("run", "-m", lm, "--mmproj", mmproj, "--image", str(tmp_path / "none.png"), "-p", "x", check=False)
+    assert proc.returncode == 1 and "none.png" in proc.stderr and "cannot open" in proc.stderr
+    Image.new("RGB", (16385, 1)).save(tmp_path / "wide.png")
+    proc = run_pshard("run", "-m", lm, "--mmproj", mmproj, "--image", str(tmp_path / "wide.png"), "-p", "x", check=False)
+    assert proc.returncode == 1 and "16384" in proc.stderr
+    (tmp_path / "junk.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)
+    proc = run_pshard("run", "-m", lm, "--mmproj", mmproj, "--image", str(tmp_path / "junk.png"), "-p", "x", check=False)
+    assert proc.returncode == 1 and "junk.png" in proc.stderr
+    # an mmproj whose output width is not the model's (the 7B encoder, header only)
+    big = tmp_path / "big-mmproj.gguf"
+    subprocess.run([SYNTH, "--shape", "qwen25vl7b-mmproj", "-o", str(big), "--quiet", "--header-only"], check=True)
+    proc = run_pshard("run", "-m", lm, "--mmproj", str(big), "-p", "x", check=False)
+    assert proc.returncode == 1 and "3584" in proc.stderr and "256" in proc.stderr
+    # a model that takes no images
+    llama = tmp_path / "llama.gguf"
+    subprocess.run([SYNTH, "--shape", "tiny-llama", "-o", str(llama), "--quiet"], check=True)
+    proc = run_pshard("run", "-m", str(llama), "--mmproj", mmproj, "-p", "x", check=False)
+    assert proc.returncode == 1 and "takes no images" in proc.stderr
+    # more markers than images
+    proc = run_pshard("run", "-m", lm, "--mmproj", mmproj, "--image", str(files / "a.png"), "--raw", "-n", "1",
+                      "-p", "<__image__> and <__image__>", check=False)
+    assert proc.returncode == 1 and "2 image markers" in proc.stderr
