@@ -126,3 +126,22 @@ def test_clear_errors(files, tmp_path):
     proc = run_pshard("run", "-m", lm, "--mmproj", mmproj, "--image", str(files / "a.png"), "--raw", "-n", "1",
                       "-p", "<__image__> and <__image__>", check=False)
     assert proc.returncode == 1 and "2 image markers" in proc.stderr
+
+
+def test_chat_image_command(files):
+    """/image PATH in pshard chat: the image goes with the next message; the next turn reuses the
+    cells of everything before it, the image's included (its prompt is only the new turn)."""
+    lm, mmproj = str(files / "tiny-qwen25vl.gguf"), str(files / "tiny-qwen25vl-mmproj.gguf")
+    stdin = f"/image {files / 'a.png'}\nDescribe it\nAnd again\n/image {files / 'none.png'}\n/quit\n"
+    proc = subprocess.run([os.path.join(BUILD, "pshard"), "chat", "-m", lm, "--mmproj", mmproj, "--temp", "0", "-n", "4",
+                           "-t", "2"], input=stdin.encode(), capture_output=True, timeout=300)
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err
+    assert "(1 image for your next message)" in err
+    turns = [(int(a), int(b)) for a, b in re.findall(r"prompt: (\d+) tokens \((\d+) reused\)", err)]
+    assert len(turns) == 2 and turns[0][1] == 0
+    assert turns[0][0] > 77 and turns[1][1] > 77 and turns[1][0] < 20  # the 11x7-token image is not read again
+    assert "none.png: cannot read" in err
+    proc = subprocess.run([os.path.join(BUILD, "pshard"), "chat", "-m", lm, "-n", "1"],
+                          input=f"/image {files / 'a.png'}\n/quit\n".encode(), capture_output=True, timeout=300)
+    assert "--mmproj" in proc.stderr.decode()

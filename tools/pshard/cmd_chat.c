@@ -96,6 +96,7 @@ static const struct chat_command {
 } chat_commands[] = {
     {"/help", "list these commands"},
     {"/reset", "start the conversation again (the system message stays)"},
+    {"/image", "PATH: an image (JPEG, PNG) for your next message (needs --mmproj)"},
     {"/quit", "end the chat (also /exit, Ctrl-D, or Ctrl-C at the prompt)"},
 };
 
@@ -106,6 +107,49 @@ static void print_commands(void) {
                     "  A line starting with // is sent with one / (for text that starts with a slash).\n");
 }
 
+/* The conversation's images: [0, attached) belong to messages sent (whose text holds a marker for
+ * each, in order), the rest wait for the next message. */
+struct images {
+    pshard_image list[64];
+    char *paths[64];
+    int32_t n, attached;
+};
+
+static void images_drop(struct images *im, int32_t keep) {
+    while (im->n > keep) free(im->paths[--im->n]);
+    if (im->attached > keep) im->attached = keep;
+}
+
+/* /image PATH: queued for the next message. */
+static void image_command(struct images *im, const char *arg, bool have_encoder) {
+    arg += strspn(arg, " \t");
+    if (!have_encoder) {
+        fprintf(stderr, "images need the model's vision encoder: start the chat with --mmproj PATH\n");
+    } else if (!*arg) {
+        fprintf(stderr, "/image needs a path\n");
+    } else if (access(arg, R_OK) != 0) {
+        fprintf(stderr, "%s: cannot read: %s\n", arg, strerror(errno));
+    } else if (im->n == (int32_t)(sizeof im->list / sizeof im->list[0])) {
+        fprintf(stderr, "a conversation holds at most %zu images (/reset starts again)\n", sizeof im->list / sizeof im->list[0]);
+    } else if (!(im->paths[im->n] = strdup(arg))) {
+        fprintf(stderr, "pshard: out of memory\n");
+    } else {
+        im->list[im->n] = (pshard_image){im->paths[im->n], NULL, 0};
+        im->n++;
+        fprintf(stderr, "(%d image%s for your next message)\n", im->n - im->attached, im->n - im->attached == 1 ? "" : "s");
+    }
+}
+
+/* The message's text with a marker before it for each waiting image, malloc'd. */
+static char *with_markers(const char *text, int32_t n_markers) {
+    const size_t marker = strlen(PSHARD_IMAGE_MARKER), len = strlen(text);
+    char *out = malloc(marker * (size_t)n_markers + len + 1);
+    if (!out) return NULL;
+    for (int32_t i = 0; i < n_markers; i++) memcpy(out + marker * (size_t)i, PSHARD_IMAGE_MARKER, marker);
+    memcpy(out + marker * (size_t)n_markers, text, len + 1);
+    return out;
+}
+
 int cmd_chat(int argc, char **argv) {
     struct run_opts o;
     int rc = run_parse_args(argc, argv, "chat", &o);
@@ -113,6 +157,7 @@ int cmd_chat(int argc, char **argv) {
     pshard_ctx *ctx = run_open_model(&o);
     if (!ctx) return 1;
     struct history h = {0};
+    static struct images im; /* (large: off the stack) */
     size_t base = 0;
     if (o.system) {
         if (history_add(&h, "system", o.system)) goto oom;
@@ -157,18 +202,31 @@ int cmd_chat(int argc, char **argv) {
                 print_commands();
             } else if (word == 6 && !strncmp(line, "/reset", 6)) {
                 history_clear(&h, base);
+                images_drop(&im, 0);
                 fprintf(stderr, "(conversation cleared)\n");
+            } else if (word == 6 && !strncmp(line, "/image", 6)) {
+                image_command(&im, line + 6, o.mmproj != NULL);
             } else {
                 fprintf(stderr, "unknown command '%.*s'; /help lists the commands\n", (int)word, line);
             }
             continue;
         }
-        if (history_add(&h, "user", text)) goto oom;
+        char *marked = with_markers(text, im.n - im.attached);
+        if (!marked || history_add(&h, "user", marked)) {
+            free(marked);
+            goto oom;
+        }
+        free(marked);
+        const int32_t attached_before = im.attached;
+        im.attached = im.n;
+        o.gen.images = im.list, o.gen.n_images = im.n;
         struct reply r = {.silent = o.gen.n_predict == 0, .watch = &budget};
         pshard_gen_stats stats;
         if (pshard_chat(ctx, h.msgs, h.n, &o.gen, on_text, &r, &stats) != PSHARD_OK) {
             if (interrupted) fprintf(stderr, "(stopped)\n");
             else fprintf(stderr, "\npshard: %s\n", pshard_last_error());
+            if (im.n > attached_before) fprintf(stderr, "(the message's images are dropped too)\n");
+            images_drop(&im, attached_before);
             history_clear(&h, h.n - 1);
             free(r.text);
             continue;
@@ -181,12 +239,14 @@ int cmd_chat(int argc, char **argv) {
         if (!o.quiet && !r.silent) run_print_stats(ctx, &stats);
     }
     history_clear(&h, 0);
+    images_drop(&im, 0);
     free(h.msgs);
     free(h.owned);
     pshard_close(ctx);
     return 0;
 oom:
     fprintf(stderr, "pshard: out of memory\n");
+    images_drop(&im, 0);
     history_clear(&h, 0);
     free(h.msgs);
     free(h.owned);
