@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Prompts with images on the GPU compute the CPU's function: gguf-synth's tiny Qwen2.5-VL pair
+(language model in F32, so the two differ only by summation order), a text prompt, one image and
+two images, greedy tokens of every shard on the GPU (--gpu), of the GPU plan under a budget that
+streams, and of the automatic plan, each equal to the CPU's for the first 8 tokens (M-RoPE
+tables on the device, the image steps' embeddings placed on the host, decode steps after an
+image replayed with rope positions behind their cells). Exits 0 with a "skipped" line where no
+GPU exists.
+Usage: tests/device/test_vision_gpu.py BUILD_DIR"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build")
+PSHARD = os.path.join(BUILD, "pshard")
+SYNTH = os.path.join(BUILD, "gguf-synth")
+N, SAME = 16, 8
+failures = []
+
+
+def check(ok, what):
+    print(("PASS " if ok else "FAIL ") + what)
+    if not ok:
+        failures.append(what)
+
+
+def ids(tmp, prompt, images, placement):
+    args = [PSHARD, "run", "-m", os.path.join(tmp, "lm.gguf"), "--raw", "--temp", "0", "-n", str(N), "--ids", "-q",
+            "-p", prompt, *placement]
+    if images:
+        args += ["--mmproj", os.path.join(tmp, "mmproj.gguf")]
+        for im in images:
+            args += ["--image", os.path.join(tmp, im)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        return None, proc.stderr
+    return [int(x) for x in re.search(r"^ids:(.*)$", proc.stdout, re.M).group(1).split()], proc.stderr
+
+
+def write_png(path, height, width, seed):
+    """A random RGB PNG, written with zlib alone (no imaging library needed on the device)."""
+    import struct
+    import zlib
+    rows = np.random.default_rng(seed).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+    raw = b"".join(b"\0" + rows[r].tobytes() for r in range(height))
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xffffffff)
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) +
+                chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([SYNTH, "--shape", "tiny-qwen25vl", "--type", "F32", "-o", os.path.join(tmp, "lm.gguf"), "--quiet"],
+                       check=True)
+        subprocess.run([SYNTH, "--shape", "tiny-qwen25vl-mmproj", "-o", os.path.join(tmp, "mmproj.gguf"), "--quiet"],
+                       check=True)
+        write_png(os.path.join(tmp, "a.png"), 196, 308, 3)
+        write_png(os.path.join(tmp, "b.png"), 120, 90, 4)
+        _, err = ids(tmp, "x", [], ["--gpu"])
+        if "no CUDA device" in err:
+            print("no CUDA device: skipped")
+            return 0
+        cases = [("The quick brown fox jumps over the lazy dog.", []), ("<__image__>Describe: ", ["a.png"]),
+                 ("Compare <__image__> with <__image__> and say", ["a.png", "b.png"])]
+        placements = {"--gpu": ["--gpu"], "gpu plan, 24M budget (streamed)": ["--plan", "gpu", "--vram-budget", "24M"],
+                      "auto, 24M budget": ["--vram-budget", "24M", "--no-profile"]}
+        for prompt, images in cases:
+            cpu, err = ids(tmp, prompt, images, [])
+            if cpu is None:
+                check(False, "%d image(s), CPU: %s" % (len(images), err.strip()))
+                continue
+            for name, placement in placements.items():
+                gpu, err = ids(tmp, prompt, images, placement)
+                check(gpu is not None and gpu[:SAME] == cpu[:SAME],
+                      "%d image(s), %s: first %d greedy tokens as the CPU's (%s vs %s)%s" %
+                      (len(images), name, SAME, gpu, cpu, "" if gpu is not None else ": " + err.strip()))
+    print("%d failed" % len(failures))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
