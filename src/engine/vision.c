@@ -175,8 +175,8 @@ static pshard_status image_bytes(const pshard_image *im, int32_t i, uint8_t **ow
  * image of this prompt uses are dropped first (the conversation moved on). */
 static pshard_status gather_images(struct engine_vision *v, const pshard_gen_opts *opts, int32_t *which) {
     const int32_t n = opts->n_images;
-    uint64_t(*hashes)[2] = malloc(sizeof *hashes * (size_t)n);
-    size_t *sizes = malloc(sizeof *sizes * (size_t)n);
+    uint64_t(*hashes)[2] = malloc(sizeof *hashes * (size_t)(n ? n : 1));
+    size_t *sizes = malloc(sizeof *sizes * (size_t)(n ? n : 1));
     if (!hashes || !sizes) {
         free(hashes), free(sizes);
         return core_fail(PSHARD_ERR_NOMEM, "out of memory");

@@ -31,10 +31,10 @@ def files(tmp_path_factory):
     return d
 
 
-def pshard_ids(files, prompt, images):
+def pshard_ids(files, prompt, images, encoder=False):
     args = ["run", "-m", str(files / "tiny-qwen25vl.gguf"), "--raw", "--temp", "0", "-n", str(N), "--ids", "-q",
             "-t", "2", "-p", prompt]
-    if images:
+    if images or encoder:
         args += ["--mmproj", str(files / "tiny-qwen25vl-mmproj.gguf")]
         for im in images:
             args += ["--image", str(files / im)]
@@ -93,6 +93,11 @@ def test_greedy_tokens_match_llama_cpp(files, prompt, images):
     robust = next((i for i, m in enumerate(margins) if m < 0.01), N)
     assert robust >= 4, f"llama.cpp's step {robust} is a near tie; pick another case ({margins})"
     assert ours[:robust] == theirs[:robust], (ours, theirs, margins)
+
+
+def test_text_alone_with_the_encoder_loaded(files):
+    prompt = "The quick brown fox jumps over the lazy dog."
+    assert pshard_ids(files, prompt, [], encoder=True) == pshard_ids(files, prompt, [])
 
 
 def test_the_image_matters(files):
