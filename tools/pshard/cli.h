@@ -42,6 +42,8 @@ pshard_ctx *run_open_model(struct run_opts *o);
 void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *stats);
 /* Shows how far an image's encoding got, on one line of the terminal (a pshard_gen_opts on_image). */
 int run_image_progress(void *user, int32_t image, int32_t n_images, float done);
+/* text with n image markers (PSHARD_IMAGE_MARKER) before it, malloc'd; NULL when out of memory. */
+char *cli_with_image_markers(const char *text, int32_t n);
 
 /* --budget-file (cli_budget.c): the file's budget (as --vram-budget takes it) applied when the file
  * changes or on SIGUSR1, checked between tokens and prompt steps (and by chat while it waits for a

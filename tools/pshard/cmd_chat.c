@@ -140,16 +140,6 @@ static void image_command(struct images *im, const char *arg, bool have_encoder)
     }
 }
 
-/* The message's text with a marker before it for each waiting image, malloc'd. */
-static char *with_markers(const char *text, int32_t n_markers) {
-    const size_t marker = strlen(PSHARD_IMAGE_MARKER), len = strlen(text);
-    char *out = malloc(marker * (size_t)n_markers + len + 1);
-    if (!out) return NULL;
-    for (int32_t i = 0; i < n_markers; i++) memcpy(out + marker * (size_t)i, PSHARD_IMAGE_MARKER, marker);
-    memcpy(out + marker * (size_t)n_markers, text, len + 1);
-    return out;
-}
-
 int cmd_chat(int argc, char **argv) {
     struct run_opts o;
     int rc = run_parse_args(argc, argv, "chat", &o);
@@ -211,7 +201,7 @@ int cmd_chat(int argc, char **argv) {
             }
             continue;
         }
-        char *marked = with_markers(text, im.n - im.attached);
+        char *marked = cli_with_image_markers(text, im.n - im.attached);
         if (!marked || history_add(&h, "user", marked)) {
             free(marked);
             goto oom;

@@ -220,6 +220,15 @@ int run_image_progress(void *user, int32_t image, int32_t n_images, float done) 
     return 0;
 }
 
+char *cli_with_image_markers(const char *text, int32_t n) {
+    const size_t marker = strlen(PSHARD_IMAGE_MARKER), len = strlen(text);
+    char *out = malloc(marker * (size_t)n + len + 1);
+    if (!out) return NULL;
+    for (int32_t i = 0; i < n; i++) memcpy(out + marker * (size_t)i, PSHARD_IMAGE_MARKER, marker);
+    memcpy(out + marker * (size_t)n, text, len + 1);
+    return out;
+}
+
 static int print_text(void *user, const char *text, size_t len) {
     struct cli_budget_watch *watch = user;
     fwrite(text, 1, len, stdout);
@@ -348,15 +357,11 @@ int cmd_run(int argc, char **argv) {
     /* Images the prompt does not place go before it, one marker each (as llama.cpp's CLI does). */
     char *with_images = NULL;
     if (o.n_images && !strstr(o.prompt, PSHARD_IMAGE_MARKER)) {
-        const size_t marker = strlen(PSHARD_IMAGE_MARKER), len = strlen(o.prompt);
-        with_images = malloc(marker * (size_t)o.n_images + len + 1);
-        if (!with_images) {
+        if (!(with_images = cli_with_image_markers(o.prompt, o.n_images))) {
             fprintf(stderr, "pshard: out of memory\n");
             pshard_close(ctx);
             return 1;
         }
-        for (int32_t i = 0; i < o.n_images; i++) memcpy(with_images + marker * (size_t)i, PSHARD_IMAGE_MARKER, marker);
-        memcpy(with_images + marker * (size_t)o.n_images, o.prompt, len + 1);
         o.prompt = with_images;
     }
     o.gen.images = o.images, o.gen.n_images = o.n_images;
