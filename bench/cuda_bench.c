@@ -432,7 +432,7 @@ static void bench_in_place_shapes(void) {
 /* One MoE layer's time (routing + FFN) at nt tokens: m as given (its kernel bound too) with its
  * matrices' data moved to each of `layers` copies in turn, the copies gate_layer bytes apart for
  * gate and up and down_layer for down. */
-static double moe_layer_us(struct cuda_moe m, size_t gate_layer, size_t down_layer, int layers, int64_t nt,
+static double moe_layer_us(struct cuda_moe m, bool fused, size_t gate_layer, size_t down_layer, int layers, int64_t nt,
                            const float *x, const float *logits, int32_t *ids, float *w, float *out) {
     const uint8_t *gate = m.gate.data, *up = m.up.data, *down = m.down.data;
     const size_t wb = cuda_moe_work_bytes(&m, nt), wmark = cuda_arena_mark(&D.arena);
@@ -444,7 +444,7 @@ static double moe_layer_us(struct cuda_moe m, size_t gate_layer, size_t down_lay
         m.gate.data = gate + gate_layer * (size_t)l, m.up.data = up + gate_layer * (size_t)l;
         m.down.data = down + down_layer * (size_t)l;
         DT_CHECK(cuda_moe_route(logits + (size_t)l * 7 * m.n_expert, nt, m.n_expert, m.k, true, ids, w, D.s));
-        DT_CHECK(cuda_moe_ffn(&m, x, ids, w, nt, out, false, work, wb, D.s));
+        DT_CHECK((fused ? cuda_moe_ffn : cuda_moe_ffn_grouped)(&m, x, ids, w, nt, out, false, work, wb, D.s));
     }
     DT_CHECK(cuda_event_record(ev1, D.s));
     const double us = elapsed_ms() * 1e3 / iters;
@@ -452,12 +452,13 @@ static double moe_layer_us(struct cuda_moe m, size_t gate_layer, size_t down_lay
     return us;
 }
 
-/* The qwen30b-shaped MoE layer by token count, its expert groups on the matrix-vector kernel
- * and on the tiled GEMM, with the experts in VRAM and read in place from pinned host memory. */
+/* The qwen30b-shaped MoE layer by token count, on the fused kernels (up to 8 tokens), its expert
+ * groups on the matrix-vector kernel and on the tiled GEMM, with the experts in VRAM and read in
+ * place from pinned host memory. */
 static void bench_moe(void) {
     printf("\n### MoE layer, qwen30b shape (128 experts, top 8, 2048 x 768, Q4_0): routing + FFN, us "
-           "(GB/s of the experts touched)\n\n| tokens | experts touched | VRAM, matrix-vector | VRAM, tiled | "
-           "host in place, matrix-vector | host in place, tiled |\n|---|---|---|---|---|---|\n");
+           "(GB/s of the experts touched)\n\n| tokens | experts touched | VRAM, fused | VRAM, matrix-vector | VRAM, tiled | "
+           "host in place, fused | host in place, matrix-vector | host in place, tiled |\n|---|---|---|---|---|---|---|---|\n");
     const int n_expert = 128, k = 8, layers = 4;
     const int64_t d = 2048, ff = 768;
     const size_t mark = cuda_arena_mark(&D.arena);
@@ -500,10 +501,11 @@ static void bench_moe(void) {
             m.up = (struct cuda_matrix){QUANT_Q4_0, h ? hdev + gate_layer : up, d, ff, n_expert, gb, h};
             m.down = (struct cuda_matrix){QUANT_Q4_0, h ? hdev + 2 * gate_layer : down, ff, d, n_expert, db, h};
             const size_t gl = h ? layer_bytes : gate_layer, dl = h ? layer_bytes : down_layer;
-            for (int tiled = 0; tiled < 2; tiled++) {
-                if (tiled && nt == 1) { printf(" - |"); continue; }
+            for (int kernel = 0; kernel < 3; kernel++) { /* fused, grouped matrix-vector, tiled */
+                const bool tiled = kernel == 2;
+                if ((tiled && nt == 1) || (kernel == 0 && nt > CUDA_MOE_FUSED_MAX_TOKENS)) { printf(" - |"); continue; }
                 m.matvec_max_tokens = tiled ? 1 : 1 << 30;
-                const double us = moe_layer_us(m, gl, dl, layers, nt, x, logits, ids, w, out);
+                const double us = moe_layer_us(m, kernel == 0, gl, dl, layers, nt, x, logits, ids, w, out);
                 printf(" %.1f (%.0f) |", us, touched * expert_bytes / (us * 1e3));
             }
         }

@@ -235,6 +235,13 @@ enum { CUDA_MATVEC_MAX_TOKENS = 8 };
 pshard_status cuda_matvec(const struct cuda_matrix *m, const void *acts, int n_tokens, float *y, int64_t y_stride,
                           cuda_stream s);
 
+/* The same for `count` matrices (at most CUDA_MATVEC_MAX_PARTS) of one type and width in one
+ * launch, from the same activations: y[i] [n_tokens][m[i]->n_rows] = (or, with accumulate, +=)
+ * m[i] . acts (q, k and v; gate and up). */
+enum { CUDA_MATVEC_MAX_PARTS = 4 };
+pshard_status cuda_matvec_each(const struct cuda_matrix *const *m, int count, const void *acts, int n_tokens,
+                               float *const *y, bool accumulate, cuda_stream s);
+
 /* y = x . m^T for any n_tokens: quantize + matvec up to 8 tokens, else the f16 tensor-core path
  * (the fused dequantizing kernel, or dequantization into `work` + cuBLAS; F16 weights marked
  * in_place are copied into `work` the same way first). F32 weights (MoE routers) take the
@@ -244,6 +251,12 @@ pshard_status cuda_matvec(const struct cuda_matrix *m, const void *acts, int n_t
 size_t cuda_matmul_work_bytes(const struct cuda_matrix *m, int64_t n_tokens);
 pshard_status cuda_matmul(struct cuda_ctx *ctx, const struct cuda_matrix *m, const float *x, int64_t n_tokens,
                           float *y, int64_t y_stride, void *work, size_t work_bytes, cuda_stream s);
+
+/* y [n_tokens][m->n_rows] += x . m^T (the residual stream takes a projection): up to 8 tokens the
+ * matrix-vector kernel adds into y itself; above, cuda_matmul into tmp ([n_tokens][m->n_rows])
+ * and an add, the same sums either way. */
+pshard_status cuda_matmul_add(struct cuda_ctx *ctx, const struct cuda_matrix *m, const float *x, int64_t n_tokens,
+                              float *y, float *tmp, void *work, size_t work_bytes, cuda_stream s);
 
 /* Rows [row0, row0 + n_rows) of m as f16 (out [n_rows][n_cols]). */
 pshard_status cuda_dequantize_f16(const struct cuda_matrix *m, int64_t row0, int64_t n_rows, uint16_t *out,
@@ -369,6 +382,11 @@ struct cuda_moe {
     int matvec_max_tokens;
 };
 
+/* Steps of up to this many tokens on the matrix-vector kernel run the fused kernels (gate/up with
+ * SwiGLU in one launch, down with the weighted sum in another) where the formats allow: gate and
+ * up of one type, rows a multiple of 4 bytes. */
+enum { CUDA_MOE_FUSED_MAX_TOKENS = CUDA_MATVEC_MAX_TOKENS };
+
 /* Most tokens a step of an MoE layer (top k of n_expert) whose expert groups run on the
  * matrix-vector kernel, in passes of up to CUDA_MATVEC_MAX_TOKENS pairs an expert: while its
  * experts take CUDA_MOE_MATVEC_PAIRS pairs each on average, or it has no more tokens than one
@@ -386,11 +404,18 @@ static inline int64_t cuda_moe_matvec_max_tokens(int64_t n_expert, int64_t k) {
 
 /* out [n_tokens][n_embd] (=, or += with accumulate) sum_j w[t][j] * down_e(silu(gate_e(x)) *
  * up_e(x)), e = ids[t][j], over the experts computed here. Tokens are grouped by expert on the
- * GPU, so each chosen expert's weights are read once per step. */
+ * GPU, so each chosen expert's weights are read once per step (small steps on the fused kernels:
+ * gate and up once, down once per token that chose the expert). */
 size_t cuda_moe_work_bytes(const struct cuda_moe *m, int64_t n_tokens);
 pshard_status cuda_moe_ffn(const struct cuda_moe *m, const float *x, const int32_t *ids, const float *weights,
                            int64_t n_tokens, float *out, bool accumulate, void *work, size_t work_bytes,
                            cuda_stream s);
+/* Whether cuda_moe_ffn runs a step of n_tokens on the fused kernels. */
+bool cuda_moe_fuses(const struct cuda_moe *m, int64_t n_tokens);
+/* cuda_moe_ffn on the grouped kernels even where it would fuse (tests and benchmarks compare). */
+pshard_status cuda_moe_ffn_grouped(const struct cuda_moe *m, const float *x, const int32_t *ids, const float *weights,
+                                   int64_t n_tokens, float *out, bool accumulate, void *work, size_t work_bytes,
+                                   cuda_stream s);
 
 #ifdef __cplusplus
 }

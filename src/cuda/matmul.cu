@@ -98,3 +98,18 @@ extern "C" pshard_status cuda_matmul(struct cuda_ctx *ctx, const struct cuda_mat
     }
     return gemm_in_chunks(ctx, m, nt, work, work_bytes, x16_bytes, y, y_stride, s);
 }
+
+extern "C" pshard_status cuda_matmul_add(struct cuda_ctx *ctx, const struct cuda_matrix *m, const float *x,
+                                         int64_t n_tokens, float *y, float *tmp, void *work, size_t work_bytes,
+                                         cuda_stream s) {
+    if (n_tokens > CUDA_MATVEC_MAX_TOKENS || m->type == QUANT_F32) {
+        CORE_TRY(cuda_matmul(ctx, m, x, n_tokens, tmp, m->n_rows, work, work_bytes, s));
+        return cuda_add(y, tmp, n_tokens * m->n_rows, s);
+    }
+    CUDA_ARG(cuda_type_supported(m->type), "matmul: no GPU kernel for %s", quant_type_name(m->type));
+    CUDA_ARG(work_bytes >= cuda_matmul_work_bytes(m, n_tokens), "matmul: work buffer of %zu bytes, %zu needed",
+             work_bytes, cuda_matmul_work_bytes(m, n_tokens));
+    if (n_tokens == 0) return PSHARD_OK;
+    CORE_TRY(cuda_quantize(cuda_act_type(m->type), x, m->n_cols, n_tokens, work, s));
+    return cuda_matvec_each(&m, 1, work, (int)n_tokens, &y, true, s);
+}

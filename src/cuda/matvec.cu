@@ -20,6 +20,7 @@ pshard_status mv_run(enum quant_type type, int64_t n_cols, mv_args a, int nt, un
     CUDA_ARG(a.n_rows > 0 && nt >= 1 && nt <= CUDA_MATVEC_MAX_TOKENS, "matvec: %d rows, %d tokens", a.n_rows, nt);
     a.n_blocks = (int)(n_cols / elems);
     a.aligned = a.row_bytes % 16 == 0 && (uintptr_t)a.w % 16 == 0;
+    for (int p = 1; p < a.n_parts; p++) a.aligned = a.aligned && (uintptr_t)a.part_w[p] % 16 == 0;
     /* Chunks hold whole blocks and, when aligned, a multiple of 16 bytes (groups of `unit`
      * blocks); chunks of a row are made equal so the last one is not a sliver. */
     const int unit = 16 / gcd_int(bytes, 16);
@@ -33,6 +34,38 @@ pshard_status mv_run(enum quant_type type, int64_t n_cols, mv_args a, int nt, un
         return mv_launch_kquants(type, nt, a, grid, st);
     default: return mv_launch_legacy(type, nt, a, grid, st);
     }
+}
+
+extern "C" pshard_status cuda_matvec_each(const struct cuda_matrix *const *m, int count, const void *acts, int n_tokens,
+                                          float *const *y, bool accumulate, cuda_stream s) {
+    CUDA_ARG(count >= 1 && count <= CUDA_MATVEC_MAX_PARTS, "matvec: %d matrices in one launch", count);
+    CUDA_ARG(n_tokens >= 0 && n_tokens <= 65535 * CUDA_MATVEC_MAX_TOKENS, "matvec: %d tokens", n_tokens);
+    if (n_tokens == 0) return PSHARD_OK;
+    mv_args a = {};
+    int64_t rows = 0;
+    for (int p = 0; p < count; p++) {
+        CUDA_ARG(m[p]->type == m[0]->type && m[p]->n_cols == m[0]->n_cols && m[p]->row_bytes == m[0]->row_bytes,
+                 "matvec: matrices of one launch differ in format or width");
+        rows += m[p]->n_rows;
+        a.part_w[p] = (const uint8_t *)m[p]->data;
+        a.part_end[p] = (int)rows;
+        a.part_y[p] = y[p];
+        a.part_y_stride[p] = m[p]->n_rows;
+    }
+    CUDA_ARG(rows < (1 << 30), "matvec: %lld rows", (long long)rows);
+    a.n_parts = count;
+    a.w = a.part_w[0];
+    a.row_bytes = m[0]->row_bytes;
+    a.n_rows = (int)rows;
+    a.act = (const uint8_t *)acts;
+    a.act_row_bytes = cuda_act_row_bytes(cuda_act_type(m[0]->type), m[0]->n_cols);
+    a.y = y[0];
+    a.y_stride = m[0]->n_rows;
+    a.act_div = 1;
+    a.n_tokens = n_tokens;
+    a.accumulate = accumulate;
+    const int nt = n_tokens < CUDA_MATVEC_MAX_TOKENS ? n_tokens : CUDA_MATVEC_MAX_TOKENS;
+    return mv_run(m[0]->type, m[0]->n_cols, a, nt, (unsigned)ceil_div(n_tokens, CUDA_MATVEC_MAX_TOKENS), raw_stream(s));
 }
 
 extern "C" pshard_status cuda_matvec(const struct cuda_matrix *m, const void *acts, int n_tokens, float *y,

@@ -10,6 +10,7 @@ enum {
     MV_THREADS = 32 * MV_WARPS,
     MV_CHUNK = 2048,            /* bytes of a row staged per warp at a time */
     MV_UNITS = MV_CHUNK / 512,  /* 16-byte loads per lane per chunk */
+    MV_MAX_PARTS = CUDA_MATVEC_MAX_PARTS,
 };
 
 struct mv_args {
@@ -32,6 +33,16 @@ struct mv_args {
     const void *const *expert_ptrs; /* optional per-expert matrices */
     size_t expert_stride;        /* bytes between experts of the 3-D tensor */
     int act_div;                 /* activation row of pair p is p / act_div */
+    /* Dense: y += the product instead of y = (the residual stream takes a projection directly). */
+    bool accumulate;
+    /* Dense: up to MV_MAX_PARTS matrices of one type and width side by side (q, k and v; gate and
+     * up), n_rows their rows in all: rows below part_end[0] are w's, then part 1's... Each part
+     * writes its own y. n_parts 0 or 1: w alone. */
+    int n_parts;
+    const uint8_t *part_w[MV_MAX_PARTS];
+    int part_end[MV_MAX_PARTS];
+    float *part_y[MV_MAX_PARTS];
+    int64_t part_y_stride[MV_MAX_PARTS];
 };
 
 /* Fill the geometry of `a` for a matrix of `type` (n_blocks, chunk_blocks, aligned) and launch

@@ -1,7 +1,7 @@
 /* Matrix-vector dots of the float formats: F16 and BF16 weights with activations rounded to the
  * same format (as the CPU does), F32 with F32; products and sums in f32. An item is 32
  * elements, read as 16-byte vectors from the staged row and from the activations. */
-#include "cuda/matvec_kernel.cuh"
+#include "cuda/moe_fused.cuh"
 
 template <class U> struct mv_float {
     static constexpr int BYTES = U::BYTES, IPB = 1, ACT_BYTES = U::BYTES;
@@ -18,7 +18,7 @@ template <class U> struct mv_float {
             const uint4 *av = (const uint4 *)(arow[t] + aoff);
             float s = 0.0f;
 #pragma unroll
-            for (int i = 0; i < VECS; i++) s += U::dot16(wv[i], __ldg(av + i));
+            for (int i = 0; i < VECS; i++) s += U::dot16(wv[i], av[i]); /* (shared memory in the fused MoE) */
             acc[t] += s;
         }
     }
@@ -60,11 +60,24 @@ struct f32_dot {
     }
 };
 
-pshard_status mv_launch_float(enum quant_type type, int nt, const mv_args &a, dim3 grid, cudaStream_t st) {
+/* f(policy) with the policy class of a float type. */
+template <class F> static pshard_status with_float(enum quant_type type, F f) {
     switch (type) {
-    case QUANT_F16: return mv_launch<mv_float<f16_dot>>(nt, a, grid, st);
-    case QUANT_BF16: return mv_launch<mv_float<bf16_dot>>(nt, a, grid, st);
-    case QUANT_F32: return mv_launch<mv_float<f32_dot>>(nt, a, grid, st);
+    case QUANT_F16: return f(mv_float<f16_dot>());
+    case QUANT_BF16: return f(mv_float<bf16_dot>());
+    case QUANT_F32: return f(mv_float<f32_dot>());
     default: return core_fail(PSHARD_ERR_INTERNAL, "matvec: %s is not a float format", quant_type_name(type));
     }
+}
+
+pshard_status mv_launch_float(enum quant_type type, int nt, const mv_args &a, dim3 grid, cudaStream_t st) {
+    return with_float(type, [&](auto p) { return mv_launch<decltype(p)>(nt, a, grid, st); });
+}
+
+pshard_status moe_gate_up_float(enum quant_type type, int nt, const moe_fused_args &a, cudaStream_t st) {
+    return with_float(type, [&](auto p) { return moe_gate_up_launch<decltype(p)>(nt, a, st); });
+}
+
+pshard_status moe_down_float(enum quant_type type, const moe_fused_args &a, cudaStream_t st) {
+    return with_float(type, [&](auto p) { return moe_down_launch<decltype(p)>(a, st); });
 }

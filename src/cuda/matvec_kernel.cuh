@@ -12,7 +12,9 @@
  * More tokens run as passes of NT side by side, blockIdx.y picking the pass (each token's sums
  * are the same whichever pass holds it). The same kernel runs expert groups for MoE: blockIdx.y
  * picks an active expert, whose pairs (token, slot) are its tokens. Rows whose weights are not
- * 16-byte aligned stage through 2-byte loads instead (correct, slower). */
+ * 16-byte aligned stage through 2-byte loads instead (correct, slower). A dense launch may take
+ * several matrices of one format and width at once (mv_args.n_parts: q, k and v), and may add
+ * into its output (mv_args.accumulate). */
 #ifndef CUDA_MATVEC_KERNEL_CUH
 #define CUDA_MATVEC_KERNEL_CUH
 
@@ -65,9 +67,17 @@ __device__ __forceinline__ void mv_row(const uint8_t *w, const mv_args &a, uint8
 template <class T, int NT> __global__ void __launch_bounds__(MV_THREADS) mv_kernel(const mv_args a) {
     __shared__ __align__(16) uint8_t stage_all[MV_WARPS][MV_CHUNK];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int row = blockIdx.x * MV_WARPS + warp;
+    int row = blockIdx.x * MV_WARPS + warp;
     if (row >= a.n_rows) return; /* only warp-level syncs below */
     const uint8_t *w = a.w;
+    float *y = a.y;
+    int64_t y_stride = a.y_stride;
+    if (a.n_parts > 1) { /* which matrix of several the row is in */
+        int p = 0;
+        while (p + 1 < a.n_parts && row >= a.part_end[p]) p++;
+        if (p) row -= a.part_end[p - 1];
+        w = a.part_w[p], y = a.part_y[p], y_stride = a.part_y_stride[p];
+    }
     /* Dense: pass blockIdx.y, tokens [NT * y, NT * y + NT) of n_tokens. */
     int g_begin = (int)blockIdx.y * NT, g_end = min(g_begin + NT, a.n_tokens);
     if (a.pairs) {
@@ -102,7 +112,10 @@ template <class T, int NT> __global__ void __launch_bounds__(MV_THREADS) mv_kern
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             const float v = warp_sum(acc[t]);
-            if (lane == 0 && t < n_valid) a.y[orow[t] * a.y_stride + row] = v;
+            if (lane == 0 && t < n_valid) {
+                float *out = y + orow[t] * y_stride + row;
+                *out = a.accumulate ? *out + v : v;
+            }
         }
     }
 }

@@ -4,7 +4,7 @@
  * and dmin; one loop then computes, as src/quant/ref_kquants.c does per super-block,
  *   d * da * (sc0 * dot0 + sc1 * dot1) - dmin * da * (m0 * bsum0 + m1 * bsum1)
  * with the activations' per-16 sums (bsums) standing in for the minimums' dots. */
-#include "cuda/matvec_kernel.cuh"
+#include "cuda/moe_fused.cuh"
 
 struct kpart {
     int q[8];
@@ -154,13 +154,26 @@ struct q6_K_unpack {
     }
 };
 
-pshard_status mv_launch_kquants(enum quant_type type, int nt, const mv_args &a, dim3 grid, cudaStream_t st) {
+/* f(policy) with the policy class of a K format. */
+template <class F> static pshard_status with_kquant(enum quant_type type, F f) {
     switch (type) {
-    case QUANT_Q2_K: return mv_launch<mv_kquant<q2_K_unpack>>(nt, a, grid, st);
-    case QUANT_Q3_K: return mv_launch<mv_kquant<q3_K_unpack>>(nt, a, grid, st);
-    case QUANT_Q4_K: return mv_launch<mv_kquant<q4_K_unpack>>(nt, a, grid, st);
-    case QUANT_Q5_K: return mv_launch<mv_kquant<q5_K_unpack>>(nt, a, grid, st);
-    case QUANT_Q6_K: return mv_launch<mv_kquant<q6_K_unpack>>(nt, a, grid, st);
+    case QUANT_Q2_K: return f(mv_kquant<q2_K_unpack>());
+    case QUANT_Q3_K: return f(mv_kquant<q3_K_unpack>());
+    case QUANT_Q4_K: return f(mv_kquant<q4_K_unpack>());
+    case QUANT_Q5_K: return f(mv_kquant<q5_K_unpack>());
+    case QUANT_Q6_K: return f(mv_kquant<q6_K_unpack>());
     default: return core_fail(PSHARD_ERR_INTERNAL, "matvec: %s is not a K format", quant_type_name(type));
     }
+}
+
+pshard_status mv_launch_kquants(enum quant_type type, int nt, const mv_args &a, dim3 grid, cudaStream_t st) {
+    return with_kquant(type, [&](auto p) { return mv_launch<decltype(p)>(nt, a, grid, st); });
+}
+
+pshard_status moe_gate_up_kquants(enum quant_type type, int nt, const moe_fused_args &a, cudaStream_t st) {
+    return with_kquant(type, [&](auto p) { return moe_gate_up_launch<decltype(p)>(nt, a, st); });
+}
+
+pshard_status moe_down_kquants(enum quant_type type, const moe_fused_args &a, cudaStream_t st) {
+    return with_kquant(type, [&](auto p) { return moe_down_launch<decltype(p)>(a, st); });
 }

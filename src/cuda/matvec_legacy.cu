@@ -3,7 +3,7 @@
  * word k) -- the same integers src/quant/ref_legacy.c forms -- and one loop dots them with the
  * activations by dp4a: sum = dw * da * sum(qw * qa) (+ mw * sa for the offset formats). The
  * quants of Q8_1 are those of Q8_0, so Q4_0/Q5_0/Q8_0 compute exactly the CPU's integers. */
-#include "cuda/matvec_kernel.cuh"
+#include "cuda/moe_fused.cuh"
 
 template <class U> struct mv_legacy {
     static constexpr int BYTES = U::BYTES, IPB = 1, ACT_BYTES = 36;
@@ -103,13 +103,26 @@ struct q8_0_unpack {
     }
 };
 
-pshard_status mv_launch_legacy(enum quant_type type, int nt, const mv_args &a, dim3 grid, cudaStream_t st) {
+/* f(policy) with the policy class of a 32-element format. */
+template <class F> static pshard_status with_legacy(enum quant_type type, F f) {
     switch (type) {
-    case QUANT_Q4_0: return mv_launch<mv_legacy<q4_0_unpack>>(nt, a, grid, st);
-    case QUANT_Q4_1: return mv_launch<mv_legacy<q4_1_unpack>>(nt, a, grid, st);
-    case QUANT_Q5_0: return mv_launch<mv_legacy<q5_0_unpack>>(nt, a, grid, st);
-    case QUANT_Q5_1: return mv_launch<mv_legacy<q5_1_unpack>>(nt, a, grid, st);
-    case QUANT_Q8_0: return mv_launch<mv_legacy<q8_0_unpack>>(nt, a, grid, st);
+    case QUANT_Q4_0: return f(mv_legacy<q4_0_unpack>());
+    case QUANT_Q4_1: return f(mv_legacy<q4_1_unpack>());
+    case QUANT_Q5_0: return f(mv_legacy<q5_0_unpack>());
+    case QUANT_Q5_1: return f(mv_legacy<q5_1_unpack>());
+    case QUANT_Q8_0: return f(mv_legacy<q8_0_unpack>());
     default: return core_fail(PSHARD_ERR_INTERNAL, "matvec: %s is not a legacy format", quant_type_name(type));
     }
+}
+
+pshard_status mv_launch_legacy(enum quant_type type, int nt, const mv_args &a, dim3 grid, cudaStream_t st) {
+    return with_legacy(type, [&](auto p) { return mv_launch<decltype(p)>(nt, a, grid, st); });
+}
+
+pshard_status moe_gate_up_legacy(enum quant_type type, int nt, const moe_fused_args &a, cudaStream_t st) {
+    return with_legacy(type, [&](auto p) { return moe_gate_up_launch<decltype(p)>(nt, a, st); });
+}
+
+pshard_status moe_down_legacy(enum quant_type type, const moe_fused_args &a, cudaStream_t st) {
+    return with_legacy(type, [&](auto p) { return moe_down_launch<decltype(p)>(a, st); });
 }

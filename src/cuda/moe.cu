@@ -1,10 +1,12 @@
 /* Mixture-of-experts on the GPU: routing (softmax, top-k, renormalization, as cpu_moe_route),
  * grouping of the (token, slot) pairs by expert, and the expert FFN, which runs each chosen
  * expert's gate/up/down once per step over all its tokens -- with the matrix-vector kernel up
- * to 8 tokens, with the fused dequantizing GEMM beyond -- then the weighted sum. Experts can
- * be restricted to a subset (a mask), leaving the others to the CPU or a later call. */
+ * to 8 pairs an expert, with the fused dequantizing GEMM beyond -- then the weighted sum. Small
+ * steps (decode) take the fused kernels instead (moe_fused.cuh): two launches, no grouping
+ * kernel. Experts can be restricted to a subset (a mask), leaving the others to the CPU or a
+ * later call. */
 #include "cuda/gemm.cuh"
-#include "cuda/matvec.cuh"
+#include "cuda/moe_fused.cuh"
 
 #include <math.h>
 
@@ -277,9 +279,92 @@ static pshard_status expert_matmul(const struct cuda_moe *m, const struct cuda_m
     return gemm_fused_run(mat->type, a, (unsigned)tiles, st);
 }
 
-extern "C" pshard_status cuda_moe_ffn(const struct cuda_moe *m, const float *x, const int32_t *ids,
-                                      const float *weights, int64_t n_tokens, float *out, bool accumulate, void *work,
-                                      size_t work_bytes, cuda_stream s) {
+/* ---- the fused kernels of small steps */
+
+static int gcd_int(int a, int b) { return b ? gcd_int(b, a % b) : a; }
+
+/* Blocks of `type` a chunk of a stream of `total` blocks takes: whole blocks, a multiple of 16
+ * bytes (so every chunk starts on a load), at most MV_CHUNK bytes, the chunks of the stream made
+ * equal (as mv_run does a row's). */
+static int stream_chunk_blocks(enum quant_type type, int total) {
+    const int bytes = cuda_block_bytes(type), unit = 16 / gcd_int(bytes, 16);
+    const int max_blocks = MV_CHUNK / bytes / unit * unit;
+    const int n_chunks = (int)ceil_div(total, max_blocks);
+    return (int)(ceil_div(ceil_div(total, n_chunks), unit) * unit);
+}
+
+/* The widest load (16, 8 or 4 bytes) that every row of mat starts on and is a multiple of (0:
+ * none). Expert tables (staging slots) put rows on 16 bytes when their size is a multiple. */
+static int load_unit(const struct cuda_matrix *mat, const void *const *ptrs) {
+    for (int u = 16; u >= 4; u /= 2)
+        if (mat->row_bytes % u == 0 && (ptrs || (uintptr_t)mat->data % u == 0)) return u;
+    return 0;
+}
+
+static size_t fused_h_row_bytes(const struct cuda_moe *m) {
+    return (cuda_act_row_bytes(cuda_act_type(m->down.type), m->down.n_cols) + 15) & ~(size_t)15;
+}
+
+/* Whether a step of n_tokens takes the fused kernels. */
+static bool moe_fused(const struct cuda_moe *m, int64_t n_tokens) {
+    return n_tokens <= CUDA_MOE_FUSED_MAX_TOKENS && n_tokens <= CUDA_MATVEC_MAX_TOKENS && !moe_tiled(m, n_tokens) &&
+           m->gate.type == m->up.type && m->k <= FUSED_MAX_K && load_unit(&m->gate, m->gate_ptrs) &&
+           load_unit(&m->up, m->up_ptrs) && load_unit(&m->down, m->down_ptrs) &&
+           (size_t)m->k * fused_h_row_bytes(m) <= FUSED_H_SMEM;
+}
+
+extern "C" bool cuda_moe_fuses(const struct cuda_moe *m, int64_t n_tokens) { return moe_fused(m, n_tokens); }
+
+static pshard_status fused_gate_up(enum quant_type type, int nt, const moe_fused_args &a, cudaStream_t st) {
+    switch (type) {
+    case QUANT_F32: case QUANT_F16: case QUANT_BF16: return moe_gate_up_float(type, nt, a, st);
+    case QUANT_Q2_K: case QUANT_Q3_K: case QUANT_Q4_K: case QUANT_Q5_K: case QUANT_Q6_K:
+        return moe_gate_up_kquants(type, nt, a, st);
+    default: return moe_gate_up_legacy(type, nt, a, st);
+    }
+}
+
+static pshard_status fused_down(enum quant_type type, const moe_fused_args &a, cudaStream_t st) {
+    switch (type) {
+    case QUANT_F32: case QUANT_F16: case QUANT_BF16: return moe_down_float(type, a, st);
+    case QUANT_Q2_K: case QUANT_Q3_K: case QUANT_Q4_K: case QUANT_Q5_K: case QUANT_Q6_K: return moe_down_kquants(type, a, st);
+    default: return moe_down_legacy(type, a, st);
+    }
+}
+
+/* x quantized once, then the two fused launches (h in the work buffer's gate_out). */
+static pshard_status moe_ffn_fused(const struct cuda_moe *m, const float *x, const int32_t *ids, const float *weights,
+                                   int64_t n_tokens, float *out, bool accumulate, const moe_work &w, cuda_stream s) {
+    const int64_t n_embd = m->gate.n_cols, n_ff = m->gate.n_rows;
+    const enum quant_type act = cuda_act_type(m->gate.type);
+    CORE_TRY(cuda_quantize(act, x, n_embd, n_tokens, w.x_act, s));
+    moe_fused_args a = {};
+    a.gate = (const uint8_t *)m->gate.data, a.up = (const uint8_t *)m->up.data, a.down = (const uint8_t *)m->down.data;
+    a.gate_ptrs = m->gate_ptrs, a.up_ptrs = m->up_ptrs, a.down_ptrs = m->down_ptrs;
+    a.gate_stride = (size_t)n_ff * m->gate.row_bytes;
+    a.down_stride = (size_t)n_embd * m->down.row_bytes;
+    a.gu_row_bytes = m->gate.row_bytes, a.down_row_bytes = m->down.row_bytes;
+    a.gu_blocks = (int)(n_embd / cuda_block_elems(m->gate.type));
+    a.gu_chunk_blocks = stream_chunk_blocks(m->gate.type, 2 * a.gu_blocks);
+    a.down_blocks = (int)(n_ff / cuda_block_elems(m->down.type));
+    a.down_chunk_blocks = stream_chunk_blocks(m->down.type, m->k * a.down_blocks);
+    const int gu = load_unit(&m->gate, m->gate_ptrs), up = load_unit(&m->up, m->up_ptrs);
+    a.gu_unit = gu < up ? gu : up;
+    a.down_unit = load_unit(&m->down, m->down_ptrs);
+    a.n_embd = (int)n_embd, a.n_ff = (int)n_ff, a.k = m->k, a.n_pairs = (int)(n_tokens * m->k);
+    a.ids = ids, a.weights = weights, a.mask = m->expert_mask;
+    a.x_act = w.x_act, a.x_act_row_bytes = cuda_act_row_bytes(act, n_embd);
+    a.h = w.gate_out;
+    a.h_act_type = cuda_act_type(m->down.type), a.h_act_row_bytes = fused_h_row_bytes(m);
+    a.out = out, a.accumulate = accumulate;
+    cudaStream_t st = raw_stream(s);
+    CORE_TRY(fused_gate_up(m->gate.type, (int)n_tokens, a, st));
+    return fused_down(m->down.type, a, st);
+}
+
+static pshard_status moe_ffn(const struct cuda_moe *m, const float *x, const int32_t *ids, const float *weights,
+                             int64_t n_tokens, float *out, bool accumulate, void *work, size_t work_bytes, cuda_stream s,
+                             bool may_fuse) {
     const int64_t n_embd = m->gate.n_cols, n_ff = m->gate.n_rows, pairs = n_tokens * m->k;
     CUDA_ARG(m->n_expert > 0 && m->n_expert <= MOE_MAX_EXPERTS && m->k > 0 && m->k <= m->n_expert,
              "MoE: top %d of %d experts", m->k, m->n_expert);
@@ -289,8 +374,12 @@ extern "C" pshard_status cuda_moe_ffn(const struct cuda_moe *m, const float *x, 
     CUDA_ARG(work_bytes >= cuda_moe_work_bytes(m, n_tokens), "MoE: work buffer of %zu bytes, %zu needed", work_bytes,
              cuda_moe_work_bytes(m, n_tokens));
     if (n_tokens == 0) return PSHARD_OK;
+    CUDA_ARG(cuda_type_supported(m->gate.type) && cuda_type_supported(m->up.type) && cuda_type_supported(m->down.type),
+             "MoE: no GPU kernel for %s/%s/%s", quant_type_name(m->gate.type), quant_type_name(m->up.type),
+             quant_type_name(m->down.type));
     cudaStream_t st = raw_stream(s);
     const moe_work w = moe_layout(m, n_tokens, (uint8_t *)work);
+    if (may_fuse && moe_fused(m, n_tokens)) return moe_ffn_fused(m, x, ids, weights, n_tokens, out, accumulate, w, s);
     group_kernel<<<1, GROUP_THREADS, 0, st>>>(ids, m->expert_mask, (int)pairs, m->n_expert, w.g);
     CUDA_TRY_LAUNCH("moe group");
     const bool gemm = moe_tiled(m, n_tokens);
@@ -316,4 +405,16 @@ extern "C" pshard_status cuda_moe_ffn(const struct cuda_moe *m, const float *x, 
         w.down_out, ids, weights, m->expert_mask, n_tokens, m->k, n_embd, out, accumulate);
     CUDA_TRY_LAUNCH("moe weighted sum");
     return PSHARD_OK;
+}
+
+extern "C" pshard_status cuda_moe_ffn(const struct cuda_moe *m, const float *x, const int32_t *ids,
+                                      const float *weights, int64_t n_tokens, float *out, bool accumulate, void *work,
+                                      size_t work_bytes, cuda_stream s) {
+    return moe_ffn(m, x, ids, weights, n_tokens, out, accumulate, work, work_bytes, s, true);
+}
+
+extern "C" pshard_status cuda_moe_ffn_grouped(const struct cuda_moe *m, const float *x, const int32_t *ids,
+                                              const float *weights, int64_t n_tokens, float *out, bool accumulate,
+                                              void *work, size_t work_bytes, cuda_stream s) {
+    return moe_ffn(m, x, ids, weights, n_tokens, out, accumulate, work, work_bytes, s, false);
 }

@@ -151,10 +151,20 @@ pshard_status cuda_matvec(const struct cuda_matrix *m, const void *acts, int n_t
     (void)m, (void)acts, (void)n_tokens, (void)y, (void)y_stride, (void)s;
     return no_cuda();
 }
+pshard_status cuda_matvec_each(const struct cuda_matrix *const *m, int count, const void *acts, int n_tokens,
+                               float *const *y, bool accumulate, cuda_stream s) {
+    (void)m, (void)count, (void)acts, (void)n_tokens, (void)y, (void)accumulate, (void)s;
+    return no_cuda();
+}
 size_t cuda_matmul_work_bytes(const struct cuda_matrix *m, int64_t n_tokens) { (void)m, (void)n_tokens; return 0; }
 pshard_status cuda_matmul(struct cuda_ctx *ctx, const struct cuda_matrix *m, const float *x, int64_t n_tokens,
                           float *y, int64_t y_stride, void *work, size_t work_bytes, cuda_stream s) {
     (void)ctx, (void)m, (void)x, (void)n_tokens, (void)y, (void)y_stride, (void)work, (void)work_bytes, (void)s;
+    return no_cuda();
+}
+pshard_status cuda_matmul_add(struct cuda_ctx *ctx, const struct cuda_matrix *m, const float *x, int64_t n_tokens,
+                              float *y, float *tmp, void *work, size_t work_bytes, cuda_stream s) {
+    (void)ctx, (void)m, (void)x, (void)n_tokens, (void)y, (void)tmp, (void)work, (void)work_bytes, (void)s;
     return no_cuda();
 }
 pshard_status cuda_dequantize_f16(const struct cuda_matrix *m, int64_t row0, int64_t n_rows, uint16_t *out,
@@ -251,8 +261,16 @@ pshard_status cuda_moe_routed_mask(const int32_t *ids, int k, int first, const u
     (void)ids, (void)k, (void)first, (void)quota, (void)n_expert, (void)resident_too, (void)mask, (void)s;
     return no_cuda();
 }
+bool cuda_moe_fuses(const struct cuda_moe *m, int64_t n_tokens) { (void)m, (void)n_tokens; return false; }
 size_t cuda_moe_work_bytes(const struct cuda_moe *m, int64_t n_tokens) { (void)m, (void)n_tokens; return 0; }
 pshard_status cuda_moe_ffn(const struct cuda_moe *m, const float *x, const int32_t *ids, const float *weights,
+                           int64_t n_tokens, float *out, bool accumulate, void *work, size_t work_bytes,
+                           cuda_stream s) {
+    (void)m, (void)x, (void)ids, (void)weights, (void)n_tokens, (void)out, (void)accumulate, (void)work;
+    (void)work_bytes, (void)s;
+    return no_cuda();
+}
+pshard_status cuda_moe_ffn_grouped(const struct cuda_moe *m, const float *x, const int32_t *ids, const float *weights,
                            int64_t n_tokens, float *out, bool accumulate, void *work, size_t work_bytes,
                            cuda_stream s) {
     (void)m, (void)x, (void)ids, (void)weights, (void)n_tokens, (void)out, (void)accumulate, (void)work;

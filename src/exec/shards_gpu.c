@@ -20,8 +20,17 @@ static pshard_status project(struct exec_ctx *ctx, struct exec_gpu *g, const str
     return cuda_matmul(g->cuda, m, x, n, y, m->n_rows, g->work, g->work_bytes, g->stream);
 }
 
+/* y += x . m^T: up to 8 tokens the projection adds into the residual stream itself; above, it
+ * goes through g->proj. */
+static pshard_status project_add(struct exec_ctx *ctx, struct exec_gpu *g, const struct cuda_matrix *m, const float *x,
+                                 int64_t n, float *y) {
+    ctx->stats.weight_bytes_read += (uint64_t)m->n_rows * quant_row_bytes(m->type, m->n_cols);
+    return cuda_matmul_add(g->cuda, m, x, n, y, g->proj, g->work, g->work_bytes, g->stream);
+}
+
 /* Projections of one input by several matrices (q, k and v; gate and up): at matrix-vector
- * sizes, where their activations share a format, the input is quantized once for all. */
+ * sizes, where their activations share a format, the input is quantized once for all, and
+ * matrices of one format and width run in one launch. */
 static pshard_status project_each(struct exec_ctx *ctx, struct exec_gpu *g, const struct cuda_matrix *const *m, int count,
                                   const float *x, int64_t n, float *const *y) {
     bool once = n <= CUDA_MATVEC_MAX_TOKENS;
@@ -36,10 +45,13 @@ static pshard_status project_each(struct exec_ctx *ctx, struct exec_gpu *g, cons
         CORE_TRY(cuda_quantize(cuda_act_type(m[0]->type), x, m[0]->n_cols, n, g->work, g->stream));
         acts = g->work;
     }
+    bool one_launch = count <= CUDA_MATVEC_MAX_PARTS;
     for (int i = 0; i < count; i++) {
         ctx->stats.weight_bytes_read += (uint64_t)m[i]->n_rows * quant_row_bytes(m[i]->type, m[i]->n_cols);
-        CORE_TRY(cuda_matvec(m[i], acts, (int)n, y[i], m[i]->n_rows, g->stream));
+        one_launch = one_launch && m[i]->type == m[0]->type && m[i]->row_bytes == m[0]->row_bytes;
     }
+    if (one_launch) return cuda_matvec_each(m, count, acts, (int)n, y, false, g->stream);
+    for (int i = 0; i < count; i++) CORE_TRY(cuda_matvec(m[i], acts, (int)n, y[i], m[i]->n_rows, g->stream));
     return PSHARD_OK;
 }
 
@@ -110,18 +122,20 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
     else
         CORE_TRY(cuda_attention_decode(&g->attn_shape, kv, g->q, g->seq, g->pos, n, max_len, g->attn, g->work,
                                        g->work_bytes, s));
+    if (!l->bo) return project_add(ctx, g, &l->wo, g->attn, n, g->x);
     CORE_TRY(project(ctx, g, &l->wo, g->attn, n, g->proj));
-    if (l->bo) CORE_TRY(cuda_add_bias(g->proj, l->bo, n, d, s));
+    CORE_TRY(cuda_add_bias(g->proj, l->bo, n, d, s));
     return cuda_add(g->x, g->proj, n * d, s);
 }
 
+/* The FFN of g->xn added into the residual stream g->x. */
 static pshard_status swiglu_ffn(struct exec_ctx *ctx, struct exec_gpu *g, const struct cuda_matrix *gate,
-                                const struct cuda_matrix *up, const struct cuda_matrix *down, int64_t n, float *y) {
+                                const struct cuda_matrix *up, const struct cuda_matrix *down, int64_t n) {
     const struct cuda_matrix *gate_up[2] = {gate, up};
     float *const gate_up_out[2] = {g->gate, g->up};
     CORE_TRY(project_each(ctx, g, gate_up, 2, g->xn, n, gate_up_out));
     CORE_TRY(cuda_swiglu(g->gate, g->up, g->gate, n * gate->n_rows, g->stream));
-    return project(ctx, g, down, g->gate, n, y);
+    return project_add(ctx, g, down, g->gate, n, g->x);
 }
 
 static pshard_status ffn_shard(struct exec_ctx *ctx, struct exec_gpu *g, const struct gpu_layer *l,
@@ -129,8 +143,7 @@ static pshard_status ffn_shard(struct exec_ctx *ctx, struct exec_gpu *g, const s
     const struct model_hparams *hp = &ctx->model->hp;
     const int64_t n = b->n_tokens, d = hp->n_embd;
     CORE_TRY(cuda_rmsnorm(g->x, l->ffn_norm, g->xn, n, d, hp->rms_eps, g->stream));
-    CORE_TRY(swiglu_ffn(ctx, g, &l->ffn_gate, &l->ffn_up, &l->ffn_down, n, g->proj));
-    return cuda_add(g->x, g->proj, n * d, g->stream);
+    return swiglu_ffn(ctx, g, &l->ffn_gate, &l->ffn_up, &l->ffn_down, n);
 }
 
 /* ---- the staging ring */
@@ -480,8 +493,7 @@ static pshard_status split_ffn_shard(struct exec_ctx *ctx, struct exec_gpu *g, u
     struct cuda_matrix gate = l->ffn_gate, up = l->ffn_up, down = l->ffn_down;
     gate.n_rows = up.n_rows = f;
     down.n_cols = f; /* the first f columns of each row: row_bytes keeps the full stride */
-    CORE_TRY(swiglu_ffn(ctx, g, &gate, &up, &down, n, g->proj));
-    CORE_TRY(cuda_add(g->x, g->proj, n * d, g->stream));
+    CORE_TRY(swiglu_ffn(ctx, g, &gate, &up, &down, n));
     ctx->stats.streamed_bytes += plan_unit_bytes(&ctx->model->shards[index], 0) * f / hp->n_ff;
     return hand_back(ctx, g, tier, &ctx->model->shards[index], n);
 }
@@ -583,8 +595,7 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
     if (l->gate_shexp.data) {
         if (l->gate_inp_shexp)
             return core_fail(PSHARD_ERR_UNSUPPORTED, "a gated shared expert is not supported on the GPU yet");
-        CORE_TRY(swiglu_ffn(ctx, g, &l->gate_shexp, &l->up_shexp, &l->down_shexp, n, g->proj));
-        CORE_TRY(cuda_add(g->x, g->proj, n * d, s));
+        CORE_TRY(swiglu_ffn(ctx, g, &l->gate_shexp, &l->up_shexp, &l->down_shexp, n));
     }
     if (split) CORE_TRY(hand_back(ctx, g, tier, shard, n));
     return PSHARD_OK;

@@ -39,6 +39,86 @@ static void problem_init(struct dt *d, struct problem *p, enum quant_type type, 
 
 static void problem_free(struct problem *p) { free(p->w), free(p->x), free(p->wf); }
 
+/* Three matrices of one format and width (q, k and v) in one cuda_matvec_each launch, then the
+ * same added into outputs that hold values already (accumulate), and cuda_matmul_add at 5 and 12
+ * tokens: every sum equals, bit for bit, its own cuda_matvec / cuda_matmul (plus the value
+ * there, in one f32 add). A row read from the wrong matrix or written to the wrong output, or a
+ * lost addend, differs. */
+static void test_matvec_each(struct dt *d, enum quant_type type, int64_t n_cols, int64_t n_tokens) {
+    const size_t mark = cuda_arena_mark(&d->arena);
+    const int64_t rows[3] = {96, 32, 40};
+    struct problem p[3];
+    for (int i = 0; i < 3; i++) problem_init(d, &p[i], type, rows[i], n_cols, n_tokens);
+    const enum quant_type act_type = cuda_act_type(type);
+    const size_t act_row = cuda_act_row_bytes(act_type, n_cols);
+    float *dx = dt_upload(d, p[0].x, sizeof(float) * (size_t)(n_tokens * n_cols));
+    uint8_t *dact = dt_alloc(d, act_row * (size_t)n_tokens);
+    DT_CHECK(cuda_quantize(act_type, dx, n_cols, n_tokens, dact, d->s));
+    const struct cuda_matrix *m[3] = {&p[0].m, &p[1].m, &p[2].m};
+    float *dy[3], *dalone[3], *base[3];
+    for (int i = 0; i < 3; i++) {
+        const size_t bytes = sizeof(float) * (size_t)(n_tokens * rows[i]);
+        base[i] = dt_malloc(bytes);
+        dt_fill(base[i], n_tokens * rows[i], -2.0f, 2.0f);
+        dy[i] = dt_upload(d, base[i], bytes);
+        dalone[i] = dt_alloc(d, bytes);
+        DT_CHECK(cuda_matvec(m[i], dact, (int)n_tokens, dalone[i], rows[i], d->s));
+    }
+    int64_t differ = 0, differ_add = 0, differ_mm = 0;
+    for (int accumulate = 0; accumulate < 2; accumulate++) {
+        if (accumulate)
+            for (int i = 0; i < 3; i++) {
+                DT_CHECK(cuda_copy_h2d(dy[i], base[i], sizeof(float) * (size_t)(n_tokens * rows[i]), d->s));
+                DT_CHECK(cuda_stream_sync(d->s));
+            }
+        DT_CHECK(cuda_matvec_each(m, 3, dact, (int)n_tokens, dy, accumulate, d->s));
+        for (int i = 0; i < 3; i++) {
+            const int64_t n = n_tokens * rows[i];
+            float *got = dt_malloc(sizeof(float) * (size_t)n), *alone = dt_malloc(sizeof(float) * (size_t)n);
+            dt_download(d, got, dy[i], sizeof(float) * (size_t)n);
+            dt_download(d, alone, dalone[i], sizeof(float) * (size_t)n);
+            for (int64_t j = 0; j < n; j++) {
+                const float want = accumulate ? base[i][j] + alone[j] : alone[j];
+                if (memcmp(&got[j], &want, sizeof want) != 0) *(accumulate ? &differ_add : &differ) += 1;
+            }
+            free(got), free(alone);
+        }
+    }
+    /* cuda_matmul_add against cuda_matmul + the values there: the matrix-vector kernel's own add
+     * at 5 tokens, the product and an add above 8. */
+    const int64_t mm_tokens = n_tokens <= CUDA_MATVEC_MAX_TOKENS ? n_tokens : CUDA_MATVEC_MAX_TOKENS;
+    const int64_t counts[2] = {mm_tokens, 12};
+    for (int c = 0; c < 2; c++) {
+        const int64_t nt = counts[c], n = nt * rows[0];
+        struct problem q;
+        problem_init(d, &q, type, rows[0], n_cols, nt);
+        float *dxq = dt_upload(d, q.x, sizeof(float) * (size_t)(nt * n_cols));
+        const size_t wb = cuda_matmul_work_bytes(&q.m, nt) + ((size_t)64 << 20);
+        void *work = dt_alloc(d, wb);
+        float *start = dt_malloc(sizeof(float) * (size_t)n), *got = dt_malloc(sizeof(float) * (size_t)n);
+        float *prod = dt_malloc(sizeof(float) * (size_t)n);
+        dt_fill(start, n, -2.0f, 2.0f);
+        float *dyq = dt_upload(d, start, sizeof(float) * (size_t)n), *dtmp = dt_alloc(d, sizeof(float) * (size_t)n);
+        DT_CHECK(cuda_matmul_add(d->ctx, &q.m, dxq, nt, dyq, dtmp, work, wb, d->s));
+        dt_download(d, got, dyq, sizeof(float) * (size_t)n);
+        DT_CHECK(cuda_matmul(d->ctx, &q.m, dxq, nt, dtmp, rows[0], work, wb, d->s));
+        dt_download(d, prod, dtmp, sizeof(float) * (size_t)n);
+        for (int64_t j = 0; j < n; j++) {
+            const float want = start[j] + prod[j];
+            differ_mm += memcmp(&got[j], &want, sizeof want) != 0;
+        }
+        free(start), free(got), free(prod);
+        problem_free(&q);
+    }
+    dt_case(d, differ == 0 && differ_add == 0 && differ_mm == 0,
+            "matvec_each %-4s 96+32+40 x %lld, %lld tokens: %lld sums differ from one matrix a launch, %lld added, "
+            "%lld of matmul_add",
+            quant_type_name(type), (long long)n_cols, (long long)n_tokens, (long long)differ, (long long)differ_add,
+            (long long)differ_mm);
+    cuda_arena_reset(&d->arena, mark);
+    for (int i = 0; i < 3; i++) free(base[i]), problem_free(&p[i]);
+}
+
 /* sum |w x| per (token, row): the scale errors are measured against. */
 static double abs_dot(const struct problem *p, int64_t t, int64_t r) {
     double s = 0.0;
@@ -290,6 +370,11 @@ int main(void) {
         test_matvec_passes(&d, QUANT_Q4_0, 67, 256, pass_tokens[n]);
         test_matvec_passes(&d, QUANT_Q4_K, 203, 2304, pass_tokens[n]);
     }
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        test_matvec_each(&d, types[t], 512, 1);
+        test_matvec_each(&d, types[t], 512, 5);
+    }
+    test_matvec_each(&d, QUANT_Q4_0, 2304, 11); /* passes of 8 side by side */
     const int64_t gemm_tokens[] = {9, 64, 130};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
         for (size_t n = 0; n < sizeof gemm_tokens / sizeof gemm_tokens[0]; n++) {

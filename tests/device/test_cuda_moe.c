@@ -1,6 +1,7 @@
 /* GPU test: MoE routing against cpu_moe_route (same experts, weights to float rounding), and the
  * expert FFN: up to 8 tokens against cpu_moe (the same quantized activations); beyond, the
- * f16 tensor-core path against a double-precision FFN on f16-rounded operands. Also a subset
+ * f16 tensor-core path against a double-precision FFN on f16-rounded operands; small steps both
+ * on the fused kernels (the default) and on the grouped ones. Also a subset
  * of experts (mask), accumulation into the output, and per-expert pointer tables; and a routed
  * split's mask against the planner's rule (plan_routed_split). */
 #include "cpu/moe.h"
@@ -130,8 +131,11 @@ static void test_route(struct dt *d, int64_t n_tokens, int n_expert, int k, bool
 
 enum variant { PLAIN, MASKED, TABLES };
 
+static int n_fused; /* cases that ran on the fused kernels */
+
+/* fused: through cuda_moe_ffn (which fuses small steps), else cuda_moe_ffn_grouped. */
 static void test_ffn(struct dt *d, enum quant_type gate_type, enum quant_type down_type, int n_expert, int k,
-                     int64_t n_embd, int64_t n_ff, int64_t n_tokens, enum variant variant, int matvec_max) {
+                     int64_t n_embd, int64_t n_ff, int64_t n_tokens, enum variant variant, int matvec_max, bool fused) {
     const size_t mark = cuda_arena_mark(&d->arena);
     struct experts e;
     experts_init(d, &e, gate_type, down_type, n_expert, k, n_embd, n_ff);
@@ -178,9 +182,9 @@ static void test_ffn(struct dt *d, enum quant_type gate_type, enum quant_type do
     }
     float *dout = dt_upload(d, base, 4 * (size_t)(n_tokens * n_embd));
     const size_t wb = cuda_moe_work_bytes(&e.dev, n_tokens);
-    DT_CHECK(cuda_moe_ffn(&e.dev, dt_upload(d, x, 4 * (size_t)(n_tokens * n_embd)), dt_upload(d, ids, 4 * (size_t)(n_tokens * k)),
-                          dt_upload(d, w, 4 * (size_t)(n_tokens * k)), n_tokens, dout, variant == MASKED, dt_alloc(d, wb), wb,
-                          d->s));
+    DT_CHECK((fused ? cuda_moe_ffn : cuda_moe_ffn_grouped)(
+        &e.dev, dt_upload(d, x, 4 * (size_t)(n_tokens * n_embd)), dt_upload(d, ids, 4 * (size_t)(n_tokens * k)),
+        dt_upload(d, w, 4 * (size_t)(n_tokens * k)), n_tokens, dout, variant == MASKED, dt_alloc(d, wb), wb, d->s));
     dt_download(d, got, dout, 4 * (size_t)(n_tokens * n_embd));
     double scale = 0.0;
     for (int64_t i = 0; i < n_tokens * n_embd; i++) scale = fmax(scale, fabs(want[i]));
@@ -190,9 +194,12 @@ static void test_ffn(struct dt *d, enum quant_type gate_type, enum quant_type do
     const double tol = gemm ? 5e-4 : 1e-3;
     const double err = dt_max_err(got, want, n_tokens * n_embd, scale, &where);
     static const char *names[] = {"", " masked+accumulate", " pointer tables"};
-    dt_case(d, err <= tol, "moe %-4s/%-4s %2d experts top %d, %lld x %lld, %3lld tokens (%s%s)%s: max err %.2e of %.3g (tol %.0e)",
+    const bool fused_path = fused && cuda_moe_fuses(&e.dev, n_tokens);
+    n_fused += fused_path;
+    dt_case(d, err <= tol, "moe %-4s/%-4s %3d experts top %d, %lld x %lld, %3lld tokens (%s%s)%s: max err %.2e of %.3g (tol %.0e)",
             quant_type_name(gate_type), quant_type_name(down_type), n_expert, k, (long long)n_embd, (long long)n_ff,
-            (long long)n_tokens, gemm ? "gemm" : "matvec", matvec_max ? ", forced" : "", names[variant], err, scale, tol);
+            (long long)n_tokens, gemm ? "gemm" : fused_path ? "fused" : "matvec", matvec_max ? ", forced" : "",
+            names[variant], err, scale, tol);
     if (!(err <= tol))
         printf("    token %lld dim %lld: got %.7g want %.7g\n", (long long)(where / n_embd), (long long)(where % n_embd),
                got[where], want[where]);
@@ -252,18 +259,31 @@ int main(void) {
     test_routed_mask(&d, 128, 8, 200);
     test_routed_mask(&d, 8, 2, 50);
     const int64_t tokens[] = {1, 3, 8, 12, 20, 70};
+    const struct { enum quant_type gate, down; int n_expert, k, n_embd, n_ff; enum variant v; } c[6] = {
+        {QUANT_Q4_0, QUANT_Q4_0, 16, 4, 256, 512, PLAIN}, {QUANT_Q4_K, QUANT_Q6_K, 16, 4, 256, 512, PLAIN},
+        {QUANT_Q8_0, QUANT_Q5_K, 8, 2, 512, 256, MASKED}, {QUANT_F16, QUANT_Q4_1, 8, 3, 256, 256, TABLES},
+        {QUANT_Q2_K, QUANT_Q2_K, 128, 8, 512, 256, PLAIN}, {QUANT_Q4_0, QUANT_Q8_0, 128, 8, 256, 768, MASKED}};
     /* Each count on the kernel its size picks, then (past one token) on the other one: groups of
-     * more pairs than a matrix-vector pass takes, and the tiled GEMM's mostly empty tiles. */
+     * more pairs than a matrix-vector pass takes, and the tiled GEMM's mostly empty tiles. Up to
+     * 8 tokens the default is the fused kernels; the grouped matrix-vector kernels run too. */
     for (size_t i = 0; i < sizeof tokens / sizeof tokens[0]; i++)
-        for (int forced = 0; forced < (tokens[i] > 1 ? 2 : 1); forced++) {
-            const struct { enum quant_type gate, down; int n_expert, k, n_embd, n_ff; enum variant v; } c[4] = {
-                {QUANT_Q4_0, QUANT_Q4_0, 16, 4, 256, 512, PLAIN}, {QUANT_Q4_K, QUANT_Q6_K, 16, 4, 256, 512, PLAIN},
-                {QUANT_Q8_0, QUANT_Q5_K, 8, 2, 512, 256, MASKED}, {QUANT_F16, QUANT_Q4_1, 8, 3, 256, 256, TABLES}};
-            for (int j = 0; j < 4; j++) {
+        for (int forced = 0; forced < (tokens[i] > 1 ? 2 : 1); forced++)
+            for (int j = 0; j < 6; j++) {
+                if (j >= 4 && tokens[i] > 8) continue; /* (the fused cases) */
                 const bool tiled = tokens[i] > cuda_moe_matvec_max_tokens(c[j].n_expert, c[j].k);
                 test_ffn(&d, c[j].gate, c[j].down, c[j].n_expert, c[j].k, c[j].n_embd, c[j].n_ff, tokens[i], c[j].v,
-                         !forced ? 0 : tiled ? 1 << 30 : 1);
+                         !forced ? 0 : tiled ? 1 << 30 : 1, true);
+                if (!forced && tokens[i] <= CUDA_MOE_FUSED_MAX_TOKENS)
+                    test_ffn(&d, c[j].gate, c[j].down, c[j].n_expert, c[j].k, c[j].n_embd, c[j].n_ff, tokens[i], c[j].v,
+                             0, false);
             }
-        }
+    /* Every small default case above fuses (rows of 16-, 8- and 4-byte multiples among them), and
+     * so does qwen30b's layer (Q4_0, 128 experts top 8, 2048 x 768) at 1 and 8 tokens. */
+    struct cuda_moe q30 = {.n_expert = 128, .k = 8};
+    q30.gate = q30.up = (struct cuda_matrix){QUANT_Q4_0, d.arena.base, 2048, 768, 128, quant_row_bytes(QUANT_Q4_0, 2048), false};
+    q30.down = (struct cuda_matrix){QUANT_Q4_0, d.arena.base, 768, 2048, 128, quant_row_bytes(QUANT_Q4_0, 768), false};
+    const bool q30_fuses = cuda_moe_fuses(&q30, 1) && cuda_moe_fuses(&q30, 8) && !cuda_moe_fuses(&q30, 9);
+    dt_case(&d, n_fused == 18 && q30_fuses, "fused kernels ran %d of the 18 small default cases; qwen30b's layer fuses at 1-8 tokens: %s",
+            n_fused, q30_fuses ? "yes" : "no");
     return dt_finish(&d);
 }

@@ -1,0 +1,144 @@
+/* The activation quantizers as device functions, byte-identical to the CPU reference quantizers
+ * (src/quant/act_ref.c): the cuda_quantize kernels and the fused MoE kernels, which quantize the
+ * experts' hidden rows in shared memory, both call these. Division and rounding are IEEE (no
+ * fast-math), which is what makes the bytes equal: d = amax / 127, id = 127 / amax,
+ * q = round-half-even(x * id). */
+#ifndef CUDA_QUANTIZE_ACT_CUH
+#define CUDA_QUANTIZE_ACT_CUH
+
+#include "cuda/cuda_internal.cuh"
+
+/* One warp, one block of 32: lane j quantizes element j of x (v, its value) into Q8_0 (34 bytes) or, WITH_SUM,
+ * Q8_1 (36 bytes: s = d * sum(q) from the unrounded d, as the reference). */
+template <bool WITH_SUM> __device__ __forceinline__ void qa_q8_value(float v, uint8_t *o, int lane) {
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const int q = __float2int_rn(v * id);
+    const int qs_offset = WITH_SUM ? 4 : 2;
+    o[qs_offset + lane] = (uint8_t)(int8_t)q;
+    const int sum = WITH_SUM ? warp_sum_int(q) : 0;
+    if (lane == 0) {
+        *(__half *)o = __float2half_rn(d);
+        if (WITH_SUM) *(__half *)(o + 2) = __float2half_rn(d * (float)sum);
+    }
+}
+
+template <bool WITH_SUM> __device__ __forceinline__ void qa_q8_block(const float *x, uint8_t *o, int lane) {
+    qa_q8_value<WITH_SUM>(x[lane], o, lane);
+}
+
+/* One warp, one Q8_K super-block of 256 (292 bytes), lane l holding elements 8l..8l+7 (x 16-byte
+ * aligned; x0, x1 their values). The element of largest magnitude (the first on ties) maps to -127, so the scale
+ * carries its sign. */
+__device__ __forceinline__ void qa_q8_K_values(float4 x0, float4 x1, uint8_t *o, int lane) {
+    const float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    float amax = 0.0f, max = 0.0f;
+    int idx = 1 << 30;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (fabsf(v[j]) > amax) {
+            amax = fabsf(v[j]);
+            max = v[j];
+            idx = lane * 8 + j;
+        }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float a2 = __shfl_xor_sync(0xffffffffu, amax, off), m2 = __shfl_xor_sync(0xffffffffu, max, off);
+        const int i2 = __shfl_xor_sync(0xffffffffu, idx, off);
+        if (a2 > amax || (a2 == amax && i2 < idx)) {
+            amax = a2;
+            max = m2;
+            idx = i2;
+        }
+    }
+    uint32_t packed[2] = {0, 0};
+    int sum = 0;
+    float d = 0.0f;
+    if (amax != 0.0f) {
+        const float iscale = -127.0f / max;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int q = min(__float2int_rn(iscale * v[j]), 127);
+            sum += q;
+            packed[j / 4] |= (uint32_t)(uint8_t)(int8_t)q << (8 * (j % 4));
+        }
+        d = 1.0f / iscale;
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1); /* two lanes make one group of 16 */
+    uint32_t *qs = (uint32_t *)(o + 4 + lane * 8);
+    qs[0] = packed[0];
+    qs[1] = packed[1];
+    if (lane % 2 == 0) *(int16_t *)(o + 260 + lane) = (int16_t)sum;
+    if (lane == 0) *(float *)o = d;
+}
+
+__device__ __forceinline__ void qa_q8_K_block(const float *x, uint8_t *o, int lane) {
+    const float4 *xv = (const float4 *)(x + lane * 8);
+    qa_q8_K_values(xv[0], xv[1], o, lane);
+}
+
+/* Round to nearest even on the top 16 bits, NaNs kept quiet, as bf16_from_f32 does. */
+__device__ __forceinline__ uint16_t qa_bf16(float x) {
+    const uint32_t u = __float_as_uint(x);
+    return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 64) : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+/* n_rows rows of n (a multiple of 32; of 256 for Q8_K) f32 values, rows x_stride floats apart, into
+ * act_type (F32, F16, BF16, Q8_0, Q8_1, Q8_K), rows out_stride bytes apart at out, by the n_warps
+ * warps of a block (warp w of them, lane lane). A warp takes blocks of the format in turn, loading
+ * QA_BATCH of them before quantizing any, so their loads are in flight together. */
+enum { QA_BATCH = 8 };
+__device__ __forceinline__ void qa_rows(enum quant_type act_type, const float *x, int64_t x_stride, int n, int n_rows,
+                                        uint8_t *out, size_t out_stride, int w, int n_warps, int lane) {
+    if (act_type == QUANT_Q8_1 || act_type == QUANT_Q8_0) {
+        const int per_row = n / 32, total = per_row * n_rows, bytes = act_type == QUANT_Q8_1 ? 36 : 34;
+        for (int b0 = w; b0 < total; b0 += QA_BATCH * n_warps) {
+            float v[QA_BATCH];
+#pragma unroll
+            for (int u = 0; u < QA_BATCH; u++) {
+                const int b = b0 + u * n_warps, r = b / per_row;
+                v[u] = b < total ? x[r * x_stride + 32 * (b - r * per_row) + lane] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < QA_BATCH; u++) {
+                const int b = b0 + u * n_warps, r = b / per_row;
+                if (b >= total) break;
+                uint8_t *o = out + r * out_stride + (size_t)bytes * (b - r * per_row);
+                if (act_type == QUANT_Q8_1) qa_q8_value<true>(v[u], o, lane);
+                else qa_q8_value<false>(v[u], o, lane);
+            }
+        }
+    } else if (act_type == QUANT_Q8_K) {
+        const int per_row = n / 256, total = per_row * n_rows;
+        for (int b0 = w; b0 < total; b0 += QA_BATCH / 2 * n_warps) {
+            float4 v[QA_BATCH];
+#pragma unroll
+            for (int u = 0; u < QA_BATCH / 2; u++) {
+                const int b = b0 + u * n_warps, r = b / per_row;
+                if (b < total) {
+                    const float4 *xv = (const float4 *)(x + r * x_stride + 256 * (b - r * per_row) + lane * 8);
+                    v[2 * u] = xv[0], v[2 * u + 1] = xv[1];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < QA_BATCH / 2; u++) {
+                const int b = b0 + u * n_warps, r = b / per_row;
+                if (b >= total) break;
+                qa_q8_K_values(v[2 * u], v[2 * u + 1], out + r * out_stride + (size_t)292 * (b - r * per_row), lane);
+            }
+        }
+    } else {
+        for (int r = 0; r < n_rows; r++) {
+            const float *xr = x + r * x_stride;
+            uint8_t *o = out + r * out_stride;
+            for (int i = w * 32 + lane; i < n; i += 32 * n_warps) {
+                if (act_type == QUANT_F16) ((__half *)o)[i] = __float2half_rn(xr[i]);
+                else if (act_type == QUANT_BF16) ((uint16_t *)o)[i] = qa_bf16(xr[i]);
+                else ((float *)o)[i] = xr[i];
+            }
+        }
+    }
+}
+
+#endif
