@@ -119,6 +119,8 @@ typedef struct pshard_gen_stats {
     double decode_gpu_between_ms, decode_gpu_handoff_ms;
     int32_t decode_handoffs;
     int stopped_by_eog;       /* ended at an end-of-generation token */
+    int32_t n_images_encoded; /* images of the prompt encoded by this call (the others were kept) */
+    double image_encode_ms;   /* decoding, preprocessing and encoding them (inside ttft_ms) */
     /* What the planner's cost model predicted for this call (0 when the plan was not chosen by
      * it): the prompt's steps, and one decode step. */
     double predicted_prefill_ms, predicted_decode_step_ms;

@@ -175,7 +175,7 @@ pshard_status pshard_generate(pshard_ctx *ctx, const char *prompt, const pshard_
         return core_fail(PSHARD_ERR_INVALID_ARG, "requests are running (pshard_request_add); step them to the end or cancel them first");
     const double t_start = core_now_ms();
     int32_t n_prompt = 0;
-    CORE_TRY(engine_vision_prompt(ctx, prompt, opts, &n_prompt));
+    CORE_TRY(engine_vision_prompt(ctx, prompt, opts, &n_prompt, stats));
 
     /* Reuse the longest common prefix of the cache; at least one token must run for logits. */
     int32_t keep = 0;

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/grow.h"
 #include "core/threadpool.h"
+#include "core/timer.h"
 #include "engine/engine_internal.h"
 #include "vision/encoder.h"
 #include "vision/image.h"
@@ -173,7 +174,8 @@ static pshard_status image_bytes(const pshard_image *im, int32_t i, uint8_t **ow
 
 /* The kept entry of each of the call's images (which[i]), encoding those not kept; entries no
  * image of this prompt uses are dropped first (the conversation moved on). */
-static pshard_status gather_images(struct engine_vision *v, const pshard_gen_opts *opts, int32_t *which) {
+static pshard_status gather_images(struct engine_vision *v, const pshard_gen_opts *opts, int32_t *which,
+                                   pshard_gen_stats *stats) {
     const int32_t n = opts->n_images;
     uint64_t(*hashes)[2] = malloc(sizeof *hashes * (size_t)(n ? n : 1));
     size_t *sizes = malloc(sizeof *sizes * (size_t)(n ? n : 1));
@@ -214,9 +216,12 @@ static pshard_status gather_images(struct engine_vision *v, const pshard_gen_opt
         struct kept_image *k = &v->kept[v->n_kept];
         memset(k, 0, sizeof *k);
         const struct encode_progress progress = {opts, i, n};
+        const double t0 = core_now_ms();
         if (st == PSHARD_OK) st = encode(v, bytes, size, label, &progress, k);
         free(owned);
         if (st != PSHARD_OK) break;
+        stats->image_encode_ms += core_now_ms() - t0;
+        stats->n_images_encoded++;
         memcpy(k->hash, hashes[i], sizeof k->hash);
         k->size = sizes[i];
         k->key = -(++v->next_key);
@@ -304,7 +309,8 @@ static pshard_status build(pshard_ctx *ctx, const char *prompt, const pshard_gen
     return PSHARD_OK;
 }
 
-pshard_status engine_vision_prompt(pshard_ctx *ctx, const char *prompt, const pshard_gen_opts *opts, int32_t *n_prompt) {
+pshard_status engine_vision_prompt(pshard_ctx *ctx, const char *prompt, const pshard_gen_opts *opts, int32_t *n_prompt,
+                                   pshard_gen_stats *stats) {
     struct engine_vision *v = ctx->vision;
     if (opts->n_images < 0 || (opts->n_images > 0 && !opts->images))
         return core_fail(PSHARD_ERR_INVALID_ARG, "%d images and %s list of them", opts->n_images, opts->images ? "a" : "no");
@@ -323,7 +329,7 @@ pshard_status engine_vision_prompt(pshard_ctx *ctx, const char *prompt, const ps
                          markers == 1 ? "" : "s", PSHARD_IMAGE_MARKER, opts->n_images, opts->n_images == 1 ? "" : "s");
     int32_t *which = malloc(sizeof(int32_t) * (size_t)(opts->n_images ? opts->n_images : 1));
     if (!which) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
-    pshard_status st = gather_images(v, opts, which);
+    pshard_status st = gather_images(v, opts, which, stats);
     if (st == PSHARD_OK) st = build(ctx, prompt, opts, which, n_prompt);
     free(which);
     if (st != PSHARD_OK) v->n_runs = 0, v->rope_shift = 0;

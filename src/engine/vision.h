@@ -13,10 +13,11 @@ struct engine_vision;
 void engine_vision_free(struct engine_vision *v);
 
 /* Tokenize `prompt` into ctx->prompt with its images (opts->images, one per marker), encoding
- * those not kept from earlier calls. An image token is stored as a key that names its image
+ * those not kept from earlier calls (counted and timed in stats). An image token is stored as a key that names its image
  * (negative: never a vocabulary id), so the cached prefix is reused only where the same images
  * sit at the same places. Without markers and images this is the plain tokenization. */
-pshard_status engine_vision_prompt(pshard_ctx *ctx, const char *prompt, const pshard_gen_opts *opts, int32_t *n_prompt);
+pshard_status engine_vision_prompt(pshard_ctx *ctx, const char *prompt, const pshard_gen_opts *opts, int32_t *n_prompt,
+                                   pshard_gen_stats *stats);
 
 /* A prompt step over tokens [start, start + b->n_tokens): shortened so it holds at most one
  * image's run, with vocabulary ids for b->tokens; returns its rope positions (where images moved

@@ -245,6 +245,8 @@ void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *s) {
     fprintf(stderr, "\nprompt: %d tokens (%d reused) in %.0f ms = %.1f tok/s; TTFT %.0f ms; %s of weights over PCIe\n",
             s->n_prompt, s->n_prompt_cached, s->prefill_ms, s->prefill_ms > 0 ? s->n_prompt * 1e3 / s->prefill_ms : 0.0,
             s->ttft_ms, cli_format_bytes(s->prefill_streamed_bytes, streamed, sizeof streamed));
+    if (s->n_images_encoded > 0)
+        fprintf(stderr, "images: %d encoded in %.0f ms (within the TTFT)\n", s->n_images_encoded, s->image_encode_ms);
     if (s->n_generated > 1 && s->decode_ms > 0) {
         const double tps = (s->n_generated - 1) * 1e3 / s->decode_ms;
         fprintf(stderr, "decode: %d tokens at %.1f tok/s; %s of weights read per token = %.1f GB/s (%d threads)",
