@@ -31,9 +31,9 @@ def files(tmp_path_factory):
     return d
 
 
-def pshard_ids(files, prompt, images, encoder=False):
+def pshard_ids(files, prompt, images, encoder=False, extra=()):
     args = ["run", "-m", str(files / "tiny-qwen25vl.gguf"), "--raw", "--temp", "0", "-n", str(N), "--ids", "-q",
-            "-t", "2", "-p", prompt]
+            "-t", "2", "-p", prompt, *extra]
     if images or encoder:
         args += ["--mmproj", str(files / "tiny-qwen25vl-mmproj.gguf")]
         for im in images:
@@ -98,6 +98,16 @@ def test_greedy_tokens_match_llama_cpp(files, prompt, images):
 def test_text_alone_with_the_encoder_loaded(files):
     prompt = "The quick brown fox jumps over the lazy dog."
     assert pshard_ids(files, prompt, [], encoder=True) == pshard_ids(files, prompt, [])
+
+
+def test_images_over_small_steps(files):
+    """Steps of 5 tokens cut each image's run into pieces (and never hold two images' tokens):
+    the same tokens as whole-image steps. A context too small for an image is a clear error."""
+    prompt, images = "A <__image__> B <__image__> C", ["a.png", "b.png"]
+    assert pshard_ids(files, prompt, images, extra=["-b", "5"]) == pshard_ids(files, prompt, images)
+    proc = run_pshard("run", "-m", str(files / "tiny-qwen25vl.gguf"), "--mmproj", str(files / "tiny-qwen25vl-mmproj.gguf"),
+                      "--image", str(files / "a.png"), "-c", "60", "-p", "x", check=False)
+    assert proc.returncode == 1 and "77 tokens" in proc.stderr and "-c" in proc.stderr
 
 
 def test_the_image_matters(files):
