@@ -121,7 +121,8 @@ template <int DPT> __global__ void __launch_bounds__(AD_THREADS) attn_decode_ker
             for (int j0 = 0; j0 < n;) { /* the tile's cells a block at a time: one lookup each */
                 const int c = c0 + j0, in_block = c % bc, run = min(n - j0, bc - in_block);
                 const uint16_t *vr = vb + ((int64_t)blocks[c / bc] * bc + in_block) * v_width + d;
-                for (int j = 0; j < run; j++) {
+#pragma unroll 8
+                for (int j = 0; j < run; j++) { /* (unrolled: eight cells' loads in flight at once) */
                     const float vf = __half2float(*(const __half *)(vr + (int64_t)j * v_width));
 #pragma unroll
                     for (int g = 0; g < AD_MAX_GROUP; g++)
@@ -149,23 +150,41 @@ template <int DPT> __global__ void __launch_bounds__(AD_THREADS) attn_decode_ker
     }
 }
 
-/* Merge the slices of one (token, head): out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M). */
+/* Merge the slices of one (token, head): out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M). The
+ * slices' factors e^(m_s - M) are computed once into shared memory (at most AC_MAX_SPLITS slices
+ * there; more take them from expf each time), the sums run in slice order either way. */
+enum { AC_MAX_SPLITS = 512 };
 __global__ void attn_combine_kernel(const float *part_o, const float *part_ml, int n_splits, int head_v, float *out) {
+    __shared__ float factor[AC_MAX_SPLITS];
+    __shared__ float red[32];
     const int h = blockIdx.x, t = blockIdx.y, n_head = gridDim.x;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
     const int64_t slot0 = ((int64_t)t * n_head + h) * n_splits;
     float mx = -INFINITY;
-    for (int s = 0; s < n_splits; s++) mx = fmaxf(mx, part_ml[(slot0 + s) * 2]);
+    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) mx = fmaxf(mx, part_ml[(slot0 + s) * 2]);
+    mx = warp_max(mx);
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    mx = red[0];
+    for (int w = 1; w < n_warps; w++) mx = fmaxf(mx, red[w]);
+    const bool cached = n_splits <= AC_MAX_SPLITS;
+    for (int s = threadIdx.x; cached && s < n_splits; s += blockDim.x) {
+        const float ms = part_ml[(slot0 + s) * 2];
+        factor[s] = ms != -INFINITY ? expf(ms - mx) : 0.0f;
+    }
+    __syncthreads();
     float sum = 0.0f;
     for (int s = 0; s < n_splits; s++) {
         const float ms = part_ml[(slot0 + s) * 2];
-        if (ms != -INFINITY) sum += part_ml[(slot0 + s) * 2 + 1] * expf(ms - mx);
+        if (ms != -INFINITY) sum += part_ml[(slot0 + s) * 2 + 1] * (cached ? factor[s] : expf(ms - mx));
     }
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     for (int d = threadIdx.x; d < head_v; d += blockDim.x) {
         float o = 0.0f;
+#pragma unroll 8
         for (int s = 0; s < n_splits; s++) {
             const float ms = part_ml[(slot0 + s) * 2];
-            if (ms != -INFINITY) o += part_o[(slot0 + s) * head_v + d] * expf(ms - mx);
+            if (ms != -INFINITY) o += part_o[(slot0 + s) * head_v + d] * (cached ? factor[s] : expf(ms - mx));
         }
         out[((int64_t)t * n_head + h) * head_v + d] = o * inv;
     }
