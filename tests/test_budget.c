@@ -217,7 +217,7 @@ static void test_trim(void **state) {
     struct plan whole, trimmed;
     assert_int_equal(exec_replan(ctx->exec, 4 * GIB, NULL, false, &whole), PSHARD_OK);
     assert_int_equal(whole.budget.total, 4 * GIB);
-    assert_true(whole.budget.free > GIB);
+    assert_true(whole.budget.free > (uint64_t)GIB);
     assert_int_equal(exec_replan(ctx->exec, 4 * GIB, NULL, true, &trimmed), PSHARD_OK);
     const uint64_t used = whole.budget.total - whole.budget.free;
     assert_true(trimmed.budget.total >= used && trimmed.budget.total < used + MIB);
