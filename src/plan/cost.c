@@ -61,7 +61,7 @@ struct walk {
     const struct plan *p;
     const struct plan_tier *t;
     double n, n_out, ctx; /* tokens, output rows of the head, mean attended cells */
-    double past;          /* cells cached before the step */
+    double carried;       /* KV-up: cells cached before the step, of every sequence in it */
     bool graph, on_gpu;
     struct cost_step *out;
     /* A ring tier's copies, on their own clock: they run ahead while the GPU computes other
@@ -348,7 +348,7 @@ static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
         const struct profile *pr = w->prof;
         if (w->t->ring && plan_shard_units(w->p, s, place)) {
             slot = (int)(w->unit % w->p->n_slots);
-            copy_ahead(w, (double)bytes + (kv_up ? w->past * (double)s->kv_bytes_per_token : 0), slot);
+            copy_ahead(w, (double)bytes + (kv_up ? w->carried * (double)s->kv_bytes_per_token : 0), slot);
         } else {
             const double *in_place = profile_in_place(pr, w->m->weights_skew, false);
             const double stream = w->t->ring ? gbps_s((double)bytes, profile_at_size(pr->h2d_gbps, (double)bytes))
@@ -625,13 +625,15 @@ static double learned_scale(const struct profile *prof, const struct model *m, e
     return n ? exp(log_sum / n) : 0;
 }
 
-/* A step whose tokens attend mean_cells cells each (one sequence's: its past and half the step). */
+/* A step whose tokens attend mean_cells cells each (one sequence's: its past and half the step),
+ * carrying `carried` cached cells up for each layer whose KV rides the ring (every sequence's in
+ * the step: the executor copies each one's blocks). */
 static void step_attending(const struct profile *prof, const struct model *m, const struct plan *p,
-                           const struct plan_tier *t, int32_t n_tokens, int32_t n_past, double mean_cells,
+                           const struct plan_tier *t, int32_t n_tokens, double carried, double mean_cells,
                            struct cost_step *out) {
     memset(out, 0, sizeof *out);
     const double n = n_tokens > 0 ? n_tokens : 1;
-    struct walk w = {.prof = prof, .m = m, .p = p, .t = t, .n = n, .n_out = 1, .ctx = mean_cells, .past = n_past, .out = out};
+    struct walk w = {.prof = prof, .m = m, .p = p, .t = t, .n = n, .n_out = 1, .ctx = mean_cells, .carried = carried, .out = out};
     w.graph = plan_tier_replays(t, n_tokens);
     if (!prof->has_gpu && t->any_gpu) {
         out->seconds = INFINITY;
@@ -687,11 +689,12 @@ void cost_plan_step(const struct profile *prof, const struct model *m, const str
     cost_step(prof, m, runs, plan_tier_for(runs, n_tokens), n_tokens, n_past, out);
 }
 
-/* A step of tokens of many sequences: each attends its own sequence's mean_cells cells. */
+/* A step of tokens of many sequences: each attends its own sequence's mean_cells cells, and the
+ * sequences in it had `carried` cells cached before it, all together. */
 static void plan_step_attending(const struct profile *prof, const struct model *m, const struct plan *p, int32_t n_tokens,
-                                double mean_cells, struct cost_step *out) {
+                                double carried, double mean_cells, struct cost_step *out) {
     const struct plan *runs = plan_for_step(p, n_tokens, (int32_t)mean_cells + 1);
-    step_attending(prof, m, runs, plan_tier_for(runs, n_tokens), n_tokens, (int32_t)mean_cells, mean_cells, out);
+    step_attending(prof, m, runs, plan_tier_for(runs, n_tokens), n_tokens, carried, mean_cells, out);
 }
 
 void cost_decode_mean(const struct profile *prof, const struct model *m, const struct plan *p, int32_t n_prompt,
@@ -736,11 +739,12 @@ void cost_request(const struct profile *prof, const struct model *m, const struc
         const int32_t n = total - done < n_batch ? (int32_t)(total - done) : n_batch;
         double cells = 0;
         for (int64_t i = done; i < done + n; i++) cells += (double)(i % n_prompt) + 1;
-        plan_step_attending(prof, m, p, n, cells / n, &c);
+        /* cached before the step: the first prompt's tokens read already (the others start in it) */
+        plan_step_attending(prof, m, p, n, (double)(done % n_prompt), cells / n, &c);
         ttft += c.seconds;
         done += n;
     }
-    plan_step_attending(prof, m, p, n_seq, n_prompt + n_gen / 2.0 + 1, &c);
+    plan_step_attending(prof, m, p, n_seq, n_seq * (n_prompt + n_gen / 2.0), n_prompt + n_gen / 2.0 + 1, &c);
     *ttft_s = ttft;
     *decode_s = c.seconds;
 }

@@ -104,8 +104,8 @@ struct plan_request {
                              resident sets and phases are weighed by (0: PLAN_TYPICAL_DECODE) */
     bool kv_stream;       /* ring tiers may run the attention of layers whose KV cache is in host
                              memory on the GPU: the layer's cached cells travel up in its slot with
-                             its matrices, the step's new cells come back down (plan.kv_stream; one
-                             sequence only) */
+                             its matrices, the step's new cells come back down (plan.kv_stream;
+                             with several sequences where the pool's cells fit the slots) */
     bool long_decode;     /* phases: decode steps over long caches may run over another set than
                              short ones (plan.decode_from, decode_until) */
     int32_t decode_from;  /* with decode_set asked for: decode steps run over it only over caches of
