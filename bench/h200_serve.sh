@@ -46,7 +46,7 @@ for case in "$@"; do
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$out/smi_$n.txt" &
   smi=$!
   t0=$(date +%s)
-  until curl -sf $url/health >/dev/null 2>&1; do
+  until python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" $url/health 2>/dev/null; do
     if ! kill -0 $server 2>/dev/null; then echo "(the server exited)"; tail -5 "$log"; break; fi
     sleep 1
   done
