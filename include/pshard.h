@@ -226,6 +226,15 @@ typedef struct pshard_request {
                                      of the most likely tokens at each step */
     pshard_event_cb on_event;
     void *user;
+    /* Images (pshard_vision_load first): one for each PSHARD_IMAGE_MARKER of prompt (a text prompt),
+     * in order. pshard_request_add decodes and encodes them (images the context keeps, by content,
+     * from earlier requests and calls are not encoded again), so their bytes may go once it returns;
+     * a bad image fails it, naming the image ("image 2: ..."). */
+    const struct pshard_image *images;
+    int32_t n_images;
+    /* optional: the most tokens to generate, given the prompt's length (its images' tokens
+     * counted), in place of n_predict; called once by pshard_request_add with user */
+    int32_t (*n_predict_for)(void *user, int32_t n_prompt);
 } pshard_request;
 
 void pshard_request_default(pshard_request *req);
@@ -314,7 +323,9 @@ pshard_status pshard_budget_poll(pshard_ctx *ctx);
  *
  * Where a prompt (or a chat message's content) holds PSHARD_IMAGE_MARKER, the model reads
  * <|vision_start|>, the image's tokens (its encoder's embeddings, with their row and column
- * positions), <|vision_end|>. The encoder runs on the CPU. */
+ * positions), <|vision_end|>: in pshard_generate and pshard_chat (pshard_gen_opts.images) and in
+ * requests (pshard_request.images), each sequence with its own images. The encoder runs on the
+ * CPU. */
 #define PSHARD_IMAGE_MARKER "<__image__>"
 
 /* A JPEG or PNG image: a file, or its bytes in memory (path NULL). Files over 64 MiB, over 50
@@ -327,7 +338,8 @@ typedef struct pshard_image {
 
 /* Attach the vision encoder of an mmproj file to a context. Fails, naming the problem, for a file
  * that is not an mmproj, an unsupported projector, a model that takes no images (not qwen2vl), or
- * an encoder whose output width is not the model's embedding width (the pair does not match). */
+ * an encoder whose output width is not the model's embedding width (the pair does not match), and
+ * while requests are running. */
 pshard_status pshard_vision_load(pshard_ctx *ctx, const char *mmproj_path);
 
 /* Facts about the loaded model and context. */

@@ -3,7 +3,9 @@
  * each request that is generating, then prompt chunks of those still reading their prompt, up to
  * the step's token limit. Requests join and leave between any two steps (continuous batching).
  * A sequence that finishes keeps the tokens of its cells, so a later request that starts with
- * them (a system prompt) reuses them instead of computing them again. */
+ * them (a system prompt) reuses them instead of computing them again. A request with images
+ * carries its own image runs and rope positions (vision.c); a step holds at most one image's run,
+ * as the executor takes one run of input embeddings a step. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,12 +14,14 @@
 #include "core/grow.h"
 #include "core/timer.h"
 #include "engine/engine_internal.h"
+#include "engine/vision.h"
 
 enum { TOP_LOGPROBS_MAX = 20 };
 
 struct engine_request {
     int32_t id;
-    int32_t *tokens;           /* the prompt, then what was generated */
+    int32_t *tokens;           /* the prompt (image tokens as their image's key), then what was generated */
+    struct engine_images images; /* the prompt's images and rope positions */
     int32_t n_prompt, n_tokens, cap;
     int32_t n_computed;        /* tokens whose K/V are in the sequence's cells */
     int32_t max_cells;         /* the cells it may hold (the pool promised them when it was admitted) */
@@ -49,6 +53,8 @@ struct engine_batch {
     int32_t *tokens, *pos, *seq;
     int8_t *logits;
     struct engine_request **out_req;
+    int32_t *rope;            /* [3][n_batch]: the step's rope positions, where a request has images */
+    struct exec_media media;  /* what the step carries beyond its ids */
     int32_t last_tokens;
     enum plan_family last_family;
     int32_t top_tokens[TOP_LOGPROBS_MAX];
@@ -89,7 +95,9 @@ pshard_status engine_batch_create(pshard_ctx *ctx) {
     b->seq = malloc(sizeof(int32_t) * n_batch);
     b->logits = malloc(n_batch);
     b->out_req = malloc(sizeof *b->out_req * n_batch);
-    if (!b->active || !b->history || !b->history_len || !b->tokens || !b->pos || !b->seq || !b->logits || !b->out_req)
+    b->rope = malloc(sizeof(int32_t) * 3 * n_batch);
+    if (!b->active || !b->history || !b->history_len || !b->tokens || !b->pos || !b->seq || !b->logits || !b->out_req ||
+        !b->rope)
         return core_fail(PSHARD_ERR_NOMEM, "out of memory");
     b->history[0] = ctx->cached; /* the one-sequence calls' cache is sequence 0's */
     for (size_t s = 1; s < n_seq; s++)
@@ -101,6 +109,7 @@ pshard_status engine_batch_create(pshard_ctx *ctx) {
 static void request_free(struct engine_request *r) {
     if (!r) return;
     free(r->tokens);
+    engine_images_release(&r->images);
     for (size_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
     free(r->held);
@@ -123,6 +132,7 @@ void engine_batch_free(pshard_ctx *ctx) {
     free(b->seq);
     free(b->logits);
     free(b->out_req);
+    free(b->rope);
     free(b);
     ctx->batch = NULL;
 }
@@ -136,6 +146,12 @@ int32_t engine_batch_pending(const pshard_ctx *ctx) {
 
 /* The one-sequence calls keep their history in ctx->cached/n_cached: sequence 0's. */
 static int32_t *history_len(pshard_ctx *ctx, int32_t s) { return s == 0 ? &ctx->n_cached : &ctx->batch->history_len[s]; }
+
+const int32_t *engine_batch_held(const pshard_ctx *ctx, int32_t s, int32_t *n) {
+    const struct engine_request *a = ctx->batch->active[s];
+    *n = a ? a->n_computed : s == 0 ? ctx->n_cached : ctx->batch->history_len[s];
+    return a ? a->tokens : ctx->batch->history[s];
+}
 
 /* ---- Adding requests. */
 
@@ -151,17 +167,18 @@ static pshard_status copy_stops(struct engine_request *r, const pshard_request *
     return PSHARD_OK;
 }
 
+/* The request's prompt tokens (and images, encoded now where the context does not keep them). */
 static pshard_status request_tokens(pshard_ctx *ctx, const pshard_request *req, struct engine_request *r) {
     const int32_t n_ctx = ctx->params.n_ctx;
     int32_t n = 0;
     if (req->prompt) {
-        size_t got = 0;
-        const int flags = TOK_ADD_SPECIAL | (req->parse_special ? TOK_PARSE_SPECIAL : 0);
-        pshard_status st = tok_encode_into(ctx->tok, req->prompt, strlen(req->prompt), flags, ctx->prompt, (size_t)n_ctx, &got);
-        if (st == PSHARD_ERR_RANGE || (st == PSHARD_OK && got >= (size_t)n_ctx))
-            return core_fail(PSHARD_ERR_RANGE, "the prompt has %zu tokens but a sequence's context holds %d", got, n_ctx);
-        CORE_TRY(st);
-        n = (int32_t)got;
+        pshard_gen_opts opts;
+        pshard_gen_opts_default(&opts);
+        opts.parse_special = req->parse_special;
+        opts.images = req->images, opts.n_images = req->n_images;
+        CORE_TRY(engine_vision_tokenize(ctx, req->prompt, &opts, &r->images, &n, NULL));
+    } else if (req->n_images) {
+        return core_fail(PSHARD_ERR_INVALID_ARG, "images go with a text prompt that places them (%s)", PSHARD_IMAGE_MARKER);
     } else {
         if (req->n_prompt_tokens < 0 || (req->n_prompt_tokens && !req->prompt_tokens))
             return core_fail(PSHARD_ERR_INVALID_ARG, "no prompt given");
@@ -175,12 +192,13 @@ static pshard_status request_tokens(pshard_ctx *ctx, const pshard_request *req, 
                                  req->prompt_tokens[i], exec_n_vocab(ctx->exec));
     }
     if (n == 0) return core_fail(PSHARD_ERR_INVALID_ARG, "the prompt is empty");
+    if (req->n_predict_for) r->n_predict = req->n_predict_for(req->user, n);
     const struct exec_params *ep = exec_get_params(ctx->exec);
     const int32_t pool = ep->n_cells > 0 ? ep->n_cells : ep->n_ctx * ep->n_seq;
     if (n >= pool)
         return core_fail(PSHARD_ERR_RANGE, "the prompt has %d tokens but the KV cache holds %d (raise -c)", n, pool);
     /* Room for the prompt and what it may generate, the last token sampled but never computed. */
-    int64_t cap = req->n_predict < 0 ? (int64_t)n_ctx + 1 : (int64_t)n + req->n_predict + 1;
+    int64_t cap = r->n_predict < 0 ? (int64_t)n_ctx + 1 : (int64_t)n + r->n_predict + 1;
     if (cap > (int64_t)n_ctx + 1) cap = (int64_t)n_ctx + 1;
     r->tokens = malloc(sizeof(int32_t) * (size_t)cap);
     if (!r->tokens) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
@@ -208,8 +226,8 @@ pshard_status pshard_request_add(pshard_ctx *ctx, const pshard_request *req, int
     r->top_logprobs = req->top_logprobs;
     r->on_event = req->on_event, r->user = req->user;
     r->slot = -1;
-    pshard_status st = request_tokens(ctx, req, r);
-    if (st == PSHARD_OK) st = copy_stops(r, req);
+    pshard_status st = copy_stops(r, req);
+    if (st == PSHARD_OK) st = request_tokens(ctx, req, r); /* (images are encoded last) */
     if (st != PSHARD_OK) {
         request_free(r);
         return st;
@@ -352,13 +370,6 @@ static int32_t unpromised_cells(const pshard_ctx *ctx) {
     return free_cells > 0 ? (int32_t)free_cells : 0;
 }
 
-/* The tokens sequence s's cells hold: its request's computed ones, or what a finished one left. */
-static const int32_t *held_tokens(pshard_ctx *ctx, int32_t s, int32_t *n) {
-    const struct engine_request *a = ctx->batch->active[s];
-    *n = a ? a->n_computed : *history_len(ctx, s);
-    return a ? a->tokens : ctx->batch->history[s];
-}
-
 /* Give the oldest queued request a free sequence, if the pool can hold it to its end: the free
  * sequence whose cells share the longest prefix with its prompt, or, where another sequence's
  * cells share a longer one, a prefix shared with that sequence's blocks. At least its last
@@ -371,7 +382,7 @@ static bool admit_one(pshard_ctx *ctx) {
     int32_t slot = -1, keep = -1, source = -1, shared = 0;
     for (int32_t s = 0; s < b->n_parallel; s++) {
         int32_t n;
-        const int32_t *held = held_tokens(ctx, s, &n);
+        const int32_t *held = engine_batch_held(ctx, s, &n);
         const int32_t common = common_prefix(held, n, r->tokens, r->n_prompt - 1);
         if (!b->active[s] && common > keep) slot = s, keep = common;
         if (common > shared) source = s, shared = common;
@@ -464,16 +475,30 @@ static void take_token(pshard_ctx *ctx, struct engine_request *r, const float *l
         finish(ctx, r, PSHARD_FINISH_LENGTH, NULL, false);
 }
 
-/* One decode token of each generating request, then prompt chunks in the order they came. */
+/* Token n of the step: its id (an image token's as <|image_pad|>), place, and rope positions. */
+static void put_token(pshard_ctx *ctx, struct engine_request *r, int32_t p, int32_t n, bool logits) {
+    struct engine_batch *b = ctx->batch;
+    const int32_t limit = ctx->params.n_batch;
+    b->tokens[n] = engine_vision_token(ctx, r->tokens[p]), b->pos[n] = p, b->seq[n] = r->slot, b->logits[n] = logits;
+    b->out_req[n] = r;
+    int32_t rope[3];
+    engine_images_rope(&r->images, p, rope);
+    for (int a = 0; a < 3; a++) b->rope[a * limit + n] = rope[a];
+}
+
+/* One decode token of each generating request, then prompt chunks in the order they came; the
+ * first image a chunk reaches ends the step's prompt chunks after it (one image's run a step). */
 static int32_t gather(pshard_ctx *ctx) {
     struct engine_batch *b = ctx->batch;
     const int32_t limit = ctx->params.n_batch;
     int32_t n = 0;
+    bool images = false; /* some token's rope positions are not its cell's */
+    b->media = (struct exec_media){NULL, NULL, 0, 0};
     for (int32_t s = 0; s < b->n_parallel && n < limit; s++) {
         struct engine_request *r = b->active[s];
         if (!r || r->n_computed < r->n_prompt) continue;
-        b->tokens[n] = r->tokens[r->n_computed], b->pos[n] = r->n_computed, b->seq[n] = s, b->logits[n] = 1;
-        b->out_req[n++] = r;
+        put_token(ctx, r, r->n_computed, n++, true);
+        images |= r->images.n_runs > 0;
     }
     /* Prompts in admission order: the one admitted first (the lowest t_admit) first. */
     for (;;) {
@@ -483,15 +508,22 @@ static int32_t gather(pshard_ctx *ctx) {
             if (r && r->n_computed < r->n_prompt && (!next || r->t_admit < next->t_admit)) next = r;
         }
         if (!next || n >= limit) break;
-        const int32_t take = next->n_prompt - next->n_computed < limit - n ? next->n_prompt - next->n_computed : limit - n;
+        int32_t take = next->n_prompt - next->n_computed < limit - n ? next->n_prompt - next->n_computed : limit - n;
+        struct exec_media piece;
+        take = engine_images_piece(ctx, &next->images, next->n_computed, take, !b->media.embd, &piece);
+        if (piece.embd) b->media.embd = piece.embd, b->media.embd_first = n + piece.embd_first, b->media.embd_count = piece.embd_count;
         for (int32_t i = 0; i < take; i++) {
             const int32_t p = next->n_computed + i;
-            b->tokens[n] = next->tokens[p], b->pos[n] = p, b->seq[n] = next->slot;
-            b->logits[n] = p == next->n_prompt - 1;
-            b->out_req[n++] = next;
+            put_token(ctx, next, p, n++, p == next->n_prompt - 1);
         }
+        images |= next->images.n_runs > 0;
         next->n_computed += take; /* taken back below if the step fails */
         if (next->n_computed < next->n_prompt) break;
+    }
+    if (images) { /* [3][n]: the rows side by side */
+        memmove(b->rope + n, b->rope + limit, sizeof(int32_t) * (size_t)n);
+        memmove(b->rope + 2 * n, b->rope + 2 * limit, sizeof(int32_t) * (size_t)n);
+        b->media.rope_pos = b->rope;
     }
     return n;
 }
@@ -508,7 +540,8 @@ pshard_status pshard_step(pshard_ctx *ctx, int32_t *n_pending) {
     }
     const struct exec_batch batch = {n, b->tokens, b->pos, b->seq, b->logits};
     engine_budget_step(ctx);
-    const pshard_status st = exec_step(ctx->exec, &batch);
+    const bool media = b->media.rope_pos || b->media.embd;
+    const pshard_status st = exec_step_media(ctx->exec, &batch, media ? &b->media : NULL);
     int32_t max_pos = 0;
     for (int32_t i = 0; i < n; i++) max_pos = b->pos[i] + 1 > max_pos ? b->pos[i] + 1 : max_pos;
     b->last_family = plan_step_tier(exec_get_plan(ctx->exec), n, max_pos)->family;

@@ -45,6 +45,9 @@ pshard_status engine_batch_create(pshard_ctx *ctx);
 void engine_batch_free(pshard_ctx *ctx);
 /* Requests queued or running. */
 int32_t engine_batch_pending(const pshard_ctx *ctx);
+/* The tokens sequence s's cells hold: its request's computed ones, or what a finished one left
+ * (sequence 0's are the one-sequence calls' ctx->cached). */
+const int32_t *engine_batch_held(const pshard_ctx *ctx, int32_t s, int32_t *n);
 
 /* The executor's parameters of a context opened with p (engine.c): what a fresh context at a
  * budget plans with, and what a running one re-plans with. */

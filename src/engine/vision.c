@@ -1,6 +1,8 @@
-/* Images in the one-sequence calls: the encoder attached to a context, a conversation's images
- * kept by content, and prompts whose markers become <|vision_start|>, the image's tokens and
- * <|vision_end|>, as llama.cpp's multimodal library lays out a Qwen2-VL prompt. */
+/* Images in prompts: the encoder attached to a context, images kept by content while a prompt or a
+ * sequence's cells hold them, and prompts whose markers become <|vision_start|>, the image's
+ * tokens and <|vision_end|>, as llama.cpp's multimodal library lays out a Qwen2-VL prompt. The
+ * one-sequence calls and each request of the batched engine read their prompts through the same
+ * functions, each prompt with its own image runs and rope positions. */
 #include "engine/vision.h"
 
 #include <stdlib.h>
@@ -17,19 +19,21 @@
 #include "vision/mrope.h"
 #include "vision/preprocess.h"
 
-/* An encoded image, kept while the conversation's prompts hold it. */
+/* An encoded image, kept while a prompt holds it (refs) or a sequence's cells hold its tokens. */
 struct kept_image {
     uint64_t hash[2];
     size_t size;
     int32_t key; /* what its tokens are cached as: negative, never reused */
     uint32_t tokens_h, tokens_w;
     struct vision_embeddings embd;
-    bool used; /* by the prompt being built */
+    int32_t refs; /* runs of live prompts (the one-sequence call's, requests') */
+    bool held;    /* sweep's scratch: some sequence's cells hold its tokens */
 };
 
-/* The tokens [first, first + count) of the prompt are image `image`'s (an index into kept). */
+/* The tokens [first, first + count) of a prompt are `image`'s (one reference held). */
 struct image_run {
-    int32_t first, count, image;
+    int32_t first, count;
+    struct kept_image *image;
 };
 
 struct engine_vision {
@@ -37,23 +41,24 @@ struct engine_vision {
     struct mmproj mmproj;
     struct threadpool *pool;
     int32_t id_start, id_end, id_pad; /* <|vision_start|>, <|vision_end|>, <|image_pad|>; -1: not in the vocabulary */
-    struct kept_image *kept;
+    struct kept_image **kept;
     int32_t n_kept, next_key;
-    struct image_run *runs;
-    int32_t n_runs;
-    size_t cap_kept, cap_runs;
-    int32_t *rope;       /* [3][n_ctx]: the prompt's rope positions (time, row, column) */
-    int32_t rope_shift;  /* after the prompt: a cell's position minus its rope position */
+    size_t cap_kept;
+    struct engine_images prompt;      /* the one-sequence calls' prompt */
     int32_t *step_tokens, *step_rope; /* one step's [n_batch] ids and [3][n_batch] positions */
     struct exec_media media;          /* what that step carries */
 };
 
+static void kept_free(struct kept_image *k) {
+    vision_embeddings_free(&k->embd);
+    free(k);
+}
+
 void engine_vision_free(struct engine_vision *v) {
     if (!v) return;
-    for (int32_t i = 0; i < v->n_kept; i++) vision_embeddings_free(&v->kept[i].embd);
+    engine_images_release(&v->prompt);
+    for (int32_t i = 0; i < v->n_kept; i++) kept_free(v->kept[i]);
     free(v->kept);
-    free(v->runs);
-    free(v->rope);
     free(v->step_tokens);
     free(v->step_rope);
     threadpool_free(v->pool);
@@ -88,18 +93,22 @@ static pshard_status load(pshard_ctx *ctx, const char *path, struct engine_visio
     v->id_start = find_token(ctx->tok, "<|vision_start|>");
     v->id_end = find_token(ctx->tok, "<|vision_end|>");
     v->id_pad = find_token(ctx->tok, "<|image_pad|>");
-    const size_t n_ctx = (size_t)ctx->params.n_ctx, n_batch = (size_t)ctx->params.n_batch;
-    v->rope = malloc(sizeof(int32_t) * 3 * n_ctx);
+    const size_t n_batch = (size_t)ctx->params.n_batch;
     v->step_tokens = malloc(sizeof(int32_t) * n_batch);
     v->step_rope = malloc(sizeof(int32_t) * 3 * n_batch);
-    if (!v->rope || !v->step_tokens || !v->step_rope) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    if (!v->step_tokens || !v->step_rope) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
     return PSHARD_OK;
 }
 
 pshard_status pshard_vision_load(pshard_ctx *ctx, const char *mmproj_path) {
     if (!ctx || !mmproj_path) return core_fail(PSHARD_ERR_INVALID_ARG, "pshard_vision_load: a NULL argument");
+    if (engine_batch_pending(ctx))
+        return core_fail(PSHARD_ERR_INVALID_ARG, "requests are running (pshard_request_add); step them to the end or "
+                                                 "cancel them before loading a vision encoder");
     struct engine_vision *v = calloc(1, sizeof *v);
     if (!v) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    /* Keys go on from the encoder this one replaces: cells cached under its keys never match. */
+    v->next_key = ctx->vision ? ctx->vision->next_key : 0;
     pshard_status st = load(ctx, mmproj_path, v);
     if (st != PSHARD_OK) {
         engine_vision_free(v);
@@ -172,64 +181,70 @@ static pshard_status image_bytes(const pshard_image *im, int32_t i, uint8_t **ow
     return PSHARD_OK;
 }
 
-/* The kept entry of each of the call's images (which[i]), encoding those not kept; entries no
- * image of this prompt uses are dropped first (the conversation moved on). */
-static pshard_status gather_images(struct engine_vision *v, const pshard_gen_opts *opts, int32_t *which,
-                                   pshard_gen_stats *stats) {
-    const int32_t n = opts->n_images;
-    uint64_t(*hashes)[2] = malloc(sizeof *hashes * (size_t)(n ? n : 1));
-    size_t *sizes = malloc(sizeof *sizes * (size_t)(n ? n : 1));
-    if (!hashes || !sizes) {
-        free(hashes), free(sizes);
-        return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+/* Drop the kept images no prompt holds and no sequence's cells hold (a finished request's or the
+ * one-sequence calls' cells keep theirs, so a conversation that sends its image again finds it
+ * encoded and its cells reusable). */
+static void sweep(pshard_ctx *ctx, struct engine_vision *v) {
+    bool any = false;
+    for (int32_t k = 0; k < v->n_kept; k++) v->kept[k]->held = false, any |= v->kept[k]->refs == 0;
+    for (int32_t s = 0; any && s < ctx->params.n_parallel; s++) {
+        int32_t n;
+        const int32_t *held = engine_batch_held(ctx, s, &n);
+        for (int32_t i = 0; i < n; i++)
+            if (held[i] < 0 && (i == 0 || held[i] != held[i - 1]))
+                for (int32_t k = 0; k < v->n_kept; k++)
+                    if (v->kept[k]->key == held[i]) v->kept[k]->held = true;
     }
-    pshard_status st = PSHARD_OK;
-    for (int32_t k = 0; k < v->n_kept; k++) v->kept[k].used = false;
+    int32_t live = 0;
+    for (int32_t k = 0; k < v->n_kept; k++) {
+        if (v->kept[k]->refs > 0 || v->kept[k]->held) v->kept[live++] = v->kept[k];
+        else kept_free(v->kept[k]);
+    }
+    v->n_kept = live;
+}
+
+static struct kept_image *find_kept(const struct engine_vision *v, const uint64_t hash[2], size_t size) {
+    for (int32_t k = 0; k < v->n_kept; k++)
+        if (v->kept[k]->size == size && !memcmp(v->kept[k]->hash, hash, sizeof v->kept[k]->hash)) return v->kept[k];
+    return NULL;
+}
+
+/* The kept image of each of the call's images (which[i]; no reference taken), encoding those not
+ * kept. */
+static pshard_status gather_images(pshard_ctx *ctx, struct engine_vision *v, const pshard_gen_opts *opts,
+                                   struct kept_image **which, pshard_gen_stats *stats) {
+    sweep(ctx, v);
     char label[512];
-    for (int32_t i = 0; i < n && st == PSHARD_OK; i++) {
-        uint8_t *owned;
-        const uint8_t *bytes;
-        st = image_bytes(&opts->images[i], i, &owned, &bytes, &sizes[i], label, sizeof label);
-        if (st != PSHARD_OK) break;
-        content_hash(bytes, sizes[i], hashes[i]);
-        free(owned);
-        for (int32_t k = 0; k < v->n_kept; k++)
-            if (v->kept[k].size == sizes[i] && !memcmp(v->kept[k].hash, hashes[i], sizeof hashes[i])) v->kept[k].used = true;
-    }
-    int32_t live = 0; /* drop what this prompt does not hold */
-    for (int32_t k = 0; st == PSHARD_OK && k < v->n_kept; k++) {
-        if (v->kept[k].used) v->kept[live++] = v->kept[k];
-        else vision_embeddings_free(&v->kept[k].embd);
-    }
-    if (st == PSHARD_OK) v->n_kept = live;
-    for (int32_t i = 0; i < n && st == PSHARD_OK; i++) {
-        which[i] = -1;
-        for (int32_t k = 0; k < v->n_kept && which[i] < 0; k++)
-            if (v->kept[k].size == sizes[i] && !memcmp(v->kept[k].hash, hashes[i], sizeof hashes[i])) which[i] = k;
-        if (which[i] >= 0) continue;
-        st = core_grow((void **)&v->kept, &v->cap_kept, (size_t)v->n_kept + 1, sizeof *v->kept);
-        if (st != PSHARD_OK) break;
-        uint8_t *owned;
-        const uint8_t *bytes;
-        size_t size;
-        st = image_bytes(&opts->images[i], i, &owned, &bytes, &size, label, sizeof label);
-        struct kept_image *k = &v->kept[v->n_kept];
-        memset(k, 0, sizeof *k);
-        const struct encode_progress progress = {opts, i, n};
+    for (int32_t i = 0; i < opts->n_images; i++) {
+        uint8_t *owned = NULL;
+        const uint8_t *bytes = NULL;
+        size_t size = 0;
+        uint64_t hash[2];
+        CORE_TRY(image_bytes(&opts->images[i], i, &owned, &bytes, &size, label, sizeof label));
+        content_hash(bytes, size, hash);
+        if ((which[i] = find_kept(v, hash, size))) {
+            free(owned);
+            continue;
+        }
+        struct kept_image *k = calloc(1, sizeof *k);
+        pshard_status st = k ? core_grow((void **)&v->kept, &v->cap_kept, (size_t)v->n_kept + 1, sizeof *v->kept)
+                             : core_fail(PSHARD_ERR_NOMEM, "out of memory");
+        const struct encode_progress progress = {opts, i, opts->n_images};
         const double t0 = core_now_ms();
         if (st == PSHARD_OK) st = encode(v, bytes, size, label, &progress, k);
         free(owned);
-        if (st != PSHARD_OK) break;
-        stats->image_encode_ms += core_now_ms() - t0;
-        stats->n_images_encoded++;
-        memcpy(k->hash, hashes[i], sizeof k->hash);
-        k->size = sizes[i];
+        if (st != PSHARD_OK) {
+            if (k) kept_free(k);
+            return st;
+        }
+        if (stats) stats->image_encode_ms += core_now_ms() - t0, stats->n_images_encoded++;
+        memcpy(k->hash, hash, sizeof k->hash);
+        k->size = size;
         k->key = -(++v->next_key);
-        k->used = true;
-        which[i] = v->n_kept++;
+        v->kept[v->n_kept++] = k;
+        which[i] = k;
     }
-    free(hashes), free(sizes);
-    return st;
+    return PSHARD_OK;
 }
 
 /* ---- the prompt */
@@ -245,8 +260,8 @@ static pshard_status append_text(pshard_ctx *ctx, const char *text, size_t len, 
     size_t got = 0;
     pshard_status st = tok_encode_into(ctx->tok, text, len, flags, ctx->prompt + *n, (size_t)(ctx->params.n_ctx - *n), &got);
     if (st == PSHARD_ERR_RANGE || (st == PSHARD_OK && *n + (int64_t)got >= ctx->params.n_ctx))
-        return core_fail(PSHARD_ERR_RANGE, "the prompt has more tokens than the context holds (%d; raise -c)",
-                         ctx->params.n_ctx);
+        return core_fail(PSHARD_ERR_RANGE, "the prompt has %s%lld tokens and the context holds %d (raise -c)",
+                         *n ? "at least " : "", (long long)*n + (long long)got, ctx->params.n_ctx);
     CORE_TRY(st);
     *n += (int32_t)got;
     return PSHARD_OK;
@@ -263,55 +278,69 @@ static pshard_status append_control(pshard_ctx *ctx, int32_t id, const char *tex
 
 /* Every prompt token's (time, row, column): text counts on by one, an image's tokens take their
  * grid's positions from where it starts and the text after it goes on past the grid's longer side. */
-static void rope_positions(struct engine_vision *v, int32_t n_prompt, int32_t n_ctx) {
+static void rope_positions(struct engine_images *im) {
+    const int32_t n_prompt = im->n_prompt;
+    int32_t *t = im->rope, *row = im->rope + n_prompt, *col = im->rope + 2 * n_prompt;
     int32_t next = 0, r = 0;
     for (int32_t i = 0; i < n_prompt;) {
-        if (r < v->n_runs && v->runs[r].first == i) {
-            const struct kept_image *k = &v->kept[v->runs[r].image];
-            next = (int32_t)vision_mrope_image_positions(k->tokens_h, k->tokens_w, (uint32_t)next, (uint32_t *)v->rope + i,
-                                                         (uint32_t *)v->rope + n_ctx + i, (uint32_t *)v->rope + 2 * n_ctx + i);
-            i += v->runs[r++].count;
+        if (r < im->n_runs && im->runs[r].first == i) {
+            const struct kept_image *k = im->runs[r].image;
+            next = (int32_t)vision_mrope_image_positions(k->tokens_h, k->tokens_w, (uint32_t)next, (uint32_t *)t + i,
+                                                         (uint32_t *)row + i, (uint32_t *)col + i);
+            i += im->runs[r++].count;
             continue;
         }
-        v->rope[i] = v->rope[n_ctx + i] = v->rope[2 * n_ctx + i] = next++;
+        t[i] = row[i] = col[i] = next++;
         i++;
     }
-    v->rope_shift = n_prompt - next;
+    im->rope_shift = n_prompt - next;
 }
 
-static pshard_status build(pshard_ctx *ctx, const char *prompt, const pshard_gen_opts *opts, const int32_t *which,
-                           int32_t *n_prompt) {
+static pshard_status build(pshard_ctx *ctx, const char *prompt, const pshard_gen_opts *opts, struct kept_image *const *which,
+                           struct engine_images *im, int32_t *n_prompt) {
     struct engine_vision *v = ctx->vision;
     const int flags = opts->parse_special ? TOK_PARSE_SPECIAL : 0;
     const size_t marker_len = strlen(PSHARD_IMAGE_MARKER);
     int32_t n = 0;
-    v->n_runs = 0;
     const char *text = prompt;
     for (int32_t i = 0; i <= opts->n_images; i++) {
         const char *end = i < opts->n_images ? strstr(text, PSHARD_IMAGE_MARKER) : text + strlen(text);
         CORE_TRY(append_text(ctx, text, (size_t)(end - text), flags | (i == 0 ? TOK_ADD_SPECIAL : 0), &n));
         if (i == opts->n_images) break;
-        const struct kept_image *k = &v->kept[which[i]];
+        struct kept_image *k = which[i];
         CORE_TRY(append_control(ctx, v->id_start, "<|vision_start|>", &n));
         const int32_t count = (int32_t)(k->tokens_h * k->tokens_w);
         if ((int64_t)n + count + 1 >= ctx->params.n_ctx)
-            return core_fail(PSHARD_ERR_RANGE, "image %d takes %d tokens and the context (%d) is full (raise -c)", i + 1,
-                             count, ctx->params.n_ctx);
-        CORE_TRY(core_grow((void **)&v->runs, &v->cap_runs, (size_t)v->n_runs + 1, sizeof *v->runs));
-        v->runs[v->n_runs++] = (struct image_run){n, count, which[i]};
+            return core_fail(PSHARD_ERR_RANGE, "the prompt's image %d takes %d tokens and the context (%d) is full (raise -c)",
+                             i + 1, count, ctx->params.n_ctx);
+        CORE_TRY(core_grow((void **)&im->runs, &im->cap_runs, (size_t)im->n_runs + 1, sizeof *im->runs));
+        im->runs[im->n_runs++] = (struct image_run){n, count, k};
+        k->refs++;
         for (int32_t t = 0; t < count; t++) ctx->prompt[n++] = k->key;
         CORE_TRY(append_control(ctx, v->id_end, "<|vision_end|>", &n));
         text = end + marker_len;
     }
     if (n == 0) return core_fail(PSHARD_ERR_INVALID_ARG, "the prompt is empty");
-    rope_positions(v, n, ctx->params.n_ctx);
+    im->n_prompt = n;
+    if (im->n_runs > 0) {
+        if (!(im->rope = malloc(sizeof(int32_t) * 3 * (size_t)n))) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+        rope_positions(im);
+    }
     *n_prompt = n;
     return PSHARD_OK;
 }
 
-pshard_status engine_vision_prompt(pshard_ctx *ctx, const char *prompt, const pshard_gen_opts *opts, int32_t *n_prompt,
-                                   pshard_gen_stats *stats) {
+void engine_images_release(struct engine_images *im) {
+    for (int32_t r = 0; r < im->n_runs; r++) im->runs[r].image->refs--;
+    free(im->runs);
+    free(im->rope);
+    memset(im, 0, sizeof *im);
+}
+
+pshard_status engine_vision_tokenize(pshard_ctx *ctx, const char *prompt, const pshard_gen_opts *opts,
+                                     struct engine_images *images, int32_t *n_prompt, pshard_gen_stats *stats) {
     struct engine_vision *v = ctx->vision;
+    memset(images, 0, sizeof *images);
     if (opts->n_images < 0 || (opts->n_images > 0 && !opts->images))
         return core_fail(PSHARD_ERR_INVALID_ARG, "%d images and %s list of them", opts->n_images, opts->images ? "a" : "no");
     if (opts->n_images > 0 && !v)
@@ -320,58 +349,89 @@ pshard_status engine_vision_prompt(pshard_ctx *ctx, const char *prompt, const ps
         int32_t n = 0;
         CORE_TRY(append_text(ctx, prompt, strlen(prompt), TOK_ADD_SPECIAL | (opts->parse_special ? TOK_PARSE_SPECIAL : 0), &n));
         if (n == 0) return core_fail(PSHARD_ERR_INVALID_ARG, "the prompt is empty");
-        *n_prompt = n;
+        images->n_prompt = *n_prompt = n;
         return PSHARD_OK;
     }
     const int32_t markers = count_markers(prompt);
     if (markers != opts->n_images)
         return core_fail(PSHARD_ERR_INVALID_ARG, "the prompt has %d image marker%s (%s) and %d image%s came with it", markers,
                          markers == 1 ? "" : "s", PSHARD_IMAGE_MARKER, opts->n_images, opts->n_images == 1 ? "" : "s");
-    int32_t *which = malloc(sizeof(int32_t) * (size_t)(opts->n_images ? opts->n_images : 1));
+    struct kept_image **which = malloc(sizeof *which * (size_t)(opts->n_images ? opts->n_images : 1));
     if (!which) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
-    pshard_status st = gather_images(v, opts, which, stats);
-    if (st == PSHARD_OK) st = build(ctx, prompt, opts, which, n_prompt);
+    pshard_status st = gather_images(ctx, v, opts, which, stats);
+    if (st == PSHARD_OK) st = build(ctx, prompt, opts, which, images, n_prompt);
     free(which);
-    if (st != PSHARD_OK) v->n_runs = 0, v->rope_shift = 0;
+    if (st != PSHARD_OK) engine_images_release(images);
+    return st;
+}
+
+int32_t engine_images_piece(const pshard_ctx *ctx, const struct engine_images *im, int32_t start, int32_t n,
+                            bool allow_image, struct exec_media *media) {
+    media->embd = NULL, media->embd_first = media->embd_count = 0;
+    const struct image_run *run = NULL;
+    for (int32_t r = 0; r < im->n_runs; r++) {
+        const struct image_run *x = &im->runs[r];
+        if (x->first + x->count <= start || x->first >= start + n) continue;
+        if (run || !allow_image) { /* an image it may not take: the piece ends where that one starts */
+            n = x->first > start ? x->first - start : 0;
+            break;
+        }
+        run = x;
+    }
+    if (run) {
+        const int32_t first = run->first > start ? run->first : start;
+        const int32_t end = run->first + run->count < start + n ? run->first + run->count : start + n;
+        media->embd = run->image->embd.data + (size_t)(first - run->first) * ctx->vision->mmproj.hp.projection_dim;
+        media->embd_first = first - start;
+        media->embd_count = end - first;
+    }
+    return n;
+}
+
+void engine_images_rope(const struct engine_images *im, int32_t pos, int32_t out[3]) {
+    if (im->rope && pos < im->n_prompt) {
+        for (int a = 0; a < 3; a++) out[a] = im->rope[a * im->n_prompt + pos];
+        return;
+    }
+    out[0] = out[1] = out[2] = pos - im->rope_shift;
+}
+
+int32_t engine_vision_token(const pshard_ctx *ctx, int32_t id) {
+    if (id >= 0) return id;
+    return ctx->vision && ctx->vision->id_pad >= 0 ? ctx->vision->id_pad : 0;
+}
+
+/* ---- the one-sequence calls */
+
+pshard_status engine_vision_prompt(pshard_ctx *ctx, const char *prompt, const pshard_gen_opts *opts, int32_t *n_prompt,
+                                   pshard_gen_stats *stats) {
+    struct engine_images images;
+    pshard_status st = engine_vision_tokenize(ctx, prompt, opts, &images, n_prompt, stats);
+    if (!ctx->vision) return st;
+    engine_images_release(&ctx->vision->prompt); /* the previous call's; its cells still hold its images */
+    if (st == PSHARD_OK) ctx->vision->prompt = images;
     return st;
 }
 
 const struct exec_media *engine_vision_prompt_step(pshard_ctx *ctx, int32_t start, struct exec_batch *b) {
     struct engine_vision *v = ctx->vision;
-    if (!v || v->n_runs == 0) return NULL;
-    int32_t m = b->n_tokens;
-    const struct image_run *run = NULL;
-    for (int32_t r = 0; r < v->n_runs; r++) {
-        const struct image_run *x = &v->runs[r];
-        if (x->first + x->count <= start || x->first >= start + m) continue;
-        if (run) { /* a second image: the step ends where it starts */
-            m = x->first - start;
-            break;
-        }
-        run = x;
-    }
-    const int32_t n_ctx = ctx->params.n_ctx;
+    if (!v || v->prompt.n_runs == 0) return NULL;
+    const int32_t m = engine_images_piece(ctx, &v->prompt, start, b->n_tokens, true, &v->media);
     for (int32_t i = 0; i < m; i++) {
-        const int32_t id = ctx->prompt[start + i];
-        v->step_tokens[i] = id >= 0 ? id : v->id_pad >= 0 ? v->id_pad : 0;
+        v->step_tokens[i] = engine_vision_token(ctx, ctx->prompt[start + i]);
+        int32_t rope[3];
+        engine_images_rope(&v->prompt, start + i, rope);
+        for (int a = 0; a < 3; a++) v->step_rope[a * m + i] = rope[a];
     }
-    for (int a = 0; a < 3; a++) memcpy(v->step_rope + a * m, v->rope + a * n_ctx + start, sizeof(int32_t) * (size_t)m);
     b->n_tokens = m;
     b->tokens = v->step_tokens;
-    v->media = (struct exec_media){v->step_rope, NULL, 0, 0};
-    if (run) {
-        const int32_t first = run->first > start ? run->first : start;
-        const int32_t end = run->first + run->count < start + m ? run->first + run->count : start + m;
-        v->media.embd = v->kept[run->image].embd.data + (size_t)(first - run->first) * v->mmproj.hp.projection_dim;
-        v->media.embd_first = first - start;
-        v->media.embd_count = end - first;
-    }
+    v->media.rope_pos = v->step_rope;
     return &v->media;
 }
 
 const int32_t *engine_vision_decode_rope(const pshard_ctx *ctx, int32_t pos, int32_t out[3]) {
     const struct engine_vision *v = ctx->vision;
-    if (!v || v->rope_shift == 0) return NULL;
-    out[0] = out[1] = out[2] = pos - v->rope_shift;
+    if (!v || v->prompt.rope_shift == 0) return NULL;
+    engine_images_rope(&v->prompt, pos, out);
     return out;
 }
