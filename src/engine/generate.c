@@ -74,7 +74,8 @@ struct generation {
 static pshard_status decode_loop(struct generation *g, double t_start) {
     pshard_ctx *ctx = g->ctx;
     const int32_t n_ctx = ctx->params.n_ctx;
-    double t_first = 0;
+    double t_first = 0, t_last = 0;
+    int32_t n_steps = 0; /* decode steps run: one per token after the first, and one more that gave an end */
     uint64_t bytes = 0, streamed = 0;
     double host_compute = 0, host_wait = 0, between = 0, handoff = 0;
     int64_t handoffs = 0;
@@ -89,6 +90,7 @@ static pshard_status decode_loop(struct generation *g, double t_start) {
             g->stats->stopped_by_eog = 1;
             break;
         }
+        t_last = core_now_ms();
         sampler_accept(g->sampler, token);
         if (g->opts->out_tokens && g->stats->n_generated < g->opts->out_tokens_cap)
             g->opts->out_tokens[g->stats->n_generated] = token;
@@ -112,19 +114,22 @@ static pshard_status decode_loop(struct generation *g, double t_start) {
         handoff += exec_last_stats(ctx->exec)->gpu_handoff_ms;
         handoffs += exec_last_stats(ctx->exec)->handoffs;
         ctx->cached[ctx->n_cached++] = token;
+        n_steps++;
     }
     const char *text;
     size_t len;
     if (tok_decoder_flush(g->decoder, &text, &len) == PSHARD_OK && len && g->on_text) g->on_text(g->user, text, len);
-    if (g->stats->n_generated > 1) {
-        g->stats->decode_ms = core_now_ms() - t_first;
-        g->stats->decode_weight_bytes = bytes / (uint64_t)(g->stats->n_generated - 1);
-        g->stats->decode_streamed_bytes = streamed / (uint64_t)(g->stats->n_generated - 1);
-        g->stats->decode_host_compute_ms = host_compute / (g->stats->n_generated - 1);
-        g->stats->decode_host_wait_ms = host_wait / (g->stats->n_generated - 1);
-        g->stats->decode_gpu_between_ms = between / (g->stats->n_generated - 1);
-        g->stats->decode_gpu_handoff_ms = handoff / (g->stats->n_generated - 1);
-        g->stats->decode_handoffs = (int32_t)(handoffs / (g->stats->n_generated - 1));
+    /* Means per step, over every step run (a reply that ends at an end token ran one step more
+     * than it shows tokens); decode_ms is the time of the tokens after the first. */
+    if (g->stats->n_generated > 1) g->stats->decode_ms = t_last - t_first;
+    if (n_steps > 0) {
+        g->stats->decode_weight_bytes = bytes / (uint64_t)n_steps;
+        g->stats->decode_streamed_bytes = streamed / (uint64_t)n_steps;
+        g->stats->decode_host_compute_ms = host_compute / n_steps;
+        g->stats->decode_host_wait_ms = host_wait / n_steps;
+        g->stats->decode_gpu_between_ms = between / n_steps;
+        g->stats->decode_gpu_handoff_ms = handoff / n_steps;
+        g->stats->decode_handoffs = (int32_t)(handoffs / n_steps);
     }
     return PSHARD_OK;
 }
