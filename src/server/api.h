@@ -21,11 +21,19 @@ enum {
     API_MAX_STOP_BYTES = 256,
     API_MAX_PROMPT_TOKENS = 1 << 20,
     API_MAX_TOP_LOGPROBS = 20,
+    API_MAX_IMAGES = 32,       /* image_url parts of one request */
 };
 
 struct api_message {
     char *role; /* "system", "user" or "assistant" ("developer" is read as "system") */
-    char *content;
+    char *content; /* text parts joined; each image_url part as PSHARD_IMAGE_MARKER in its place */
+};
+
+/* An image of a data: URL, decoded from base64 (the bytes of a JPEG or PNG file, unchecked). */
+struct api_image {
+    uint8_t *data;
+    size_t size;
+    char param[96]; /* the part it came from, "messages[0].content[1]", for errors */
 };
 
 /* A request, checked. Fields not given keep the "given" flags false and the server's defaults
@@ -35,6 +43,8 @@ struct api_request {
     char *model;
     struct api_message *messages; /* chat */
     size_t n_messages;
+    struct api_image *images;     /* chat: the image_url parts, in order over the messages */
+    size_t n_images;
     char *prompt;                 /* completions: text, or */
     int32_t *prompt_tokens;       /* token ids */
     int32_t n_prompt_tokens;

@@ -1,14 +1,17 @@
 /* Request bodies of /v1/chat/completions and /v1/completions, read into struct api_request.
  * The body is untrusted: its nesting is bounded before jansson sees it, every field is checked
  * for type and range (a wrong one is refused naming it, with OpenAI's error shape), fields we
- * do not know are ignored, and null counts as not given, as the OpenAI API treats it. */
+ * do not know are ignored, and null counts as not given, as the OpenAI API treats it. Images come
+ * as image_url parts holding data: URLs (base64), decoded here; the engine decodes the image. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "server/api.h"
+#include "server/base64.h"
 
 int api_fail(struct api_error *err, int status, const char *type, const char *code, const char *param,
              const char *fmt, ...) {
@@ -103,33 +106,90 @@ static int copy_string(const char *s, size_t len, char **out, struct api_error *
     return 0;
 }
 
-/* Content: a string, or an array of parts of which the text ones are joined. */
-static int get_content(json_t *v, const char *param, char **out, struct api_error *err) {
+static bool starts_with(const char *s, size_t len, const char *prefix) {
+    const size_t n = strlen(prefix);
+    return len >= n && !strncasecmp(s, prefix, n);
+}
+
+/* An image_url part: its URL must be a data: URL of a JPEG or PNG in base64, decoded into
+ * r->images. Remote URLs are refused: the server fetches nothing. */
+static int get_image(json_t *part, const char *param, struct api_request *r, struct api_error *err) {
+    char where[128];
+    snprintf(where, sizeof where, "%s.image_url", param);
+    json_t *image_url = json_object_get(part, "image_url");
+    json_t *url = json_is_object(image_url) ? json_object_get(image_url, "url") : image_url; /* also a bare string */
+    if (!json_is_string(url)) return bad(err, where, "'%s' must be an object with a 'url' string", where);
+    if (r->n_images >= API_MAX_IMAGES) return bad(err, param, "the request has more than %d images", API_MAX_IMAGES);
+    const char *u = json_string_value(url);
+    const size_t len = json_string_length(url);
+    if (starts_with(u, len, "http://") || starts_with(u, len, "https://"))
+        return bad(err, where, "'%s' is a remote URL: this server fetches nothing; send the image inline as a data: URL "
+                   "(data:image/png;base64,...)", where);
+    if (!starts_with(u, len, "data:"))
+        return bad(err, where, "'%s' must be a data: URL of a JPEG or PNG image in base64 (data:image/jpeg;base64,...)", where);
+    const char *comma = memchr(u, ',', len);
+    if (!comma) return bad(err, where, "'%s' is a data: URL without a ',' before its data", where);
+    const char *type = u + 5;
+    const size_t type_len = (size_t)(comma - type);
+    if (type_len < 7 || strncasecmp(comma - 7, ";base64", 7))
+        return bad(err, where, "'%s' is a data: URL whose data is not base64 (it must say ';base64,')", where);
+    const size_t media_len = strcspn(type, ";");
+    if (!starts_with(type, media_len, "image/png") && !starts_with(type, media_len, "image/jpeg") &&
+        !starts_with(type, media_len, "image/jpg"))
+        return bad(err, where, "'%s' holds '%.*s'; this server reads JPEG and PNG images (image/jpeg, image/png)", where,
+                   (int)(media_len < 40 ? media_len : 40), type);
+    const char *data = comma + 1;
+    const size_t data_len = len - (size_t)(data - u);
+    struct api_image *im = &r->images[r->n_images];
+    if (!(im->data = malloc(base64_decoded_max(data_len) + 1))) return api_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+    r->n_images++; /* owned from here on */
+    size_t bad_at;
+    if (base64_decode(data, data_len, im->data, &im->size, &bad_at))
+        return bad_at < data_len ? bad(err, where, "'%s' holds bad base64: character %zu of its data ('%c') cannot stand there",
+                                       where, bad_at, data[bad_at] >= 32 && data[bad_at] < 127 ? data[bad_at] : '?')
+                                 : bad(err, where, "'%s' holds bad base64: its data ends in the middle of a byte", where);
+    if (im->size == 0) return bad(err, where, "'%s' holds no image: its data is empty", where);
+    snprintf(im->param, sizeof im->param, "%s", param);
+    return 0;
+}
+
+/* Content: a string, or an array of text and image_url parts: the text joined, each image as
+ * PSHARD_IMAGE_MARKER in its place (the image itself appended to r->images). */
+static int get_content(json_t *v, const char *param, struct api_request *r, char **out, struct api_error *err) {
     if (!v) return copy_string("", 0, out, err);
     if (json_is_string(v)) return copy_string(json_string_value(v), json_string_length(v), out, err);
     if (!json_is_array(v)) return bad(err, param, "'%s' must be a string or an array of content parts", param);
+    const size_t marker_len = strlen(PSHARD_IMAGE_MARKER);
     size_t total = 0, i;
     json_t *part;
     json_array_foreach(v, i, part) {
+        char where[96];
+        snprintf(where, sizeof where, "%s[%zu]", param, i);
         json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
         if (!json_is_object(part) || !json_is_string(type))
-            return bad(err, param, "'%s' holds a part that is not an object with a 'type'", param);
+            return bad(err, where, "'%s' must be an object with a 'type'", where);
+        if (!strcmp(json_string_value(type), "image_url")) {
+            if (get_image(part, where, r, err)) return -1;
+            total += marker_len;
+            continue;
+        }
         if (strcmp(json_string_value(type), "text"))
-            return bad(err, param, "'%s' holds a part of type '%s'; this server takes text only", param, json_string_value(type));
-        if (!json_is_string(text)) return bad(err, param, "'%s' holds a text part whose 'text' is not a string", param);
+            return bad(err, where, "'%s' is a part of type '%.32s'; this server takes 'text' and 'image_url' parts", where,
+                       json_string_value(type));
+        if (!json_is_string(text)) return bad(err, where, "'%s' is a text part whose 'text' is not a string", where);
         total += json_string_length(text);
     }
-    if (copy_string("", 0, out, err)) return -1;
-    char *s = realloc(*out, total + 1);
-    if (!s) return api_fail(err, 500, "server_error", NULL, NULL, "out of memory");
-    *out = s;
+    if (!(*out = malloc(total + 1))) return api_fail(err, 500, "server_error", NULL, NULL, "out of memory");
     size_t at = 0;
     json_array_foreach(v, i, part) {
         json_t *text = json_object_get(part, "text");
-        memcpy(s + at, json_string_value(text), json_string_length(text));
-        at += json_string_length(text);
+        const bool image = !strcmp(json_string_value(json_object_get(part, "type")), "image_url");
+        const char *piece = image ? PSHARD_IMAGE_MARKER : json_string_value(text);
+        const size_t n = image ? marker_len : json_string_length(text);
+        memcpy(*out + at, piece, n);
+        at += n;
     }
-    s[at] = 0;
+    (*out)[at] = 0;
     return 0;
 }
 
@@ -141,7 +201,8 @@ static int get_messages(json_t *root, struct api_request *r, struct api_error *e
     if (json_array_size(msgs) > API_MAX_MESSAGES)
         return bad(err, "messages", "'messages' has %zu messages; at most %d", json_array_size(msgs), API_MAX_MESSAGES);
     r->messages = calloc(json_array_size(msgs), sizeof *r->messages);
-    if (!r->messages) return api_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+    r->images = calloc(API_MAX_IMAGES, sizeof *r->images);
+    if (!r->messages || !r->images) return api_fail(err, 500, "server_error", NULL, NULL, "out of memory");
     size_t i;
     json_t *m;
     json_array_foreach(msgs, i, m) {
@@ -160,7 +221,7 @@ static int get_messages(json_t *root, struct api_request *r, struct api_error *e
         snprintf(param, sizeof param, "messages[%zu].content", i);
         json_t *content = field(m, "content");
         if (!content && strcmp(name, "assistant")) return bad(err, param, "'%s' is required", param);
-        if (get_content(content, param, &out->content, err)) return -1;
+        if (get_content(content, param, r, &out->content, err)) return -1;
     }
     return 0;
 }
@@ -266,6 +327,8 @@ static int get_logprobs(json_t *root, struct api_request *r, struct api_error *e
 void api_request_free(struct api_request *r) {
     for (size_t i = 0; i < r->n_messages; i++) free(r->messages[i].role), free(r->messages[i].content);
     free(r->messages);
+    for (size_t i = 0; i < r->n_images; i++) free(r->images[i].data);
+    free(r->images);
     for (size_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
     free(r->model);

@@ -101,6 +101,9 @@ int worker_submit(struct worker *w, struct job *j, struct api_error *err) {
                       j->req.kind == API_CHAT ? "messages" : "prompt",
                       "the prompt has %zu bytes, more than a sequence's context of %lld tokens can hold", bytes,
                       (long long)n_ctx);
+    else if (j->req.n_images && !w->cfg.vision)
+        rc = api_fail(err, 400, "invalid_request_error", NULL, j->req.images[0].param,
+                      "this server reads no images: it was started without the model's vision encoder (--mmproj)");
     else if (w->state == WORKER_LOADING)
         rc = api_fail(err, 503, "server_error", "loading", NULL, "the model is still loading; try again shortly");
     else if (w->state != WORKER_READY)
@@ -229,6 +232,31 @@ static int32_t default_limit(const struct worker *w, int32_t n_prompt) {
     return share - n_prompt > share / 4 ? share - n_prompt : (share / 4 > 0 ? share / 4 : 1);
 }
 
+/* The default limit of a request without max_tokens, by its prompt's length (images counted). */
+static int32_t predict_for(void *user, int32_t n_prompt) {
+    const struct job *j = user;
+    return default_limit(j->worker, n_prompt);
+}
+
+/* A failed request's error: its images' problems name the part they came from ("image N: ..."
+ * names the request's N-th image); a context too small, the prompt. */
+static void request_error(struct job *j, pshard_status st, const char *why) {
+    const struct api_request *q = &j->req;
+    const char *prompt = q->kind == API_CHAT ? "messages" : "prompt";
+    int image = 0, end = 0;
+    if (sscanf(why, "image %d:%n", &image, &end) == 1 && end > 0 && image >= 1 && (size_t)image <= q->n_images &&
+        st != PSHARD_ERR_NOMEM && st != PSHARD_ERR_INTERNAL)
+        api_fail(&j->error, 400, "invalid_request_error", NULL, q->images[image - 1].param, "%s", why);
+    else if (st == PSHARD_ERR_BUSY)
+        api_fail(&j->error, 503, "server_error", "queue_full", NULL, "%s", why);
+    else if (st == PSHARD_ERR_RANGE)
+        api_fail(&j->error, 400, "invalid_request_error", "context_length_exceeded", prompt, "%s", why);
+    else if (st == PSHARD_ERR_INVALID_ARG)
+        api_fail(&j->error, 400, "invalid_request_error", NULL, prompt, "%s", why);
+    else
+        api_fail(&j->error, 500, "server_error", NULL, NULL, "%s", why);
+}
+
 /* A job from the inbox becomes a pshard request: its prompt formatted, its options mapped. */
 static void start_job(struct worker *w, struct job *j) {
     const struct api_request *q = &j->req;
@@ -240,14 +268,16 @@ static void start_job(struct worker *w, struct job *j) {
         st = msgs ? pshard_format_chat(w->ctx, msgs, q->n_messages, 0, &formatted) : PSHARD_ERR_NOMEM;
         free(msgs);
     }
-    /* The prompt's tokens, made here to size the default limit by them. */
-    const char *text = q->kind == API_CHAT ? formatted : q->prompt;
-    int32_t *tokens = NULL, n_tokens = q->n_prompt_tokens;
-    if (st == PSHARD_OK && text) st = pshard_tokenize(w->ctx, text, 1, &tokens, &n_tokens);
+    pshard_image *images = calloc(q->n_images ? q->n_images : 1, sizeof *images);
+    if (!images && st == PSHARD_OK) st = PSHARD_ERR_NOMEM;
+    for (size_t i = 0; images && i < q->n_images; i++) images[i] = (pshard_image){NULL, q->images[i].data, q->images[i].size};
     pshard_request r;
     pshard_request_default(&r);
-    r.prompt_tokens = text ? tokens : q->prompt_tokens, r.n_prompt_tokens = n_tokens;
-    r.n_predict = q->max_tokens >= 0 ? q->max_tokens : default_limit(w, n_tokens);
+    r.prompt = q->kind == API_CHAT ? formatted : q->prompt;
+    r.prompt_tokens = q->prompt_tokens, r.n_prompt_tokens = q->n_prompt_tokens;
+    r.images = images, r.n_images = (int32_t)q->n_images;
+    r.n_predict = q->max_tokens;
+    if (q->max_tokens < 0) r.n_predict_for = predict_for; /* sized by the prompt's tokens */
     r.sampling = w->cfg.sampling;
     pshard_sampling *s = &r.sampling;
     if (q->has_temperature) s->temperature = q->temperature;
@@ -264,9 +294,9 @@ static void start_job(struct worker *w, struct job *j) {
     r.ignore_eos = q->ignore_eos;
     r.on_event = on_event, r.user = j;
     int32_t id = -1;
-    if (st == PSHARD_OK) st = pshard_request_add(w->ctx, &r, &id);
+    if (st == PSHARD_OK) st = pshard_request_add(w->ctx, &r, &id); /* (it encodes the images) */
     free(formatted);
-    free(tokens);
+    free(images);
     worker_lock(w);
     if (st == PSHARD_OK) {
         j->id = id;
@@ -274,16 +304,7 @@ static void start_job(struct worker *w, struct job *j) {
         j->next = w->running;
         w->running = j;
     } else {
-        const char *why = pshard_last_error();
-        if (st == PSHARD_ERR_BUSY)
-            api_fail(&j->error, 503, "server_error", "queue_full", NULL, "%s", why);
-        else if (st == PSHARD_ERR_RANGE)
-            api_fail(&j->error, 400, "invalid_request_error", "context_length_exceeded", q->kind == API_CHAT ? "messages" : "prompt",
-                     "%s", why);
-        else if (st == PSHARD_ERR_INVALID_ARG)
-            api_fail(&j->error, 400, "invalid_request_error", NULL, q->kind == API_CHAT ? "messages" : "prompt", "%s", why);
-        else
-            api_fail(&j->error, 500, "server_error", NULL, NULL, "%s", why);
+        request_error(j, st, pshard_last_error());
         j->state = JOB_FAILED;
         w->snap.requests_failed++;
         w->n_jobs--;

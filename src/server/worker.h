@@ -22,6 +22,7 @@ struct worker_config {
     int32_t default_max_tokens;    /* when a request gives none; < 0: to the context's end */
     pshard_sampling sampling;      /* defaults for what a request does not give (its seed: drawn) */
     double drain_s;                /* on stop: how long running requests may take to finish */
+    bool vision;                   /* open() attaches a vision encoder: requests may carry images */
 };
 
 enum worker_state { WORKER_LOADING, WORKER_READY, WORKER_FAILED, WORKER_STOPPING, WORKER_STOPPED };

@@ -1,7 +1,8 @@
 /* libFuzzer target for the server's request parser (src/server/api_parse.c): any byte string, as a
  * chat and as a text completion body, must parse into values within the documented bounds or be
  * refused with a 400 error object, never read out of bounds or leak; what parses is turned into
- * reply JSON, which must serialize (the model's text need not be valid UTF-8, so neither is it here). */
+ * reply JSON, which must serialize (the model's text need not be valid UTF-8, so neither is it here).
+ * Image parts' data: URLs are decoded from base64: each image that parses has bytes and its marker. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +20,15 @@ static void check(const struct api_request *r) {
             abort();
     if (r->kind == API_COMPLETION && !r->prompt && r->n_prompt_tokens <= 0) abort();
     if (r->has_temperature && !(r->temperature >= 0 && r->temperature <= 2)) abort();
+    /* Images: within the bound, none empty, each with a marker in the messages' text. */
+    if (r->n_images > API_MAX_IMAGES || (r->kind != API_CHAT && r->n_images)) abort();
+    size_t markers = 0;
+    for (size_t i = 0; i < r->n_messages; i++)
+        for (const char *at = strstr(r->messages[i].content, PSHARD_IMAGE_MARKER); at; at = strstr(at + 1, PSHARD_IMAGE_MARKER))
+            markers++;
+    if (markers < r->n_images) abort();
+    for (size_t i = 0; i < r->n_images; i++)
+        if (!r->images[i].data || !r->images[i].size || !r->images[i].param[0]) abort();
 }
 
 static void reply(const struct api_request *r, const char *text, size_t len) {

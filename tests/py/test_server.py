@@ -158,7 +158,8 @@ def test_bad_fields_named(client, kw, param):
 @pytest.mark.parametrize("messages, param", [
     ("hello", "messages"), ([], "messages"), ([{"role": "wizard", "content": "x"}], "messages[0].role"),
     ([{"role": "user"}], "messages[0].content"), ([{"role": "user", "content": 5}], "messages[0].content"),
-    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content[0].image_url"),
+    ([{"role": "user", "content": [{"type": "input_audio"}]}], "messages[0].content[0]"),
 ])
 def test_bad_messages_named(client, messages, param):
     with pytest.raises(openai.BadRequestError) as e:

@@ -16,7 +16,7 @@ struct serve_cli {
 
 static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard serve [-m MODEL] [--vram-budget SIZE] [--host ADDR] [--port N] [--parallel N]\n"
-                 "                    [--api-key KEY] [-c CTX] [run's options]\n"
+                 "                    [--api-key KEY] [-c CTX] [--mmproj VISION.gguf] [run's options]\n"
                  "  Serves the model over HTTP with OpenAI's API: POST /v1/chat/completions, POST /v1/completions,\n"
                  "  GET /v1/models; GET /health, GET /metrics (Prometheus), GET /props, and a chat page at /.\n"
                  "  POST /v1/pshard/budget {\"vram_budget\": \"4G\"} changes the VRAM budget while it serves (a size,\n"
@@ -28,7 +28,10 @@ static void print_usage(FILE *out) {
                  "  --api-key KEY      require 'Authorization: Bearer KEY' on /v1, /props and /metrics\n"
                  "                     (default: $PSHARD_API_KEY if set, else none)\n"
                  "  --alias NAME       the model's name in the API (default: the file's name)\n"
-                 "  --max-body BYTES   largest request body (default 4M); larger ones get 413\n"
+                 "  --max-body BYTES   largest request body (default 4M, with --mmproj 32M: images come inline in\n"
+                 "                     base64); larger ones get 413\n"
+                 "  --mmproj PATH      the model's vision encoder: chat messages may hold image_url parts with\n"
+                 "                     data: URLs (base64 JPEG or PNG); remote URLs are refused\n"
                  "  --drain SECONDS    on SIGINT/SIGTERM, time requests running get to finish (default 10)\n"
                  "  -c is the KV cells all sequences share (default 4096 per sequence; one sequence reaches at\n"
                  "  most the model's trained context); -n the default max_tokens (default: what a sequence's\n"
@@ -87,7 +90,7 @@ static void model_name(const char *path, char *out, size_t size) {
 }
 
 int cmd_serve(int argc, char **argv) {
-    struct serve_cli c = {"127.0.0.1", getenv("PSHARD_API_KEY"), NULL, 8080, 4, 64, 4 << 20, 10, false};
+    struct serve_cli c = {"127.0.0.1", getenv("PSHARD_API_KEY"), NULL, 8080, 4, 64, 0, 10, false};
     int rc = take_own_args(&argc, argv, &c);
     if (rc) return rc > 0 ? 0 : 2;
     struct run_opts o;
@@ -107,6 +110,7 @@ int cmd_serve(int argc, char **argv) {
      * engine's queue until a step admits it, so the engine's bound is never the one reached. */
     o.params.max_queue = (int32_t)(c.n_parallel + c.max_queue);
     if (o.params.n_ctx <= 0) o.params.n_ctx = 4096 * (int32_t)c.n_parallel;
+    if (c.max_body == 0) c.max_body = o.mmproj ? 32 << 20 : 4 << 20; /* an image in base64 is a third larger than its file */
     char name[256];
     model_name(o.model, name, sizeof name);
     struct server_config cfg = {
@@ -124,7 +128,8 @@ int cmd_serve(int argc, char **argv) {
                    .max_queue = (int32_t)c.max_queue,
                    .default_max_tokens = c.n_predict_given ? o.gen.n_predict : -1, /* -1: the share's */
                    .sampling = o.gen.sampling,
-                   .drain_s = (double)c.drain_s},
+                   .drain_s = (double)c.drain_s,
+                   .vision = o.mmproj != NULL},
     };
     return server_run(&cfg);
 }

@@ -1,0 +1,196 @@
+"""Images in `pshard serve`'s chat completions (image_url parts with base64 data: URLs), through
+the official OpenAI Python client, on gguf-synth's tiny Qwen2.5-VL pair: a reply equals `pshard run
+--mmproj --image` on the same prompt, two requests with different images at once each equal their
+runs alone, a repeated image reuses its cells while another image of the same size reuses none of
+its own, and every bad image is answered with OpenAI's error object naming the part, never a crash."""
+import base64
+import io
+import os
+import re
+import subprocess
+import threading
+
+import numpy as np
+import openai
+import pytest
+
+from conftest import BUILD, run_pshard
+from server_helpers import Server
+
+Image = pytest.importorskip("PIL.Image")
+SYNTH = os.path.join(BUILD, "gguf-synth")
+N = 12
+
+
+def png(rng, h, w):
+    out = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)).save(out, format="PNG")
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("vlm")
+    for shape in ("tiny-qwen25vl", "tiny-qwen25vl-mmproj"):
+        subprocess.run([SYNTH, "--shape", shape, "-o", str(d / f"{shape}.gguf"), "--quiet"], check=True)
+    rng = np.random.default_rng(3)
+    (d / "a.png").write_bytes(png(rng, 196, 308))  # 7 x 11 image tokens
+    (d / "b.png").write_bytes(png(rng, 120, 90))   # 4 x 3
+    (d / "c.png").write_bytes(png(rng, 196, 308))  # a's size, other pixels
+    jpeg = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, size=(100, 150, 3), dtype=np.uint8)).save(jpeg, format="JPEG")
+    (d / "d.jpg").write_bytes(jpeg.getvalue())
+    return d
+
+
+@pytest.fixture(scope="module")
+def server(files, tmp_path_factory):
+    s = Server(str(files / "tiny-qwen25vl.gguf"), "--mmproj", str(files / "tiny-qwen25vl-mmproj.gguf"),
+               "--parallel", "2", "-c", "512", log_dir=tmp_path_factory.mktemp("serve"))
+    yield s
+    assert s.stop() == 0, s.log_text()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def data_url(path, kind="png"):
+    return f"data:image/{kind};base64," + base64.b64encode(open(path, "rb").read()).decode()
+
+
+def image_part(url):
+    return {"type": "image_url", "image_url": {"url": url, "detail": "auto"}}
+
+
+def ask(client, parts, **kw):
+    kw = {"max_tokens": N, "temperature": 0, "extra_body": {"ignore_eos": True}, **kw}
+    return client.chat.completions.create(model="any", messages=[{"role": "user", "content": parts}], **kw)
+
+
+def run_text(files, prompt, images):
+    """What `pshard run` says (chat-formatted, greedy, N tokens) for images put before the prompt."""
+    args = ["run", "-m", str(files / "tiny-qwen25vl.gguf"), "--mmproj", str(files / "tiny-qwen25vl-mmproj.gguf"),
+            "--temp", "0", "-n", str(N), "--ignore-eos", "-q", "-t", "2", "-p", prompt]
+    for im in images:
+        args += ["--image", str(files / im)]
+    out = run_pshard(*args).stdout
+    return out[:-1] if out.endswith("\n") else out
+
+
+@pytest.mark.parametrize("images", [["a.png"], ["a.png", "b.png"], ["d.jpg"]])
+def test_reply_equals_run(files, client, images):
+    parts = [image_part(data_url(files / im, "jpeg" if im.endswith(".jpg") else "png")) for im in images]
+    r = ask(client, parts + [{"type": "text", "text": "Describe: "}])
+    assert r.usage.completion_tokens == N and r.choices[0].finish_reason == "length"
+    assert r.choices[0].message.content == run_text(files, "Describe: ", images)
+
+
+def test_images_matter(files, client):
+    text = {"type": "text", "text": "Describe: "}
+    one = ask(client, [image_part(data_url(files / "a.png")), text]).choices[0].message.content
+    other = ask(client, [image_part(data_url(files / "c.png")), text]).choices[0].message.content
+    assert one != other
+
+
+def test_concurrent_requests_equal_their_solo_runs(files, client):
+    asks = {im: [{"type": "text", "text": "What is in "}, image_part(data_url(files / im)), {"type": "text", "text": "?"}]
+            for im in ("a.png", "b.png")}
+    alone = {im: ask(client, parts).choices[0].message.content for im, parts in asks.items()}
+    together, errors = {}, []
+
+    def go(im):
+        try:
+            together[im] = ask(client, asks[im]).choices[0].message.content
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+    for _ in range(2):
+        threads = [threading.Thread(target=go, args=(im,)) for im in asks]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors and together == alone
+
+
+def test_stream_equals_whole_reply(files, client):
+    parts = [image_part(data_url(files / "b.png")), {"type": "text", "text": "Say: "}]
+    whole = ask(client, parts).choices[0].message.content
+    stream = ask(client, parts, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == whole
+
+
+def test_prefix_reuse_never_mixes_images(files, client):
+    """The same conversation again reuses the cells of its image; another image of the same size at
+    the same place reuses only the cells before it, and gives what it gives alone."""
+    def parts(im):
+        return [{"type": "text", "text": "Image: "}, image_part(data_url(files / im)), {"type": "text", "text": " Tell."}]
+    first = ask(client, parts("a.png"))
+    again = ask(client, parts("a.png"))
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert again.usage.prompt_tokens_details.cached_tokens > 77  # past the image's 77 tokens
+    other = ask(client, parts("c.png"))
+    assert other.usage.prompt_tokens_details.cached_tokens < 20  # stops where the image starts
+    assert other.usage.prompt_tokens == first.usage.prompt_tokens
+    assert other.choices[0].message.content == run_text(files, "Image: <__image__> Tell.", ["c.png"])
+
+
+def error_of(exc_info):
+    body = exc_info.value.response.json()
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    return body["error"]
+
+
+def test_bad_images_named(files, client, server, tmp_path):
+    good = data_url(files / "b.png")
+    junk = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 40).decode()
+    Image.new("RGB", (16385, 1)).save(tmp_path / "wide.png")
+    cases = [
+        ("https://example.com/cat.png", "messages[0].content[1].image_url", "fetches nothing"),
+        ("data:image/png;base64,UE5H!Q==", "messages[0].content[1].image_url", "base64"),
+        ("data:image/webp;base64,UE5HIQ==", "messages[0].content[1].image_url", "JPEG and PNG"),
+        (junk, "messages[0].content[1]", "image 1: "),
+        (data_url(tmp_path / "wide.png"), "messages[0].content[1]", "16384"),
+        ("data:image/png;base64," + base64.b64encode(b"GIF89a" + b"\0" * 20).decode(), "messages[0].content[1]",
+         "not a JPEG or PNG"),
+    ]
+    for url, param, says in cases:
+        with pytest.raises(openai.BadRequestError) as e:
+            ask(client, [{"type": "text", "text": "See "}, image_part(url)])
+        err = error_of(e)
+        assert err["param"] == param and says in err["message"] and err["type"] == "invalid_request_error", err
+    # the second image is the bad one: named as such, and the first does not matter
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(client, [image_part(good), {"type": "text", "text": "and"}, image_part(junk)])
+    err = error_of(e)
+    assert err["param"] == "messages[0].content[2]" and "image 2: " in err["message"], err
+    # markers and images that disagree
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(client, [image_part(good), {"type": "text", "text": "and <__image__>"}])
+    assert "image marker" in error_of(e)["message"]
+    # an image whose tokens (25 x 25) do not fit a sequence's context (512 cells shared by 2 sequences)
+    big = png(np.random.default_rng(5), 700, 700)
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(client, [image_part("data:image/png;base64," + base64.b64encode(big).decode())])
+    err = error_of(e)
+    assert err["code"] == "context_length_exceeded" and "raise -c" in err["message"], err
+    # a body over the old 4 MiB default is read (a vision server takes 32 MiB): the image is judged
+    status, _, body = server.request("POST", "/v1/chat/completions", body={"messages": [{"role": "user", "content": [
+        image_part("data:image/png;base64," + base64.b64encode(b"\x89PNG" + os.urandom(5 << 20)).decode())]}]})
+    assert status == 400 and "image 1: " in body["error"]["message"], body
+    # the server still answers
+    assert ask(client, [image_part(good), {"type": "text", "text": "ok"}]).usage.completion_tokens == N
+
+
+def test_without_mmproj_images_are_refused(files, tmp_path):
+    s = Server(str(files / "tiny-qwen25vl.gguf"), log_dir=tmp_path)
+    try:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        with pytest.raises(openai.BadRequestError) as e:
+            ask(c, [image_part(data_url(files / "b.png")), {"type": "text", "text": "x"}])
+        err = error_of(e)
+        assert err["param"] == "messages[0].content[0]" and "--mmproj" in err["message"], err
+        assert ask(c, "Describe: ").usage.completion_tokens == N  # text still served
+    finally:
+        assert s.stop() == 0, s.log_text()
