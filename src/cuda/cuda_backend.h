@@ -417,6 +417,38 @@ pshard_status cuda_moe_ffn_grouped(const struct cuda_moe *m, const float *x, con
                                    int64_t n_tokens, float *out, bool accumulate, void *work, size_t work_bytes,
                                    cuda_stream s);
 
+/* ---- Vision encoder (Qwen2.5-VL): what the language model's kernels above do not cover ------ */
+
+/* Device memory lent for a while (the executor's scratch between steps, to the vision encoder). */
+struct cuda_region {
+    uint8_t *base;
+    size_t bytes;
+};
+
+/* Rows [q_first, q_first + q_count) of the queries attend over rows [k_first, k_first + k_count)
+ * of the keys: one window's patches (or part of them), or, in a full-attention block, all. */
+struct cuda_vision_tile {
+    int32_t q_first, q_count, k_first, k_count;
+};
+enum { CUDA_VISION_TILE_QUERIES = 64, CUDA_VISION_MAX_HEAD_DIM = 128 };
+
+/* Patch embedding as one product: x [n][n_embd] = patches [n][patch_dim] . kernel^T, kernel
+ * [n_embd][patch_dim] f32 (both frames' kernels laid out as a patch is); f32 sums. */
+pshard_status cuda_vision_patch_embed(const float *patches, const float *kernel, int64_t n, int64_t n_embd,
+                                      int64_t patch_dim, float *x, cuda_stream s);
+/* The 2D rotary turn: per head of x [n][n_head * head_dim], pair (i, i + head_dim / 2) turned by
+ * cs [n][head_dim / 2][2] (cos, sin) of its patch. */
+pshard_status cuda_vision_rope(float *x, const float *cs, int64_t n, int n_head, int head_dim, cuda_stream s);
+/* Attention without a mask matrix: per tile (device array [n_tiles], q_count at most
+ * CUDA_VISION_TILE_QUERIES) and head, its queries over its keys, softmax(q.k * scale) . v with an
+ * online softmax over chunks of keys in f32, so no score matrix exists. q [n][n_head * head_dim]
+ * is overwritten by the output (each tile reads only its own rows of it); head_dim at most
+ * CUDA_VISION_MAX_HEAD_DIM. */
+pshard_status cuda_vision_attention(float *q_out, const float *k, const float *v, const struct cuda_vision_tile *tiles,
+                                    int64_t n_tiles, int n_head, int head_dim, float scale, cuda_stream s);
+/* x = 0.5 x (1 + erf(x / sqrt 2)) in place (the merger's exact GELU). */
+pshard_status cuda_gelu_erf(float *x, int64_t n, cuda_stream s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -277,3 +277,22 @@ pshard_status cuda_moe_ffn_grouped(const struct cuda_moe *m, const float *x, con
     (void)work_bytes, (void)s;
     return no_cuda();
 }
+
+pshard_status cuda_vision_patch_embed(const float *patches, const float *kernel, int64_t n, int64_t n_embd,
+                                      int64_t patch_dim, float *x, cuda_stream s) {
+    (void)patches, (void)kernel, (void)n, (void)n_embd, (void)patch_dim, (void)x, (void)s;
+    return no_cuda();
+}
+pshard_status cuda_vision_rope(float *x, const float *cs, int64_t n, int n_head, int head_dim, cuda_stream s) {
+    (void)x, (void)cs, (void)n, (void)n_head, (void)head_dim, (void)s;
+    return no_cuda();
+}
+pshard_status cuda_vision_attention(float *q_out, const float *k, const float *v, const struct cuda_vision_tile *tiles,
+                                    int64_t n_tiles, int n_head, int head_dim, float scale, cuda_stream s) {
+    (void)q_out, (void)k, (void)v, (void)tiles, (void)n_tiles, (void)n_head, (void)head_dim, (void)scale, (void)s;
+    return no_cuda();
+}
+pshard_status cuda_gelu_erf(float *x, int64_t n, cuda_stream s) {
+    (void)x, (void)n, (void)s;
+    return no_cuda();
+}

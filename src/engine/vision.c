@@ -13,6 +13,7 @@
 #include "core/threadpool.h"
 #include "core/timer.h"
 #include "engine/engine_internal.h"
+#include "engine/vision_gpu.h"
 #include "vision/encoder.h"
 #include "vision/image.h"
 #include "vision/mmproj.h"
@@ -40,6 +41,7 @@ struct engine_vision {
     struct gguf_file *file;
     struct mmproj mmproj;
     struct threadpool *pool;
+    struct vision_gpu *gpu; /* what the GPU encoder keeps of mmproj, once it ran */
     int32_t id_start, id_end, id_pad; /* <|vision_start|>, <|vision_end|>, <|image_pad|>; -1: not in the vocabulary */
     struct kept_image **kept;
     int32_t n_kept, next_key;
@@ -62,6 +64,7 @@ void engine_vision_free(struct engine_vision *v) {
     free(v->step_tokens);
     free(v->step_rope);
     threadpool_free(v->pool);
+    vision_gpu_free(v->gpu);
     if (v->file) mmproj_free(&v->mmproj);
     gguf_close(v->file);
     free(v);
@@ -146,7 +149,7 @@ static int on_blocks(void *user, uint32_t done, uint32_t total) {
 }
 
 /* Decode, preprocess and encode one image's bytes into kept entry `k`. */
-static pshard_status encode(struct engine_vision *v, const uint8_t *bytes, size_t size, const char *label,
+static pshard_status encode(pshard_ctx *ctx, struct engine_vision *v, const uint8_t *bytes, size_t size, const char *label,
                             const struct encode_progress *progress, struct kept_image *k) {
     struct vision_image img;
     CORE_TRY(vision_image_decode(bytes, size, NULL, label, &img));
@@ -155,7 +158,7 @@ static pshard_status encode(struct engine_vision *v, const uint8_t *bytes, size_
     vision_image_free(&img);
     if (st != PSHARD_OK) return core_fail_context(st, "%s: ", label);
     const struct vision_progress vp = {on_blocks, (void *)progress};
-    st = vision_encode(&v->mmproj, &patches, v->pool, progress->opts->on_image ? &vp : NULL, &k->embd);
+    st = engine_vision_encode(ctx, &v->mmproj, v->pool, &v->gpu, &patches, progress->opts->on_image ? &vp : NULL, &k->embd);
     const uint32_t merge = v->mmproj.hp.spatial_merge;
     k->tokens_h = patches.grid_h / merge, k->tokens_w = patches.grid_w / merge;
     vision_patches_free(&patches);
@@ -231,7 +234,7 @@ static pshard_status gather_images(pshard_ctx *ctx, struct engine_vision *v, con
                              : core_fail(PSHARD_ERR_NOMEM, "out of memory");
         const struct encode_progress progress = {opts, i, opts->n_images};
         const double t0 = core_now_ms();
-        if (st == PSHARD_OK) st = encode(v, bytes, size, label, &progress, k);
+        if (st == PSHARD_OK) st = encode(ctx, v, bytes, size, label, &progress, k);
         free(owned);
         if (st != PSHARD_OK) {
             if (k) kept_free(k);

@@ -274,7 +274,7 @@ static pshard_status scratch_alloc(struct scratch *s, const struct vision_hparam
     return PSHARD_OK;
 }
 
-static pshard_status report(const struct vision_progress *progress, uint32_t done, uint32_t total) {
+pshard_status vision_progress_report(const struct vision_progress *progress, uint32_t done, uint32_t total) {
     if (progress && progress->fn && progress->fn(progress->user, done, total))
         return core_fail(PSHARD_ERR_INVALID_ARG, "image encoding stopped after %u of %u blocks", done, total);
     return PSHARD_OK;
@@ -295,7 +295,7 @@ pshard_status vision_encode(const struct mmproj *m, const struct vision_patches 
     if (st == PSHARD_OK) positions(hp, p, &r.s);
     for (uint32_t il = 0; il < hp->n_layer && st == PSHARD_OK; il++) {
         st = block(&r, il);
-        if (st == PSHARD_OK) st = report(progress, il + 1, hp->n_layer + 1);
+        if (st == PSHARD_OK) st = vision_progress_report(progress, il + 1, hp->n_layer + 1);
     }
     /* The merger: RMS norm per patch, then each 2x2 group (consecutive patches) as one 4E
      * vector through Linear, GELU (exact), Linear. */
@@ -309,7 +309,7 @@ pshard_status vision_encode(const struct mmproj *m, const struct vision_patches 
         if (!out->data) st = core_fail(PSHARD_ERR_NOMEM, "out of memory for %u image tokens", n_tokens);
     }
     if (st == PSHARD_OK) st = linear(&r, m->mm2_w, m->mm2_b, r.s.gate, n_tokens, out->data);
-    if (st == PSHARD_OK) st = report(progress, hp->n_layer + 1, hp->n_layer + 1);
+    if (st == PSHARD_OK) st = vision_progress_report(progress, hp->n_layer + 1, hp->n_layer + 1);
     scratch_free(&r.s);
     if (st != PSHARD_OK) {
         vision_embeddings_free(out);

@@ -26,6 +26,10 @@ struct vision_progress {
     void *user;
 };
 
+/* Tell progress (may be NULL) that `done` of `total` steps are done; its refusal becomes an error
+ * saying where the encoding stopped. */
+pshard_status vision_progress_report(const struct vision_progress *progress, uint32_t done, uint32_t total);
+
 /* Encode preprocessed patches (vision_preprocess with the same file's hyperparameters), on
  * `pool`'s threads, or on the caller's alone when it is NULL; progress may be NULL. */
 pshard_status vision_encode(const struct mmproj *m, const struct vision_patches *patches, struct threadpool *pool,

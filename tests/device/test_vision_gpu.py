@@ -4,7 +4,9 @@
 two images, greedy tokens of every shard on the GPU (--gpu), of the GPU plan under a budget that
 streams, and of the automatic plan under one that puts prompt steps partly on the CPU, each equal to the CPU's for the first 8 tokens (M-RoPE
 tables on the device, the image steps' embeddings placed on the host, decode steps after an
-image replayed with rope positions behind their cells). Exits 0 with a "skipped" line where no
+image replayed with rope positions behind their cells). With a GPU the images are encoded there, in
+the scratch the executor lends between steps (no warning that the CPU took over), and give the
+tokens the CPU's encoder gives on the same placement (PSHARD_VISION_GPU=0). Exits 0 with a "skipped" line where no
 GPU exists.
 Usage: tests/device/test_vision_gpu.py BUILD_DIR"""
 import os
@@ -29,14 +31,14 @@ def check(ok, what):
         failures.append(what)
 
 
-def ids(tmp, prompt, images, placement):
+def ids(tmp, prompt, images, placement, env=None):
     args = [PSHARD, "run", "-m", os.path.join(tmp, "lm.gguf"), "--raw", "--temp", "0", "-n", str(N), "--ids", "-q",
             "-p", prompt, *placement]
     if images:
         args += ["--mmproj", os.path.join(tmp, "mmproj.gguf")]
         for im in images:
             args += ["--image", os.path.join(tmp, im)]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600, env=dict(os.environ, **(env or {})))
     if proc.returncode != 0:
         return None, proc.stderr
     return [int(x) for x in re.search(r"^ids:(.*)$", proc.stdout, re.M).group(1).split()], proc.stderr
@@ -64,12 +66,13 @@ def main():
                        check=True)
         write_png(os.path.join(tmp, "a.png"), 196, 308, 3)
         write_png(os.path.join(tmp, "b.png"), 120, 90, 4)
+        write_png(os.path.join(tmp, "c.png"), 448, 644, 5)  # 32 x 46 patches: many windows, two chunks
         _, err = ids(tmp, "x", [], ["--gpu"])
         if "no CUDA device" in err:
             print("no CUDA device: skipped")
             return 0
         cases = [("The quick brown fox jumps over the lazy dog.", []), ("<__image__>Describe: ", ["a.png"]),
-                 ("Compare <__image__> with <__image__> and say", ["a.png", "b.png"])]
+                 ("Compare <__image__> with <__image__> and say", ["a.png", "b.png"]), ("<__image__>What is it?", ["c.png"])]
         # (F32 weights of 12.6 MB; the gpu plan needs 52 MB with its buffers: at 54 MB it streams the
         # embedding and FFNs, and auto at 58 MB runs prompt tiers static, part on the CPU)
         placements = {"--gpu": ["--gpu"], "gpu plan, 54M budget (streamed)": ["--plan", "gpu", "--vram-budget", "54M"],
@@ -84,6 +87,15 @@ def main():
                 check(gpu is not None and gpu[:SAME] == cpu[:SAME],
                       "%d image(s), %s: first %d greedy tokens as the CPU's (%s vs %s)%s" %
                       (len(images), name, SAME, gpu, cpu, "" if gpu is not None else ": " + err.strip()))
+                if images:
+                    check("encoded on the CPU" not in err, "%d image(s), %s: encoded on the GPU%s" %
+                          (len(images), name, "" if "encoded on the CPU" not in err else ": " + err.strip()))
+            if images:
+                gpu_enc, err = ids(tmp, prompt, images, ["--gpu"])
+                cpu_enc, err2 = ids(tmp, prompt, images, ["--gpu"], {"PSHARD_VISION_GPU": "0"})
+                check(gpu_enc is not None and cpu_enc is not None and gpu_enc[:SAME] == cpu_enc[:SAME],
+                      "%d image(s), --gpu: the GPU's encoder gives the CPU encoder's first %d tokens (%s vs %s)%s" %
+                      (len(images), SAME, gpu_enc, cpu_enc, (err + err2).strip()))
     print("%d failed" % len(failures))
     return 1 if failures else 0
 
