@@ -191,9 +191,9 @@ static pshard_status embed(struct run *r, const struct vision_patches *p, const 
     const uint32_t e = r->m->hp.n_embd, pd = p->patch_dim;
     for (uint32_t c = 0, c0, rows; c < r->l->n_chunks; c++) {
         vision_gpu_chunk(r->l, c, &c0, &rows);
+        if (c > 0) CORE_TRY(cuda_stream_sync(r->s)); /* the last chunk's copy has read gather */
         for (uint32_t i = 0; i < rows; i++)
             memcpy(gather + (size_t)i * pd, p->data + (size_t)order[c0 + i] * pd, sizeof(float) * pd);
-        /* (from pageable memory: the call returns once it has read the buffer, free to refill) */
         CORE_TRY(cuda_copy_h2d(r->a, gather, sizeof(float) * pd * rows, r->s));
         CORE_TRY(cuda_vision_patch_embed(r->a, (const float *)kernel, rows, e, pd, r->x + (size_t)c0 * e, r->s));
     }
