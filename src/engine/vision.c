@@ -148,7 +148,8 @@ static int on_blocks(void *user, uint32_t done, uint32_t total) {
     return p->opts->on_image(p->opts->image_user, p->image, p->n_images, (float)done / (float)total);
 }
 
-/* Decode, preprocess and encode one image's bytes into kept entry `k`. */
+/* Decode, preprocess and encode one image's bytes into kept entry `k` (one whose tokens cannot fit
+ * the context is refused first). */
 static pshard_status encode(pshard_ctx *ctx, struct engine_vision *v, const uint8_t *bytes, size_t size, const char *label,
                             const struct encode_progress *progress, struct kept_image *k) {
     struct vision_image img;
@@ -157,10 +158,16 @@ static pshard_status encode(pshard_ctx *ctx, struct engine_vision *v, const uint
     pshard_status st = vision_preprocess(&v->mmproj.hp, &img, &patches);
     vision_image_free(&img);
     if (st != PSHARD_OK) return core_fail_context(st, "%s: ", label);
-    const struct vision_progress vp = {on_blocks, (void *)progress};
-    st = engine_vision_encode(ctx, &v->mmproj, v->pool, &v->gpu, &patches, progress->opts->on_image ? &vp : NULL, &k->embd);
     const uint32_t merge = v->mmproj.hp.spatial_merge;
     k->tokens_h = patches.grid_h / merge, k->tokens_w = patches.grid_w / merge;
+    const uint64_t tokens = (uint64_t)k->tokens_h * k->tokens_w;
+    if (tokens + 2 >= (uint64_t)ctx->params.n_ctx) { /* its tokens alone fill the context: not worth encoding */
+        vision_patches_free(&patches);
+        return core_fail(PSHARD_ERR_RANGE, "the prompt's image %d takes %llu tokens and the context holds %d (raise -c)",
+                         progress->image + 1, (unsigned long long)tokens, ctx->params.n_ctx);
+    }
+    const struct vision_progress vp = {on_blocks, (void *)progress};
+    st = engine_vision_encode(ctx, &v->mmproj, v->pool, &v->gpu, &patches, progress->opts->on_image ? &vp : NULL, &k->embd);
     vision_patches_free(&patches);
     return st;
 }
