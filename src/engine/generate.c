@@ -116,9 +116,12 @@ static pshard_status decode_loop(struct generation *g, double t_start) {
         ctx->cached[ctx->n_cached++] = token;
         n_steps++;
     }
+    /* A character the model left unfinished before its end is one U+FFFD; one cut by the token
+     * limit, the context or the caller is dropped: its rest was never generated. */
     const char *text;
     size_t len;
-    if (tok_decoder_flush(g->decoder, &text, &len) == PSHARD_OK && len && g->on_text) g->on_text(g->user, text, len);
+    if (g->stats->stopped_by_eog && tok_decoder_flush(g->decoder, &text, &len) == PSHARD_OK && len && g->on_text)
+        g->on_text(g->user, text, len);
     /* Means per step, over every step run (a reply that ends at an end token ran one step more
      * than it shows tokens); decode_ms is the time of the tokens after the first. */
     if (g->stats->n_generated > 1) g->stats->decode_ms = t_last - t_first;

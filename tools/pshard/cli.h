@@ -39,7 +39,8 @@ struct run_opts {
 int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o);
 /* Open the model of o (the default model when none is given), with a progress bar on a TTY. */
 pshard_ctx *run_open_model(struct run_opts *o);
-void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *stats);
+/* The report after a reply: why it ended (unless the user stopped it), then its speed. */
+void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *stats, int32_t n_predict, bool stopped);
 /* Shows how far an image's encoding got, on one line of the terminal (a pshard_gen_opts on_image). */
 int run_image_progress(void *user, int32_t image, int32_t n_images, float done);
 /* text with n image markers (PSHARD_IMAGE_MARKER) before it, malloc'd; NULL when out of memory. */

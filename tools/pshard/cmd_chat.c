@@ -226,7 +226,7 @@ int cmd_chat(int argc, char **argv) {
         int failed = history_add(&h, "assistant", r.text ? r.text : "");
         free(r.text);
         if (failed) goto oom;
-        if (!o.quiet && !r.silent) run_print_stats(ctx, &stats);
+        if (!o.quiet && !r.silent) run_print_stats(ctx, &stats, o.gen.n_predict, interrupted);
     }
     history_clear(&h, 0);
     images_drop(&im, 0);

@@ -64,7 +64,7 @@ static void print_usage(FILE *out, const char *cmd) {
             "                          families under a budget read it where it is cached)\n"
             "  --ids                   print the generated token ids after the text\n"
             "  --ignore-eos            do not stop at end-of-generation tokens (for benchmarks)\n"
-            "  -q, --quiet             no load progress and no speed report\n",
+            "  -q, --quiet             no load progress and no report (why the reply ended, its speed)\n",
             cmd, strcmp(cmd, "run") ? "" : "-p PROMPT ",
             strcmp(cmd, "run") ? "" : "  -p, --prompt TEXT       the prompt (required)\n",
             strcmp(cmd, "run") ? "                          (then /image PATH adds an image to your next message)\n"
@@ -237,12 +237,20 @@ static int print_text(void *user, const char *text, size_t len) {
     return 0;
 }
 
-void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *s) {
+void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *s, int32_t n_predict, bool stopped) {
     pshard_info info;
     pshard_get_info(ctx, &info);
     char bytes[32];
     char streamed[32];
-    fprintf(stderr, "\nprompt: %d tokens (%d reused) in %.0f ms = %.1f tok/s; TTFT %.0f ms; %s of weights over PCIe\n",
+    fputc('\n', stderr);
+    /* Why the reply ended, in the words of the API's finish_reason (a reply the user stopped is
+     * said where it stops; -n 0 generates nothing). */
+    if (!stopped && n_predict != 0) {
+        if (s->stopped_by_eog) fprintf(stderr, "finish: stop (end of text)\n");
+        else if (n_predict > 0 && s->n_generated >= n_predict) fprintf(stderr, "finish: length (-n %d reached)\n", n_predict);
+        else fprintf(stderr, "finish: length (the context of %d tokens is full; -c sets it)\n", info.n_ctx);
+    }
+    fprintf(stderr, "prompt: %d tokens (%d reused) in %.0f ms = %.1f tok/s; TTFT %.0f ms; %s of weights over PCIe\n",
             s->n_prompt, s->n_prompt_cached, s->prefill_ms, s->prefill_ms > 0 ? s->n_prompt * 1e3 / s->prefill_ms : 0.0,
             s->ttft_ms, cli_format_bytes(s->prefill_streamed_bytes, streamed, sizeof streamed));
     if (s->n_images_encoded > 0)
@@ -386,7 +394,7 @@ int cmd_run(int argc, char **argv) {
         for (int32_t i = 0; i < stats.n_generated && i < o.gen.out_tokens_cap; i++) printf(" %d", ids[i]);
         printf("\n");
     }
-    if (!o.quiet) run_print_stats(ctx, &stats);
+    if (!o.quiet) run_print_stats(ctx, &stats, o.gen.n_predict, false);
     pshard_close(ctx);
     return 0;
 }
