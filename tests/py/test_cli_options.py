@@ -1,6 +1,6 @@
 """The options of every pshard subcommand as a newcomer tries them: numbers are read by one parser
-(whole numbers are whole, NaN and infinities refused, the message names the option and prints its
-range in whole numbers), -n 0 generates nothing, a context over the model's is capped with a
+(whole numbers are whole, NaN and infinities refused, sizes and lists strict, the message names the
+option and the value and prints its range in whole numbers), -n 0 generates nothing, a context over the model's is capped with a
 notice, --seed -1 draws a seed, --help goes to stdout, and `pshard plan` needs its budget and says
 once what to do where no GPU can be priced."""
 import json
@@ -12,25 +12,36 @@ import pytest
 
 from conftest import BUILD
 
+SAMPLING = ["--temp", "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty", "--frequency-penalty"]
+RUN_INTS = ["-n", "-c", "-b", "-t", "--top-k", "--repeat-last-n"]
+# A subcommand (with the words that pick its mode) and the options it reads numbers from.
 INTS = {
-    "run": ["-n", "-c", "-b", "-t", "--top-k", "--repeat-last-n"],
-    "chat": ["-n", "-c", "-b", "-t", "--top-k", "--repeat-last-n"],
-    "plan": ["-n", "-c", "-b", "-t", "--parallel"],
-    "eval": ["-c", "-b", "-t"],
-    "profile": ["-t"],
-    "batch": ["-n", "-c", "-t", "--parallel", "--stagger"],
+    ("run",): RUN_INTS,
+    ("chat",): RUN_INTS,
+    ("serve",): RUN_INTS + ["--port", "--parallel", "--max-queue", "--drain"],
+    ("plan",): ["-n", "-c", "-b", "-t", "--parallel"],
+    ("eval",): ["-c", "-b", "-t"],
+    ("profile",): ["-t"],
+    ("batch",): ["-n", "-c", "-t", "--parallel", "--stagger"],
+    ("bench", "--batch"): ["-npp", "-ntg", "-b", "-t"],
+    ("bench", "--oracle"): ["-b", "-t", "--reps", "--recheck"],
 }
 REALS = {
-    "run": ["--temp", "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty", "--frequency-penalty",
-            "--stream-share"],
-    "chat": ["--temp", "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty", "--frequency-penalty",
-             "--stream-share"],
-    "plan": ["--stream-share"],
-    "eval": ["--stream-share"],
-    "batch": ["--temp", "--top-p"],
+    ("run",): SAMPLING + ["--stream-share"],
+    ("chat",): SAMPLING + ["--stream-share"],
+    ("serve",): SAMPLING + ["--stream-share"],
+    ("plan",): ["--stream-share"],
+    ("eval",): ["--stream-share"],
+    ("batch",): SAMPLING,
 }
-SIZES = {"run": ["--vram-budget"], "chat": ["--vram-budget"], "plan": ["--vram-budget"], "eval": ["--vram-budget"],
-         "profile": ["--vram-budget"]}
+SIZES = {("run",): ["--vram-budget"], ("chat",): ["--vram-budget"], ("serve",): ["--vram-budget", "--max-body"],
+         ("plan",): ["--vram-budget"], ("eval",): ["--vram-budget"], ("profile",): ["--vram-budget"],
+         ("bench", "--batch"): ["--vram-budget"]}
+# Comma-separated lists of whole numbers (or sizes: --budgets).
+LISTS = {("plan",): ["--tokens"], ("bench", "--batch"): ["-npl"], ("bench", "--oracle"): ["--contexts", "--tiers",
+         "--budgets"], ("eval",): ["--tokens", "--steps"]}
+# What a command needs besides the option tried, so that only that option can be refused.
+NEEDS = {("run",): ["-p", "x"], ("eval",): ["--tokens", "1,2", "-o", os.devnull]}
 
 
 def pshard(*args, env=None, timeout=300):
@@ -39,16 +50,19 @@ def pshard(*args, env=None, timeout=300):
 
 
 def refused(cmd, option, value):
-    proc = pshard(cmd, option, value, *(["-p", "x"] if cmd in ("run",) else []))
+    """The command given option=value (and what else it needs) stops at once, naming the option and
+    the value, with ranges in whole numbers."""
+    cmd = cmd if isinstance(cmd, tuple) else (cmd,)
+    proc = pshard(*cmd, *NEEDS.get(cmd, []), option, value, timeout=30)  # (the last of an option counts)
     assert proc.returncode == 2, (cmd, option, value, proc.stderr)
     message = proc.stderr.splitlines()[0]
-    assert message.startswith("pshard %s: %s " % (cmd, option)) and "'%s'" % value in message, (cmd, option, message)
+    assert message.startswith("pshard %s: %s " % (cmd[0], option)) and "'%s'" % value in message, (cmd, option, message)
     assert not re.search(r"\de[+-]?\d", message.split(", got")[0]), message  # whole numbers, not 1.67772e+07
     assert proc.stdout == ""
     return message
 
 
-@pytest.mark.parametrize("cmd", sorted(set(INTS) | set(REALS) | set(SIZES)))
+@pytest.mark.parametrize("cmd", sorted(set(INTS) | set(REALS) | set(SIZES) | set(LISTS)), ids=" ".join)
 def test_numbers_are_checked_alike_by_every_subcommand(cmd):
     for option in INTS.get(cmd, []):
         for value in ("nan", "inf", "-inf", "2.5", "1e3", "0x10", " 7", ""):
@@ -57,9 +71,12 @@ def test_numbers_are_checked_alike_by_every_subcommand(cmd):
         for value in ("nan", "NaN", "inf", "-infinity", "1,5", "x"):
             assert "takes a number in" in refused(cmd, option, value)
     for option in SIZES.get(cmd, []):
-        for value in ("nan", "inf", "-1G", "2X"):
+        for value in ("nan", "inf", "-1G", "2X", " 2G", "0x10", "1e3", "1.5"):
             refused(cmd, option, value)
-    if cmd in ("run", "chat"):
+    for option in LISTS.get(cmd, []):
+        for value in ("nan", " 3", "3, 4", "1.5", "3,,4", "3,", "1e3", "0x10", ""):
+            refused(cmd, option, value)
+    if cmd in (("run",), ("chat",)):
         message = refused(cmd, "-c", "99999999")
         assert "from 1 to 16777216" in message, message
         for value in ("-2", "1.5", "nan"):

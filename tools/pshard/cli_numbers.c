@@ -23,6 +23,27 @@ static bool is_whole_number(const char *text) {
     return true;
 }
 
+/* Digits with at most one decimal point, then nothing or a unit (K, M, G, T, B, as plan_parse_size
+ * reads them; it checks the rest): no sign, space, hexadecimal or exponent, and a count of bytes
+ * without a unit is whole. */
+static bool is_size_text(const char *text) {
+    const char *at = text + strspn(text, "0123456789");
+    if (at == text) return false;
+    const bool fraction = *at == '.';
+    if (fraction) {
+        const size_t digits = strspn(at + 1, "0123456789");
+        if (!digits) return false;
+        at += 1 + digits;
+    }
+    if (!*at) return !fraction;
+    return strchr("kKmMgGtT", *at) || (*at == 'B' && !fraction);
+}
+
+/* A size as plan_parse_size reads it, from text is_size_text accepts. */
+static bool read_size(const char *text, int64_t *bytes) {
+    return is_size_text(text) && plan_parse_size(text, bytes) == PSHARD_OK;
+}
+
 int cli_int(const char *cmd, const char *opt, const char *text, int64_t lo, int64_t hi, int64_t *out) {
     errno = 0;
     const long long v = is_whole_number(text) ? strtoll(text, NULL, 10) : 0;
@@ -50,7 +71,7 @@ int cli_real(const char *cmd, const char *opt, const char *text, double lo, doub
 }
 
 int cli_size(const char *cmd, const char *opt, const char *text, int64_t *bytes) {
-    if (plan_parse_size(text, bytes) == PSHARD_OK) return 0;
+    if (read_size(text, bytes)) return 0;
     fprintf(stderr, "pshard %s: %s takes a size such as 2G, 1536M or 0, got '%s'\n", cmd, opt, text);
     return -1;
 }
@@ -84,7 +105,7 @@ int cli_parse_list(const char *text, bool sizes, int64_t *out, int max, int *n) 
         item[len] = 0;
         int64_t v;
         if (sizes) {
-            if (plan_parse_size(item, &v) != PSHARD_OK || v <= 0) return -1;
+            if (!read_size(item, &v) || v <= 0) return -1;
         } else {
             errno = 0;
             v = is_whole_number(item) ? strtoll(item, NULL, 10) : 0;

@@ -105,15 +105,6 @@ static bool profile_beside(const char *json, char *out, size_t size) {
     return snprintf(out, size, "%.*s.profile.json", (int)stem, json) < (int)size;
 }
 
-/* A whole number in [0, max]. */
-static bool parse_count(const char *text, int max, int *out) {
-    char *end;
-    const long v = strtol(text, &end, 10);
-    if (*text == '\0' || *end || v < 0 || v > max) return false;
-    *out = (int)v;
-    return true;
-}
-
 static int parse_opts(int argc, char **argv, struct oracle_opts *o) {
     static const int64_t budgets[] = {2ll << 30, 4ll << 30, 8ll << 30, 16ll << 30};
     static const int32_t contexts[] = {1024, 4096, 16384}, tiers[] = {1, 16, 256, 1024};
@@ -135,19 +126,31 @@ static int parse_opts(int argc, char **argv, struct oracle_opts *o) {
             oracle = true;
         } else if (!strcmp(a, "-m") && v && o->n_models < MAX_MODELS) {
             o->models[o->n_models++] = argv[++i];
-        } else if (!strcmp(a, "--budgets") && v && !cli_parse_list(argv[++i], true, o->budgets, MAX_LIST, &o->n_budgets)) {
-        } else if (!strcmp(a, "--contexts") && v && !cli_parse_list(argv[++i], false, list, MAX_LIST, &n)) {
-            o->n_contexts = n;
-            for (int k = 0; k < n; k++) o->contexts[k] = (int32_t)list[k];
-        } else if (!strcmp(a, "--tiers") && v && !cli_parse_list(argv[++i], false, list, MAX_LIST, &n)) {
-            o->n_tiers = n;
-            for (int k = 0; k < n; k++) o->tiers[k] = (int32_t)list[k];
+        } else if ((!strcmp(a, "--budgets") || !strcmp(a, "--contexts") || !strcmp(a, "--tiers")) && v) {
+            const bool budgets = !strcmp(a, "--budgets");
+            if (cli_parse_list(argv[++i], budgets, list, MAX_LIST, &n)) {
+                fprintf(stderr, "pshard bench: %s takes up to %d %s, got '%s'\n", a, MAX_LIST,
+                        budgets ? "sizes above 0 such as 2G,4G" : "whole numbers from 1 to 16777216 such as 1024,4096",
+                        argv[i]);
+                return -1;
+            }
+            if (budgets) {
+                memcpy(o->budgets, list, sizeof list[0] * (size_t)n);
+                o->n_budgets = n;
+            } else {
+                const bool contexts = !strcmp(a, "--contexts");
+                int32_t *into = contexts ? o->contexts : o->tiers;
+                for (int k = 0; k < n; k++) into[k] = (int32_t)list[k];
+                *(contexts ? &o->n_contexts : &o->n_tiers) = n;
+            }
         } else if ((!strcmp(a, "-b") || !strcmp(a, "-t") || !strcmp(a, "--reps")) && v) {
             int64_t k;
             if (cli_int("bench", a, argv[++i], 1, !strcmp(a, "-b") ? 65536 : 1024, &k)) return -1;
             *(!strcmp(a, "-b") ? &o->n_batch : !strcmp(a, "-t") ? &o->n_threads : &o->reps) = (int32_t)k;
-        } else if (!strcmp(a, "--recheck") && v && parse_count(v, MAX_LOADS - 1, &n)) {
-            o->recheck = n, i++;
+        } else if (!strcmp(a, "--recheck") && v) {
+            int64_t k;
+            if (cli_int("bench", a, argv[++i], 0, MAX_LOADS - 1, &k)) return -1;
+            o->recheck = (int)k;
         } else if (!strcmp(a, "--no-recheck")) {
             o->recheck = 0;
         } else if (!strcmp(a, "--cpu-now")) {
@@ -161,8 +164,6 @@ static int parse_opts(int argc, char **argv, struct oracle_opts *o) {
             for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
             if (!strcmp(a, "-m") && v)
                 fprintf(stderr, "pshard bench: at most %d models (-m) in one run\n", MAX_MODELS);
-            else if (known && v)
-                fprintf(stderr, "pshard bench: %s: '%s' is not a valid value\n", a, v);
             else if (known)
                 fprintf(stderr, "pshard bench: %s needs a value\n", a);
             else

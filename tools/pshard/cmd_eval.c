@@ -17,31 +17,32 @@ static void print_usage(FILE *out) {
                  "  each, or with --steps the counts given in turn (each at most -b), repeated to the end.\n");
 }
 
-static int parse_tokens(const char *text, int32_t **out, int32_t *n) {
+/* Comma-separated whole numbers from 0 to 2^31-1 (digits only: no sign, space or fraction) into a
+ * malloc'd array; -1 for anything else or an empty list. */
+static int parse_ids(const char *text, int32_t **out, int32_t *n) {
     int32_t cap = 64, count = 0;
     int32_t *ids = malloc(sizeof *ids * (size_t)cap);
-    for (const char *p = text; ids && *p;) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 0 || v > 0x7fffffff) {
-            free(ids);
-            return -1;
-        }
+    for (const char *p = text; ids;) {
+        const size_t digits = strspn(p, "0123456789");
+        long long v = 0;
+        for (size_t d = 0; d < digits && v <= 0x7fffffff; d++) v = v * 10 + (p[d] - '0');
+        if (!digits || v > 0x7fffffff || (p[digits] && p[digits] != ',')) break;
         if (count == cap) {
             int32_t *grown = realloc(ids, sizeof *ids * (size_t)(cap *= 2));
             if (!grown) break;
             ids = grown;
         }
         ids[count++] = (int32_t)v;
-        p = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') {
-            free(ids);
-            return -1;
+        p += digits;
+        if (!*p) {
+            *out = ids;
+            *n = count;
+            return 0;
         }
+        p++; /* the comma */
     }
-    *out = ids;
-    *n = count;
-    return ids && count ? 0 : -1;
+    free(ids);
+    return -1;
 }
 
 /* Each position's argmax to stdout, its logits to the file. */
@@ -113,40 +114,49 @@ int cmd_eval(int argc, char **argv) {
         }
     }
     if ((!tokens_arg && !prompt) || !out_path) { print_usage(stderr); return 2; }
-    char default_path[4096];
-    if (!model) {
-        if (cli_default_model(default_path, sizeof default_path) != 0) return 1;
-        model = default_path;
+    int32_t *ids = NULL, n = 0, *steps = NULL, n_steps = 0;
+    if (tokens_arg && parse_ids(tokens_arg, &ids, &n) != 0) {
+        fprintf(stderr, "pshard eval: --tokens takes comma-separated token ids such as 1,2,3, got '%s'\n", tokens_arg);
+        return 2;
     }
+    if (steps_arg && parse_ids(steps_arg, &steps, &n_steps) != 0) {
+        fprintf(stderr, "pshard eval: --steps takes comma-separated token counts such as 16,1, got '%s'\n", steps_arg);
+        free(ids);
+        return 2;
+    }
+    char default_path[4096];
+    if (!model && cli_default_model(default_path, sizeof default_path) != 0) {
+        free(ids);
+        free(steps);
+        return 1;
+    }
+    if (!model) model = default_path;
     params.model_path = model;
     uint32_t n_ctx_train;
     if (params.n_ctx > 0 && cli_model_context(model, &n_ctx_train) == 0)
         params.n_ctx = cli_cap_context("eval", n_ctx_train, params.n_ctx);
     pshard_ctx *ctx = NULL;
+    int rc = 1;
     if (pshard_open(&params, &ctx) != PSHARD_OK) {
         fprintf(stderr, "pshard eval: %s\n", pshard_last_error());
-        return 1;
-    }
-    int32_t *ids = NULL, n = 0, *steps = NULL, n_steps = 0;
-    int rc = 1;
-    if (tokens_arg && parse_tokens(tokens_arg, &ids, &n) != 0) {
-        fprintf(stderr, "pshard eval: --tokens expects comma-separated token ids\n");
         goto done;
     }
     pshard_info info;
     pshard_get_info(ctx, &info);
-    if (steps_arg) {
-        bool ok = parse_tokens(steps_arg, &steps, &n_steps) == 0;
-        for (int32_t k = 0; ok && k < n_steps; k++) ok = steps[k] >= 1 && steps[k] <= info.n_batch;
-        if (!ok) {
-            fprintf(stderr, "pshard eval: --steps expects comma-separated token counts from 1 to the batch size (%d)\n",
-                    info.n_batch);
+    for (int32_t k = 0; k < n_steps; k++)
+        if (steps[k] < 1 || steps[k] > info.n_batch) {
+            fprintf(stderr, "pshard eval: --steps takes token counts from 1 to the batch size (%d), got '%s'\n", info.n_batch,
+                    steps_arg);
+            rc = 2;
             goto done;
         }
-    }
-    if (prompt && pshard_tokenize(ctx, prompt, 1, &ids, &n) != PSHARD_OK) {
-        fprintf(stderr, "pshard eval: %s\n", pshard_last_error());
-        goto done;
+    if (prompt) {
+        free(ids); /* -p takes the place of --tokens */
+        ids = NULL;
+        if (pshard_tokenize(ctx, prompt, 1, &ids, &n) != PSHARD_OK) {
+            fprintf(stderr, "pshard eval: %s\n", pshard_last_error());
+            goto done;
+        }
     }
     FILE *out = fopen(out_path, "wb");
     if (!out) {

@@ -130,7 +130,9 @@ int cmd_plan(int argc, char **argv) {
             }
         } else if (!strcmp(a, "--tokens") && v) {
             if (cli_parse_list(argv[++i], false, tokens, MAX_TOKENS, &n_tokens) != 0) {
-                fprintf(stderr, "pshard plan: --tokens takes up to %d whole numbers of tokens, such as 16,32,63\n", MAX_TOKENS);
+                fprintf(stderr,
+                        "pshard plan: --tokens takes up to %d whole numbers from 1 to 16777216, such as 16,32,63, "
+                        "got '%s'\n", MAX_TOKENS, argv[i]);
                 return 2;
             }
         } else if (!strcmp(a, "-n") && v) {

@@ -133,11 +133,13 @@ int cmd_profile(int argc, char **argv) {
             if (cli_int("profile", argv[i], argv[i + 1], 1, 1024, &k)) return 2;
             threads = (int)k, i++;
         } else if (!strcmp(argv[i], "--vram-budget") && v) {
-            if (plan_parse_size(argv[++i], &vram_cap) != PSHARD_OK || vram_cap <= 0) {
-                fprintf(stderr, "pshard profile: --vram-budget takes a size of device memory such as 2G or 1536M, "
-                                "got '%s'\n", argv[i]);
+            if (cli_size("profile", argv[i], argv[i + 1], &vram_cap)) return 2;
+            if (vram_cap <= 0) {
+                fprintf(stderr, "pshard profile: --vram-budget takes a size of device memory above 0 (--cpu-only "
+                                "measures the CPU alone), got '%s'\n", argv[i + 1]);
                 return 2;
             }
+            i++;
         } else if (!strcmp(argv[i], "--cpu-only")) {
             cpu_only = true;
         } else if (!strcmp(argv[i], "--show")) {
