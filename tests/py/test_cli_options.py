@@ -76,6 +76,9 @@ def test_numbers_are_checked_alike_by_every_subcommand(cmd):
     for option in LISTS.get(cmd, []):
         for value in ("nan", " 3", "3, 4", "1.5", "3,,4", "3,", "1e3", "0x10", ""):
             refused(cmd, option, value)
+    if cmd in (("run",), ("chat",), ("serve",)):  # a budget that follows free memory keeps a size too
+        for value in ("auto:keep=nan", "auto:keep= 2G", "auto:keep=1e3", "auto:keep=1.5", "auto:keep=", "autox"):
+            assert "auto[:keep=SIZE]" in refused(cmd, "--vram-budget", value)
     if cmd in (("run",), ("chat",)):
         message = refused(cmd, "-c", "99999999")
         assert "from 1 to 16777216" in message, message

@@ -86,6 +86,9 @@ int cli_int(const char *cmd, const char *opt, const char *text, int64_t lo, int6
 int cli_real(const char *cmd, const char *opt, const char *text, double lo, double hi, bool above_lo, double *out);
 /* A size such as 2G, 1536M or 0, in bytes. */
 int cli_size(const char *cmd, const char *opt, const char *text, int64_t *bytes);
+/* A VRAM budget as --vram-budget and --budget-file take it: a size (as cli_size reads it), or
+ * auto[:keep=SIZE] (pshard_parse_vram_budget's parts); false, with no message, for anything else. */
+bool cli_vram_budget(const char *text, int64_t *bytes, int *follow, int64_t *keep_bytes);
 /* --seed: a whole number from 0 to 2^64-1, or -1 for one drawn at random (*drawn set). */
 int cli_seed(const char *cmd, const char *text, uint64_t *seed, bool *drawn);
 

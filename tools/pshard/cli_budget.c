@@ -62,8 +62,12 @@ static void apply(struct cli_budget_watch *w, pshard_ctx *ctx) {
     int follow;
     pshard_info before, after;
     pshard_get_info(ctx, &before);
-    pshard_status st = pshard_parse_vram_budget(s, &bytes, &follow, &keep);
-    if (st == PSHARD_OK) st = follow ? pshard_follow_free_vram(ctx, keep) : pshard_set_vram_budget(ctx, bytes);
+    if (!cli_vram_budget(s, &bytes, &follow, &keep)) {
+        fprintf(stderr, "\npshard %s: --budget-file %s ('%s'): not a size such as 4G, 4096M or 0, nor auto[:keep=SIZE]; "
+                        "the budget stays\n", w->cmd, w->path, s);
+        return;
+    }
+    const pshard_status st = follow ? pshard_follow_free_vram(ctx, keep) : pshard_set_vram_budget(ctx, bytes);
     if (st != PSHARD_OK) {
         fprintf(stderr, "\npshard %s: --budget-file %s ('%s'): %s; the budget stays\n", w->cmd, w->path, s, pshard_last_error());
         return;

@@ -76,6 +76,11 @@ int cli_size(const char *cmd, const char *opt, const char *text, int64_t *bytes)
     return -1;
 }
 
+bool cli_vram_budget(const char *text, int64_t *bytes, int *follow, int64_t *keep_bytes) {
+    const char *size = strncmp(text, "auto", 4) ? text : !strncmp(text, "auto:keep=", 10) ? text + 10 : NULL;
+    return (!size || is_size_text(size)) && pshard_parse_vram_budget(text, bytes, follow, keep_bytes) == PSHARD_OK;
+}
+
 int cli_seed(const char *cmd, const char *text, uint64_t *seed, bool *drawn) {
     *drawn = !strcmp(text, "-1");
     if (*drawn) {

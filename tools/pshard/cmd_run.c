@@ -103,9 +103,7 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
             const char *text = argv[++i];
             int64_t keep = 0;
             int follow = 0;
-            if (strncmp(text, "auto", 4) != 0) {
-                if (cli_size(cmd, a, text, &o->params.vram_budget)) return -1;
-            } else if (pshard_parse_vram_budget(text, &o->params.vram_budget, &follow, &keep) != PSHARD_OK) {
+            if (!cli_vram_budget(text, &o->params.vram_budget, &follow, &keep)) {
                 fprintf(stderr, "pshard %s: %s takes a size such as 2G, 1536M or 0, or auto[:keep=SIZE], got '%s'\n", cmd, a,
                         text);
                 return -1;
