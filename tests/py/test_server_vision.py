@@ -4,42 +4,27 @@ the official OpenAI Python client, on gguf-synth's tiny Qwen2.5-VL pair: a reply
 runs alone, a repeated image reuses its cells while another image of the same size reuses none of
 its own, and every bad image is answered with OpenAI's error object naming the part, never a crash."""
 import base64
-import io
 import os
-import re
-import subprocess
 import threading
 
 import numpy as np
 import openai
 import pytest
 
-from conftest import BUILD, run_pshard
+from conftest import run_pshard
 from server_helpers import Server
+from vision_helpers import random_image, write_tiny_vlm
 
 Image = pytest.importorskip("PIL.Image")
-SYNTH = os.path.join(BUILD, "gguf-synth")
 N = 12
-
-
-def png(rng, h, w):
-    out = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)).save(out, format="PNG")
-    return out.getvalue()
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("vlm")
-    for shape in ("tiny-qwen25vl", "tiny-qwen25vl-mmproj"):
-        subprocess.run([SYNTH, "--shape", shape, "-o", str(d / f"{shape}.gguf"), "--quiet"], check=True)
-    rng = np.random.default_rng(3)
-    (d / "a.png").write_bytes(png(rng, 196, 308))  # 7 x 11 image tokens
-    (d / "b.png").write_bytes(png(rng, 120, 90))   # 4 x 3
-    (d / "c.png").write_bytes(png(rng, 196, 308))  # a's size, other pixels
-    jpeg = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, size=(100, 150, 3), dtype=np.uint8)).save(jpeg, format="JPEG")
-    (d / "d.jpg").write_bytes(jpeg.getvalue())
+    rng = write_tiny_vlm(d)  # a.png: 7 x 11 image tokens, b.png: 4 x 3
+    (d / "c.png").write_bytes(random_image(rng, 196, 308))  # a's size, other pixels
+    (d / "d.jpg").write_bytes(random_image(rng, 100, 150, "JPEG"))
     return d
 
 
@@ -170,7 +155,7 @@ def test_bad_images_named(files, client, server, tmp_path):
         ask(client, [image_part(good), {"type": "text", "text": "and <__image__>"}])
     assert "image marker" in error_of(e)["message"]
     # an image whose tokens (25 x 25) do not fit a sequence's context (512 cells shared by 2 sequences)
-    big = png(np.random.default_rng(5), 700, 700)
+    big = random_image(np.random.default_rng(5), 700, 700)
     with pytest.raises(openai.BadRequestError) as e:
         ask(client, [image_part("data:image/png;base64," + base64.b64encode(big).decode())])
     err = error_of(e)

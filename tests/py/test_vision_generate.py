@@ -14,6 +14,7 @@ import pytest
 
 from conftest import BUILD, run_pshard
 from llama_cpp_plain import plain_cpu_kernels  # noqa: F401 (autouse: AMX kernels crash)
+from vision_helpers import write_tiny_vlm
 
 Image = pytest.importorskip("PIL.Image")
 SYNTH = os.path.join(BUILD, "gguf-synth")
@@ -23,11 +24,7 @@ N = 12
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("vlm")
-    for shape in ("tiny-qwen25vl", "tiny-qwen25vl-mmproj"):
-        subprocess.run([SYNTH, "--shape", shape, "-o", str(d / f"{shape}.gguf"), "--quiet"], check=True)
-    rng = np.random.default_rng(3)
-    Image.fromarray(rng.integers(0, 256, size=(196, 308, 3), dtype=np.uint8)).save(d / "a.png")
-    Image.fromarray(rng.integers(0, 256, size=(120, 90, 3), dtype=np.uint8)).save(d / "b.png")
+    write_tiny_vlm(d)
     return d
 
 
