@@ -31,7 +31,7 @@ def files(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(files, tmp_path_factory):
     s = Server(str(files / "tiny-qwen25vl.gguf"), "--mmproj", str(files / "tiny-qwen25vl-mmproj.gguf"),
-               "--parallel", "2", "-c", "512", log_dir=tmp_path_factory.mktemp("serve"))
+               "--parallel", "2", "-c", "1024", log_dir=tmp_path_factory.mktemp("serve"))
     yield s
     assert s.stop() == 0, s.log_text()
 
@@ -82,12 +82,13 @@ def test_images_matter(files, client):
 def test_concurrent_requests_equal_their_solo_runs(files, client):
     asks = {im: [{"type": "text", "text": "What is in "}, image_part(data_url(files / im)), {"type": "text", "text": "?"}]
             for im in ("a.png", "b.png")}
-    alone = {im: ask(client, parts).choices[0].message.content for im, parts in asks.items()}
+    long = 120  # replies long enough that the two run side by side
+    alone = {im: ask(client, parts, max_tokens=long).choices[0].message.content for im, parts in asks.items()}
     together, errors = {}, []
 
     def go(im):
         try:
-            together[im] = ask(client, asks[im]).choices[0].message.content
+            together[im] = ask(client, asks[im], max_tokens=long).choices[0].message.content
         except Exception as e:  # noqa: BLE001 (reported below)
             errors.append(e)
     for _ in range(2):
@@ -154,8 +155,8 @@ def test_bad_images_named(files, client, server, tmp_path):
     with pytest.raises(openai.BadRequestError) as e:
         ask(client, [image_part(good), {"type": "text", "text": "and <__image__>"}])
     assert "image marker" in error_of(e)["message"]
-    # an image whose tokens (25 x 25) do not fit a sequence's context (512 cells shared by 2 sequences)
-    big = random_image(np.random.default_rng(5), 700, 700)
+    # an image whose tokens (36 x 36) do not fit a sequence's context (1024 cells shared by 2 sequences)
+    big = random_image(np.random.default_rng(5), 1000, 1000)
     with pytest.raises(openai.BadRequestError) as e:
         ask(client, [image_part("data:image/png;base64," + base64.b64encode(big).decode())])
     err = error_of(e)
