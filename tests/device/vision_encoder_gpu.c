@@ -22,7 +22,7 @@
 #include "vision/encoder_gpu.h"
 #include "vision/preprocess.h"
 
-static const double TOL_F32 = 1e-4, TOL_F16 = 5e-3;
+static const double TOL_F32 = 2e-5, TOL_F16 = 2e-3;
 enum { ARENA_BYTES = 512 << 20, GUARD_BYTES = 1 << 20, GUARD = 0xa5 };
 
 static int cases, failures;
@@ -141,8 +141,9 @@ static void run_model(const char *path, const char *type, double tol, struct gpu
             vision_windows_free(&w);
             const struct cuda_region tight = {g->lent, least.peak_bytes};
             st = gpu_encode(vg, &m, &p, g, &tight, 1, NULL, &l, &gpu);
-            check(st == PSHARD_OK && l.n_slots == 1 && l.chunk_rows <= 64 && rel_err(&gpu, &cpu) <= tol,
-                  "%s in the least memory (%.2f MB: chunks of %u, %u slot): max err %.2e", type, least.peak_bytes / 1048576.0,
+            /* (one slot, or two where the merger's upload is larger than both: the same peak) */
+            check(st == PSHARD_OK && l.peak_bytes <= least.peak_bytes && l.chunk_rows <= 64 && rel_err(&gpu, &cpu) <= tol,
+                  "%s in the least memory (%.2f MB: chunks of %u, %u slots): max err %.2e", type, least.peak_bytes / 1048576.0,
                   l.chunk_rows, l.n_slots, st == PSHARD_OK ? rel_err(&gpu, &cpu) : INFINITY);
             if (st == PSHARD_OK) vision_embeddings_free(&gpu);
             const struct cuda_region less = {g->lent, least.peak_bytes - CUDA_ARENA_ALIGN};
