@@ -22,7 +22,8 @@
 static struct gguf_file *file, *moe_file;
 static struct model model, moe;
 static char moe_path[256];
-static const struct plan_gpu_costs costs = {100 << 20, 20 << 20, 10 << 20, 32 << 20, 256 << 10};
+/* The GPU buffers' sizes; the kernels are each model's own (costs_for). */
+static const struct plan_gpu_costs costs = {100 << 20, 20 << 20, 10 << 20, 32 << 20, 256 << 10, {0, 0}};
 static const struct plan_request base = {PLAN_AUTO, 0, 2048, 512, 1, 0.0f, -1, NULL, false, false, false, false, NULL, 0, false, false, -1, 0, false, false, 0, false, false, 0};
 
 static int setup(void **state) {
@@ -65,6 +66,17 @@ static uint64_t attention_and_kv(const struct model *m, int32_t n_ctx) {
     return n;
 }
 
+/* `costs` with the kernels m's steps run, as exec_gpu_costs fills them. */
+static const struct plan_gpu_costs *costs_for(const struct model *m) {
+    static struct plan_gpu_costs c;
+    c = costs;
+    const struct model_hparams *hp = &m->hp;
+    const struct cuda_attn_shape a = {(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v, 1};
+    c.kernels.attention_prompt_from = cuda_attention_prefill_from(&a);
+    c.kernels.moe_matvec_max_tokens = cuda_moe_matvec_max_tokens(hp->n_expert, hp->n_expert_used);
+    return &c;
+}
+
 static uint64_t fixed(void) { return costs.activations + costs.logits + costs.work + costs.blas; }
 
 /* A budget that streams most weights: the buffers, every layer's attention and KV, and 8 MB. */
@@ -86,7 +98,7 @@ static void test_budget_zero_is_cpu(void **state) {
     (void)state;
     struct plan p;
     struct plan_request r = base;
-    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
     assert_int_equal(p.family, PLAN_CPU);
     assert_false(p.any_gpu);
     assert_int_equal(used(&p), 0);
@@ -102,7 +114,7 @@ static void test_everything_fits_is_gpu(void **state) {
     struct plan p;
     struct plan_request r = base;
     r.vram_budget = (int64_t)4 << 30;
-    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
     assert_int_equal(p.family, PLAN_GPU);
     for (int t = 0; t < PLAN_TIERS; t++) {
         assert_true(p.tier[t].all_gpu);
@@ -114,7 +126,7 @@ static void test_everything_fits_is_gpu(void **state) {
     assert_true(used(&p) <= p.budget.total);
     plan_free(&p);
     r.vram_budget = -1; /* no budget: what the plan needs */
-    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
     assert_int_equal(p.budget.total, used(&p));
     plan_free(&p);
 }
@@ -129,12 +141,12 @@ static void test_kv_sized_as_the_pool(void **state) {
     uint64_t per_cell = 0;
     for (uint32_t i = 0; i < model.n_shards; i++)
         if (model.shards[i].kind == SHARD_ATTN) per_cell += model.shards[i].kv_bytes_per_token;
-    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
     const uint64_t whole = p.budget.kv; /* 0: n_ctx * n_seq cells */
     assert_true(whole >= per_cell * 2048 * 8);
     plan_free(&p);
     r.kv_cells = 3000;
-    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
     assert_true(p.budget.kv >= per_cell * 3000 && p.budget.kv < per_cell * 3000 + (whole - per_cell * 2048 * 8) + (1 << 20));
     assert_true(p.budget.kv < whole / 4);
     plan_free(&p);
@@ -147,7 +159,7 @@ static void test_static_fills_by_priority(void **state) {
     r.family = PLAN_STATIC;
     /* Room for the fixed buffers, every attention shard with its KV, and a little more. */
     r.vram_budget = (int64_t)(fixed() + attention_and_kv(&model, 2048) + (4 << 20));
-    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
     assert_int_equal(p.family, PLAN_STATIC);
     assert_true(used(&p) <= p.budget.total);
     assert_int_equal(p.budget.staging, 0); /* static never streams through slots */
@@ -172,7 +184,7 @@ static void test_gpu_streams_what_does_not_fit(void **state) {
     (void)state;
     struct plan p;
     struct plan_request r = small_request(PLAN_GPU, NULL);
-    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
     assert_true(used(&p) <= p.budget.total);
     assert_true(p.n_slots == PLAN_MIN_SLOTS || p.n_slots == PLAN_STAGING_SLOTS);
     assert_int_equal(p.budget.staging, (uint64_t)p.n_slots * p.slot_bytes);
@@ -211,7 +223,7 @@ static void test_dynamic_ring_tiers_stage_alike(void **state) {
         for (int i = 0; i < PROFILE_TOKENS; i++) prof.cpu_matmul[f].s_per_byte[i] = prof.zero_copy[i] * (1 + i);
     struct plan_request r = small_request(PLAN_DYNAMIC, &prof);
     struct plan p;
-    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
     int ring_tiers = 0, first = -1;
     for (int t = 0; t < PLAN_TIERS; t++) {
         if (!p.tier[t].ring) continue;
@@ -232,7 +244,7 @@ static void test_dynamic_ring_tiers_stage_alike(void **state) {
      * CPU too, over the same resident set. */
     r.dynamic_in_place = true;
     struct plan q;
-    assert_int_equal(plan_build(&model, &r, &costs, &q), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &q), PSHARD_OK);
     assert_true(q.n_slots > 0);
     for (int t = 0; t < PLAN_TIERS; t++) {
         assert_false(q.tier[t].ring);
@@ -267,11 +279,11 @@ static void test_cpu_router_rate(void **state) {
     struct plan_request r = base;
     r.family = PLAN_CPU;
     struct plan cpu, gpu;
-    assert_int_equal(plan_build(&moe, &r, &costs, &cpu), PSHARD_OK);
+    assert_int_equal(plan_build(&moe, &r, costs_for(&moe), &cpu), PSHARD_OK);
     r = base;
     r.family = PLAN_GPU;
     r.vram_budget = (int64_t)8 << 30; /* every shard resident */
-    assert_int_equal(plan_build(&moe, &r, &costs, &gpu), PSHARD_OK);
+    assert_int_equal(plan_build(&moe, &r, costs_for(&moe), &gpu), PSHARD_OK);
     for (int n = 1; n <= 64; n *= 4) {
         struct profile timed = prof;
         for (int i = 0; i < PROFILE_TOKENS; i++) timed.cpu_router[i] = 3 * cost_rate(prof.cpu_matmul, type, profile_tokens[i]);
@@ -293,10 +305,10 @@ static void test_lent_slots(void **state) {
     (void)state;
     struct plan_request r = small_request(PLAN_GPU, NULL);
     struct plan plain, lent;
-    assert_int_equal(plan_build(&model, &r, &costs, &plain), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &plain), PSHARD_OK);
     assert_null(plain.lent); /* off unless asked for */
     r.lend_slots = true;
-    assert_int_equal(plan_build(&model, &r, &costs, &lent), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &lent), PSHARD_OK);
     assert_non_null(lent.lent);
     int ring = -1;
     for (int t = PLAN_TIERS - 1; t >= 0; t--) ring = lent.tier[t].ring ? t : ring;
@@ -336,7 +348,7 @@ static void test_lent_slots(void **state) {
     /* static with the ring's room (as auto weighs it): the lent shards leave the CPU. */
     r.family = PLAN_STATIC;
     r.staging = PLAN_SET_RING;
-    assert_int_equal(plan_build(&model, &r, &costs, &lent), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &lent), PSHARD_OK);
     int on_gpu = 0, on_cpu = 0;
     for (uint32_t i = 0; i < model.n_shards; i++) {
         if (model.shards[i].kind != SHARD_FFN || lent.tier[0].shard[i] == PLACE_RESIDENT) continue;
@@ -363,7 +375,7 @@ static void test_kv_stream(void **state) {
     r.lend_slots = r.kv_stream = true;
     r.vram_budget = (int64_t)(fixed_streaming() + 40 * 1048576ull);
     struct plan p;
-    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
     assert_true(p.kv_stream);
     uint64_t kv_vram = 0, kv_layer = 0;
     uint32_t host_layers = 0;
@@ -430,11 +442,11 @@ static void test_kv_stream(void **state) {
         for (uint64_t extra = 1; !any_host && extra <= 40; extra++) {
             r.vram_budget = (int64_t)(fixed_streaming() + extra * 1048576ull);
             r.kv_stream = false;
-            if (plan_build(&model, &r, &costs, &p) != PSHARD_OK) continue;
+            if (plan_build(&model, &r, costs_for(&model), &p) != PSHARD_OK) continue;
             const uint64_t bare = p.slot_bytes;
             plan_free(&p);
             r.kv_stream = true;
-            assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+            assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
             assert_int_equal(p.slot_bytes, bare);
             for (uint32_t l = 0; l < p.n_layers; l++) any_host |= !p.kv_gpu[l];
             if (any_host) {
@@ -462,14 +474,14 @@ static void test_kv_stream(void **state) {
     for (int f = 0; f < PROFILE_FORMATS; f++)
         for (int i = 0; i < PROFILE_TOKENS; i++) prof.cpu_matmul[f].s_per_byte[i] = 0;
     for (int i = 0; i < PROFILE_SIZES; i++) prof.h2d_gbps[i] = 0.05;
-    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
     assert_true(p.kv_stream);
     for (int k = 0; k < PLAN_TIERS; k++) assert_false(p.tier[k].kv_stream);
     plan_free(&p);
 
     /* Not asked for: no tier streams KV and the ring has no unit for that attention. */
     r.kv_stream = false;
-    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
     assert_false(p.kv_stream);
     units = malloc(sizeof *units * plan_ring_units_max(&p));
     assert_non_null(units);
@@ -503,7 +515,7 @@ static void test_static_stages_attention(void **state) {
     for (r.vram_budget = (int64_t)fixed(); streamed == 0 && r.vram_budget < (int64_t)fixed() + (64 << 20);
          r.vram_budget += 64 << 10) {
         plan_free(&staged);
-        if (plan_build(&model, &r, &costs, &staged) != PSHARD_OK) continue;
+        if (plan_build(&model, &r, costs_for(&model), &staged) != PSHARD_OK) continue;
         for (uint32_t i = 0; i < model.n_shards; i++)
             streamed += model.shards[i].kind == SHARD_ATTN && staged.tier[0].shard[i] == PLACE_STREAMED;
     }
@@ -521,7 +533,7 @@ static void test_static_stages_attention(void **state) {
     }
     assert_int_equal(staged_units, streamed);
     r.stage_static = false;
-    assert_int_equal(plan_build(&model, &r, &costs, &in_place), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &in_place), PSHARD_OK);
     assert_false(in_place.tier[0].ring);
     for (uint32_t i = 0; i < model.n_shards; i++) assert_int_equal(in_place.tier[0].shard[i], staged.tier[0].shard[i]);
     struct cost_step a, b, free_copies;
@@ -562,10 +574,10 @@ static void test_dynamic_splits_ffn_rows(void **state) {
     plan_profile(NULL, &prof); /* the defaults, with a GPU */
     struct plan_request r = small_request(PLAN_DYNAMIC, &prof);
     struct plan by_layer, split;
-    assert_int_equal(plan_build(&model, &r, &costs, &by_layer), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &by_layer), PSHARD_OK);
     assert_false(plan_splits_ffn(&by_layer));
     r.split_ffn = true;
-    assert_int_equal(plan_build(&model, &r, &costs, &split), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &split), PSHARD_OK);
     assert_true(plan_splits_ffn(&split));
     const uint32_t ff = model.hp.n_ff;
     int n_split = 0;
@@ -633,7 +645,7 @@ static void test_auto_picks_the_fastest_per_tier(void **state) {
     struct plan p;
     struct plan_request r = base;
     r.vram_budget = (int64_t)(fixed() + attention_and_kv(&model, 2048) + (24 << 20));
-    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
     assert_true(p.n_candidates >= 4); /* static, gpu, dynamic at shares, cpu */
     for (int t = 0; t < PLAN_TIERS; t++) {
         assert_true(p.chosen[t] >= 0 && p.chosen[t] < (int)p.n_candidates);
@@ -679,7 +691,7 @@ static void test_request_mix_of_many(void **state) {
     struct plan_request r = base;
     r.vram_budget = (int64_t)(fixed() + attention_and_kv(&model, 2048) + (24 << 20));
     r.n_seq = 4;
-    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
     assert_int_equal(p.n_seq, 4);
     struct profile prof;
     profile_defaults(&prof);
@@ -714,7 +726,7 @@ static void test_auto_resident_set(void **state) {
         struct plan p;
         struct plan_request r = base;
         r.vram_budget = (int64_t)(fixed_streaming() + attention_and_kv(&model, 2048)) + ((int64_t)mb << 20);
-        assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+        assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
         if (p.n_candidates && p.chosen[0] >= 0 && p.candidates[p.chosen[0]].family != PLAN_CPU) {
             const int set = p.candidates[p.chosen[0]].set;
             double soonest = INFINITY;
@@ -748,7 +760,7 @@ static void test_auto_phases(void **state) {
             r.phases = variant != 1;
             r.n_seq = variant == 2 ? 2 : 1;
             r.vram_budget = (int64_t)(fixed_streaming() + attention_and_kv(&model, 2048) * r.n_seq) + ((int64_t)mb << 20);
-            assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+            assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
             const struct plan_phases *ph = &p.weighed_phases;
             if (variant != 0) assert_null(p.decode), assert_false(ph->weighed);
             if (ph->weighed) {
@@ -815,7 +827,7 @@ static void test_long_decode_band(void **state) {
                 r.n_seq = variant == 2 ? 2 : 1;
                 r.n_decode = variant == 3 ? 2 : 0; /* a request too short to pay for most changes */
                 r.vram_budget = (int64_t)mb << 20;
-                if (plan_build(&moe, &r, &costs, &p) != PSHARD_OK) continue;
+                if (plan_build(&moe, &r, costs_for(&moe), &p) != PSHARD_OK) continue;
                 const struct plan_band *b = &p.weighed_band;
                 if (variant == 1 || variant == 2) assert_false(b->weighed);
                 for (int t = 0; t < PLAN_TIERS; t++) /* prompt steps always run the prompt's plan */
@@ -929,10 +941,10 @@ static void test_lent_experts(void **state) {
     r.vram_budget = 520ll << 20;
     r.lend_slots = r.one_expert_call = true;
     struct plan plain, p;
-    assert_int_equal(plan_build(&big, &r, &costs, &plain), PSHARD_OK);
+    assert_int_equal(plan_build(&big, &r, costs_for(&big), &plain), PSHARD_OK);
     assert_null(plain.experts_lent); /* off unless asked for */
     r.lend_experts = true;
-    assert_int_equal(plan_build(&big, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&big, &r, costs_for(&big), &p), PSHARD_OK);
     assert_non_null(p.experts_lent);
     assert_true(plan_lends(&p) && p.n_slots > 0);
     int ring = -1;
@@ -987,7 +999,7 @@ static void test_lent_experts(void **state) {
     r.family = PLAN_STATIC;
     r.staging = PLAN_SET_RING;
     r.stream_share = 0;
-    assert_int_equal(plan_build(&big, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&big, &r, costs_for(&big), &p), PSHARD_OK);
     assert_false(p.tier[0].ring);
     uint32_t lent_static = 0;
     for (uint32_t l = 0; l < big.hp.n_layers; l++) {
@@ -1011,11 +1023,11 @@ static void test_moe_experts_by_range(void **state) {
     r.family = PLAN_DYNAMIC;
     r.stream_share = 0.25f;
     r.vram_budget = moe_split_budget(&m0, &slot);
-    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&moe, &r, costs_for(&moe), &p), PSHARD_OK);
     if (p.n_slots > PLAN_MIN_SLOTS) { /* a budget this size gets the deeper ring: give it the room */
         r.vram_budget += (int64_t)((p.n_slots - PLAN_MIN_SLOTS) * slot);
         plan_free(&p);
-        assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+        assert_int_equal(plan_build(&moe, &r, costs_for(&moe), &p), PSHARD_OK);
     }
     assert_true(p.budget.staging > 0);
     uint32_t total = 0;
@@ -1035,7 +1047,7 @@ static void test_moe_experts_by_range(void **state) {
     plan_free(&p);
 
     r.family = PLAN_STATIC;
-    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&moe, &r, costs_for(&moe), &p), PSHARD_OK);
     for (uint32_t l = 0; l < moe.hp.n_layers; l++)
         assert_int_equal(p.tier[PLAN_TIER_DECODE].experts_gpu[l], p.experts_resident[l]);
     assert_int_equal(p.tier[PLAN_TIER_DECODE].pcie_bytes_per_token, 0);
@@ -1068,7 +1080,7 @@ static void test_moe_routers_first(void **state) {
     for (uint64_t budget = fixed_streaming(); budget < fixed_streaming() + everything; budget += step) {
         r.vram_budget = (int64_t)budget;
         struct plan p;
-        if (plan_build(&moe, &r, &costs, &p) != PSHARD_OK) continue;
+        if (plan_build(&moe, &r, costs_for(&moe), &p) != PSHARD_OK) continue;
         built++;
         const struct plan_tier *prompt = &p.tier[plan_prompt_tier(&p)];
         bool dense_resident = false, routers_all = true;
@@ -1099,7 +1111,7 @@ static void split_moe_plan(const struct profile *prof, struct plan *p) {
     r.stream_share = 0.5f;
     r.vram_budget = moe_split_budget(&m0, &slot);
     r.profile = prof;
-    assert_int_equal(plan_build(&moe, &r, &costs, p), PSHARD_OK);
+    assert_int_equal(plan_build(&moe, &r, costs_for(&moe), p), PSHARD_OK);
 }
 
 static void test_cost_expert_reads_beside_cpu(void **state) {
@@ -1141,7 +1153,7 @@ static void test_cost_moe_ring_copies_hide_gpu_work(void **state) {
     r.vram_budget = moe_split_budget(&m0, &slot);
     r.profile = &prof;
     struct plan p;
-    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&moe, &r, costs_for(&moe), &p), PSHARD_OK);
     const struct plan_tier *t = &p.tier[plan_prompt_tier(&p)];
     assert_true(t->ring);
     struct cost_step a, b;
@@ -1158,10 +1170,11 @@ static void test_cost_moe_ring_copies_hide_gpu_work(void **state) {
  * replayed as a graph (launch latency does not pace it; its split MoE layers meet the host at
  * the graph's hand-off), a two-token step is launched kernel by kernel (paced by launches; the
  * event hand-off). */
-/* GPU attention in the cost model follows the executor's kernel (cuda_attention_prefill_pays):
- * a split-KV step pays the profile's fixed part once per layer and takes the split-KV points'
- * rate; a prompt-kernel step pays no fixed part, takes the prompt kernel's rate (its points from
- * PROFILE_PROMPT_ATTN tokens) and, below a full tile, costs what a tile of 64 queries does. */
+/* GPU attention in the cost model follows the executor's kernel (plan_kernels, by the rule of
+ * cuda_attention_prefill_pays): a split-KV step pays the profile's fixed part once per layer and
+ * takes the split-KV points' rate; a prompt-kernel step pays no fixed part, takes the prompt
+ * kernel's rate (its points from PROFILE_PROMPT_ATTN tokens) and, below a full tile, costs what a
+ * tile of 64 queries does. */
 static void test_cost_attention_call(void **state) {
     (void)state;
     struct profile prof;
@@ -1172,7 +1185,7 @@ static void test_cost_attention_call(void **state) {
     r.vram_budget = -1; /* everything resident */
     r.profile = &prof;
     struct plan p;
-    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
     uint32_t layers = 0;
     double kv = 0;
     for (uint32_t i = 0; i < model.n_shards; i++) {
@@ -1218,7 +1231,7 @@ static void test_cost_cpu_attention_per_query_head(void **state) {
     r.family = PLAN_CPU;
     r.profile = &prof;
     struct plan p;
-    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
     const double group = (double)model.hp.n_head / model.hp.n_head_kv;
     assert_true(model.hp.n_head_kv > 0 && fabs(cost_query_heads_per_kv(&model) - group) < 1e-12);
     double kv = 0;
@@ -1248,7 +1261,7 @@ static void test_cost_launches_and_hand_offs(void **state) {
     }
     r.vram_budget = (int64_t)room;
     struct plan p;
-    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&moe, &r, costs_for(&moe), &p), PSHARD_OK);
     const struct plan_tier *t = &p.tier[PLAN_TIER_DECODE];
     assert_true(t->shards_gpu && !t->all_gpu && !t->ring); /* experts split with the CPU */
     uint32_t split = 0;
@@ -1306,13 +1319,13 @@ static void test_too_small_names_the_minimum(void **state) {
         struct plan_request r = base;
         r.family = cases[i].family, r.staging = cases[i].set;
         r.vram_budget = 1 << 20;
-        assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_ERR_RANGE);
+        assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_ERR_RANGE);
         const int64_t mb = named_mb(cases[i].words);
         r.vram_budget = mb << 20;
-        assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+        assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
         plan_free(&p);
         r.vram_budget = (mb - 1) << 20;
-        assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_ERR_RANGE);
+        assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_ERR_RANGE);
     }
 }
 
@@ -1327,7 +1340,7 @@ static void test_in_place_rates_follow_alignment(void **state) {
     for (int i = 0; i < PROFILE_TOKENS; i++) prof.zero_copy_off[i] = 2 * prof.zero_copy[i];
     struct plan_request r = small_request(PLAN_GPU, &prof);
     struct plan p;
-    assert_int_equal(plan_build(&model, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
     struct model aligned = model, off = model, next_line = model;
     aligned.weights_skew = 0, off.weights_skew = 96, next_line.weights_skew = 128;
     struct cost_step a, o, n;
@@ -1350,9 +1363,9 @@ static void test_cost_model_and_learning(void **state) {
     r.profile = &prof;
     struct plan small, large;
     r.vram_budget = small_budget();
-    assert_int_equal(plan_build(&model, &r, &costs, &small), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &small), PSHARD_OK);
     r.vram_budget = (int64_t)(fixed() + attention_and_kv(&model, 2048) + (64 << 20));
-    assert_int_equal(plan_build(&model, &r, &costs, &large), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &large), PSHARD_OK);
     struct cost_step a, b;
     cost_step(&prof, &model, &small, &small.tier[0], 1, 1000, &a);
     cost_step(&prof, &model, &large, &large.tier[0], 1, 1000, &b);
@@ -1379,7 +1392,7 @@ static void test_cost_model_and_learning(void **state) {
      * measurement does not make the unmeasured ones look faster; the CPU plan keeps its own. */
     struct plan st;
     r.family = PLAN_STATIC;
-    assert_int_equal(plan_build(&model, &r, &costs, &st), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &st), PSHARD_OK);
     cost_step(&prof, &model, &st, &st.tier[0], 1, 1000, &c);
     assert_true(fabs(c.seconds / c.raw_seconds - 1.5) < 1e-9);
     cost_learn(&prof, &model, PLAN_DYNAMIC, 1, 1.0, 3.375);
@@ -1391,7 +1404,7 @@ static void test_cost_model_and_learning(void **state) {
     plan_free(&st);
     struct plan cpu;
     r.family = PLAN_CPU;
-    assert_int_equal(plan_build(&model, &r, &costs, &cpu), PSHARD_OK);
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &cpu), PSHARD_OK);
     cost_step(&prof, &model, &cpu, &cpu.tier[0], 1, 1000, &c);
     assert_true(c.seconds == c.raw_seconds);
     plan_free(&cpu);
@@ -1446,7 +1459,7 @@ static void test_dynamic_balances_from_the_profile(void **state) {
         for (int i = 0; i < PROFILE_TOKENS; i++)
             cpu->s_per_byte[i] = cpu_over_stream[c] * prof.zero_copy_experts[0], prof.zero_copy_experts[i] = prof.zero_copy_experts[0];
         struct plan p;
-        assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+        assert_int_equal(plan_build(&moe, &r, costs_for(&moe), &p), PSHARD_OK);
         const double share = cpu_over_stream[c] / (cpu_over_stream[c] + 1);
         int checked = 0;
         for (uint32_t l = 0; l < moe.hp.n_layers; l++) {
@@ -1498,7 +1511,7 @@ static void test_routed_split(void **state) {
     for (int c = 0; c < 3; c++) {
         for (int i = 0; i < PROFILE_TOKENS; i++) cpu->s_per_byte[i] = cpu_over_stream[c] * prof.zero_copy_experts[i];
         struct plan p;
-        assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+        assert_int_equal(plan_build(&moe, &r, costs_for(&moe), &p), PSHARD_OK);
         struct plan_tier *t = &p.tier[PLAN_TIER_DECODE];
         assert_false(p.tier[1].routed); /* four-token steps split by range */
         if (c == 2) { /* a fast CPU: the GPU would read none in place, so no routed split */
@@ -1520,7 +1533,7 @@ static void test_routed_split(void **state) {
         assert_true(with_call.seconds > routed.seconds);
         if (c == 1) { /* reading any in place now costs a millisecond: the CPU takes them all */
             struct plan q;
-            assert_int_equal(plan_build(&moe, &r, &costs, &q), PSHARD_OK);
+            assert_int_equal(plan_build(&moe, &r, costs_for(&moe), &q), PSHARD_OK);
             for (int n = 0; q.tier[PLAN_TIER_DECODE].routed && n <= k; n++)
                 assert_int_equal(q.tier[PLAN_TIER_DECODE].routed_quota[n], 0);
             plan_free(&q);
@@ -1533,7 +1546,7 @@ static void test_routed_split(void **state) {
     }
     r.routed_split = false;
     struct plan p;
-    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&moe, &r, costs_for(&moe), &p), PSHARD_OK);
     assert_false(p.tier[PLAN_TIER_DECODE].routed);
     plan_free(&p);
     r.routed_split = true;
@@ -1542,18 +1555,18 @@ static void test_routed_split(void **state) {
     const uint8_t given[3] = {0, 0, 1}, too_many[3] = {0, 2, 1};
     r.routed_quota = given;
     r.routed_quota_count = k;
-    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&moe, &r, costs_for(&moe), &p), PSHARD_OK);
     assert_true(p.tier[PLAN_TIER_DECODE].routed);
     assert_memory_equal(p.tier[PLAN_TIER_DECODE].routed_quota, given, 3);
     plan_free(&p);
     r.routed_quota = too_many;
-    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_ERR_INVALID_ARG);
+    assert_int_equal(plan_build(&moe, &r, costs_for(&moe), &p), PSHARD_ERR_INVALID_ARG);
     r.routed_quota = given;
     r.routed_quota_count = k - 1;
-    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_ERR_INVALID_ARG);
+    assert_int_equal(plan_build(&moe, &r, costs_for(&moe), &p), PSHARD_ERR_INVALID_ARG);
     r.routed_quota = NULL;
     r.stream_share = 0.5f; /* a share given: by range */
-    assert_int_equal(plan_build(&moe, &r, &costs, &p), PSHARD_OK);
+    assert_int_equal(plan_build(&moe, &r, costs_for(&moe), &p), PSHARD_OK);
     assert_false(p.tier[PLAN_TIER_DECODE].routed);
     plan_free(&p);
 }
@@ -1635,7 +1648,7 @@ static void build_moe_split(enum plan_family family, struct profile *prof, struc
     r.family = family;
     r.profile = prof;
     r.vram_budget = moe_split_budget(m0, &slot);
-    assert_int_equal(plan_build(&moe, &r, &costs, p), PSHARD_OK);
+    assert_int_equal(plan_build(&moe, &r, costs_for(&moe), p), PSHARD_OK);
 }
 
 /* The GPU's experts a thousand times slower than measured, so their compute is the longer side. */

@@ -277,6 +277,10 @@ pshard_status exec_gpu_costs(const struct model *model, const struct model_weigh
     out->logits = logits;
     out->work = work_bytes_needed(model, w, p);
     out->blas = CUDA_BLAS_WORKSPACE_BYTES;
+    /* The kernels the steps run, by size, for the cost model: the rules the GPU code follows. */
+    const struct cuda_attn_shape a = {(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v, 1};
+    out->kernels.attention_prompt_from = cuda_attention_prefill_from(&a);
+    out->kernels.moe_matvec_max_tokens = cuda_moe_matvec_max_tokens(hp->n_expert, hp->n_expert_used);
     /* The KV block table, one row a sequence. */
     out->activations += align_up(sizeof(int32_t) * (size_t)p->n_seq * (size_t)((p->n_ctx + KV_BLOCK_CELLS - 1) / KV_BLOCK_CELLS));
     /* The driver maps registered host memory for the GPU with 8 bytes of page table per 4 KiB

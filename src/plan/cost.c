@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cuda/cuda_backend.h"
 #include "quant/types.h"
 
 /* Small kernels a shard launches on the GPU besides its matrix products (norms, rope, KV store,
@@ -190,14 +189,13 @@ static void move_to(struct walk *w, bool gpu) {
  * read it together, and the profile times the units the executor makes); the GPU's kernels
  * read a KV head once for its group, at a rate that depends on how long the cache is
  * (profile_gpu_attn). On the GPU a step runs the kernel the executor picks
- * (cuda_attention_prefill_pays): the split-KV kernel pays the call's fixed part besides, and the
+ * (plan_kernels): the split-KV kernel pays the call's fixed part besides, and the
  * prompt kernel costs a full tile of queries at fewer tokens. */
 static double attention_s(const struct walk *w, const struct shard *s, bool gpu) {
     const double per_cell = (double)s->kv_bytes_per_token * (gpu ? 1 : cost_query_heads_per_kv(w->m));
     if (!gpu) return w->n * w->ctx * per_cell * profile_at_tokens(w->prof->cpu_attn, w->n);
-    const struct model_hparams *hp = &w->m->hp;
-    const struct cuda_attn_shape a = {(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v, 1};
-    const bool prompt = cuda_attention_prefill_pays(&a, (int64_t)w->n); /* a step of one sequence */
+    const int64_t from = w->p->kernels.attention_prompt_from;
+    const bool prompt = from > 0 && (int64_t)w->n >= from; /* a step of one sequence */
     const double n = prompt ? fmax(w->n, PROFILE_PROMPT_ATTN) : w->n;
     const double call = prompt ? 0 : w->prof->gpu_attn_call_s;
     return call + n * w->ctx * per_cell * profile_gpu_attn(w->prof, n, w->ctx, prompt);
@@ -377,10 +375,10 @@ static double expert_call_s(double touched, double E, double eb, double gpu_rate
     return (tiled ? fmax(touched, EXPERT_CALL_MIN_SHARE * E) : touched) * eb * gpu_rate;
 }
 
-/* Whether a step's expert calls in the layers of shard s run the tiled GEMM
- * (cuda_moe_matvec_max_tokens). */
-static bool tiled_experts(const struct walk *w, const struct shard *s) {
-    return w->n > (double)cuda_moe_matvec_max_tokens(s->n_expert, w->m->hp.n_expert_used);
+/* Whether a step's expert calls run the tiled GEMM rather than the matrix-vector kernel
+ * (plan_kernels). */
+static bool tiled_experts(const struct walk *w) {
+    return w->n > (double)w->p->kernels.moe_matvec_max_tokens;
 }
 
 /* An MoE shard of a ring tier (its experts all run on the GPU): the router, shared and
@@ -398,7 +396,7 @@ static void staged_pieces(struct walk *w, const struct shard *s, double gpu, int
         const double in_piece = fmin(piece, E - e);
         const int slot = (int)((w->unit + j) % w->p->n_slots);
         copy_ahead(w, in_piece * eb, slot);
-        gpu_busy(w, expert_call_s(cost_touched(in_piece, E, k, w->n), E, eb, gpu_rate, tiled_experts(w, s)), 3,
+        gpu_busy(w, expert_call_s(cost_touched(in_piece, E, k, w->n), E, eb, gpu_rate, tiled_experts(w)), 3,
                  EXPERT_CALL_OPS);
         w->slot_free[slot] = w->out->seconds;
     }
@@ -457,7 +455,7 @@ enum { BESIDE_MAX_TOKENS = 256 };
 static double experts_and_reads(const struct walk *w, const struct shard *s, double resident, double compute,
                                 double reads, bool one) {
     const double apart = resident + fmax(compute, reads);
-    const bool beside = one && tiled_experts(w, s) && w->n <= BESIDE_MAX_TOKENS;
+    const bool beside = one && tiled_experts(w) && w->n <= BESIDE_MAX_TOKENS;
     return beside ? (apart + fmax(resident + compute, reads)) / 2 : apart;
 }
 

@@ -1077,6 +1077,7 @@ pshard_status plan_build(const struct model *model, const struct plan_request *r
     out->n_ctx = req->n_ctx;
     out->n_decode = typical_generated(req);
     out->one_expert_call = req->one_expert_call;
+    out->kernels = costs->kernels;
     struct profile defaults;
     const struct profile *prof = plan_profile(req->profile, &defaults);
     pshard_status st = ok ? build(model, req, costs, prof, out) : core_fail(PSHARD_ERR_NOMEM, "out of memory");

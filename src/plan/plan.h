@@ -178,6 +178,16 @@ struct plan_unit {
     uint32_t first, end;
 };
 
+/* Which GPU kernel a step runs where the choice depends on the step's size, so that the cost
+ * model prices the kernel the executor runs. exec_gpu_costs fills it from the CUDA backend's own
+ * rules (cuda_attention_prefill_from, cuda_moe_matvec_max_tokens). */
+struct plan_kernels {
+    int64_t attention_prompt_from; /* steps of one sequence of this many tokens or more attend on
+                                      the prompt kernel, fewer on the split-KV one (0: never) */
+    int64_t moe_matvec_max_tokens; /* MoE steps of up to this many tokens run their experts on the
+                                      matrix-vector kernel, more on the tiled GEMM */
+};
+
 struct plan {
     enum plan_family family;  /* what was asked, AUTO resolved to the decode tier's family */
     uint32_t n_shards, n_layers, n_expert;
@@ -207,6 +217,7 @@ struct plan {
     uint32_t *experts_lent;
     bool any_gpu, any_cpu_attention;
     bool one_expert_call; /* the GPU's experts of an MoE layer, resident and streamed, in one call */
+    struct plan_kernels kernels; /* as plan_gpu_costs gave them */
     struct plan_budget budget;
     /* auto: what was weighed and what each tier was predicted to take (seconds per step) */
     uint32_t n_candidates;
@@ -250,11 +261,13 @@ struct plan {
                          predicted_decode a step of one token of each */
 };
 
-/* Size of the GPU-side buffers a plan needs besides weights and KV, for these shapes. Filled
- * by the executor's GPU code (it knows the kernels); see exec_gpu_costs. */
+/* Size of the GPU-side buffers a plan needs besides weights and KV, for these shapes, and the
+ * kernels its steps run. Filled by the executor's GPU code (it knows the kernels); see
+ * exec_gpu_costs. */
 struct plan_gpu_costs {
     uint64_t activations, logits, work, blas; /* logits: only when the head is on the GPU */
     uint64_t host_mapping; /* device memory for mapping the model file, when anything streams */
+    struct plan_kernels kernels;
 };
 
 /* The resident set whose typical request (weighed_set, n_out tokens generated) ends soonest, or

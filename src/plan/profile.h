@@ -34,8 +34,8 @@ enum {
     PROFILE_MODELS = 8,   /* models whose step times are learned from (the latest kept) */
     PROFILE_PROMPT_ATTN = 64, /* GPU attention is timed with the split-KV kernel below this many tokens
                                  and the prompt kernel (a full tile of queries) from it; a model's
-                                 steps change kernels at cuda_attention_prefill_from, 16 tokens for
-                                 qwen30b, and the cost model follows them */
+                                 steps change kernels where the executor says (plan_kernels), and the
+                                 cost model follows them */
     /* GPU attention is measured over two caches: split-KV steps attend PROFILE_ATTN_CELLS cells
      * and PROFILE_ATTN_LONG_CELLS, prompt steps a window of PROFILE_ATTN_WINDOW and
      * PROFILE_ATTN_LONG_WINDOW cells, since the rate per cell depends on the length (on the
