@@ -19,12 +19,9 @@ enum { KEY_BLOCK = CPU_ATTN_KEY_BLOCK, MAX_HEAD = 512, PREFETCH_CELLS = 8, HEAD_
 enum { TILE_ROWS = CPU_ATTN_TILE_TOKENS, TILE_HEAD = 256 };
 
 /* A cell's row of one KV head is a few cache lines, and the next cell's is a whole row of KV
- * heads further (1-2 KB for qwen30b and llama8b): too far apart for the hardware to follow
- * across pages, so the rows PREFETCH_CELLS cells ahead are asked for by hand. The profile's CPU
- * attention on the H200 machine, llama8b, 16 threads: one token 61-68 GB/s per query head's KV
- * byte against 45-48 without, 4-1024 tokens 86-104 against 59-82 (bench/RESULTS.md); on one
- * thread of the development machine, 32 heads over 4096 cells took 6.0-7.5 ms a layer against
- * 9.3-10.2. The sums are the same, bit for bit. */
+ * heads further (1-2 KB): too far apart for the hardware to follow across pages, so the rows
+ * PREFETCH_CELLS cells ahead are asked for by hand, which reads the cache markedly faster
+ * (bench/RESULTS.md). The sums are the same, bit for bit. */
 static inline void prefetch_row(const uint16_t *row, int n) {
     for (int i = 0; i < n; i += 32) __builtin_prefetch(row + i);
 }
@@ -147,9 +144,7 @@ static void widen_block(void (*widen)(const void *, float *, int64_t), const uin
  * of keys, then of values, is widened to f32 once and serves every (token, head) row of the
  * tile. A row's sums run in the same order, with the same operations, as attend_chunk's, so each
  * token's result is the one it gets alone, bit for bit; the cache is read once for the tile
- * rather than once for each token (a prompt step of n tokens read it n times, and on the H200
- * llama8b's 256-token steps over 16K cells spent 10-17 s in the CPU's attention,
- * bench/RESULTS.md). */
+ * rather than once for each token (a prompt step of n tokens would read it n times). */
 static void attend_tile(const struct cpu_attn_shape *s, const float *q, const int64_t *n_cells, int n_tokens,
                         const struct cpu_kv_view *kv, int kvh, int h0, int n_heads, float *out) {
     const int64_t k_stride = (int64_t)s->n_head_kv * s->head_k, v_stride = (int64_t)s->n_head_kv * s->head_v;

@@ -91,12 +91,11 @@ struct moe_job {
     const struct quant_kernels *hidden_kernels; /* down's, which quantize them */
 };
 
-/* A unit's rows are a short stream (32 rows of an expert, 36 KB for qwen30b's gate), too short
- * for the hardware's prefetcher to get ahead: on the H200 machine's Xeon, 16 threads computing
- * qwen30b's Q4_0 experts for one token read 59 GB/s of a 101 GB/s host, and 76 GB/s when each
- * row first asked for the cache lines of the rows after it (bench/RESULTS.md). So the first pass
- * over a row asks for the row PREFETCH_AHEAD bytes or more past it (rows_ahead rows), if that
- * one is the unit's. */
+/* A unit's rows are a short stream (32 rows of an expert, tens of KB), too short for the
+ * hardware's prefetcher to get ahead, and one token's experts read host memory well below its
+ * bandwidth unless each row first asks for the cache lines of the rows after it
+ * (bench/RESULTS.md). So the first pass over a row asks for the row PREFETCH_AHEAD bytes or
+ * more past it (rows_ahead rows), if that one is the unit's. */
 enum { PREFETCH_AHEAD = 2048 };
 static int64_t rows_ahead(size_t row_bytes) {
     return row_bytes >= PREFETCH_AHEAD ? 1 : (int64_t)((PREFETCH_AHEAD + row_bytes - 1) / row_bytes);

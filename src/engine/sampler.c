@@ -110,8 +110,7 @@ static void sift_down(struct candidate *c, int32_t n, int32_t i) {
 
 /* The k best of c[0..n) (k < n) into c[0..k), in by_logit_desc's order: exactly the first k of a
  * sort of all n. A heap of the k best so far, its worst at the root, passes over the rest once:
- * for a vocabulary of 151,936 (qwen3's) a full sort took about 26 ms a token, a third of a decode
- * step on the H200 (bench/RESULTS.md). */
+ * a full sort of a large vocabulary costs a sizeable share of a decode step (bench/RESULTS.md). */
 static void select_best(struct candidate *c, int32_t n, int32_t k) {
     for (int32_t i = k / 2 - 1; i >= 0; i--) sift_down(c, k, i);
     for (int32_t i = k; i < n; i++)

@@ -284,7 +284,7 @@ pshard_status exec_gpu_costs(const struct model *model, const struct model_weigh
     /* The KV block table, one row a sequence. */
     out->activations += align_up(sizeof(int32_t) * (size_t)p->n_seq * (size_t)((p->n_ctx + KV_BLOCK_CELLS - 1) / KV_BLOCK_CELLS));
     /* The driver maps registered host memory for the GPU with 8 bytes of page table per 4 KiB
-     * page (measured on the H200: 34 MiB for a 17.2 GB file). */
+     * page, as measured. */
     out->host_mapping = ((gguf_file_bytes(model->file) / 512 >> 20) + 2) << 20;
     /* Every tensor of a layer (and the KV cache) is carved on its own, each rounded up. */
     out->activations += (uint64_t)hp->n_layers * 32 * CUDA_ARENA_ALIGN + (1 << 20);

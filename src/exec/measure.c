@@ -104,8 +104,8 @@ double measure_time_best(step_fn fn, void *arg) {
 }
 
 /* Eight bytes a step of a xorshift generator, each byte's top five bits (0-31) put over 0x1c. The
- * profile fills a 384 MB buffer for every figure it times: on the development machine this takes
- * 0.085 s, where a byte-at-a-time generator took 0.46-0.69. */
+ * profile fills a 384 MB buffer for every figure it times, so it goes eight bytes at a time
+ * rather than one. */
 void measure_fill(uint8_t *p, size_t n, uint32_t seed) {
     uint64_t x = 0x9e3779b97f4a7c15ull ^ seed;
     size_t i = 0;
@@ -167,10 +167,9 @@ void measure_report(const struct measure_request *req, const char *what, double 
     if (req->progress) req->progress(req->user, what, done);
 }
 
-/* A profile taken on the H200 machine with other work on its cores had its CPU rates up to
- * 19x slow (experts 2.4x), host memory at 56 against 100 GB/s and the thread pool's empty step
- * at 0.51 ms against 3.4 us; the planner then chose plans up to 68% slower than the best
- * (bench/RESULTS.md). So the CPU's rates are measured when other work leaves the cores alone. */
+/* Other work on the cores makes the CPU's rates, host memory and the thread pool's step look
+ * many times slower than they are, and the planner then chooses badly (bench/RESULTS.md). So
+ * the CPU's rates are measured when other work leaves the cores alone; this clock tells. */
 bool measure_cpu_clock(struct measure_cpu_clock *c) {
     FILE *f = fopen("/proc/stat", "r");
     unsigned long long v[8] = {0};

@@ -36,9 +36,8 @@ pshard_status measure_host_read(int n_threads, double *gbps);
 /* The CPU's figures that follow the host memory's load (struct cpu_sample: host reads, dense
  * matmuls of up to 4 tokens, experts of up to 16 tokens, in the formats p has for the model),
  * timed again now into p; the rest of p stays. A profile is one moment of a host whose speed
- * drifts: on the H200 machine two profiles two minutes apart put qwen30b's one-token experts at
- * 74 and 56 GB/s, and the steps run between them at 62-65, as the profile's own loop timed
- * inside the run did (bench/RESULTS.md). About a second. */
+ * drifts within minutes, and these figures timed at the run track its steps better
+ * (bench/RESULTS.md). About a second. */
 pshard_status exec_measure_now(const struct model *model, int n_threads, struct profile *p);
 
 /* The profile to plan `model` with on this machine. MEASURE: the cached one when it fits this

@@ -81,9 +81,8 @@ static void cpu_attn_job(void *arg, int thread, int n_threads) {
 
 /* Each rep attends another copy of the cache (BIG_BYTES of them in all): a decode step's layers
  * each read their own, so the cache comes from memory, not from the L3. A layer's cache of 4096
- * cells is 8-16 MB for qwen30b and llama8b; read over and over from one copy (format 14), one
- * token attended at 62-67 GB/s per query head's byte on the H200, against 40-43 from copies
- * (format 15; 4 tokens and up 0-15% apart). */
+ * cells is several MB, and read over and over from one copy it is timed far faster than a step
+ * runs it. */
 static void cpu_attn_step(void *arg, int rep) {
     struct cpu_bench *b = arg;
     b->kv_at = b->kv + b->kv_elems * (size_t)(rep % b->kv_copies);
@@ -260,9 +259,8 @@ pshard_status measure_cpu_rates(const struct measure_request *req, const struct 
         struct profile_rate *r = profile_rate_add(p->cpu_matmul, quant_type_name(sh->dense[f]));
         if (r) st = measure_cpu_matmul(&b, sh, sh->dense[f], PROFILE_TOKENS, r->s_per_byte);
     }
-    /* An MoE layer's router (qwen30b's: 128 rows of 2048 F32, 1 MB) ran a decode step at 31 us a
-     * layer on the H200's 16 threads, where the model's large F32 matrices' rate priced it at about
-     * 11 (bench/RESULTS.md): its own shape, then. */
+    /* An MoE layer's router (n_expert rows, often F32, about 1 MB) runs well below the rate of
+     * the model's large matrices of its format (bench/RESULTS.md): timed at its own shape. */
     if (sh->has_router && st == PSHARD_OK && !measure_out_of_time()) {
         double router[PROFILE_TOKENS] = {0};
         measure_report(req, "CPU router", 0.29);

@@ -192,8 +192,7 @@ static pshard_status in_place_unit(struct gpu_bench *b, int i) {
  * runs matmuls until they are done: the CPU's and the units' rates as shares of their rates
  * alone (at most 1). The units are captured as one graph first: queued one by one, thousands of
  * short units fill the launch queue, and the host, blocked in a launch while the GPU drains it,
- * would run no matmuls for most of the time measured (the CPU's share read 0.27-0.34 with the
- * expert model's small matrices, 0.87-1.0 with the dense model's large ones). */
+ * would run no matmuls for most of the time measured. */
 static pshard_status beside_cpu_once(struct gpu_bench *b, struct cpu_bench *c, step_fn cpu_step, double cpu_alone,
                                      double unit_alone, pshard_status (*unit)(struct gpu_bench *, int), cuda_stream s,
                                      double *cpu_share, double *gpu_share) {
@@ -250,9 +249,8 @@ static pshard_status beside_cpu(struct gpu_bench *b, struct cpu_bench *c, step_f
     return PSHARD_OK;
 }
 
-/* The work buffer: 256 MB, or what the model's largest expert step needs (qwen235b's experts
- * at 1024 tokens need more; their rate there went unmeasured, and the cost model took such
- * prompt steps' experts as free). */
+/* The work buffer: 256 MB, or what the model's largest expert step needs (a large MoE's experts
+ * at 1024 tokens may need more; unmeasured, their rate there would be missing). */
 static size_t moe_work_bytes(const struct shapes *sh, int64_t n_tokens) {
     size_t bytes = (size_t)256 << 20;
     for (int f = 0; f < sh->n_moe; f++) {
@@ -339,11 +337,10 @@ static void expert_reads_step(void *arg, int rep) {
 
 /* The expert kernel reading a step's experts in place beside the CPU computing a step's experts
  * (n tokens each), as a split MoE layer runs them: each one's rate against its rate alone, into
- * *cpu_share and *reads_share. (qwen30b on the H200: dynamic plans whose in-place expert reads
- * were the longer side ran 1.16-1.30x their prediction from the dense probe's shares, those
- * whose CPU side was the longer 0.97-1.09x.) Alone, one token's reads are also timed at 2
- * experts a token: a call's fixed part (into p) and its rate per byte (`expert` bytes an expert,
- * into *per_byte) apart, where they fit. ids and w: host room for ROUTINGS routings of n tokens. */
+ * *cpu_share and *reads_share (scattered expert reads slow more beside the CPU than the dense
+ * probe's shares say). Alone, one token's reads are also timed at 2 experts a token: a call's
+ * fixed part (into p) and its rate per byte (`expert` bytes an expert, into *per_byte) apart,
+ * where they fit. ids and w: host room for ROUTINGS routings of n tokens. */
 static pshard_status experts_beside_cpu(struct gpu_bench *b, const struct shapes *sh, struct profile *p, int32_t *ids,
                                         float *w, double expert, int64_t n, double *cpu_share, double *reads_share,
                                         double *per_byte) {
@@ -418,14 +415,10 @@ static pshard_status expert_read_rates(struct gpu_bench *b, const struct shapes 
 
 /* The expert kernel reading experts in place: rates from aligned memory and from p->in_place_skew
  * bytes past 256, then the shares beside the CPU (one token's and PROFILE_SPLIT_TOKENS'); the two
- * tables timed again after each, while the minute lasts, each point keeping its median. On the
- * H200, three profiles in a row (each timing the tables once) read 16-token steps' experts in
- * place at 19.6, 22.4 and 18.8 GB/s; before the cost model counted such reads half hidden, the
- * 18.8 chose static at 8 GB and a 1K context, measured 45.5% slower than the best, where the
- * three's median chose a dynamic plan. Four profiles with the medians on another start read
- * 19.5-22.5: the moments differ more than the timings within one (bench/RESULTS.md). One
- * token's off-alignment rate is scaled as the aligned one, whose call's fixed part the shares'
- * probe fits apart. */
+ * tables timed again after each, while the minute lasts, each point keeping its median, since
+ * one timing varies enough from moment to moment to change the plan chosen (bench/RESULTS.md).
+ * One token's off-alignment rate is scaled as the aligned one, whose call's fixed part the
+ * shares' probe fits apart. */
 static pshard_status zero_copy_experts(struct gpu_bench *b, const struct shapes *sh, struct profile *p) {
     const int64_t E = sh->n_expert, ff = sh->n_ff_exp, d = sh->n_embd;
     const size_t gate = cuda_align(quant_row_bytes(sh->gate[0], d) * (size_t)ff * E);
@@ -507,8 +500,9 @@ static pshard_status in_place_dense(struct gpu_bench *b, const struct shapes *sh
 /* GPU attention's rates over a cache of `cells` cells (steps below PROFILE_PROMPT_ATTN tokens,
  * which attend all of it) and a prompt window of `window` cells (the larger steps, each token
  * attending its causal part): seconds per KV byte per new token, into rates[] (left as they
- * were where a step does not fit the work buffer). With find_call, the split-KV kernel's fixed part is measured too, into *call_s (one
- * token over a quarter of the cache against the whole); otherwise *call_s is taken as given. */
+ * were where a step does not fit the work buffer). With find_call, the split-KV kernel's fixed
+ * part is measured too, into *call_s (one token over a quarter of the cache against the whole);
+ * otherwise *call_s is taken as given. */
 static pshard_status attention_rates(struct gpu_bench *b, int64_t cells, int64_t window, int32_t *pos,
                                      double rates[PROFILE_TOKENS], bool find_call, double *call_s) {
     const struct cuda_attn_shape *a = &b->attn;

@@ -127,12 +127,10 @@ pshard_status measure_cpu_rates(const struct measure_request *req, const struct 
 
 /* The CPU's figures that follow the host memory's load from other work at the moment they are
  * timed: host reads, dense matmuls of up to 4 tokens and experts of up to 16 (seconds per byte,
- * per format in the order of struct shapes; 0 where not measured). On the H200 machine, whose
- * socket other tenants share, host reads ran 66-101 GB/s over half a minute and the profile's
- * one-token expert rate 37-87 GB/s from start to start (bench/RESULTS.md); so the profile times
- * them up to CPU_SAMPLES times, the first with the rest of the CPU's rates, the second straight
- * after and the third once the GPU's are done (while the minute lasts), and keeps each figure's
- * median. */
+ * per format in the order of struct shapes; 0 where not measured). On a host shared with other
+ * work they drift from moment to moment (bench/RESULTS.md), so the profile times them up to
+ * CPU_SAMPLES times, the first with the rest of the CPU's rates, the second straight after and
+ * the third once the GPU's are done (while the minute lasts), and keeps each figure's median. */
 enum { CPU_SAMPLE_DENSE = 2, CPU_SAMPLE_EXPERTS = 3, CPU_SAMPLES = MEASURE_SAMPLES };
 struct cpu_sample {
     double host_read_gbps;

@@ -55,8 +55,7 @@ struct model {
     /* Bytes past a 256-byte boundary where the first matrix after the embedding lies in the
      * mapped file (GGUF aligns tensors to 32 bytes; a file's tensors share the offset where
      * their sizes are multiples of 256). Weights read in place off 128-byte alignment read
-     * slower: cuBLAS read llama8b's F16 weights 96 bytes past one at 33-37 GB/s, aligned at 51
-     * (H200, 16 tokens), so the profile times both. */
+     * markedly slower (bench/RESULTS.md), so the profile times both. */
     uint32_t weights_skew;
 };
 

@@ -65,10 +65,9 @@ struct walk {
     struct cost_step *out;
     /* A ring tier's copies, on their own clock: they run ahead while the GPU computes other
      * units and while the CPU computes (a static tier's CPU FFNs, a dense gpu tier's attention
-     * of layers whose KV cache is in host memory). Summed shard by shard as max(copy, compute)
-     * instead, llama8b's 16-token gpu step at 2 GB was predicted at 0.41 s against 0.25 s
-     * measured on the H200. The ring unit the walk is at, when the copy stream is free, when
-     * each slot's reader is done (all on the step's clock, out->seconds). */
+     * of layers whose KV cache is in host memory), so a sum of max(copy, compute) shard by
+     * shard would overstate the step. The ring unit the walk is at, when the copy stream is free,
+     * when each slot's reader is done (all on the step's clock, out->seconds). */
     uint32_t unit;
     double copy_free, slot_free[PLAN_STAGING_SLOTS];
     /* ... and when the CPU computed, reading host memory at what rate: a copy scheduled into that
@@ -97,30 +96,23 @@ static void gpu_busy(struct walk *w, double compute_s, int small_kernels, int op
 
 /* The share of its own speed each side keeps while the CPU reads host memory at cpu_bps and the
  * GPU at pcie_bps (copies or in-place reads) at the same time: host memory serves both from one
- * bandwidth, so what they ask beyond it slows both alike. On the H200 machine the CPU reads
- * about 80 GB/s alone and the GPU 49 GB/s in place, against 100 GB/s; split layers then ran
- * 25-35% longer than predicted without this, everywhere both sides ran at once and nowhere else
- * (bench/RESULTS.md). The bandwidth is the CPU's streaming read rate (host_read_gbps), or what
- * the profile saw served to both at once where that was more: on the H200 machine 16 cores alone
- * read 64-133 GB/s on different starts, where the together probes' shares times their rates
- * alone came to 90-136, and llama8b's split FFNs ran up to 30% faster than a ceiling of the
- * cores' rate said (bench/RESULTS.md). */
+ * bandwidth, so what they ask beyond it slows both alike. The bandwidth is the CPU's streaming
+ * read rate (host_read_gbps), or what the profile saw served to both at once where that was
+ * more: the cores alone may not reach what host memory serves (bench/RESULTS.md). */
 static double host_memory_share(const struct profile *pr, double cpu_bps, double pcie_bps) {
     const double ceiling = fmax(pr->host_read_gbps, pr->host_served_gbps) * 1e9, asked = cpu_bps + pcie_bps;
     return ceiling > 0 && asked > ceiling ? ceiling / asked : 1;
 }
 
 /* How the GPU uses host memory beside the CPU: pinned copies, a dense kernel reading in place,
- * or the expert kernel reading a token's experts in place (scattered rows, which the H200
- * machine's oracle found slowed more beside the CPU than dense reads). */
+ * or the expert kernel reading a token's experts in place (scattered rows, which slow more
+ * beside the CPU than dense reads do; bench/RESULTS.md). */
 enum host_use { HOST_COPIES, HOST_READS, HOST_EXPERT_READS };
 
 /* The shares of their speed the expert kernel's reads in place and the CPU's experts keep beside
  * each other in a step of n tokens: measured at one token and at PROFILE_SPLIT_TOKENS, between
- * them in log n, and the latter's beyond. qwen30b's split steps of 16 tokens on the H200, priced
- * with one token's shares (the CPU kept 90-100% of its speed), were predicted 10-16% fast
- * wherever the two sides were about even; five profiles then measured 87-100% for the CPU's
- * experts and 89-94% for the reads at 16 tokens (bench/RESULTS.md). */
+ * them in log n, and the latter's beyond. The two sides slow each other more in larger steps than
+ * one token's shares say (bench/RESULTS.md). */
 static double expert_share(double one, double many, double n) {
     if (n <= 1) return one;
     if (n >= PROFILE_SPLIT_TOKENS) return many;
@@ -183,14 +175,11 @@ static void move_to(struct walk *w, bool gpu) {
     w->on_gpu = gpu;
 }
 
-/* Attention over the cache: seconds for n tokens attending ctx cells each. The CPU's rate is
- * per KV byte each query head attends (qwen30b's eight query heads per KV head ran 1.7x slower
- * per KV byte than llama8b's four on the H200 when each read it alone; now the heads of a unit
- * read it together, and the profile times the units the executor makes); the GPU's kernels
- * read a KV head once for its group, at a rate that depends on how long the cache is
- * (profile_gpu_attn). On the GPU a step runs the kernel the executor picks
- * (plan_kernels): the split-KV kernel pays the call's fixed part besides, and the
- * prompt kernel costs a full tile of queries at fewer tokens. */
+/* Attention over the cache: seconds for n tokens attending ctx cells each. The CPU's rate is per
+ * KV byte each query head attends; the GPU's kernels read a KV head once for its group, at a
+ * rate that depends on how long the cache is (profile_gpu_attn). On the GPU a step runs the
+ * kernel the executor picks (plan_kernels): the split-KV kernel pays the call's fixed part
+ * besides, and the prompt kernel costs a full tile of queries at fewer tokens. */
 static double attention_s(const struct walk *w, const struct shard *s, bool gpu) {
     const double per_cell = (double)s->kv_bytes_per_token * (gpu ? 1 : cost_query_heads_per_kv(w->m));
     if (!gpu) return w->n * w->ctx * per_cell * profile_at_tokens(w->prof->cpu_attn, w->n);
@@ -276,10 +265,8 @@ static struct split_time split_time(const struct walk *w, bool experts, double g
     }
     /* Replayed, the host meets the graph at flags; launched, it waits on an event. The input's
      * way down and the sum's way up are the GPU's own kernels, writing and reading host memory
-     * (the layer's norm, its last add), so they lengthen its side too. Counted on the host's
-     * side alone, they hid behind a long GPU side: qwen30b's static plan at 16 GB, whose CPU
-     * computes 3 experts a layer of 128, was predicted 18-19% fast at 256 tokens and faster
-     * than the gpu plan, which measured 8 ms (8%) faster (bench/RESULTS.md). */
+     * (the layer's norm, its last add), so they lengthen its side too: counted on the host's
+     * side alone, they would hide behind a long GPU side. */
     const double meet = w->graph && pr->graph_round_trip_s > 0 ? pr->graph_round_trip_s : pr->round_trip_s;
     const double moved = gbps_s(w->n * w->m->hp.n_embd * 4.0 * 2, profile_at_size(pr->d2h_gbps, 65536));
     const double hand_off = meet + moved;
@@ -364,10 +351,8 @@ static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
 /* An expert call on the tiled GEMM (tiled_experts) computing `touched` of a layer's E experts
  * takes at least the time of EXPERT_CALL_MIN_SHARE of them: below that its tiles do not fill the
  * GPU, and the call lasts one wave of them whatever their number. The profile's rate was
- * measured over every expert of a layer. On the H200, qwen30b's ring steps at 16 GB stream 5-6
- * experts a layer in a call of their own: counted by their bytes alone, the gpu plan's 63- and
- * 256-token steps were predicted 19-21% fast, about 0.45 ms a call against 1.6 ms for a whole
- * layer's call, which sets the share (bench/RESULTS.md). */
+ * measured over every expert of a layer; the share is a small call's measured time over a whole
+ * layer's (bench/RESULTS.md). */
 static const double EXPERT_CALL_MIN_SHARE = 0.28;
 
 static double expert_call_s(double touched, double E, double eb, double gpu_rate, bool tiled) {
@@ -383,9 +368,8 @@ static bool tiled_experts(const struct walk *w) {
 
 /* An MoE shard of a ring tier (its experts all run on the GPU): the router, shared and
  * resident parts (gpu seconds), then each staged piece of experts, computed once its copy (on
- * the copy clock, copy_ahead) has landed in its slot. Summing each piece's max(copy, compute)
- * instead charged the GPU's other work on top of copies that in fact run meanwhile: qwen30b's
- * 64- and 256-token gpu steps at 8 GB were predicted 31% slow on the H200. */
+ * the copy clock, copy_ahead) has landed in its slot. A sum of each piece's max(copy, compute)
+ * would charge the GPU's other work on top of copies that in fact run meanwhile. */
 static void staged_pieces(struct walk *w, const struct shard *s, double gpu, int count, double gpu_rate) {
     const double E = s->n_expert, k = w->m->hp.n_expert_used, eb = (double)s->expert_bytes;
     const double r = w->p->experts_resident[s->layer], piece = w->p->piece_experts ? w->p->piece_experts : 1;
@@ -420,10 +404,8 @@ static bool one_expert_call(const struct walk *w, const struct shard *s) {
 
 /* The expert kernel reading `bytes` of experts in place in a step of n tokens; one token's call
  * pays its fixed part besides (the rates of more tokens were measured with it), in the share
- * `reading` of steps that read any expert in place at all. `bytes` may be an average over
- * steps: a one-token step of the gpu plan at 16 GB reads one of qwen30b's three non-resident
- * experts a layer in under a fifth of its steps; charged the fixed part in every step, that plan
- * was predicted 22-33% slow on the H200 (1.8 ms a token; bench/RESULTS.md). */
+ * `reading` of steps that read any expert in place at all: `bytes` may be an average over steps,
+ * and where few experts are read in place, many steps read none and pay nothing. */
 static double expert_reads_s(const struct walk *w, const struct shard *s, double bytes, double reading) {
     const struct profile *pr = w->prof;
     const double k = w->m->hp.n_expert_used, n = w->n;
@@ -433,24 +415,11 @@ static double expert_reads_s(const struct walk *w, const struct shard *s, double
 }
 
 /* The GPU's experts of a layer: `resident` seconds of experts in VRAM, then those read in place
- * (their compute, or the reads, whichever is longer). Even in one call the reads did not hide
- * behind the resident experts on the H200: counting them side by side, qwen30b at 16 GB was
- * predicted 27-31% fast at 4 tokens where plans read a few experts in place, and its choice
- * measured 21-26% slower than the best (bench/RESULTS.md). A likely cause, not measured: the
- * in-place experts' blocks are dispatched last and, being few, read well below the profile's
- * rate, which was measured over every touched expert.
- * Steps on the tiled kernel (tiled_experts), up to BESIDE_MAX_TOKENS tokens, where one call
- * computes both (`one`), are counted halfway between that and the reads fully beside the
- * resident experts. The tiled kernel runs one block per expert's tile of rows, far fewer than the
- * matrix-vector kernel's, so likely more of them run at once (not measured). When 16-token steps
- * ran it (before the matrix-vector kernel took up to 8 pairs an expert), counted apart, the
- * dynamic plans' 16-token steps at 8 GB were predicted 10-29% slow on four starts, and static was
- * chosen there, up to 45.5% slower than the best. Replayed over 220 qwen30b configurations of ten
- * starts, counting them half hidden: every choice within 17.4% of the best (45.5% before), 214
- * within 10% (212), over the chosen resident set within 11.0% (36.1%), and the candidates' median
- * error 4.5% (4.8%) (bench/RESULTS.md). Past 256 tokens the tiles multiply with the tokens, and
- * the reads stay counted apart: half hidden there too, the 256-1023 tier, weighed at 1023 tokens
- * as well, chose at 16 GB and a 4K context a plan 16-21% slower than the best. */
+ * (their compute, or the reads, whichever is longer): even in one call the reads do not hide
+ * behind the resident experts. Where one call computes both (`one`) on the tiled kernel
+ * (tiled_experts: fewer, larger blocks, likely more of them at once), steps of up to
+ * BESIDE_MAX_TOKENS tokens count halfway between that and the reads fully beside them
+ * (bench/RESULTS.md). */
 enum { BESIDE_MAX_TOKENS = 256 };
 static double experts_and_reads(const struct walk *w, const struct shard *s, double resident, double compute,
                                 double reads, bool one) {
@@ -482,9 +451,7 @@ static struct spread touched_spread(double a, double b, double E, double k, doub
 
 /* A split layer waits for its later side. Each side's time varies with the experts it touches
  * from step to step, so near the balance the later one is later on average than either side's
- * mean says: the expected larger of two correlated normal variables (Clark, 1961). Taken at the
- * means, qwen30b's balanced dynamic steps of 4 and 16 tokens were predicted 9-23% fast on the
- * H200, the less balanced 0.25 split 3-14% (bench/RESULTS.md). */
+ * mean says: the expected larger of two correlated normal variables (Clark, 1961). */
 static double later_side(struct split_time t, struct spread sp) {
     const double g = t.gpu, c = t.cpu + t.hand_off, sg = sp.gpu * t.gpu, sc = sp.cpu * t.cpu;
     const double spread = sqrt(fmax(sg * sg + sc * sc - 2 * sp.correlation * sg * sc, 0));
@@ -507,10 +474,8 @@ static struct split_time moe_split(const struct walk *w, const struct shard *s, 
     const bool one = one_expert_call(w, s) && streams;
     gpu += experts_and_reads(w, s, res * eb * gpu_rate, moved * gpu_rate, stream, one);
     /* Small kernels: routing, norms, adds; and each expert call's own (grouping, conversions,
-     * the gated unit, the weighted sum: replayed, each is a graph node however little it does;
-     * counting three per streamed call and none for the resident one, the oracle's qwen30b
-     * candidates were predicted 14.9% off at the median, 12.5% counting all eight); a routed
-     * tier's mask. */
+     * the gated unit, the weighted sum: replayed, each is a graph node however little it does,
+     * so all of them count); a routed tier's mask. */
     const int calls = one ? 1 : (plan_experts_vram(w->p, w->t, s->layer) > 0) + streams;
     const int kernels = extra_kernels[SHARD_MOE] + EXPERT_CALL_OPS * calls + w->t->routed;
     const int ops = extra_kernels[SHARD_MOE] + MATRIX_OPS * count + EXPERT_CALL_OPS * calls + HAND_OFF_OPS + w->t->routed;
@@ -609,8 +574,7 @@ static int refine_index(const struct profile *prof, const struct model *m) {
 /* What running model m taught about steps of this family and size: its own measured over
  * predicted, or, for a GPU family not run at this size yet, the geometric mean of those that
  * were. Scaling only the family that ran would hand the next choice to one that did not, on no
- * evidence (qwen30b on the H200: dynamic ran 39% over its prediction, so static, never run,
- * looked faster and was chosen; it too ran 20% over). 0: nothing learned. */
+ * evidence. 0: nothing learned. */
 static double learned_scale(const struct profile *prof, const struct model *m, enum plan_family family, int k) {
     const int i = refine_index(prof, m);
     if (i < 0 || (int)family >= (int)PROFILE_FAMILIES) return 0;

@@ -36,7 +36,7 @@ double cost_touched(double range, double E, double k, double n);
  * a table's format row as cost_rate picks it, or one row of values. Between the measured token
  * counts it interpolates the time per token-expert pair, not per touched byte: from 16 tokens
  * the CPU's experts take time by pairs, and per touched byte they would be priced as if a step
- * of 32 tokens were half way (in log tokens) between 16 and 64, 14-22% slow on qwen30b. */
+ * of 32 tokens were half way (in log tokens) between 16 and 64, too slow. */
 double cost_expert_rate(const struct profile_rate table[PROFILE_FORMATS], uint32_t type, double E, double k, double n);
 double cost_expert_rate_of(const double values[PROFILE_TOKENS], double E, double k, double n); /* E = 0: per byte */
 

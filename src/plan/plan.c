@@ -450,8 +450,8 @@ static void unit_benefit(const struct model *m, const struct plan_request *req, 
     u->benefit = saved / (double)(u->bytes ? u->bytes : 1);
     /* An MoE layer's shared part (its router: a few MB) is what lets the GPU take any of the
      * layer's experts, streamed, read in place or split; without it every tier, prompts
-     * included, computes them on the CPU. Weighed by the router alone, attention came first:
-     * qwen235b at 2 GB kept one layer's router of 94, and a 1K prompt took 40 s. */
+     * included, computes them on the CPU. Weighed by the router alone, attention would come
+     * first, and a small budget would keep almost no layer's router. */
     if (s->kind == SHARD_MOE && s->expert_bytes) u->benefit = DBL_MAX;
     (void)kv_separate;
 }
@@ -707,11 +707,10 @@ int plan_step_candidate(const struct plan *p, int32_t n_tokens, int32_t n_cells)
 
 /* A step runs its tier's plan up to the next tier's fewest tokens. Where the next tier's plan is
  * predicted faster before that, the next tier starts there: a tier's plan is chosen at the tier's
- * fewest tokens (record_candidate), and a plan that splits with the CPU or reads weights in place grows
- * with the tokens where the ring's copies do not (qwen30b at 2 GB on the H200: the 16-token
- * tier's dynamic split took 0.17 s at 16 tokens and 0.56 s at 63, the 64-token tier's gpu plan
- * through the ring 0.29 s at both). Prompt tiers only: decode tiers (and phases) keep theirs.
- * The boundary is sought on a grid of BOUNDARY_STEPS points per tier, evenly spaced in log n. */
+ * fewest tokens (record_candidate), and a plan that splits with the CPU or reads weights in
+ * place grows with the tokens where the ring's copies do not. Prompt tiers only: decode tiers
+ * (and phases) keep theirs. The boundary is sought on a grid of BOUNDARY_STEPS points per tier,
+ * evenly spaced in log n. */
 enum { BOUNDARY_STEPS = 8 };
 
 static void move_boundaries(const struct model *m, const struct plan_request *req, const struct profile *prof,
@@ -742,11 +741,9 @@ static void record_candidate(const struct profile *prof, const struct model *m, 
         /* A tier is judged at its fewest tokens, where its steps start; move_boundaries then
          * starts the next tier's plan wherever that is the faster. The last tier of prompt
          * chunks (where the ring may run) has none after it and weighs both its ends per token:
-         * reading weights in place costs more per token as steps grow, copying them less. Judged
-         * at both ends, the middle tiers lost their low ends on the H200: qwen30b at 8 GB ran its
-         * 16-token steps through the ring's gpu plan, 41% slower than the dynamic split, which was
-         * predicted faster there but slower at 63 tokens, where the next tier's gpu plan takes
-         * over anyway (bench/RESULTS.md). */
+         * reading weights in place costs more per token as steps grow, copying them less. A
+         * middle tier judged at both ends would lose its low end to a plan that only wins near
+         * its top, where the next tier's plan takes over anyway (bench/RESULTS.md). */
         const bool last = t + 1 >= PLAN_TIERS || plan_tier_tokens[t + 1] > req->n_batch;
         cand->score[t] = cand->seconds[t] / lo;
         cand->score[t] += lo < PLAN_RING_MIN_TOKENS || hi <= lo || !last ? cand->score[t] : step_seconds(prof, m, req, p, t, hi) / hi;
@@ -1023,11 +1020,9 @@ static pshard_status build(const struct model *m, const struct plan_request *req
 
 /* Within PLAN_SET_MARGIN of the soonest, the set with the soonest first token wins, where that
  * is sooner by more than the margin too. Sets that lend or keep different weights differ in
- * decode by less than the cost model's error (llama8b at 4 GB: the set without the ring
- * predicted 5% faster per token, measured 1% slower), while a prompt read in place instead of
- * copied through the ring is slower by far (3.5x there). A first token sooner by less says
- * nothing either: qwen30b at 16 GB took the ring's set for a first token predicted 3% sooner,
- * and its 4-token steps measured 17% slower than without the ring. */
+ * decode by less than the cost model's error, while a prompt read in place instead of copied
+ * through the ring is slower by far; a first token sooner by less than the margin says nothing
+ * either (bench/RESULTS.md). */
 int plan_soonest_set(const struct plan *p, int32_t n_out, double *soonest) {
     int best = -1;
     double best_total = INFINITY;

@@ -43,14 +43,13 @@ extern const int32_t plan_tier_tokens[PLAN_TIERS]; /* 1, 4, 16, 64, 256, 1024 */
 /* The staging ring: gpu tiers of at least PLAN_RING_MIN_TOKENS tokens, and dynamic ones of at
  * least PLAN_RING_ALL_MIN_TOKENS asked for alone (not plan_request.dynamic_in_place), copy the
  * weights they stream through it (smaller steps, and dynamic tiers between the two, read them in
- * place: a dynamic step of 16-63 tokens may still gain from splitting with the CPU; measured on
- * the H200, llama8b's 16-token steps took 0.45 s reading F16 weights in place and 0.26 s at 64
- * tokens through the ring). auto's dynamic candidates split in place at every size: a dynamic
- * tier through the ring streams everything, as gpu's does. PLAN_STAGING_SLOTS slots where the
- * budget is at least 32 slots' worth (a deeper ring absorbs uneven compute), else
+ * place: reading in place costs more per token as steps grow, but a dynamic step of 16-63 tokens
+ * may still gain from splitting with the CPU). auto's dynamic candidates split in place at every
+ * size: a dynamic tier through the ring streams everything, as gpu's does. PLAN_STAGING_SLOTS
+ * slots where the budget is at least 32 slots' worth (a deeper ring absorbs uneven compute), else
  * PLAN_MIN_SLOTS; an MoE shard is staged in pieces of at most PLAN_PIECE_MAX_BYTES of experts
- * (each piece is one grouped-expert launch, so fewer, larger pieces waste less; measured on the
- * H200: 48 MB pieces made a 929-token prompt 20% slower than 64 MB ones). */
+ * (each piece is one grouped-expert launch, so fewer, larger pieces waste less;
+ * bench/RESULTS.md). */
 /* A split FFN's rows on each side are a multiple of PLAN_SPLIT_ROWS (whole blocks of every
  * format, so down's columns split on a block boundary). */
 enum { PLAN_SPLIT_ROWS = 256 };
@@ -235,10 +234,9 @@ struct plan {
     /* auto, phases: where decode steps over long caches run over another set than short ones. The
      * attention of layers whose KV is in host memory grows with the cache, and a set that carries
      * it to the GPU (or keeps more of it in VRAM) may decode a long cache faster than the set the
-     * typical request decodes best over (qwen30b at 2 GB on the H200, a 16K cache: the ring's set
-     * 0.035 s per token, the set without the ring 0.047 s). From `from` cells on, decoding over
-     * `set` is predicted faster than over `below` by more than PLAN_SET_MARGIN, and the tokens of
-     * a typical request pay its changes (to_long, and back where `set` is not the prompt's). */
+     * typical request decodes best over. From `from` cells on, decoding over `set` is predicted
+     * faster than over `below` by more than PLAN_SET_MARGIN, and the tokens of a typical request
+     * pay its changes (to_long, and back where `set` is not the prompt's). */
     struct plan_band {
         bool weighed;
         enum plan_set below, set;

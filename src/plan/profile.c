@@ -419,10 +419,9 @@ static pshard_status check_reals(const char *path, const char *key, const json_t
     return PSHARD_OK;
 }
 
-/* A rate the profiler could not measure at some token counts is 0 there (older profiles: qwen235b's
- * GPU experts at 1024 tokens, whose step outgrew the work buffer); read as free, it made such
- * prompt steps' experts cost nothing. Those points take the nearest measured one's rate, the one
- * below first. */
+/* A rate the profiler could not measure at some token counts is 0 there (in older profiles, a
+ * step that outgrew the work buffer); read as free, it would make such steps cost nothing. Those
+ * points take the nearest measured one's rate, the one below first. */
 static void hold_unmeasured(double v[PROFILE_TOKENS]) {
     for (int i = 1; i < PROFILE_TOKENS; i++)
         if (!(v[i] > 0)) v[i] = v[i - 1];

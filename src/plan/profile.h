@@ -16,14 +16,8 @@
 
 #include "pshard.h"
 
-/* Changes with the points measured, how one is measured, or the kernels timed: 16 when the CPU's
- * prompt steps took tiles and four-token K kernels (a format 15 profile's CPU rates at 4 tokens
- * and up are those of the old kernels, so it is measured again); 17 when the AVX2 K kernels took
- * one to four tokens by step, Q2_K and Q3_K among them, Q4_K/Q5_K folded their mins, and the
- * CPU's attention read a KV head once for the query heads that share it; 18 when a prompt step's
- * tokens of one sequence attended in tiles that read the KV cache once for all of them; 19 when a
- * decode token's attention went through its cache in runs of cells, each KV head's group together;
- * 20 when an MoE model's router matrix was timed at its own shape (cpu_router). */
+/* Changes with the points measured, how one is measured, or the kernels timed: a profile of
+ * another version holds rates of other kernels or other probes, so it is measured again. */
 #define PROFILE_VERSION 20
 enum {
     PROFILE_TOKENS = 6,   /* token counts: 1, 4, 16, 64, 256, 1024 */
@@ -38,9 +32,8 @@ enum {
                                  cost model follows them */
     /* GPU attention is measured over two caches: split-KV steps attend PROFILE_ATTN_CELLS cells
      * and PROFILE_ATTN_LONG_CELLS, prompt steps a window of PROFILE_ATTN_WINDOW and
-     * PROFILE_ATTN_LONG_WINDOW cells, since the rate per cell depends on the length (on the
-     * H200 the long cache ran faster per KV byte: 1.9 against 2.9 ps at one token, 0.16 against
-     * 0.29 at 1024). */
+     * PROFILE_ATTN_LONG_WINDOW cells, since the rate per cell depends on the length (a long
+     * cache reads faster per KV byte). */
     PROFILE_ATTN_CELLS = 4096,
     PROFILE_ATTN_LONG_CELLS = 32768,
     PROFILE_ATTN_WINDOW = 1024,
@@ -112,8 +105,8 @@ struct profile {
     double zero_copy_off[PROFILE_TOKENS], zero_copy_experts_off[PROFILE_TOKENS];
     int32_t in_place_skew;
     /* One token's expert call reading n experts in place takes this plus their bytes at
-     * zero_copy_experts[0] (fitted from calls of 2 and of k experts: on the H200, about 40 us
-     * plus 54 us an expert, so 2 experts cost 30 us more than the bytes of 8 say). */
+     * zero_copy_experts[0] (fitted from calls of 2 and of k experts: a call of few experts costs
+     * more than their share of k experts' bytes says). */
     double zero_copy_expert_call_s;
     double launch_s;          /* one kernel launch, queued */
     double graph_node_s;      /* one kernel of a replayed CUDA graph */
