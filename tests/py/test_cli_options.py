@@ -157,6 +157,23 @@ def test_plan_without_a_gpu_says_once_what_to_do(tmp_path):
     assert proc.stdout.startswith("profile: measured in") and ", without a GPU" in proc.stdout.splitlines()[0]
 
 
+def test_plan_without_a_gpu_claims_no_placement(default_model, tmp_path):
+    """A model that fits the budget whole is planned all in VRAM whatever the profile: the note on
+    the unpriced steps says what it means and what to do, and nothing about where the plan runs."""
+    probe = pshard("plan", "-m", default_model, "--vram-budget", "2G", "--no-profile")
+    if "has no CUDA device" not in probe.stderr:
+        pytest.skip("a CUDA device is here: its plans are priced")
+    profile = json.load(open(os.path.join(os.path.dirname(__file__), "..", "data", "profile", "h200-qwen30b.json")))
+    profile["has_gpu"] = False
+    cpu_only = tmp_path / "cpu-only.json"
+    cpu_only.write_text(json.dumps(profile))
+    proc = pshard("plan", "-m", default_model, "--vram-budget", "2G", "--profile", str(cpu_only))
+    assert proc.returncode == 0 and re.search(r"^plan gpu:", proc.stdout, re.M), proc.stdout
+    note = " ".join(proc.stderr.split())
+    assert note.count("not priced (inf)") == 1 and "--vram-budget 0" in note, note
+    assert "CPU" not in note.split("`pshard run`")[0], note  # (the plan above is on the GPU)
+
+
 def synth_qwen30b(directory):
     model = directory / "qwen30b.gguf"
     if not model.exists():

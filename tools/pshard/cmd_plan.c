@@ -213,7 +213,7 @@ int cmd_plan(int argc, char **argv) {
         /* Said once, with what to do instead. */
         if (no_device && unpriced)
             plan_note(stderr, "pshard plan: this machine has no CUDA device and the profile has no GPU figures, so "
-                              "steps on a GPU are not priced (inf) and the plan below keeps to the CPU. `pshard run` "
+                              "steps on a GPU are not priced (inf) and their times below say nothing. `pshard run` "
                               "here runs on the CPU alone (--vram-budget 0). To plan for a machine with a GPU, give "
                               "its profile (--profile FILE, saved by `pshard profile` there) or plan with "
                               "conservative defaults (--no-profile)");
