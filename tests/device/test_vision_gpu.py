@@ -44,6 +44,13 @@ def ids(tmp, prompt, images, placement, env=None):
     return [int(x) for x in re.search(r"^ids:(.*)$", proc.stdout, re.M).group(1).split()], proc.stderr
 
 
+def least_mb(tmp):
+    """The gpu plan's least VRAM for the language model, in MB, as pshard plan refuses a budget below it."""
+    proc = subprocess.run([PSHARD, "plan", "-m", os.path.join(tmp, "lm.gguf"), "--plan", "gpu", "--vram-budget", "1M"],
+                          capture_output=True, text=True, timeout=120)
+    return int(re.search(r"needs at least (\d+) MB", proc.stderr + proc.stdout).group(1))
+
+
 def write_png(path, height, width, seed):
     """A random RGB PNG, written with zlib alone (no imaging library needed on the device)."""
     import struct
@@ -73,10 +80,14 @@ def main():
             return 0
         cases = [("The quick brown fox jumps over the lazy dog.", []), ("<__image__>Describe: ", ["a.png"]),
                  ("Compare <__image__> with <__image__> and say", ["a.png", "b.png"]), ("<__image__>What is it?", ["c.png"])]
-        # (F32 weights of 12.6 MB; the gpu plan needs 52 MB with its buffers: at 54 MB it streams the
-        # embedding and FFNs, and auto at 58 MB runs prompt tiers static, part on the CPU)
-        placements = {"--gpu": ["--gpu"], "gpu plan, 54M budget (streamed)": ["--plan", "gpu", "--vram-budget", "54M"],
-                      "auto, 58M budget (static prompt tiers)": ["--vram-budget", "58M", "--no-profile"]}
+        # (F32 weights of 12.6 MB; the gpu plan's least, with its buffers, is about 52-56 MB as the
+        # executor's buffers grow: 2 MB above it, it streams the embedding and FFNs, and auto 6 MB
+        # above it runs prompt tiers static, part on the CPU)
+        least = least_mb(tmp)
+        streamed, static = "%dM" % (least + 2), "%dM" % (least + 6)
+        placements = {"--gpu": ["--gpu"],
+                      "gpu plan, %s budget (streamed)" % streamed: ["--plan", "gpu", "--vram-budget", streamed],
+                      "auto, %s budget (static prompt tiers)" % static: ["--vram-budget", static, "--no-profile"]}
         for prompt, images in cases:
             cpu, err = ids(tmp, prompt, images, [])
             if cpu is None:
