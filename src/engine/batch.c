@@ -298,7 +298,9 @@ static void finish(pshard_ctx *ctx, struct engine_request *r, pshard_finish_reas
     const double now = core_now_ms();
     pshard_request_stats stats = {r->n_prompt, r->n_cached, r->n_generated, r->slot >= 0 ? r->t_admit - r->t_add : now - r->t_add,
                                   r->t_first > 0 ? r->t_first - r->t_add : 0, now - r->t_add};
-    if (!stopped && why != PSHARD_FINISH_ERROR) { /* what the decoder still holds, unless a stop string cut it */
+    /* What the decoder still holds where the model ended its reply (end of text): bytes of a
+     * character it left unfinished. A limit or a cancel leaves a cut character out, never half of it. */
+    if (!stopped && why == PSHARD_FINISH_STOP) {
         const char *text;
         size_t len;
         if (tok_decoder_flush(r->decoder, &text, &len) == PSHARD_OK && len) hold(r, text, len);

@@ -65,3 +65,20 @@ def test_chat_says_why_each_answer_ended(default_model):
                            "--ignore-eos"], input="Hello\nAnd again\n", capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("finish: length (-n 4 reached)") == 2, proc.stderr
+
+
+def test_batch_leaves_a_cut_character_out(default_model):
+    """pshard batch (the server's engine) ends replies cut by -n as run does: the text up to the
+    last whole character, no U+FFFD."""
+    prompt = "Repeat exactly: \U0001F600\U0001F600\U0001F600 \u65e5\u672c\u8a9e"
+    whole, _ = run(default_model, "-p", prompt, "-q", "--ignore-eos", "-n", "40")
+    whole = whole.decode("utf-8")
+    args = [os.path.join(BUILD, "pshard"), "batch", "-m", default_model, "-t", "2", "--temp", "0", "--ignore-eos",
+            "--jsonl", "--parallel", "4"]
+    import json
+    for n in range(20, 31):
+        proc = subprocess.run(args + ["-n", str(n), "-p", prompt], capture_output=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        reply = json.loads(proc.stdout.decode("utf-8").strip().splitlines()[-1])
+        assert "\ufffd" not in reply["text"], (n, reply)
+        assert whole.startswith(reply["text"]), (n, reply["text"], whole)
