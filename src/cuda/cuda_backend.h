@@ -336,11 +336,9 @@ bool cuda_attention_prefill_supported(const struct cuda_attn_shape *a);
 /* Whether n tokens of one sequence should take the prompt kernel: from 2 tokens per query head
  * a KV head serves (its group), 8 at the least, a full tile of 64 queries at the most. Below a
  * tile a block costs what a full tile's does; the decode kernel reads the cache once per token
- * (once for a KV head's group), so it pays for fewer tokens the smaller the group. On the H200,
- * with the cache in slices, the prompt kernel was the faster from 8 tokens over 4K-32K cells
- * (qwen30b's 63 tokens over 16K cells: 0.37 ms a layer, against 4.09 with split-KV and 2.38
- * walking the cache in one block); over 1K cells the decode kernel was the faster up to 16
- * tokens with groups of 8 and 8 with groups of 4, by 17-21 us a layer (bench/cuda_kernels.md). */
+ * (once for a KV head's group), so it pays for fewer tokens the smaller the group. Measured,
+ * the prompt kernel wins from 8 tokens over long caches, and the decode kernel over short ones
+ * up to the bound above (bench/cuda_kernels.md). */
 bool cuda_attention_prefill_pays(const struct cuda_attn_shape *a, int64_t n_tokens);
 /* The fewest tokens of one sequence that take the prompt kernel (as above; 0: never). */
 int64_t cuda_attention_prefill_from(const struct cuda_attn_shape *a);
@@ -390,12 +388,9 @@ enum { CUDA_MOE_FUSED_MAX_TOKENS = CUDA_MATVEC_MAX_TOKENS };
 /* Most tokens a step of an MoE layer (top k of n_expert) whose expert groups run on the
  * matrix-vector kernel, in passes of up to CUDA_MATVEC_MAX_TOKENS pairs an expert: while its
  * experts take CUDA_MOE_MATVEC_PAIRS pairs each on average, or it has no more tokens than one
- * pass takes; above, the tiled GEMM. Measured on the H200 (qwen30b's layer, 128 experts, top 8;
- * bench/cuda_kernels.md), the matrix-vector kernel ran 16-128 tokens 1.5-2.4x as fast as the
- * tiled one from VRAM and 256 tokens 13% slower; reading every expert in place, 16-256 tokens
- * 2.0-2.7x as fast. One bound serves both: in a call reaching most experts in VRAM and the rest
- * in place (qwen30b at 16 GB), 256 tokens ran 10-13% slower on the matrix-vector kernel, and the
- * profile times the in-place reads with the kernel every call of that size runs. */
+ * pass takes; above, the tiled GEMM. The bound is where the matrix-vector kernel stopped being the
+ * faster, from VRAM and reading experts in place alike (bench/cuda_kernels.md); the profile
+ * times in-place reads with the kernel every call of that size runs. */
 enum { CUDA_MOE_MATVEC_PAIRS = 8 };
 static inline int64_t cuda_moe_matvec_max_tokens(int64_t n_expert, int64_t k) {
     const int64_t by_pairs = k > 0 ? CUDA_MOE_MATVEC_PAIRS * n_expert / k : 0;

@@ -9,16 +9,15 @@ enum { MIN_CHUNK_ROWS = 256 };
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
-/* AUTO: cuBLAS measured faster than the fused kernel for dense prefill on the H200 at 512 and
- * 1024 tokens (bench/cuda_kernels.md); the fused kernel needs no scratch. */
+/* AUTO: cuBLAS measured faster than the fused kernel for dense prefill of 512 tokens and more
+ * (bench/cuda_kernels.md); the fused kernel needs no scratch. */
 static enum cuda_gemm_path pick_path(const struct cuda_ctx *ctx) {
     return ctx->gemm_path == CUDA_GEMM_AUTO ? CUDA_GEMM_CUBLAS : ctx->gemm_path;
 }
 
 /* F16 weights read in place from host memory, above 8 tokens: cuBLAS reads them through the
- * mapping at 30-40 GB/s where a copy kernel reads 49-51 (the H200: from 64 tokens on, and
- * from 16 on where the file put them off a 128-byte boundary, bench/RESULTS.md). They are
- * copied into the work buffer in chunks, each multiplied there. */
+ * mapping slower than a copy kernel does (bench/RESULTS.md), so they are copied into the work
+ * buffer in chunks, each multiplied there. */
 static bool copy_first(const struct cuda_matrix *m) { return m->type == QUANT_F16 && m->in_place; }
 
 extern "C" size_t cuda_matmul_work_bytes(const struct cuda_matrix *m, int64_t n_tokens) {
