@@ -142,7 +142,7 @@ static void test_mrope_sections(void **state) {
     (void)state;
     struct rope_params p = {.n_dims = 128, .neox = true, .freq_base = 1e6f, .freq_scale = 1.0f, .attn_factor = 1.0f,
                             .sections = {16, 24, 24}};
-    assert_true(cpu_rope_is_multi(&p));
+    assert_true(rope_is_multi(&p));
     assert_int_equal(cpu_rope_axis(&p, 0), 0);
     assert_int_equal(cpu_rope_axis(&p, 15), 0);
     assert_int_equal(cpu_rope_axis(&p, 16), 1);

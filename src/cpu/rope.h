@@ -10,24 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-struct rope_params {
-    int n_dims;          /* rotated dimensions per head (<= head size) */
-    bool neox;
-    float freq_base;
-    float freq_scale;    /* 1 / linear scaling factor */
-    float ext_factor;    /* YaRN extrapolation mix; 0 = off */
-    float attn_factor;   /* magnitude scale of cos/sin */
-    float beta_fast, beta_slow;
-    int n_ctx_orig;      /* training context, for YaRN's correction range */
-    const float *freq_factors; /* n_dims / 2 divisors of theta, or NULL */
-    /* M-RoPE: rotated pairs turned by the time, row and column positions, counted cyclically
-     * over their sum (llama.cpp's sections); all 0: one position. */
-    int sections[3];
-};
-
-static inline bool cpu_rope_is_multi(const struct rope_params *p) {
-    return p->sections[0] + p->sections[1] + p->sections[2] > 0;
-}
+#include "model/rope.h"
 
 /* cs[2*i], cs[2*i+1] = cos, sin of pair i at position pos (n_dims floats). */
 void cpu_rope_table(const struct rope_params *p, int32_t pos, float *cs);

@@ -16,7 +16,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
-#include "cpu/rope.h"
+#include "model/rope.h"
 #include "quant/types.h"
 
 #ifdef __cplusplus

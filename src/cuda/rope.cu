@@ -133,7 +133,7 @@ extern "C" pshard_status cuda_norm_rope(const struct rope_params *p, const float
 extern "C" pshard_status cuda_rope_table(const struct rope_params *p, const float *freq_factors, const int32_t *pos,
                                          int64_t pos_stride, int64_t n_tokens, float *cs, cuda_stream s) {
     CUDA_ARG(p->n_dims > 0 && p->n_dims % 2 == 0, "rope: %d rotated dimensions", p->n_dims);
-    CUDA_ARG(!cpu_rope_is_multi(p) || pos_stride >= n_tokens, "rope: positions %lld apart for %lld tokens",
+    CUDA_ARG(!rope_is_multi(p) || pos_stride >= n_tokens, "rope: positions %lld apart for %lld tokens",
              (long long)pos_stride, (long long)n_tokens);
     if (n_tokens == 0) return PSHARD_OK;
     rope_table_kernel<<<(unsigned)ceil_div(n_tokens, 64), 64, 0, raw_stream(s)>>>(rope_prepare(p, freq_factors), pos,

@@ -276,7 +276,7 @@ static pshard_status validate(const struct exec_ctx *ctx, const struct exec_batc
     if (b->n_tokens <= 0 || b->n_tokens > p->n_batch)
         return core_fail(PSHARD_ERR_INVALID_ARG, "a step carries 1 to %d tokens, not %d", p->n_batch, b->n_tokens);
     const struct exec_media *m = ctx->media;
-    if (m && m->rope_pos && !cpu_rope_is_multi(&ctx->w.rope))
+    if (m && m->rope_pos && !rope_is_multi(&ctx->w.rope))
         return core_fail(PSHARD_ERR_INVALID_ARG, "rope positions given for a model (%s) without multimodal rope",
                          ctx->model->hp.arch_name);
     if (m && m->embd && (m->embd_first < 0 || m->embd_count <= 0 || m->embd_count > b->n_tokens - m->embd_first))

@@ -90,7 +90,7 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
     if (l->bk) CORE_TRY(cuda_add_bias(g->k, l->bk, n, k_width, s));
     if (l->bv) CORE_TRY(cuda_add_bias(g->v, l->bv, n, v_width, s));
     /* Every layer rotates by the same positions: the table is made once a step. */
-    const int32_t *rope_pos = cpu_rope_is_multi(&ctx->w.rope) ? g->rope_pos : g->pos;
+    const int32_t *rope_pos = rope_is_multi(&ctx->w.rope) ? g->rope_pos : g->pos;
     if (!g->rope_ready) CORE_TRY(cuda_rope_table(&ctx->w.rope, g->rope_freqs, rope_pos, ctx->params.n_batch, n, g->rope_cs, s));
     g->rope_ready = true;
     if (l->q_norm) {
@@ -639,7 +639,7 @@ static pshard_status upload_batch(struct exec_ctx *ctx, struct exec_gpu *g, cons
     memcpy(host + 2 * B, b->seq, n * sizeof(int32_t));
     memcpy(host + 3 * B, ctx->s.out_rows, (size_t)ctx->stats.n_outputs * sizeof(int32_t));
     const int32_t *rope_pos = ctx->media ? ctx->media->rope_pos : NULL;
-    for (size_t a = 0; a < 3 && cpu_rope_is_multi(&ctx->w.rope); a++)
+    for (size_t a = 0; a < 3 && rope_is_multi(&ctx->w.rope); a++)
         memcpy(host + (4 + a) * B, rope_pos ? rope_pos + a * n : b->pos, n * sizeof(int32_t));
     return PSHARD_OK;
 }

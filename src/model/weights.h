@@ -6,7 +6,7 @@
 
 #include <stdbool.h>
 
-#include "cpu/rope.h"
+#include "model/rope.h"
 #include "model/model.h"
 
 struct layer_weights {

@@ -64,7 +64,7 @@ static void test_rope(struct dt *d, const char *name, struct rope_params p, int 
     const int32_t pos[] = {0, 1, 2, 17, 1000, 4095, 32767, 131071,
                            0, 1, 2, 17, 1003, 4095, 32767, 131071,
                            0, 1, 2, 17, 1011, 4099, 32767, 131071};
-    const bool multi = cpu_rope_is_multi(&p);
+    const bool multi = rope_is_multi(&p);
     const int64_t n_tokens = sizeof pos / sizeof pos[0] / 3;
     float *ff = NULL, *dff = NULL;
     if (p.freq_factors) {
