@@ -1,9 +1,6 @@
 /* Images encoded on the GPU between steps, in the executor's lent scratch (engine/vision_gpu.h). */
 #include "engine/vision_gpu.h"
 
-#include <stdlib.h>
-#include <string.h>
-
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/engine_internal.h"
@@ -31,8 +28,7 @@ static pshard_status on_gpu(pshard_ctx *ctx, const struct mmproj *m, struct visi
 pshard_status engine_vision_encode(pshard_ctx *ctx, const struct mmproj *m, struct threadpool *pool, struct vision_gpu **gpu,
                                    const struct vision_patches *p, const struct vision_progress *progress,
                                    struct vision_embeddings *out) {
-    const char *env = getenv("PSHARD_VISION_GPU");
-    if (exec_gpu_memory(ctx->exec) && !(env && !strcmp(env, "0"))) {
+    if (exec_gpu_memory(ctx->exec) && vision_gpu_wanted()) {
         bool started;
         const pshard_status st = on_gpu(ctx, m, gpu, p, progress, out, &started);
         if (st == PSHARD_OK || started) return st;

@@ -80,6 +80,16 @@ bool vision_gpu_place(struct vision_gpu_layout *l, const struct cuda_region *reg
 pshard_status vision_gpu_plan(const struct mmproj *m, const struct vision_windows *w, const struct cuda_region *regions,
                               uint32_t n_regions, struct vision_gpu_layout *out);
 
+/* The same choice by memory alone, not asking whether the matrices' types have GPU kernels at the
+ * rows they would get: the planner's, in a build without the CUDA backend (which has no kernels to
+ * ask about), planning for a machine with one. */
+pshard_status vision_gpu_plan_room(const struct mmproj *m, const struct vision_windows *w, const struct cuda_region *regions,
+                                   uint32_t n_regions, struct vision_gpu_layout *out);
+/* Whether a context with the GPU placement encodes images on the GPU (where vision_gpu_plan finds
+ * room): unless PSHARD_VISION_GPU=0 asks for the CPU's encoder. The engine and the planner ask
+ * this, so they choose alike. */
+bool vision_gpu_wanted(void);
+
 /* Bytes one unit of the staging sequence copies up: unit 0 the patch kernel, 1..n_layer the
  * blocks, n_layer + 1 the merger. */
 size_t vision_gpu_unit_bytes(const struct mmproj *m, uint32_t unit);

@@ -205,8 +205,14 @@ static bool computable(const struct gguf_tensor *t, uint32_t rows) {
     return (type == QUANT_F16 || type == QUANT_BF16) && rows > CUDA_MATVEC_MAX_TOKENS;
 }
 
-pshard_status vision_gpu_plan(const struct mmproj *m, const struct vision_windows *w, const struct cuda_region *regions,
-                              uint32_t n_regions, struct vision_gpu_layout *out) {
+bool vision_gpu_wanted(void) {
+    const char *env = getenv("PSHARD_VISION_GPU");
+    return !(env && !strcmp(env, "0"));
+}
+
+/* vision_gpu_plan, asking whether each matrix has a GPU kernel at its rows or not (kernels). */
+static pshard_status plan_layout(const struct mmproj *m, const struct vision_windows *w, const struct cuda_region *regions,
+                                 uint32_t n_regions, bool kernels, struct vision_gpu_layout *out) {
     const struct vision_hparams *hp = &m->hp;
     if (hp->spatial_merge != 2)
         return core_fail(PSHARD_ERR_UNSUPPORTED, "the GPU's vision encoder merges 2x2 patches, not %ux%u", hp->spatial_merge,
@@ -220,7 +226,7 @@ pshard_status vision_gpu_plan(const struct mmproj *m, const struct vision_window
     for (uint32_t slots = 2; slots >= 1; slots--)
         for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
             vision_gpu_sizes(m, w, chunks[c], slots, out);
-            for (uint32_t unit = 1; unit <= hp->n_layer + 1; unit++) {
+            for (uint32_t unit = 1; kernels && unit <= hp->n_layer + 1; unit++) {
                 struct vision_gpu_part parts[VISION_UNIT_PARTS];
                 const uint32_t count = vision_gpu_unit_parts(m, unit, parts);
                 const uint32_t rows = unit > hp->n_layer ? out->min_rows / 4 : out->min_rows;
@@ -235,4 +241,14 @@ pshard_status vision_gpu_plan(const struct mmproj *m, const struct vision_window
     /* (out holds the smallest layout tried: 64-patch chunks, one slot) */
     return core_fail(PSHARD_ERR_NOMEM, "the vision encoder needs %.1f MB of VRAM for %u patches at the least and %.1f MB "
                      "was lent to it", out->peak_bytes / 1048576.0, w->n, lent / 1048576.0);
+}
+
+pshard_status vision_gpu_plan(const struct mmproj *m, const struct vision_windows *w, const struct cuda_region *regions,
+                              uint32_t n_regions, struct vision_gpu_layout *out) {
+    return plan_layout(m, w, regions, n_regions, true, out);
+}
+
+pshard_status vision_gpu_plan_room(const struct mmproj *m, const struct vision_windows *w, const struct cuda_region *regions,
+                                   uint32_t n_regions, struct vision_gpu_layout *out) {
+    return plan_layout(m, w, regions, n_regions, false, out);
 }

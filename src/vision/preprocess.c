@@ -183,17 +183,12 @@ void vision_patch_position(uint32_t grid_w, uint32_t merge, uint64_t index, uint
     *col = (uint32_t)(group % groups_across) * merge + (uint32_t)(within % merge);
 }
 
-pshard_status vision_preprocess(const struct vision_hparams *hp, const struct vision_image *img,
-                                struct vision_patches *out) {
+pshard_status vision_patches_size(const struct vision_hparams *hp, uint32_t width, uint32_t height,
+                                  struct vision_patches *out) {
     memset(out, 0, sizeof *out);
     const uint32_t p = hp->patch_size, m = hp->spatial_merge, t = VISION_TEMPORAL_PATCH;
     uint32_t h, w;
-    CORE_TRY(vision_smart_resize(img->height, img->width, p * m, hp->min_pixels, hp->max_pixels, &h, &w));
-    struct vision_image resized = *img, owned = {0};
-    if (h != img->height || w != img->width) {
-        CORE_TRY(vision_resize_bicubic(img, w, h, &owned));
-        resized = owned;
-    }
+    CORE_TRY(vision_smart_resize(height, width, p * m, hp->min_pixels, hp->max_pixels, &h, &w));
     out->height = h;
     out->width = w;
     out->grid_t = 1;
@@ -201,6 +196,18 @@ pshard_status vision_preprocess(const struct vision_hparams *hp, const struct vi
     out->grid_w = w / p;
     out->patch_dim = 3 * t * p * p;
     out->n_patches = (uint64_t)out->grid_h * out->grid_w;
+    return PSHARD_OK;
+}
+
+pshard_status vision_preprocess(const struct vision_hparams *hp, const struct vision_image *img,
+                                struct vision_patches *out) {
+    CORE_TRY(vision_patches_size(hp, img->width, img->height, out));
+    const uint32_t p = hp->patch_size, m = hp->spatial_merge, t = VISION_TEMPORAL_PATCH, h = out->height, w = out->width;
+    struct vision_image resized = *img, owned = {0};
+    if (h != img->height || w != img->width) {
+        CORE_TRY(vision_resize_bicubic(img, w, h, &owned));
+        resized = owned;
+    }
     out->data = malloc(out->n_patches * out->patch_dim * sizeof *out->data);
     if (!out->data) {
         vision_image_free(&owned);

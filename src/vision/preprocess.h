@@ -34,6 +34,10 @@ struct vision_patches {
     float *data;                    /* n_patches x patch_dim */
 };
 
+/* What vision_preprocess makes of an image of width x height, without its pixels (data NULL): the
+ * resized size, the grid and the patches' count and size (the planner prices an image so). */
+pshard_status vision_patches_size(const struct vision_hparams *hp, uint32_t width, uint32_t height,
+                                  struct vision_patches *out);
 /* Resize, normalize and cut `img` for the encoder `hp` describes. */
 pshard_status vision_preprocess(const struct vision_hparams *hp, const struct vision_image *img,
                                 struct vision_patches *out);
