@@ -51,6 +51,10 @@ double cost_expert_rate(const struct profile_rate table[PROFILE_FORMATS], uint32
 
 static double gbps_s(double bytes, double gbps) { return gbps > 0 ? bytes / (gbps * 1e9) : 0; }
 
+double cost_copy_s(const struct profile *prof, double bytes, bool up) {
+    return gbps_s(bytes, profile_at_size(up ? prof->h2d_gbps : prof->d2h_gbps, bytes));
+}
+
 enum { COST_CPU_SPANS = 512 }; /* the CPU spans a ring tier's walk keeps (more are not weighed) */
 
 /* Where a step's work stands as the walk goes on. */
@@ -80,11 +84,14 @@ struct walk {
  * kernels (a norm, rope, routing, an add), each at least its shortest run. Replayed as a graph,
  * a node follows the last within graph_node_s; launched one by one, the host's `ops` launches
  * pace the GPU whenever its kernels are shorter than a launch (decode steps). */
-static double gpu_time(const struct walk *w, double compute_s, int small_kernels, int ops) {
-    const struct profile *pr = w->prof;
-    if (w->graph) return compute_s + small_kernels * (pr->graph_node_s > pr->kernel_s ? pr->graph_node_s : pr->kernel_s);
+double cost_gpu_busy_s(const struct profile *pr, double compute_s, int small_kernels, int ops, bool graph) {
+    if (graph) return compute_s + small_kernels * (pr->graph_node_s > pr->kernel_s ? pr->graph_node_s : pr->kernel_s);
     const double run = compute_s + small_kernels * pr->kernel_s, issue = ops * pr->launch_s;
     return run > issue ? run : issue;
+}
+
+static double gpu_time(const struct walk *w, double compute_s, int small_kernels, int ops) {
+    return cost_gpu_busy_s(w->prof, compute_s, small_kernels, ops, w->graph);
 }
 
 static void gpu_busy(struct walk *w, double compute_s, int small_kernels, int ops) {

@@ -28,6 +28,15 @@ struct cost_step {
  * row when the format was not measured (a conservative guess). */
 double cost_rate(const struct profile_rate table[PROFILE_FORMATS], uint32_t type, double n);
 
+/* Seconds to copy `bytes` of pinned host memory to the GPU (up) or back, at the profile's rate for
+ * copies of that size. */
+double cost_copy_s(const struct profile *prof, double bytes, bool up);
+
+/* The GPU's busy time for compute_s of kernels besides small_kernels small ones, each at least its
+ * shortest run: replayed as a graph (graph), or launched one by one by `ops` host launches, which
+ * pace the GPU where its kernels are shorter: a shard of a step, or a block of the vision encoder. */
+double cost_gpu_busy_s(const struct profile *prof, double compute_s, int small_kernels, int ops, bool graph);
+
 /* Expected distinct experts a step of n tokens touches among `range` of E, each token choosing k
  * at random. */
 double cost_touched(double range, double E, double k, double n);
