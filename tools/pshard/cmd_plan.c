@@ -12,12 +12,14 @@
 #include "exec/measure.h"
 #include "plan/profile.h"
 #include "gguf/gguf.h"
+#include "plan_image.h"
 
 static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard plan [-m MODEL] --vram-budget SIZE [--plan auto|cpu|gpu|static|dynamic] [-c CTX]\n"
                  "                   [-b BATCH] [--parallel N] [-t THREADS] [--stream-share F]\n"
                  "                   [--set ring|no-ring|all-kv] [--decode-set ring|no-ring|all-kv|same]\n"
                  "                   [--no-profile | --profile FILE] [--tokens N,N,...] [-n N] [--shards]\n"
+                 "                   [--mmproj VISION.gguf --image-size WxH]\n"
                  "  Prints the plan of every token tier (steps of 1-3, 4-15, ... tokens) and, for auto, every\n"
                  "  candidate the planner weighed with its predicted seconds per step, VRAM and bytes moved\n"
                  "  per token; then each shard's place in decode and in full prompt steps (RESIDENT in VRAM,\n"
@@ -35,7 +37,11 @@ static void print_usage(FILE *out) {
                  "  resident sets by a typical request: a prompt of 1K tokens (or half the context), then 128\n"
                  "  generated tokens, or N with -n N (-1: to the context's end), as `pshard run -n N` does;\n"
                  "  with --parallel N, N such requests at once, and -c is the KV cells they share (as in\n"
-                 "  `pshard batch` and `pshard serve`). Nothing is loaded onto the GPU.\n");
+                 "  `pshard batch` and `pshard serve`). Nothing is loaded onto the GPU. With --mmproj and\n"
+                 "  --image-size, after the plan: the image's size after the model's resize, its patches and\n"
+                 "  tokens, the vision encoder's predicted time on the GPU and on the CPU, its peak VRAM, where\n"
+                 "  it runs under this plan (the GPU where it fits the memory the plan lends between steps),\n"
+                 "  and the first token of a request with that image and a short question.\n");
 }
 
 enum { MAX_TOKENS = 16 };
@@ -91,6 +97,7 @@ int cmd_plan(int argc, char **argv) {
     int64_t tokens[MAX_TOKENS];
     int n_tokens = 0;
     bool budget_given = false;
+    struct plan_image image = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t k;
@@ -128,6 +135,10 @@ int cmd_plan(int argc, char **argv) {
                 fprintf(stderr, "pshard plan: --decode-set: %s\n", pshard_last_error());
                 return 2;
             }
+        } else if (!strcmp(a, "--mmproj") && v) {
+            image.mmproj = argv[++i];
+        } else if (!strcmp(a, "--image-size") && v) {
+            if (plan_image_parse_size(argv[++i], &image)) return 2;
         } else if (!strcmp(a, "--tokens") && v) {
             if (cli_parse_list(argv[++i], false, tokens, MAX_TOKENS, &n_tokens) != 0) {
                 fprintf(stderr,
@@ -160,6 +171,14 @@ int cmd_plan(int argc, char **argv) {
     if (!budget_given) {
         fprintf(stderr, "pshard plan: --vram-budget SIZE is required: the device memory to plan for, such as 2G or\n"
                         "1536M (0: the CPU alone)\n");
+        return 2;
+    }
+    if (image.width && !image.mmproj) {
+        fprintf(stderr, "pshard plan: --image-size prices the vision encoder: give its file with --mmproj VISION.gguf\n");
+        return 2;
+    }
+    if (image.mmproj && !image.width) {
+        fprintf(stderr, "pshard plan: --mmproj prices the vision encoder for an image: give its size with --image-size WxH\n");
         return 2;
     }
     if (p.staging >= 0 && !plan_takes_set(p.plan)) {
@@ -226,6 +245,7 @@ int cmd_plan(int argc, char **argv) {
         plan_print(&plan, &model, every_shard, stdout);
         plan_print_times(&plan, &model, p.profile, stdout);
         if (n_tokens) st = print_steps(&model, &p, &plan, tokens, n_tokens);
+        if (st == PSHARD_OK && image.mmproj) st = plan_image_print(&model, &plan, p.profile, &image, stdout);
         plan_free(&plan);
     }
     model_free(&model);

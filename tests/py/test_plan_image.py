@@ -1,0 +1,132 @@
+"""`pshard plan --mmproj --image-size WxH` on gguf-synth's tiny Qwen2.5-VL pair: after the plan, the
+image's size after the model's resize, its patches and tokens, the vision encoder's predicted time
+on the GPU and the CPU, its peak VRAM, where it runs under the plan (the GPU where the memory the
+plan lends between steps holds it, the CPU otherwise, as the engine chooses), and the first token
+of a request with the image; and the options' errors. No GPU needed: plans are made without one."""
+import os
+import re
+import subprocess
+
+import pytest
+
+from conftest import BUILD
+from vision_helpers import write_tiny_vlm
+
+NUM = r"([0-9.e+-]+|inf)"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("plan-image")
+    write_tiny_vlm(d)
+    return d
+
+
+def plan(files, *args, env=None, model=None):
+    argv = [os.path.join(BUILD, "pshard"), "plan", "-m", model or str(files / "tiny-qwen25vl.gguf"), "--no-profile",
+            *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+
+
+def image_part(files, size, budget, *extra, env=None):
+    """The lines after the plan, each wrapped line joined to the one it continues, as a dict of what
+    they say."""
+    proc = plan(files, "--mmproj", str(files / "tiny-qwen25vl-mmproj.gguf"), "--image-size", size, "--vram-budget",
+                budget, *extra, env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("image "))
+    joined = []
+    for line in lines[start:]:
+        if line.startswith(("image ", "  ")) or not joined:
+            joined.append(line.strip())
+        else:
+            joined[-1] += " " + line.strip()
+    part = {"image": joined[0]}
+    for line in joined[1:]:
+        key, _, rest = line.partition(": ")
+        part[key] = rest
+    return part
+
+
+def seconds(text):
+    return float(re.match(NUM, text).group(1))
+
+
+def test_prints_the_image_and_its_encoder(files):
+    part = image_part(files, "640x480", "64M")
+    assert part["image"] == "image 640x480: resized to 644x476, 46 x 34 patches (1564), 391 image tokens"
+    gpu, cpu = seconds(part["encoder on the GPU"]), seconds(part["encoder on the CPU"])
+    assert 0 < gpu < cpu  # the conservative defaults' GPU is faster than their CPU
+    m = re.match(r"([0-9.]+) MB \(chunks of (\d+) patches, (\d) staging slots?\); the plan lends ([0-9.]+) MB",
+                 part["encoder's peak VRAM"])
+    assert m, part
+    peak, lent = float(m.group(1)), float(m.group(4))
+    assert 0 < peak <= lent
+    assert part["runs on"].startswith("the GPU")
+    m = re.match(NUM + r" s for a request with this image and a 32-token question \(encoding " + NUM +
+                 r" s \+ a 425-token prompt " + NUM + r" s\)", part["first token"])
+    assert m, part
+    first, encoding, prompt = (float(x) for x in m.groups())
+    assert encoding == pytest.approx(gpu, rel=1e-3)
+    assert first == pytest.approx(encoding + prompt, rel=1e-3)
+
+
+def test_times_grow_with_the_image(files):
+    last = (0, 0)
+    for size in ("56x56", "224x224", "640x480", "1920x1080"):
+        part = image_part(files, size, "512M")
+        now = (seconds(part["encoder on the GPU"]), seconds(part["encoder on the CPU"]))
+        assert now[0] > last[0] and now[1] > last[1], (size, now, last)
+        last = now
+
+
+def test_placement_follows_the_room_the_plan_lends(files):
+    # A budget that holds the model with room to spare: the GPU.
+    roomy = image_part(files, "1920x1080", "512M")
+    assert roomy["runs on"].startswith("the GPU"), roomy
+    # One a little over the model's least: the plan lends less than the encoder needs at the least.
+    tight = image_part(files, "1920x1080", "48M")
+    assert tight["runs on"].startswith("the CPU (the vision encoder needs"), tight
+    m = re.match(r"at least ([0-9.]+) MB \(chunks of 64 patches, 1 staging slot\); the plan lends ([0-9.]+) MB",
+                 tight["encoder's peak VRAM"])
+    assert m and float(m.group(1)) > float(m.group(2)), tight
+    assert "(encoding " + tight["encoder on the CPU"].split()[0] + " s" in tight["first token"]
+    # The CPU alone lends nothing; PSHARD_VISION_GPU=0 asks for the CPU's encoder.
+    cpu = image_part(files, "640x480", "0")
+    assert cpu["runs on"].startswith("the CPU (the plan keeps every shard on the CPU"), cpu
+    off = image_part(files, "640x480", "512M", env={"PSHARD_VISION_GPU": "0"})
+    assert off["runs on"] == "the CPU (PSHARD_VISION_GPU=0 asks for the CPU's encoder)", off
+
+
+def test_an_image_over_the_context(files):
+    part = image_part(files, "1920x1080", "512M", "-c", "256")
+    assert part["first token"].startswith("none; the image's 2691 tokens and a 32-token question do not fit the "
+                                          "context (-c 256)"), part
+
+
+@pytest.mark.parametrize("size", ["0x480", "640x0", "-5x10", "axb", "640", "640x", "x480", "640.5x480", "20000x100",
+                                  "10000x10000", "640x480x2", " 640x480"])
+def test_bad_sizes_name_the_option(files, size):
+    proc = plan(files, "--mmproj", str(files / "tiny-qwen25vl-mmproj.gguf"), "--image-size", size, "--vram-budget",
+                "64M")
+    assert proc.returncode == 2, (size, proc.stdout)
+    assert "--image-size" in proc.stderr, (size, proc.stderr)
+    assert proc.stdout == ""
+
+
+def test_option_errors(files, default_model):
+    proc = plan(files, "--image-size", "640x480", "--vram-budget", "64M")
+    assert proc.returncode == 2 and "--mmproj" in proc.stderr, proc.stderr
+    proc = plan(files, "--mmproj", str(files / "tiny-qwen25vl-mmproj.gguf"), "--vram-budget", "64M")
+    assert proc.returncode == 2 and "--image-size" in proc.stderr, proc.stderr
+    # An image the processor refuses (an aspect ratio over 200), after the plan.
+    proc = plan(files, "--mmproj", str(files / "tiny-qwen25vl-mmproj.gguf"), "--image-size", "16000x50",
+                "--vram-budget", "64M")
+    assert proc.returncode == 1 and "--image-size 16000x50" in proc.stderr and "aspect ratio" in proc.stderr
+    # Not an mmproj file; a model that takes no images.
+    proc = plan(files, "--mmproj", str(files / "tiny-qwen25vl.gguf"), "--image-size", "640x480", "--vram-budget", "64M")
+    assert proc.returncode == 1 and "not an mmproj file" in proc.stderr, proc.stderr
+    proc = plan(files, "--mmproj", str(files / "tiny-qwen25vl-mmproj.gguf"), "--image-size", "640x480",
+                "--vram-budget", "64M", model=default_model)
+    assert proc.returncode == 1 and "takes no images" in proc.stderr, proc.stderr
