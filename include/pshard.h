@@ -39,6 +39,23 @@ typedef struct pshard_ctx pshard_ctx;
 /* Called while a model loads: done and total bytes (return nonzero to cancel). */
 typedef int (*pshard_progress_cb)(void *user, uint64_t done_bytes, uint64_t total_bytes);
 
+
+/* Plan families (`--plan`): auto, per step size the placement the cost model predicts fastest;
+ * cpu, every shard on the CPU; gpu, every shard on the GPU, resident by priority and the rest
+ * streamed; static, resident by priority and the rest on the CPU; dynamic, resident by priority
+ * and of the rest a share streamed while the CPU computes the others (docs/architecture.md). */
+typedef enum pshard_plan_family {
+    PSHARD_PLAN_AUTO = 0,
+    PSHARD_PLAN_CPU,
+    PSHARD_PLAN_GPU,
+    PSHARD_PLAN_STATIC,
+    PSHARD_PLAN_DYNAMIC,
+} pshard_plan_family;
+
+/* A family by its name ("auto", "cpu", "gpu", "static", "dynamic"); PSHARD_ERR_INVALID_ARG names
+ * the text otherwise. */
+pshard_status pshard_parse_plan_family(const char *text, pshard_plan_family *family);
+
 typedef struct pshard_params {
     const char *model_path;
     int32_t n_ctx;       /* positions per sequence; 0: 4096 or the model's training context if smaller */
@@ -47,7 +64,7 @@ typedef struct pshard_params {
     int prefault;        /* read the weights into memory at load (with progress) rather than on first use */
     int gpu;             /* run every shard on the GPU, all weights resident in VRAM (plan gpu, no budget) */
     int64_t vram_budget; /* bytes of VRAM pshard may use (CUDA context excluded); 0: CPU only */
-    int plan;            /* 0 auto, 1 cpu, 2 gpu, 3 static, 4 dynamic (see src/plan/plan.h) */
+    pshard_plan_family plan; /* where the shards run (auto: the planner chooses per step size) */
     float stream_share;  /* dynamic plans: share of the non-resident experts streamed to the GPU (0: balanced,
                             so streaming and the CPU finish together) */
     int resident_set;    /* gpu, static and dynamic plans: 0 as the family wants; else one of the sets the

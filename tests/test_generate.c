@@ -63,6 +63,29 @@ static pshard_status generate(pshard_ctx *ctx, struct heard *h, int32_t *ids, ps
     return pshard_generate(ctx, PROMPT, &opts, NULL, NULL, stats);
 }
 
+/* Plan families by name, and a family outside the enum refused by pshard_open with no context. */
+static void test_plan_family(void **state) {
+    (void)state;
+    pshard_plan_family f = PSHARD_PLAN_CPU;
+    const char *names[] = {"auto", "cpu", "gpu", "static", "dynamic"};
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(pshard_parse_plan_family(names[i], &f), PSHARD_OK);
+        assert_int_equal(f, PSHARD_PLAN_AUTO + i);
+    }
+    assert_int_equal(pshard_parse_plan_family("fast", &f), PSHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(pshard_last_error(), "fast"));
+    assert_int_equal(f, PSHARD_PLAN_DYNAMIC); /* unchanged */
+    assert_int_equal(pshard_parse_plan_family(NULL, &f), PSHARD_ERR_INVALID_ARG);
+    pshard_params params;
+    pshard_params_default(&params);
+    params.model_path = getenv("PSHARD_DEFAULT_MODEL");
+    params.plan = (pshard_plan_family)7;
+    pshard_ctx *ctx = (pshard_ctx *)&params;
+    assert_int_equal(pshard_open(&params, &ctx), PSHARD_ERR_INVALID_ARG);
+    assert_null(ctx);
+    assert_non_null(strstr(pshard_last_error(), "plan family 7"));
+}
+
 /* Every step of the prompt is heard, in order, ending at the whole prompt; the tokens a later
  * call reuses are not counted; a prompt stopped after its second step fails with a clear error,
  * keeps no KV cells (the next call reuses nothing), and the next call generates what the first
@@ -107,6 +130,7 @@ static void test_prompt_steps_heard_and_stopped(void **state) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test_setup_teardown(test_prompt_steps_heard_and_stopped, setup, teardown)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test_setup_teardown(test_prompt_steps_heard_and_stopped, setup, teardown),
+                                       cmocka_unit_test(test_plan_family)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -39,7 +39,7 @@ pshard_status pshard_parse_vram_budget(const char *text, int64_t *bytes, int *fo
 /* The profile a change plans with: the context's, or the cached one where the context planned
  * without any (it fit its budget whole); never measured here. */
 static const struct profile *planning_profile(pshard_ctx *ctx) {
-    if (exec_get_params(ctx->exec)->profile || ctx->params.no_profile || ctx->params.plan != PLAN_AUTO) return NULL;
+    if (exec_get_params(ctx->exec)->profile || ctx->params.no_profile || ctx->params.plan != PSHARD_PLAN_AUTO) return NULL;
     bool measured_now;
     if (exec_machine_profile(&ctx->model, ctx->params.n_threads, 0, PROFILE_CACHED, NULL, NULL, &ctx->profile,
                              &measured_now) != PSHARD_OK)

@@ -44,8 +44,29 @@ static pshard_status fits_whole_in(const struct model *model, const struct exec_
     return PSHARD_OK;
 }
 
+/* The planner's family of the API's (pshard_open checked the value). */
+static enum plan_family family_of(pshard_plan_family f) {
+    switch (f) {
+    case PSHARD_PLAN_CPU: return PLAN_CPU;
+    case PSHARD_PLAN_GPU: return PLAN_GPU;
+    case PSHARD_PLAN_STATIC: return PLAN_STATIC;
+    case PSHARD_PLAN_DYNAMIC: return PLAN_DYNAMIC;
+    case PSHARD_PLAN_AUTO: break;
+    }
+    return PLAN_AUTO;
+}
+
+pshard_status pshard_parse_plan_family(const char *text, pshard_plan_family *family) {
+    if (!text || !family) return core_fail(PSHARD_ERR_INVALID_ARG, "pshard_parse_plan_family: null argument");
+    enum plan_family f;
+    CORE_TRY(plan_parse_family(text, &f));
+    for (int i = PSHARD_PLAN_AUTO; i <= PSHARD_PLAN_DYNAMIC; i++)
+        if (family_of((pshard_plan_family)i) == f) *family = (pshard_plan_family)i;
+    return PSHARD_OK;
+}
+
 void engine_exec_params(const pshard_params *p, const struct model *model, struct exec_params *ep) {
-    *ep = (struct exec_params){p->n_ctx, p->n_batch, p->n_parallel, p->n_threads, (enum plan_family)p->plan, p->vram_budget,
+    *ep = (struct exec_params){p->n_ctx, p->n_batch, p->n_parallel, p->n_threads, family_of(p->plan), p->vram_budget,
                              p->stream_share, p->resident_set > 0 ? p->resident_set - 1 : -1, NULL,
                              p->decode_set > 0 ? p->decode_set - 1 : p->decode_set < 0 ? PLAN_DECODE_SAME : PLAN_DECODE_WEIGHED,
                              p->n_predict, false, 0};
@@ -141,12 +162,15 @@ pshard_status pshard_open(const pshard_params *params, pshard_ctx **out) {
     if (!params || !params->model_path) return core_fail(PSHARD_ERR_INVALID_ARG, "no model path given");
     if (params->resident_set < 0 || params->resident_set > PLAN_SETS)
         return core_fail(PSHARD_ERR_INVALID_ARG, "resident set %d is not one of 0..%d", params->resident_set, PLAN_SETS);
-    if (params->resident_set && !params->gpu && !plan_takes_set((enum plan_family)params->plan))
+    if ((int)params->plan < PSHARD_PLAN_AUTO || (int)params->plan > PSHARD_PLAN_DYNAMIC)
+        return core_fail(PSHARD_ERR_INVALID_ARG, "plan family %d is not one of %d..%d (auto, cpu, gpu, static, dynamic)",
+                         (int)params->plan, PSHARD_PLAN_AUTO, PSHARD_PLAN_DYNAMIC);
+    if (params->resident_set && !params->gpu && !plan_takes_set(family_of(params->plan)))
         return core_fail(PSHARD_ERR_INVALID_ARG, "a resident set (--set) places a gpu, static or dynamic plan; "
                                                  "name one with --plan");
     if (params->decode_set < -1 || params->decode_set > PLAN_SETS)
         return core_fail(PSHARD_ERR_INVALID_ARG, "decode set %d is not one of -1..%d", params->decode_set, PLAN_SETS);
-    if (params->decode_set && (params->gpu || params->plan != PLAN_AUTO))
+    if (params->decode_set && (params->gpu || params->plan != PSHARD_PLAN_AUTO))
         return core_fail(PSHARD_ERR_INVALID_ARG, "a decode set (--decode-set) is the automatic plan's choice; leave --plan "
                                                  "as auto");
     if (params->n_parallel < 0 || params->n_parallel > 4096)
@@ -155,7 +179,7 @@ pshard_status pshard_open(const pshard_params *params, pshard_ctx **out) {
     if (params->vram_keep < 0 || params->vram_poll_ms < 0)
         return core_fail(PSHARD_ERR_INVALID_ARG, "following free VRAM: the memory kept (%lld bytes) and the interval (%d ms) "
                          "must not be negative", (long long)params->vram_keep, params->vram_poll_ms);
-    if (params->vram_follow && (params->gpu || params->plan == PLAN_CPU))
+    if (params->vram_follow && (params->gpu || params->plan == PSHARD_PLAN_CPU))
         return core_fail(PSHARD_ERR_INVALID_ARG, "a budget that follows free VRAM (auto) is the planner's: leave --gpu and "
                          "--plan cpu out");
     pshard_ctx *ctx = calloc(1, sizeof *ctx);

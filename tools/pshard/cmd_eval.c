@@ -84,12 +84,10 @@ int cmd_eval(int argc, char **argv) {
         else if (!strcmp(a, "--vram-budget") && v) {
             if (cli_size("eval", a, argv[++i], &params.vram_budget)) return 2;
         } else if (!strcmp(a, "--plan") && v) {
-            enum plan_family f;
-            if (plan_parse_family(argv[++i], &f) != PSHARD_OK) {
+            if (pshard_parse_plan_family(argv[++i], &params.plan) != PSHARD_OK) {
                 fprintf(stderr, "pshard eval: %s\n", pshard_last_error());
                 return 2;
             }
-            params.plan = (int)f;
         } else if (!strcmp(a, "--stream-share") && v) {
             if (cli_real("eval", a, argv[++i], 0, 1, false, &x)) return 2;
             params.stream_share = (float)x;

@@ -109,7 +109,6 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
                 return -1;
             }
             o->params.vram_follow = follow, o->params.vram_keep = keep;
-            if (!o->params.plan) o->params.plan = PLAN_AUTO;
         }
         else if (!strcmp(a, "--budget-file") && v) o->budget_file = argv[++i];
         else if (!strcmp(a, "--mmproj") && v) o->mmproj = argv[++i];
@@ -121,13 +120,11 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
             o->images[o->n_images++] = (pshard_image){argv[++i], NULL, 0};
         }
         else if (!strcmp(a, "--plan") && v) {
-            enum plan_family f;
-            if (plan_parse_family(argv[++i], &f) != PSHARD_OK) {
+            if (pshard_parse_plan_family(argv[++i], &o->params.plan) != PSHARD_OK) {
                 fprintf(stderr, "pshard %s: --plan: %s\n", cmd, pshard_last_error());
                 return -1;
             }
-            o->params.plan = (int)f;
-            if (f == PLAN_GPU && o->params.vram_budget == 0) o->params.vram_budget = -1;
+            if (o->params.plan == PSHARD_PLAN_GPU && o->params.vram_budget == 0) o->params.vram_budget = -1;
         }
         else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) o->model = argv[++i];
         else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && v) o->prompt = argv[++i];
