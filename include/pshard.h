@@ -55,6 +55,12 @@ typedef enum pshard_plan_family {
 /* A family by its name ("auto", "cpu", "gpu", "static", "dynamic"); PSHARD_ERR_INVALID_ARG names
  * the text otherwise. */
 pshard_status pshard_parse_plan_family(const char *text, pshard_plan_family *family);
+/* A resident set by name, as pshard_params.resident_set takes it: 1 "no-ring", 2 "ring", 3 "all-kv". */
+pshard_status pshard_parse_resident_set(const char *text, int *resident_set);
+/* A decode set by name, as pshard_params.decode_set takes it: -1 "same", else as pshard_parse_resident_set. */
+pshard_status pshard_parse_decode_set(const char *text, int *decode_set);
+/* A size: a number with an optional unit K, M, G, T (powers of 1024) or B ("2G", "1536M", "0"). */
+pshard_status pshard_parse_size(const char *text, int64_t *bytes);
 
 typedef struct pshard_params {
     const char *model_path;

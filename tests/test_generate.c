@@ -63,7 +63,7 @@ static pshard_status generate(pshard_ctx *ctx, struct heard *h, int32_t *ids, ps
     return pshard_generate(ctx, PROMPT, &opts, NULL, NULL, stats);
 }
 
-/* Plan families by name, and a family outside the enum refused by pshard_open with no context. */
+/* Plan families, resident sets and sizes by name, and a family outside the enum refused by pshard_open with no context. */
 static void test_plan_family(void **state) {
     (void)state;
     pshard_plan_family f = PSHARD_PLAN_CPU;
@@ -76,6 +76,19 @@ static void test_plan_family(void **state) {
     assert_non_null(strstr(pshard_last_error(), "fast"));
     assert_int_equal(f, PSHARD_PLAN_DYNAMIC); /* unchanged */
     assert_int_equal(pshard_parse_plan_family(NULL, &f), PSHARD_ERR_INVALID_ARG);
+    int set = 0;
+    assert_int_equal(pshard_parse_resident_set("ring", &set), PSHARD_OK);
+    assert_int_equal(set, 2);
+    assert_int_equal(pshard_parse_resident_set("same", &set), PSHARD_ERR_INVALID_ARG); /* decode sets only */
+    assert_int_equal(pshard_parse_decode_set("same", &set), PSHARD_OK);
+    assert_int_equal(set, -1);
+    assert_int_equal(pshard_parse_decode_set("all-kv", &set), PSHARD_OK);
+    assert_int_equal(set, 3);
+    int64_t bytes = 0;
+    assert_int_equal(pshard_parse_size("1536M", &bytes), PSHARD_OK);
+    assert_int_equal(bytes, 1536ll << 20);
+    assert_int_equal(pshard_parse_size("lots", &bytes), PSHARD_ERR_INVALID_ARG);
+    assert_int_equal(bytes, 1536ll << 20);
     pshard_params params;
     pshard_params_default(&params);
     params.model_path = getenv("PSHARD_DEFAULT_MODEL");

@@ -65,6 +65,27 @@ pshard_status pshard_parse_plan_family(const char *text, pshard_plan_family *fam
     return PSHARD_OK;
 }
 
+pshard_status pshard_parse_resident_set(const char *text, int *resident_set) {
+    if (!text || !resident_set) return core_fail(PSHARD_ERR_INVALID_ARG, "pshard_parse_resident_set: null argument");
+    enum plan_set set;
+    CORE_TRY(plan_parse_set(text, &set));
+    *resident_set = (int)set + 1;
+    return PSHARD_OK;
+}
+
+pshard_status pshard_parse_decode_set(const char *text, int *decode_set) {
+    if (!text || !decode_set) return core_fail(PSHARD_ERR_INVALID_ARG, "pshard_parse_decode_set: null argument");
+    int32_t set;
+    CORE_TRY(plan_parse_decode_set(text, &set));
+    *decode_set = set == PLAN_DECODE_SAME ? -1 : set + 1;
+    return PSHARD_OK;
+}
+
+pshard_status pshard_parse_size(const char *text, int64_t *bytes) {
+    if (!text || !bytes) return core_fail(PSHARD_ERR_INVALID_ARG, "pshard_parse_size: null argument");
+    return plan_parse_size(text, bytes);
+}
+
 void engine_exec_params(const pshard_params *p, const struct model *model, struct exec_params *ep) {
     *ep = (struct exec_params){p->n_ctx, p->n_batch, p->n_parallel, p->n_threads, family_of(p->plan), p->vram_budget,
                              p->stream_share, p->resident_set > 0 ? p->resident_set - 1 : -1, NULL,

@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "plan/plan.h"
 
 /* Digits with an optional sign, nothing else (strtoll alone would take " 12", and strtod "nan"). */
 static bool is_whole_number(const char *text) {
@@ -23,7 +22,7 @@ static bool is_whole_number(const char *text) {
     return true;
 }
 
-/* Digits with at most one decimal point, then nothing or a unit (K, M, G, T, B, as plan_parse_size
+/* Digits with at most one decimal point, then nothing or a unit (K, M, G, T, B, as pshard_parse_size
  * reads them; it checks the rest): no sign, space, hexadecimal or exponent, and a count of bytes
  * without a unit is whole. */
 static bool is_size_text(const char *text) {
@@ -39,9 +38,9 @@ static bool is_size_text(const char *text) {
     return strchr("kKmMgGtT", *at) || (*at == 'B' && !fraction);
 }
 
-/* A size as plan_parse_size reads it, from text is_size_text accepts. */
+/* A size as pshard_parse_size reads it, from text is_size_text accepts. */
 static bool read_size(const char *text, int64_t *bytes) {
-    return is_size_text(text) && plan_parse_size(text, bytes) == PSHARD_OK;
+    return is_size_text(text) && pshard_parse_size(text, bytes) == PSHARD_OK;
 }
 
 int cli_int(const char *cmd, const char *opt, const char *text, int64_t lo, int64_t hi, int64_t *out) {

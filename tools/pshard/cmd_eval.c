@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "plan/plan.h"
 
 static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard eval [-m MODEL] (--tokens 1,2,3 | -p TEXT) -o LOGITS.f32 [-c N] [-b N] [-t N]\n"
@@ -92,19 +91,15 @@ int cmd_eval(int argc, char **argv) {
             if (cli_real("eval", a, argv[++i], 0, 1, false, &x)) return 2;
             params.stream_share = (float)x;
         } else if (!strcmp(a, "--decode-set") && v) {
-            int32_t set;
-            if (plan_parse_decode_set(argv[++i], &set) != PSHARD_OK) {
+            if (pshard_parse_decode_set(argv[++i], &params.decode_set) != PSHARD_OK) {
                 fprintf(stderr, "pshard eval: --decode-set: %s\n", pshard_last_error());
                 return 2;
             }
-            params.decode_set = set == PLAN_DECODE_SAME ? -1 : set + 1;
         } else if (!strcmp(a, "--set") && v) {
-            enum plan_set set;
-            if (plan_parse_set(argv[++i], &set) != PSHARD_OK) {
+            if (pshard_parse_resident_set(argv[++i], &params.resident_set) != PSHARD_OK) {
                 fprintf(stderr, "pshard eval: --set: %s\n", pshard_last_error());
                 return 2;
             }
-            params.resident_set = (int)set + 1;
         } else {
             fprintf(stderr, "pshard eval: unknown or incomplete option '%s'\n", a);
             print_usage(stderr);

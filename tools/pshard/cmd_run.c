@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "plan/plan.h"
 #include "pshard.h"
 
 static void print_usage(FILE *out, const char *cmd) {
@@ -142,20 +141,16 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (INT(1, 1024)) return -1; o->params.n_threads = (int32_t)k; }
         else if (!strcmp(a, "--stream-share")) { if (REAL(0, 1, false)) return -1; o->params.stream_share = (float)x; }
         else if (!strcmp(a, "--decode-set") && v) {
-            int32_t set;
-            if (plan_parse_decode_set(argv[++i], &set) != PSHARD_OK) {
+            if (pshard_parse_decode_set(argv[++i], &o->params.decode_set) != PSHARD_OK) {
                 fprintf(stderr, "pshard %s: --decode-set: %s\n", cmd, pshard_last_error());
                 return -1;
             }
-            o->params.decode_set = set == PLAN_DECODE_SAME ? -1 : set + 1;
         }
         else if (!strcmp(a, "--set") && v) {
-            enum plan_set set;
-            if (plan_parse_set(argv[++i], &set) != PSHARD_OK) {
+            if (pshard_parse_resident_set(argv[++i], &o->params.resident_set) != PSHARD_OK) {
                 fprintf(stderr, "pshard %s: --set: %s\n", cmd, pshard_last_error());
                 return -1;
             }
-            o->params.resident_set = (int)set + 1;
         }
         else if (!strcmp(a, "--temp")) { if (REAL(0, 100, false)) return -1; o->gen.sampling.temperature = (float)x; }
         else if (!strcmp(a, "--top-k")) { if (INT(0, 1000000000)) return -1; o->gen.sampling.top_k = (int32_t)k; }
