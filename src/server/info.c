@@ -1,6 +1,7 @@
 /* The server's read-only endpoints: /health, /v1/models, /props (what the chat page shows: the
- * model, the budget and the plan) and /metrics (Prometheus text). Each builds its body from a
- * snapshot the engine thread keeps, so none of them touches the pshard context. */
+ * model, the budget and the plan, and whether it may attach images) and /metrics (Prometheus
+ * text). Each builds its body from a snapshot the engine thread keeps, so none of them touches
+ * the pshard context. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,13 +54,16 @@ int info_props(struct server *s, struct reply *out) {
     out->status = 200;
     out->content_type = "application/json";
     out->body = api_dump(json_pack(
-        "{s:s,s:s,s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:b,s:o,s:s,s:f,s:f,s:b,s:I,s:s}", "model", s->cfg->model_id, "model_path",
-        s->cfg->model_path, "status", w.state == WORKER_READY ? "ok" : w.state == WORKER_LOADING ? "loading" : "stopping",
+        "{s:s,s:s,s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:b,s:o,s:s,s:f,s:f,s:b,s:I,s:s,s:{s:b},s:I}", "model", s->cfg->model_id,
+        "model_path", s->cfg->model_path, "status", w.state == WORKER_READY ? "ok" : w.state == WORKER_LOADING ? "loading" : "stopping",
         "arch", w.arch, "chat_format", w.chat_format, "n_ctx", i->n_ctx, "n_parallel", w.batch.n_parallel, "n_threads",
         i->n_threads, "n_layers", i->n_layers, "on_gpu", i->on_gpu, "vram", vram, "plan", i->plan,
         "predicted_ttft_s", i->predicted_ttft_s, "predicted_decode_tokens_per_s",
         i->predicted_decode_s > 0 ? i->predicted_requests / i->predicted_decode_s : 0.0, "profile_measured", i->profile_measured,
-        "weight_bytes", (json_int_t)i->weight_bytes, "version", PSHARD_VERSION));
+        "weight_bytes", (json_int_t)i->weight_bytes, "version", PSHARD_VERSION,
+        /* what the chat page needs to offer images: whether requests may carry them, and the
+         * largest body, so it refuses an image the server would answer with 413 */
+        "modalities", "vision", s->cfg->worker.vision, "max_body_bytes", (json_int_t)s->cfg->max_body_bytes));
     return out->body ? 0 : -1;
 }
 

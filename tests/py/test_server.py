@@ -126,6 +126,7 @@ def test_models_health_props_metrics(server, client):
     assert server.request("GET", "/health")[::2] == (200, {"status": "ok"})
     status, _, props = server.request("GET", "/props")
     assert status == 200 and props["n_parallel"] == 4 and props["plan"] and props["vram"]["budget_bytes"] == 0
+    assert props["modalities"] == {"vision": False} and props["max_body_bytes"] == 4 << 20  # the chat page's
     status, headers, text = server.request("GET", "/metrics")
     assert status == 200 and headers["Content-Type"].startswith("text/plain")
     values = {l.split()[0]: float(l.split()[1]) for l in text.splitlines() if l and not l.startswith("#")}

@@ -2,7 +2,8 @@
 the official OpenAI Python client, on gguf-synth's tiny Qwen2.5-VL pair: a reply equals `pshard run
 --mmproj --image` on the same prompt, two requests with different images at once each equal their
 runs alone, a repeated image reuses its cells while another image of the same size reuses none of
-its own, and every bad image is answered with OpenAI's error object naming the part, never a crash."""
+its own, every bad image is answered with OpenAI's error object naming the part, never a crash, and
+/props says images are read (without --mmproj, that they are not) and how large a body may be."""
 import base64
 import os
 import threading
@@ -169,6 +170,13 @@ def test_bad_images_named(files, client, server, tmp_path):
     assert ask(client, [image_part(good), {"type": "text", "text": "ok"}]).usage.completion_tokens == N
 
 
+def test_props_says_images_are_read(server):
+    """What the chat page reads to offer images, and to refuse one larger than a request may be."""
+    status, _, props = server.request("GET", "/props")
+    assert status == 200 and props["modalities"] == {"vision": True} and props["max_body_bytes"] == 32 << 20, props
+    assert props["arch"] == "qwen2vl" and props["n_parallel"] == 2  # the other fields as before
+
+
 def test_without_mmproj_images_are_refused(files, tmp_path):
     s = Server(str(files / "tiny-qwen25vl.gguf"), log_dir=tmp_path)
     try:
@@ -178,5 +186,6 @@ def test_without_mmproj_images_are_refused(files, tmp_path):
         err = error_of(e)
         assert err["param"] == "messages[0].content[0]" and "--mmproj" in err["message"], err
         assert ask(c, "Describe: ").usage.completion_tokens == N  # text still served
+        assert s.request("GET", "/props")[2]["modalities"] == {"vision": False}
     finally:
         assert s.stop() == 0, s.log_text()
