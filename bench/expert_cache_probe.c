@@ -15,7 +15,7 @@
 
 #include "core/threadpool.h"
 #include "core/timer.h"
-#include "exec/measure_internal.h"
+#include "measure/measure_internal.h"
 #include "plan/cost.h"
 #include "quant/quant.h"
 

@@ -15,9 +15,9 @@
 #include "core/error.h"
 #include "core/timer.h"
 #include "exec/exec.h"
-#include "exec/measure.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
+#include "measure/measure.h"
 #include "plan/cost.h"
 #include "plan/plan.h"
 

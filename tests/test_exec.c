@@ -18,7 +18,7 @@
 #include "cpu/attention.h"
 #include "exec/exec.h"
 #include "exec/exec_internal.h"
-#include "exec/measure_internal.h"
+#include "measure/measure_internal.h"
 #include "plan/plan.h"
 
 struct fixture {

@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "exec/measure_internal.h"
+#include "measure/measure_internal.h"
 #include "plan/profile.h"
 #include "test_helpers.h"
 

@@ -12,7 +12,7 @@
 #include "engine/engine_internal.h"
 #include "exec/exec_budget.h"
 #include "exec/exec_gpu.h"
-#include "exec/measure.h"
+#include "measure/measure.h"
 
 static const int64_t FOLLOW_KEEP_DEFAULT = 1ll << 30;
 

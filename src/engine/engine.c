@@ -9,7 +9,7 @@
 #include "engine/vision.h"
 #include "exec/exec_budget.h"
 #include "exec/exec_gpu.h"
-#include "exec/measure.h"
+#include "measure/measure.h"
 
 void pshard_params_default(pshard_params *p) {
     memset(p, 0, sizeof *p);

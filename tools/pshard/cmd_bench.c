@@ -39,8 +39,8 @@
 #include "core/timer.h"
 #include "cuda/cuda_backend.h"
 #include "exec/exec.h"
-#include "exec/measure.h"
 #include "gguf/gguf.h"
+#include "measure/measure.h"
 #include "plan/cost.h"
 
 enum { MAX_LIST = 16, MAX_MODELS = 4, SKIP_FACTOR = 3, MAX_LOADS = 5, MAX_CONTENDERS = 4 };

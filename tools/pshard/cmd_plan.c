@@ -9,7 +9,7 @@
 #include "cuda/cuda_backend.h"
 #include "plan/cost.h"
 #include "exec/exec.h"
-#include "exec/measure.h"
+#include "measure/measure.h"
 #include "plan/profile.h"
 #include "gguf/gguf.h"
 #include "plan_image.h"

@@ -8,8 +8,8 @@
 
 #include "cli.h"
 #include "cuda/cuda_backend.h"
-#include "exec/measure.h"
 #include "gguf/gguf.h"
+#include "measure/measure.h"
 #include "plan/plan.h"
 #include "plan/profile.h"
 

@@ -2,7 +2,7 @@
  * executor runs, on buffers of the model's shapes larger than the caches. Weight bytes are a
  * fixed pattern whose every 16- and 32-bit float is normal and small, so no format's kernel
  * meets NaNs or denormals. */
-#include "exec/measure.h"
+#include "measure/measure.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -17,8 +17,8 @@
 #include "core/threadpool.h"
 #include "core/timer.h"
 #include "cuda/cuda_backend.h"
-#include "exec/measure_internal.h"
 #include "gguf/gguf.h"
+#include "measure/measure_internal.h"
 #include "quant/quant.h"
 
 static const double TARGET_S = 0.03; /* time per measured point */

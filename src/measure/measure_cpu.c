@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "exec/measure_internal.h"
+#include "measure/measure_internal.h"
 #include "plan/cost.h"
 #include "quant/types.h"
 

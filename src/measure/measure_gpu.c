@@ -10,7 +10,7 @@
 #include "core/timer.h"
 #include "cuda/cuda_backend.h"
 #include "exec/kv_cache.h"
-#include "exec/measure_internal.h"
+#include "measure/measure_internal.h"
 #include "plan/cost.h"
 #include "quant/types.h"
 

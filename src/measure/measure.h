@@ -1,10 +1,17 @@
-/* Measuring this machine for the cost model (`pshard profile`): the CPU's and the GPU's kernels
+/* src/measure: the machine's measurements for the profile. The planner prices plans from the
+ * figures in plan/profile.h; this folder times them on this machine, with the CPU's and the GPU's
+ * own kernels (it calls cpu, cuda and exec's KV layout, as a step would), and saves them in the
+ * cache. It is not part of a step: the executor never calls it. The engine asks it for a profile
+ * (exec_machine_profile) when it opens a model or the budget changes, `pshard plan` for the cached
+ * one (it never measures), `pshard profile` and `pshard bench` to measure.
+ *
+ * Measuring this machine for the cost model (`pshard profile`): the CPU's and the GPU's kernels
  * on matrices of the model's shapes and formats, host memory, PCIe copies by size, reading host
  * memory in place, launch and hand-off latencies, and copies and CPU work run together. Each
  * figure is a short timed loop on buffers larger than the caches; the whole run stays within a
  * time limit (the GPU part is skipped without a GPU). */
-#ifndef EXEC_MEASURE_H
-#define EXEC_MEASURE_H
+#ifndef MEASURE_H
+#define MEASURE_H
 
 #include <stdbool.h>
 

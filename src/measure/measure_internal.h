@@ -1,8 +1,8 @@
 /* What the measuring code shares: measure.c (the model's shapes, timed loops, synthetic
  * weights, the order of it all), measure_cpu.c (the CPU's rates) and measure_gpu.c (the GPU's,
  * PCIe, latencies, and work run together). */
-#ifndef EXEC_MEASURE_INTERNAL_H
-#define EXEC_MEASURE_INTERNAL_H
+#ifndef MEASURE_INTERNAL_H
+#define MEASURE_INTERNAL_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -12,7 +12,7 @@
 #include "cpu/attention.h"
 #include "cpu/cpu_ops.h"
 #include "cpu/moe.h"
-#include "exec/measure.h"
+#include "measure/measure.h"
 
 enum {
     BIG_BYTES = 384 << 20,   /* working set of bandwidth-bound loops: past any L3 */
