@@ -568,19 +568,45 @@ static pshard_status move_kv(struct exec_gpu *g, struct exec_ctx *ctx, bool down
     return cuda_stream_sync(g->stream);
 }
 
-pshard_status exec_gpu_switch(struct exec_ctx *ctx, const struct plan *to) {
+/* The host's KV cache registered (pinned, where the system lets it), so moving cells between it
+ * and VRAM runs at the speed of pinned copies; once. */
+static pshard_status pin_host_kv(struct exec_gpu *g, const struct exec_ctx *ctx) {
+    const struct kv_cache *kv = &ctx->kv;
+    if (g->kv_host[0].ptr || !kv->k) return PSHARD_OK;
+    const size_t cells = (size_t)kv->n_layers * (size_t)kv_cache_cells(kv);
+    CORE_TRY(cuda_host_register_writable(kv->k, sizeof(uint16_t) * cells * (size_t)kv->k_width, &g->kv_host[0]));
+    return cuda_host_register_writable(kv->v, sizeof(uint16_t) * cells * (size_t)kv->v_width, &g->kv_host[1]);
+}
+
+/* Both streams drained, the KV cells of the layers in VRAM copied to the host's cache (pinned
+ * first, once) and the plan the arena holds forgotten, its allocation kept: steps are refused
+ * (broken) until exec_gpu_fill. A failure before the plan is forgotten changes nothing. */
+pshard_status exec_gpu_empty(struct exec_ctx *ctx) {
     struct exec_gpu *g = ctx->gpu;
-    if (g->broken) return core_fail(PSHARD_ERR_INTERNAL, "the GPU's memory was left half carved by a failed change of plan");
-    const double t0 = core_now_ms();
+    CORE_TRY(pin_host_kv(g, ctx));
     CORE_TRY(cuda_stream_sync(g->stream));
     if (g->copy) CORE_TRY(cuda_stream_sync(g->copy));
     CORE_TRY(move_kv(g, ctx, true));
     g->broken = true;
     forget_plan(g, ctx);
-    ctx->active = to;
+    return PSHARD_OK;
+}
+
+pshard_status exec_gpu_fill(struct exec_ctx *ctx) {
+    struct exec_gpu *g = ctx->gpu;
     CORE_TRY(carve_plan(g, ctx));
     CORE_TRY(move_kv(g, ctx, false));
     g->broken = false;
+    return PSHARD_OK;
+}
+
+pshard_status exec_gpu_switch(struct exec_ctx *ctx, const struct plan *to) {
+    struct exec_gpu *g = ctx->gpu;
+    if (g->broken) return core_fail(PSHARD_ERR_INTERNAL, "the GPU's memory was left half carved by a failed change of plan");
+    const double t0 = core_now_ms();
+    CORE_TRY(exec_gpu_empty(ctx));
+    ctx->active = to;
+    CORE_TRY(exec_gpu_fill(ctx));
     g->report.switches++;
     g->report.switch_ms += core_now_ms() - t0;
     return PSHARD_OK;
@@ -646,22 +672,12 @@ static pshard_status map_file(struct exec_gpu *g, const struct exec_ctx *ctx) {
     return PSHARD_OK;
 }
 
-/* The host's KV cache registered (pinned, where the system lets it), so moving cells between it
- * and VRAM runs at the speed of pinned copies; once. */
-static pshard_status pin_host_kv(struct exec_gpu *g, const struct exec_ctx *ctx) {
-    const struct kv_cache *kv = &ctx->kv;
-    if (g->kv_host[0].ptr || !kv->k) return PSHARD_OK;
-    const size_t cells = (size_t)kv->n_layers * (size_t)kv_cache_cells(kv);
-    CORE_TRY(cuda_host_register_writable(kv->k, sizeof(uint16_t) * cells * (size_t)kv->k_width, &g->kv_host[0]));
-    return cuda_host_register_writable(kv->v, sizeof(uint16_t) * cells * (size_t)kv->v_width, &g->kv_host[1]);
-}
-
 /* The arena is the plan's budget less the file mapping's reserve; the planner made sure each
- * phase's parts fit. */
-static pshard_status make_arena(struct exec_gpu *g, struct exec_ctx *ctx) {
+ * phase's parts fit. Nothing carved yet. */
+static pshard_status make_arena(struct exec_gpu *g, const struct exec_ctx *ctx) {
     CORE_TRY(cuda_arena_create(&g->arena, ctx->plan.budget.total - mapping_reserve(ctx)));
     g->report.arena_bytes = g->arena.size;
-    return carve_plan(g, ctx);
+    return PSHARD_OK;
 }
 
 static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
@@ -693,6 +709,7 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
     /* moved at each change of phase, or carried in the ring */
     if (ctx->plan.decode || either_phase(ctx, plan_streams_kv)) CORE_TRY(pin_host_kv(g, ctx));
     CORE_TRY(make_arena(g, ctx));
+    CORE_TRY(carve_plan(g, ctx));
     return cuda_stream_sync(g->stream);
 }
 
@@ -707,12 +724,8 @@ pshard_status exec_gpu_rebudget(struct exec_ctx *ctx, struct plan *next, double 
     struct exec_gpu *g = ctx->gpu;
     if (!g->cells_down) { /* (a change that failed after this left the host every cell: nothing to move) */
         if (g->broken) return core_fail(PSHARD_ERR_INTERNAL, "the GPU's memory was left half carved by a failed change of plan");
-        CORE_TRY(pin_host_kv(g, ctx));
-        CORE_TRY(cuda_stream_sync(g->stream));
-        if (g->copy) CORE_TRY(cuda_stream_sync(g->copy));
-        CORE_TRY(move_kv(g, ctx, true));
-        g->cells_down = g->broken = true;
-        forget_plan(g, ctx);
+        CORE_TRY(exec_gpu_empty(ctx));
+        g->cells_down = true;
         cuda_arena_destroy(&g->arena); /* the driver has the memory back */
     }
     const double free_ms = core_now_ms() - t0;
@@ -724,13 +737,14 @@ pshard_status exec_gpu_rebudget(struct exec_ctx *ctx, struct plan *next, double 
     CORE_TRY(map_file(g, ctx));
     CORE_TRY(handoff_buffers(g, ctx));
     pshard_status st = make_arena(g, ctx);
-    if (st != PSHARD_OK) {
+    if (st == PSHARD_OK) st = exec_gpu_fill(ctx);
+    if (st != PSHARD_OK) { /* (the host's cells stay the ones a later change copies up) */
+        forget_plan(g, ctx);
         if (g->arena.base) cuda_arena_destroy(&g->arena);
         return core_fail_context(st, "carving %.0f MB of VRAM for the new budget (the cells stay on the host; steps wait "
                                  "for a budget that fits)", ctx->plan.budget.total / 1048576.0);
     }
-    CORE_TRY(move_kv(g, ctx, false));
-    g->cells_down = g->broken = false;
+    g->cells_down = false;
     g->report.budget_changes++;
     g->report.budget_free_ms = free_ms;
     g->report.budget_change_ms = core_now_ms() - t0;

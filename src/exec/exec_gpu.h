@@ -25,6 +25,9 @@ struct gpu_memory_report {
     uint32_t budget_changes; /* changes of budget carved so far (exec_gpu_rebudget) */
     double budget_free_ms;   /* the last one: from the call (planning too) until the old arena was freed */
     double budget_change_ms; /* the last one, whole: the new arena carved and filled too */
+    uint32_t whole_loans;    /* loans of the whole budget so far (exec_gpu_lend_all: the vision encoder) */
+    double whole_loan_ms;    /* their cost to the language model, all together: its cells down, and
+                                its plan carved again after (resident weights and cells copied up) */
 };
 
 struct exec_gpu;

@@ -114,12 +114,21 @@ struct exec_gpu {
     struct cuda_pinned kv_host[2];
     bool broken;
     bool cells_down; /* a change of budget moved every cell to the host and freed the arena */
+    bool lent_all;   /* the whole arena is lent (exec_gpu_lend_all), the plan to be carved again after */
     bool keep_mapped; /* the model file stays registered whatever the plan (exec_gpu_prepare_changes) */
     /* The sequences of the step under way, each once (plan.kv_stream: the ring copies their
      * cached cells); seen: [n_seq], false between steps. */
     int32_t *step_seq, n_step_seq;
     bool *seen;
 };
+
+/* Between steps: both streams drained, the KV cells of the layers in VRAM copied to the host's
+ * cache (which must exist; pinned first, once) and the plan the arena holds forgotten, its
+ * allocation kept; steps are refused until exec_gpu_fill. A failure leaves the plan as it was. */
+pshard_status exec_gpu_empty(struct exec_ctx *ctx);
+/* The active plan carved into the emptied arena: its resident weights copied up, then the cells
+ * of its layers in VRAM from the host's cache; steps run again. */
+pshard_status exec_gpu_fill(struct exec_ctx *ctx);
 
 /* A unit's layout in its slot (ring_fill copies it so): its n matrices of bytes[] one after
  * another, each aligned; where matrix m starts (m = n: the bytes the matrices take). */

@@ -26,4 +26,21 @@ pshard_status exec_gpu_lend(struct exec_ctx *ctx, struct exec_gpu_loan *out);
 /* The borrower is done (its work finished on the device): the next step refills what it needs. */
 void exec_gpu_lend_end(struct exec_ctx *ctx);
 
+/* The whole budget lent, for work that the scratch cannot hold (VLMOpt: the encoder's phase and the
+ * language model's take the budget in turn, so the peak is the larger of the two, not their sum).
+ * Between steps, once the device is idle: the KV cells of the layers in VRAM are copied to the
+ * host's cache (made and pinned on first use, as a change of budget does), the plan's arena is
+ * emptied, and all of it but cuBLAS's workspace (kept at its place at the arena's start) is lent as
+ * one region. The arena's allocation is kept, not freed and allocated again: it is the budget's
+ * own bytes, so the budget is never exceeded, and no other program can take them in between. Steps
+ * are refused until exec_gpu_lend_all_end. Fails, changing nothing, where exec_gpu_lend would. */
+pshard_status exec_gpu_lend_all(struct exec_ctx *ctx, struct exec_gpu_loan *out);
+/* The borrower is done with the whole budget (its work finished): the same plan carved again, its
+ * resident weights and then its cells copied up. Where that fails, steps stay refused. Nothing
+ * without a loan of the whole budget. */
+pshard_status exec_gpu_lend_all_end(struct exec_ctx *ctx);
+/* What exec_gpu_lend_all would lend now, in bytes (0 where it cannot lend), and in *reupload_bytes
+ * the resident weights its end copies up again (the cells of the layers in VRAM besides). */
+uint64_t exec_gpu_lend_all_bytes(const struct exec_ctx *ctx, uint64_t *reupload_bytes);
+
 #endif
