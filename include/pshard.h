@@ -147,6 +147,11 @@ typedef struct pshard_gen_stats {
     /* What the planner's cost model predicted for this call (0 when the plan was not chosen by
      * it): the prompt's steps, and one decode step. */
     double predicted_prefill_ms, predicted_decode_step_ms;
+    /* Where the images encoded by this call took their memory: of n_images_encoded, how many the
+     * GPU encoded in the whole VRAM budget (too large for the scratch lent between steps: the
+     * language model's cells went to the host and its plan was carved again after, its resident
+     * weights copied up), and how many the CPU encoded; the rest the GPU did in the lent scratch. */
+    int32_t n_images_whole_budget, n_images_cpu;
 } pshard_gen_stats;
 
 typedef struct pshard_gen_opts {

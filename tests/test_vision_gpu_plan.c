@@ -303,10 +303,65 @@ static void test_plan(void **state) {
     vision_windows_free(&w);
 }
 
+/* Where the encoding takes its memory, by memory alone (both builds): the scratch lent where the
+ * image's buffers fit there (its layout as the plan's over those regions), else the whole budget
+ * (the layout the plan takes in one region of it), else none, naming the least, the scratch and
+ * the whole budget. */
+static void test_choose(void **state) {
+    const struct fixture *fx = *state;
+    struct vision_windows w;
+    assert_int_equal(vision_windows_make(&fx->m.hp, 40, 40, &w), PSHARD_OK);
+    struct vision_gpu_layout big, least, l;
+    vision_gpu_sizes(&fx->m, &w, 1024, 2, &big);
+    vision_gpu_sizes(&fx->m, &w, 64, 1, &least);
+    enum vision_gpu_memory where;
+    /* the scratch in two regions: the staging area's and the rest's */
+    const size_t stage = big.bytes[VISION_GPU_STAGING];
+    struct cuda_region lent[2] = {{(uint8_t *)0x100000, stage}, {(uint8_t *)0x10000000, big.peak_bytes - stage}};
+    assert_int_equal(vision_gpu_choose(&fx->m, &w, false, lent, 2, 8 * big.peak_bytes, &l, &where), PSHARD_OK);
+    assert_int_equal(where, VISION_GPU_IN_SCRATCH);
+    assert_int_equal(l.peak_bytes, big.peak_bytes);
+    assert_int_equal(l.region[VISION_GPU_STAGING], 0);
+    /* the scratch a byte short of the least: the whole budget, the largest layout it holds */
+    lent[0].bytes = 1024, lent[1].bytes = least.peak_bytes - 1 - 1024;
+    assert_int_equal(vision_gpu_choose(&fx->m, &w, false, lent, 2, big.peak_bytes, &l, &where), PSHARD_OK);
+    assert_int_equal(where, VISION_GPU_IN_BUDGET);
+    assert_int_equal(l.peak_bytes, big.peak_bytes);
+    assert_int_equal(l.n_slots, 2);
+    for (int b = 0; b < VISION_GPU_BUFFERS; b++) assert_int_equal(l.region[b], 0);
+    assert_int_equal(vision_gpu_choose(&fx->m, &w, false, lent, 2, least.peak_bytes, &l, &where), PSHARD_OK);
+    assert_int_equal(where, VISION_GPU_IN_BUDGET);
+    assert_int_equal(l.peak_bytes, least.peak_bytes);
+    assert_int_equal(l.n_slots, 1);
+    /* neither: the CPU, the message naming the least and both rooms */
+    assert_int_equal(vision_gpu_choose(&fx->m, &w, false, lent, 2, least.peak_bytes - 1, &l, &where), PSHARD_ERR_NOMEM);
+    assert_int_equal(where, VISION_GPU_NONE);
+    assert_int_equal(l.peak_bytes, least.peak_bytes);
+    assert_non_null(strstr(pshard_last_error(), "1600 patches"));
+    assert_non_null(strstr(pshard_last_error(), "the whole budget"));
+    /* no loan of the whole budget: the scratch's refusal as vision_gpu_plan words it */
+    assert_int_equal(vision_gpu_choose(&fx->m, &w, false, lent, 2, 0, &l, &where), PSHARD_ERR_NOMEM);
+    assert_int_equal(where, VISION_GPU_NONE);
+    assert_null(strstr(pshard_last_error(), "whole budget"));
+    /* with the kernels asked: the same choice where the CUDA backend has them, else none */
+    const pshard_status st = vision_gpu_choose(&fx->m, &w, true, lent, 2, big.peak_bytes, &l, &where);
+    if (cuda_type_supported(QUANT_F32)) {
+        assert_int_equal(st, PSHARD_OK);
+        assert_int_equal(where, VISION_GPU_IN_BUDGET);
+    } else {
+        assert_int_equal(st, PSHARD_ERR_UNSUPPORTED);
+        assert_int_equal(where, VISION_GPU_NONE);
+    }
+    assert_string_equal(vision_gpu_memory_name(VISION_GPU_IN_SCRATCH), "the scratch lent between steps");
+    assert_string_equal(vision_gpu_memory_name(VISION_GPU_IN_BUDGET), "the whole budget");
+    assert_string_equal(vision_gpu_memory_name(VISION_GPU_NONE), "none");
+    vision_windows_free(&w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_windows), cmocka_unit_test(test_tiles), cmocka_unit_test(test_sizes),
-        cmocka_unit_test(test_place),   cmocka_unit_test(test_plan),
+        cmocka_unit_test(test_place),   cmocka_unit_test(test_plan),  cmocka_unit_test(test_choose),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

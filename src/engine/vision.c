@@ -149,9 +149,9 @@ static int on_blocks(void *user, uint32_t done, uint32_t total) {
 }
 
 /* Decode, preprocess and encode one image's bytes into kept entry `k` (one whose tokens cannot fit
- * the context is refused first). */
+ * the context is refused first); *where: the GPU memory it was encoded in (VISION_GPU_NONE: the CPU). */
 static pshard_status encode(pshard_ctx *ctx, struct engine_vision *v, const uint8_t *bytes, size_t size, const char *label,
-                            const struct encode_progress *progress, struct kept_image *k) {
+                            const struct encode_progress *progress, struct kept_image *k, enum vision_gpu_memory *where) {
     struct vision_image img;
     CORE_TRY(vision_image_decode(bytes, size, NULL, label, &img));
     struct vision_patches patches;
@@ -167,7 +167,8 @@ static pshard_status encode(pshard_ctx *ctx, struct engine_vision *v, const uint
                          progress->image + 1, (unsigned long long)tokens, ctx->params.n_ctx);
     }
     const struct vision_progress vp = {on_blocks, (void *)progress};
-    st = engine_vision_encode(ctx, &v->mmproj, v->pool, &v->gpu, &patches, progress->opts->on_image ? &vp : NULL, &k->embd);
+    st = engine_vision_encode(ctx, &v->mmproj, v->pool, &v->gpu, &patches, progress->opts->on_image ? &vp : NULL, &k->embd,
+                              where);
     vision_patches_free(&patches);
     return st;
 }
@@ -241,13 +242,18 @@ static pshard_status gather_images(pshard_ctx *ctx, struct engine_vision *v, con
                              : core_fail(PSHARD_ERR_NOMEM, "out of memory");
         const struct encode_progress progress = {opts, i, opts->n_images};
         const double t0 = core_now_ms();
-        if (st == PSHARD_OK) st = encode(ctx, v, bytes, size, label, &progress, k);
+        enum vision_gpu_memory where = VISION_GPU_NONE;
+        if (st == PSHARD_OK) st = encode(ctx, v, bytes, size, label, &progress, k, &where);
         free(owned);
         if (st != PSHARD_OK) {
             if (k) kept_free(k);
             return st;
         }
-        if (stats) stats->image_encode_ms += core_now_ms() - t0, stats->n_images_encoded++;
+        if (stats) {
+            stats->image_encode_ms += core_now_ms() - t0, stats->n_images_encoded++;
+            stats->n_images_whole_budget += where == VISION_GPU_IN_BUDGET;
+            stats->n_images_cpu += where == VISION_GPU_NONE;
+        }
         memcpy(k->hash, hash, sizeof k->hash);
         k->size = size;
         k->key = -(++v->next_key);

@@ -30,6 +30,14 @@ uint32_t cost_vision_lendable(const struct plan *p, struct cuda_region out[COST_
     return n;
 }
 
+uint64_t cost_vision_whole(const struct plan *p) {
+    if (!p->any_gpu) return 0;
+    uint64_t mapping = p->budget.mapping;
+    if (p->decode && p->decode->budget.mapping > mapping) mapping = p->decode->budget.mapping;
+    const uint64_t blas = cuda_align(p->budget.blas); /* (kept at the arena's start) */
+    return p->budget.total > mapping + blas ? p->budget.total - mapping - blas : 0;
+}
+
 /* A product of a weight matrix of `bytes` with n rows (patches, or merged tokens) at a rate
  * table's rate for its format (cost_rate: the slowest row where the format was not measured). The
  * rates are per weight byte of a step of n tokens, measured up to 1024; past that a product takes
@@ -161,7 +169,8 @@ static double cpu_encoding(const struct profile *prof, const struct mmproj *m, c
 }
 
 pshard_status cost_vision_encode(const struct profile *prof, const struct mmproj *m, uint32_t width, uint32_t height,
-                                 const struct cuda_region *regions, uint32_t n_regions, struct cost_vision *out) {
+                                 const struct cuda_region *regions, uint32_t n_regions, uint64_t whole_bytes,
+                                 uint64_t resident_bytes, struct cost_vision *out) {
     memset(out, 0, sizeof *out);
     const struct vision_hparams *hp = &m->hp;
     struct vision_patches size;
@@ -171,20 +180,27 @@ pshard_status cost_vision_encode(const struct profile *prof, const struct mmproj
     out->n_patches = (uint32_t)size.n_patches;
     out->n_tokens = (uint32_t)vision_tokens_for_grid(hp, size.grid_h, size.grid_w);
     for (uint32_t r = 0; r < n_regions; r++) out->lent_bytes += regions[r].bytes;
+    out->whole_bytes = n_regions ? whole_bytes : 0; /* (no GPU placement: nothing to lend) */
     struct vision_windows w;
     CORE_TRY(vision_windows_make(hp, size.grid_h, size.grid_w, &w));
     out->cpu_s = cpu_encoding(prof, m, &w);
     /* The engine's choice. Without the CUDA backend no type has a GPU kernel (cuda_type_supported),
      * so such a build, planning for a machine with one, judges by memory alone. */
     out->kernels_checked = cuda_type_supported(QUANT_F32);
-    const pshard_status st = out->kernels_checked ? vision_gpu_plan(m, &w, regions, n_regions, &out->layout)
-                                                  : vision_gpu_plan_room(m, &w, regions, n_regions, &out->layout);
+    const pshard_status st = vision_gpu_choose(m, &w, out->kernels_checked, regions, n_regions, out->whole_bytes,
+                                               &out->layout, &out->memory);
     out->on_gpu = n_regions > 0 && vision_gpu_wanted() && st == PSHARD_OK;
-    if (!out->on_gpu) /* the first reason the engine meets */
+    if (!out->on_gpu) { /* the first reason the engine meets */
+        out->memory = VISION_GPU_NONE;
         snprintf(out->why_cpu, sizeof out->why_cpu, "%s",
                  !n_regions            ? "the plan keeps every shard on the CPU, so no GPU memory is lent between steps"
                  : !vision_gpu_wanted() ? "PSHARD_VISION_GPU=0 asks for the CPU's encoder"
                                         : pshard_last_error());
+    }
+    if (out->memory == VISION_GPU_IN_BUDGET) { /* the language model's plan carved again after */
+        out->reupload_bytes = resident_bytes;
+        out->reupload_s = cost_copy_s(prof, (double)resident_bytes, true);
+    }
     if (st == PSHARD_OK || st == PSHARD_ERR_NOMEM) {
         struct vision_gpu_layout priced = out->layout;
         if (st != PSHARD_OK) vision_gpu_sizes(m, &w, 1024, 2, &priced); /* as it runs with room */
@@ -202,5 +218,5 @@ double cost_vision_first_token(const struct profile *prof, const struct model *l
     double decode_s;
     cost_request(prof, lm, p, cost_vision_prompt_tokens(v, n_question), p->n_batch > 0 ? p->n_batch : 1, 1, 1, prompt_s,
                  &decode_s);
-    return (v->on_gpu ? v->gpu_s : v->cpu_s) + *prompt_s;
+    return cost_vision_encode_s(v) + *prompt_s;
 }

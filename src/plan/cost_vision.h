@@ -2,9 +2,10 @@
  * takes to encode on the GPU (VLMOpt's way: the weights streamed from host memory block by block,
  * each block's copy beside the previous block's compute) and on the CPU, how much device memory
  * the GPU's encoding takes, and where the engine would encode it under a plan. The engine encodes
- * on the GPU where its buffers fit the scratch the executor lends between steps (exec_lend.h);
- * this asks the same functions it does (vision_gpu_wanted, vision_gpu_plan), with the regions the
- * plan leaves lendable, so `pshard plan --image-size` and a run choose alike. */
+ * on the GPU where its buffers fit the scratch the executor lends between steps (exec_lend.h), or
+ * else the whole budget (the language model's memory given up and carved again after); this asks
+ * the same functions it does (vision_gpu_wanted, vision_gpu_choose), with the regions the plan
+ * leaves lendable and its whole budget, so `pshard plan --image-size` and a run choose alike. */
 #ifndef PLAN_COST_VISION_H
 #define PLAN_COST_VISION_H
 
@@ -30,6 +31,11 @@ enum { COST_VISION_QUESTION_TOKENS = 32, COST_VISION_REGIONS = 4 };
  * a few MB. 0 regions where the plan keeps every shard on the CPU (no GPU placement, nothing to
  * lend). */
 uint32_t cost_vision_lendable(const struct plan *p, struct cuda_region out[COST_VISION_REGIONS]);
+/* What a loan of plan p's whole budget gives the encoder (exec_gpu_lend_all): its arena (the budget
+ * less the file mapping's reserve, the most either phase keeps) less cuBLAS's workspace (the plan's
+ * figure); 0 where
+ * the plan keeps every shard on the CPU. */
+uint64_t cost_vision_whole(const struct plan *p);
 
 struct cost_vision {
     uint32_t width, height;          /* the image after the model's smart resize */
@@ -44,17 +50,32 @@ struct cost_vision {
      * gpu_s is priced over the layout taken, or, where none fits, the one it takes with room. */
     struct vision_gpu_layout layout;
     uint64_t lent_bytes;             /* the room lent, all regions together */
-    bool on_gpu;                     /* where the engine would encode it under the plan */
+    uint64_t whole_bytes;            /* what the whole budget gives (0: no loan of it weighed) */
+    enum vision_gpu_memory memory;   /* the memory the engine would encode it in under the plan */
+    bool on_gpu;                     /* where the engine would encode it under the plan: memory is
+                                        the scratch or the whole budget */
+    /* In the whole budget: the language model's resident weights copied up again after the
+     * encoding, and their time at the profile's pinned copy rate (0 elsewhere). */
+    uint64_t reupload_bytes;
+    double reupload_s;
     bool kernels_checked;            /* false: a build without the CUDA backend, which cannot say
                                         whether the GPU has kernels for the matrices (memory alone) */
     char why_cpu[256];               /* why not on the GPU, where on_gpu is false */
 };
 
 /* Price an image of width x height pixels for encoder m, given the regions a plan lends
- * (cost_vision_lendable; none: no GPU placement). Fails where the image cannot be encoded at all
- * (an aspect ratio over 200, as vision_patches_size says). */
+ * (cost_vision_lendable; none: no GPU placement), what its whole budget gives (cost_vision_whole;
+ * 0: no such loan) and its resident weights (plan_budget.weights: what goes up again after a loan
+ * of the whole budget). Fails where the image cannot be encoded at all (an aspect ratio over 200,
+ * as vision_patches_size says). */
 pshard_status cost_vision_encode(const struct profile *prof, const struct mmproj *m, uint32_t width, uint32_t height,
-                                 const struct cuda_region *regions, uint32_t n_regions, struct cost_vision *out);
+                                 const struct cuda_region *regions, uint32_t n_regions, uint64_t whole_bytes,
+                                 uint64_t resident_bytes, struct cost_vision *out);
+/* The encoding's seconds where the engine runs it: the GPU's (with the re-upload after a loan of the
+ * whole budget) or the CPU's. */
+static inline double cost_vision_encode_s(const struct cost_vision *v) {
+    return v->on_gpu ? v->gpu_s + v->reupload_s : v->cpu_s;
+}
 
 /* The prompt of a request with the image: its tokens between <|vision_start|> and <|vision_end|>,
  * and n_question text tokens. */
@@ -63,7 +84,7 @@ static inline int32_t cost_vision_prompt_tokens(const struct cost_vision *v, int
 }
 
 /* Seconds to the first token of one request with the image under plan p of language model lm:
- * the encoding where the engine runs it, then the prompt's steps (cost_request: steps of the
+ * the encoding where the engine runs it (cost_vision_encode_s), then the prompt's steps (cost_request: steps of the
  * plan's micro-batch over the cells before them); *prompt_s the steps alone. */
 double cost_vision_first_token(const struct profile *prof, const struct model *lm, const struct plan *p,
                                const struct cost_vision *v, int32_t n_question, double *prompt_s);

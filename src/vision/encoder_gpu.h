@@ -85,6 +85,23 @@ pshard_status vision_gpu_plan(const struct mmproj *m, const struct vision_window
  * ask about), planning for a machine with one. */
 pshard_status vision_gpu_plan_room(const struct mmproj *m, const struct vision_windows *w, const struct cuda_region *regions,
                                    uint32_t n_regions, struct vision_gpu_layout *out);
+/* Where an image's encoding takes its device memory (VLMOpt: the encoder's phase and the language
+ * model's take the budget in turn): the scratch the executor lends between steps where the buffers
+ * fit there, the language model keeping everything; else the whole budget (exec_gpu_lend_all), the
+ * language model's cells going to the host and its plan carved again after; else none (the CPU). */
+enum vision_gpu_memory { VISION_GPU_IN_SCRATCH, VISION_GPU_IN_BUDGET, VISION_GPU_NONE };
+
+/* The choice above for the patches of w: vision_gpu_plan (kernels; else vision_gpu_plan_room) over
+ * the regions lent, then over one region of whole_bytes (what a loan of the whole budget gives; 0:
+ * none). *where and out: the memory and the layout taken there; where neither holds the encoder,
+ * VISION_GPU_NONE, the least layout the image needs, and a failure naming it, the room lent and the
+ * whole budget; a shape or type without GPU kernels fails as vision_gpu_plan does. */
+pshard_status vision_gpu_choose(const struct mmproj *m, const struct vision_windows *w, bool kernels,
+                                const struct cuda_region *lent, uint32_t n_lent, uint64_t whole_bytes,
+                                struct vision_gpu_layout *out, enum vision_gpu_memory *where);
+/* Its name in messages: "the scratch lent between steps", "the whole budget", "none". */
+const char *vision_gpu_memory_name(enum vision_gpu_memory where);
+
 /* Whether a context with the GPU placement encodes images on the GPU (where vision_gpu_plan finds
  * room): unless PSHARD_VISION_GPU=0 asks for the CPU's encoder. The engine and the planner ask
  * this, so they choose alike. */

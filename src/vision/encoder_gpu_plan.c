@@ -252,3 +252,30 @@ pshard_status vision_gpu_plan_room(const struct mmproj *m, const struct vision_w
                                    uint32_t n_regions, struct vision_gpu_layout *out) {
     return plan_layout(m, w, regions, n_regions, false, out);
 }
+
+pshard_status vision_gpu_choose(const struct mmproj *m, const struct vision_windows *w, bool kernels,
+                                const struct cuda_region *lent, uint32_t n_lent, uint64_t whole_bytes,
+                                struct vision_gpu_layout *out, enum vision_gpu_memory *where) {
+    *where = VISION_GPU_NONE;
+    pshard_status st = plan_layout(m, w, lent, n_lent, kernels, out);
+    if (st == PSHARD_OK) *where = VISION_GPU_IN_SCRATCH;
+    if (st != PSHARD_ERR_NOMEM || !whole_bytes) return st;
+    size_t scratch = 0;
+    for (uint32_t r = 0; r < n_lent; r++) scratch += lent[r].bytes;
+    const struct cuda_region whole = {NULL, (size_t)whole_bytes};
+    st = plan_layout(m, w, &whole, 1, kernels, out);
+    if (st == PSHARD_OK) *where = VISION_GPU_IN_BUDGET;
+    if (st != PSHARD_ERR_NOMEM) return st;
+    return core_fail(PSHARD_ERR_NOMEM, "the vision encoder needs %.1f MB of VRAM for %u patches at the least and %.1f MB "
+                     "was lent to it (the whole budget: %.1f MB)", out->peak_bytes / 1048576.0, w->n,
+                     scratch / 1048576.0, whole_bytes / 1048576.0);
+}
+
+const char *vision_gpu_memory_name(enum vision_gpu_memory where) {
+    switch (where) {
+    case VISION_GPU_IN_SCRATCH: return "the scratch lent between steps";
+    case VISION_GPU_IN_BUDGET: return "the whole budget";
+    case VISION_GPU_NONE: break;
+    }
+    return "none";
+}

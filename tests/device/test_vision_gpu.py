@@ -6,7 +6,10 @@ streams, and of the automatic plan under one that puts prompt steps partly on th
 tables on the device, the image steps' embeddings placed on the host, decode steps after an
 image replayed with rope positions behind their cells). With a GPU the images are encoded there, in
 the scratch the executor lends between steps (no warning that the CPU took over), and give the
-tokens the CPU's encoder gives on the same placement (PSHARD_VISION_GPU=0). Exits 0 with a "skipped" line where no
+tokens the CPU's encoder gives on the same placement (PSHARD_VISION_GPU=0). An image too large for that scratch but
+within the budget is encoded in the whole budget (the language model's cells to the host, its plan carved again
+after): the same tokens as the CPU's encoder and as a budget whose scratch holds it, in a one-shot prompt and in a
+chat's second turn (the first turn's cells in VRAM go down and up again). Exits 0 with a "skipped" line where no
 GPU exists.
 Usage: tests/device/test_vision_gpu.py BUILD_DIR"""
 import os
@@ -65,6 +68,64 @@ def write_png(path, height, width, seed):
                 chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
 
 
+WHOLE = "encoding in the whole budget"
+
+
+def plan_memory(tmp, budget, size):
+    """Where pshard plan says the encoder of an image of `size` takes its memory under the gpu plan at `budget`."""
+    proc = subprocess.run([PSHARD, "plan", "-m", os.path.join(tmp, "lm.gguf"), "--plan", "gpu", "--vram-budget", budget,
+                           "--mmproj", os.path.join(tmp, "mmproj.gguf"), "--image-size", size], capture_output=True,
+                          text=True, timeout=120)
+    m = re.search(r"runs on: the (GPU, in the scratch|GPU, in the whole budget|CPU)", proc.stdout)
+    return m.group(1) if m else None
+
+
+def chat(tmp, image, placement, env=None):
+    """A chat's replies: a text turn, then the image with a question (its encoding finds the first turn's cells)."""
+    stdin = "Say something\n/image %s\nWhat is it?\n/quit\n" % os.path.join(tmp, image)
+    proc = subprocess.run([PSHARD, "chat", "-m", os.path.join(tmp, "lm.gguf"), "--mmproj", os.path.join(tmp, "mmproj.gguf"),
+                           "--temp", "0", "-n", str(SAME), *placement], input=stdin, capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, **(env or {})))
+    return (proc.stdout if proc.returncode == 0 else None), proc.stderr
+
+
+def whole_budget(tmp, least):
+    """The gpu plan at a budget whose lent scratch is short of the image's least but whose whole budget holds it
+    (pshard plan's word, then the run's): the greedy tokens of the CPU's encoder and of a roomy budget."""
+    size, image = "1288x728", "big.png"
+    write_png(os.path.join(tmp, image), 728, 1288, 6)
+    budgets = ["%dM" % mb for mb in range(least + 1, least + 65)]
+    chosen = [b for b in budgets if plan_memory(tmp, b, size) == "GPU, in the whole budget"]
+    check(bool(chosen), "pshard plan finds budgets where a %s image takes the whole budget" % size)
+    if not chosen:
+        return
+    budget = chosen[len(chosen) // 2]  # (away from the edges, where plan and run may differ by a few MB)
+    tight, roomy = ["--plan", "gpu", "--vram-budget", budget], ["--plan", "gpu", "--vram-budget", "512M"]
+    prompt = "<__image__>What is it?"
+    got, err = ids(tmp, prompt, [image], tight)
+    check(got is not None and WHOLE in err and "encoded on the CPU" not in err,
+          "%s budget: the %s image encoded in the whole budget%s" % (budget, size, "" if got is None else ": " + err.strip()))
+    cpu_enc, err2 = ids(tmp, prompt, [image], tight, {"PSHARD_VISION_GPU": "0"})
+    room, err3 = ids(tmp, prompt, [image], roomy)
+    cpu, err4 = ids(tmp, prompt, [image], [])
+    check(room is not None and WHOLE not in err3 and "encoded on the CPU" not in err3,
+          "512M budget: the %s image encoded in the lent scratch%s" % (size, "" if room is None else ": " + err3.strip()))
+    for name, other, e in (("the CPU encoder's on the same plan", cpu_enc, err2), ("a roomy budget's", room, err3),
+                           ("the CPU's", cpu, err4)):
+        check(got is not None and other is not None and got[:SAME] == other[:SAME],
+              "%s budget, whole-budget encoding: first %d tokens as %s (%s vs %s)%s" %
+              (budget, SAME, name, got, other, (err + e).strip()))
+    # A chat's second turn: the first turn's cells in VRAM go to the host and come back.
+    text, err = chat(tmp, image, tight)
+    cpu_text, err2 = chat(tmp, image, tight, {"PSHARD_VISION_GPU": "0"})
+    room_text, err3 = chat(tmp, image, roomy)
+    check(text is not None and WHOLE in err, "%s budget, chat: the image encoded in the whole budget%s" %
+          (budget, ": " + err.strip()))
+    check(text is not None and text == cpu_text and text == room_text,
+          "%s budget, chat: replies as with the CPU's encoder and a roomy budget (%r, %r, %r)%s" %
+          (budget, text, cpu_text, room_text, (err + err2 + err3).strip()))
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([SYNTH, "--shape", "tiny-qwen25vl", "--type", "F32", "-o", os.path.join(tmp, "lm.gguf"), "--quiet"],
@@ -107,6 +168,7 @@ def main():
                 check(gpu_enc is not None and cpu_enc is not None and gpu_enc[:SAME] == cpu_enc[:SAME],
                       "%d image(s), --gpu: the GPU's encoder gives the CPU encoder's first %d tokens (%s vs %s)%s" %
                       (len(images), SAME, gpu_enc, cpu_enc, (err + err2).strip()))
+        whole_budget(tmp, least)
     print("%d failed" % len(failures))
     return 1 if failures else 0
 

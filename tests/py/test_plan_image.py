@@ -1,8 +1,10 @@
 """`pshard plan --mmproj --image-size WxH` on gguf-synth's tiny Qwen2.5-VL pair: after the plan, the
 image's size after the model's resize, its patches and tokens, the vision encoder's predicted time
-on the GPU and the CPU, its peak VRAM, where it runs under the plan (the GPU where the memory the
-plan lends between steps holds it, the CPU otherwise, as the engine chooses), and the first token
-of a request with the image; and the options' errors. No GPU needed: plans are made without one."""
+on the GPU and the CPU, its peak VRAM, where it runs under the plan (the GPU in the scratch the plan
+lends between steps where that holds it, else in the whole budget with the language model's
+resident weights going up again after, the CPU otherwise, as the engine chooses), and the first
+token of a request with the image; and the options' errors. No GPU needed: plans are made without
+one."""
 import os
 import re
 import subprocess
@@ -63,7 +65,7 @@ def test_prints_the_image_and_its_encoder(files):
     assert m, part
     peak, lent = float(m.group(1)), float(m.group(4))
     assert 0 < peak <= lent
-    assert part["runs on"].startswith("the GPU")
+    assert part["runs on"].startswith("the GPU, in the scratch lent between steps")
     m = re.match(NUM + r" s for a request with this image and a 32-token question \(encoding " + NUM +
                  r" s \+ a 425-token prompt " + NUM + r" s\)", part["first token"])
     assert m, part
@@ -97,6 +99,29 @@ def test_placement_follows_the_room_the_plan_lends(files):
     assert cpu["runs on"].startswith("the CPU (the plan keeps every shard on the CPU"), cpu
     off = image_part(files, "640x480", "512M", env={"PSHARD_VISION_GPU": "0"})
     assert off["runs on"] == "the CPU (PSHARD_VISION_GPU=0 asks for the CPU's encoder)", off
+
+
+def test_the_whole_budget_when_the_scratch_is_short(files):
+    # 64M: the plan lends less than the 1920x1080 image's least, its whole budget holds the largest
+    # layout; the first token counts the resident weights' re-upload after the encoding.
+    part = image_part(files, "1920x1080", "64M")
+    m = re.match(r"([0-9.]+) MB \(chunks of (\d+) patches, 2 staging slots\); the plan lends ([0-9.]+) MB between "
+                 r"steps, its whole budget ([0-9.]+) MB$", part["encoder's peak VRAM"])
+    assert m, part
+    peak, lent, whole = float(m.group(1)), float(m.group(3)), float(m.group(4))
+    assert lent < peak <= whole, part
+    m = re.match(r"the GPU, in the whole budget: the language model's resident weights go up again after, ([0-9.]+) MB "
+                 r"in " + NUM + r" s( \(judged by memory: .*\))?$", part["runs on"])
+    assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0, part
+    encoding = float(re.search(r"\(encoding " + NUM + " s", part["first token"]).group(1))
+    assert encoding == pytest.approx(seconds(part["encoder on the GPU"]) + float(m.group(2)), rel=1e-3), part
+    # More budget: the scratch holds it, nothing goes up again.
+    roomy = image_part(files, "1920x1080", "80M")
+    assert roomy["runs on"].startswith("the GPU, in the scratch lent between steps"), roomy
+    # Less: neither holds its least, and the CPU's reason names both.
+    tight = image_part(files, "1920x1080", "48M")
+    assert re.match(r"the CPU \(the vision encoder needs [0-9.]+ MB of VRAM for 10764 patches at the least and [0-9.]+ MB "
+                    r"was lent to it \(the whole budget: [0-9.]+ MB\)\)$", tight["runs on"]), tight
 
 
 def test_an_image_over_the_context(files):

@@ -69,11 +69,15 @@ static void print_cost(const struct model *lm, const struct plan *plan, const st
     fprintf(out, "  encoder on the CPU: %.4g s\n", v->cpu_s);
     if (l->peak_bytes)
         fprintf(out, "  encoder's peak VRAM: %s%.1f MB (chunks of %u patches, %u staging slot%s); the plan lends %.1f MB "
-                     "between steps\n", v->on_gpu ? "" : "at least ", mb(l->peak_bytes), l->chunk_rows, l->n_slots,
-                l->n_slots == 1 ? "" : "s", mb(v->lent_bytes));
-    if (v->on_gpu)
-        fprintf(out, "  runs on: the GPU%s\n", v->kernels_checked ? "" : " (judged by memory: this build has no GPU "
-                                                                         "kernels to ask about the matrices' types)");
+                     "between steps, its whole budget %.1f MB\n", v->on_gpu ? "" : "at least ", mb(l->peak_bytes),
+                l->chunk_rows, l->n_slots, l->n_slots == 1 ? "" : "s", mb(v->lent_bytes), mb(v->whole_bytes));
+    const char *judged = v->kernels_checked ? "" : " (judged by memory: this build has no GPU kernels to ask about the "
+                                                   "matrices' types)";
+    if (v->memory == VISION_GPU_IN_SCRATCH)
+        fprintf(out, "  runs on: the GPU, in %s%s\n", vision_gpu_memory_name(v->memory), judged);
+    else if (v->memory == VISION_GPU_IN_BUDGET)
+        fprintf(out, "  runs on: the GPU, in %s: the language model's resident weights go up again after, %.1f MB in "
+                     "%.4g s%s\n", vision_gpu_memory_name(v->memory), mb(v->reupload_bytes), v->reupload_s, judged);
     else
         fprintf(out, "  runs on: the CPU (%s)\n", v->why_cpu);
     const int32_t n_prompt = cost_vision_prompt_tokens(v, COST_VISION_QUESTION_TOKENS);
@@ -85,8 +89,7 @@ static void print_cost(const struct model *lm, const struct plan *plan, const st
     double prompt_s;
     const double first = cost_vision_first_token(prof, lm, plan, v, COST_VISION_QUESTION_TOKENS, &prompt_s);
     fprintf(out, "  first token: %.4g s for a request with this image and a %d-token question (encoding %.4g s + a "
-                 "%d-token prompt %.4g s)\n", first, COST_VISION_QUESTION_TOKENS, v->on_gpu ? v->gpu_s : v->cpu_s, n_prompt,
-            prompt_s);
+                 "%d-token prompt %.4g s)\n", first, COST_VISION_QUESTION_TOKENS, cost_vision_encode_s(v), n_prompt, prompt_s);
 }
 
 pshard_status plan_image_print(const struct model *lm, const struct plan *plan, const struct profile *prof,
@@ -100,7 +103,7 @@ pshard_status plan_image_print(const struct model *lm, const struct plan *plan, 
     const uint32_t n_regions = cost_vision_lendable(plan, regions);
     struct cost_vision v;
     const pshard_status st = cost_vision_encode(prof, &m, (uint32_t)image->width, (uint32_t)image->height, regions,
-                                                n_regions, &v);
+                                                n_regions, cost_vision_whole(plan), plan->budget.weights, &v);
     if (st == PSHARD_OK) print_cost(lm, plan, prof, image, &v, out);
     mmproj_free(&m);
     gguf_close(file);
