@@ -148,7 +148,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     const struct exec_params params = {ctx,  n_batch, 1, 0, PLAN_AUTO, (int64_t)(budget_gb * 1073741824.0), 0, -1,
-                                       &prof, PLAN_DECODE_SAME, 0, true, 0};
+                                       &prof, PLAN_DECODE_SAME, 0, true, 0, {0}};
     for (int round = 0; round < loads; round++)
         for (int j = 0; j < n_specs; j++) {
             const struct spec *s = &specs[round % 2 ? n_specs - 1 - j : j];

@@ -136,9 +136,10 @@ typedef struct pshard_gen_stats {
     /* A decode step with a GPU (mean): the host computing the CPU's shards and experts, and the
      * host waiting for the GPU (0 without one). */
     double decode_host_compute_ms, decode_host_wait_ms;
-    /* With PSHARD_TRACE_HANDOFFS set, a replayed decode step's hand-offs to the CPU timed on the
-     * GPU (mean per step; else 0): its work between them, the hand-offs themselves (its own part
-     * of the layer, then waiting for the host's), and how many there were. */
+    /* A diagnostic, 0 from a context pshard_open made: where the tool that opened it traces
+     * hand-offs (`pshard run` under PSHARD_TRACE_HANDOFFS), a replayed decode step's hand-offs to
+     * the CPU timed on the GPU (mean per step): its work between them, the hand-offs themselves
+     * (its own part of the layer, then waiting for the host's), and how many there were. */
     double decode_gpu_between_ms, decode_gpu_handoff_ms;
     int32_t decode_handoffs;
     int stopped_by_eog;       /* ended at an end-of-generation token */

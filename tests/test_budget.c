@@ -182,7 +182,7 @@ static void test_replan_equals_fresh(void **state) {
         pshard_params p = ctx->params;
         p.vram_budget = budgets[i];
         struct exec_params ep;
-        engine_exec_params(&p, model, &ep);
+        engine_exec_params(&p, &ctx->options, model, &ep);
         assert_int_equal(exec_make_plan(model, &ep, &fresh), PSHARD_OK);
         assert_true(live.any_gpu);
         assert_int_equal(live.budget.total, budgets[i]);

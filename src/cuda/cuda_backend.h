@@ -155,7 +155,7 @@ void cuda_graph_destroy(cuda_graph g);
  * host needs has been copied down; it waits, one thread polling, until the host raises another,
  * and lowers that one again for the next replay. The host's side is cuda_flag_* below. With a
  * stamp (cuda_stamps_alloc; NULL: none), the GPU writes its clock (ns) there as it raises, or as
- * its wait ends: where a replayed step's time goes on the GPU side (PSHARD_TRACE_HANDOFFS). */
+ * its wait ends: where a replayed step's time goes on the GPU side (plan_options.trace_handoffs). */
 pshard_status cuda_flag_raise(uint32_t *flag_dev, uint64_t *stamp_dev, cuda_stream s);
 pshard_status cuda_flag_wait(uint32_t *flag_dev, uint64_t *stamp_dev, cuda_stream s);
 /* The host's side: wait until the GPU raised `flag` (polling; a failed stream ends the wait with

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "engine/engine_internal.h"
+#include "engine/engine_open.h"
 #include "engine/vision.h"
 #include "exec/exec_budget.h"
 #include "exec/exec_gpu.h"
@@ -86,11 +87,12 @@ pshard_status pshard_parse_size(const char *text, int64_t *bytes) {
     return plan_parse_size(text, bytes);
 }
 
-void engine_exec_params(const pshard_params *p, const struct model *model, struct exec_params *ep) {
+void engine_exec_params(const pshard_params *p, const struct plan_options *options, const struct model *model,
+                        struct exec_params *ep) {
     *ep = (struct exec_params){p->n_ctx, p->n_batch, p->n_parallel, p->n_threads, family_of(p->plan), p->vram_budget,
                              p->stream_share, p->resident_set > 0 ? p->resident_set - 1 : -1, NULL,
                              p->decode_set > 0 ? p->decode_set - 1 : p->decode_set < 0 ? PLAN_DECODE_SAME : PLAN_DECODE_WEIGHED,
-                             p->n_predict, false, 0};
+                             p->n_predict, false, 0, *options};
     if (p->gpu) ep->plan = PLAN_GPU, ep->vram_budget = -1;
     const uint32_t n_ctx_train = model->hp.n_ctx_train;
     if (ep->n_ctx <= 0) {
@@ -130,7 +132,7 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
     if (gguf_find(ctx->file, "tokenizer.chat_template")) CORE_TRY(gguf_get_str(ctx->file, "tokenizer.chat_template", &tpl));
     chat_template_detect(tpl.data, tpl.len, &ctx->chat);
     struct exec_params ep;
-    engine_exec_params(p, &ctx->model, &ep);
+    engine_exec_params(p, &ctx->options, &ctx->model, &ep);
     ctx->keep = p->vram_keep > 0 ? p->vram_keep : 1ll << 30;
     if (p->vram_follow && ep.vram_budget == 0) CORE_TRY(free_less_keep(&ctx->model, &ep, ctx->keep));
     /* An automatic plan under a budget the model does not fit whole is chosen by the cost model
@@ -179,6 +181,10 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
 }
 
 pshard_status pshard_open(const pshard_params *params, pshard_ctx **out) {
+    return engine_open(params, &(struct plan_options){0}, out);
+}
+
+pshard_status engine_open(const pshard_params *params, const struct plan_options *options, pshard_ctx **out) {
     *out = NULL;
     if (!params || !params->model_path) return core_fail(PSHARD_ERR_INVALID_ARG, "no model path given");
     if (params->resident_set < 0 || params->resident_set > PLAN_SETS)
@@ -206,6 +212,7 @@ pshard_status pshard_open(const pshard_params *params, pshard_ctx **out) {
     pshard_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
     ctx->params = *params;
+    ctx->options = *options;
     if (ctx->params.n_parallel == 0) ctx->params.n_parallel = 1;
     if (ctx->params.max_queue == 0) ctx->params.max_queue = 4096;
     pshard_status st = open_ctx(ctx);

@@ -18,6 +18,7 @@ struct pshard_ctx {
     struct exec_ctx *exec;
     struct chat_template chat;
     pshard_params params;
+    struct plan_options options; /* ideas turned off for comparison (engine_open; pshard_open: none) */
     struct profile profile; /* what automatic plans were chosen with */
     bool learn;             /* the plan is automatic and the profile measured: running refines it */
     /* Tokens whose K/V sit in sequence 0, for prefix reuse across calls. */
@@ -49,9 +50,10 @@ int32_t engine_batch_pending(const pshard_ctx *ctx);
  * (sequence 0's are the one-sequence calls' ctx->cached). */
 const int32_t *engine_batch_held(const pshard_ctx *ctx, int32_t s, int32_t *n);
 
-/* The executor's parameters of a context opened with p (engine.c): what a fresh context at a
- * budget plans with, and what a running one re-plans with. */
-void engine_exec_params(const pshard_params *p, const struct model *model, struct exec_params *ep);
+/* The executor's parameters of a context opened with p and options (engine.c): what a fresh
+ * context at a budget plans with, and what a running one re-plans with. */
+void engine_exec_params(const pshard_params *p, const struct plan_options *options, const struct model *model,
+                        struct exec_params *ep);
 
 /* Following free memory (budget.c): check it, at most every poll interval unless `now`, and change
  * the budget where it says so. Called at every step boundary. */

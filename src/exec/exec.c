@@ -104,66 +104,23 @@ static pshard_status alloc_scratch(struct exec_ctx *ctx) {
     return PSHARD_OK;
 }
 
-/* A switch from the environment: unset, its default; "0", off; anything else, on. */
-static bool env_switch(const char *name, bool unset) {
-    const char *v = getenv(name);
-    return v ? strcmp(v, "0") != 0 : unset;
-}
-
 /* The planner's request for these parameters. Tiers that do not use the staging ring read the
- * units it leaves in its slots (plan.lent); dynamic tiers split dense FFNs by rows between the
- * GPU and the CPU; static tiers stage the attention they stream; balanced dynamic tiers split a
- * token's experts by its routing; ring tiers may carry the KV cells of layers whose cache is on the
- * host to the GPU's attention; decode steps over long caches may run over another set than short
- * ones. PSHARD_LEND_SLOTS=0, PSHARD_SPLIT_FFN=0, PSHARD_STAGE_STATIC=0, PSHARD_ROUTED_SPLIT=0,
- * PSHARD_KV_STREAM=0 and PSHARD_LONG_DECODE=0 turn these off (for comparison); so does
- * PSHARD_ONE_EXPERT_CALL=0 for the one call over a layer's resident and streamed experts (two
- * calls, resident ones first), and PSHARD_LEND_EXPERTS=0 for tiers without the ring reading the
- * MoE pieces among the ring's last units from their slots too (plan.experts_lent). */
+ * units it leaves in its slots (plan.lent), the MoE pieces among them too (plan.experts_lent);
+ * dynamic tiers split dense FFNs by rows between the GPU and the CPU; static tiers stage the
+ * attention they stream; balanced dynamic tiers split a token's experts by its routing; a layer's
+ * resident and streamed experts go in one call; ring tiers may carry the KV cells of layers whose
+ * cache is on the host to the GPU's attention; decode steps over long caches may run over another
+ * set than short ones. p->options turns each off, or fixes a choice, for comparison. */
 static struct plan_request request_for(const struct exec_params *p, bool gpu_wanted) {
+    const struct plan_options *o = &p->options;
     return (struct plan_request){gpu_wanted ? p->plan : PLAN_CPU, p->vram_budget, p->n_ctx, p->n_batch, p->n_seq,
-                                 p->stream_share, p->staging, p->profile, env_switch("PSHARD_LEND_SLOTS", true),
-                                 env_switch("PSHARD_SPLIT_FFN", true), env_switch("PSHARD_STAGE_STATIC", true),
-                                 env_switch("PSHARD_ROUTED_SPLIT", true), NULL, 0,
-                                 env_switch("PSHARD_ONE_EXPERT_CALL", true), p->decode_set != PLAN_DECODE_SAME, p->decode_set,
-                                 p->n_decode, env_switch("PSHARD_KV_STREAM", true), env_switch("PSHARD_LONG_DECODE", true),
-                                 0, p->dynamic_in_place, env_switch("PSHARD_LEND_EXPERTS", true),
+                                 p->stream_share, p->staging, p->profile, !o->no_lend_slots, !o->no_split_ffn,
+                                 !o->no_stage_static, !o->no_routed_split,
+                                 o->routed_quota_count ? o->routed_quota : NULL, o->routed_quota_count,
+                                 !o->no_one_expert_call, p->decode_set != PLAN_DECODE_SAME, p->decode_set,
+                                 p->n_decode, !o->no_kv_stream, !o->no_long_decode, o->decode_from,
+                                 p->dynamic_in_place, !o->no_lend_experts,
                                  kv_cache_pool_cells(p->n_seq, p->n_ctx, p->n_cells)};
-}
-
-/* PSHARD_DECODE_FROM=N (for tests and comparison): with a decode set asked for, decode steps run
- * over it only over caches of N cells or more, as a band over long caches would. */
-static pshard_status decode_from_env(struct plan_request *req) {
-    const char *v = getenv("PSHARD_DECODE_FROM");
-    if (!v || !*v) return PSHARD_OK;
-    char *end;
-    const long n = strtol(v, &end, 10);
-    if (*end || n < 1 || n > INT32_MAX)
-        return core_fail(PSHARD_ERR_INVALID_ARG, "PSHARD_DECODE_FROM=%s: want a count of cells of at least 1", v);
-    req->decode_from = (int32_t)n;
-    return PSHARD_OK;
-}
-
-/* PSHARD_ROUTED_QUOTA=q1,q2,...,qk (for tests and comparison): routed tiers' GPU share of a
- * token's experts, for 1..k of them not resident, in place of the cost model's (plan_build
- * checks it against the model). Sets req->routed_quota to quota when given. */
-static pshard_status routed_quota_from_env(uint8_t quota[PLAN_MAX_ROUTED + 1], struct plan_request *req) {
-    const char *v = getenv("PSHARD_ROUTED_QUOTA");
-    if (!v || !*v) return PSHARD_OK;
-    int n = 0;
-    quota[0] = 0;
-    for (const char *s = v; *s;) {
-        char *end;
-        const long q = strtol(s, &end, 10);
-        if (end == s || q < 0 || q > PLAN_MAX_ROUTED || n == PLAN_MAX_ROUTED || (*end && *end != ','))
-            return core_fail(PSHARD_ERR_INVALID_ARG, "PSHARD_ROUTED_QUOTA=%s: want up to %d counts 0..%d, comma-separated", v,
-                             PLAN_MAX_ROUTED, PLAN_MAX_ROUTED);
-        quota[++n] = (uint8_t)q;
-        s = *end ? end + 1 : end;
-    }
-    req->routed_quota = quota;
-    req->routed_quota_count = n;
-    return PSHARD_OK;
 }
 
 static pshard_status build_plan(const struct model *model, const struct model_weights *w, const struct exec_params *p,
@@ -175,10 +132,7 @@ static pshard_status build_plan(const struct model *model, const struct model_we
             return core_fail(PSHARD_ERR_UNSUPPORTED, "no CUDA device: run on the CPU (budget 0 or --plan cpu)");
         CORE_TRY(exec_gpu_costs(model, w, p, &costs));
     }
-    struct plan_request req = request_for(p, gpu_wanted);
-    uint8_t quota[PLAN_MAX_ROUTED + 1];
-    CORE_TRY(routed_quota_from_env(quota, &req));
-    CORE_TRY(decode_from_env(&req));
+    const struct plan_request req = request_for(p, gpu_wanted);
     return plan_build(model, &req, &costs, out);
 }
 
@@ -188,10 +142,7 @@ pshard_status exec_make_plan(const struct model *model, const struct exec_params
     struct plan_gpu_costs costs = {0};
     pshard_status st = PSHARD_OK;
     if (params->plan != PLAN_CPU && params->vram_budget != 0) st = exec_gpu_costs(model, &w, params, &costs);
-    struct plan_request req = request_for(params, params->vram_budget != 0);
-    uint8_t quota[PLAN_MAX_ROUTED + 1];
-    if (st == PSHARD_OK) st = routed_quota_from_env(quota, &req);
-    if (st == PSHARD_OK) st = decode_from_env(&req);
+    const struct plan_request req = request_for(params, params->vram_budget != 0);
     if (st == PSHARD_OK) st = plan_build(model, &req, &costs, out);
     model_weights_free(&w);
     return st;

@@ -29,6 +29,7 @@ struct exec_params {
     int32_t n_cells;     /* cells of the KV pool all sequences share, in blocks of exec_block_cells
                             (n_ctx stays the most one sequence may hold; a pool smaller than that is
                             allowed); 0: n_ctx * n_seq, room for every sequence at n_ctx */
+    struct plan_options options; /* ideas turned off for comparison (zeroed: none; plan_options) */
 };
 
 struct exec_batch {
@@ -60,7 +61,7 @@ struct exec_stats {
     /* Where a step with a GPU spent the host's time: computing the CPU's shards and experts, and
      * waiting for the GPU (hand-offs, the end of the step). */
     double host_compute_ms, host_wait_ms;
-    /* A replayed decode step's hand-offs, timed on the GPU (PSHARD_TRACE_HANDOFFS; else 0): the
+    /* A replayed decode step's hand-offs, timed on the GPU (plan_options.trace_handoffs; else 0): the
      * GPU's work between them (from a layer's go to the next layer's ready) and the hand-offs
      * themselves (from ready until the GPU goes on: its own part of the layer, then waiting for
      * the host's), over handoffs layers. */

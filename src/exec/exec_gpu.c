@@ -633,7 +633,7 @@ static pshard_status handoff_buffers(struct exec_gpu *g, const struct exec_ctx *
     CORE_TRY(cuda_host_device_pointer(g->host_route.ptr, (const void **)&g->route_to_host));
     CORE_TRY(cuda_event_create(false, &g->route_ready));
     CORE_TRY(cuda_flags_alloc(2 * (size_t)hp->n_layers, &g->flags, &g->flags_dev));
-    if (getenv("PSHARD_TRACE_HANDOFFS")) CORE_TRY(cuda_stamps_alloc(2 * (size_t)hp->n_layers, &g->stamps, &g->stamps_dev));
+    if (ctx->params.options.trace_handoffs) CORE_TRY(cuda_stamps_alloc(2 * (size_t)hp->n_layers, &g->stamps, &g->stamps_dev));
     return PSHARD_OK;
 }
 
@@ -684,7 +684,7 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
     const struct model *model = ctx->model;
     const struct model_hparams *hp = &model->hp;
     CORE_TRY(cuda_ctx_create(0, &g->cuda));
-    g->no_graphs = getenv("PSHARD_NO_CUDA_GRAPHS") != NULL;
+    g->no_graphs = ctx->params.options.no_cuda_graphs;
     g->stream = cuda_ctx_compute_stream(g->cuda);
     g->report.context_bytes = cuda_ctx_info(g->cuda)->context_bytes + cuda_ctx_info(g->cuda)->blas_bytes;
     g->attn_shape = (struct cuda_attn_shape){(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k,

@@ -74,7 +74,7 @@ struct exec_gpu {
      * in host_moe). */
     struct cuda_pinned flags;
     uint32_t *flags_dev;
-    /* With PSHARD_TRACE_HANDOFFS set: the GPU's clock at each flag, two per layer (raised, and
+    /* With plan_options.trace_handoffs: the GPU's clock at each flag, two per layer (raised, and
      * its wait for the host over), read back after each replayed step. */
     struct cuda_pinned stamps;
     uint64_t *stamps_dev;
@@ -105,7 +105,7 @@ struct exec_gpu {
      * reads in it, counted at capture. */
     cuda_graph decode_graph;
     uint64_t decode_graph_bytes, decode_graph_streamed;
-    bool no_graphs; /* PSHARD_NO_CUDA_GRAPHS set: launch kernel by kernel */
+    bool no_graphs; /* plan_options.no_cuda_graphs: launch kernel by kernel */
     bool capturing; /* enqueueing into a graph: arguments must hold for every replay */
     bool rope_ready; /* the step's rotation table is made (by its first attention on the GPU) */
     /* Two phases (plan.decode) or cells carried in the ring (plan.kv_stream): the host's KV cache,

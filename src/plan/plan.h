@@ -91,7 +91,8 @@ struct plan_request {
     bool routed_split;    /* balanced dynamic tiers split a one-token step's experts by its routing
                              (plan_tier.routed) rather than by expert range */
     const uint8_t *routed_quota; /* [1 + n_expert_used]: the routed tiers' quota given (entry n for n
-                             experts not resident; tests, comparison); NULL: the cost model's */
+                             experts not resident; plan_options, for tests and comparison); NULL:
+                             the cost model's */
     int routed_quota_count;      /* entries given after [0] */
     bool one_expert_call; /* a layer's resident and streamed experts in one expert call (tables of
                              each expert's place) rather than two, resident ones first */
@@ -125,6 +126,32 @@ static inline int32_t plan_typical_prompt(int32_t n_ctx) { return n_ctx / 2 < 10
 
 /* The most experts a token routes to for which a tier can split them by routing. */
 enum { PLAN_MAX_ROUTED = 16 };
+
+/* Switches that turn one of the planner's or the executor's ideas off, or fix what it would
+ * choose, to measure what the idea buys (bench/RESULTS.md) and to test each path on its own.
+ * Zeroed, every idea is on: what the library always runs (pshard_open). Only the tools that compare
+ * placements fill it, from the environment (tools/pshard/plan_options.c; docs/cli.md); the
+ * planner reads the first part through plan_request (exec's request_for), the executor the last. */
+struct plan_options {
+    bool no_lend_slots;      /* tiers without the ring read streamed units from host memory, not
+                                from the ring's slots (IN SLOT): plan_request.lend_slots off */
+    bool no_lend_experts;    /* nor the MoE expert pieces among them (R+S): lend_experts off */
+    bool no_split_ffn;       /* dynamic tiers stream dense FFNs whole: split_ffn off */
+    bool no_stage_static;    /* static tiers read streamed attention in place: stage_static off */
+    bool no_routed_split;    /* balanced dynamic tiers split experts by range: routed_split off */
+    bool no_one_expert_call; /* resident and streamed experts in two calls: one_expert_call off */
+    bool no_kv_stream;       /* no KV up through the ring: kv_stream off */
+    bool no_long_decode;     /* decode over long caches keeps the short ones' set: long_decode off */
+    int32_t decode_from;     /* with a decode set asked for, decode over it from this many cells on
+                                (plan_request.decode_from); 0: every cache */
+    /* The routed tiers' GPU counts for 1..routed_quota_count experts not resident (entry n for n;
+     * [0] unused), in place of the cost model's (plan_request.routed_quota); count 0: the model's. */
+    uint8_t routed_quota[PLAN_MAX_ROUTED + 1];
+    int routed_quota_count;
+    bool no_cuda_graphs;     /* the executor launches decode steps kernel by kernel, not as a graph */
+    bool trace_handoffs;     /* the executor stamps the GPU's clock at each hand-off of a replayed
+                                decode step (exec_step_stats.gpu_handoff_ms and the rest) */
+};
 
 struct plan_tier {
     enum plan_family family;

@@ -92,7 +92,7 @@ static bool scenario(struct exec_ctx *ctx, struct run *r) {
 
 static bool run_plan(const struct model *model, bool gpu, struct run *r) {
     struct exec_params p = {512, 64, 4, 2, gpu ? PLAN_GPU : PLAN_CPU, gpu ? -1 : 0, 0.0f, -1, NULL, PLAN_DECODE_WEIGHED,
-                            0, false, 1024};
+                            0, false, 1024, {0}};
     struct exec_ctx *ctx;
     if (!ok_status(exec_create(model, &p, &ctx), gpu ? "GPU plan" : "CPU plan")) return false;
     const bool ok = scenario(ctx, r);

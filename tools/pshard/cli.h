@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "plan/plan.h"
 #include "pshard.h"
 
 /* Subcommands: argc/argv start at the subcommand's name. Return the process exit code. */
@@ -21,12 +22,18 @@ int cmd_profile(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_bench_batch(int argc, char **argv); /* bench --batch */
 
+/* The comparison switches (plan_options) from the environment (plan_options.c; docs/cli.md): read
+ * by plan, bench, eval and run, the commands that compare placements; chat, batch and serve run
+ * the library's defaults. A malformed value fails, saying which. */
+pshard_status cli_plan_options(struct plan_options *o);
+
 /* Options shared by run and chat. */
 struct run_opts {
     const char *cmd; /* run or chat, for messages */
     const char *model, *prompt, *system;
     char default_path[4096];
     pshard_params params;
+    struct plan_options options; /* run: the comparison switches (cli_plan_options); others: none */
     pshard_gen_opts gen;
     int raw, print_ids, quiet;
     bool seed_drawn; /* --seed -1: the seed was drawn at random */

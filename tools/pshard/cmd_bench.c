@@ -56,6 +56,7 @@ struct oracle_opts {
     int recheck; /* loads more of each close call (--recheck N, default 2; 0 with --no-recheck) */
     bool cpu_now; /* --cpu-now: weigh plans with the CPU's figures timed just before, not the profile's */
     const char *json;
+    struct plan_options options; /* the comparison switches (cli_plan_options) */
 };
 
 /* One configuration's results. */
@@ -338,7 +339,8 @@ static void recheck_close_calls(const struct oracle_opts *o, const struct model 
 static pshard_status oracle_config(const struct oracle_opts *o, const struct model *m, const struct profile *prof,
                                    int64_t budget, int32_t ctx, struct oracle_row *rows, int *n_rows,
                                    struct plan *weighed, double cpu_cache[MAX_LIST]) {
-    struct exec_params params = {ctx, o->n_batch, 1, o->n_threads, PLAN_AUTO, budget, 0, -1, prof, PLAN_DECODE_WEIGHED, 0, false, 0};
+    struct exec_params params = {ctx,   o->n_batch, 1, o->n_threads, PLAN_AUTO, budget, 0, -1, prof, PLAN_DECODE_WEIGHED, 0,
+                                 false, 0,   o->options};
     CORE_TRY(exec_make_plan(m, &params, weighed));
     *n_rows = 0;
     for (int k = 0; k < o->n_tiers; k++)
@@ -592,6 +594,10 @@ int cmd_bench(int argc, char **argv) {
     struct oracle_opts o;
     const int rc = parse_opts(argc, argv, &o);
     if (rc) return rc > 0 ? 0 : 2;
+    if (cli_plan_options(&o.options) != PSHARD_OK) {
+        fprintf(stderr, "pshard bench: %s\n", pshard_last_error());
+        return 2;
+    }
     char profile_copy[4096];
     if (o.json && !profile_beside(o.json, profile_copy, sizeof profile_copy)) {
         fprintf(stderr, "pshard bench: --json: '%s' is too long a path\n", o.json);

@@ -17,6 +17,7 @@
 #include "cli.h"
 #include "core/error.h"
 #include "core/timer.h"
+#include "engine/engine_open.h"
 
 enum { MAX_LIST = 16 };
 
@@ -28,6 +29,7 @@ struct batch_opts {
     int32_t npp, ntg, n_batch, n_threads;
     const char *json;
     int quiet;
+    struct plan_options options; /* the comparison switches (cli_plan_options) */
 };
 
 static void print_usage(FILE *out) {
@@ -167,7 +169,7 @@ static pshard_status run_config(const struct batch_opts *o, int64_t budget, int3
     params.vram_budget = budget;
     params.max_queue = npl;
     pshard_ctx *ctx;
-    CORE_TRY(pshard_open(&params, &ctx));
+    CORE_TRY(engine_open(&params, &o->options, &ctx));
     pshard_info info;
     pshard_get_info(ctx, &info);
     struct run r = {npl, o->ntg, 0, calloc((size_t)npl, sizeof(double)), calloc((size_t)npl * o->ntg, sizeof(double)),
@@ -238,6 +240,10 @@ int cmd_bench_batch(int argc, char **argv) {
     struct batch_opts o;
     const int rc = parse_opts(argc, argv, &o);
     if (rc) return rc > 0 ? 0 : 2;
+    if (cli_plan_options(&o.options) != PSHARD_OK) {
+        fprintf(stderr, "pshard bench: %s\n", pshard_last_error());
+        return 2;
+    }
     FILE *json = o.json ? fopen(o.json, "w") : NULL;
     if (o.json && !json) {
         perror(o.json);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "engine/engine_open.h"
 
 static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard eval [-m MODEL] (--tokens 1,2,3 | -p TEXT) -o LOGITS.f32 [-c N] [-b N] [-t N]\n"
@@ -130,7 +131,12 @@ int cmd_eval(int argc, char **argv) {
         params.n_ctx = cli_cap_context("eval", n_ctx_train, params.n_ctx);
     pshard_ctx *ctx = NULL;
     int rc = 1;
-    if (pshard_open(&params, &ctx) != PSHARD_OK) {
+    struct plan_options options;
+    if (cli_plan_options(&options) != PSHARD_OK) {
+        fprintf(stderr, "pshard eval: %s\n", pshard_last_error());
+        return 2;
+    }
+    if (engine_open(&params, &options, &ctx) != PSHARD_OK) {
         fprintf(stderr, "pshard eval: %s\n", pshard_last_error());
         goto done;
     }

@@ -198,6 +198,11 @@ int cmd_plan(int argc, char **argv) {
         gguf_close(file);
         goto fail;
     }
+    if (cli_plan_options(&p.options) != PSHARD_OK) {
+        model_free(&model);
+        gguf_close(file);
+        goto fail;
+    }
     if (p.n_seq > 1) exec_params_share_pool(&p, model.hp.n_ctx_train); /* --parallel: -c is the pool they share */
     else p.n_ctx = cli_cap_context("plan", model.hp.n_ctx_train, p.n_ctx);
     for (int k = 0; k < n_tokens; k++)

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "engine/engine_open.h"
 #include "pshard.h"
 
 static void print_usage(FILE *out, const char *cmd) {
@@ -306,7 +307,7 @@ pshard_ctx *run_open_model(struct run_opts *o) {
     static struct cli_measuring measuring = {.who = "pshard", .label = "measuring this machine for the planner (once, under a minute)"};
     if (!o->quiet) o->params.profile_progress = cli_measure_progress, o->params.progress_user = &measuring;
     pshard_ctx *ctx = NULL;
-    if (pshard_open(&o->params, &ctx) != PSHARD_OK) {
+    if (engine_open(&o->params, &o->options, &ctx) != PSHARD_OK) {
         cli_measure_end_line(&measuring);
         fprintf(stderr, "pshard: %s\n", pshard_last_error());
         return NULL;
@@ -339,6 +340,10 @@ int cmd_run(int argc, char **argv) {
     struct run_opts o;
     int rc = run_parse_args(argc, argv, "run", &o);
     if (rc) return rc > 0 ? 0 : 2;
+    if (cli_plan_options(&o.options) != PSHARD_OK) {
+        fprintf(stderr, "pshard run: %s\n", pshard_last_error());
+        return 2;
+    }
     if (!o.prompt) {
         fprintf(stderr, "pshard run: a prompt is required (-p TEXT)\n");
         return 2;
