@@ -147,8 +147,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "plan_pair: %s\n", pshard_last_error());
         return 1;
     }
-    const struct exec_params params = {ctx,  n_batch, 1, 0, PLAN_AUTO, (int64_t)(budget_gb * 1073741824.0), 0, -1,
-                                       &prof, PLAN_DECODE_SAME, 0, true, 0, {0}};
+    const struct exec_params params = {.n_ctx = ctx, .n_batch = n_batch, .n_seq = 1, .plan = PLAN_AUTO,
+                                       .vram_budget = (int64_t)(budget_gb * 1073741824.0), .staging = -1,
+                                       .profile = &prof, .decode_set = PLAN_DECODE_SAME, .dynamic_in_place = true};
     for (int round = 0; round < loads; round++)
         for (int j = 0; j < n_specs; j++) {
             const struct spec *s = &specs[round % 2 ? n_specs - 1 - j : j];

@@ -35,7 +35,8 @@ static int setup(void **state) {
         return -1;
     }
     if (model_load(f.file, &f.model) != PSHARD_OK) return -1;
-    struct exec_params p = {64, 16, 3, 2, PLAN_CPU, 0, 0.0f, -1, NULL, PLAN_DECODE_WEIGHED, 0, false, 0, {0}};
+    struct exec_params p = {.n_ctx = 64, .n_batch = 16, .n_seq = 3, .n_threads = 2, .plan = PLAN_CPU, .staging = -1,
+                            .decode_set = PLAN_DECODE_WEIGHED};
     if (exec_create(&f.model, &p, &f.ctx) != PSHARD_OK) return -1;
     *state = &f;
     return 0;
@@ -99,7 +100,8 @@ static void test_mixed_batch_equals_separate(void **state) {
  * what they get alone. */
 static void test_long_cache_decode_in_runs(void **state) {
     struct fixture *f = *state;
-    struct exec_params p = {2048, 64, 2, 2, PLAN_CPU, 0, 0.0f, -1, NULL, PLAN_DECODE_WEIGHED, 0, false, 0, {0}};
+    struct exec_params p = *exec_get_params(f->ctx);
+    p.n_ctx = 2048, p.n_batch = 64, p.n_seq = 2;
     struct exec_ctx *ctx;
     assert_int_equal(exec_create(&f->model, &p, &ctx), PSHARD_OK);
     const struct model_hparams *hp = &f->model.hp;

@@ -50,7 +50,8 @@ static int teardown(void **state) {
 }
 
 static struct exec_ctx *make_ctx(struct fixture *f, int32_t n_ctx, int32_t n_seq, int32_t n_cells) {
-    struct exec_params p = {n_ctx, 64, n_seq, 2, PLAN_CPU, 0, 0.0f, -1, NULL, PLAN_DECODE_WEIGHED, 0, false, n_cells, {0}};
+    struct exec_params p = {.n_ctx = n_ctx, .n_batch = 64, .n_seq = n_seq, .n_threads = 2, .plan = PLAN_CPU,
+                            .staging = -1, .decode_set = PLAN_DECODE_WEIGHED, .n_cells = n_cells};
     struct exec_ctx *ctx;
     assert_int_equal(exec_create(&f->model, &p, &ctx), PSHARD_OK);
     return ctx;

@@ -89,10 +89,21 @@ pshard_status pshard_parse_size(const char *text, int64_t *bytes) {
 
 void engine_exec_params(const pshard_params *p, const struct plan_options *options, const struct model *model,
                         struct exec_params *ep) {
-    *ep = (struct exec_params){p->n_ctx, p->n_batch, p->n_parallel, p->n_threads, family_of(p->plan), p->vram_budget,
-                             p->stream_share, p->resident_set > 0 ? p->resident_set - 1 : -1, NULL,
-                             p->decode_set > 0 ? p->decode_set - 1 : p->decode_set < 0 ? PLAN_DECODE_SAME : PLAN_DECODE_WEIGHED,
-                             p->n_predict, false, 0, *options};
+    *ep = (struct exec_params){
+        .n_ctx = p->n_ctx,
+        .n_batch = p->n_batch,
+        .n_seq = p->n_parallel,
+        .n_threads = p->n_threads,
+        .plan = family_of(p->plan),
+        .vram_budget = p->vram_budget,
+        .stream_share = p->stream_share,
+        .staging = p->resident_set > 0 ? p->resident_set - 1 : -1,
+        .decode_set = p->decode_set > 0   ? p->decode_set - 1
+                      : p->decode_set < 0 ? PLAN_DECODE_SAME
+                                          : PLAN_DECODE_WEIGHED,
+        .n_decode = p->n_predict,
+        .options = *options,
+    };
     if (p->gpu) ep->plan = PLAN_GPU, ep->vram_budget = -1;
     const uint32_t n_ctx_train = model->hp.n_ctx_train;
     if (ep->n_ctx <= 0) {

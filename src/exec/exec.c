@@ -113,14 +113,32 @@ static pshard_status alloc_scratch(struct exec_ctx *ctx) {
  * set than short ones. p->options turns each off, or fixes a choice, for comparison. */
 static struct plan_request request_for(const struct exec_params *p, bool gpu_wanted) {
     const struct plan_options *o = &p->options;
-    return (struct plan_request){gpu_wanted ? p->plan : PLAN_CPU, p->vram_budget, p->n_ctx, p->n_batch, p->n_seq,
-                                 p->stream_share, p->staging, p->profile, !o->no_lend_slots, !o->no_split_ffn,
-                                 !o->no_stage_static, !o->no_routed_split,
-                                 o->routed_quota_count ? o->routed_quota : NULL, o->routed_quota_count,
-                                 !o->no_one_expert_call, p->decode_set != PLAN_DECODE_SAME, p->decode_set,
-                                 p->n_decode, !o->no_kv_stream, !o->no_long_decode, o->decode_from,
-                                 p->dynamic_in_place, !o->no_lend_experts,
-                                 kv_cache_pool_cells(p->n_seq, p->n_ctx, p->n_cells)};
+    return (struct plan_request){
+        .family = gpu_wanted ? p->plan : PLAN_CPU,
+        .vram_budget = p->vram_budget,
+        .n_ctx = p->n_ctx,
+        .n_batch = p->n_batch,
+        .n_seq = p->n_seq,
+        .stream_share = p->stream_share,
+        .staging = p->staging,
+        .profile = p->profile,
+        .lend_slots = !o->no_lend_slots,
+        .split_ffn = !o->no_split_ffn,
+        .stage_static = !o->no_stage_static,
+        .routed_split = !o->no_routed_split,
+        .routed_quota = o->routed_quota_count ? o->routed_quota : NULL,
+        .routed_quota_count = o->routed_quota_count,
+        .one_expert_call = !o->no_one_expert_call,
+        .phases = p->decode_set != PLAN_DECODE_SAME,
+        .decode_set = p->decode_set,
+        .n_decode = p->n_decode,
+        .kv_stream = !o->no_kv_stream,
+        .long_decode = !o->no_long_decode,
+        .decode_from = o->decode_from,
+        .dynamic_in_place = p->dynamic_in_place,
+        .lend_experts = !o->no_lend_experts,
+        .kv_cells = kv_cache_pool_cells(p->n_seq, p->n_ctx, p->n_cells),
+    };
 }
 
 static pshard_status build_plan(const struct model *model, const struct model_weights *w, const struct exec_params *p,

@@ -91,8 +91,8 @@ static bool scenario(struct exec_ctx *ctx, struct run *r) {
 }
 
 static bool run_plan(const struct model *model, bool gpu, struct run *r) {
-    struct exec_params p = {512, 64, 4, 2, gpu ? PLAN_GPU : PLAN_CPU, gpu ? -1 : 0, 0.0f, -1, NULL, PLAN_DECODE_WEIGHED,
-                            0, false, 1024, {0}};
+    struct exec_params p = {.n_ctx = 512, .n_batch = 64, .n_seq = 4, .n_threads = 2, .plan = gpu ? PLAN_GPU : PLAN_CPU,
+                            .vram_budget = gpu ? -1 : 0, .staging = -1, .decode_set = PLAN_DECODE_WEIGHED, .n_cells = 1024};
     struct exec_ctx *ctx;
     if (!ok_status(exec_create(model, &p, &ctx), gpu ? "GPU plan" : "CPU plan")) return false;
     const bool ok = scenario(ctx, r);

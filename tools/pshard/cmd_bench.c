@@ -339,8 +339,9 @@ static void recheck_close_calls(const struct oracle_opts *o, const struct model 
 static pshard_status oracle_config(const struct oracle_opts *o, const struct model *m, const struct profile *prof,
                                    int64_t budget, int32_t ctx, struct oracle_row *rows, int *n_rows,
                                    struct plan *weighed, double cpu_cache[MAX_LIST]) {
-    struct exec_params params = {ctx,   o->n_batch, 1, o->n_threads, PLAN_AUTO, budget, 0, -1, prof, PLAN_DECODE_WEIGHED, 0,
-                                 false, 0,   o->options};
+    struct exec_params params = {.n_ctx = ctx, .n_batch = o->n_batch, .n_seq = 1, .n_threads = o->n_threads,
+                                 .plan = PLAN_AUTO, .vram_budget = budget, .staging = -1, .profile = prof,
+                                 .decode_set = PLAN_DECODE_WEIGHED, .options = o->options};
     CORE_TRY(exec_make_plan(m, &params, weighed));
     *n_rows = 0;
     for (int k = 0; k < o->n_tiers; k++)
