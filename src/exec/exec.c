@@ -141,26 +141,16 @@ static struct plan_request request_for(const struct exec_params *p, bool gpu_wan
     };
 }
 
-static pshard_status build_plan(const struct model *model, const struct model_weights *w, const struct exec_params *p,
-                                struct plan *out) {
-    struct plan_gpu_costs costs = {0};
-    const bool gpu_wanted = p->plan != PLAN_CPU && p->vram_budget != 0;
-    if (gpu_wanted) {
-        if (cuda_device_count() == 0)
-            return core_fail(PSHARD_ERR_UNSUPPORTED, "no CUDA device: run on the CPU (budget 0 or --plan cpu)");
-        CORE_TRY(exec_gpu_costs(model, w, p, &costs));
-    }
-    const struct plan_request req = request_for(p, gpu_wanted);
-    return plan_build(model, &req, &costs, out);
-}
-
+/* The GPU's buffers are priced from the weights' shapes alone, so this needs no device (the
+ * weights are bound here, not read). */
 pshard_status exec_make_plan(const struct model *model, const struct exec_params *params, struct plan *out) {
+    const bool gpu_wanted = params->plan != PLAN_CPU && params->vram_budget != 0;
     struct model_weights w;
     CORE_TRY(model_bind_weights(model, &w));
     struct plan_gpu_costs costs = {0};
     pshard_status st = PSHARD_OK;
-    if (params->plan != PLAN_CPU && params->vram_budget != 0) st = exec_gpu_costs(model, &w, params, &costs);
-    const struct plan_request req = request_for(params, params->vram_budget != 0);
+    if (gpu_wanted) st = exec_gpu_costs(model, &w, params, &costs);
+    const struct plan_request req = request_for(params, gpu_wanted);
     if (st == PSHARD_OK) st = plan_build(model, &req, &costs, out);
     model_weights_free(&w);
     return st;
@@ -187,7 +177,9 @@ static pshard_status create(struct exec_ctx *ctx) {
     ctx->mats = calloc(hp->n_layers, sizeof *ctx->mats);
     if (!ctx->mats) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
     CORE_TRY(view_layers(ctx));
-    CORE_TRY(build_plan(ctx->model, &ctx->w, p, &ctx->plan));
+    if (p->plan != PLAN_CPU && p->vram_budget != 0 && cuda_device_count() == 0)
+        return core_fail(PSHARD_ERR_UNSUPPORTED, "no CUDA device: run on the CPU (budget 0 or --plan cpu)");
+    CORE_TRY(exec_make_plan(ctx->model, p, &ctx->plan));
     ctx->active = &ctx->plan;
     /* Two phases keep every layer's KV cache on the host too: a change of phase moves it there
      * and back. */

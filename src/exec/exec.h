@@ -115,8 +115,8 @@ uint64_t exec_kv_bytes(const struct exec_ctx *ctx);
 /* The plan the executor follows. */
 const struct plan *exec_get_plan(const struct exec_ctx *ctx);
 
-/* Build the plan a context with these parameters would follow, without loading anything onto
- * the GPU (for `pshard plan`). Free with plan_free. */
+/* Build the plan a context with these parameters follows, without loading anything onto the GPU
+ * or needing one (exec_create follows it; `pshard plan` prints it). Free with plan_free. */
 pshard_status exec_make_plan(const struct model *model, const struct exec_params *params, struct plan *out);
 
 /* The parameters that build candidate `cand` of an automatic plan alone: its family, stream share
