@@ -27,6 +27,12 @@ int cmd_bench_batch(int argc, char **argv); /* bench --batch */
  * the library's defaults. A malformed value fails, saying which. */
 pshard_status cli_plan_options(struct plan_options *o);
 
+/* The planning options (cli_planning.c): --vram-budget SIZE (budget_auto: auto[:keep=SIZE] too,
+ * for commands that follow free memory), --plan FAMILY, --stream-share F, --set SET and
+ * --decode-set SET, into p. argv[*i] is the option; its value is consumed (*i moves onto it).
+ * 1: one of them, read; 0: not one of them; -1: no value or a bad one (said on stderr). */
+int cli_planning_option(const char *cmd, int argc, char **argv, int *i, bool budget_auto, pshard_params *p);
+
 /* Options shared by run and chat. */
 struct run_opts {
     const char *cmd; /* run or chat, for messages */

@@ -62,7 +62,7 @@ int cmd_eval(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t k;
-        double x;
+        int r;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { print_usage(stdout); return 0; }
         else if (!strcmp(a, "--tokens") && v) tokens_arg = argv[++i];
         else if (!strcmp(a, "-p") && v) prompt = argv[++i];
@@ -81,26 +81,8 @@ int cmd_eval(int argc, char **argv) {
         }
         else if (!strcmp(a, "--gpu")) params.gpu = 1;
         else if (!strcmp(a, "--no-profile")) params.no_profile = 1;
-        else if (!strcmp(a, "--vram-budget") && v) {
-            if (cli_size("eval", a, argv[++i], &params.vram_budget)) return 2;
-        } else if (!strcmp(a, "--plan") && v) {
-            if (pshard_parse_plan_family(argv[++i], &params.plan) != PSHARD_OK) {
-                fprintf(stderr, "pshard eval: %s\n", pshard_last_error());
-                return 2;
-            }
-        } else if (!strcmp(a, "--stream-share") && v) {
-            if (cli_real("eval", a, argv[++i], 0, 1, false, &x)) return 2;
-            params.stream_share = (float)x;
-        } else if (!strcmp(a, "--decode-set") && v) {
-            if (pshard_parse_decode_set(argv[++i], &params.decode_set) != PSHARD_OK) {
-                fprintf(stderr, "pshard eval: --decode-set: %s\n", pshard_last_error());
-                return 2;
-            }
-        } else if (!strcmp(a, "--set") && v) {
-            if (pshard_parse_resident_set(argv[++i], &params.resident_set) != PSHARD_OK) {
-                fprintf(stderr, "pshard eval: --set: %s\n", pshard_last_error());
-                return 2;
-            }
+        else if ((r = cli_planning_option("eval", argc, argv, &i, false, &params)) != 0) {
+            if (r < 0) return 2;
         } else {
             fprintf(stderr, "pshard eval: unknown or incomplete option '%s'\n", a);
             print_usage(stderr);

@@ -88,6 +88,7 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t k;
         double x;
+        int r;
         /* Each reads the option's value (consuming it) into k or x; nonzero: refused, said why. */
 #define INT(lo, hi) (v ? (i++, cli_int(cmd, a, v, lo, hi, &k)) : missing_value(cmd, a))
 #define REAL(lo, hi, above_lo) (v ? (i++, cli_real(cmd, a, v, lo, hi, above_lo, &x)) : missing_value(cmd, a))
@@ -99,16 +100,11 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
         else if (!strcmp(a, "--no-prefault")) o->params.prefault = 0;
         else if (!strcmp(a, "--no-profile")) o->params.no_profile = 1;
         else if (!strcmp(a, "--gpu")) o->params.gpu = 1;
-        else if (!strcmp(a, "--vram-budget") && v) {
-            const char *text = argv[++i];
-            int64_t keep = 0;
-            int follow = 0;
-            if (!cli_vram_budget(text, &o->params.vram_budget, &follow, &keep)) {
-                fprintf(stderr, "pshard %s: %s takes a size such as 2G, 1536M or 0, or auto[:keep=SIZE], got '%s'\n", cmd, a,
-                        text);
-                return -1;
-            }
-            o->params.vram_follow = follow, o->params.vram_keep = keep;
+        else if ((r = cli_planning_option(cmd, argc, argv, &i, true, &o->params)) != 0) {
+            if (r < 0) return -1;
+            /* --plan gpu alone: as much VRAM as the plan needs */
+            if (!strcmp(a, "--plan") && o->params.plan == PSHARD_PLAN_GPU && o->params.vram_budget == 0)
+                o->params.vram_budget = -1;
         }
         else if (!strcmp(a, "--budget-file") && v) o->budget_file = argv[++i];
         else if (!strcmp(a, "--mmproj") && v) o->mmproj = argv[++i];
@@ -118,13 +114,6 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
                 return -1;
             }
             o->images[o->n_images++] = (pshard_image){argv[++i], NULL, 0};
-        }
-        else if (!strcmp(a, "--plan") && v) {
-            if (pshard_parse_plan_family(argv[++i], &o->params.plan) != PSHARD_OK) {
-                fprintf(stderr, "pshard %s: --plan: %s\n", cmd, pshard_last_error());
-                return -1;
-            }
-            if (o->params.plan == PSHARD_PLAN_GPU && o->params.vram_budget == 0) o->params.vram_budget = -1;
         }
         else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) o->model = argv[++i];
         else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && v) o->prompt = argv[++i];
@@ -140,19 +129,6 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { if (INT(1, 1 << 24)) return -1; o->params.n_ctx = (int32_t)k; }
         else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) { if (INT(1, 65536)) return -1; o->params.n_batch = (int32_t)k; }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (INT(1, 1024)) return -1; o->params.n_threads = (int32_t)k; }
-        else if (!strcmp(a, "--stream-share")) { if (REAL(0, 1, false)) return -1; o->params.stream_share = (float)x; }
-        else if (!strcmp(a, "--decode-set") && v) {
-            if (pshard_parse_decode_set(argv[++i], &o->params.decode_set) != PSHARD_OK) {
-                fprintf(stderr, "pshard %s: --decode-set: %s\n", cmd, pshard_last_error());
-                return -1;
-            }
-        }
-        else if (!strcmp(a, "--set") && v) {
-            if (pshard_parse_resident_set(argv[++i], &o->params.resident_set) != PSHARD_OK) {
-                fprintf(stderr, "pshard %s: --set: %s\n", cmd, pshard_last_error());
-                return -1;
-            }
-        }
         else if (!strcmp(a, "--temp")) { if (REAL(0, 100, false)) return -1; o->gen.sampling.temperature = (float)x; }
         else if (!strcmp(a, "--top-k")) { if (INT(0, 1000000000)) return -1; o->gen.sampling.top_k = (int32_t)k; }
         else if (!strcmp(a, "--top-p")) { if (REAL(0, 1, true)) return -1; o->gen.sampling.top_p = (float)x; }
