@@ -153,7 +153,7 @@ def test_chat_image_command(files):
     turns = [(int(a), int(b)) for a, b in re.findall(r"prompt: (\d+) tokens \((\d+) reused\)", err)]
     assert len(turns) == 2 and turns[0][1] == 0
     assert turns[0][0] > 77 and turns[1][1] > 77 and turns[1][0] < 20  # the 11x7-token image is not read again
-    assert len(re.findall(r"images: 1 encoded in \d+ ms", err)) == 1  # nor encoded again
+    assert len(re.findall(r"images: 1 encoded in \d+ ms \(within the TTFT\), on the CPU", err)) == 1  # nor encoded again
     assert "none.png: cannot read" in err
     proc = subprocess.run([os.path.join(BUILD, "pshard"), "chat", "-m", lm, "-n", "1"],
                           input=f"/image {files / 'a.png'}\n/quit\n".encode(), capture_output=True, timeout=300)

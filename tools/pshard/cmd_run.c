@@ -220,8 +220,16 @@ void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *s, int32_t n
     fprintf(stderr, "prompt: %d tokens (%d reused) in %.0f ms = %.1f tok/s; TTFT %.0f ms; %s of weights over PCIe\n",
             s->n_prompt, s->n_prompt_cached, s->prefill_ms, s->prefill_ms > 0 ? s->n_prompt * 1e3 / s->prefill_ms : 0.0,
             s->ttft_ms, cli_format_bytes(s->prefill_streamed_bytes, streamed, sizeof streamed));
-    if (s->n_images_encoded > 0)
-        fprintf(stderr, "images: %d encoded in %.0f ms (within the TTFT)\n", s->n_images_encoded, s->image_encode_ms);
+    if (s->n_images_encoded > 0) {
+        /* where the encoder ran: the GPU's lent scratch unless said */
+        char where[96] = "";
+        if (s->n_images_cpu == s->n_images_encoded) snprintf(where, sizeof where, ", on the CPU");
+        else if (s->n_images_cpu || s->n_images_whole_budget)
+            snprintf(where, sizeof where, ", on the GPU (%d in the whole VRAM budget), %d on the CPU",
+                     s->n_images_whole_budget, s->n_images_cpu);
+        fprintf(stderr, "images: %d encoded in %.0f ms (within the TTFT)%s\n", s->n_images_encoded, s->image_encode_ms,
+                where);
+    }
     if (s->n_generated > 1 && s->decode_ms > 0) {
         const double tps = (s->n_generated - 1) * 1e3 / s->decode_ms;
         fprintf(stderr, "decode: %d tokens at %.1f tok/s; %s of weights read per token = %.1f GB/s (%d threads)",
