@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "core/threadpool.h"
+#include "device_test.h"
 #include "cuda/cuda_backend.h"
 #include "gguf/gguf.h"
 #include "vision/encoder.h"
@@ -25,19 +26,7 @@
 static const double TOL_F32 = 2e-5, TOL_F16 = 2e-3;
 enum { ARENA_BYTES = 512 << 20, GUARD_BYTES = 1 << 20, GUARD = 0xa5 };
 
-static int cases, failures;
-
-static void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void check(bool ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s ", ok ? "PASS" : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    cases++;
-    failures += !ok;
-}
+static struct dt d = {.name = "vision_encoder_gpu"}; /* the cases and failures (dt_case) */
 
 static void die(const char *what) {
     fprintf(stderr, "FATAL %s: %s\n", what, pshard_last_error());
@@ -125,13 +114,13 @@ static void run_model(const char *path, const char *type, double tol, struct gpu
         struct vision_gpu_layout l;
         pshard_status st = gpu_encode(vg, &m, &p, g, &whole, 1, NULL, &l, &gpu);
         const char *err = st == PSHARD_OK ? "" : pshard_last_error();
-        check(st == PSHARD_OK && gpu.n_tokens == cpu.n_tokens && gpu.n_embd == cpu.n_embd && rel_err(&gpu, &cpu) <= tol,
+        dt_case(&d, st == PSHARD_OK && gpu.n_tokens == cpu.n_tokens && gpu.n_embd == cpu.n_embd && rel_err(&gpu, &cpu) <= tol,
               "%s %ux%u (%ux%u patches, chunks of %u, %u slots, %u window + %u full tiles, %.2f MB): max err %.2e of "
               "the scale (tolerance %.0e) %s",
               type, sizes[c][0], sizes[c][1], p.grid_h, p.grid_w, l.chunk_rows, l.n_slots, l.n_window_tiles, l.n_full_tiles,
               l.peak_bytes / 1048576.0, st == PSHARD_OK ? rel_err(&gpu, &cpu) : INFINITY, tol, err);
         if (st == PSHARD_OK) vision_embeddings_free(&gpu);
-        check(guards_intact(g), "%s %ux%u: nothing written outside the memory lent", type, sizes[c][0], sizes[c][1]);
+        dt_case(&d, guards_intact(g), "%s %ux%u: nothing written outside the memory lent", type, sizes[c][0], sizes[c][1]);
         if (c == 1) {
             /* The least memory the plan takes: 64-patch chunks, one slot. */
             struct vision_windows w;
@@ -142,13 +131,13 @@ static void run_model(const char *path, const char *type, double tol, struct gpu
             const struct cuda_region tight = {g->lent, least.peak_bytes};
             st = gpu_encode(vg, &m, &p, g, &tight, 1, NULL, &l, &gpu);
             /* (one slot, or two where the merger's upload is larger than both: the same peak) */
-            check(st == PSHARD_OK && l.peak_bytes <= least.peak_bytes && l.chunk_rows <= 64 && rel_err(&gpu, &cpu) <= tol,
+            dt_case(&d, st == PSHARD_OK && l.peak_bytes <= least.peak_bytes && l.chunk_rows <= 64 && rel_err(&gpu, &cpu) <= tol,
                   "%s in the least memory (%.2f MB: chunks of %u, %u slots): max err %.2e", type, least.peak_bytes / 1048576.0,
                   l.chunk_rows, l.n_slots, st == PSHARD_OK ? rel_err(&gpu, &cpu) : INFINITY);
             if (st == PSHARD_OK) vision_embeddings_free(&gpu);
             const struct cuda_region less = {g->lent, least.peak_bytes - CUDA_ARENA_ALIGN};
             st = gpu_encode(vg, &m, &p, g, &less, 1, NULL, &l, &gpu);
-            check(st == PSHARD_ERR_NOMEM && strstr(pshard_last_error(), "MB of VRAM"), "%s in less: refused (%s)", type,
+            dt_case(&d, st == PSHARD_ERR_NOMEM && strstr(pshard_last_error(), "MB of VRAM"), "%s in less: refused (%s)", type,
                   pshard_last_error());
             /* Three regions apart, each half of what the largest layout takes. */
             struct vision_gpu_layout big;
@@ -159,18 +148,18 @@ static void run_model(const char *path, const char *type, double tol, struct gpu
             const struct cuda_region split[3] = {{g->lent, half}, {g->lent + half + (4 << 20), half},
                                                  {g->lent + 2 * half + (8 << 20), half}};
             st = gpu_encode(vg, &m, &p, g, split, 3, NULL, &l, &gpu);
-            check(st == PSHARD_OK && rel_err(&gpu, &cpu) <= tol, "%s in three regions (chunks of %u): max err %.2e %s", type,
+            dt_case(&d, st == PSHARD_OK && rel_err(&gpu, &cpu) <= tol, "%s in three regions (chunks of %u): max err %.2e %s", type,
                   l.chunk_rows, st == PSHARD_OK ? rel_err(&gpu, &cpu) : INFINITY, st == PSHARD_OK ? "" : pshard_last_error());
             if (st == PSHARD_OK) vision_embeddings_free(&gpu);
             /* Progress: each block and the merger; stopping fails the encoding, saying where. */
             const struct vision_progress progress = {on_progress, NULL};
             progress_calls = 0, stop_at = 0;
             st = gpu_encode(vg, &m, &p, g, &whole, 1, &progress, &l, &gpu);
-            check(st == PSHARD_OK && progress_calls == (int)m.hp.n_layer + 1, "%s progress: %d reports", type, progress_calls);
+            dt_case(&d, st == PSHARD_OK && progress_calls == (int)m.hp.n_layer + 1, "%s progress: %d reports", type, progress_calls);
             if (st == PSHARD_OK) vision_embeddings_free(&gpu);
             stop_at = 2;
             st = gpu_encode(vg, &m, &p, g, &whole, 1, &progress, &l, &gpu);
-            check(st != PSHARD_OK && strstr(pshard_last_error(), "stopped after 2"), "%s stopped: %s", type, pshard_last_error());
+            dt_case(&d, st != PSHARD_OK && strstr(pshard_last_error(), "stopped after 2"), "%s stopped: %s", type, pshard_last_error());
             stop_at = 0;
         }
         vision_embeddings_free(&cpu);
@@ -218,6 +207,6 @@ int main(int argc, char **argv) {
     threadpool_free(pool);
     cuda_arena_destroy(&g.arena);
     cuda_ctx_destroy(g.cuda);
-    printf("vision_encoder_gpu: %d cases, %d failed: %s\n", cases, failures, failures ? "FAIL" : "PASS");
-    return failures ? 1 : 0;
+    printf("vision_encoder_gpu: %d cases, %d failed: %s\n", d.cases, d.failures, d.failures ? "FAIL" : "PASS");
+    return d.failures ? 1 : 0;
 }
