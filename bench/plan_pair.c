@@ -143,7 +143,7 @@ int main(int argc, char **argv) {
     }
     static struct profile prof;
     bool measured;
-    if (exec_machine_profile(&m, 0, 0, PROFILE_MEASURE, NULL, NULL, &prof, &measured) != PSHARD_OK) {
+    if (measure_machine_profile(&m, 0, 0, PROFILE_MEASURE, NULL, NULL, &prof, &measured) != PSHARD_OK) {
         fprintf(stderr, "plan_pair: %s\n", pshard_last_error());
         return 1;
     }

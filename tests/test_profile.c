@@ -601,7 +601,7 @@ static void test_cpu_samples_settle(void **state) {
     threadpool_free(pool);
 }
 
-/* exec_measure_now times the figures that follow host memory again, in the formats the profile
+/* measure_cpu_now times the figures that follow host memory again, in the formats the profile
  * has, and leaves the rest of the profile as it was. */
 static void test_measure_now(void **state) {
     (void)state;
@@ -612,7 +612,7 @@ static void test_measure_now(void **state) {
     for (int i = 0; i < PROFILE_TOKENS; i++) q4->s_per_byte[i] = 1; /* a second a byte: nothing runs so slowly */
     p.host_read_gbps = 0.001;
     struct profile before = p;
-    assert_int_equal(exec_measure_now(NULL, 2, &p), PSHARD_OK); /* no model: 4096-wide Q4_0, Q8_0, F16 shapes */
+    assert_int_equal(measure_cpu_now(NULL, 2, &p), PSHARD_OK); /* no model: 4096-wide Q4_0, Q8_0, F16 shapes */
     assert_true(p.host_read_gbps > 0.1 && isfinite(p.host_read_gbps));
     for (int i = 0; i < CPU_SAMPLE_DENSE; i++) assert_true(q4->s_per_byte[i] > 0 && q4->s_per_byte[i] < 1e-6);
     for (int i = CPU_SAMPLE_DENSE; i < PROFILE_TOKENS; i++) assert_true(q4->s_per_byte[i] == 1);

@@ -41,7 +41,7 @@ pshard_status pshard_parse_vram_budget(const char *text, int64_t *bytes, int *fo
 static const struct profile *planning_profile(pshard_ctx *ctx) {
     if (exec_get_params(ctx->exec)->profile || ctx->params.no_profile || ctx->params.plan != PSHARD_PLAN_AUTO) return NULL;
     bool measured_now;
-    if (exec_machine_profile(&ctx->model, ctx->params.n_threads, 0, PROFILE_CACHED, NULL, NULL, &ctx->profile,
+    if (measure_machine_profile(&ctx->model, ctx->params.n_threads, 0, PROFILE_CACHED, NULL, NULL, &ctx->profile,
                              &measured_now) != PSHARD_OK)
         return NULL;
     return &ctx->profile;

@@ -155,7 +155,7 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
         resident = fits_whole;
         if (!fits_whole) {
             bool measured_now;
-            CORE_TRY(exec_machine_profile(&ctx->model, p->n_threads, ep.vram_budget, p->no_profile ? PROFILE_DEFAULTS : PROFILE_MEASURE,
+            CORE_TRY(measure_machine_profile(&ctx->model, p->n_threads, ep.vram_budget, p->no_profile ? PROFILE_DEFAULTS : PROFILE_MEASURE,
                                           p->profile_progress, p->progress_user, &ctx->profile, &measured_now));
             ep.profile = &ctx->profile;
             ctx->learn = ctx->profile.measured;
@@ -169,7 +169,7 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
     const bool named = ep.plan != PLAN_AUTO && ep.plan != PLAN_CPU && ep.vram_budget > 0 && exec_device_count() > 0;
     if ((resident || named) && !p->no_profile) {
         bool measured_now;
-        if (exec_machine_profile(&ctx->model, p->n_threads, 0, PROFILE_CACHED, NULL, NULL, &ctx->profile, &measured_now) ==
+        if (measure_machine_profile(&ctx->model, p->n_threads, 0, PROFILE_CACHED, NULL, NULL, &ctx->profile, &measured_now) ==
             PSHARD_OK)
             ep.profile = &ctx->profile;
     }

@@ -251,7 +251,7 @@ static void settle_cpu_rates(const struct measure_request *req, const struct sha
     }
 }
 
-pshard_status exec_measure(const struct measure_request *req, struct profile *p) {
+pshard_status measure_profile(const struct measure_request *req, struct profile *p) {
     const double t0 = core_now_ms();
     deadline_ms = t0 + BUDGET_S * 1e3;
     struct shapes sh;
@@ -293,7 +293,7 @@ pshard_status exec_measure(const struct measure_request *req, struct profile *p)
     return PSHARD_OK;
 }
 
-pshard_status exec_measure_now(const struct model *model, int n_threads, struct profile *p) {
+pshard_status measure_cpu_now(const struct model *model, int n_threads, struct profile *p) {
     struct shapes sh;
     measure_shapes_of(model, &sh);
     struct threadpool *pool;
@@ -321,7 +321,7 @@ static bool has_formats(const struct profile *p, const struct shapes *sh) {
     return true;
 }
 
-pshard_status exec_machine_profile(const struct model *model, int n_threads, int64_t vram_cap, enum profile_use use,
+pshard_status measure_machine_profile(const struct model *model, int n_threads, int64_t vram_cap, enum profile_use use,
                                    measure_progress_fn progress, void *user, struct profile *out, bool *measured_now) {
     *measured_now = false;
     const int threads = n_threads > 0 ? n_threads : threadpool_cpu_count();
@@ -354,7 +354,7 @@ pshard_status exec_machine_profile(const struct model *model, int n_threads, int
     }
     if (!cached) profile_defaults(&p);
     struct measure_request req = {model, threads, gpu, progress, user, vram_cap > 0 ? vram_cap : 0};
-    CORE_TRY(exec_measure(&req, &p));
+    CORE_TRY(measure_profile(&req, &p));
     p.fp = here;
     p.created = (int64_t)time(NULL);
     *measured_now = true;

@@ -2,7 +2,7 @@
  * figures in plan/profile.h; this folder times them on this machine, with the CPU's and the GPU's
  * own kernels (it calls cpu, cuda and exec's KV layout, as a step would), and saves them in the
  * cache. It is not part of a step: the executor never calls it. The engine asks it for a profile
- * (exec_machine_profile) when it opens a model or the budget changes, `pshard plan` for the cached
+ * (measure_machine_profile) when it opens a model or the budget changes, `pshard plan` for the cached
  * one (it never measures), `pshard profile` and `pshard bench` to measure.
  *
  * Measuring this machine for the cost model (`pshard profile`): the CPU's and the GPU's kernels
@@ -34,7 +34,7 @@ struct measure_request {
 
 /* Measure into *p. Formats already in *p (a profile being extended with a new model's
  * formats) are measured again only when the model uses them. */
-pshard_status exec_measure(const struct measure_request *req, struct profile *p);
+pshard_status measure_profile(const struct measure_request *req, struct profile *p);
 
 /* The host's read bandwidth now, in GB/s, measured as the profile's host_read_gbps is (n_threads
  * threads, 0: all cores): comparing the two tells how far the host has drifted since profiling. */
@@ -45,7 +45,7 @@ pshard_status measure_host_read(int n_threads, double *gbps);
  * timed again now into p; the rest of p stays. A profile is one moment of a host whose speed
  * drifts within minutes, and these figures timed at the run track its steps better
  * (bench/RESULTS.md). About a second. */
-pshard_status exec_measure_now(const struct model *model, int n_threads, struct profile *p);
+pshard_status measure_cpu_now(const struct model *model, int n_threads, struct profile *p);
 
 /* The profile to plan `model` with on this machine. MEASURE: the cached one when it fits this
  * machine and holds the model's formats, else measured now (the model's missing formats added
@@ -55,7 +55,7 @@ pshard_status exec_measure_now(const struct model *model, int n_threads, struct 
  * no more than vram_cap bytes of device memory besides the context (0: what it takes by default;
  * see measure_request). */
 enum profile_use { PROFILE_MEASURE, PROFILE_CACHED, PROFILE_DEFAULTS };
-pshard_status exec_machine_profile(const struct model *model, int n_threads, int64_t vram_cap, enum profile_use use,
+pshard_status measure_machine_profile(const struct model *model, int n_threads, int64_t vram_cap, enum profile_use use,
                                    measure_progress_fn progress, void *user, struct profile *out, bool *measured_now);
 
 #endif

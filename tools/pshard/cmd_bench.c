@@ -628,7 +628,7 @@ int cmd_bench(int argc, char **argv) {
         }
         struct profile prof;
         bool measured_now;
-        pshard_status st = exec_machine_profile(&m, o.n_threads, 0, PROFILE_MEASURE, NULL, NULL, &prof, &measured_now);
+        pshard_status st = measure_machine_profile(&m, o.n_threads, 0, PROFILE_MEASURE, NULL, NULL, &prof, &measured_now);
         /* The profile as this model's plans are weighed with it: a model whose formats the cached
          * one lacked has added them, so the copy holds every model's so far. */
         if (st == PSHARD_OK && o.json) st = profile_save(profile_copy, &prof);
@@ -645,7 +645,7 @@ int cmd_bench(int argc, char **argv) {
                  * CPU's figures that follow it, timed again now: the plans are weighed with them
                  * when asked (--cpu-now), else with the profile as a run weighs them. */
                 struct profile now = prof;
-                st = exec_measure_now(&m, o.n_threads, &now);
+                st = measure_cpu_now(&m, o.n_threads, &now);
                 struct oracle_host host = {{now.host_read_gbps, 0}, &now, o.cpu_now};
                 if (st == PSHARD_OK) print_cpu_now(&prof, &now);
                 if (st == PSHARD_OK)

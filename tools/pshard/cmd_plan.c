@@ -216,7 +216,7 @@ int cmd_plan(int argc, char **argv) {
     struct profile profile;
     bool measured_now;
     pshard_status st = profile_file ? profile_load(profile_file, NULL, &profile)
-                                    : exec_machine_profile(&model, p.n_threads, 0, no_profile ? PROFILE_DEFAULTS : PROFILE_CACHED,
+                                    : measure_machine_profile(&model, p.n_threads, 0, no_profile ? PROFILE_DEFAULTS : PROFILE_CACHED,
                                                            NULL, NULL, &profile, &measured_now);
     /* Every plan's predictions use the profile, the CPU's alone included (--tokens, -b 0). */
     if (st == PSHARD_OK) {

@@ -166,18 +166,18 @@ int cmd_profile(int argc, char **argv) {
     bool measured_now = false;
     pshard_status st;
     if (show) {
-        st = exec_machine_profile(m, n_threads, 0, PROFILE_CACHED, cli_measure_progress, &measuring, &p, &measured_now);
+        st = measure_machine_profile(m, n_threads, 0, PROFILE_CACHED, cli_measure_progress, &measuring, &p, &measured_now);
         if (st == PSHARD_OK && !p.measured) {
             fprintf(stderr, "pshard profile: no profile is cached for this machine; run `pshard profile`\n");
             st = PSHARD_ERR_NOT_FOUND;
         }
     } else {
         /* A usable cached profile is extended (this model's formats added); else a fresh one. */
-        if (cpu_only || exec_machine_profile(m, n_threads, 0, PROFILE_CACHED, NULL, NULL, &p, &measured_now) != PSHARD_OK ||
+        if (cpu_only || measure_machine_profile(m, n_threads, 0, PROFILE_CACHED, NULL, NULL, &p, &measured_now) != PSHARD_OK ||
             !p.measured)
             profile_defaults(&p);
         struct measure_request req = {m, n_threads, !cpu_only, cli_measure_progress, &measuring, vram_cap};
-        st = exec_measure(&req, &p);
+        st = measure_profile(&req, &p);
         if (st == PSHARD_OK) {
             /* The fingerprint the cache is keyed by: this GPU as the driver names it. */
             char name[256] = "";
