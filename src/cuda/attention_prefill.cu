@@ -14,7 +14,7 @@
 
 using namespace nvcuda;
 
-enum { AP_Q = 64, AP_KV = CUDA_KV_TILE, AP_THREADS = 128, AP_MAX_HEAD = 128, SP = AP_KV + 4, PP = AP_KV + 8,
+enum { AP_Q = CUDA_PREFILL_Q_ROWS, AP_KV = CUDA_KV_TILE, AP_THREADS = 128, AP_MAX_HEAD = CUDA_PREFILL_MAX_HEAD, SP = AP_KV + 4, PP = AP_KV + 8,
        AP_TARGET_BLOCKS = 256, /* two blocks (of ~112 KB of shared memory) on each of ~128 SMs */
        AP_MIN_SPLIT = 512 };   /* cells a slice walks at the least */
 
@@ -209,22 +209,6 @@ extern "C" size_t cuda_attention_prefill_work_bytes(const struct cuda_attn_shape
         most = bytes > most ? bytes : most;
     }
     return most;
-}
-
-extern "C" int64_t cuda_attention_prefill_from(const struct cuda_attn_shape *a) {
-    if (!cuda_attention_prefill_supported(a)) return 0;
-    const int64_t group = a->n_head / a->n_head_kv, from = 2 * group > 8 ? 2 * group : 8;
-    return from < AP_Q ? from : AP_Q;
-}
-
-extern "C" bool cuda_attention_prefill_pays(const struct cuda_attn_shape *a, int64_t n_tokens) {
-    const int64_t from = cuda_attention_prefill_from(a);
-    return from > 0 && n_tokens >= from;
-}
-
-extern "C" bool cuda_attention_prefill_supported(const struct cuda_attn_shape *a) {
-    return a->n_head_kv > 0 && a->n_head % a->n_head_kv == 0 && a->head_k % 16 == 0 && a->head_v % 16 == 0 &&
-           a->head_k <= AP_MAX_HEAD && a->head_v <= AP_MAX_HEAD;
 }
 
 extern "C" pshard_status cuda_attention_prefill(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv,

@@ -332,16 +332,29 @@ pshard_status cuda_attention_decode(const struct cuda_attn_shape *a, const struc
  * is split into slices of 512 cells or more, merged as the decode kernel's are, in `work`:
  * cuda_attention_prefill_work_bytes for every step of up to n_tokens over up to max_kv_len
  * cells (0 where none splits); work NULL: never split. */
-bool cuda_attention_prefill_supported(const struct cuda_attn_shape *a);
-/* Whether n tokens of one sequence should take the prompt kernel: from 2 tokens per query head
- * a KV head serves (its group), 8 at the least, a full tile of 64 queries at the most. Below a
+enum { CUDA_PREFILL_Q_ROWS = 64, CUDA_PREFILL_MAX_HEAD = 128 }; /* a tile's queries; the widest head */
+/* These three are rules of shape alone, the same in a build without CUDA: the planner prices a
+ * GPU profile's attention there as a CUDA build runs it. */
+static inline bool cuda_attention_prefill_supported(const struct cuda_attn_shape *a) {
+    return a->n_head_kv > 0 && a->n_head % a->n_head_kv == 0 && a->head_k % 16 == 0 && a->head_v % 16 == 0 &&
+           a->head_k <= CUDA_PREFILL_MAX_HEAD && a->head_v <= CUDA_PREFILL_MAX_HEAD;
+}
+/* The fewest tokens of one sequence that take the prompt kernel (0: never): 2 tokens per query
+ * head a KV head serves (its group), 8 at the least, a full tile of queries at the most. Below a
  * tile a block costs what a full tile's does; the decode kernel reads the cache once per token
  * (once for a KV head's group), so it pays for fewer tokens the smaller the group. Measured,
  * the prompt kernel wins from 8 tokens over long caches, and the decode kernel over short ones
  * up to the bound above (bench/cuda_kernels.md). */
-bool cuda_attention_prefill_pays(const struct cuda_attn_shape *a, int64_t n_tokens);
-/* The fewest tokens of one sequence that take the prompt kernel (as above; 0: never). */
-int64_t cuda_attention_prefill_from(const struct cuda_attn_shape *a);
+static inline int64_t cuda_attention_prefill_from(const struct cuda_attn_shape *a) {
+    if (!cuda_attention_prefill_supported(a)) return 0;
+    const int64_t group = a->n_head / a->n_head_kv, from = 2 * group > 8 ? 2 * group : 8;
+    return from < CUDA_PREFILL_Q_ROWS ? from : CUDA_PREFILL_Q_ROWS;
+}
+/* Whether n tokens of one sequence should take the prompt kernel. */
+static inline bool cuda_attention_prefill_pays(const struct cuda_attn_shape *a, int64_t n_tokens) {
+    const int64_t from = cuda_attention_prefill_from(a);
+    return from > 0 && n_tokens >= from;
+}
 size_t cuda_attention_prefill_work_bytes(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len);
 pshard_status cuda_attention_prefill(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv, const float *q,
                                      int32_t seq, const int32_t *pos, int64_t n_tokens, int32_t max_kv_len, float *out,

@@ -221,9 +221,6 @@ pshard_status cuda_attention_decode(const struct cuda_attn_shape *a, const struc
     (void)work_bytes, (void)s;
     return no_cuda();
 }
-bool cuda_attention_prefill_supported(const struct cuda_attn_shape *a) { (void)a; return false; }
-bool cuda_attention_prefill_pays(const struct cuda_attn_shape *a, int64_t n_tokens) { (void)a, (void)n_tokens; return false; }
-int64_t cuda_attention_prefill_from(const struct cuda_attn_shape *a) { (void)a; return 0; }
 size_t cuda_attention_prefill_work_bytes(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len) {
     (void)a, (void)n_tokens, (void)max_kv_len;
     return 0;
