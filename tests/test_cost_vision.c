@@ -18,6 +18,7 @@
 #include "plan/cost.h"
 #include "plan/cost_vision.h"
 #include "plan/plan.h"
+#include "plan/planner.h"
 #include "plan/profile.h"
 #include "vision/preprocess.h"
 

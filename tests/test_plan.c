@@ -16,6 +16,7 @@
 
 #include "plan/cost.h"
 #include "plan/plan.h"
+#include "plan/planner.h"
 #include "plan/profile.h"
 #include "quant/types.h"
 

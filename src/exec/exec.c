@@ -9,6 +9,7 @@
 #include "cpu/attention.h"
 #include "exec/exec_gpu.h"
 #include "exec/exec_internal.h"
+#include "plan/planner.h"
 
 static pshard_status view(const struct gguf_tensor *t, struct cpu_matrix *m) {
     if (!t) {

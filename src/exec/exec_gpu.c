@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "exec/exec_gpu_internal.h"
+#include "plan/planner.h"
 
 enum { UPLOAD_CHUNK_BYTES = 64 << 20 };
 

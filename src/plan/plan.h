@@ -9,7 +9,8 @@
  * experts_gpu) streamed, [experts_gpu, n_expert) on the CPU, which computes them while the GPU
  * computes its own. A dense FFN shard of a dynamic tier may be split the same way by rows (see
  * ffn_rows_gpu). A layer's KV cache lives in VRAM when its attention runs on the GPU, which
- * every tier agrees on. The executor follows a plan; `pshard plan` prints one. */
+ * every tier agrees on. The planner builds a plan (plan/planner.h); the executor follows one;
+ * `pshard plan` prints one. This header is the plan as data and the queries of a built plan. */
 #ifndef PLAN_PLAN_H
 #define PLAN_PLAN_H
 
@@ -71,55 +72,6 @@ enum { PLAN_MAX_CANDIDATES = 24 };
 struct plan_budget {
     uint64_t total, weights, kv, activations, work, blas, staging, mapping, free;
 };
-
-struct plan_request {
-    enum plan_family family;
-    int64_t vram_budget;  /* bytes; < 0: as much as the plan needs (gpu) */
-    int32_t n_ctx, n_batch, n_seq;
-    float stream_share;   /* dynamic: share of what is not resident streamed (0: balanced from the profile) */
-    int32_t staging;      /* the resident set: -1 as the family wants; else as the planner weighs a
-                             candidate: PLAN_SET_NO_RING, PLAN_SET_RING or PLAN_SET_ALL_KV */
-    const struct profile *profile; /* auto: the machine's profile (NULL: conservative defaults) */
-    bool lend_slots;      /* tiers that do not use the ring read the ring's last units from their
-                             slots (plan.lent) */
-    bool split_ffn;       /* dynamic tiers without the ring split every dense FFN they do not keep
-                             resident by rows between the GPU (reading in place) and the CPU, both
-                             at once, instead of streaming whole layers */
-    bool stage_static;    /* static tiers copy the attention they stream into the ring's slots
-                             ahead of use, while the CPU computes the FFN before it, instead of
-                             reading it in place */
-    bool routed_split;    /* balanced dynamic tiers split a one-token step's experts by its routing
-                             (plan_tier.routed) rather than by expert range */
-    const uint8_t *routed_quota; /* [1 + n_expert_used]: the routed tiers' quota given (entry n for n
-                             experts not resident; plan_options, for tests and comparison); NULL:
-                             the cost model's */
-    int routed_quota_count;      /* entries given after [0] */
-    bool one_expert_call; /* a layer's resident and streamed experts in one expert call (tables of
-                             each expert's place) rather than two, resident ones first */
-    bool phases;          /* auto, one sequence: decode steps may run a plan of their own over
-                             another resident set (plan.decode) */
-    int32_t decode_set;   /* phases: -1 as the planner weighs; else decode steps over this set
-                             whenever it differs from the prompt's (tests, comparison) */
-    int32_t n_decode;     /* auto: the tokens the typical request generates after its prompt, which
-                             resident sets and phases are weighed by (0: PLAN_TYPICAL_DECODE) */
-    bool kv_stream;       /* ring tiers may run the attention of layers whose KV cache is in host
-                             memory on the GPU: the layer's cached cells travel up in its slot with
-                             its matrices, the step's new cells come back down (plan.kv_stream;
-                             with several sequences where the pool's cells fit the slots) */
-    bool long_decode;     /* phases: decode steps over long caches may run over another set than
-                             short ones (plan.decode_from, decode_until) */
-    int32_t decode_from;  /* with decode_set asked for: decode steps run over it only over caches of
-                             this many cells or more (tests, comparison); 0: every cache */
-    bool dynamic_in_place; /* dynamic: every tier splits with the CPU, reading in place (auto always
-                             weighs dynamic so: streaming everything through the ring is gpu's) */
-    bool lend_experts;    /* with lend_slots and one_expert_call: tiers without the ring read the
-                             MoE pieces among the ring's last units from their slots as well
-                             (plan.experts_lent) */
-    int64_t kv_cells;     /* cells of each layer's KV pool, shared by the sequences (0: n_ctx * n_seq) */
-};
-
-/* auto: the typical request generates this many tokens unless told (plan_request.n_decode). */
-enum { PLAN_TYPICAL_DECODE = 128 };
 
 /* auto: the typical request's prompt, 1K tokens or half the context. */
 static inline int32_t plan_typical_prompt(int32_t n_ctx) { return n_ctx / 2 < 1024 ? n_ctx / 2 : 1024; }
@@ -281,18 +233,9 @@ struct plan {
     struct plan *decode;
     int32_t decode_from, decode_until;
     int32_t n_batch, n_ctx;
-    int32_t n_decode; /* the tokens the typical request generated, as weighed (plan.c: typical_generated) */
+    int32_t n_decode; /* the tokens the typical request generated, as weighed (planner.c: typical_generated) */
     int32_t n_seq;    /* the requests weighed at once: predicted_ttft is until every one's prompt is read,
                          predicted_decode a step of one token of each */
-};
-
-/* Size of the GPU-side buffers a plan needs besides weights and KV, for these shapes, and the
- * kernels its steps run. Filled by the executor's GPU code (it knows the kernels); see
- * exec_gpu_costs. */
-struct plan_gpu_costs {
-    uint64_t activations, logits, work, blas; /* logits: only when the head is on the GPU */
-    uint64_t host_mapping; /* device memory for mapping the model file, when anything streams */
-    struct plan_kernels kernels;
 };
 
 /* The resident set whose typical request (weighed_set, n_out tokens generated) ends soonest, or
@@ -300,10 +243,7 @@ struct plan_gpu_costs {
  * where no set was weighed. *soonest (if not NULL): the soonest request's seconds. */
 int plan_soonest_set(const struct plan *p, int32_t n_out, double *soonest);
 
-/* Build a plan for `model` under the request. Fails with a clear message when the budget
- * cannot hold even the fixed GPU buffers (naming the minimum), or a family cannot be built. */
-pshard_status plan_build(const struct model *model, const struct plan_request *req, const struct plan_gpu_costs *costs,
-                         struct plan *out);
+/* Free what plan_build allocated in a plan, its decode phase's plan included. */
 void plan_free(struct plan *plan);
 
 /* The tier a step of n new tokens runs. */
@@ -376,6 +316,9 @@ enum placement plan_shard_place(const struct plan *p, uint32_t i);
 /* Whether some tier reads weights from host memory on the GPU (streamed shards or experts). */
 bool plan_streams(const struct plan *p);
 
+/* A staged unit's tensors each take a whole number of PLAN_ALIGN bytes in a slot. */
+enum { PLAN_ALIGN = 256 };
+static inline uint64_t plan_align_up(uint64_t n) { return (n + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN; }
 /* Bytes of one staged unit: a dense shard's matrices, or a piece of an MoE shard's experts. */
 uint64_t plan_unit_bytes(const struct shard *s, uint32_t n_experts);
 

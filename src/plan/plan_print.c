@@ -56,7 +56,7 @@ static void range_label(int32_t lo, int32_t hi, char *buf, size_t size) {
 }
 
 /* The steps tier t runs in this plan (its start moves down where the tier's plan is predicted
- * faster than the one before: plan.c, move_boundaries). */
+ * faster than the one before: planner.c, move_boundaries). */
 static void tier_label(const struct plan *p, int t, char *buf, size_t size) {
     range_label(p->tier[t].min_tokens, t + 1 < PLAN_TIERS ? p->tier[t + 1].min_tokens - 1 : 0, buf, size);
 }

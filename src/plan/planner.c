@@ -1,0 +1,873 @@
+/* The planner: a function from a model, a request (family, VRAM budget, context) and the GPU's
+ * buffer sizes to a plan. It chooses the resident set under the budget, places every token tier
+ * over it by its family, and for auto searches the families (and dynamic shares) per tier, the
+ * resident sets and the decode phase's set by the cost model's predictions. Reads the cost model;
+ * the cost model reads only the plan it builds (plan.h). */
+#include "plan/planner.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "plan/cost.h"
+#include "plan/profile.h"
+#include "quant/types.h"
+
+/* A dense shard's matrices (what streaming moves; its vectors stay resident). */
+static uint64_t matrix_bytes(const struct shard *s) {
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < s->n_tensors; i++)
+        if (model_tensor_is_matrix(s->tensors[i]) && !model_tensor_is_experts(s->tensors[i]))
+            n += s->tensors[i]->n_bytes;
+    return n;
+}
+
+/* An MoE shard's always-used part: router, norm, shared expert. */
+static uint64_t shared_bytes(const struct shard *s) { return s->weight_bytes - (uint64_t)s->n_expert * s->expert_bytes; }
+
+/* The cells of each layer's KV pool, which the sequences share. */
+static uint64_t kv_cells(const struct plan_request *req) {
+    return req->kv_cells > 0 ? (uint64_t)req->kv_cells : (uint64_t)req->n_ctx * (uint64_t)req->n_seq;
+}
+
+static uint64_t kv_bytes(const struct shard *s, const struct plan_request *req) {
+    return s->kind == SHARD_ATTN ? s->kv_bytes_per_token * kv_cells(req) : 0;
+}
+
+/* The per-token byte counts of a tier: who reads what from where. */
+static void tier_account(const struct model *m, const struct plan *p, struct plan_tier *t) {
+    t->any_gpu = false;
+    t->all_gpu = t->shards_gpu = true;
+    t->host_bytes_per_token = t->pcie_bytes_per_token = t->gpu_bytes_per_token = 0;
+    const uint64_t k = m->hp.n_expert_used;
+    for (uint32_t i = 0; i < m->n_shards; i++) {
+        const struct shard *s = &m->shards[i];
+        const enum placement place = t->shard[i];
+        t->any_gpu |= place != PLACE_CPU;
+        t->all_gpu &= place != PLACE_CPU;
+        t->shards_gpu &= place != PLACE_CPU || s->kind == SHARD_EMBED;
+        if (s->kind == SHARD_EMBED) {
+            const uint64_t row = s->n_tensors && s->tensors[0]->ne[1] ? s->tensors[0]->n_bytes / s->tensors[0]->ne[1] : 0;
+            *(place == PLACE_CPU ? &t->host_bytes_per_token
+                                 : place == PLACE_STREAMED ? &t->pcie_bytes_per_token : &t->gpu_bytes_per_token) += row;
+        } else if (s->kind == SHARD_MOE && place != PLACE_CPU) {
+            const uint32_t r = plan_experts_vram(p, t, s->layer), g = t->experts_gpu[s->layer], E = s->n_expert;
+            t->all_gpu &= g == E;
+            t->gpu_bytes_per_token += shared_bytes(s) + k * s->expert_bytes * r / E;
+            t->pcie_bytes_per_token += k * s->expert_bytes * (g - r) / E;
+            t->host_bytes_per_token += k * s->expert_bytes * (E - g) / E;
+        } else if (place == PLACE_CPU) {
+            t->host_bytes_per_token += s->kind == SHARD_MOE ? shared_bytes(s) + k * s->expert_bytes : s->weight_bytes;
+        } else if (place == PLACE_STREAMED && plan_ffn_split(t, s)) {
+            const uint64_t gpu = matrix_bytes(s) * t->ffn_rows_gpu[s->layer] / m->hp.n_ff;
+            t->all_gpu = false;
+            t->pcie_bytes_per_token += gpu;
+            t->host_bytes_per_token += matrix_bytes(s) - gpu;
+            t->gpu_bytes_per_token += s->weight_bytes - matrix_bytes(s);
+        } else if (place == PLACE_STREAMED) {
+            *(plan_reads_lent(p, t, i) ? &t->gpu_bytes_per_token : &t->pcie_bytes_per_token) += matrix_bytes(s);
+            t->gpu_bytes_per_token += s->weight_bytes - matrix_bytes(s);
+        } else {
+            t->gpu_bytes_per_token += s->weight_bytes;
+        }
+    }
+}
+
+/* plan.lent and plan.experts_lent from the resident set (marked in tier 0): the dense shards and
+ * the MoE pieces among the ring's last n_slots units. */
+static pshard_status lend_slots(const struct model *m, struct plan *p) {
+    struct plan_unit *units = malloc(sizeof *units * plan_ring_units_max(p));
+    if (!units) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    const uint32_t n = plan_ring_units(p, m, &p->tier[0], units);
+    for (uint32_t j = n > p->n_slots ? n - p->n_slots : 0; j < n; j++) {
+        const struct shard *s = &m->shards[units[j].shard];
+        if (s->kind == SHARD_MOE) {
+            /* (a layer's pieces run from its highest experts down, so those among the last units
+             * are the lowest past its resident ones: one range) */
+            if (p->experts_lent) p->experts_lent[s->layer] += units[j].end - units[j].first;
+            continue;
+        }
+        /* (attention whose KV is on the host needs its cells in the slot, which only ring steps bring) */
+        if (p->lent) p->lent[units[j].shard] |= s->kind == SHARD_FFN || (s->kind == SHARD_ATTN && p->kv_gpu[s->layer]);
+    }
+    free(units);
+    return PSHARD_OK;
+}
+
+/* Resident weights and KV of the plan (what its tiers keep in VRAM), then the rest. */
+static void account(const struct model *m, const struct plan_request *req, const struct plan_gpu_costs *costs,
+                    struct plan *p) {
+    struct plan_budget *b = &p->budget;
+    const uint64_t total = b->total, staging = b->staging;
+    memset(b, 0, sizeof *b);
+    b->total = total;
+    b->staging = staging;
+    p->any_gpu = p->any_cpu_attention = false;
+    for (uint32_t i = 0; i < m->n_shards; i++) {
+        const struct shard *s = &m->shards[i];
+        const enum placement place = plan_shard_place(p, i);
+        const bool gpu = place != PLACE_CPU;
+        p->any_gpu |= gpu;
+        p->any_cpu_attention |= s->kind == SHARD_ATTN && !p->kv_gpu[s->layer];
+        if (!gpu) continue;
+        if (s->kind == SHARD_MOE) b->weights += shared_bytes(s) + (uint64_t)p->experts_resident[s->layer] * s->expert_bytes;
+        else if (place == PLACE_RESIDENT) b->weights += s->weight_bytes;
+        else if (s->kind != SHARD_EMBED) b->weights += s->weight_bytes - matrix_bytes(s);
+        if (s->kind == SHARD_ATTN && p->kv_gpu[s->layer]) b->kv += kv_bytes(s, req);
+    }
+    if (p->any_gpu) b->activations += costs->activations + costs->logits, b->work = costs->work, b->blas = costs->blas;
+    else b->staging = 0;
+    b->mapping = plan_streams(p) ? costs->host_mapping : 0;
+    const uint64_t used = b->weights + b->kv + b->activations + b->work + b->blas + b->staging + b->mapping;
+    b->free = b->total > used ? b->total - used : 0;
+    for (int t = 0; t < PLAN_TIERS; t++) tier_account(m, p, &p->tier[t]);
+}
+
+/* Room left in the budget while choosing what is resident. */
+struct room {
+    uint64_t left;
+};
+
+static bool take(struct room *r, uint64_t bytes) {
+    if (bytes > r->left) return false;
+    r->left -= bytes;
+    return true;
+}
+
+static uint32_t expert_type(const struct model *m) {
+    for (uint32_t i = 0; i < m->n_shards; i++)
+        if (shard_expert_type(&m->shards[i])) return shard_expert_type(&m->shards[i]);
+    return 0;
+}
+
+/* The format of the dense FFNs' matrices (not of their norm vectors). */
+static uint32_t ffn_type(const struct model *m) {
+    for (uint32_t i = 0; i < m->n_shards; i++)
+        for (uint32_t k = 0; m->shards[i].kind == SHARD_FFN && k < m->shards[i].n_tensors; k++)
+            if (model_tensor_is_matrix(m->shards[i].tensors[k])) return m->shards[i].tensors[k]->type;
+    return 0;
+}
+
+/* The stream share at which streaming and the CPU take equally long for steps of n tokens: the
+ * share x of the bytes streamed at s seconds per byte against (1 - x) computed by the CPU at c
+ * seconds per byte is balanced at x = c / (c + s). */
+static float balanced_share(const struct model *m, const struct profile *prof, int32_t n) {
+    double cpu, stream;
+    if (m->hp.n_expert) {
+        const double E = m->hp.n_expert, k = m->hp.n_expert_used;
+        cpu = cost_expert_rate(prof->cpu_experts, expert_type(m), E, k, n);
+        stream = cost_expert_rate_of(profile_in_place(prof, m->weights_skew, true), E, k, n);
+    } else {
+        cpu = cost_rate(prof->cpu_matmul, ffn_type(m), n);
+        stream = profile_at_tokens(profile_in_place(prof, m->weights_skew, false), n);
+    }
+    return cpu + stream > 0 ? (float)(cpu / (cpu + stream)) : 0.5f;
+}
+
+/* The rows of a dense FFN split at stream share `share` that the GPU takes: whole multiples of
+ * PLAN_SPLIT_ROWS on both sides; 0 (no split) where the FFN is too narrow or the share rounds to
+ * all or nothing. */
+static uint32_t split_rows(const struct model *m, float share) {
+    const uint32_t ff = m->hp.n_ff, units = ff / PLAN_SPLIT_ROWS;
+    if (ff % PLAN_SPLIT_ROWS || units < 2) return 0;
+    const long gpu = lroundf(share * (float)units);
+    return gpu >= 1 && gpu < (long)units ? (uint32_t)gpu * PLAN_SPLIT_ROWS : 0;
+}
+
+/* Every tier's places from the resident set and the tier's family. Dynamic streams a share of
+ * what is not resident -- MoE experts by range, dense FFN shards by layer (the first ones) --
+ * given, or else balanced so both sides finish together; ring tiers (staged copies) stream
+ * everything. */
+static void place_tier(const struct model *m, const struct plan_request *req, const struct profile *prof, struct plan *p,
+                       int ti, float share, bool staging, bool kv_stream) {
+    struct plan_tier *t = &p->tier[ti];
+    /* Ring tiers stream everything not resident, so they all stage the same units. */
+    const bool dynamic_ring = req->family != PLAN_AUTO && !req->dynamic_in_place;
+    const bool ring_ok = staging && ((t->family == PLAN_GPU && t->min_tokens >= PLAN_RING_MIN_TOKENS) ||
+                                     (t->family == PLAN_DYNAMIC && dynamic_ring && t->min_tokens >= PLAN_RING_ALL_MIN_TOKENS) ||
+                                     (t->family == PLAN_STATIC && req->stage_static));
+    const bool stream_all = t->family == PLAN_GPU || (t->family == PLAN_DYNAMIC && ring_ok);
+    const bool balanced = share <= 0 && req->stream_share <= 0;
+    if (share <= 0) share = req->stream_share > 0 ? req->stream_share : balanced_share(m, prof, t->min_tokens);
+    if (share > 1) share = 1;
+    uint32_t n_ffn = 0, ffn_seen = 0;
+    for (uint32_t i = 0; i < m->n_shards; i++)
+        n_ffn += m->shards[i].kind == SHARD_FFN && t->shard[i] != PLACE_RESIDENT;
+    t->ring = t->kv_stream = false;
+    for (uint32_t i = 0; i < m->n_shards; i++) {
+        const struct shard *s = &m->shards[i];
+        enum placement *place = &t->shard[i];
+        if (*place == PLACE_RESIDENT && s->kind != SHARD_MOE) continue;
+        if (s->kind == SHARD_MOE) {
+            /* On the GPU when its shared part is resident (marked by the caller). */
+            if (*place == PLACE_CPU) continue;
+            const uint32_t r = p->experts_resident[s->layer], E = s->n_expert;
+            /* (a tier that cannot take the ring computes the experts lent it from their slots) */
+            const uint32_t vram = r + (p->experts_lent && !ring_ok ? p->experts_lent[s->layer] : 0);
+            uint32_t g = vram;
+            if (stream_all) g = E;
+            else if (t->family == PLAN_DYNAMIC) g = vram + (uint32_t)lroundf(share * (float)(E - vram));
+            t->experts_gpu[s->layer] = g;
+            *place = r == E ? PLACE_RESIDENT : PLACE_STREAMED;
+            t->ring |= ring_ok && g > r;
+        } else if (s->kind == SHARD_ATTN) {
+            const bool streams_kv = !p->kv_gpu[s->layer] && ring_ok && kv_stream && p->kv_stream;
+            *place = p->kv_gpu[s->layer] || streams_kv ? PLACE_STREAMED : PLACE_CPU;
+            t->ring |= ring_ok && *place == PLACE_STREAMED;
+            t->kv_stream |= streams_kv;
+        } else {
+            bool stream = stream_all;
+            const bool dynamic_ffn = s->kind == SHARD_FFN && t->family == PLAN_DYNAMIC && !ring_ok;
+            const uint32_t rows = dynamic_ffn && req->split_ffn ? split_rows(m, share) : 0;
+            if (rows) {
+                t->ffn_rows_gpu[s->layer] = rows;
+                stream = true;
+            } else if (dynamic_ffn) {
+                stream = ffn_seen++ < lroundf(share * (float)n_ffn);
+            }
+            *place = stream ? PLACE_STREAMED : PLACE_CPU;
+            t->ring |= ring_ok && *place == PLACE_STREAMED && s->kind == SHARD_FFN;
+        }
+    }
+    t->routed = req->routed_split && balanced && t->family == PLAN_DYNAMIC && !t->ring && t->min_tokens == 1 &&
+                m->hp.n_expert && m->hp.n_expert_used <= PLAN_MAX_ROUTED;
+    memset(t->routed_quota, 0, sizeof t->routed_quota);
+    if (t->routed && req->routed_quota) {
+        memcpy(t->routed_quota, req->routed_quota, (size_t)req->routed_quota_count + 1);
+    } else if (t->routed) {
+        cost_routed_quota(prof, m, p, t, t->routed_quota);
+        bool reads = false; /* none read in place: the CPU takes them all, as a range split would */
+        for (int n = 1; n <= PLAN_MAX_ROUTED; n++) reads |= t->routed_quota[n] > 0;
+        t->routed = reads;
+    }
+    /* Without the ring, the units it leaves in the slots run on the GPU from there. */
+    if (!t->ring && p->lent)
+        for (uint32_t i = 0; i < m->n_shards; i++)
+            if (p->lent[i]) {
+                t->shard[i] = PLACE_STREAMED;
+                if (m->shards[i].kind == SHARD_FFN) t->ffn_rows_gpu[m->shards[i].layer] = 0;
+            }
+    for (uint32_t i = 0; !t->ring && p->experts_lent && i < m->n_shards; i++) {
+        const struct shard *s = &m->shards[i];
+        if (s->kind != SHARD_MOE || t->shard[i] == PLACE_CPU) continue;
+        const uint32_t vram = plan_experts_vram(p, t, s->layer);
+        if (t->experts_gpu[s->layer] < vram) t->experts_gpu[s->layer] = vram;
+    }
+}
+
+/* A unit of the resident set: a shard's matrices (with its layer's KV, for attention) or an
+ * MoE shard's shared part, and how much a decode step saves per byte of VRAM it takes. */
+struct unit {
+    uint32_t shard;
+    uint64_t bytes;
+    double benefit; /* seconds saved per decode token per byte */
+    int rank;       /* the kind's priority, breaking near-ties */
+};
+
+static void unit_benefit(const struct model *m, const struct plan_request *req, const struct profile *prof, bool kv_separate,
+                         struct unit *u) {
+    const struct shard *s = &m->shards[u->shard];
+    double saved = 0;
+    for (uint32_t i = 0; i < s->n_tensors; i++) {
+        const struct gguf_tensor *t = s->tensors[i];
+        if (model_tensor_is_matrix(t) && !model_tensor_is_experts(t))
+            saved += t->n_bytes * (cost_rate(prof->cpu_matmul, t->type, 1) - cost_rate(prof->gpu_matmul, t->type, 1));
+    }
+    if (s->kind == SHARD_ATTN)
+        saved += (double)s->kv_bytes_per_token * (kv_cells(req) < (uint64_t)req->n_ctx ? kv_cells(req) : (uint64_t)req->n_ctx) *
+                 (prof->cpu_attn[0] * cost_query_heads_per_kv(m) - prof->gpu_attn[0]); /* a sequence's longest cache */
+    u->benefit = saved / (double)(u->bytes ? u->bytes : 1);
+    /* An MoE layer's shared part (its router: a few MB) is what lets the GPU take any of the
+     * layer's experts, streamed, read in place or split; without it every tier, prompts
+     * included, computes them on the CPU. Weighed by the router alone, attention would come
+     * first, and a small budget would keep almost no layer's router. */
+    if (s->kind == SHARD_MOE && s->expert_bytes) u->benefit = DBL_MAX;
+    (void)kv_separate;
+}
+
+static int unit_order(const void *a, const void *b) {
+    const struct unit *x = a, *y = b;
+    const double hi = x->benefit > y->benefit ? x->benefit : y->benefit;
+    if (fabs(x->benefit - y->benefit) > 0.05 * hi) return x->benefit > y->benefit ? -1 : 1;
+    if (x->rank != y->rank) return x->rank - y->rank;
+    return x->shard < y->shard ? -1 : x->shard > y->shard;
+}
+
+/* The resident set under a budget: every GPU shard's vectors (norms, biases: small), then units
+ * by benefit per byte (a layer's attention with its KV; the head; MoE shared parts; dense
+ * FFNs), then experts (the same count per layer), then the embedding. When every attention must
+ * run on the GPU (the gpu family), all KV comes first. */
+static pshard_status choose_resident(const struct model *m, const struct plan_request *req, const struct profile *prof,
+                                     uint64_t room_bytes, bool kv_first, struct plan *p) {
+    const uint32_t n = m->n_shards;
+    struct room room = {room_bytes};
+    uint64_t vectors = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (m->shards[i].kind != SHARD_MOE && m->shards[i].kind != SHARD_EMBED)
+            vectors += m->shards[i].weight_bytes - matrix_bytes(&m->shards[i]);
+    if (!take(&room, vectors)) room.left = 0;
+    if (kv_first)
+        for (uint32_t i = 0; i < n; i++) {
+            const struct shard *s = &m->shards[i];
+            if (s->kind == SHARD_ATTN && take(&room, kv_bytes(s, req))) p->kv_gpu[s->layer] = true;
+        }
+    struct unit *units = calloc(n, sizeof *units);
+    if (!units) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    uint32_t n_units = 0;
+    static const int rank[SHARD_KIND_COUNT] = {9, 0, 3, 2, 1};
+    for (uint32_t i = 0; i < n; i++) {
+        const struct shard *s = &m->shards[i];
+        if (s->kind == SHARD_EMBED) continue;
+        struct unit *u = &units[n_units++];
+        u->shard = i;
+        u->rank = rank[s->kind];
+        u->bytes = s->kind == SHARD_MOE ? shared_bytes(s) : matrix_bytes(s);
+        if (s->kind == SHARD_ATTN && !kv_first) u->bytes += kv_bytes(s, req);
+        unit_benefit(m, req, prof, kv_first, u);
+    }
+    qsort(units, n_units, sizeof *units, unit_order);
+    uint32_t n_moe_gpu = 0;
+    for (uint32_t k = 0; k < n_units; k++) {
+        const struct shard *s = &m->shards[units[k].shard];
+        enum placement place = PLACE_CPU;
+        if (s->kind == SHARD_ATTN) {
+            if (kv_first ? p->kv_gpu[s->layer] && take(&room, units[k].bytes) : take(&room, units[k].bytes))
+                place = PLACE_RESIDENT, p->kv_gpu[s->layer] = true;
+        } else if (take(&room, units[k].bytes)) {
+            place = s->kind == SHARD_MOE ? PLACE_STREAMED : PLACE_RESIDENT;
+            n_moe_gpu += s->kind == SHARD_MOE;
+        }
+        for (int t = 0; t < PLAN_TIERS; t++) p->tier[t].shard[units[k].shard] = place;
+    }
+    free(units);
+    /* Attention whose matrices did not fit still runs on the GPU where its KV is (kv_first). */
+    /* Experts: the same count per layer, the remainder to the first layers. */
+    uint64_t expert_bytes = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (m->shards[i].kind == SHARD_MOE) expert_bytes = m->shards[i].expert_bytes;
+    if (n_moe_gpu && expert_bytes) {
+        const uint64_t fit = room.left / expert_bytes, per = fit / n_moe_gpu;
+        uint64_t extra = fit % n_moe_gpu;
+        for (uint32_t i = 0; i < n; i++) {
+            const struct shard *s = &m->shards[i];
+            if (s->kind != SHARD_MOE || p->tier[0].shard[i] == PLACE_CPU) continue;
+            uint64_t r = per + (extra ? 1 : 0);
+            if (extra) extra--;
+            if (r > s->n_expert) r = s->n_expert;
+            p->experts_resident[s->layer] = (uint32_t)r;
+            room.left -= r * s->expert_bytes;
+        }
+    }
+    const struct shard *embed = &m->shards[0];
+    if (embed->kind == SHARD_EMBED && take(&room, embed->weight_bytes))
+        for (int t = 0; t < PLAN_TIERS; t++) p->tier[t].shard[0] = PLACE_RESIDENT;
+    return PSHARD_OK;
+}
+
+/* Bytes of a layer's KV cells in a slot (plan.kv_stream): a copy of its pool, K then V. */
+static uint64_t kv_unit_bytes(const struct shard *s, const struct plan_request *req) {
+    return plan_align_up(kv_bytes(s, req)) + PLAN_ALIGN;
+}
+
+/* The largest unit any shard may stream (a slot's size), and experts per staged piece; attention
+ * with its KV cells for `kv` (NULL: the ring carries none). */
+static uint64_t slot_size(const struct model *m, const struct plan_request *kv, struct plan *p) {
+    uint64_t slot = 0;
+    for (uint32_t i = 0; i < m->n_shards; i++) {
+        const struct shard *s = &m->shards[i];
+        uint64_t unit = plan_unit_bytes(s, 0);
+        if (s->kind == SHARD_ATTN && kv) unit += kv_unit_bytes(s, kv);
+        if (s->kind == SHARD_ATTN || s->kind == SHARD_FFN) slot = unit > slot ? unit : slot;
+        if (s->kind == SHARD_MOE && s->expert_bytes) {
+            uint64_t per = PLAN_PIECE_MAX_BYTES / s->expert_bytes;
+            per = per < 1 ? 1 : per > s->n_expert ? s->n_expert : per;
+            p->piece_experts = (uint32_t)per;
+            slot = plan_unit_bytes(s, (uint32_t)per) > slot ? plan_unit_bytes(s, (uint32_t)per) : slot;
+        }
+    }
+    return slot;
+}
+
+static void reset_places(struct plan *p) {
+    for (int t = 0; t < PLAN_TIERS; t++) {
+        p->tier[t].family = PLAN_CPU;
+        p->tier[t].routed = p->tier[t].ring = p->tier[t].kv_stream = false;
+        p->tier[t].min_tokens = plan_tier_tokens[t];
+        for (uint32_t i = 0; i < p->n_shards; i++) p->tier[t].shard[i] = PLACE_CPU;
+        for (uint32_t l = 0; l < p->n_layers; l++) p->tier[t].experts_gpu[l] = p->tier[t].ffn_rows_gpu[l] = 0;
+    }
+    for (uint32_t l = 0; l < p->n_layers; l++) p->kv_gpu[l] = false, p->experts_resident[l] = 0;
+    p->n_slots = 0;
+    p->slot_bytes = 0;
+    p->kv_stream = false;
+    p->budget.staging = 0;
+    if (p->lent) memset(p->lent, 0, sizeof *p->lent * p->n_shards);
+    if (p->experts_lent) memset(p->experts_lent, 0, sizeof *p->experts_lent * p->n_layers);
+}
+
+/* Staging slots a budget holds: PLAN_STAGING_SLOTS where they are a small part of it. */
+static uint32_t slots_for(uint64_t budget, uint64_t slot) {
+    return budget >= 32 * PLAN_STAGING_SLOTS * slot ? PLAN_STAGING_SLOTS : PLAN_MIN_SLOTS;
+}
+
+/* VRAM for every shard and its KV resident, with the GPU's buffers: a budget this large holds
+ * the whole model, one plan for every tier. */
+static uint64_t all_resident_bytes(const struct model *m, const struct plan_request *req, const struct plan_gpu_costs *costs) {
+    uint64_t all = costs->activations + costs->logits + costs->work + costs->blas;
+    for (uint32_t i = 0; i < m->n_shards; i++) all += m->shards[i].weight_bytes + kv_bytes(&m->shards[i], req);
+    return all;
+}
+
+/* The least budget that holds `base` bytes besides the slots it would then have (with_slots),
+ * or the whole model where that is less, whole MB up: what an error names as the minimum. */
+static double minimum_mb(const struct model *m, const struct plan_request *req, const struct plan_gpu_costs *costs,
+                         uint64_t base, uint64_t slot, bool with_slots) {
+    uint64_t least = base;
+    if (with_slots) {
+        least = base + PLAN_MIN_SLOTS * slot;
+        if (slots_for(least, slot) == PLAN_STAGING_SLOTS) least = base + PLAN_STAGING_SLOTS * slot;
+    }
+    const uint64_t all = all_resident_bytes(m, req, costs);
+    return ceil((all < least ? all : least) / 1048576.0);
+}
+
+/* The resident set of a budget with or without the staging ring; every tier starts from it. */
+static pshard_status resident_set(const struct model *m, const struct plan_request *req, const struct plan_gpu_costs *costs,
+                                  const struct profile *prof, uint64_t budget, bool staging, bool kv_first, struct plan *p) {
+    reset_places(p);
+    p->budget.total = budget;
+    const uint64_t fixed = costs->activations + costs->logits + costs->work + costs->blas + costs->host_mapping;
+    /* (a set that takes every KV first keeps the rest of it too: its ring carries no cells; with
+     * several sequences a slot would hold every sequence's cells of a layer, the whole pool's, so
+     * they ride only where they fit in the slots the experts' pieces make anyway) */
+    const uint64_t bare_slot = slot_size(m, NULL, p), kv_slot = slot_size(m, req, p);
+    const bool carries_kv = staging && req->kv_stream && !kv_first && (req->n_seq == 1 || kv_slot == bare_slot);
+    const uint64_t slot = carries_kv ? kv_slot : bare_slot;
+    const uint32_t n_slots = slots_for(budget, slot);
+    const uint64_t ring = staging ? n_slots * slot : 0;
+    uint64_t smallest_kv = UINT64_MAX;
+    for (uint32_t i = 0; i < m->n_shards; i++)
+        if (m->shards[i].kind == SHARD_ATTN && kv_bytes(&m->shards[i], req) < smallest_kv) smallest_kv = kv_bytes(&m->shards[i], req);
+    if (budget < fixed + ring + smallest_kv)
+        return core_fail(PSHARD_ERR_RANGE, "a VRAM budget of %.0f MB cannot hold even one layer's KV cache besides the "
+                         "GPU's buffers; the minimum for this model and context is %.0f MB (or use 0 to run on the CPU)",
+                         budget / 1048576.0, minimum_mb(m, req, costs, fixed + smallest_kv, slot, staging));
+    if (staging) p->n_slots = n_slots, p->slot_bytes = slot, p->budget.staging = ring;
+    CORE_TRY(choose_resident(m, req, prof, budget - fixed - ring, kv_first, p));
+    for (uint32_t l = 0; carries_kv && l < p->n_layers; l++) p->kv_stream |= !p->kv_gpu[l];
+    return staging && (p->lent || p->experts_lent) ? lend_slots(m, p) : PSHARD_OK;
+}
+
+/* The predicted seconds of a step of n tokens in tier t, at the end of the context. */
+static double step_seconds(const struct profile *prof, const struct model *m, const struct plan_request *req,
+                           const struct plan *p, int t, int32_t n) {
+    struct cost_step cs;
+    cost_step(prof, m, p, &p->tier[t], n, req->n_ctx > n ? req->n_ctx - n : 0, &cs);
+    return cs.seconds;
+}
+
+/* Tier t's largest step (capped by the micro-batch). A prompt tier spans 4x in tokens, and a plan
+ * that reads weights in place can win at the low end and lose by far at the high end. */
+static int32_t tier_top_tokens(const struct plan_request *req, int t) {
+    const int32_t top = t + 1 < PLAN_TIERS ? plan_tier_tokens[t + 1] - 1 : req->n_batch;
+    return top < req->n_batch ? top : req->n_batch;
+}
+
+/* Seconds per token of tier t's steps at both its ends (its fewest tokens and its most). */
+static double tier_per_token(const struct profile *prof, const struct model *m, const struct plan_request *req,
+                             const struct plan *p, int t) {
+    const int32_t lo = plan_tier_tokens[t], hi = tier_top_tokens(req, t);
+    return step_seconds(prof, m, req, p, t, lo) / lo + (hi > lo ? step_seconds(prof, m, req, p, t, hi) / hi : 0);
+}
+
+/* Set tier t to a family (and dynamic share) over the resident set, and account for it. */
+static void set_tier(const struct model *m, const struct plan_request *req, const struct profile *prof, struct plan *p,
+                     int t, enum plan_family family, float share) {
+    struct plan_tier *tier = &p->tier[t];
+    tier->family = family;
+    tier->min_tokens = plan_tier_tokens[t];
+    for (uint32_t i = 0; i < p->n_shards; i++)
+        if (tier->shard[i] != PLACE_RESIDENT && m->shards[i].kind != SHARD_MOE) tier->shard[i] = PLACE_CPU;
+    for (uint32_t l = 0; l < p->n_layers; l++) tier->ffn_rows_gpu[l] = 0;
+    if (family == PLAN_CPU) {
+        for (uint32_t i = 0; i < p->n_shards; i++) tier->shard[i] = PLACE_CPU;
+        for (uint32_t l = 0; l < p->n_layers; l++) tier->experts_gpu[l] = 0;
+        tier->ring = tier->routed = false;
+        return;
+    }
+    place_tier(m, req, prof, p, t, share, p->n_slots > 0, true);
+    if (!tier->kv_stream) return;
+    /* A ring tier runs the attention of layers whose KV is on the host where it is the faster:
+     * on the GPU, its cells copied up and down, or on the CPU, beside the copies. */
+    const double streamed = tier_per_token(prof, m, req, p, t);
+    place_tier(m, req, prof, p, t, share, true, false);
+    if (streamed < tier_per_token(prof, m, req, p, t)) place_tier(m, req, prof, p, t, share, true, true);
+}
+
+/* A step runs its tier's plan up to the next tier's fewest tokens. Where the next tier's plan is
+ * predicted faster before that, the next tier starts there: a tier's plan is chosen at the tier's
+ * fewest tokens (record_candidate), and a plan that splits with the CPU or reads weights in
+ * place grows with the tokens where the ring's copies do not. Prompt tiers only: decode tiers
+ * (and phases) keep theirs. The boundary is sought on a grid of BOUNDARY_STEPS points per tier,
+ * evenly spaced in log n. */
+enum { BOUNDARY_STEPS = 8 };
+
+static void move_boundaries(const struct model *m, const struct plan_request *req, const struct profile *prof,
+                            struct plan *p) {
+    for (int t = 1; t < PLAN_TIERS; t++) {
+        const int32_t prev = plan_tier_tokens[t - 1], lo = plan_tier_tokens[t];
+        p->tier[t].min_tokens = lo;
+        if (prev < PLAN_RING_MIN_TOKENS || lo > req->n_batch || plan_tier_key(p, t) == plan_tier_key(p, t - 1)) continue;
+        for (int k = BOUNDARY_STEPS - 1; k >= 1; k--) {
+            const int32_t n = (int32_t)lround(prev * pow((double)lo / prev, (double)k / BOUNDARY_STEPS));
+            if (n <= prev || n >= p->tier[t].min_tokens) continue;
+            if (step_seconds(prof, m, req, p, t, n) >= step_seconds(prof, m, req, p, t - 1, n)) break;
+            p->tier[t].min_tokens = n;
+        }
+    }
+}
+
+/* The plan as it stands, as a candidate: its VRAM, the bytes a decode token moves, and every
+ * tier's predicted step and placement. */
+static void record_candidate(const struct profile *prof, const struct model *m, const struct plan_request *req,
+                             const struct plan *p, struct plan_candidate *cand) {
+    cand->vram_weights = p->budget.weights, cand->vram_kv = p->budget.kv, cand->vram_staging = p->budget.staging;
+    cand->host_bytes_per_token = p->tier[0].host_bytes_per_token;
+    cand->pcie_bytes_per_token = p->tier[0].pcie_bytes_per_token;
+    for (int t = 0; t < PLAN_TIERS; t++) {
+        const int32_t lo = plan_tier_step_tokens(p, t), hi = tier_top_tokens(req, t);
+        cand->seconds[t] = step_seconds(prof, m, req, p, t, lo);
+        /* A tier is judged at its fewest tokens, where its steps start; move_boundaries then
+         * starts the next tier's plan wherever that is the faster. The last tier of prompt
+         * chunks (where the ring may run) has none after it and weighs both its ends per token:
+         * reading weights in place costs more per token as steps grow, copying them less. A
+         * middle tier judged at both ends would lose its low end to a plan that only wins near
+         * its top, where the next tier's plan takes over anyway (bench/RESULTS.md). */
+        const bool last = t + 1 >= PLAN_TIERS || plan_tier_tokens[t + 1] > req->n_batch;
+        cand->score[t] = cand->seconds[t] / lo;
+        cand->score[t] += lo < PLAN_RING_MIN_TOKENS || hi <= lo || !last ? cand->score[t] : step_seconds(prof, m, req, p, t, hi) / hi;
+        cand->key[t] = plan_tier_key(p, t);
+    }
+}
+
+static bool family_applies(const struct model *m, const struct plan *p, enum plan_family f) {
+    if (f != PLAN_DYNAMIC) return true;
+    if (m->hp.n_expert) return true;
+    for (uint32_t i = 0; i < m->n_shards; i++)
+        if (m->shards[i].kind == SHARD_FFN && p->tier[0].shard[i] != PLACE_RESIDENT) return true;
+    return false;
+}
+
+/* The tokens the typical request generates after its prompt (plan_typical_prompt): as asked, or
+ * PLAN_TYPICAL_DECODE, within what the context holds. */
+static int32_t typical_generated(const struct plan_request *req) {
+    const int32_t want = req->n_decode > 0 ? req->n_decode : PLAN_TYPICAL_DECODE;
+    const int32_t room = req->n_ctx - plan_typical_prompt(req->n_ctx);
+    return want < room ? want : room > 1 ? room : 1;
+}
+
+/* The cache lengths a band is sought on (PLAN_BAND_STEPS of them, evenly spaced in log cells from
+ * the typical request's end to the context's); 0 where the context ends no later than that. */
+static int band_cells(const struct plan_request *req, int32_t n_prompt, int32_t n_out, int32_t cells[PLAN_BAND_STEPS]) {
+    const double lo = n_prompt + n_out, hi = req->n_ctx;
+    if (hi <= lo) return 0;
+    for (int g = 0; g < PLAN_BAND_STEPS; g++)
+        cells[g] = (int32_t)lround(lo * pow(hi / lo, (double)g / (PLAN_BAND_STEPS - 1)));
+    return PLAN_BAND_STEPS;
+}
+
+/* Decode steps over long caches (plan.weighed_band): for each set weighed besides `below` (the one
+ * decode steps run over at the typical request's length; where that is not the prompt's set,
+ * only the prompt's), the least length from which on it decodes faster than `below` by more than
+ * PLAN_SET_MARGIN at every longer length on the grid, and where the typical request's tokens,
+ * decoded that much faster, pay for its changes of set there. The set whose band starts soonest
+ * wins. */
+static void weigh_band(const struct profile *prof, const struct model *m, struct plan *p, int prompt, int below, int32_t n_out,
+                       int n_cells, const int32_t *cells, double decode_at[][PLAN_BAND_STEPS], const double *weights,
+                       const double *kv_position) {
+    struct plan_band *band = &p->weighed_band;
+    memset(band, 0, sizeof *band);
+    for (int set = 0; set < PLAN_SETS; set++) {
+        if (set == below || !(p->weighed_set[set].ttft > 0) || (below != prompt && set != prompt)) continue;
+        int g = n_cells;
+        while (g > 0 && decode_at[set][g - 1] < decode_at[below][g - 1] * (1 - PLAN_SET_MARGIN)) g--;
+        for (; g < n_cells; g++) {
+            const double c = cells[g];
+            const double to_long = cost_switch(prof, m, weights[set] + c * kv_position[set], c * kv_position[below]);
+            const double back = set == prompt ? 0
+                                              : cost_switch(prof, m, weights[prompt] + c * kv_position[prompt], c * kv_position[set]);
+            if (n_out * (decode_at[below][g] - decode_at[set][g]) <= to_long + back) continue;
+            if (!band->weighed || cells[g] < band->from)
+                *band = (struct plan_band){true, (enum plan_set)below, (enum plan_set)set, cells[g], decode_at[below][g],
+                                           decode_at[set][g], to_long, back};
+            break;
+        }
+    }
+}
+
+/* auto: for each resident set (with and without room for the staging ring), every tier weighs
+ * static, gpu and dynamic at several shares by the cost model and keeps the fastest; the
+ * resident set whose tiers serve a typical request (a prompt of up to 1K tokens, then the tokens
+ * it generates: typical_generated) soonest wins. A plan with everything on the CPU is weighed too. */
+static pshard_status search(const struct model *m, const struct plan_request *req, const struct plan_gpu_costs *costs,
+                            const struct profile *prof, uint64_t budget, struct plan *p) {
+    /* Dynamic at share 0: balanced, so streaming and the CPU finish together. */
+    static const struct { enum plan_family family; float share; } menu[] = {
+        {PLAN_STATIC, 0}, {PLAN_GPU, 0}, {PLAN_DYNAMIC, 0}, {PLAN_DYNAMIC, 0.25f}, {PLAN_DYNAMIC, 0.5f}, {PLAN_DYNAMIC, 0.75f}};
+    const int32_t n_prompt = plan_typical_prompt(req->n_ctx), n_out = typical_generated(req);
+    struct plan_candidate cands[PLAN_MAX_CANDIDATES];
+    uint32_t n_cands = 0;
+    int8_t chosen[PLAN_SETS][PLAN_TIERS];
+    struct { enum plan_family family; float share; } pick[PLAN_SETS][PLAN_TIERS];
+    static const enum plan_set sets[] = {PLAN_SET_RING, PLAN_SET_NO_RING, PLAN_SET_ALL_KV};
+    pshard_status fits = PSHARD_OK;
+    bool any_fits = false, ring_has_all_kv = false;
+    double weights[PLAN_SETS] = {0}, kv_position[PLAN_SETS] = {0};
+    int32_t cells[PLAN_BAND_STEPS];
+    const int n_cells = req->phases && req->long_decode && req->n_seq == 1 && req->decode_set < 0
+                            ? band_cells(req, n_prompt, n_out, cells)
+                            : 0;
+    double decode_at[PLAN_SETS][PLAN_BAND_STEPS]; /* seconds per decode token over each set at cells[g] */
+    memset(p->weighed_set, 0, sizeof p->weighed_set);
+    memset(&p->weighed_phases, 0, sizeof p->weighed_phases);
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+        const enum plan_set set = sets[si];
+        if (req->staging >= 0 && set != (enum plan_set)req->staging) continue; /* one set asked for */
+        fits = resident_set(m, req, costs, prof, budget, set != PLAN_SET_NO_RING, set == PLAN_SET_ALL_KV, p);
+        if (fits != PSHARD_OK) continue;
+        any_fits = true;
+        for (int t = 0; t < PLAN_TIERS; t++) chosen[set][t] = -1;
+        bool all_kv = true;
+        for (uint32_t l = 0; l < p->n_layers; l++) all_kv &= p->kv_gpu[l];
+        if (set == PLAN_SET_RING) ring_has_all_kv = all_kv;
+        /* The all-KV set is weighed when it differs from the ring's: every layer's KV fits only
+         * when it comes first. */
+        if (set == PLAN_SET_ALL_KV && (!all_kv || ring_has_all_kv)) continue;
+        account(m, req, costs, p);
+        for (size_t c = 0; c < sizeof menu / sizeof menu[0] && n_cands < PLAN_MAX_CANDIDATES; c++) {
+            if (!family_applies(m, p, menu[c].family)) continue;
+            struct plan_candidate *cand = &cands[n_cands];
+            memset(cand, 0, sizeof *cand);
+            cand->family = menu[c].family, cand->share = menu[c].share, cand->set = set;
+            for (int t = 0; t < PLAN_TIERS; t++) set_tier(m, req, prof, p, t, menu[c].family, menu[c].share);
+            account(m, req, costs, p);
+            record_candidate(prof, m, req, p, cand);
+            for (int t = 0; t < PLAN_TIERS; t++) {
+                if (chosen[set][t] < 0 || cand->score[t] < cands[chosen[set][t]].score[t]) {
+                    chosen[set][t] = (int8_t)n_cands;
+                    pick[set][t].family = menu[c].family, pick[set][t].share = menu[c].share;
+                }
+            }
+            n_cands++;
+        }
+        if (chosen[set][0] < 0) continue;
+        for (int t = 0; t < PLAN_TIERS; t++) set_tier(m, req, prof, p, t, pick[set][t].family, pick[set][t].share);
+        double ttft, decode;
+        cost_request(prof, m, p, n_prompt, req->n_batch, n_out, req->n_seq, &ttft, &decode);
+        p->weighed_set[set].ttft = ttft, p->weighed_set[set].decode = decode;
+        for (int g = 0; g < n_cells; g++) {
+            struct cost_step cs;
+            cost_step(prof, m, p, &p->tier[PLAN_TIER_DECODE], 1, cells[g] - 1, &cs);
+            decode_at[set][g] = cs.seconds;
+        }
+        account(m, req, costs, p);
+        weights[set] = (double)p->budget.weights, kv_position[set] = cost_kv_position_bytes(m, p);
+    }
+    if (!any_fits) return fits; /* not even without the ring: the message names the minimum */
+    double best_total;
+    const int best_set = plan_soonest_set(p, n_out, &best_total);
+    /* Phases: decode steps over another set than the prompt's, paying a request's two switches,
+     * when that beats the one set by more than PLAN_SET_MARGIN (the margin the cost model's
+     * decode error between sets asks for). */
+    int decode_set = best_set;
+    double beyond_prompt = INFINITY;
+    const bool forced = req->decode_set >= 0;
+    for (int set = 0; best_set >= 0 && req->phases && req->n_seq == 1 && set < PLAN_SETS; set++) {
+        if (set == best_set || !(p->weighed_set[set].ttft > 0) || (forced && set != req->decode_set)) continue;
+        const double to_decode = cost_switch(prof, m, weights[set] + n_prompt * kv_position[set], n_prompt * kv_position[best_set]);
+        const double to_prompt = cost_switch(prof, m, weights[best_set] + (n_prompt + n_out) * kv_position[best_set],
+                                             (n_prompt + n_out) * kv_position[set]);
+        const double beyond = to_decode + n_out * p->weighed_set[set].decode + to_prompt;
+        if (beyond >= beyond_prompt) continue;
+        beyond_prompt = beyond;
+        p->weighed_phases = (struct plan_phases){true, (enum plan_set)best_set, (enum plan_set)set, to_decode, to_prompt};
+    }
+    const double one_set = best_set >= 0 ? p->weighed_set[best_set].ttft + n_out * p->weighed_set[best_set].decode : INFINITY;
+    if (p->weighed_phases.weighed && (forced || p->weighed_set[best_set].ttft + beyond_prompt < one_set * (1 - PLAN_SET_MARGIN)))
+        decode_set = (int)p->weighed_phases.decode;
+    memset(&p->weighed_band, 0, sizeof p->weighed_band);
+    if (best_set >= 0 && n_cells)
+        weigh_band(prof, m, p, best_set, decode_set, n_out, n_cells, cells, decode_at, weights, kv_position);
+    /* Everything on the CPU. */
+    reset_places(p);
+    account(m, req, costs, p);
+    double cpu_ttft, cpu_decode;
+    cost_request(prof, m, p, n_prompt, req->n_batch, n_out, req->n_seq, &cpu_ttft, &cpu_decode);
+    if (n_cands < PLAN_MAX_CANDIDATES) {
+        struct plan_candidate *cand = &cands[n_cands];
+        memset(cand, 0, sizeof *cand);
+        cand->family = PLAN_CPU;
+        record_candidate(prof, m, req, p, cand);
+        n_cands++;
+    }
+    memcpy(p->candidates, cands, sizeof cands[0] * n_cands);
+    p->n_candidates = n_cands;
+    if (best_set < 0 || (req->staging < 0 && cpu_ttft + n_out * cpu_decode < best_total)) {
+        for (int t = 0; t < PLAN_TIERS; t++) p->chosen[t] = (int8_t)(n_cands - 1);
+        memset(&p->weighed_band, 0, sizeof p->weighed_band); /* (no set decodes: nothing changes) */
+        p->family = PLAN_CPU;
+        p->budget.total = budget;
+    } else {
+        CORE_TRY(resident_set(m, req, costs, prof, budget, best_set != PLAN_SET_NO_RING, best_set == PLAN_SET_ALL_KV, p));
+        for (int t = 0; t < PLAN_TIERS; t++) {
+            set_tier(m, req, prof, p, t, pick[best_set][t].family, pick[best_set][t].share);
+            p->chosen[t] = chosen[best_set][t];
+        }
+        p->family = p->tier[0].family;
+        move_boundaries(m, req, prof, p);
+        /* The decode phase: over decode_set for every cache, or where a band applies, over the
+         * band's set from its length on (decode_set is the prompt's) or over decode_set below it
+         * (the band's set is the prompt's). */
+        const struct plan_band *band = &p->weighed_band;
+        const int other = decode_set != best_set ? decode_set : band->weighed ? (int)band->set : best_set;
+        if (other != best_set) {
+            /* The decode phase's plan: the same search over its set alone. */
+            struct plan_request one = *req;
+            one.staging = other, one.phases = false;
+            p->decode = calloc(1, sizeof *p->decode);
+            if (!p->decode) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+            CORE_TRY(plan_build(m, &one, costs, p->decode));
+            p->decode_from = band->weighed && decode_set == best_set ? band->from : forced ? req->decode_from : 0;
+            p->decode_until = band->weighed && decode_set != best_set ? band->from : INT32_MAX;
+            for (int t = 0; t < PLAN_TIERS; t++) /* the choice at the end of the context */
+                if (plan_tier_tokens[t] < PLAN_PHASE_TOKENS && p->decode_until == INT32_MAX) p->chosen[t] = chosen[other][t];
+        }
+    }
+    account(m, req, costs, p);
+    p->weighed_cpu.ttft = cpu_ttft, p->weighed_cpu.decode = cpu_decode;
+    return PSHARD_OK;
+}
+
+static pshard_status build(const struct model *m, const struct plan_request *req, const struct plan_gpu_costs *costs,
+                           const struct profile *prof, struct plan *p) {
+    const uint32_t n = m->n_shards;
+    for (int t = 0; t < PLAN_TIERS; t++) p->chosen[t] = -1;
+    reset_places(p);
+    if (req->family == PLAN_CPU || req->vram_budget == 0) {
+        p->family = PLAN_CPU;
+        account(m, req, costs, p);
+        return PSHARD_OK;
+    }
+    uint64_t fixed = costs->activations + costs->logits + costs->work + costs->blas;
+    const uint64_t all = all_resident_bytes(m, req, costs);
+    const uint64_t budget = req->vram_budget < 0 ? all : (uint64_t)req->vram_budget;
+    p->budget.total = budget;
+    p->family = req->family;
+
+    /* Everything fits: all resident, one plan for every tier. */
+    if (budget >= all) {
+        for (int t = 0; t < PLAN_TIERS; t++) {
+            p->tier[t].family = req->family == PLAN_AUTO ? PLAN_GPU : req->family;
+            for (uint32_t i = 0; i < n; i++) p->tier[t].shard[i] = PLACE_RESIDENT;
+        }
+        for (uint32_t l = 0; l < p->n_layers; l++) {
+            p->kv_gpu[l] = true;
+            p->experts_resident[l] = p->n_expert;
+            for (int t = 0; t < PLAN_TIERS; t++) p->tier[t].experts_gpu[l] = p->n_expert;
+        }
+        if (p->family == PLAN_AUTO) p->family = PLAN_GPU;
+        account(m, req, costs, p);
+        return PSHARD_OK;
+    }
+    if (req->family == PLAN_AUTO) return search(m, req, costs, prof, budget, p);
+
+    /* One family in every tier. gpu streams its largest steps through the ring, and dynamic too
+     * unless in place (plan_request.dynamic_in_place, as auto's candidates). */
+    const enum plan_family family = req->family;
+    /* With the ring asked for or refused, this is a candidate as the planner weighs it: its
+     * resident set by benefit alone. Otherwise gpu keeps every layer's KV in VRAM first, so
+     * every attention runs on the GPU. */
+    const bool candidate = req->staging >= 0;
+    const bool all_attention = candidate ? req->staging == PLAN_SET_ALL_KV : family == PLAN_GPU;
+    bool staging = candidate ? req->staging != PLAN_SET_NO_RING : family == PLAN_GPU || family == PLAN_DYNAMIC;
+    if (all_attention) {
+        /* Every attention on the GPU: its KV, every shard's vectors and every MoE router resident. */
+        const uint64_t slot = slot_size(m, NULL, p);
+        uint64_t need = fixed + costs->host_mapping; /* besides the slots */
+        for (uint32_t j = 0; j < n; j++) {
+            const struct shard *q = &m->shards[j];
+            need += kv_bytes(q, req) + (q->kind == SHARD_MOE ? shared_bytes(q) : 0) +
+                    (q->kind != SHARD_MOE && q->kind != SHARD_EMBED ? q->weight_bytes - matrix_bytes(q) : 0);
+        }
+        if (budget < need + slots_for(budget, slot) * slot)
+            return core_fail(PSHARD_ERR_RANGE, "the %s plan needs at least %.0f MB of VRAM for this model and context "
+                             "(every layer's attention on the GPU: buffers, the staging slots of %.1f MB, the KV cache); "
+                             "the budget is %.0f MB",
+                             plan_family_name(family), minimum_mb(m, req, costs, need, slot, true), slot / 1048576.0,
+                             budget / 1048576.0);
+    }
+    pshard_status st = resident_set(m, req, costs, prof, budget, staging, all_attention, p);
+    if (st != PSHARD_OK && staging && family != PLAN_GPU && !candidate) {
+        staging = false; /* no room for the ring: large steps run like small ones */
+        st = resident_set(m, req, costs, prof, budget, false, false, p);
+    }
+    CORE_TRY(st);
+    for (int t = 0; t < PLAN_TIERS; t++) set_tier(m, req, prof, p, t, family, 0);
+    account(m, req, costs, p);
+    return PSHARD_OK;
+}
+
+pshard_status plan_build(const struct model *model, const struct plan_request *req, const struct plan_gpu_costs *costs,
+                         struct plan *out) {
+    memset(out, 0, sizeof *out);
+    if (req->routed_quota && model->hp.n_expert) { /* (a dense model has nothing to split by routing) */
+        const int k = (int)model->hp.n_expert_used;
+        if (req->routed_quota_count != k)
+            return core_fail(PSHARD_ERR_INVALID_ARG, "the routed quota gives %d counts; this model routes a token to %d experts",
+                             req->routed_quota_count, k);
+        for (int n = 1; n <= k; n++)
+            if (req->routed_quota[n] > n)
+                return core_fail(PSHARD_ERR_INVALID_ARG, "the routed quota gives %d of %d experts not resident to the GPU",
+                                 req->routed_quota[n], n);
+    }
+    out->n_shards = model->n_shards;
+    out->n_layers = model->hp.n_layers;
+    out->n_expert = model->hp.n_expert;
+    const size_t nl = out->n_layers ? out->n_layers : 1, ns = model->n_shards ? model->n_shards : 1;
+    out->kv_gpu = calloc(nl, sizeof *out->kv_gpu);
+    out->experts_resident = calloc(nl, sizeof *out->experts_resident);
+    out->lent = req->lend_slots ? calloc(ns, sizeof *out->lent) : NULL;
+    const bool lend_experts = req->lend_slots && req->lend_experts && req->one_expert_call && model->hp.n_expert;
+    out->experts_lent = lend_experts ? calloc(nl, sizeof *out->experts_lent) : NULL;
+    bool ok = out->kv_gpu && out->experts_resident && (out->lent || !req->lend_slots) && (out->experts_lent || !lend_experts);
+    for (int t = 0; t < PLAN_TIERS; t++) {
+        out->tier[t].shard = calloc(ns, sizeof *out->tier[t].shard);
+        out->tier[t].experts_gpu = calloc(nl, sizeof *out->tier[t].experts_gpu);
+        out->tier[t].ffn_rows_gpu = calloc(nl, sizeof *out->tier[t].ffn_rows_gpu);
+        ok = ok && out->tier[t].shard && out->tier[t].experts_gpu && out->tier[t].ffn_rows_gpu;
+    }
+    out->n_batch = req->n_batch;
+    out->n_ctx = req->n_ctx;
+    out->n_decode = typical_generated(req);
+    out->one_expert_call = req->one_expert_call;
+    out->kernels = costs->kernels;
+    struct profile defaults;
+    const struct profile *prof = plan_profile(req->profile, &defaults);
+    pshard_status st = ok ? build(model, req, costs, prof, out) : core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    if (st != PSHARD_OK) {
+        plan_free(out);
+        return st;
+    }
+    /* What the cost model predicts for the plan as built, at the end of the context (the decode
+     * phase's steps by the plan that runs there). */
+    for (int t = 0; t < PLAN_TIERS; t++) {
+        const int32_t n = plan_tier_step_tokens(out, t);
+        out->predicted[t] = step_seconds(prof, model, req, plan_for_step(out, n, req->n_ctx), t, n);
+    }
+    out->n_seq = req->n_seq;
+    cost_request(prof, model, out, plan_typical_prompt(req->n_ctx), req->n_batch, out->n_decode, req->n_seq,
+                 &out->predicted_ttft, &out->predicted_decode);
+    return PSHARD_OK;
+}
