@@ -607,12 +607,53 @@ static void weigh_band(const struct profile *prof, const struct model *m, struct
     }
 }
 
+/* A zeroed plan of the model's shape with its arrays, as the request asks for them (lending);
+ * false where memory ran out (plan_free frees what was allocated). */
+static bool alloc_plan(const struct model *model, const struct plan_request *req, struct plan *out) {
+    memset(out, 0, sizeof *out);
+    out->n_shards = model->n_shards;
+    out->n_layers = model->hp.n_layers;
+    out->n_expert = model->hp.n_expert;
+    const size_t nl = out->n_layers ? out->n_layers : 1, ns = model->n_shards ? model->n_shards : 1;
+    out->kv_gpu = calloc(nl, sizeof *out->kv_gpu);
+    out->experts_resident = calloc(nl, sizeof *out->experts_resident);
+    out->lent = req->lend_slots ? calloc(ns, sizeof *out->lent) : NULL;
+    const bool lend_experts = req->lend_slots && req->lend_experts && req->one_expert_call && model->hp.n_expert;
+    out->experts_lent = lend_experts ? calloc(nl, sizeof *out->experts_lent) : NULL;
+    bool ok = out->kv_gpu && out->experts_resident && (out->lent || !req->lend_slots) && (out->experts_lent || !lend_experts);
+    for (int t = 0; t < PLAN_TIERS; t++) {
+        out->tier[t].shard = calloc(ns, sizeof *out->tier[t].shard);
+        out->tier[t].experts_gpu = calloc(nl, sizeof *out->tier[t].experts_gpu);
+        out->tier[t].ffn_rows_gpu = calloc(nl, sizeof *out->tier[t].ffn_rows_gpu);
+        ok = ok && out->tier[t].shard && out->tier[t].experts_gpu && out->tier[t].ffn_rows_gpu;
+    }
+    return ok;
+}
+
+/* Copy plan src into dst, a plan of the same shape (alloc_plan): every field, its arrays' contents
+ * into dst's own (dst keeps its decode phase's plan). */
+static void copy_plan(struct plan *dst, const struct plan *src) {
+    const struct plan own = *dst;
+    const size_t ns = src->n_shards, nl = src->n_layers;
+    *dst = *src;
+    dst->decode = own.decode;
+    for (int t = 0; t < PLAN_TIERS; t++) {
+        dst->tier[t].shard = memcpy(own.tier[t].shard, src->tier[t].shard, ns * sizeof *src->tier[t].shard);
+        dst->tier[t].experts_gpu = memcpy(own.tier[t].experts_gpu, src->tier[t].experts_gpu, nl * sizeof *src->tier[t].experts_gpu);
+        dst->tier[t].ffn_rows_gpu = memcpy(own.tier[t].ffn_rows_gpu, src->tier[t].ffn_rows_gpu, nl * sizeof *src->tier[t].ffn_rows_gpu);
+    }
+    dst->kv_gpu = memcpy(own.kv_gpu, src->kv_gpu, nl * sizeof *src->kv_gpu);
+    dst->experts_resident = memcpy(own.experts_resident, src->experts_resident, nl * sizeof *src->experts_resident);
+    dst->lent = src->lent ? memcpy(own.lent, src->lent, ns * sizeof *src->lent) : NULL;
+    dst->experts_lent = src->experts_lent ? memcpy(own.experts_lent, src->experts_lent, nl * sizeof *src->experts_lent) : NULL;
+}
+
 /* auto: for each resident set (with and without room for the staging ring), every tier weighs
  * static, gpu and dynamic at several shares by the cost model and keeps the fastest; the
  * resident set whose tiers serve a typical request (a prompt of up to 1K tokens, then the tokens
  * it generates: typical_generated) soonest wins. A plan with everything on the CPU is weighed too. */
 static pshard_status search(const struct model *m, const struct plan_request *req, const struct plan_gpu_costs *costs,
-                            const struct profile *prof, uint64_t budget, struct plan *p) {
+                            const struct profile *prof, uint64_t budget, struct plan *p, struct plan *trial) {
     /* Dynamic at share 0: balanced, so streaming and the CPU finish together. */
     static const struct { enum plan_family family; float share; } menu[] = {
         {PLAN_STATIC, 0}, {PLAN_GPU, 0}, {PLAN_DYNAMIC, 0}, {PLAN_DYNAMIC, 0.25f}, {PLAN_DYNAMIC, 0.5f}, {PLAN_DYNAMIC, 0.75f}};
@@ -651,9 +692,10 @@ static pshard_status search(const struct model *m, const struct plan_request *re
             struct plan_candidate *cand = &cands[n_cands];
             memset(cand, 0, sizeof *cand);
             cand->family = menu[c].family, cand->share = menu[c].share, cand->set = set;
-            for (int t = 0; t < PLAN_TIERS; t++) set_tier(m, req, prof, p, t, menu[c].family, menu[c].share);
-            account(m, req, costs, p);
-            record_candidate(prof, m, req, p, cand);
+            copy_plan(trial, p); /* the candidate's tiers over the set, in a plan of its own */
+            for (int t = 0; t < PLAN_TIERS; t++) set_tier(m, req, prof, trial, t, menu[c].family, menu[c].share);
+            account(m, req, costs, trial);
+            record_candidate(prof, m, req, trial, cand);
             for (int t = 0; t < PLAN_TIERS; t++) {
                 if (chosen[set][t] < 0 || cand->score[t] < cands[chosen[set][t]].score[t]) {
                     chosen[set][t] = (int8_t)n_cands;
@@ -750,6 +792,16 @@ static pshard_status search(const struct model *m, const struct plan_request *re
     return PSHARD_OK;
 }
 
+/* auto's search, with the plan each candidate is built in. */
+static pshard_status search_auto(const struct model *m, const struct plan_request *req, const struct plan_gpu_costs *costs,
+                                 const struct profile *prof, uint64_t budget, struct plan *p) {
+    struct plan trial;
+    const pshard_status st = alloc_plan(m, req, &trial) ? search(m, req, costs, prof, budget, p, &trial)
+                                                        : core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    plan_free(&trial);
+    return st;
+}
+
 static pshard_status build(const struct model *m, const struct plan_request *req, const struct plan_gpu_costs *costs,
                            const struct profile *prof, struct plan *p) {
     const uint32_t n = m->n_shards;
@@ -781,7 +833,7 @@ static pshard_status build(const struct model *m, const struct plan_request *req
         account(m, req, costs, p);
         return PSHARD_OK;
     }
-    if (req->family == PLAN_AUTO) return search(m, req, costs, prof, budget, p);
+    if (req->family == PLAN_AUTO) return search_auto(m, req, costs, prof, budget, p);
 
     /* One family in every tier. gpu streams its largest steps through the ring, and dynamic too
      * unless in place (plan_request.dynamic_in_place, as auto's candidates). */
@@ -832,22 +884,7 @@ pshard_status plan_build(const struct model *model, const struct plan_request *r
                 return core_fail(PSHARD_ERR_INVALID_ARG, "the routed quota gives %d of %d experts not resident to the GPU",
                                  req->routed_quota[n], n);
     }
-    out->n_shards = model->n_shards;
-    out->n_layers = model->hp.n_layers;
-    out->n_expert = model->hp.n_expert;
-    const size_t nl = out->n_layers ? out->n_layers : 1, ns = model->n_shards ? model->n_shards : 1;
-    out->kv_gpu = calloc(nl, sizeof *out->kv_gpu);
-    out->experts_resident = calloc(nl, sizeof *out->experts_resident);
-    out->lent = req->lend_slots ? calloc(ns, sizeof *out->lent) : NULL;
-    const bool lend_experts = req->lend_slots && req->lend_experts && req->one_expert_call && model->hp.n_expert;
-    out->experts_lent = lend_experts ? calloc(nl, sizeof *out->experts_lent) : NULL;
-    bool ok = out->kv_gpu && out->experts_resident && (out->lent || !req->lend_slots) && (out->experts_lent || !lend_experts);
-    for (int t = 0; t < PLAN_TIERS; t++) {
-        out->tier[t].shard = calloc(ns, sizeof *out->tier[t].shard);
-        out->tier[t].experts_gpu = calloc(nl, sizeof *out->tier[t].experts_gpu);
-        out->tier[t].ffn_rows_gpu = calloc(nl, sizeof *out->tier[t].ffn_rows_gpu);
-        ok = ok && out->tier[t].shard && out->tier[t].experts_gpu && out->tier[t].ffn_rows_gpu;
-    }
+    const bool ok = alloc_plan(model, req, out);
     out->n_batch = req->n_batch;
     out->n_ctx = req->n_ctx;
     out->n_decode = typical_generated(req);
