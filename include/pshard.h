@@ -82,6 +82,9 @@ typedef struct pshard_params {
                             resident_set) whenever it differs from the prompt steps' (`--decode-set`) */
     int no_profile;      /* automatic plans: use conservative defaults rather than measuring this
                             machine on first use (the measured profile is cached per machine) */
+    int no_mmproj_offload; /* encode images with the vision encoder on the CPU even where the context has
+                            the GPU (`--no-mmproj-offload`); by default a context with the GPU encodes
+                            them there where the encoding fits its VRAM budget */
     int32_t n_predict;   /* automatic plans: the tokens a request is expected to generate, which the
                             planner weighs its choices by (a prompt, then this many); 0: 128 */
     int32_t n_parallel;  /* sequences that run at once (pshard_request_add); 0: 1. With more than one,
@@ -353,8 +356,9 @@ pshard_status pshard_budget_poll(pshard_ctx *ctx);
  * Where a prompt (or a chat message's content) holds PSHARD_IMAGE_MARKER, the model reads
  * <|vision_start|>, the image's tokens (its encoder's embeddings, with their row and column
  * positions), <|vision_end|>: in pshard_generate and pshard_chat (pshard_gen_opts.images) and in
- * requests (pshard_request.images), each sequence with its own images. The encoder runs on the
- * CPU. */
+ * requests (pshard_request.images), each sequence with its own images. A context with the GPU
+ * encodes them on the GPU where the encoding fits its VRAM budget, else on the CPU
+ * (pshard_params.no_mmproj_offload: always on the CPU). */
 #define PSHARD_IMAGE_MARKER "<__image__>"
 
 /* A JPEG or PNG image: a file, or its bytes in memory (path NULL). Files over 64 MiB, over 50

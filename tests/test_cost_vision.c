@@ -74,7 +74,7 @@ static void test_size(void **state) {
     struct profile prof;
     made_up_profile(&prof);
     struct cost_vision v;
-    assert_int_equal(cost_vision_encode(&prof, &mm, 640, 480, NULL, 0, 0, 0, &v), PSHARD_OK);
+    assert_int_equal(cost_vision_encode(&prof, &mm, 640, 480, NULL, 0, 0, 0, true, &v), PSHARD_OK);
     struct vision_patches p;
     assert_int_equal(vision_patches_size(&mm.hp, 640, 480, &p), PSHARD_OK);
     assert_null(p.data);
@@ -88,7 +88,7 @@ static void test_size(void **state) {
     assert_int_equal(v.n_tokens, 23 * 17);
     assert_int_equal(cost_vision_prompt_tokens(&v, 10), 23 * 17 + 12);
     /* an aspect ratio the processor refuses */
-    assert_int_equal(cost_vision_encode(&prof, &mm, 16000, 50, NULL, 0, 0, 0, &v), PSHARD_ERR_RANGE);
+    assert_int_equal(cost_vision_encode(&prof, &mm, 16000, 50, NULL, 0, 0, 0, true, &v), PSHARD_ERR_RANGE);
 }
 
 /* Larger images take longer on both sides; the GPU's encoding is at least its copies and its
@@ -103,7 +103,7 @@ static void test_times_grow(void **state) {
     for (size_t i = 0; i < sizeof sides / sizeof sides[0]; i++) {
         struct cost_vision v;
         const struct cuda_region r = room((size_t)1 << 34);
-        assert_int_equal(cost_vision_encode(&prof, &mm, sides[i][0], sides[i][1], &r, 1, 0, 0, &v), PSHARD_OK);
+        assert_int_equal(cost_vision_encode(&prof, &mm, sides[i][0], sides[i][1], &r, 1, 0, 0, true, &v), PSHARD_OK);
         assert_true(isfinite(v.gpu_s) && v.gpu_s > gpu);
         assert_true(isfinite(v.cpu_s) && v.cpu_s > cpu);
         assert_true(v.gpu_s >= v.gpu_copy_s && v.gpu_s >= v.gpu_compute_s);
@@ -119,15 +119,15 @@ static void test_times_grow(void **state) {
     for (int i = 0; i < PROFILE_SIZES; i++) slow.h2d_gbps[i] = 0.001;
     struct cost_vision v, w;
     const struct cuda_region r = room((size_t)1 << 34);
-    assert_int_equal(cost_vision_encode(&prof, &mm, 224, 224, &r, 1, 0, 0, &v), PSHARD_OK);
-    assert_int_equal(cost_vision_encode(&slow, &mm, 224, 224, &r, 1, 0, 0, &w), PSHARD_OK);
+    assert_int_equal(cost_vision_encode(&prof, &mm, 224, 224, &r, 1, 0, 0, true, &v), PSHARD_OK);
+    assert_int_equal(cost_vision_encode(&slow, &mm, 224, 224, &r, 1, 0, 0, true, &w), PSHARD_OK);
     assert_true(w.gpu_copy_s > 100 * v.gpu_compute_s);
     assert_true(w.gpu_s >= w.gpu_copy_s && w.gpu_s < w.gpu_copy_s + w.gpu_compute_s);
     assert_true(w.cpu_s == v.cpu_s);
     /* A profile without GPU figures prices no GPU step. */
     slow = prof;
     slow.has_gpu = false;
-    assert_int_equal(cost_vision_encode(&slow, &mm, 224, 224, &r, 1, 0, 0, &w), PSHARD_OK);
+    assert_int_equal(cost_vision_encode(&slow, &mm, 224, 224, &r, 1, 0, 0, true, &w), PSHARD_OK);
     assert_true(isinf(w.gpu_s));
 }
 
@@ -143,7 +143,7 @@ static void layouts(uint32_t width, uint32_t height, struct vision_windows *w, s
 
 /* Where it runs and its peak: the GPU encoder's own plan over the room lent. Room for its
  * largest layout takes it; room one byte short of its least sends the image to the CPU, saying
- * why; no room at all, or PSHARD_VISION_GPU=0, too. */
+ * why; no room at all, or the GPU not wanted (--no-mmproj-offload), too. */
 static void test_placement(void **state) {
     (void)state;
     struct profile prof;
@@ -155,7 +155,7 @@ static void test_placement(void **state) {
     struct cost_vision v;
 
     struct cuda_region r = room(big.peak_bytes);
-    assert_int_equal(cost_vision_encode(&prof, &mm, 1920, 1080, &r, 1, 0, 0, &v), PSHARD_OK);
+    assert_int_equal(cost_vision_encode(&prof, &mm, 1920, 1080, &r, 1, 0, 0, true, &v), PSHARD_OK);
     const bool kernels = cuda_type_supported(QUANT_F32);
     assert_int_equal(v.kernels_checked, kernels);
     const pshard_status st = kernels ? vision_gpu_plan(&mm, &w, &r, 1, &planned) : vision_gpu_plan_room(&mm, &w, &r, 1, &planned);
@@ -170,7 +170,7 @@ static void test_placement(void **state) {
     const double roomy_s = v.gpu_s;
 
     r = room(least.peak_bytes);
-    assert_int_equal(cost_vision_encode(&prof, &mm, 1920, 1080, &r, 1, 0, 0, &v), PSHARD_OK);
+    assert_int_equal(cost_vision_encode(&prof, &mm, 1920, 1080, &r, 1, 0, 0, true, &v), PSHARD_OK);
     if (!kernels) {
         assert_true(v.on_gpu);
         assert_int_equal(v.layout.peak_bytes, least.peak_bytes);
@@ -179,7 +179,7 @@ static void test_placement(void **state) {
     }
 
     r = room(least.peak_bytes - 1);
-    assert_int_equal(cost_vision_encode(&prof, &mm, 1920, 1080, &r, 1, 0, 0, &v), PSHARD_OK);
+    assert_int_equal(cost_vision_encode(&prof, &mm, 1920, 1080, &r, 1, 0, 0, true, &v), PSHARD_OK);
     assert_false(v.on_gpu);
     if (!kernels) {
         assert_non_null(strstr(v.why_cpu, "needs"));
@@ -188,23 +188,21 @@ static void test_placement(void **state) {
     }
     assert_true(isfinite(v.cpu_s));
 
-    assert_int_equal(cost_vision_encode(&prof, &mm, 1920, 1080, NULL, 0, 0, 0, &v), PSHARD_OK);
+    assert_int_equal(cost_vision_encode(&prof, &mm, 1920, 1080, NULL, 0, 0, 0, true, &v), PSHARD_OK);
     assert_false(v.on_gpu);
     assert_non_null(strstr(v.why_cpu, "no GPU memory"));
 
     r = room(big.peak_bytes);
-    setenv("PSHARD_VISION_GPU", "0", 1);
-    assert_int_equal(cost_vision_encode(&prof, &mm, 1920, 1080, &r, 1, 0, 0, &v), PSHARD_OK);
-    unsetenv("PSHARD_VISION_GPU");
+    assert_int_equal(cost_vision_encode(&prof, &mm, 1920, 1080, &r, 1, 0, 0, false, &v), PSHARD_OK);
     assert_false(v.on_gpu);
-    assert_non_null(strstr(v.why_cpu, "PSHARD_VISION_GPU=0"));
+    assert_non_null(strstr(v.why_cpu, "--no-mmproj-offload"));
     vision_windows_free(&w);
 }
 
 /* The whole budget where the room lent is short of the least: the GPU in the whole budget, the
  * layout the largest the whole budget holds (priced over it), the resident weights' re-upload at
  * the pinned rate; a whole budget short of the least too: the CPU, naming it; none asked without a
- * GPU placement or with PSHARD_VISION_GPU=0. */
+ * GPU placement or with the GPU not wanted (--no-mmproj-offload). */
 static void test_whole_budget(void **state) {
     (void)state;
     struct profile prof;
@@ -216,15 +214,15 @@ static void test_whole_budget(void **state) {
     const uint64_t resident = 300u << 20;
     struct cost_vision v, roomy;
     struct cuda_region r = room(least.peak_bytes - 1);
-    assert_int_equal(cost_vision_encode(&prof, &mm, 1920, 1080, &r, 1, 0, resident, &v), PSHARD_OK);
+    assert_int_equal(cost_vision_encode(&prof, &mm, 1920, 1080, &r, 1, 0, resident, true, &v), PSHARD_OK);
     assert_false(v.on_gpu);
     assert_int_equal(v.memory, VISION_GPU_NONE);
     assert_int_equal(v.reupload_bytes, 0);
 
     r = room(big.peak_bytes);
-    assert_int_equal(cost_vision_encode(&prof, &mm, 1920, 1080, &r, 1, 0, resident, &roomy), PSHARD_OK);
+    assert_int_equal(cost_vision_encode(&prof, &mm, 1920, 1080, &r, 1, 0, resident, true, &roomy), PSHARD_OK);
     r = room(least.peak_bytes - 1);
-    assert_int_equal(cost_vision_encode(&prof, &mm, 1920, 1080, &r, 1, big.peak_bytes, resident, &v), PSHARD_OK);
+    assert_int_equal(cost_vision_encode(&prof, &mm, 1920, 1080, &r, 1, big.peak_bytes, resident, true, &v), PSHARD_OK);
     assert_int_equal(v.whole_bytes, big.peak_bytes);
     assert_int_equal(v.lent_bytes, least.peak_bytes - 1);
     if (!v.kernels_checked) {
@@ -244,20 +242,18 @@ static void test_whole_budget(void **state) {
         assert_true(fabs(cost_vision_encode_s(&v) - (v.gpu_s + v.reupload_s)) < 1e-15);
     }
 
-    assert_int_equal(cost_vision_encode(&prof, &mm, 1920, 1080, &r, 1, least.peak_bytes - 1, resident, &v), PSHARD_OK);
+    assert_int_equal(cost_vision_encode(&prof, &mm, 1920, 1080, &r, 1, least.peak_bytes - 1, resident, true, &v), PSHARD_OK);
     assert_false(v.on_gpu);
     assert_int_equal(v.memory, VISION_GPU_NONE);
     assert_true(v.reupload_s == 0);
     if (!v.kernels_checked) assert_non_null(strstr(v.why_cpu, "the whole budget"));
     assert_true(fabs(cost_vision_encode_s(&v) - v.cpu_s) < 1e-15);
 
-    assert_int_equal(cost_vision_encode(&prof, &mm, 1920, 1080, NULL, 0, big.peak_bytes, resident, &v), PSHARD_OK);
+    assert_int_equal(cost_vision_encode(&prof, &mm, 1920, 1080, NULL, 0, big.peak_bytes, resident, true, &v), PSHARD_OK);
     assert_false(v.on_gpu);
     assert_int_equal(v.whole_bytes, 0);
     assert_non_null(strstr(v.why_cpu, "no GPU memory"));
-    setenv("PSHARD_VISION_GPU", "0", 1);
-    assert_int_equal(cost_vision_encode(&prof, &mm, 1920, 1080, &r, 1, big.peak_bytes, resident, &v), PSHARD_OK);
-    unsetenv("PSHARD_VISION_GPU");
+    assert_int_equal(cost_vision_encode(&prof, &mm, 1920, 1080, &r, 1, big.peak_bytes, resident, false, &v), PSHARD_OK);
     assert_false(v.on_gpu);
     assert_int_equal(v.memory, VISION_GPU_NONE);
     assert_true(v.reupload_s == 0);
@@ -282,7 +278,7 @@ static void test_plan_lends(void **state) {
     assert_int_equal(cost_vision_lendable(&p, regions), 0);
     assert_int_equal(cost_vision_whole(&p), 0);
     struct cost_vision v;
-    assert_int_equal(cost_vision_encode(&prof, &mm, 448, 448, regions, 0, 0, 0, &v), PSHARD_OK);
+    assert_int_equal(cost_vision_encode(&prof, &mm, 448, 448, regions, 0, 0, 0, true, &v), PSHARD_OK);
     assert_false(v.on_gpu);
     double prompt_s, ttft, decode_s;
     double first = cost_vision_first_token(&prof, &lm, &p, &v, COST_VISION_QUESTION_TOKENS, &prompt_s);
@@ -313,7 +309,7 @@ static void test_plan_lends(void **state) {
         const struct plan_budget *b = &p.budget;
         assert_int_equal(lent, b->work + b->activations + b->staging + b->free);
         assert_true(lent >= (uint64_t)extra[k]);
-        assert_int_equal(cost_vision_encode(&prof, &mm, 448, 448, regions, n, 0, 0, &v), PSHARD_OK);
+        assert_int_equal(cost_vision_encode(&prof, &mm, 448, 448, regions, n, 0, 0, true, &v), PSHARD_OK);
         if (!v.kernels_checked) assert_int_equal(v.on_gpu, k == 0);
         if (k == 1) assert_false(v.on_gpu);
         first = cost_vision_first_token(&prof, &lm, &p, &v, COST_VISION_QUESTION_TOKENS, &prompt_s);
@@ -324,7 +320,7 @@ static void test_plan_lends(void **state) {
         const uint64_t whole = cost_vision_whole(&p);
         assert_int_equal(whole, b->total - b->mapping - cuda_align(b->blas));
         assert_true(whole > lent && whole >= least.peak_bytes);
-        assert_int_equal(cost_vision_encode(&prof, &mm, 448, 448, regions, n, whole, b->weights, &v), PSHARD_OK);
+        assert_int_equal(cost_vision_encode(&prof, &mm, 448, 448, regions, n, whole, b->weights, true, &v), PSHARD_OK);
         assert_int_equal(v.whole_bytes, whole);
         if (!v.kernels_checked) {
             assert_true(v.on_gpu);

@@ -59,7 +59,7 @@ pshard_status engine_vision_encode(pshard_ctx *ctx, const struct mmproj *m, stru
                                    const struct vision_patches *p, const struct vision_progress *progress,
                                    struct vision_embeddings *out, enum vision_gpu_memory *where) {
     *where = VISION_GPU_NONE;
-    if (exec_gpu_memory(ctx->exec) && vision_gpu_wanted()) {
+    if (exec_gpu_memory(ctx->exec) && !ctx->params.no_mmproj_offload) {
         bool started;
         const pshard_status st = on_gpu(ctx, m, gpu, p, progress, out, &started, where);
         if (st == PSHARD_OK || started) return st;

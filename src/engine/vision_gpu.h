@@ -13,7 +13,7 @@ struct threadpool;
  * vision_gpu_free with m). An encoding in the whole budget says so (a warning: the language model's
  * resident weights go up again after). Where the GPU cannot take the image (the encoding fits
  * neither, a shape without GPU kernels) a warning says why and the CPU encodes it on pool's threads;
- * PSHARD_VISION_GPU=0 asks for the CPU always. *where: the GPU memory it was encoded in
+ * the context's no_mmproj_offload asks for the CPU always. *where: the GPU memory it was encoded in
  * (VISION_GPU_NONE: the CPU). */
 pshard_status engine_vision_encode(pshard_ctx *ctx, const struct mmproj *m, struct threadpool *pool, struct vision_gpu **gpu,
                                    const struct vision_patches *p, const struct vision_progress *progress,

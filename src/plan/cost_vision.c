@@ -170,7 +170,7 @@ static double cpu_encoding(const struct profile *prof, const struct mmproj *m, c
 
 pshard_status cost_vision_encode(const struct profile *prof, const struct mmproj *m, uint32_t width, uint32_t height,
                                  const struct cuda_region *regions, uint32_t n_regions, uint64_t whole_bytes,
-                                 uint64_t resident_bytes, struct cost_vision *out) {
+                                 uint64_t resident_bytes, bool offload, struct cost_vision *out) {
     memset(out, 0, sizeof *out);
     const struct vision_hparams *hp = &m->hp;
     struct vision_patches size;
@@ -189,13 +189,13 @@ pshard_status cost_vision_encode(const struct profile *prof, const struct mmproj
     out->kernels_checked = cuda_type_supported(QUANT_F32);
     const pshard_status st = vision_gpu_choose(m, &w, out->kernels_checked, regions, n_regions, out->whole_bytes,
                                                &out->layout, &out->memory);
-    out->on_gpu = n_regions > 0 && vision_gpu_wanted() && st == PSHARD_OK;
+    out->on_gpu = n_regions > 0 && offload && st == PSHARD_OK;
     if (!out->on_gpu) { /* the first reason the engine meets */
         out->memory = VISION_GPU_NONE;
         snprintf(out->why_cpu, sizeof out->why_cpu, "%s",
-                 !n_regions            ? "the plan keeps every shard on the CPU, so no GPU memory is lent between steps"
-                 : !vision_gpu_wanted() ? "PSHARD_VISION_GPU=0 asks for the CPU's encoder"
-                                        : pshard_last_error());
+                 !n_regions ? "the plan keeps every shard on the CPU, so no GPU memory is lent between steps"
+                 : !offload ? "--no-mmproj-offload asks for the CPU's encoder"
+                            : pshard_last_error());
     }
     if (out->memory == VISION_GPU_IN_BUDGET) { /* the language model's plan carved again after */
         out->reupload_bytes = resident_bytes;

@@ -4,8 +4,8 @@
  * the GPU's encoding takes, and where the engine would encode it under a plan. The engine encodes
  * on the GPU where its buffers fit the scratch the executor lends between steps (exec_lend.h), or
  * else the whole budget (the language model's memory given up and carved again after); this asks
- * the same functions it does (vision_gpu_wanted, vision_gpu_choose), with the regions the plan
- * leaves lendable and its whole budget, so `pshard plan --image-size` and a run choose alike. */
+ * the same function it does (vision_gpu_choose), with the regions the plan leaves lendable and its
+ * whole budget, so `pshard plan --image-size` and a run choose alike. */
 #ifndef PLAN_COST_VISION_H
 #define PLAN_COST_VISION_H
 
@@ -66,11 +66,13 @@ struct cost_vision {
 /* Price an image of width x height pixels for encoder m, given the regions a plan lends
  * (cost_vision_lendable; none: no GPU placement), what its whole budget gives (cost_vision_whole;
  * 0: no such loan) and its resident weights (plan_budget.weights: what goes up again after a loan
- * of the whole budget). Fails where the image cannot be encoded at all (an aspect ratio over 200,
- * as vision_patches_size says). */
+ * of the whole budget). offload: the GPU may encode it (false: --no-mmproj-offload,
+ * pshard_params.no_mmproj_offload, keeps the encoder on the CPU; both times are priced still).
+ * Fails where the image cannot be encoded at all (an aspect ratio over 200, as vision_patches_size
+ * says). */
 pshard_status cost_vision_encode(const struct profile *prof, const struct mmproj *m, uint32_t width, uint32_t height,
                                  const struct cuda_region *regions, uint32_t n_regions, uint64_t whole_bytes,
-                                 uint64_t resident_bytes, struct cost_vision *out);
+                                 uint64_t resident_bytes, bool offload, struct cost_vision *out);
 /* The encoding's seconds where the engine runs it: the GPU's (with the re-upload after a loan of the
  * whole budget) or the CPU's. */
 static inline double cost_vision_encode_s(const struct cost_vision *v) {

@@ -102,11 +102,6 @@ pshard_status vision_gpu_choose(const struct mmproj *m, const struct vision_wind
 /* Its name in messages: "the scratch lent between steps", "the whole budget", "none". */
 const char *vision_gpu_memory_name(enum vision_gpu_memory where);
 
-/* Whether a context with the GPU placement encodes images on the GPU (where vision_gpu_plan finds
- * room): unless PSHARD_VISION_GPU=0 asks for the CPU's encoder. The engine and the planner ask
- * this, so they choose alike. */
-bool vision_gpu_wanted(void);
-
 /* Bytes one unit of the staging sequence copies up: unit 0 the patch kernel, 1..n_layer the
  * blocks, n_layer + 1 the merger. */
 size_t vision_gpu_unit_bytes(const struct mmproj *m, uint32_t unit);

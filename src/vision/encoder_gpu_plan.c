@@ -205,11 +205,6 @@ static bool computable(const struct gguf_tensor *t, uint32_t rows) {
     return (type == QUANT_F16 || type == QUANT_BF16) && rows > CUDA_MATVEC_MAX_TOKENS;
 }
 
-bool vision_gpu_wanted(void) {
-    const char *env = getenv("PSHARD_VISION_GPU");
-    return !(env && !strcmp(env, "0"));
-}
-
 /* vision_gpu_plan, asking whether each matrix has a GPU kernel at its rows or not (kernels). */
 static pshard_status plan_layout(const struct mmproj *m, const struct vision_windows *w, const struct cuda_region *regions,
                                  uint32_t n_regions, bool kernels, struct vision_gpu_layout *out) {

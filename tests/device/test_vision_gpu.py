@@ -6,7 +6,7 @@ streams, and of the automatic plan under one that puts prompt steps partly on th
 tables on the device, the image steps' embeddings placed on the host, decode steps after an
 image replayed with rope positions behind their cells). With a GPU the images are encoded there, in
 the scratch the executor lends between steps (no warning that the CPU took over), and give the
-tokens the CPU's encoder gives on the same placement (PSHARD_VISION_GPU=0). An image too large for that scratch but
+tokens the CPU's encoder gives on the same placement (--no-mmproj-offload). An image too large for that scratch but
 within the budget is encoded in the whole budget (the language model's cells to the host, its plan carved again
 after): the same tokens as the CPU's encoder and as a budget whose scratch holds it, in a one-shot prompt and in a
 chat's second turn (the first turn's cells in VRAM go down and up again). Exits 0 with a "skipped" line where no
@@ -34,14 +34,14 @@ def check(ok, what):
         failures.append(what)
 
 
-def ids(tmp, prompt, images, placement, env=None):
+def ids(tmp, prompt, images, placement):
     args = [PSHARD, "run", "-m", os.path.join(tmp, "lm.gguf"), "--raw", "--temp", "0", "-n", str(N), "--ids", "-q",
             "-p", prompt, *placement]
     if images:
         args += ["--mmproj", os.path.join(tmp, "mmproj.gguf")]
         for im in images:
             args += ["--image", os.path.join(tmp, im)]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=600, env=dict(os.environ, **(env or {})))
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         return None, proc.stderr
     return [int(x) for x in re.search(r"^ids:(.*)$", proc.stdout, re.M).group(1).split()], proc.stderr
@@ -80,12 +80,12 @@ def plan_memory(tmp, budget, size):
     return m.group(1) if m else None
 
 
-def chat(tmp, image, placement, env=None):
+def chat(tmp, image, placement):
     """A chat's replies: a text turn, then the image with a question (its encoding finds the first turn's cells)."""
     stdin = "Say something\n/image %s\nWhat is it?\n/quit\n" % os.path.join(tmp, image)
     proc = subprocess.run([PSHARD, "chat", "-m", os.path.join(tmp, "lm.gguf"), "--mmproj", os.path.join(tmp, "mmproj.gguf"),
                            "--temp", "0", "-n", str(SAME), *placement], input=stdin, capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, **(env or {})))
+                          timeout=600)
     return (proc.stdout if proc.returncode == 0 else None), proc.stderr
 
 
@@ -105,7 +105,7 @@ def whole_budget(tmp, least):
     got, err = ids(tmp, prompt, [image], tight)
     check(got is not None and WHOLE in err and "encoded on the CPU" not in err,
           "%s budget: the %s image encoded in the whole budget%s" % (budget, size, "" if got is None else ": " + err.strip()))
-    cpu_enc, err2 = ids(tmp, prompt, [image], tight, {"PSHARD_VISION_GPU": "0"})
+    cpu_enc, err2 = ids(tmp, prompt, [image], tight + ["--no-mmproj-offload"])
     room, err3 = ids(tmp, prompt, [image], roomy)
     cpu, err4 = ids(tmp, prompt, [image], [])
     check(room is not None and WHOLE not in err3 and "encoded on the CPU" not in err3,
@@ -117,7 +117,7 @@ def whole_budget(tmp, least):
               (budget, SAME, name, got, other, (err + e).strip()))
     # A chat's second turn: the first turn's cells in VRAM go to the host and come back.
     text, err = chat(tmp, image, tight)
-    cpu_text, err2 = chat(tmp, image, tight, {"PSHARD_VISION_GPU": "0"})
+    cpu_text, err2 = chat(tmp, image, tight + ["--no-mmproj-offload"])
     room_text, err3 = chat(tmp, image, roomy)
     check(text is not None and WHOLE in err, "%s budget, chat: the image encoded in the whole budget%s" %
           (budget, ": " + err.strip()))
@@ -164,7 +164,7 @@ def main():
                           (len(images), name, "" if "encoded on the CPU" not in err else ": " + err.strip()))
             if images:
                 gpu_enc, err = ids(tmp, prompt, images, ["--gpu"])
-                cpu_enc, err2 = ids(tmp, prompt, images, ["--gpu"], {"PSHARD_VISION_GPU": "0"})
+                cpu_enc, err2 = ids(tmp, prompt, images, ["--gpu", "--no-mmproj-offload"])
                 check(gpu_enc is not None and cpu_enc is not None and gpu_enc[:SAME] == cpu_enc[:SAME],
                       "%d image(s), --gpu: the GPU's encoder gives the CPU encoder's first %d tokens (%s vs %s)%s" %
                       (len(images), SAME, gpu_enc, cpu_enc, (err + err2).strip()))

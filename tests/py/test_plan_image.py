@@ -24,17 +24,17 @@ def files(tmp_path_factory):
     return d
 
 
-def plan(files, *args, env=None, model=None):
+def plan(files, *args, model=None):
     argv = [os.path.join(BUILD, "pshard"), "plan", "-m", model or str(files / "tiny-qwen25vl.gguf"), "--no-profile",
             *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300)
 
 
-def image_part(files, size, budget, *extra, env=None):
+def image_part(files, size, budget, *extra):
     """The lines after the plan, each wrapped line joined to the one it continues, as a dict of what
     they say."""
     proc = plan(files, "--mmproj", str(files / "tiny-qwen25vl-mmproj.gguf"), "--image-size", size, "--vram-budget",
-                budget, *extra, env=env)
+                budget, *extra)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     start = next(i for i, l in enumerate(lines) if l.startswith("image "))
@@ -94,11 +94,16 @@ def test_placement_follows_the_room_the_plan_lends(files):
                  tight["encoder's peak VRAM"])
     assert m and float(m.group(1)) > float(m.group(2)), tight
     assert "(encoding " + tight["encoder on the CPU"].split()[0] + " s" in tight["first token"]
-    # The CPU alone lends nothing; PSHARD_VISION_GPU=0 asks for the CPU's encoder.
+    # The CPU alone lends nothing; --no-mmproj-offload asks for the CPU's encoder, its first token
+    # counting the CPU's encoding, whatever room the plan lends.
     cpu = image_part(files, "640x480", "0")
     assert cpu["runs on"].startswith("the CPU (the plan keeps every shard on the CPU"), cpu
-    off = image_part(files, "640x480", "512M", env={"PSHARD_VISION_GPU": "0"})
-    assert off["runs on"] == "the CPU (PSHARD_VISION_GPU=0 asks for the CPU's encoder)", off
+    for budget in ("512M", "64M"):
+        off = image_part(files, "640x480", budget, "--no-mmproj-offload")
+        assert off["runs on"] == "the CPU (--no-mmproj-offload asks for the CPU's encoder)", off
+        assert "(encoding " + off["encoder on the CPU"].split()[0] + " s" in off["first token"], off
+        on = image_part(files, "640x480", budget)
+        assert on["runs on"].startswith("the GPU") and on["encoder on the CPU"] == off["encoder on the CPU"], on
 
 
 def test_the_whole_budget_when_the_scratch_is_short(files):
@@ -145,6 +150,10 @@ def test_option_errors(files, default_model):
     assert proc.returncode == 2 and "--mmproj" in proc.stderr, proc.stderr
     proc = plan(files, "--mmproj", str(files / "tiny-qwen25vl-mmproj.gguf"), "--vram-budget", "64M")
     assert proc.returncode == 2 and "--image-size" in proc.stderr, proc.stderr
+    # --no-mmproj-offload says where the encoder runs: without --mmproj there is none to price.
+    proc = plan(files, "--no-mmproj-offload", "--vram-budget", "64M")
+    assert proc.returncode == 2 and "--no-mmproj-offload" in proc.stderr and "--mmproj" in proc.stderr, proc.stderr
+    assert proc.stdout == ""
     # An image the processor refuses (an aspect ratio over 200), after the plan.
     proc = plan(files, "--mmproj", str(files / "tiny-qwen25vl-mmproj.gguf"), "--image-size", "16000x50",
                 "--vram-budget", "64M")

@@ -140,6 +140,23 @@ def test_clear_errors(files, tmp_path):
     assert proc.returncode == 1 and "2 image markers" in proc.stderr
 
 
+def test_no_mmproj_offload(files):
+    """--no-mmproj-offload (encode images on the CPU even with the GPU): listed by every command that
+    takes --mmproj, the same tokens where the CPU encodes anyway, and refused without --mmproj."""
+    for cmd in ("run", "chat", "serve", "plan"):
+        assert "--no-mmproj-offload" in run_pshard(cmd, "--help").stdout, cmd
+    images = ["a.png"]
+    assert pshard_ids(files, "<__image__>Describe: ", images, extra=["--no-mmproj-offload"]) == \
+        pshard_ids(files, "<__image__>Describe: ", images)
+    proc = run_pshard("run", "-m", str(files / "tiny-qwen25vl.gguf"), "--mmproj", str(files / "tiny-qwen25vl-mmproj.gguf"),
+                      "--image", str(files / "a.png"), "--no-mmproj-offload", "--temp", "0", "-n", "2", "-p", "x")
+    assert re.search(r"images: 1 encoded in \d+ ms \(within the TTFT\), on the CPU", proc.stderr), proc.stderr
+    for cmd in ("run", "chat", "serve", "batch"):
+        proc = run_pshard(cmd, "-m", str(files / "tiny-qwen25vl.gguf"), "--no-mmproj-offload", "-p", "x", check=False)
+        assert proc.returncode == 2 and "--no-mmproj-offload" in proc.stderr and "--mmproj PATH" in proc.stderr, \
+            (cmd, proc.stderr)
+
+
 def test_chat_image_command(files):
     """/image PATH in pshard chat: the image goes with the next message; the next turn reuses the
     cells of everything before it, the image's included (its prompt is only the new turn)."""

@@ -19,7 +19,7 @@ static void print_usage(FILE *out) {
                  "                   [-b BATCH] [--parallel N] [-t THREADS] [--stream-share F]\n"
                  "                   [--set ring|no-ring|all-kv] [--decode-set ring|no-ring|all-kv|same]\n"
                  "                   [--no-profile | --profile FILE] [--tokens N,N,...] [-n N] [--shards]\n"
-                 "                   [--mmproj VISION.gguf --image-size WxH]\n"
+                 "                   [--mmproj VISION.gguf --image-size WxH [--no-mmproj-offload]]\n"
                  "  Prints the plan of every token tier (steps of 1-3, 4-15, ... tokens) and, for auto, every\n"
                  "  candidate the planner weighed with its predicted seconds per step, VRAM and bytes moved\n"
                  "  per token; then each shard's place in decode and in full prompt steps (RESIDENT in VRAM,\n"
@@ -41,7 +41,8 @@ static void print_usage(FILE *out) {
                  "  --image-size, after the plan: the image's size after the model's resize, its patches and\n"
                  "  tokens, the vision encoder's predicted time on the GPU and on the CPU, its peak VRAM, where\n"
                  "  it runs under this plan (the GPU where it fits the memory the plan lends between steps),\n"
-                 "  and the first token of a request with that image and a short question.\n");
+                 "  and the first token of a request with that image and a short question; --no-mmproj-offload\n"
+                 "  prices it as `pshard run --no-mmproj-offload` runs it, on the CPU.\n");
 }
 
 enum { MAX_TOKENS = 16 };
@@ -137,6 +138,8 @@ int cmd_plan(int argc, char **argv) {
             }
         } else if (!strcmp(a, "--mmproj") && v) {
             image.mmproj = argv[++i];
+        } else if (!strcmp(a, "--no-mmproj-offload")) {
+            image.no_offload = true;
         } else if (!strcmp(a, "--image-size") && v) {
             if (plan_image_parse_size(argv[++i], &image)) return 2;
         } else if (!strcmp(a, "--tokens") && v) {
@@ -175,6 +178,11 @@ int cmd_plan(int argc, char **argv) {
     }
     if (image.width && !image.mmproj) {
         fprintf(stderr, "pshard plan: --image-size prices the vision encoder: give its file with --mmproj VISION.gguf\n");
+        return 2;
+    }
+    if (image.no_offload && !image.mmproj) {
+        fprintf(stderr, "pshard plan: --no-mmproj-offload prices the vision encoder on the CPU: give its file with "
+                        "--mmproj VISION.gguf and an image's size with --image-size WxH\n");
         return 2;
     }
     if (image.mmproj && !image.width) {

@@ -34,6 +34,8 @@ static void print_usage(FILE *out, const char *cmd) {
             "  --raw                   no chat template: continue the prompt text as it is\n"
             "  --mmproj PATH           the vision encoder (an mmproj GGUF) of a model that reads images\n"
             "                          (qwen2vl: Qwen2.5-VL, Cosmos-Reason1)\n"
+            "  --no-mmproj-offload     encode images on the CPU even with the GPU (by default the GPU encodes\n"
+            "                          them where the encoding fits the VRAM budget)\n"
             "%s"
             "  --no-prefault           do not read the weights in at load (pages load on first use)\n"
             "  --gpu                   run every shard on the GPU, all weights in VRAM\n"
@@ -108,6 +110,7 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
         }
         else if (!strcmp(a, "--budget-file") && v) o->budget_file = argv[++i];
         else if (!strcmp(a, "--mmproj") && v) o->mmproj = argv[++i];
+        else if (!strcmp(a, "--no-mmproj-offload")) o->params.no_mmproj_offload = 1;
         else if (!strcmp(a, "--image") && v && !strcmp(cmd, "run")) {
             if (o->n_images == (int32_t)(sizeof o->images / sizeof o->images[0])) {
                 fprintf(stderr, "pshard %s: at most %zu images\n", cmd, sizeof o->images / sizeof o->images[0]);
@@ -151,6 +154,11 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
     }
     if (o->n_images && !o->mmproj) {
         fprintf(stderr, "pshard %s: --image needs the model's vision encoder: --mmproj PATH\n", cmd);
+        return -1;
+    }
+    if (o->params.no_mmproj_offload && !o->mmproj) {
+        fprintf(stderr, "pshard %s: --no-mmproj-offload says where the vision encoder runs: give it with --mmproj PATH\n",
+                cmd);
         return -1;
     }
     if (o->seed_drawn && !o->quiet) fprintf(stderr, "seed: %" PRIu64 " (drawn at random)\n", o->gen.sampling.seed);

@@ -103,7 +103,7 @@ pshard_status plan_image_print(const struct model *lm, const struct plan *plan, 
     const uint32_t n_regions = cost_vision_lendable(plan, regions);
     struct cost_vision v;
     const pshard_status st = cost_vision_encode(prof, &m, (uint32_t)image->width, (uint32_t)image->height, regions,
-                                                n_regions, cost_vision_whole(plan), plan->budget.weights, &v);
+                                                n_regions, cost_vision_whole(plan), plan->budget.weights, !image->no_offload, &v);
     if (st == PSHARD_OK) print_cost(lm, plan, prof, image, &v, out);
     mmproj_free(&m);
     gguf_close(file);

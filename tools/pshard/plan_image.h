@@ -3,6 +3,7 @@
 #ifndef PSHARD_PLAN_IMAGE_H
 #define PSHARD_PLAN_IMAGE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -13,6 +14,7 @@
 struct plan_image {
     const char *mmproj;     /* --mmproj */
     int64_t width, height;  /* --image-size; 0: not given */
+    bool no_offload;        /* --no-mmproj-offload: the engine would encode on the CPU */
 };
 
 /* --image-size's value: WxH, each side a whole number from 1 to VISION_IMAGE_MAX_SIDE and at most
