@@ -147,7 +147,8 @@ typedef struct pshard_gen_stats {
     int32_t decode_handoffs;
     int stopped_by_eog;       /* ended at an end-of-generation token */
     int32_t n_images_encoded; /* images of the prompt encoded by this call (the others were kept) */
-    double image_encode_ms;   /* decoding, preprocessing and encoding them (inside ttft_ms) */
+    double image_encode_ms;   /* decoding, preprocessing and encoding them (inside ttft_ms); of images
+                                 prepared beforehand (pshard_image_prepare), their encoding alone */
     /* What the planner's cost model predicted for this call (0 when the plan was not chosen by
      * it): the prompt's steps, and one decode step. */
     double predicted_prefill_ms, predicted_decode_step_ms;
@@ -260,8 +261,8 @@ typedef struct pshard_request {
     void *user;
     /* Images (pshard_vision_load first): one for each PSHARD_IMAGE_MARKER of prompt (a text prompt),
      * in order. pshard_request_add decodes and encodes them (images the context keeps, by content,
-     * from earlier requests and calls are not encoded again), so their bytes may go once it returns;
-     * a bad image fails it, naming the image ("image 2: ..."). */
+     * from earlier requests and calls are not encoded again; prepared ones it only encodes), so their
+     * bytes may go once it returns; a bad image fails it, naming the image ("image 2: ..."). */
     const struct pshard_image *images;
     int32_t n_images;
     /* optional: the most tokens to generate, given the prompt's length (its images' tokens
@@ -361,12 +362,16 @@ pshard_status pshard_budget_poll(pshard_ctx *ctx);
  * (pshard_params.no_mmproj_offload: always on the CPU). */
 #define PSHARD_IMAGE_MARKER "<__image__>"
 
-/* A JPEG or PNG image: a file, or its bytes in memory (path NULL). Files over 64 MiB, over 50
+typedef struct pshard_prepared_image pshard_prepared_image;
+
+/* A JPEG or PNG image: a file, or its bytes in memory (path NULL), or an image prepared already
+ * (pshard_image_prepare; then path, data and size are not read). Files over 64 MiB, over 50
  * million pixels or 16384 pixels a side are refused. */
 typedef struct pshard_image {
     const char *path;
     const void *data;
     size_t size;
+    const pshard_prepared_image *prepared;
 } pshard_image;
 
 /* Attach the vision encoder of an mmproj file to a context. Fails, naming the problem, for a file
@@ -374,6 +379,27 @@ typedef struct pshard_image {
  * an encoder whose output width is not the model's embedding width (the pair does not match), and
  * while requests are running. */
 pshard_status pshard_vision_load(pshard_ctx *ctx, const char *mmproj_path);
+
+/* Images prepared on other threads. An image's CPU work before its encoder (reading its file,
+ * decoding the JPEG or PNG, the model's resize, normalization, patches) may run beside the thread
+ * that steps the context (a server's request threads, say), so that steps do not wait for it: a
+ * preparer holds a copy of the encoder's settings and needs no context once made; any threads may
+ * use one at once. The call that takes a prepared image (pshard_image.prepared) only encodes it, and
+ * not even that where the context keeps the image already (by content). */
+typedef struct pshard_image_preparer pshard_image_preparer;
+
+/* The preparer of ctx's vision encoder (pshard_vision_load first); its images are for that encoder
+ * only (a call with another one attached refuses them). */
+pshard_status pshard_image_preparer_create(const pshard_ctx *ctx, pshard_image_preparer **out);
+void pshard_image_preparer_free(pshard_image_preparer *preparer);
+
+/* Read (path) or take (data and size) an image, decode it and cut it into the encoder's patches
+ * (float32, 24 bytes a pixel of the resized image). Fails as a call given the image would, naming
+ * it by its path, or as "image N" for bytes where index is its place among its prompt's images
+ * (from 0). *out keeps the patches and the bytes' hash, not the bytes. */
+pshard_status pshard_image_prepare(const pshard_image_preparer *preparer, const pshard_image *image, int32_t index,
+                                   pshard_prepared_image **out);
+void pshard_prepared_image_free(pshard_prepared_image *image);
 
 /* Facts about the loaded model and context. */
 typedef struct pshard_info {

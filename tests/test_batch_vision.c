@@ -3,7 +3,8 @@
  * alone through pshard_generate (whose tokens tests/py check against llama.cpp's), whether steps
  * hold whole images or cut them into pieces of 3 tokens; a finished request's image cells are
  * reused by a request that starts alike, never by one with another image at that place; bad image
- * requests fail at pshard_request_add, naming the image, and queue nothing. */
+ * requests fail at pshard_request_add, naming the image, and queue nothing; images prepared on
+ * another thread beforehand (pshard_image_prepare) give the tokens of their bytes. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -16,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "engine/vision_prepare.h" /* (a prepared image's pixels and settings) */
 #include "pshard.h"
 #include "test_helpers.h"
 
@@ -68,10 +70,12 @@ static void ask_images(const struct ask *a, pshard_image *out) {
     for (int32_t i = 0; i < a->n_images; i++) out[i] = images[a->which[i]];
 }
 
-static void add(pshard_ctx *ctx, const struct ask *a, struct outcome *o) {
+/* Queue ask a with images im (NULL: its images' bytes). */
+static void add_with(pshard_ctx *ctx, const struct ask *a, const pshard_image *given, struct outcome *o) {
     memset(o, 0, sizeof *o);
     pshard_image im[2];
-    ask_images(a, im);
+    if (given) memcpy(im, given, sizeof im[0] * (size_t)a->n_images);
+    else ask_images(a, im);
     pshard_request req;
     pshard_request_default(&req);
     req.prompt = a->prompt;
@@ -80,6 +84,8 @@ static void add(pshard_ctx *ctx, const struct ask *a, struct outcome *o) {
     req.on_event = on_event, req.user = o;
     if (pshard_request_add(ctx, &req, &o->id) != PSHARD_OK) fail_msg("%s", pshard_last_error());
 }
+
+static void add(pshard_ctx *ctx, const struct ask *a, struct outcome *o) { add_with(ctx, a, NULL, o); }
 
 static void run_to_end(pshard_ctx *ctx) {
     int32_t pending = 1;
@@ -166,7 +172,7 @@ static void test_bad_requests(void **state) {
     pshard_request req;
     pshard_request_default(&req);
     const uint8_t junk[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0, 0, 0};
-    pshard_image bad[2] = {images[0], {NULL, junk, sizeof junk}};
+    pshard_image bad[2] = {images[0], {.data = junk, .size = sizeof junk}};
     req.prompt = PSHARD_IMAGE_MARKER PSHARD_IMAGE_MARKER;
     req.images = bad, req.n_images = 2;
     refused(ctx, &req, PSHARD_ERR_FORMAT, "image 2: ");
@@ -189,6 +195,67 @@ static void test_bad_requests(void **state) {
     pshard_close(ctx);
 }
 
+/* Images prepared beforehand (pshard_image_prepare, as the server does on its request threads): the
+ * tokens of their bytes, all asks at once; one kept already (by content) reuses its cells; errors
+ * name the image; the preparer outlives its context; an image prepared for an encoder that
+ * normalizes otherwise is refused. */
+static void test_prepared_images(void **state) {
+    struct outcome ref[N_ASKS], got[N_ASKS];
+    for (int i = 0; i < N_ASKS; i++) alone(&ASKS[i], &ref[i]);
+    pshard_ctx *ctx = open_vlm(N_ASKS, 64, true);
+    pshard_image_preparer *preparer;
+    assert_int_equal(pshard_image_preparer_create(ctx, &preparer), PSHARD_OK);
+    pshard_prepared_image *prepared[N_IMAGES];
+    pshard_image ready[N_IMAGES];
+    for (int i = 0; i < N_IMAGES; i++) {
+        assert_int_equal(pshard_image_prepare(preparer, &images[i], i, &prepared[i]), PSHARD_OK);
+        ready[i] = (pshard_image){.prepared = prepared[i]};
+    }
+    for (int i = 0; i < N_ASKS; i++) {
+        pshard_image im[2] = {ready[ASKS[i].which[0]], ready[ASKS[i].which[1]]};
+        add_with(ctx, &ASKS[i], im, &got[i]);
+    }
+    run_to_end(ctx);
+    for (int i = 0; i < N_ASKS; i++) same_tokens(&got[i], &ref[i], i);
+    /* the first ask again, its image as bytes: kept (the same content), its cells reused */
+    add(ctx, &ASKS[0], &got[0]);
+    run_to_end(ctx);
+    assert_int_equal(got[0].stats.n_prompt_cached, got[0].stats.n_prompt - 1);
+    same_tokens(&got[0], &ref[0], 0);
+
+    const uint8_t junk[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0, 0, 0};
+    pshard_prepared_image *bad = NULL;
+    assert_int_equal(pshard_image_prepare(preparer, &(pshard_image){.data = junk, .size = sizeof junk}, 1, &bad),
+                     PSHARD_ERR_FORMAT);
+    assert_null(bad);
+    assert_non_null(strstr(pshard_last_error(), "image 2: "));
+    assert_int_equal(pshard_image_prepare(preparer, &(pshard_image){.path = "/nonexistent/a.png"}, 0, &bad), PSHARD_ERR_IO);
+    assert_non_null(strstr(pshard_last_error(), "/nonexistent/a.png"));
+    pshard_close(ctx);
+
+    /* after its context: the same patches; into another context, as another encoder's, refused */
+    pshard_prepared_image *again;
+    assert_int_equal(pshard_image_prepare(preparer, &images[0], 0, &again), PSHARD_OK);
+    pshard_image_preparer_free(preparer);
+    const struct vision_patches *a = &again->patches, *b = &prepared[0]->patches;
+    assert_true(a->n_patches == b->n_patches && a->patch_dim == b->patch_dim && a->n_patches > 0);
+    assert_memory_equal(a->data, b->data, sizeof *a->data * a->n_patches * a->patch_dim);
+    again->image_std[1] *= 2;
+    ctx = open_vlm(1, 64, true);
+    pshard_request req;
+    pshard_request_default(&req);
+    req.prompt = ASKS[0].prompt, req.images = &(pshard_image){.prepared = again}, req.n_images = 1;
+    refused(ctx, &req, PSHARD_ERR_INVALID_ARG, "image 1: prepared for another vision encoder");
+    pshard_close(ctx);
+    pshard_prepared_image_free(again);
+    for (int i = 0; i < N_IMAGES; i++) pshard_prepared_image_free(prepared[i]);
+    /* a context without an encoder has no preparer */
+    ctx = open_vlm(1, 64, false);
+    assert_int_equal(pshard_image_preparer_create(ctx, &preparer), PSHARD_ERR_INVALID_ARG);
+    assert_null(preparer);
+    pshard_close(ctx);
+}
+
 int main(void) {
     const char *build = getenv("PSHARD_BUILD_DIR");
     snprintf(lm_path, sizeof lm_path, "/tmp/pshard-test-batch-vision-%d.gguf", (int)getpid());
@@ -207,12 +274,13 @@ int main(void) {
             fprintf(stderr, "cannot read %s (PSHARD_TEST_DATA)\n", image_files[i]);
             return 1;
         }
-        images[i] = (pshard_image){NULL, bytes[i], size};
+        images[i] = (pshard_image){.data = bytes[i], .size = size};
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_together_equals_alone),
         cmocka_unit_test(test_image_prefix_reuse),
         cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_prepared_images),
     };
     const int failed = cmocka_run_group_tests(tests, NULL, NULL);
     for (int i = 0; i < N_IMAGES; i++) free(bytes[i]);

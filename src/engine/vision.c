@@ -14,16 +14,15 @@
 #include "core/timer.h"
 #include "engine/engine_internal.h"
 #include "engine/vision_gpu.h"
+#include "engine/vision_prepare.h"
 #include "vision/encoder.h"
-#include "vision/image.h"
 #include "vision/mmproj.h"
 #include "vision/mrope.h"
 #include "vision/preprocess.h"
 
 /* An encoded image, kept while a prompt holds it (refs) or a sequence's cells hold its tokens. */
 struct kept_image {
-    uint64_t hash[2];
-    size_t size;
+    struct engine_image_id id;
     int32_t key; /* what its tokens are cached as: negative, never reused */
     uint32_t tokens_h, tokens_w;
     struct vision_embeddings embd;
@@ -124,20 +123,6 @@ pshard_status pshard_vision_load(pshard_ctx *ctx, const char *mmproj_path) {
 
 /* ---- images by content */
 
-/* Two independent 64-bit hashes of the bytes (FNV-1a, and a multiply-rotate over 8-byte words):
- * with the size, the key an image is kept under. */
-static void content_hash(const uint8_t *p, size_t n, uint64_t h[2]) {
-    uint64_t a = 0xcbf29ce484222325ull, b = 0x9e3779b97f4a7c15ull ^ n;
-    for (size_t i = 0; i < n; i++) a = (a ^ p[i]) * 0x100000001b3ull;
-    for (size_t i = 0; i < n; i += 8) {
-        uint64_t w = 0;
-        memcpy(&w, p + i, n - i < 8 ? n - i : 8);
-        b = ((b ^ w) * 0xff51afd7ed558ccdull);
-        b = (b << 31) | (b >> 33);
-    }
-    h[0] = a, h[1] = b;
-}
-
 struct encode_progress {
     const pshard_gen_opts *opts;
     int32_t image, n_images;
@@ -148,48 +133,19 @@ static int on_blocks(void *user, uint32_t done, uint32_t total) {
     return p->opts->on_image(p->opts->image_user, p->image, p->n_images, (float)done / (float)total);
 }
 
-/* Decode, preprocess and encode one image's bytes into kept entry `k` (one whose tokens cannot fit
- * the context is refused first); *where: the GPU memory it was encoded in (VISION_GPU_NONE: the CPU). */
-static pshard_status encode(pshard_ctx *ctx, struct engine_vision *v, const uint8_t *bytes, size_t size, const char *label,
+/* Encode an image's patches into kept entry `k` (one whose tokens cannot fit the context is refused
+ * first); *where: the GPU memory it was encoded in (VISION_GPU_NONE: the CPU). */
+static pshard_status encode(pshard_ctx *ctx, struct engine_vision *v, const struct vision_patches *patches,
                             const struct encode_progress *progress, struct kept_image *k, enum vision_gpu_memory *where) {
-    struct vision_image img;
-    CORE_TRY(vision_image_decode(bytes, size, NULL, label, &img));
-    struct vision_patches patches;
-    pshard_status st = vision_preprocess(&v->mmproj.hp, &img, &patches);
-    vision_image_free(&img);
-    if (st != PSHARD_OK) return core_fail_context(st, "%s: ", label);
     const uint32_t merge = v->mmproj.hp.spatial_merge;
-    k->tokens_h = patches.grid_h / merge, k->tokens_w = patches.grid_w / merge;
+    k->tokens_h = patches->grid_h / merge, k->tokens_w = patches->grid_w / merge;
     const uint64_t tokens = (uint64_t)k->tokens_h * k->tokens_w;
-    if (tokens + 2 >= (uint64_t)ctx->params.n_ctx) { /* its tokens alone fill the context: not worth encoding */
-        vision_patches_free(&patches);
+    if (tokens + 2 >= (uint64_t)ctx->params.n_ctx) /* its tokens alone fill the context: not worth encoding */
         return core_fail(PSHARD_ERR_RANGE, "the prompt's image %d takes %llu tokens and the context holds %d (raise -c)",
                          progress->image + 1, (unsigned long long)tokens, ctx->params.n_ctx);
-    }
     const struct vision_progress vp = {on_blocks, (void *)progress};
-    st = engine_vision_encode(ctx, &v->mmproj, v->pool, &v->gpu, &patches, progress->opts->on_image ? &vp : NULL, &k->embd,
-                              where);
-    vision_patches_free(&patches);
-    return st;
-}
-
-/* The bytes of image i (read from its file, or as given), under the decoder's size limit. */
-static pshard_status image_bytes(const pshard_image *im, int32_t i, uint8_t **owned, const uint8_t **bytes, size_t *size,
-                                 char *label, size_t label_size) {
-    *owned = NULL;
-    if (im->path) {
-        snprintf(label, label_size, "%s", im->path);
-        CORE_TRY(vision_image_read(im->path, NULL, owned, size));
-        *bytes = *owned;
-        return PSHARD_OK;
-    }
-    snprintf(label, label_size, "image %d", i + 1);
-    if (!im->data || !im->size) return core_fail(PSHARD_ERR_INVALID_ARG, "%s: neither a path nor bytes", label);
-    if (im->size > VISION_IMAGE_MAX_FILE_BYTES)
-        return core_fail(PSHARD_ERR_RANGE, "%s: %zu bytes, more than the limit of %d", label, im->size,
-                         (int)VISION_IMAGE_MAX_FILE_BYTES);
-    *bytes = im->data, *size = im->size;
-    return PSHARD_OK;
+    return engine_vision_encode(ctx, &v->mmproj, v->pool, &v->gpu, patches, progress->opts->on_image ? &vp : NULL, &k->embd,
+                                where);
 }
 
 /* Drop the kept images no prompt holds and no sequence's cells hold (a finished request's or the
@@ -214,26 +170,38 @@ static void sweep(pshard_ctx *ctx, struct engine_vision *v) {
     v->n_kept = live;
 }
 
-static struct kept_image *find_kept(const struct engine_vision *v, const uint64_t hash[2], size_t size) {
+static struct kept_image *find_kept(const struct engine_vision *v, const struct engine_image_id *id) {
     for (int32_t k = 0; k < v->n_kept; k++)
-        if (v->kept[k]->size == size && !memcmp(v->kept[k]->hash, hash, sizeof v->kept[k]->hash)) return v->kept[k];
+        if (v->kept[k]->id.size == id->size && !memcmp(v->kept[k]->id.hash, id->hash, sizeof id->hash)) return v->kept[k];
     return NULL;
 }
 
+/* Image i's identity, and its bytes where it was not prepared (*owned: what was read, to free). */
+static pshard_status image_identity(const struct engine_vision *v, const pshard_image *im, int32_t i, uint8_t **owned,
+                                    const uint8_t **bytes, struct engine_image_id *id, char *label, size_t label_size) {
+    if (!im->prepared) return engine_image_bytes(im, i, owned, bytes, id, label, label_size);
+    *owned = NULL, *bytes = NULL;
+    snprintf(label, label_size, "image %d", i + 1);
+    if (!engine_prepared_fits(im->prepared, &v->mmproj.hp))
+        return core_fail(PSHARD_ERR_INVALID_ARG, "%s: prepared for another vision encoder (its preparer came before the "
+                         "context's pshard_vision_load)", label);
+    *id = im->prepared->id;
+    return PSHARD_OK;
+}
+
 /* The kept image of each of the call's images (which[i]; no reference taken), encoding those not
- * kept. */
+ * kept: decoded and cut into patches here unless prepared beforehand (pshard_image_prepare). */
 static pshard_status gather_images(pshard_ctx *ctx, struct engine_vision *v, const pshard_gen_opts *opts,
                                    struct kept_image **which, pshard_gen_stats *stats) {
     sweep(ctx, v);
     char label[512];
     for (int32_t i = 0; i < opts->n_images; i++) {
-        uint8_t *owned = NULL;
-        const uint8_t *bytes = NULL;
-        size_t size = 0;
-        uint64_t hash[2];
-        CORE_TRY(image_bytes(&opts->images[i], i, &owned, &bytes, &size, label, sizeof label));
-        content_hash(bytes, size, hash);
-        if ((which[i] = find_kept(v, hash, size))) {
+        const pshard_image *im = &opts->images[i];
+        uint8_t *owned;
+        const uint8_t *bytes;
+        struct engine_image_id id;
+        CORE_TRY(image_identity(v, im, i, &owned, &bytes, &id, label, sizeof label));
+        if ((which[i] = find_kept(v, &id))) {
             free(owned);
             continue;
         }
@@ -243,8 +211,11 @@ static pshard_status gather_images(pshard_ctx *ctx, struct engine_vision *v, con
         const struct encode_progress progress = {opts, i, opts->n_images};
         const double t0 = core_now_ms();
         enum vision_gpu_memory where = VISION_GPU_NONE;
-        if (st == PSHARD_OK) st = encode(ctx, v, bytes, size, label, &progress, k, &where);
+        struct vision_patches decoded = {0};
+        if (st == PSHARD_OK && !im->prepared) st = engine_image_patches(&v->mmproj.hp, bytes, id.size, label, &decoded);
         free(owned);
+        if (st == PSHARD_OK) st = encode(ctx, v, im->prepared ? &im->prepared->patches : &decoded, &progress, k, &where);
+        vision_patches_free(&decoded);
         if (st != PSHARD_OK) {
             if (k) kept_free(k);
             return st;
@@ -254,8 +225,7 @@ static pshard_status gather_images(pshard_ctx *ctx, struct engine_vision *v, con
             stats->n_images_whole_budget += where == VISION_GPU_IN_BUDGET;
             stats->n_images_cpu += where == VISION_GPU_NONE;
         }
-        memcpy(k->hash, hash, sizeof k->hash);
-        k->size = size;
+        k->id = id;
         k->key = -(++v->next_key);
         v->kept[v->n_kept++] = k;
         which[i] = k;
@@ -410,6 +380,10 @@ void engine_images_rope(const struct engine_images *im, int32_t pos, int32_t out
         return;
     }
     out[0] = out[1] = out[2] = pos - im->rope_shift;
+}
+
+const struct vision_hparams *engine_vision_hparams(const pshard_ctx *ctx) {
+    return ctx->vision ? &ctx->vision->mmproj.hp : NULL;
 }
 
 int32_t engine_vision_token(const pshard_ctx *ctx, int32_t id) {

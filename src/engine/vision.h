@@ -12,6 +12,7 @@
 
 struct engine_vision;
 struct image_run;
+struct vision_hparams;
 
 /* Where a prompt's images are (runs of tokens, each holding its image while the prompt lives)
  * and, where it has any, each prompt token's rope positions. Zeroed: a prompt without images. */
@@ -46,6 +47,9 @@ int32_t engine_images_piece(const pshard_ctx *ctx, const struct engine_images *i
 /* The rope positions of the token at cell `pos`: from the table for a prompt token, the cell's
  * position less the lag after the prompt. */
 void engine_images_rope(const struct engine_images *images, int32_t pos, int32_t out[3]);
+
+/* The attached encoder's settings (NULL: none attached). */
+const struct vision_hparams *engine_vision_hparams(const pshard_ctx *ctx);
 
 /* The vocabulary id a prompt token is read as: image keys as <|image_pad|> (their rows come from
  * the embeddings). */

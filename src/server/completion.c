@@ -217,7 +217,9 @@ enum MHD_Result completion_handle(struct server *s, struct MHD_Connection *conn,
         api_fail(&err, 500, "server_error", NULL, NULL, "out of memory");
         return http_send_error(s, conn, route, &err);
     }
-    if (api_parse_request(kind, body, len, &j->req, &err) || worker_submit(s->worker, j, &err)) {
+    /* The body's images are decoded here, on this connection's thread: the engine thread only encodes them. */
+    if (api_parse_request(kind, body, len, &j->req, &err) || worker_prepare_images(s->worker, j, &err) ||
+        worker_submit(s->worker, j, &err)) {
         job_release(s->worker, j);
         return http_send_error(s, conn, route, &err);
     }

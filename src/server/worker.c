@@ -1,6 +1,6 @@
-/* The engine thread and the jobs it runs (see worker.h). HTTP threads submit jobs to an inbox and
- * flag cancellations; the engine thread, the only one that calls into pshard, formats and adds
- * them between steps, steps while anything is pending, and sleeps on a condition variable when
+/* The engine thread and the jobs it runs (see worker.h). HTTP threads decode a request's images
+ * (worker_prepare_images), submit jobs to an inbox and flag cancellations; the engine thread, the
+ * only one that calls into the context, formats and adds them between steps, steps while anything is pending, and sleeps on a condition variable when
  * idle. Events land in the jobs under one lock; one broadcast a step wakes the HTTP threads. */
 #include <errno.h>
 #include <math.h>
@@ -13,7 +13,9 @@
 #include "core/grow.h"
 #include "server/worker.h"
 
-enum { RATE_WINDOW_S = 10, BUDGET_IDLE_POLL_MS = 200 };
+/* PREPARE_AT_ONCE: requests whose images are prepared at once on request threads (an image may take
+ * 150 MB decoded, and its patches 24 bytes a pixel after the resize; more requests wait their turn). */
+enum { RATE_WINDOW_S = 10, BUDGET_IDLE_POLL_MS = 200, PREPARE_AT_ONCE = 4 };
 
 struct worker {
     struct worker_config cfg;
@@ -23,6 +25,9 @@ struct worker {
     pthread_cond_t progress; /* HTTP threads: some job moved */
     enum worker_state state;
     pshard_ctx *ctx;
+    pshard_image_preparer *preparer; /* made with ctx where it reads images; request threads use it */
+    int32_t n_preparing;             /* requests whose images request threads decode now */
+    pthread_cond_t prepare_turn;     /* request threads: one of them is done decoding */
     struct job *inbox, *running;
     int32_t n_jobs;          /* submitted and not finished */
     bool cancel_flagged, stop_now;
@@ -63,9 +68,16 @@ struct job *job_new(void) {
     return j;
 }
 
+static void free_prepared(struct job *j) {
+    for (size_t i = 0; j->prepared && i < j->req.n_images; i++) pshard_prepared_image_free(j->prepared[i]);
+    free(j->prepared);
+    j->prepared = NULL;
+}
+
 /* Under the lock. */
 static void job_unref(struct job *j) {
     if (--j->refs > 0) return;
+    free_prepared(j);
     api_request_free(&j->req);
     free(j->text);
     free(j->tokens);
@@ -257,6 +269,32 @@ static void request_error(struct job *j, pshard_status st, const char *why) {
         api_fail(&j->error, 500, "server_error", NULL, NULL, "%s", why);
 }
 
+int worker_prepare_images(struct worker *w, struct job *j, struct api_error *err) {
+    const struct api_request *q = &j->req;
+    if (!q->n_images) return 0;
+    worker_lock(w);
+    const pshard_image_preparer *preparer = w->preparer; /* (set once, before the model is ready) */
+    while (preparer && w->n_preparing >= PREPARE_AT_ONCE) pthread_cond_wait(&w->prepare_turn, &w->lock);
+    if (preparer) w->n_preparing++;
+    worker_unlock(w);
+    if (!preparer) return 0;
+    pshard_status st = (j->prepared = calloc(q->n_images, sizeof *j->prepared)) ? PSHARD_OK : PSHARD_ERR_NOMEM;
+    for (size_t i = 0; st == PSHARD_OK && i < q->n_images; i++) {
+        const pshard_image image = {.data = q->images[i].data, .size = q->images[i].size};
+        st = pshard_image_prepare(preparer, &image, (int32_t)i, &j->prepared[i]);
+    }
+    if (st != PSHARD_OK) {
+        request_error(j, st, st == PSHARD_ERR_NOMEM && !j->prepared ? "out of memory" : pshard_last_error());
+        *err = j->error;
+        free_prepared(j);
+    }
+    worker_lock(w);
+    w->n_preparing--;
+    pthread_cond_signal(&w->prepare_turn);
+    worker_unlock(w);
+    return st == PSHARD_OK ? 0 : -1;
+}
+
 /* A job from the inbox becomes a pshard request: its prompt formatted, its options mapped. */
 static void start_job(struct worker *w, struct job *j) {
     const struct api_request *q = &j->req;
@@ -270,7 +308,9 @@ static void start_job(struct worker *w, struct job *j) {
     }
     pshard_image *images = calloc(q->n_images ? q->n_images : 1, sizeof *images);
     if (!images && st == PSHARD_OK) st = PSHARD_ERR_NOMEM;
-    for (size_t i = 0; images && i < q->n_images; i++) images[i] = (pshard_image){NULL, q->images[i].data, q->images[i].size};
+    for (size_t i = 0; images && i < q->n_images; i++) /* (decoded already where prepared: only encoded here) */
+        images[i] = (pshard_image){.data = q->images[i].data, .size = q->images[i].size,
+                                   .prepared = j->prepared ? j->prepared[i] : NULL};
     pshard_request r;
     pshard_request_default(&r);
     r.prompt = q->kind == API_CHAT ? formatted : q->prompt;
@@ -297,6 +337,7 @@ static void start_job(struct worker *w, struct job *j) {
     if (st == PSHARD_OK) st = pshard_request_add(w->ctx, &r, &id); /* (it encodes the images) */
     free(formatted);
     free(images);
+    free_prepared(j); /* encoded, or refused: their pixels are needed no more */
     worker_lock(w);
     if (st == PSHARD_OK) {
         j->id = id;
@@ -378,8 +419,15 @@ static void budget_step(struct worker *w, bool asked, const char *text) {
 static void *engine_main(void *arg) {
     struct worker *w = arg;
     pshard_ctx *ctx = w->cfg.open(w->cfg.open_user);
+    pshard_image_preparer *preparer = NULL;
+    if (ctx && w->cfg.vision && pshard_image_preparer_create(ctx, &preparer) != PSHARD_OK) {
+        fprintf(stderr, "pshard serve: %s\n", pshard_last_error());
+        pshard_close(ctx);
+        ctx = NULL;
+    }
     worker_lock(w);
     w->ctx = ctx;
+    w->preparer = preparer;
     w->state = ctx ? (w->state == WORKER_STOPPING ? WORKER_STOPPING : WORKER_READY) : WORKER_FAILED;
     worker_unlock(w);
     if (!ctx) return NULL;
@@ -470,6 +518,7 @@ int worker_start(const struct worker_config *cfg, struct worker **out) {
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->wake, NULL);
     pthread_cond_init(&w->progress, NULL);
+    pthread_cond_init(&w->prepare_turn, NULL);
     if (pthread_create(&w->thread, NULL, engine_main, w) != 0) {
         fprintf(stderr, "pshard serve: cannot start the engine thread\n");
         free(w);
@@ -494,7 +543,9 @@ void worker_stop(struct worker *w) {
 void worker_free(struct worker *w) {
     if (!w) return;
     pthread_join(w->thread, NULL);
+    pshard_image_preparer_free(w->preparer);
     pthread_mutex_destroy(&w->lock);
+    pthread_cond_destroy(&w->prepare_turn);
     pthread_cond_destroy(&w->wake);
     pthread_cond_destroy(&w->progress);
     free(w);

@@ -44,9 +44,11 @@ struct job_top {
     uint32_t piece_off, piece_len;
 };
 
-/* A request in flight. Every field below req is read and written under the worker's lock. */
+/* A request in flight. Every field below prepared is read and written under the worker's lock. */
 struct job {
     struct api_request req;  /* set before worker_submit, then the engine thread's to read */
+    pshard_prepared_image **prepared; /* req's images as the encoder's patches (worker_prepare_images), or
+                                         NULL; the engine thread frees them once it has encoded them */
     enum job_state state;
     int refs;
     bool cancel, cancel_sent;
@@ -93,6 +95,13 @@ void worker_snapshot(struct worker *w, struct worker_snapshot *out);
 
 /* A new job (refs 1: the caller's); NULL when out of memory. */
 struct job *job_new(void);
+/* On the request's thread, before worker_submit: the request's images decoded and cut into the
+ * encoder's patches, so that the engine thread, which every request's steps wait for, only encodes
+ * them. At most a few requests' images at once (the others wait here). 0, or -1 with err:
+ * a 400 naming the image's part for an image that cannot be read (as the engine would say it), 500
+ * out of memory. Nothing to do, 0, for a request without images, or a server that reads none or
+ * has not loaded its model yet (worker_submit answers those). */
+int worker_prepare_images(struct worker *w, struct job *job, struct api_error *err);
 /* Hands the job to the engine (it takes a reference). -1: refused, err says why (loading,
  * stopping, the queue full: 503). */
 int worker_submit(struct worker *w, struct job *job, struct api_error *err);

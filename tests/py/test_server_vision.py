@@ -80,25 +80,50 @@ def test_images_matter(files, client):
     assert one != other
 
 
+LONG = 120  # replies long enough that requests sent at once run side by side
+
+
+def replies_at_once(client, asks, meanwhile=lambda: None):
+    """Each ask's greedy reply, all sent at once (each from its own thread); meanwhile runs while they do."""
+    together, errors = {}, []
+
+    def go(name):
+        try:
+            together[name] = ask(client, asks[name], max_tokens=LONG).choices[0].message.content
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+    threads = [threading.Thread(target=go, args=(name,)) for name in asks]
+    for t in threads:
+        t.start()
+    meanwhile()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return together
+
+
 def test_concurrent_requests_equal_their_solo_runs(files, client):
     asks = {im: [{"type": "text", "text": "What is in "}, image_part(data_url(files / im)), {"type": "text", "text": "?"}]
             for im in ("a.png", "b.png")}
-    long = 120  # replies long enough that the two run side by side
-    alone = {im: ask(client, parts, max_tokens=long).choices[0].message.content for im, parts in asks.items()}
-    together, errors = {}, []
-
-    def go(im):
-        try:
-            together[im] = ask(client, asks[im], max_tokens=long).choices[0].message.content
-        except Exception as e:  # noqa: BLE001 (reported below)
-            errors.append(e)
+    alone = {im: ask(client, parts, max_tokens=LONG).choices[0].message.content for im, parts in asks.items()}
     for _ in range(2):
-        threads = [threading.Thread(target=go, args=(im,)) for im in asks]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors and together == alone
+        assert replies_at_once(client, asks) == alone
+
+
+def test_images_decoded_before_queueing_beside_text(files, client):
+    """Images are decoded on the request's own thread before it is queued (the engine thread only
+    encodes them): an image request and a text request at once each give their greedy reply alone,
+    and a bad image sent meanwhile is refused with a 400 naming its part while they run."""
+    asks = {"text": "Count slowly: ", "image": [image_part(data_url(files / "c.png")), {"type": "text", "text": "Say: "}]}
+    alone = {name: ask(client, parts, max_tokens=LONG).choices[0].message.content for name, parts in asks.items()}
+    junk = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 40).decode()
+
+    def bad_image():
+        with pytest.raises(openai.BadRequestError) as e:
+            ask(client, [{"type": "text", "text": "See "}, image_part(junk)])
+        err = error_of(e)
+        assert err["param"] == "messages[0].content[1]" and "image 1: " in err["message"], err
+    assert replies_at_once(client, asks, bad_image) == alone
 
 
 def test_stream_equals_whole_reply(files, client):

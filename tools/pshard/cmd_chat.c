@@ -134,7 +134,7 @@ static void image_command(struct images *im, const char *arg, bool have_encoder)
     } else if (!(im->paths[im->n] = strdup(arg))) {
         fprintf(stderr, "pshard: out of memory\n");
     } else {
-        im->list[im->n] = (pshard_image){im->paths[im->n], NULL, 0};
+        im->list[im->n] = (pshard_image){.path = im->paths[im->n]};
         im->n++;
         fprintf(stderr, "(%d image%s for your next message)\n", im->n - im->attached, im->n - im->attached == 1 ? "" : "s");
     }

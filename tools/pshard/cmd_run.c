@@ -116,7 +116,7 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
                 fprintf(stderr, "pshard %s: at most %zu images\n", cmd, sizeof o->images / sizeof o->images[0]);
                 return -1;
             }
-            o->images[o->n_images++] = (pshard_image){argv[++i], NULL, 0};
+            o->images[o->n_images++] = (pshard_image){.path = argv[++i]};
         }
         else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) o->model = argv[++i];
         else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && v) o->prompt = argv[++i];
