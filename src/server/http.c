@@ -262,9 +262,12 @@ int server_run(const struct server_config *cfg) {
         if (st == WORKER_FAILED) status = 1;
         if (st == WORKER_FAILED || st == WORKER_STOPPED) break;
     }
-    worker_free(s.worker); /* the model is closed: the GPU's memory is free */
-    s.worker = NULL;
+    /* The engine thread closed the model before it said STOPPED: the GPU's memory is free. Every
+     * job ended with it (done or cancelled), so the connections' threads end too; the daemon
+     * joins them before the worker they read is freed. */
     MHD_stop_daemon(s.daemon);
+    worker_free(s.worker);
+    s.worker = NULL;
     if (!status) fprintf(stderr, "pshard serve: stopped\n");
     return status;
 }
