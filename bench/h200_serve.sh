@@ -59,6 +59,6 @@ for case in "$@"; do
   kill $smi
   peak=$(sort -n "$out/smi_$n.txt" | tail -1)
   echo "peak device memory (nvidia-smi): $peak MiB, $((peak - base)) MiB above the idle $base MiB"
-  grep -E "CUDA0 .*buffer size" "$log" | awk '{s += $(NF-1)} END {if (NR) printf "llama.cpp CUDA0 buffers: %.0f MiB\n", s}'
+  { grep -E "CUDA0 .*buffer size" "$log" || true; } | awk '{s += $(NF-1)} END {if (NR) printf "llama.cpp CUDA0 buffers: %.0f MiB\n", s}'
   grep -E "^plan|budget" "$log" | head -3 || true
 done | tee -a "$out/serve.txt"

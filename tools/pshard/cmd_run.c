@@ -324,6 +324,9 @@ pshard_ctx *run_open_model(struct run_opts *o) {
                 cli_format_bytes(info.vram_context_bytes, f, sizeof f), info.plan, many, n > 1 ? "every first token in" : "TTFT",
                 info.predicted_ttft_s, info.predicted_prompt_tokens, info.predicted_decode_s > 0 ? n / info.predicted_decode_s : 0.0,
                 n > 1 ? " in all" : "", info.profile_measured ? "" : "; from default costs, not a measured profile");
+        if (info.vram_follow)
+            fprintf(stderr, "VRAM budget %.0f MiB, following free memory and leaving %s to other programs\n",
+                    info.vram_budget / 1048576.0, cli_format_bytes(info.vram_keep, a, sizeof a));
     }
     return ctx;
 }
