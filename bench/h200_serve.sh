@@ -3,19 +3,22 @@
 # 16 concurrent chat streams of a ~1K-token prompt and 128 tokens each), with the device memory the
 # driver reports sampled every 0.2 s around each case.
 #   pshard:BUDGET                 pshard serve --vram-budget BUDGET --parallel 16 -c 18432 -t 16 -b 2048
-#   llama:BUDGET:fit              llama-server -np 16 -c 18432 with --fit on, leaving (free - BUDGET) free
+#   llama:BUDGET:fit              llama-server -np 16 -c 18432 with --fit on, leaving (free - BUDGET) free,
+#                                 and --no-mmap
 #   llama:NAME:ARGS               llama-server -np 16 -c 18432 with ARGS (commas for spaces,
-#                                 e.g. llama:2G-cpu-moe:-ngl,99,--cpu-moe,-nkvo)
+#                                 e.g. llama:2G-cpu-moe:-ngl,99,--cpu-moe,-nkvo,--no-mmap)
+# With mmap on (its default) llama-server copies the experts it keeps on the CPU up for batched
+# prompt steps from the file's pageable mapping, several times slower (RESULTS.md, start BN).
 # Usage: bench/h200_serve.sh OUT_DIR CASE...   (PSHARD_BUILD: a Release build; LLAMA_BIN: the folder
 # holding llama-server; MODEL: default /dev/shm/qwen30b.gguf, written by gguf-synth if absent;
-# DEADLINE: seconds each load may take, default 120, figures of a cut load are bounds)
+# DEADLINE: seconds each load may take, default 240, figures of a cut load are bounds)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$1
 shift
 bin=${PSHARD_BUILD:-build}
 model=${MODEL:-/dev/shm/qwen30b.gguf}
-deadline=${DEADLINE:-120}
+deadline=${DEADLINE:-240}
 port=18080
 url=http://127.0.0.1:$port
 [ -f "$model" ] || $bin/gguf-synth --shape qwen30b -o "$model" --quiet
@@ -36,7 +39,7 @@ for case in "$@"; do
     $bin/pshard serve -m "$model" --vram-budget "$a" --parallel 16 -c 18432 -t 16 -b 2048 --port $port >"$log" 2>&1 &
   else
     args=${b//,/ }
-    [ "$b" = fit ] && args="--fit on --fit-target $((free - $(mib "$a")))"
+    [ "$b" = fit ] && args="--fit on --fit-target $((free - $(mib "$a"))) --no-mmap"
     echo "== llama-server, $a: $args"
     # shellcheck disable=SC2086
     "$LLAMA_BIN/llama-server" -m "$model" -np 16 -c 18432 -t 16 -b 2048 -fa on --no-webui --port $port $args \
