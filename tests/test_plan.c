@@ -1504,7 +1504,6 @@ static void test_routed_split(void **state) {
     r.family = PLAN_DYNAMIC;
     r.vram_budget = moe_split_budget(&m0, &slot);
     r.profile = &prof;
-    r.routed_split = true;
     const int k = (int)moe.hp.n_expert_used;
     assert_true(k >= 2 && k <= PLAN_MAX_ROUTED);
     /* Bytes alone decide: no fixed costs of calls, launches and hand-offs. */
@@ -1547,12 +1546,7 @@ static void test_routed_split(void **state) {
         assert_true(routed.seconds <= by_range.seconds + 1e-12);
         plan_free(&p);
     }
-    r.routed_split = false;
     struct plan p;
-    assert_int_equal(plan_build(&moe, &r, costs_for(&moe), &p), PSHARD_OK);
-    assert_false(p.tier[PLAN_TIER_DECODE].routed);
-    plan_free(&p);
-    r.routed_split = true;
     /* A quota given (tests, comparison) replaces the cost model's, if it fits the model. */
     assert_int_equal(k, 2); /* tiny-moe: top 2 */
     const uint8_t given[3] = {0, 0, 1}, too_many[3] = {0, 2, 1};

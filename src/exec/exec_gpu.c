@@ -685,7 +685,6 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
     const struct model *model = ctx->model;
     const struct model_hparams *hp = &model->hp;
     CORE_TRY(cuda_ctx_create(0, &g->cuda));
-    g->no_graphs = ctx->params.options.no_cuda_graphs;
     g->stream = cuda_ctx_compute_stream(g->cuda);
     g->report.context_bytes = cuda_ctx_info(g->cuda)->context_bytes + cuda_ctx_info(g->cuda)->blas_bytes;
     g->attn_shape = (struct cuda_attn_shape){(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k,

@@ -105,7 +105,6 @@ struct exec_gpu {
      * reads in it, counted at capture. */
     cuda_graph decode_graph;
     uint64_t decode_graph_bytes, decode_graph_streamed;
-    bool no_graphs; /* plan_options.no_cuda_graphs: launch kernel by kernel */
     bool capturing; /* enqueueing into a graph: arguments must hold for every replay */
     bool rope_ready; /* the step's rotation table is made (by its first attention on the GPU) */
     /* Two phases (plan.decode) or cells carried in the ring (plan.kv_stream): the host's KV cache,

@@ -794,8 +794,7 @@ pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
     CORE_TRY(upload_batch(ctx, g, b));
     CORE_TRY(table_up(ctx, g));
     if (!tier->ring && tier->any_gpu) CORE_TRY(ensure_lent(ctx, g));
-    const bool replayed = plan_tier_replays(tier, b->n_tokens) && ctx->stats.n_outputs == 1 && !g->no_graphs &&
-                          !(ctx->media && ctx->media->embd);
+    const bool replayed = plan_tier_replays(tier, b->n_tokens) && ctx->stats.n_outputs == 1 && !(ctx->media && ctx->media->embd);
     if (replayed)
         CORE_TRY(replay_decode(ctx, g, tier, b));
     else

@@ -90,7 +90,6 @@ struct plan_options {
     bool no_lend_experts;    /* nor the MoE expert pieces among them (R+S): lend_experts off */
     bool no_split_ffn;       /* dynamic tiers stream dense FFNs whole: split_ffn off */
     bool no_stage_static;    /* static tiers read streamed attention in place: stage_static off */
-    bool no_routed_split;    /* balanced dynamic tiers split experts by range: routed_split off */
     bool no_one_expert_call; /* resident and streamed experts in two calls: one_expert_call off */
     bool no_kv_stream;       /* no KV up through the ring: kv_stream off */
     bool no_long_decode;     /* decode over long caches keeps the short ones' set: long_decode off */
@@ -100,7 +99,6 @@ struct plan_options {
      * [0] unused), in place of the cost model's (plan_request.routed_quota); count 0: the model's. */
     uint8_t routed_quota[PLAN_MAX_ROUTED + 1];
     int routed_quota_count;
-    bool no_cuda_graphs;     /* the executor launches decode steps kernel by kernel, not as a graph */
     bool trace_handoffs;     /* the executor stamps the GPU's clock at each hand-off of a replayed
                                 decode step (exec_step_stats.gpu_handoff_ms and the rest) */
 };

@@ -231,7 +231,7 @@ static void place_tier(const struct model *m, const struct plan_request *req, co
             t->ring |= ring_ok && *place == PLACE_STREAMED && s->kind == SHARD_FFN;
         }
     }
-    t->routed = req->routed_split && balanced && t->family == PLAN_DYNAMIC && !t->ring && t->min_tokens == 1 &&
+    t->routed = balanced && t->family == PLAN_DYNAMIC && !t->ring && t->min_tokens == 1 &&
                 m->hp.n_expert && m->hp.n_expert_used <= PLAN_MAX_ROUTED;
     memset(t->routed_quota, 0, sizeof t->routed_quota);
     if (t->routed && req->routed_quota) {

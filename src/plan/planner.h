@@ -30,8 +30,6 @@ struct plan_request {
     bool stage_static;    /* static tiers copy the attention they stream into the ring's slots
                              ahead of use, while the CPU computes the FFN before it, instead of
                              reading it in place */
-    bool routed_split;    /* balanced dynamic tiers split a one-token step's experts by its routing
-                             (plan_tier.routed) rather than by expert range */
     const uint8_t *routed_quota; /* [1 + n_expert_used]: the routed tiers' quota given (entry n for n
                              experts not resident; plan_options, for tests and comparison); NULL:
                              the cost model's */

@@ -53,11 +53,9 @@ pshard_status cli_plan_options(struct plan_options *o) {
         .no_lend_experts = turned_off("PSHARD_LEND_EXPERTS"),
         .no_split_ffn = turned_off("PSHARD_SPLIT_FFN"),
         .no_stage_static = turned_off("PSHARD_STAGE_STATIC"),
-        .no_routed_split = turned_off("PSHARD_ROUTED_SPLIT"),
         .no_one_expert_call = turned_off("PSHARD_ONE_EXPERT_CALL"),
         .no_kv_stream = turned_off("PSHARD_KV_STREAM"),
         .no_long_decode = turned_off("PSHARD_LONG_DECODE"),
-        .no_cuda_graphs = getenv("PSHARD_NO_CUDA_GRAPHS") != NULL, /* set to anything, 0 too */
         .trace_handoffs = getenv("PSHARD_TRACE_HANDOFFS") != NULL,
     };
     CORE_TRY(decode_from(&o->decode_from));
