@@ -482,7 +482,9 @@ static double tier_per_token(const struct profile *prof, const struct model *m, 
     return step_seconds(prof, m, req, p, t, lo) / lo + (hi > lo ? step_seconds(prof, m, req, p, t, hi) / hi : 0);
 }
 
-/* Set tier t to a family (and dynamic share) over the resident set, and account for it. */
+/* Set tier t to a family (and dynamic share) over the resident set, and account for it: the cost
+ * model reads the tier's flags (any_gpu, shards_gpu), so each placement is accounted before it is
+ * priced, here and by whoever prices the tier next (move_boundaries, the weighed sets). */
 static void set_tier(const struct model *m, const struct plan_request *req, const struct profile *prof, struct plan *p,
                      int t, enum plan_family family, float share) {
     struct plan_tier *tier = &p->tier[t];
@@ -495,15 +497,21 @@ static void set_tier(const struct model *m, const struct plan_request *req, cons
         for (uint32_t i = 0; i < p->n_shards; i++) tier->shard[i] = PLACE_CPU;
         for (uint32_t l = 0; l < p->n_layers; l++) tier->experts_gpu[l] = 0;
         tier->ring = tier->routed = false;
+        tier_account(m, p, tier);
         return;
     }
     place_tier(m, req, prof, p, t, share, p->n_slots > 0, true);
+    tier_account(m, p, tier);
     if (!tier->kv_stream) return;
     /* A ring tier runs the attention of layers whose KV is on the host where it is the faster:
      * on the GPU, its cells copied up and down, or on the CPU, beside the copies. */
     const double streamed = tier_per_token(prof, m, req, p, t);
     place_tier(m, req, prof, p, t, share, true, false);
-    if (streamed < tier_per_token(prof, m, req, p, t)) place_tier(m, req, prof, p, t, share, true, true);
+    tier_account(m, p, tier);
+    if (streamed < tier_per_token(prof, m, req, p, t)) {
+        place_tier(m, req, prof, p, t, share, true, true);
+        tier_account(m, p, tier);
+    }
 }
 
 /* A step runs its tier's plan up to the next tier's fewest tokens. Where the next tier's plan is
