@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -31,6 +32,37 @@ const char *pshard_last_error(void);
 
 /* Short name of a status code ("ok", "format error", ...). */
 const char *pshard_status_name(pshard_status status);
+
+/* Bytes as pshard's messages write them: "1.23 GB", "456.7 MB", "12.0 KB", "17 B" (powers of 1000,
+ * as disk sizes are quoted). Returns buf. */
+const char *pshard_format_bytes(uint64_t bytes, char *buf, size_t buf_size);
+
+/* ---- A model file without its weights: what it holds, its tokenizer. */
+
+/* What `pshard info` prints. */
+enum {
+    PSHARD_DESCRIBE_SHARDS = 1 << 0,   /* the shard list the planner places */
+    PSHARD_DESCRIBE_METADATA = 1 << 1, /* every metadata key with its type and value */
+    PSHARD_DESCRIBE_TENSORS = 1 << 2,  /* every tensor: name, type, shape, offset, bytes */
+};
+
+/* Writes a description of a GGUF file to out: its file and architecture, hyperparameters, tensor
+ * types and sizes, and what flags (PSHARD_DESCRIBE_*) ask for; for a vision encoder (mmproj) file,
+ * its image, patch, layer and projector settings. Where the model cannot be read as one pshard
+ * runs, it still writes what it can (the types, metadata and tensors) and returns the error. */
+pshard_status pshard_describe(const char *model_path, unsigned flags, FILE *out);
+
+/* The context the model was trained for (0 when the file does not say). */
+pshard_status pshard_model_context(const char *model_path, uint32_t *n_ctx_train);
+
+/* A model's tokenizer alone, read from its file without its weights. */
+typedef struct pshard_vocab pshard_vocab;
+pshard_status pshard_vocab_load(const char *model_path, pshard_vocab **out);
+void pshard_vocab_free(pshard_vocab *vocab);
+/* As pshard_tokenize and pshard_token_piece, for a vocabulary loaded alone. */
+pshard_status pshard_vocab_tokenize(const pshard_vocab *vocab, const char *text, int parse_special, int32_t **tokens,
+                                    int32_t *n_tokens);
+pshard_status pshard_vocab_piece(const pshard_vocab *vocab, int32_t token, const char **piece, size_t *len);
 
 /* ---- Loading a model and generating text. */
 

@@ -251,27 +251,6 @@ void pshard_close(pshard_ctx *ctx) {
     free(ctx);
 }
 
-pshard_status pshard_tokenize(pshard_ctx *ctx, const char *text, int parse_special, int32_t **tokens, int32_t *n_tokens) {
-    if (!ctx || !text || !tokens || !n_tokens) return core_fail(PSHARD_ERR_INVALID_ARG, "pshard_tokenize: a NULL argument");
-    *tokens = NULL, *n_tokens = 0;
-    struct tok_ids ids = {0};
-    pshard_status st = tok_encode(ctx->tok, text, strlen(text), TOK_ADD_SPECIAL | (parse_special ? TOK_PARSE_SPECIAL : 0), &ids);
-    if (st == PSHARD_OK && ids.n > INT32_MAX) st = core_fail(PSHARD_ERR_RANGE, "the text has more than %d tokens", INT32_MAX);
-    if (st != PSHARD_OK) {
-        tok_ids_free(&ids);
-        return st;
-    }
-    *tokens = ids.ids, *n_tokens = (int32_t)ids.n;
-    return PSHARD_OK;
-}
-
-pshard_status pshard_token_piece(const pshard_ctx *ctx, int32_t token, const char **piece, size_t *len) {
-    *piece = "", *len = 0;
-    if (token < 0 || (uint32_t)token >= tok_n_tokens(ctx->tok))
-        return core_fail(PSHARD_ERR_INVALID_ARG, "token %d is outside the vocabulary (%u)", token, tok_n_tokens(ctx->tok));
-    return tok_token_to_piece(ctx->tok, token, TOK_DECODE_SPECIAL, piece, len);
-}
-
 void pshard_get_info(const pshard_ctx *ctx, pshard_info *info) {
     memset(info, 0, sizeof *info);
     info->arch = ctx->model.hp.arch_name;

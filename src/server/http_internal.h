@@ -9,7 +9,7 @@
 #include <time.h>
 
 #include "server/api.h"
-#include "server/server.h"
+#include "pshard_server.h"
 #include "server/worker.h"
 
 enum route {

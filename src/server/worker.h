@@ -10,20 +10,10 @@
 #include <stdint.h>
 
 #include "pshard.h"
+#include "pshard_server.h" /* struct worker_config */
 #include "server/api.h"
 
 struct worker;
-
-struct worker_config {
-    /* Opens the model (called on the engine thread; NULL: failed, the reason already printed). */
-    pshard_ctx *(*open)(void *user);
-    void *open_user;
-    int32_t n_parallel, max_queue; /* more than both together in flight are refused (503) */
-    int32_t default_max_tokens;    /* when a request gives none; < 0: to the context's end */
-    pshard_sampling sampling;      /* defaults for what a request does not give (its seed: drawn) */
-    double drain_s;                /* on stop: how long running requests may take to finish */
-    bool vision;                   /* open() attaches a vision encoder: requests may carry images */
-};
 
 enum worker_state { WORKER_LOADING, WORKER_READY, WORKER_FAILED, WORKER_STOPPING, WORKER_STOPPED };
 

@@ -6,7 +6,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "plan/plan.h"
 #include "pshard.h"
 
 /* Subcommands: argc/argv start at the subcommand's name. Return the process exit code. */
@@ -22,10 +21,25 @@ int cmd_profile(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_bench_batch(int argc, char **argv); /* bench --batch */
 
-/* The comparison switches (plan_options) from the environment (plan_options.c; docs/cli.md): read
- * by plan, bench, eval and run, the commands that compare placements; chat, batch and serve run
- * the library's defaults. A malformed value fails, saying which. */
+/* The comparison switches: some of the planner's and the executor's ideas turned off from the
+ * environment (plan_options.c; docs/cli.md), read by plan, bench, eval and run, the commands that
+ * compare placements; chat, batch and serve run the library's defaults. To run and eval they are
+ * opaque: cli_switches.c reads them and opens a context with them, the one place they reach the
+ * engine. */
+struct cli_switches;
+/* From the environment (malloc'd: free()); NULL after "pshard CMD: ..." on stderr naming a
+ * malformed one. */
+struct cli_switches *cli_switches_read(const char *cmd);
+/* pshard_open, with the switches (NULL: none, pshard_open itself). */
+pshard_status cli_open(const pshard_params *params, const struct cli_switches *switches, pshard_ctx **out);
+
+#ifdef PSHARD_CLI_TOOLS_API
+/* The planner's tools (plan, profile, bench) and the switches' files alone are built with this
+ * (CMakeLists.txt): they see the library's insides; every other command sees pshard.h alone. */
+#include "engine/engine_open.h"
+/* The switches into o; a malformed value fails, saying which. */
 pshard_status cli_plan_options(struct plan_options *o);
+#endif
 
 /* The planning options (cli_planning.c): --vram-budget SIZE (budget_auto: auto[:keep=SIZE] too,
  * for commands that follow free memory), --plan FAMILY, --stream-share F, --set SET and
@@ -39,7 +53,7 @@ struct run_opts {
     const char *model, *prompt, *system;
     char default_path[4096];
     pshard_params params;
-    struct plan_options options; /* run: the comparison switches (cli_plan_options); others: none */
+    struct cli_switches *switches; /* run: the comparison switches (cli_switches_read); others: none */
     pshard_gen_opts gen;
     int raw, print_ids, quiet;
     bool seed_drawn; /* --seed -1: the seed was drawn at random */
@@ -114,13 +128,8 @@ int cli_parse_list(const char *text, bool sizes, int64_t *out, int max, int *n);
  * -1 (to the context's end) as the most there are, 0 as 1. */
 int32_t cli_request_tokens(long long n);
 
-/* The context a command runs with: n_ctx, or the model's trained context n_ctx_train where n_ctx is
- * over it (0: unknown, no cap), which a notice on stderr says (-q does not hide it). */
+/* The context a command runs with: n_ctx, or the model's trained context n_ctx_train
+ * (pshard_model_context) where n_ctx is over it (0: unknown, no cap), which a notice on stderr says (-q does not hide it). */
 int32_t cli_cap_context(const char *cmd, uint32_t n_ctx_train, int32_t n_ctx);
-/* The trained context of the model at path (0 when the file does not say); 0 on success. */
-int cli_model_context(const char *path, uint32_t *n_ctx_train);
-
-/* "1.23 GB", "456.7 MB", "12.0 KB", "17 B" (powers of 1000, as disk sizes are quoted). */
-const char *cli_format_bytes(uint64_t bytes, char *buf, size_t buf_size);
 
 #endif

@@ -76,8 +76,8 @@ static void apply(struct cli_budget_watch *w, pshard_ctx *ctx) {
     pshard_get_info(ctx, &after);
     char was[32], now[32];
     fprintf(stderr, "\npshard %s: VRAM budget %s%s (was %s), plan %s", w->cmd,
-            cli_format_bytes((uint64_t)after.vram_budget, now, sizeof now), after.vram_follow ? ", following free memory" : "",
-            cli_format_bytes((uint64_t)before.vram_budget, was, sizeof was), after.plan);
+            pshard_format_bytes((uint64_t)after.vram_budget, now, sizeof now), after.vram_follow ? ", following free memory" : "",
+            pshard_format_bytes((uint64_t)before.vram_budget, was, sizeof was), after.plan);
     if (after.budget_changes > before.budget_changes)
         fprintf(stderr, "; memory given back after %.0f ms, changed in %.0f ms", after.budget_free_ms, after.budget_change_ms);
     fputc('\n', stderr);

@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "core/grow.h"
 #include "pshard.h"
 
 enum { MAX_PROMPTS = 4096 };
@@ -25,8 +24,20 @@ struct reply {
     char *text;
     size_t len, cap;
     int32_t *ids;
-    int32_t n_ids, cap_ids;
+    int32_t n_ids;
+    size_t ids_bytes; /* room at ids */
 };
+
+/* Room for at least `bytes` at *p, doubling what there is; nonzero when memory ran out. */
+static int reserve(void *p, size_t *room, size_t bytes) {
+    if (bytes <= *room) return 0;
+    size_t n = *room ? *room : 256;
+    while (n < bytes) n *= 2;
+    void *grown = realloc(*(void **)p, n);
+    if (!grown) return -1;
+    *(void **)p = grown, *room = n;
+    return 0;
+}
 
 struct batch_run {
     struct reply *replies;
@@ -75,11 +86,9 @@ static int whole(const char *opt, const char *v, long lo, long hi, int32_t *out)
 static int on_event(void *user, const pshard_token_event *ev) {
     struct batch_run *b = user;
     struct reply *r = &b->replies[ev->request];
-    size_t cap_ids = (size_t)r->cap_ids;
-    if (core_grow((void **)&r->text, &r->cap, r->len + ev->len + 1, 1) ||
-        (ev->token >= 0 && core_grow((void **)&r->ids, &cap_ids, (size_t)r->n_ids + 1, sizeof(int32_t))))
+    if (reserve(&r->text, &r->cap, r->len + ev->len + 1) ||
+        (ev->token >= 0 && reserve(&r->ids, &r->ids_bytes, sizeof(int32_t) * ((size_t)r->n_ids + 1))))
         return 1;
-    r->cap_ids = (int32_t)cap_ids;
     memcpy(r->text + r->len, ev->text, ev->len);
     r->len += ev->len;
     r->text[r->len] = 0;
@@ -137,7 +146,7 @@ static int take_own_args(int *argc, char **argv, struct batch_cli *c) {
             size_t len = 0, cap = 0;
             int failed = 0;
             for (int ch; !failed && (ch = fgetc(f)) != EOF;) {
-                failed = core_grow((void **)&c->file_text, &cap, len + 2, 1);
+                failed = reserve(&c->file_text, &cap, len + 2);
                 if (!failed) c->file_text[len++] = (char)ch;
             }
             failed = failed || ferror(f);

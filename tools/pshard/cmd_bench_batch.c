@@ -212,7 +212,7 @@ static pshard_status run_config(const struct batch_opts *o, int64_t budget, int3
         const double p50 = percentile(r.ttft_ms, npl, 50), p99 = percentile(r.ttft_ms, npl, 99);
         const double device_mib = (info.vram_arena_bytes + info.vram_context_bytes) / 1048576.0;
         char budget_text[32];
-        snprintf(budget_text, sizeof budget_text, "%s", budget ? cli_format_bytes((uint64_t)budget, budget_text, sizeof budget_text) : "cpu");
+        snprintf(budget_text, sizeof budget_text, "%s", budget ? pshard_format_bytes((uint64_t)budget, budget_text, sizeof budget_text) : "cpu");
         printf("%-9s %5d %6d %5d %10.1f %10.1f %10.1f %9.0f %9.0f %10.0f  %s\n", budget_text, npl, o->npp, o->ntg, pp_tps,
                tg_tps, all_tps, p50, p99, device_mib, info.plan);
         fflush(stdout);

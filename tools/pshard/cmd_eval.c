@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "engine/engine_open.h"
 
 static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard eval [-m MODEL] (--tokens 1,2,3 | -p TEXT) -o LOGITS.f32 [-c N] [-b N] [-t N]\n"
@@ -109,16 +108,19 @@ int cmd_eval(int argc, char **argv) {
     if (!model) model = default_path;
     params.model_path = model;
     uint32_t n_ctx_train;
-    if (params.n_ctx > 0 && cli_model_context(model, &n_ctx_train) == 0)
+    if (params.n_ctx > 0 && pshard_model_context(model, &n_ctx_train) == PSHARD_OK)
         params.n_ctx = cli_cap_context("eval", n_ctx_train, params.n_ctx);
     pshard_ctx *ctx = NULL;
     int rc = 1;
-    struct plan_options options;
-    if (cli_plan_options(&options) != PSHARD_OK) {
-        fprintf(stderr, "pshard eval: %s\n", pshard_last_error());
+    struct cli_switches *switches = cli_switches_read("eval");
+    if (!switches) {
+        free(ids);
+        free(steps);
         return 2;
     }
-    if (engine_open(&params, &options, &ctx) != PSHARD_OK) {
+    const pshard_status opened = cli_open(&params, switches, &ctx);
+    free(switches);
+    if (opened != PSHARD_OK) {
         fprintf(stderr, "pshard eval: %s\n", pshard_last_error());
         goto done;
     }

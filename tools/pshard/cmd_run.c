@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "engine/engine_open.h"
 #include "pshard.h"
 
 static void print_usage(FILE *out, const char *cmd) {
@@ -227,7 +226,7 @@ void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *s, int32_t n
     }
     fprintf(stderr, "prompt: %d tokens (%d reused) in %.0f ms = %.1f tok/s; TTFT %.0f ms; %s of weights over PCIe\n",
             s->n_prompt, s->n_prompt_cached, s->prefill_ms, s->prefill_ms > 0 ? s->n_prompt * 1e3 / s->prefill_ms : 0.0,
-            s->ttft_ms, cli_format_bytes(s->prefill_streamed_bytes, streamed, sizeof streamed));
+            s->ttft_ms, pshard_format_bytes(s->prefill_streamed_bytes, streamed, sizeof streamed));
     if (s->n_images_encoded > 0) {
         /* where the encoder ran: the GPU's lent scratch unless said */
         char where[96] = "";
@@ -241,10 +240,10 @@ void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *s, int32_t n
     if (s->n_generated > 1 && s->decode_ms > 0) {
         const double tps = (s->n_generated - 1) * 1e3 / s->decode_ms;
         fprintf(stderr, "decode: %d tokens at %.1f tok/s; %s of weights read per token = %.1f GB/s (%d threads)",
-                s->n_generated, tps, cli_format_bytes(s->decode_weight_bytes, bytes, sizeof bytes),
+                s->n_generated, tps, pshard_format_bytes(s->decode_weight_bytes, bytes, sizeof bytes),
                 s->decode_weight_bytes * tps / 1e9, info.n_threads);
         if (s->decode_streamed_bytes)
-            fprintf(stderr, ", %s of them over PCIe", cli_format_bytes(s->decode_streamed_bytes, streamed, sizeof streamed));
+            fprintf(stderr, ", %s of them over PCIe", pshard_format_bytes(s->decode_streamed_bytes, streamed, sizeof streamed));
         fputc('\n', stderr);
         if (s->decode_host_wait_ms > 0)
             fprintf(stderr, "decode step: %.2f ms, of which the host computed its shards and experts %.2f ms and waited "
@@ -292,14 +291,14 @@ pshard_ctx *run_open_model(struct run_opts *o) {
     /* One sequence's context is capped here; with many, -c is the cells they share, and each
      * sequence's own reach is capped by the engine. */
     uint32_t n_ctx_train;
-    if (o->params.n_ctx > 0 && o->params.n_parallel <= 1 && cli_model_context(o->model, &n_ctx_train) == 0)
+    if (o->params.n_ctx > 0 && o->params.n_parallel <= 1 && pshard_model_context(o->model, &n_ctx_train) == PSHARD_OK)
         o->params.n_ctx = cli_cap_context(o->cmd, n_ctx_train, o->params.n_ctx);
     if (!o->quiet && isatty(2))
         o->params.progress = progress_bar, o->gen.on_prompt = prompt_progress, o->gen.on_image = run_image_progress;
     static struct cli_measuring measuring = {.who = "pshard", .label = "measuring this machine for the planner (once, under a minute)"};
     if (!o->quiet) o->params.profile_progress = cli_measure_progress, o->params.progress_user = &measuring;
     pshard_ctx *ctx = NULL;
-    if (engine_open(&o->params, &o->options, &ctx) != PSHARD_OK) {
+    if (cli_open(&o->params, o->switches, &ctx) != PSHARD_OK) {
         cli_measure_end_line(&measuring);
         fprintf(stderr, "pshard: %s\n", pshard_last_error());
         return NULL;
@@ -317,16 +316,16 @@ pshard_ctx *run_open_model(struct run_opts *o) {
         if (n > 1) snprintf(many, sizeof many, "for %d requests at once: ", n);
         fprintf(stderr, "VRAM: arena %s = weights %s + KV %s + activations %s + work %s + staging %s; file mapping %s; "
                 "CUDA context %s outside the budget; plan %s (predicted %s%s %.2f s for %d-token prompts, %.1f tok/s%s%s)\n",
-                cli_format_bytes(info.vram_arena_bytes, a, sizeof a), cli_format_bytes(info.vram_weight_bytes, b, sizeof b),
-                cli_format_bytes(info.vram_kv_bytes, c, sizeof c), cli_format_bytes(info.vram_activation_bytes, d, sizeof d),
-                cli_format_bytes(info.vram_work_bytes, e, sizeof e), cli_format_bytes(info.vram_staging_bytes, g, sizeof g),
-                cli_format_bytes(info.vram_mapping_bytes, h, sizeof h),
-                cli_format_bytes(info.vram_context_bytes, f, sizeof f), info.plan, many, n > 1 ? "every first token in" : "TTFT",
+                pshard_format_bytes(info.vram_arena_bytes, a, sizeof a), pshard_format_bytes(info.vram_weight_bytes, b, sizeof b),
+                pshard_format_bytes(info.vram_kv_bytes, c, sizeof c), pshard_format_bytes(info.vram_activation_bytes, d, sizeof d),
+                pshard_format_bytes(info.vram_work_bytes, e, sizeof e), pshard_format_bytes(info.vram_staging_bytes, g, sizeof g),
+                pshard_format_bytes(info.vram_mapping_bytes, h, sizeof h),
+                pshard_format_bytes(info.vram_context_bytes, f, sizeof f), info.plan, many, n > 1 ? "every first token in" : "TTFT",
                 info.predicted_ttft_s, info.predicted_prompt_tokens, info.predicted_decode_s > 0 ? n / info.predicted_decode_s : 0.0,
                 n > 1 ? " in all" : "", info.profile_measured ? "" : "; from default costs, not a measured profile");
         if (info.vram_follow)
             fprintf(stderr, "VRAM budget %.0f MiB, following free memory and leaving %s to other programs\n",
-                    info.vram_budget / 1048576.0, cli_format_bytes(info.vram_keep, a, sizeof a));
+                    info.vram_budget / 1048576.0, pshard_format_bytes(info.vram_keep, a, sizeof a));
     }
     return ctx;
 }
@@ -335,18 +334,17 @@ int cmd_run(int argc, char **argv) {
     struct run_opts o;
     int rc = run_parse_args(argc, argv, "run", &o);
     if (rc) return rc > 0 ? 0 : 2;
-    if (cli_plan_options(&o.options) != PSHARD_OK) {
-        fprintf(stderr, "pshard run: %s\n", pshard_last_error());
-        return 2;
-    }
+    if (!(o.switches = cli_switches_read("run"))) return 2;
     if (!o.prompt) {
         fprintf(stderr, "pshard run: a prompt is required (-p TEXT)\n");
+        free(o.switches);
         return 2;
     }
     int32_t ids[4096];
     o.gen.out_tokens = ids;
     o.gen.out_tokens_cap = 4096;
     pshard_ctx *ctx = run_open_model(&o);
+    free(o.switches);
     if (!ctx) return 1;
     struct cli_budget_watch watch;
     cli_budget_watch_init(&watch, "run", o.budget_file, o.quiet);

@@ -1,12 +1,13 @@
 /* `pshard serve`: an OpenAI-compatible HTTP server (and a chat page) over the continuous-batching
  * engine. Its own options (address, port, sequences at once, API key, queue and body limits) are
- * taken here; the model and planning options are run's. The server itself is src/server. */
+ * taken here; the model and planning options are run's. The server itself is src/server, seen
+ * through include/pshard_server.h. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
-#include "server/server.h"
+#include "pshard_server.h"
 
 struct serve_cli {
     const char *host, *api_key, *alias;

@@ -1,10 +1,9 @@
 /* `pshard tokenize`: the token ids of a text, as `run --raw` feeds them to the model. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
-#include "gguf/gguf.h"
-#include "tok/tok.h"
 
 static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard tokenize [-m MODEL] -p TEXT [--pieces]\n"
@@ -41,29 +40,29 @@ int cmd_tokenize(int argc, char **argv) {
         if (cli_default_model(default_path, sizeof default_path) != 0) return 1;
         model = default_path;
     }
-    struct tok *tok;
-    if (tok_load_gguf_path(model, &tok) != PSHARD_OK) {
+    pshard_vocab *vocab;
+    if (pshard_vocab_load(model, &vocab) != PSHARD_OK) {
         fprintf(stderr, "pshard tokenize: %s\n", pshard_last_error());
         return 1;
     }
-    struct tok_ids ids = {0};
+    int32_t *ids = NULL, n = 0;
     int rc = 0;
-    if (tok_encode(tok, text, strlen(text), TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, &ids) != PSHARD_OK) {
+    if (pshard_vocab_tokenize(vocab, text, 1, &ids, &n) != PSHARD_OK) {
         fprintf(stderr, "pshard tokenize: %s\n", pshard_last_error());
         rc = 1;
     }
-    for (size_t i = 0; i < ids.n && !rc; i++) {
+    for (int32_t i = 0; i < n && !rc; i++) {
         if (!pieces) {
-            printf(i ? " %d" : "%d", ids.ids[i]);
+            printf(i ? " %d" : "%d", ids[i]);
             continue;
         }
         const char *piece;
         size_t len;
-        tok_token_to_piece(tok, ids.ids[i], TOK_DECODE_SPECIAL, &piece, &len);
-        printf("%6d  '%.*s'\n", ids.ids[i], (int)len, piece);
+        pshard_vocab_piece(vocab, ids[i], &piece, &len);
+        printf("%6d  '%.*s'\n", ids[i], (int)len, piece);
     }
     if (!pieces && !rc) printf("\n");
-    tok_ids_free(&ids);
-    tok_free(tok);
+    free(ids);
+    pshard_vocab_free(vocab);
     return rc;
 }

