@@ -35,8 +35,9 @@ pshard_status cli_open(const pshard_params *params, const struct cli_switches *s
 
 #ifdef PSHARD_CLI_TOOLS_API
 /* The planner's tools (plan, profile, bench) and the switches' files alone are built with this
- * (CMakeLists.txt): they see the library's insides; every other command sees pshard.h alone. */
-#include "engine/engine_open.h"
+ * (CMakeLists.txt): they see the library's insides through src/engine/tools_api.h; every other
+ * command sees pshard.h alone. */
+#include "engine/tools_api.h"
 /* The switches into o; a malformed value fails, saying which. */
 pshard_status cli_plan_options(struct plan_options *o);
 #endif

@@ -35,13 +35,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "core/error.h"
-#include "core/timer.h"
-#include "cuda/cuda_backend.h"
-#include "exec/exec.h"
-#include "gguf/gguf.h"
-#include "measure/measure.h"
-#include "plan/cost.h"
+#include "engine/tools_api.h"
 
 enum { MAX_LIST = 16, MAX_MODELS = 4, SKIP_FACTOR = 3, MAX_LOADS = 5, MAX_CONTENDERS = 4 };
 static const double CLOSE = 0.15;

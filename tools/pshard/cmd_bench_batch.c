@@ -15,9 +15,7 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "core/error.h"
-#include "core/timer.h"
-#include "engine/engine_open.h"
+#include "engine/tools_api.h"
 
 enum { MAX_LIST = 16 };
 

@@ -5,13 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "core/error.h"
-#include "cuda/cuda_backend.h"
-#include "plan/cost.h"
-#include "exec/exec.h"
-#include "measure/measure.h"
-#include "plan/profile.h"
-#include "gguf/gguf.h"
+#include "engine/tools_api.h"
 #include "plan_image.h"
 
 static void print_usage(FILE *out) {

@@ -7,11 +7,7 @@
 #include <sys/stat.h>
 
 #include "cli.h"
-#include "cuda/cuda_backend.h"
-#include "gguf/gguf.h"
-#include "measure/measure.h"
-#include "plan/plan.h"
-#include "plan/profile.h"
+#include "engine/tools_api.h"
 
 static void print_usage(FILE *out) {
     fprintf(out, "usage: pshard profile [-m MODEL] [-t THREADS] [--vram-budget SIZE] [--cpu-only] [--show]\n"

@@ -8,11 +8,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "core/error.h"
-#include "gguf/gguf.h"
-#include "plan/cost_vision.h"
-#include "vision/image.h"
-#include "vision/mmproj.h"
+#include "engine/tools_api.h"
 
 int plan_image_parse_size(const char *text, struct plan_image *image) {
     const char *x = strchr(text, 'x');

@@ -7,9 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "model/model.h"
-#include "plan/plan.h"
-#include "plan/profile.h"
+#include "engine/tools_api.h"
 
 struct plan_image {
     const char *mmproj;     /* --mmproj */
