@@ -87,6 +87,14 @@ pshard_status pshard_parse_size(const char *text, int64_t *bytes) {
     return plan_parse_size(text, bytes);
 }
 
+void engine_planning_params(const pshard_params *p, struct exec_params *ep) {
+    ep->plan = family_of(p->plan);
+    ep->vram_budget = p->vram_budget;
+    ep->stream_share = p->stream_share;
+    ep->staging = p->resident_set > 0 ? p->resident_set - 1 : -1;
+    ep->decode_set = p->decode_set > 0 ? p->decode_set - 1 : p->decode_set < 0 ? PLAN_DECODE_SAME : PLAN_DECODE_WEIGHED;
+}
+
 void engine_exec_params(const pshard_params *p, const struct plan_options *options, const struct model *model,
                         struct exec_params *ep) {
     *ep = (struct exec_params){
@@ -94,16 +102,10 @@ void engine_exec_params(const pshard_params *p, const struct plan_options *optio
         .n_batch = p->n_batch,
         .n_seq = p->n_parallel,
         .n_threads = p->n_threads,
-        .plan = family_of(p->plan),
-        .vram_budget = p->vram_budget,
-        .stream_share = p->stream_share,
-        .staging = p->resident_set > 0 ? p->resident_set - 1 : -1,
-        .decode_set = p->decode_set > 0   ? p->decode_set - 1
-                      : p->decode_set < 0 ? PLAN_DECODE_SAME
-                                          : PLAN_DECODE_WEIGHED,
         .n_decode = p->n_predict,
         .options = *options,
     };
+    engine_planning_params(p, ep);
     if (p->gpu) ep->plan = PLAN_GPU, ep->vram_budget = -1;
     const uint32_t n_ctx_train = model->hp.n_ctx_train;
     if (ep->n_ctx <= 0) {

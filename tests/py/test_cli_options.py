@@ -33,6 +33,7 @@ REALS = {
     ("plan",): ["--stream-share"],
     ("eval",): ["--stream-share"],
     ("batch",): SAMPLING,
+    ("bench", "--batch"): ["--stream-share"],
 }
 SIZES = {("run",): ["--vram-budget"], ("chat",): ["--vram-budget"], ("serve",): ["--vram-budget", "--max-body"],
          ("plan",): ["--vram-budget"], ("eval",): ["--vram-budget"], ("profile",): ["--vram-budget"],
@@ -84,6 +85,35 @@ def test_numbers_are_checked_alike_by_every_subcommand(cmd):
         assert "from 1 to 16777216" in message, message
         for value in ("-2", "1.5", "nan"):
             assert "-1 for a random one" in refused(cmd, "--seed", value)
+
+
+# The planning options' commands, with what each needs besides the option tried.
+PLANNING = {"plan": ["plan"], "run": ["run", "-p", "x"], "eval": ["eval", "--tokens", "1,2", "-o", os.devnull],
+            "bench --batch": ["bench", "--batch"]}
+
+
+@pytest.mark.parametrize("option,value", [("--plan", "fastest"), ("--plan", None), ("--set", "all-kvs"), ("--set", None),
+                                          ("--decode-set", "half"), ("--decode-set", None), ("--stream-share", "1.5"),
+                                          ("--stream-share", "nan"), ("--stream-share", None), ("--vram-budget", "2Q"),
+                                          ("--vram-budget", "-1G"), ("--vram-budget", None)])
+def test_planning_options_are_read_alike(option, value):
+    """--vram-budget, --plan, --stream-share, --set and --decode-set are read by one parser: a bad value,
+    or none, gets the same message from plan, run, eval and bench --batch, but for the command's name
+    (run's budget may follow free memory too, which its message for a bad size adds)."""
+    said = {}
+    for name, cmd in PLANNING.items():
+        proc = pshard(*cmd, option, *([value] if value is not None else []), timeout=30)
+        assert proc.returncode == 2 and proc.stdout == "", (name, proc)
+        prefix = "pshard %s: " % cmd[0]
+        line = proc.stderr.splitlines()[0]
+        assert line.startswith(prefix + option), (name, line)
+        said[name] = line[len(prefix):]
+    run = said.pop("run")
+    if option == "--vram-budget" and value is not None:
+        assert run == said["plan"].replace(", got", ", or auto[:keep=SIZE], got"), run
+    else:
+        assert run == said["plan"], (run, said["plan"])
+    assert len(set(said.values())) == 1, said
 
 
 def test_n_0_generates_nothing(default_model):

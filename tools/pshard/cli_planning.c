@@ -1,4 +1,4 @@
-/* The planning options that run (and chat, batch, serve), eval and plan share, parsed in one
+/* The planning options that run (and chat, batch, serve), eval, plan and bench --batch share, parsed in one
  * place so each command takes the same spellings and says the same things about a bad value. */
 #include <stdio.h>
 #include <string.h>

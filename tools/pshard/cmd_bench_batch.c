@@ -28,19 +28,23 @@ struct batch_opts {
     const char *json;
     int quiet;
     struct plan_options options; /* the comparison switches (cli_plan_options) */
+    pshard_params planning;      /* --plan, --stream-share, --set, --decode-set, read as run reads them */
 };
 
 static void print_usage(FILE *out) {
     fprintf(out,
             "usage: pshard bench --batch [-m MODEL] [--vram-budget SIZE[,SIZE...]] [-npp N] [-ntg N]\n"
             "                    [-npl N[,N...]] [-b BATCH] [-t THREADS] [--json FILE] [-q]\n"
+            "                    [--plan auto|cpu|gpu|static|dynamic] [--stream-share F]\n"
+            "                    [--set ring|no-ring|all-kv] [--decode-set ring|no-ring|all-kv|same]\n"
             "  For each budget (default 0: the CPU) and each count of parallel sequences (-npl, default\n"
             "  1,4,16), runs that many requests at once: -npp prompt tokens each (default 1024, random\n"
             "  tokens, each request its own), then -ntg generated tokens each (default 128, greedy).\n"
             "  A step carries up to -b tokens (default 2048): one of each generating sequence, the rest\n"
             "  prompt chunks. The KV cache holds npl * (npp + ntg) cells. Prints prompt and generation\n"
             "  throughput, TTFT per sequence (p50, p99) and device memory; --json FILE writes one line\n"
-            "  per configuration (bench/batch_plot.py draws throughput against sequences from it).\n");
+            "  per configuration (bench/batch_plot.py draws throughput against sequences from it).\n"
+            "  --plan, --stream-share, --set and --decode-set place every configuration as in `pshard run`.\n");
 }
 
 /* A whole number in [lo, hi], read as every subcommand reads one (cli_int). */
@@ -53,11 +57,13 @@ static int parse_count(const char *flag, const char *v, int32_t lo, int32_t hi, 
 
 static int parse_opts(int argc, char **argv, struct batch_opts *o) {
     memset(o, 0, sizeof *o);
+    pshard_params_default(&o->planning);
     o->n_budgets = 1, o->budgets[0] = 0;
     o->n_counts = 3, o->counts[0] = 1, o->counts[1] = 4, o->counts[2] = 16;
     o->npp = 1024, o->ntg = 128, o->n_batch = 2048;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int r;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             print_usage(stdout);
             return 1;
@@ -107,6 +113,8 @@ static int parse_opts(int argc, char **argv, struct batch_opts *o) {
         } else if (!strcmp(a, "-t")) {
             if (parse_count(a, v, 1, 1024, &o->n_threads)) return -1;
             i++;
+        } else if ((r = cli_planning_option("bench", argc, argv, &i, false, &o->planning)) != 0) {
+            if (r < 0) return -1;
         } else {
             fprintf(stderr, "pshard bench: unknown or incomplete option '%s'\n", a);
             print_usage(stderr);
@@ -156,8 +164,7 @@ static double percentile(double *v, int n, double p) {
 }
 
 static pshard_status run_config(const struct batch_opts *o, int64_t budget, int32_t npl, FILE *json) {
-    pshard_params params;
-    pshard_params_default(&params);
+    pshard_params params = o->planning;
     params.model_path = o->model;
     params.n_parallel = npl;
     params.n_ctx = npl * (o->npp + o->ntg);

@@ -87,8 +87,9 @@ int cmd_plan(int argc, char **argv) {
     const char *model_path = NULL;
     bool no_profile = false, every_shard = false;
     const char *profile_file = NULL;
-    struct exec_params p = {.n_ctx = 4096, .n_batch = 512, .n_seq = 1, .plan = PLAN_AUTO, .vram_budget = -1, .staging = -1,
-                            .decode_set = PLAN_DECODE_WEIGHED};
+    struct exec_params p = {.n_ctx = 4096, .n_batch = 512, .n_seq = 1};
+    pshard_params planning; /* the planning options, read as run reads them */
+    pshard_params_default(&planning);
     int64_t tokens[MAX_TOKENS];
     int n_tokens = 0;
     bool budget_given = false;
@@ -96,40 +97,23 @@ int cmd_plan(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t k;
-        double x;
-        /* Reads the option's value (consuming it) into k or x; nonzero: refused, said why. */
+        int r;
+        /* Reads the option's value (consuming it) into k; nonzero: refused, said why. */
 #define INT(lo, hi) (i++, cli_int("plan", a, v, lo, hi, &k))
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             print_usage(stdout);
             return 0;
         } else if (!strcmp(a, "-m") && v) {
             model_path = argv[++i];
-        } else if (!strcmp(a, "--vram-budget") && v) {
-            if (cli_size("plan", a, argv[++i], &p.vram_budget)) return 2;
-            budget_given = true;
-        } else if (!strcmp(a, "--plan") && v) {
-            if (plan_parse_family(argv[++i], &p.plan) != PSHARD_OK) goto bad;
-        } else if (!strcmp(a, "--stream-share") && v) {
-            if (i++, cli_real("plan", a, v, 0, 1, false, &x)) return 2;
-            p.stream_share = (float)x;
+        } else if ((r = cli_planning_option("plan", argc, argv, &i, false, &planning)) != 0) {
+            if (r < 0) return 2;
+            budget_given = budget_given || !strcmp(a, "--vram-budget");
         } else if (!strcmp(a, "--shards")) {
             every_shard = true;
         } else if (!strcmp(a, "--no-profile")) {
             no_profile = true;
         } else if (!strcmp(a, "--profile") && v) {
             profile_file = argv[++i];
-        } else if (!strcmp(a, "--set") && v) {
-            enum plan_set set;
-            if (plan_parse_set(argv[++i], &set) != PSHARD_OK) {
-                fprintf(stderr, "pshard plan: --set: %s\n", pshard_last_error());
-                return 2;
-            }
-            p.staging = (int32_t)set;
-        } else if (!strcmp(a, "--decode-set") && v) {
-            if (plan_parse_decode_set(argv[++i], &p.decode_set) != PSHARD_OK) {
-                fprintf(stderr, "pshard plan: --decode-set: %s\n", pshard_last_error());
-                return 2;
-            }
         } else if (!strcmp(a, "--mmproj") && v) {
             image.mmproj = argv[++i];
         } else if (!strcmp(a, "--no-mmproj-offload")) {
@@ -165,6 +149,7 @@ int cmd_plan(int argc, char **argv) {
         }
 #undef INT
     }
+    engine_planning_params(&planning, &p);
     if (!budget_given) {
         fprintf(stderr, "pshard plan: --vram-budget SIZE is required: the device memory to plan for, such as 2G or\n"
                         "1536M (0: the CPU alone)\n");
@@ -259,9 +244,6 @@ int cmd_plan(int argc, char **argv) {
     gguf_close(file);
     if (st != PSHARD_OK) goto fail;
     return 0;
-bad:
-    fprintf(stderr, "pshard plan: %s\n", pshard_last_error());
-    return 2;
 fail:
     fprintf(stderr, "pshard plan: %s\n", pshard_last_error());
     return 1;
