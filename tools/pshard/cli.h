@@ -130,7 +130,8 @@ int cli_parse_list(const char *text, bool sizes, int64_t *out, int max, int *n);
 int32_t cli_request_tokens(long long n);
 
 /* The context a command runs with: n_ctx, or the model's trained context n_ctx_train
- * (pshard_model_context) where n_ctx is over it (0: unknown, no cap), which a notice on stderr says (-q does not hide it). */
+ * (pshard_model_context) where n_ctx is over it (0: unknown, no cap), which a notice on stderr says
+ * (-q does not hide it). */
 int32_t cli_cap_context(const char *cmd, uint32_t n_ctx_train, int32_t n_ctx);
 
 #endif
