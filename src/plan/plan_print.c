@@ -292,7 +292,7 @@ void plan_print(const struct plan *p, const struct model *m, bool every_shard, F
         print_candidates(p, out);
     } else if (p->any_gpu) {
         fprintf(out, "predicted seconds per step:");
-        for (int t = 0; t <= last; t++) fprintf(out, " %d tokens %.4g;", plan_tier_tokens[t], p->predicted[t]);
+        for (int t = 0; t <= last; t++) fprintf(out, " %d token%s %.4g;", plan_tier_tokens[t], plan_tier_tokens[t] == 1 ? "" : "s", p->predicted[t]);
         fprintf(out, " %.3f s to the first token, then %.1f tokens/s\n", p->predicted_ttft,
                 p->predicted_decode > 0 ? 1 / p->predicted_decode : 0);
     }
