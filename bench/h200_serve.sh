@@ -4,9 +4,9 @@
 # driver reports sampled every 0.2 s around each case.
 #   pshard:BUDGET                 pshard serve --vram-budget BUDGET --parallel 16 -c 18432 -t 16 -b 2048
 #   llama:BUDGET:fit              llama-server -np 16 -c 18432 with --fit on, leaving (free - BUDGET) free,
-#                                 and --no-mmap
+#                                 and --load-mode none
 #   llama:NAME:ARGS               llama-server -np 16 -c 18432 with ARGS (commas for spaces,
-#                                 e.g. llama:2G-cpu-moe:-ngl,99,--cpu-moe,-nkvo,--no-mmap)
+#                                 e.g. llama:2G-cpu-moe:-ngl,99,--cpu-moe,-nkvo,--load-mode,none)
 # With mmap on (its default) llama-server copies the experts it keeps on the CPU up for batched
 # prompt steps from the file's pageable mapping, several times slower (RESULTS.md, start BN).
 # Usage: bench/h200_serve.sh OUT_DIR CASE...   (PSHARD_BUILD: a Release build; LLAMA_BIN: the folder
@@ -39,7 +39,7 @@ for case in "$@"; do
     $bin/pshard serve -m "$model" --vram-budget "$a" --parallel 16 -c 18432 -t 16 -b 2048 --port $port >"$log" 2>&1 &
   else
     args=${b//,/ }
-    [ "$b" = fit ] && args="--fit on --fit-target $((free - $(mib "$a"))) --no-mmap"
+    [ "$b" = fit ] && args="--fit on --fit-target $((free - $(mib "$a"))) --load-mode none"
     echo "== llama-server, $a: $args"
     # shellcheck disable=SC2086
     "$LLAMA_BIN/llama-server" -m "$model" -np 16 -c 18432 -t 16 -b 2048 -fa on --no-webui --port $port $args \
