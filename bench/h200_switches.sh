@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The planner's switches (PSHARD_SPLIT_FFN, PSHARD_STAGE_STATIC, PSHARD_LEND_SLOTS) on the benchmark machine,
+# The planner's switches (PSHARD_SPLIT_FFN, PSHARD_STAGE_STATIC) on the benchmark machine,
 # each beside the default: the device plan test (tiny models against the CPU) under each; the
 # first 32 greedy tokens of llama8b at 2 and 8 GB under each, compared with the default's; then
 # the budget sweep's llama8b cases (bench/h200_budget.sh) under each.

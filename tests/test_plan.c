@@ -25,7 +25,8 @@ static struct model model, moe;
 static char moe_path[256];
 /* The GPU buffers' sizes; the kernels are each model's own (costs_for). */
 static const struct plan_gpu_costs costs = {100 << 20, 20 << 20, 10 << 20, 32 << 20, 256 << 10, {0, 0}};
-/* Every idea the planner may turn on (lend_slots, split_ffn, ...) off; tests turn on the ones they weigh. */
+/* Every idea the planner may turn on (split_ffn, kv_stream, ...) off; tests turn on the ones they weigh.
+ * Lending the ring's dense units to tiers without it is always on. */
 static const struct plan_request base = {.family = PLAN_AUTO, .n_ctx = 2048, .n_batch = 512, .n_seq = 1, .staging = -1,
                                          .decode_set = -1};
 
@@ -243,26 +244,34 @@ static void test_dynamic_ring_tiers_stage_alike(void **state) {
         cpu_ffn += model.shards[i].kind == SHARD_FFN && p.tier[PLAN_TIER_DECODE].shard[i] == PLACE_CPU;
     assert_true(cpu_ffn > 0);
     plan_free(&p);
-    /* In place (as auto weighs dynamic): no tier takes the ring, and the large ones split with the
-     * CPU too, over the same resident set. */
+    /* In place (as auto weighs dynamic): no tier takes the ring, over the same resident set; the
+     * units the ring would leave in its slots run from there, and the rest split with the CPU,
+     * less as steps grow (the CPU's matmuls fall behind). */
     r.dynamic_in_place = true;
     struct plan q;
     assert_int_equal(plan_build(&model, &r, costs_for(&model), &q), PSHARD_OK);
     assert_true(q.n_slots > 0);
+    int split_before = INT32_MAX;
     for (int t = 0; t < PLAN_TIERS; t++) {
         assert_false(q.tier[t].ring);
-        int split = 0;
-        for (uint32_t i = 0; i < model.n_shards; i++)
-            split += model.shards[i].kind == SHARD_FFN &&
-                     (q.tier[t].shard[i] == PLACE_CPU || q.tier[t].ffn_rows_gpu[model.shards[i].layer] > 0);
-        assert_true(split > 0);
+        int split = 0, in_slot = 0;
+        for (uint32_t i = 0; i < model.n_shards; i++) {
+            const struct shard *s = &model.shards[i];
+            if (s->kind != SHARD_FFN) continue;
+            if (plan_reads_lent(&q, &q.tier[t], i)) {
+                assert_int_equal(q.tier[t].ffn_rows_gpu[s->layer], 0);
+                in_slot++;
+                continue;
+            }
+            split += q.tier[t].shard[i] == PLACE_CPU || q.tier[t].ffn_rows_gpu[s->layer] > 0;
+        }
+        assert_true(in_slot > 0 && (uint32_t)in_slot <= q.n_slots);
+        assert_true(split <= split_before && (t > 0 || split > 0));
+        split_before = split;
     }
     plan_free(&q);
 }
 
-/* Lending the slots: the dense shards among the ring's last units (what a ring step leaves in the
- * slots) run from there in tiers without the ring, in every family that has the ring's room, and
- * those tiers neither stream them over PCIe nor pay for it. */
 /* An MoE layer's router on the CPU is priced at the rate the profile timed at its own shape
  * (cpu_router) where it has one, else at the model's large matrices' rate; where the layer runs
  * on the GPU, nothing moves. */
@@ -304,13 +313,14 @@ static void test_cpu_router_rate(void **state) {
     plan_free(&gpu);
 }
 
+/* Lending the slots (plan.lent): the dense shards among the ring's last units (what a ring step
+ * leaves in the slots) run from there in tiers without the ring, in every family that has the
+ * ring's room, and those tiers neither stream them over PCIe nor pay for it; the ring tier
+ * stages the same shards through PCIe. */
 static void test_lent_slots(void **state) {
     (void)state;
     struct plan_request r = small_request(PLAN_GPU, NULL);
-    struct plan plain, lent;
-    assert_int_equal(plan_build(&model, &r, costs_for(&model), &plain), PSHARD_OK);
-    assert_null(plain.lent); /* off unless asked for */
-    r.lend_slots = true;
+    struct plan lent;
     assert_int_equal(plan_build(&model, &r, costs_for(&model), &lent), PSHARD_OK);
     assert_non_null(lent.lent);
     int ring = -1;
@@ -335,17 +345,28 @@ static void test_lent_slots(void **state) {
         assert_false(plan_reads_lent(&lent, &lent.tier[ring], i)); /* the ring stages it as before */
     }
     assert_int_equal(n_lent, lent.n_slots);
-    const struct plan_tier *a = &plain.tier[PLAN_TIER_DECODE], *b = &lent.tier[PLAN_TIER_DECODE];
+    /* The decode tier places every shard as the ring tier does; what it reads from the slots
+     * moves from PCIe to VRAM in its bytes a token, byte for byte. */
+    const struct plan_tier *a = &lent.tier[ring], *b = &lent.tier[PLAN_TIER_DECODE];
+    assert_false(b->ring);
+    for (uint32_t i = 0; i < model.n_shards; i++) assert_int_equal(a->shard[i], b->shard[i]);
+    assert_int_equal(a->host_bytes_per_token, b->host_bytes_per_token);
     assert_int_equal(a->pcie_bytes_per_token - b->pcie_bytes_per_token, lent_bytes);
     assert_int_equal(b->gpu_bytes_per_token - a->gpu_bytes_per_token, lent_bytes);
+    /* The cost model prices the lent shards as VRAM reads: the same tier with nothing lent (its
+     * shards read in place) is slower, by its PCIe time. */
     struct profile prof;
     plan_profile(NULL, &prof); /* the defaults, with a GPU */
     struct cost_step ca, cb;
-    cost_step(&prof, &model, &plain, a, 1, 1000, &ca);
     cost_step(&prof, &model, &lent, b, 1, 1000, &cb);
+    bool *given = lent.lent, *none = calloc(model.n_shards, sizeof *none);
+    assert_non_null(none);
+    lent.lent = none;
+    cost_step(&prof, &model, &lent, b, 1, 1000, &ca);
+    lent.lent = given;
+    free(none);
     assert_true(cb.pcie_s < ca.pcie_s && cb.seconds < ca.seconds);
     free(units);
-    plan_free(&plain);
     plan_free(&lent);
 
     /* static with the ring's room (as auto weighs it): the lent shards leave the CPU. */
@@ -375,7 +396,7 @@ static void test_kv_stream(void **state) {
     r.family = PLAN_DYNAMIC;
     r.staging = PLAN_SET_RING;
     r.profile = &prof;
-    r.lend_slots = r.kv_stream = true;
+    r.kv_stream = true;
     r.vram_budget = (int64_t)(fixed_streaming() + 40 * 1048576ull);
     struct plan p;
     assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
@@ -538,7 +559,22 @@ static void test_static_stages_attention(void **state) {
     r.stage_static = false;
     assert_int_equal(plan_build(&model, &r, costs_for(&model), &in_place), PSHARD_OK);
     assert_false(in_place.tier[0].ring);
-    for (uint32_t i = 0; i < model.n_shards; i++) assert_int_equal(in_place.tier[0].shard[i], staged.tier[0].shard[i]);
+    /* The same places but for the units the ring would leave in its slots: without the ring they
+     * run from there (lent; an FFN the staged plan runs on the CPU too). Priced with nothing lent
+     * and those places as the staged plan's, the two plans differ in how they read the attention
+     * alone. */
+    bool *lent = in_place.lent, *none = calloc(model.n_shards, sizeof *none);
+    assert_non_null(none);
+    int in_slot = 0;
+    for (uint32_t i = 0; i < model.n_shards; i++) {
+        if (plan_reads_lent(&in_place, &in_place.tier[0], i)) {
+            in_place.tier[0].shard[i] = staged.tier[0].shard[i];
+            in_slot++;
+        }
+        assert_int_equal(in_place.tier[0].shard[i], staged.tier[0].shard[i]);
+    }
+    assert_true(in_slot > 0);
+    in_place.lent = none;
     struct cost_step a, b, free_copies;
     cost_step(&prof, &model, &staged, &staged.tier[0], 1, 1000, &a);
     cost_step(&prof, &model, &in_place, &in_place.tier[0], 1, 1000, &b);
@@ -562,6 +598,8 @@ static void test_static_stages_attention(void **state) {
     cost_step(&prof, &model, &in_place, &in_place.tier[0], 1, 1000, &narrow_in_place);
     assert_true(narrow_staged.seconds > wide_staged.seconds && narrow_staged.cpu_s > wide_staged.cpu_s);
     assert_true(fabs(narrow_in_place.seconds - wide_in_place.seconds) < 1e-12);
+    in_place.lent = lent;
+    free(none);
     free(units);
     plan_free(&staged);
     plan_free(&in_place);
@@ -590,8 +628,8 @@ static void test_dynamic_splits_ffn_rows(void **state) {
             const struct shard *s = &model.shards[i];
             if (s->kind != SHARD_FFN) continue;
             const uint32_t rows = tier->ffn_rows_gpu[s->layer];
-            if (tier->ring || tier->shard[i] == PLACE_RESIDENT) {
-                assert_int_equal(rows, 0);
+            if (tier->ring || tier->shard[i] == PLACE_RESIDENT || plan_reads_lent(&split, tier, i)) {
+                assert_int_equal(rows, 0); /* (those lent run whole from their slots) */
                 continue;
             }
             assert_int_equal(tier->shard[i], PLACE_STREAMED);
@@ -752,20 +790,24 @@ static void test_auto_resident_set(void **state) {
 
 /* Phases: decode steps get a plan of their own over another resident set only for one sequence,
  * only where the request with both changes counted beats the one set by more than the margin;
- * its plan is that set's, and it is what the decode tiers choose and predict. */
+ * its plan is that set's, and it is what the decode tiers choose and predict. The ring's set
+ * decodes from the units it lends about as fast as the others while every layer's KV fits (2K):
+ * a context of 8K, whose KV the sets keep in VRAM in different shares, has one budget where two
+ * phases win. */
 static void test_auto_phases(void **state) {
     (void)state;
     int two = 0, weighed = 0;
     for (int mb = 4; mb <= 200; mb += 4) {
-        for (int variant = 0; variant < 3; variant++) {
+        for (int variant = 0; variant < 4; variant++) {
             struct plan p;
             struct plan_request r = base;
             r.phases = variant != 1;
             r.n_seq = variant == 2 ? 2 : 1;
+            r.n_ctx = variant == 3 ? 8192 : 2048;
             r.vram_budget = (int64_t)(fixed_streaming() + attention_and_kv(&model, 2048) * r.n_seq) + ((int64_t)mb << 20);
             assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
             const struct plan_phases *ph = &p.weighed_phases;
-            if (variant != 0) assert_null(p.decode), assert_false(ph->weighed);
+            if (variant == 1 || variant == 2) assert_null(p.decode), assert_false(ph->weighed);
             if (ph->weighed) {
                 weighed++;
                 const double one = p.weighed_set[ph->prompt].ttft + 128 * p.weighed_set[ph->prompt].decode;
@@ -942,7 +984,7 @@ static void test_lent_experts(void **state) {
     r.family = PLAN_DYNAMIC;
     r.stream_share = 0.25f;
     r.vram_budget = 520ll << 20;
-    r.lend_slots = r.one_expert_call = true;
+    r.one_expert_call = true;
     struct plan plain, p;
     assert_int_equal(plan_build(&big, &r, costs_for(&big), &plain), PSHARD_OK);
     assert_null(plain.experts_lent); /* off unless asked for */

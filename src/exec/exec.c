@@ -111,8 +111,8 @@ static pshard_status alloc_scratch(struct exec_ctx *ctx) {
  * attention they stream; balanced dynamic tiers split a token's experts by its routing; a layer's
  * resident and streamed experts go in one call; ring tiers may carry the KV cells of layers whose
  * cache is on the host to the GPU's attention; decode steps over long caches may run over another
- * set than short ones. p->options turns each off but the routed split, or fixes a choice, for
- * comparison. */
+ * set than short ones. p->options turns each off but the lent dense units and the routed split,
+ * or fixes a choice, for comparison. */
 static struct plan_request request_for(const struct exec_params *p, bool gpu_wanted) {
     const struct plan_options *o = &p->options;
     return (struct plan_request){
@@ -124,7 +124,6 @@ static struct plan_request request_for(const struct exec_params *p, bool gpu_wan
         .stream_share = p->stream_share,
         .staging = p->staging,
         .profile = p->profile,
-        .lend_slots = !o->no_lend_slots,
         .split_ffn = !o->no_split_ffn,
         .stage_static = !o->no_stage_static,
         .routed_quota = o->routed_quota_count ? o->routed_quota : NULL,

@@ -476,7 +476,7 @@ static pshard_status make_ring(struct exec_gpu *g, const struct exec_ctx *ctx) {
         bool last = false;
         for (uint32_t j = g->n_units > plan->n_slots ? g->n_units - plan->n_slots : 0; j < g->n_units; j++)
             last |= g->units[j].shard == i;
-        if (plan->lent && plan->lent[i] && !last) return core_fail(PSHARD_ERR_INTERNAL, "shard %u is lent but not a last unit of the ring", i);
+        if (plan->lent[i] && !last) return core_fail(PSHARD_ERR_INTERNAL, "shard %u is lent but not a last unit of the ring", i);
     }
     return PSHARD_OK;
 }

@@ -260,11 +260,11 @@ static pshard_status ring_pass(struct exec_ctx *ctx, struct exec_gpu *g) {
 }
 
 static pshard_status ring_start(struct exec_ctx *ctx, struct exec_gpu *g, const struct plan_tier *tier) {
-    if (ctx->active->lent || ctx->active->experts_lent) /* steps before may have read lent units: the fills wait for them */
-        for (uint32_t k = 0; k < ctx->active->n_slots; k++) {
-            CORE_TRY(cuda_event_record(g->freed[k], g->stream));
-            g->slot_used[k] = true;
-        }
+    /* Steps before may have read lent units: the fills wait for them. */
+    for (uint32_t k = 0; k < ctx->active->n_slots; k++) {
+        CORE_TRY(cuda_event_record(g->freed[k], g->stream));
+        g->slot_used[k] = true;
+    }
     g->lent_ready = false;
     g->ring_tier = tier;
     g->ring_passed = false;
@@ -340,7 +340,7 @@ static uint8_t *lent_slot(const struct exec_ctx *ctx, const struct exec_gpu *g, 
 /* Before a step without the ring: unless a ring step left the lent units in their slots, copy
  * them there; the compute stream waits for the copies. */
 static pshard_status ensure_lent(struct exec_ctx *ctx, struct exec_gpu *g) {
-    if ((!ctx->active->lent && !ctx->active->experts_lent) || g->lent_ready) return PSHARD_OK;
+    if (g->lent_ready) return PSHARD_OK;
     for (uint32_t j = last_units(ctx, g); j < g->n_units; j++) {
         if (!plan_unit_lent(ctx->active, ctx->model, &g->units[j])) continue;
         CORE_TRY(ring_fill(ctx, g, j));

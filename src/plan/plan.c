@@ -165,7 +165,7 @@ bool plan_tier_stages(const struct model *m, const struct plan_tier *t, const st
 }
 
 bool plan_lends(const struct plan *p) {
-    for (uint32_t i = 0; p->lent && i < p->n_shards; i++)
+    for (uint32_t i = 0; i < p->n_shards; i++)
         if (p->lent[i]) return true;
     for (uint32_t l = 0; p->experts_lent && l < p->n_layers; l++)
         if (p->experts_lent[l]) return true;
@@ -174,7 +174,7 @@ bool plan_lends(const struct plan *p) {
 
 bool plan_unit_lent(const struct plan *p, const struct model *m, const struct plan_unit *u) {
     const struct shard *s = &m->shards[u->shard];
-    if (s->kind != SHARD_MOE) return p->lent && p->lent[u->shard];
+    if (s->kind != SHARD_MOE) return p->lent[u->shard];
     return p->experts_lent && u->first < p->experts_resident[s->layer] + p->experts_lent[s->layer];
 }
 

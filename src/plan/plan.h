@@ -85,9 +85,9 @@ enum { PLAN_MAX_ROUTED = 16 };
  * placements fill it, from the environment (tools/pshard/plan_options.c; docs/cli.md); the
  * planner reads the first part through plan_request (exec's request_for), the executor the last. */
 struct plan_options {
-    bool no_lend_slots;      /* tiers without the ring read streamed units from host memory, not
-                                from the ring's slots (IN SLOT): plan_request.lend_slots off */
-    bool no_lend_experts;    /* nor the MoE expert pieces among them (R+S): lend_experts off */
+    bool no_lend_experts;    /* tiers without the ring read the MoE expert pieces among the ring's
+                                last units from host memory, not from its slots (R+S):
+                                plan_request.lend_experts off */
     bool no_split_ffn;       /* dynamic tiers stream dense FFNs whole: split_ffn off */
     bool no_stage_static;    /* static tiers read streamed attention in place: stage_static off */
     bool no_one_expert_call; /* resident and streamed experts in two calls: one_expert_call off */
@@ -183,7 +183,7 @@ struct plan {
     /* Per shard: a dense shard among the ring's last n_slots units. A ring step leaves those
      * units in their slots (unit j in slot j % n_slots), so tiers that do not use the ring read
      * them there, from VRAM, instead of from host memory (the executor fills the slots itself
-     * when no ring step ran since). NULL when the plan lends nothing. */
+     * when no ring step ran since); all false where the ring lends nothing. */
     bool *lent;
     /* Per layer: experts [r, r + experts_lent) of an MoE shard (r resident) among the ring's last
      * units, which tiers without the ring read from their slots too (plan_experts_vram). An MoE
@@ -355,7 +355,7 @@ bool plan_unit_lent(const struct plan *p, const struct model *m, const struct pl
 
 /* Whether tier t reads shard i from the slot the ring left it in (see plan.lent). */
 static inline bool plan_reads_lent(const struct plan *p, const struct plan_tier *t, uint32_t i) {
-    return p->lent && p->lent[i] && !t->ring && t->shard[i] == PLACE_STREAMED;
+    return p->lent[i] && !t->ring && t->shard[i] == PLACE_STREAMED;
 }
 
 /* auto: decode steps' resident set as asked (exec_params.decode_set): as the planner weighs, the

@@ -122,7 +122,7 @@ static void place_tier(const struct model *m, const struct plan_request *req, co
         t->routed = reads;
     }
     /* Without the ring, the units it leaves in the slots run on the GPU from there. */
-    if (!t->ring && p->lent)
+    if (!t->ring)
         for (uint32_t i = 0; i < m->n_shards; i++)
             if (p->lent[i]) {
                 t->shard[i] = PLACE_STREAMED;
@@ -301,10 +301,10 @@ static bool alloc_plan(const struct model *model, const struct plan_request *req
     const size_t nl = out->n_layers ? out->n_layers : 1, ns = model->n_shards ? model->n_shards : 1;
     out->kv_gpu = calloc(nl, sizeof *out->kv_gpu);
     out->experts_resident = calloc(nl, sizeof *out->experts_resident);
-    out->lent = req->lend_slots ? calloc(ns, sizeof *out->lent) : NULL;
-    const bool lend_experts = req->lend_slots && req->lend_experts && req->one_expert_call && model->hp.n_expert;
+    out->lent = calloc(ns, sizeof *out->lent);
+    const bool lend_experts = req->lend_experts && req->one_expert_call && model->hp.n_expert;
     out->experts_lent = lend_experts ? calloc(nl, sizeof *out->experts_lent) : NULL;
-    bool ok = out->kv_gpu && out->experts_resident && (out->lent || !req->lend_slots) && (out->experts_lent || !lend_experts);
+    bool ok = out->kv_gpu && out->experts_resident && out->lent && (out->experts_lent || !lend_experts);
     for (int t = 0; t < PLAN_TIERS; t++) {
         out->tier[t].shard = calloc(ns, sizeof *out->tier[t].shard);
         out->tier[t].experts_gpu = calloc(nl, sizeof *out->tier[t].experts_gpu);
@@ -328,7 +328,7 @@ static void copy_plan(struct plan *dst, const struct plan *src) {
     }
     dst->kv_gpu = memcpy(own.kv_gpu, src->kv_gpu, nl * sizeof *src->kv_gpu);
     dst->experts_resident = memcpy(own.experts_resident, src->experts_resident, nl * sizeof *src->experts_resident);
-    dst->lent = src->lent ? memcpy(own.lent, src->lent, ns * sizeof *src->lent) : NULL;
+    dst->lent = memcpy(own.lent, src->lent, ns * sizeof *src->lent);
     dst->experts_lent = src->experts_lent ? memcpy(own.experts_lent, src->experts_lent, nl * sizeof *src->experts_lent) : NULL;
 }
 

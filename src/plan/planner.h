@@ -22,8 +22,6 @@ struct plan_request {
     int32_t staging;      /* the resident set: -1 as the family wants; else as the planner weighs a
                              candidate: PLAN_SET_NO_RING, PLAN_SET_RING or PLAN_SET_ALL_KV */
     const struct profile *profile; /* auto: the machine's profile (NULL: conservative defaults) */
-    bool lend_slots;      /* tiers that do not use the ring read the ring's last units from their
-                             slots (plan.lent) */
     bool split_ffn;       /* dynamic tiers without the ring split every dense FFN they do not keep
                              resident by rows between the GPU (reading in place) and the CPU, both
                              at once, instead of streaming whole layers */
@@ -52,9 +50,9 @@ struct plan_request {
                              this many cells or more (tests, comparison); 0: every cache */
     bool dynamic_in_place; /* dynamic: every tier splits with the CPU, reading in place (auto always
                              weighs dynamic so: streaming everything through the ring is gpu's) */
-    bool lend_experts;    /* with lend_slots and one_expert_call: tiers without the ring read the
-                             MoE pieces among the ring's last units from their slots as well
-                             (plan.experts_lent) */
+    bool lend_experts;    /* with one_expert_call: tiers without the ring read the MoE pieces
+                             among the ring's last units from their slots, as they read its dense
+                             units there (plan.lent, always) */
     int64_t kv_cells;     /* cells of each layer's KV pool, shared by the sequences (0: n_ctx * n_seq) */
 };
 

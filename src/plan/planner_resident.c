@@ -87,7 +87,7 @@ static pshard_status lend_slots(const struct model *m, struct plan *p) {
             continue;
         }
         /* (attention whose KV is on the host needs its cells in the slot, which only ring steps bring) */
-        if (p->lent) p->lent[units[j].shard] |= s->kind == SHARD_FFN || (s->kind == SHARD_ATTN && p->kv_gpu[s->layer]);
+        p->lent[units[j].shard] |= s->kind == SHARD_FFN || (s->kind == SHARD_ATTN && p->kv_gpu[s->layer]);
     }
     free(units);
     return PSHARD_OK;
@@ -282,7 +282,7 @@ void plan_reset_places(struct plan *p) {
     p->slot_bytes = 0;
     p->kv_stream = false;
     p->budget.staging = 0;
-    if (p->lent) memset(p->lent, 0, sizeof *p->lent * p->n_shards);
+    memset(p->lent, 0, sizeof *p->lent * p->n_shards);
     if (p->experts_lent) memset(p->experts_lent, 0, sizeof *p->experts_lent * p->n_layers);
 }
 
@@ -338,5 +338,5 @@ pshard_status plan_resident_set(const struct model *m, const struct plan_request
     if (staging) p->n_slots = n_slots, p->slot_bytes = slot, p->budget.staging = ring;
     CORE_TRY(choose_resident(m, req, prof, budget - fixed - ring, kv_first, p));
     for (uint32_t l = 0; carries_kv && l < p->n_layers; l++) p->kv_stream |= !p->kv_gpu[l];
-    return staging && (p->lent || p->experts_lent) ? lend_slots(m, p) : PSHARD_OK;
+    return staging ? lend_slots(m, p) : PSHARD_OK;
 }

@@ -8,8 +8,8 @@ budget. The configurations run side by side (each is its own process on the one 
 reports print in order. Exits 0 with a "skipped" line where no GPU exists. Every plan lends the ring's
 slots (MoE expert pieces too) to tiers without the ring, static tiers stage the attention they stream through the ring (a
 static plan over the all-KV set at a budget that streams attention covers it), and dynamic tiers
-split tiny-llama's FFNs by rows with the CPU; PSHARD_LEND_SLOTS=0, PSHARD_STAGE_STATIC=0 and
-PSHARD_SPLIT_FFN=0 in the environment turn each off, PSHARD_ROUTED_QUOTA=0,1 has the balanced
+split tiny-llama's FFNs by rows with the CPU; PSHARD_STAGE_STATIC=0 and PSHARD_SPLIT_FFN=0 in
+the environment turn the last two off, PSHARD_ROUTED_QUOTA=0,1 has the balanced
 dynamic tiers' one-token steps give the CPU a share of each token's experts, and
 PSHARD_ONE_EXPERT_CALL=0 computes an MoE layer's resident and streamed experts in two calls rather
 than one, and PSHARD_LEND_EXPERTS=0 lends only dense units, not MoE expert pieces (ctest runs each so
