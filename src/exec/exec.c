@@ -111,7 +111,7 @@ static pshard_status alloc_scratch(struct exec_ctx *ctx) {
  * attention they stream; balanced dynamic tiers split a token's experts by its routing; a layer's
  * resident and streamed experts go in one call; ring tiers may carry the KV cells of layers whose
  * cache is on the host to the GPU's attention; decode steps over long caches may run over another
- * set than short ones. p->options turns each off but the lent dense units and the routed split,
+ * set than short ones. p->options turns each off but lending and the routed split,
  * or fixes a choice, for comparison. */
 static struct plan_request request_for(const struct exec_params *p, bool gpu_wanted) {
     const struct plan_options *o = &p->options;
@@ -136,7 +136,6 @@ static struct plan_request request_for(const struct exec_params *p, bool gpu_wan
         .long_decode = !o->no_long_decode,
         .decode_from = o->decode_from,
         .dynamic_in_place = p->dynamic_in_place,
-        .lend_experts = !o->no_lend_experts,
         .kv_cells = kv_cache_pool_cells(p->n_seq, p->n_ctx, p->n_cells),
     };
 }

@@ -85,9 +85,6 @@ enum { PLAN_MAX_ROUTED = 16 };
  * placements fill it, from the environment (tools/pshard/plan_options.c; docs/cli.md); the
  * planner reads the first part through plan_request (exec's request_for), the executor the last. */
 struct plan_options {
-    bool no_lend_experts;    /* tiers without the ring read the MoE expert pieces among the ring's
-                                last units from host memory, not from its slots (R+S):
-                                plan_request.lend_experts off */
     bool no_split_ffn;       /* dynamic tiers stream dense FFNs whole: split_ffn off */
     bool no_stage_static;    /* static tiers read streamed attention in place: stage_static off */
     bool no_one_expert_call; /* resident and streamed experts in two calls: one_expert_call off */
@@ -188,8 +185,8 @@ struct plan {
     /* Per layer: experts [r, r + experts_lent) of an MoE shard (r resident) among the ring's last
      * units, which tiers without the ring read from their slots too (plan_experts_vram). An MoE
      * shard's pieces then go through the ring from its highest experts down, so the last pieces
-     * of a layer are those just past its resident ones. NULL unless asked for
-     * (plan_request.lend_experts). */
+     * of a layer are those just past its resident ones. NULL for a dense model, or with
+     * plan_request.one_expert_call off. */
     uint32_t *experts_lent;
     bool any_gpu, any_cpu_attention;
     bool one_expert_call; /* the GPU's experts of an MoE layer, resident and streamed, in one call */

@@ -302,7 +302,7 @@ static bool alloc_plan(const struct model *model, const struct plan_request *req
     out->kv_gpu = calloc(nl, sizeof *out->kv_gpu);
     out->experts_resident = calloc(nl, sizeof *out->experts_resident);
     out->lent = calloc(ns, sizeof *out->lent);
-    const bool lend_experts = req->lend_experts && req->one_expert_call && model->hp.n_expert;
+    const bool lend_experts = req->one_expert_call && model->hp.n_expert;
     out->experts_lent = lend_experts ? calloc(nl, sizeof *out->experts_lent) : NULL;
     bool ok = out->kv_gpu && out->experts_resident && out->lent && (out->experts_lent || !lend_experts);
     for (int t = 0; t < PLAN_TIERS; t++) {

@@ -33,7 +33,9 @@ struct plan_request {
                              the cost model's */
     int routed_quota_count;      /* entries given after [0] */
     bool one_expert_call; /* a layer's resident and streamed experts in one expert call (tables of
-                             each expert's place) rather than two, resident ones first */
+                             each expert's place) rather than two, resident ones first; tiers
+                             without the ring then read the MoE pieces among the ring's last units
+                             from their slots too (plan.experts_lent) */
     bool phases;          /* auto, one sequence: decode steps may run a plan of their own over
                              another resident set (plan.decode) */
     int32_t decode_set;   /* phases: -1 as the planner weighs; else decode steps over this set
@@ -50,9 +52,6 @@ struct plan_request {
                              this many cells or more (tests, comparison); 0: every cache */
     bool dynamic_in_place; /* dynamic: every tier splits with the CPU, reading in place (auto always
                              weighs dynamic so: streaming everything through the ring is gpu's) */
-    bool lend_experts;    /* with one_expert_call: tiers without the ring read the MoE pieces
-                             among the ring's last units from their slots, as they read its dense
-                             units there (plan.lent, always) */
     int64_t kv_cells;     /* cells of each layer's KV pool, shared by the sequences (0: n_ctx * n_seq) */
 };
 

@@ -49,7 +49,6 @@ static pshard_status routed_quota(struct plan_options *o) {
 
 pshard_status cli_plan_options(struct plan_options *o) {
     *o = (struct plan_options){
-        .no_lend_experts = turned_off("PSHARD_LEND_EXPERTS"),
         .no_split_ffn = turned_off("PSHARD_SPLIT_FFN"),
         .no_stage_static = turned_off("PSHARD_STAGE_STATIC"),
         .no_one_expert_call = turned_off("PSHARD_ONE_EXPERT_CALL"),
