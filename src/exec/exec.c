@@ -111,8 +111,8 @@ static pshard_status alloc_scratch(struct exec_ctx *ctx) {
  * attention they stream; balanced dynamic tiers split a token's experts by its routing; a layer's
  * resident and streamed experts go in one call; ring tiers may carry the KV cells of layers whose
  * cache is on the host to the GPU's attention; decode steps over long caches may run over another
- * set than short ones. p->options turns each off but lending and the routed split,
- * or fixes a choice, for comparison. */
+ * set than short ones. p->options turns each off but lending, the routed split and the one expert
+ * call, or fixes a choice, for comparison. */
 static struct plan_request request_for(const struct exec_params *p, bool gpu_wanted) {
     const struct plan_options *o = &p->options;
     return (struct plan_request){
@@ -128,7 +128,6 @@ static struct plan_request request_for(const struct exec_params *p, bool gpu_wan
         .stage_static = !o->no_stage_static,
         .routed_quota = o->routed_quota_count ? o->routed_quota : NULL,
         .routed_quota_count = o->routed_quota_count,
-        .one_expert_call = !o->no_one_expert_call,
         .phases = p->decode_set != PLAN_DECODE_SAME,
         .decode_set = p->decode_set,
         .n_decode = p->n_decode,

@@ -140,7 +140,7 @@ static const void *lent_expert(const struct exec_gpu *g, const struct plan *plan
 
 /* Tables of where each expert's gate, up and down are: [0, r) in VRAM (moe), the next `lent` in
  * the ring's slots (plan.experts_lent; for tiers without the ring), the rest in host memory
- * (moe_host), for one call over them all (plan.one_expert_call). */
+ * (moe_host), for one call over them all. */
 static pshard_status expert_tables(struct exec_gpu *g, const struct plan *plan, const struct layer_weights *w,
                                    uint32_t shard, uint32_t r, uint32_t lent, struct gpu_layer *l) {
     const int E = l->moe_host.n_expert;
@@ -178,7 +178,6 @@ static pshard_status upload_ffn(struct exec_gpu *g, const struct plan *plan, uin
                                 bool experts_streamed, struct gpu_layer *l) {
     const uint32_t experts_resident = plan->experts_resident[layer];
     const uint32_t lent = plan->experts_lent ? plan->experts_lent[layer] : 0;
-    const bool one_call = plan->one_expert_call;
     CORE_TRY(vector(g, w->ffn_norm, &l->ffn_norm));
     CORE_TRY(vector(g, w->gate_inp_shexp, &l->gate_inp_shexp));
     CORE_TRY(bind_matrix(g, w->ffn_gate, resident, &l->ffn_gate));
@@ -205,7 +204,7 @@ static pshard_status upload_ffn(struct exec_gpu *g, const struct plan *plan, uin
             CORE_TRY(host_matrix(w->gate_exps, &l->moe_host.gate));
             CORE_TRY(host_matrix(w->up_exps, &l->moe_host.up));
             CORE_TRY(host_matrix(w->down_exps, &l->moe_host.down));
-            if (one_call && (experts_resident > 0 || lent > 0) && experts_resident < hp->n_expert)
+            if ((experts_resident > 0 || lent > 0) && experts_resident < hp->n_expert)
                 CORE_TRY(expert_tables(g, plan, w, shard, experts_resident, lent, l));
         }
     }

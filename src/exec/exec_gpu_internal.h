@@ -14,7 +14,7 @@ struct gpu_layer {
     struct cuda_matrix wq, wk, wv, wo, ffn_gate, ffn_up, ffn_down, gate_inp, gate_shexp, up_shexp, down_shexp;
     struct cuda_moe moe;      /* the resident experts [0, r): a VRAM copy of that range */
     struct cuda_moe moe_host; /* every expert, read in place from host memory */
-    struct cuda_moe moe_all;  /* plan.one_expert_call: every expert through tables of where it is,
+    struct cuda_moe moe_all;  /* one call: every expert through tables of where it is,
                                  the resident ones in VRAM, the rest in host memory */
     const uint8_t *mask_resident;           /* [n_expert]: experts [0, r) */
     const uint8_t *mask_streamed[PLAN_TIERS]; /* [n_expert]: [r, experts_gpu) of the tier */

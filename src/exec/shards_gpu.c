@@ -521,8 +521,10 @@ static pshard_status replay_handoffs(struct exec_ctx *ctx, struct exec_gpu *g, c
     return PSHARD_OK;
 }
 
-/* An MoE layer's experts on the GPU in calls of their own: the resident ones from VRAM, then
- * the streamed ones (read in place, by range or by the routing, or staged through the ring). */
+/* An MoE layer's experts on the GPU where they do not run as one call (moe_shard): in a ring
+ * tier the resident ones from VRAM, then the pieces staged through the ring; elsewhere those of
+ * a layer with none resident nor lent, read in place (by range or by the routing), or those of a
+ * step that reads none in place. */
 static pshard_status experts_apart(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t index, int il,
                                    const struct plan_tier *tier, int64_t n, bool routed, uint64_t touched) {
     const struct model_hparams *hp = &ctx->model->hp;

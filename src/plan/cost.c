@@ -402,11 +402,11 @@ static double hypergeometric(double E, double among, int k, int hit) {
     return exp(log_choose(among, hit) + log_choose(E - among, k - hit) - log_choose(E, k));
 }
 
-/* Whether an MoE layer's resident and streamed experts run as one call (plan.one_expert_call:
- * where some are resident and some not, outside ring tiers). */
+/* Whether an MoE layer's resident and streamed experts run as one call, rather than a call of
+ * each (where some are resident and some not, outside ring tiers). */
 static bool one_expert_call(const struct walk *w, const struct shard *s) {
     const uint32_t r = plan_experts_vram(w->p, w->t, s->layer);
-    return w->p->one_expert_call && r > 0 && r < s->n_expert && !w->t->ring;
+    return r > 0 && r < s->n_expert && !w->t->ring;
 }
 
 /* The expert kernel reading `bytes` of experts in place in a step of n tokens; one token's call

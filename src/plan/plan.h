@@ -87,7 +87,6 @@ enum { PLAN_MAX_ROUTED = 16 };
 struct plan_options {
     bool no_split_ffn;       /* dynamic tiers stream dense FFNs whole: split_ffn off */
     bool no_stage_static;    /* static tiers read streamed attention in place: stage_static off */
-    bool no_one_expert_call; /* resident and streamed experts in two calls: one_expert_call off */
     bool no_kv_stream;       /* no KV up through the ring: kv_stream off */
     bool no_long_decode;     /* decode over long caches keeps the short ones' set: long_decode off */
     int32_t decode_from;     /* with a decode set asked for, decode over it from this many cells on
@@ -185,11 +184,9 @@ struct plan {
     /* Per layer: experts [r, r + experts_lent) of an MoE shard (r resident) among the ring's last
      * units, which tiers without the ring read from their slots too (plan_experts_vram). An MoE
      * shard's pieces then go through the ring from its highest experts down, so the last pieces
-     * of a layer are those just past its resident ones. NULL for a dense model, or with
-     * plan_request.one_expert_call off. */
+     * of a layer are those just past its resident ones. NULL for a dense model. */
     uint32_t *experts_lent;
     bool any_gpu, any_cpu_attention;
-    bool one_expert_call; /* the GPU's experts of an MoE layer, resident and streamed, in one call */
     struct plan_kernels kernels; /* as plan_gpu_costs gave them */
     struct plan_budget budget;
     /* auto: what was weighed and what each tier was predicted to take (seconds per step) */

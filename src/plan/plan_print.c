@@ -296,10 +296,10 @@ void plan_print(const struct plan *p, const struct model *m, bool every_shard, F
         fprintf(out, " %.3f s to the first token, then %.1f tokens/s\n", p->predicted_ttft,
                 p->predicted_decode > 0 ? 1 / p->predicted_decode : 0);
     }
-    if (p->n_expert)
+    if (p->n_expert) {
         plan_note(out, "(MoE shards on the GPU: experts resident/streamed/on the CPU; router and shared parts resident)");
-    if (p->n_expert && p->one_expert_call)
         plan_note(out, "(an MoE layer's resident and streamed experts are computed in one call)");
+    }
     const struct plan_tier *decode = &p->tier[PLAN_TIER_DECODE];
     if (decode->routed) {
         const int k = (int)m->hp.n_expert_used;

@@ -302,9 +302,8 @@ static bool alloc_plan(const struct model *model, const struct plan_request *req
     out->kv_gpu = calloc(nl, sizeof *out->kv_gpu);
     out->experts_resident = calloc(nl, sizeof *out->experts_resident);
     out->lent = calloc(ns, sizeof *out->lent);
-    const bool lend_experts = req->one_expert_call && model->hp.n_expert;
-    out->experts_lent = lend_experts ? calloc(nl, sizeof *out->experts_lent) : NULL;
-    bool ok = out->kv_gpu && out->experts_resident && out->lent && (out->experts_lent || !lend_experts);
+    out->experts_lent = model->hp.n_expert ? calloc(nl, sizeof *out->experts_lent) : NULL;
+    bool ok = out->kv_gpu && out->experts_resident && out->lent && (out->experts_lent || !model->hp.n_expert);
     for (int t = 0; t < PLAN_TIERS; t++) {
         out->tier[t].shard = calloc(ns, sizeof *out->tier[t].shard);
         out->tier[t].experts_gpu = calloc(nl, sizeof *out->tier[t].experts_gpu);
@@ -572,7 +571,6 @@ pshard_status plan_build(const struct model *model, const struct plan_request *r
     out->n_batch = req->n_batch;
     out->n_ctx = req->n_ctx;
     out->n_decode = typical_generated(req);
-    out->one_expert_call = req->one_expert_call;
     out->kernels = costs->kernels;
     struct profile defaults;
     const struct profile *prof = plan_profile(req->profile, &defaults);

@@ -32,10 +32,6 @@ struct plan_request {
                              experts not resident; plan_options, for tests and comparison); NULL:
                              the cost model's */
     int routed_quota_count;      /* entries given after [0] */
-    bool one_expert_call; /* a layer's resident and streamed experts in one expert call (tables of
-                             each expert's place) rather than two, resident ones first; tiers
-                             without the ring then read the MoE pieces among the ring's last units
-                             from their slots too (plan.experts_lent) */
     bool phases;          /* auto, one sequence: decode steps may run a plan of their own over
                              another resident set (plan.decode) */
     int32_t decode_set;   /* phases: -1 as the planner weighs; else decode steps over this set

@@ -10,9 +10,8 @@ slots (MoE expert pieces too) to tiers without the ring, static tiers stage the 
 static plan over the all-KV set at a budget that streams attention covers it), and dynamic tiers
 split tiny-llama's FFNs by rows with the CPU; PSHARD_STAGE_STATIC=0 and PSHARD_SPLIT_FFN=0 in
 the environment turn the last two off, PSHARD_ROUTED_QUOTA=0,1 has the balanced
-dynamic tiers' one-token steps give the CPU a share of each token's experts, and
-and PSHARD_ONE_EXPERT_CALL=0 computes an MoE layer's resident and streamed experts in two calls
-rather than one (ctest runs each so too). Auto plans whose decode steps run over another resident set than
+dynamic tiers' one-token steps give the CPU a share of each token's experts (ctest runs each so
+too); an MoE layer's resident and streamed experts run in one call. Auto plans whose decode steps run over another resident set than
 their prompt steps (--decode-set, each set that differs from the prompt's) change phase between
 steps of a mixed run (20, 3, 1, 17 and 5 tokens in turn: the KV cache moves both ways) and between
 a prompt of more than 16 tokens and its continuation; the arena stays the budget. With

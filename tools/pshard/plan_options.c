@@ -51,7 +51,6 @@ pshard_status cli_plan_options(struct plan_options *o) {
     *o = (struct plan_options){
         .no_split_ffn = turned_off("PSHARD_SPLIT_FFN"),
         .no_stage_static = turned_off("PSHARD_STAGE_STATIC"),
-        .no_one_expert_call = turned_off("PSHARD_ONE_EXPERT_CALL"),
         .no_kv_stream = turned_off("PSHARD_KV_STREAM"),
         .no_long_decode = turned_off("PSHARD_LONG_DECODE"),
         .trace_handoffs = getenv("PSHARD_TRACE_HANDOFFS") != NULL,
