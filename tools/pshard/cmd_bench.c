@@ -22,9 +22,8 @@
  * fall on cores), more than most close calls, so one load would decide such a pair by chance. The
  * loads go in rounds whose order alternates (the first pass's order reversed, then as it was), so
  * a machine that drifts over the minutes favours no plan; and every contender takes part, since
- * one timed only in the first pass would be compared across minutes (qwen30b at 2 GB on the H200:
- * plans ran up to twice as slow in the rounds as in the first pass, and one timed once there
- * came out 17% faster than the median of the choice, retimed beside one other plan). Around each
+ * one timed only in the first pass would be compared across minutes (plans have run up to twice
+ * as slow in the rounds as in the first pass: bench/RESULTS.md, "Oracle"). Around each
  * configuration the host's read speed is measured as the profile measured it, and before it the
  * CPU's figures that follow host memory are timed again, all recorded with its rows (--cpu-now
  * weighs its plans with those figures): the profile is one moment of a host whose speed drifts. */
