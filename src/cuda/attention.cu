@@ -5,11 +5,11 @@
  * the CPU does) . k in f32, times the scale; probabilities use expf. Any batch: each token
  * has its own sequence and position, its cells found through the sequence's blocks. */
 #include "cuda/cuda_internal.cuh"
+#include "cuda/cuda_sizes.h"
 
 #include <math.h>
 
-enum { AD_THREADS = 128, AD_WARPS = AD_THREADS / 32, AD_TILE = AD_THREADS, AD_MIN_SPLIT = 64, AD_MAX_GROUP = 16,
-       AD_TARGET_BLOCKS = 512 };
+enum { AD_THREADS = 128, AD_WARPS = AD_THREADS / 32, AD_TILE = AD_THREADS, AD_MAX_GROUP = 16 };
 
 struct ad_args {
     const float *q;
@@ -190,25 +190,6 @@ __global__ void attn_combine_kernel(const float *part_o, const float *part_ml, i
     }
 }
 
-/* Slices: enough blocks to fill the GPU, none shorter than AD_MIN_SPLIT cells. */
-static void decode_split(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len, int *n_splits,
-                         int *split_len) {
-    const int64_t per_split = (int64_t)a->n_head_kv * n_tokens;
-    int64_t splits = ceil_div(AD_TARGET_BLOCKS, per_split);
-    const int64_t max_splits = ceil_div(max_kv_len > 0 ? max_kv_len : 1, AD_MIN_SPLIT);
-    if (splits > max_splits) splits = max_splits;
-    if (splits < 1) splits = 1;
-    *split_len = (int)(ceil_div(ceil_div(max_kv_len > 0 ? max_kv_len : 1, splits), AD_MIN_SPLIT) * AD_MIN_SPLIT);
-    *n_splits = (int)ceil_div(max_kv_len > 0 ? max_kv_len : 1, *split_len);
-}
-
-extern "C" size_t cuda_attention_decode_work_bytes(const struct cuda_attn_shape *a, int64_t n_tokens,
-                                                   int32_t max_kv_len) {
-    int n_splits, split_len;
-    decode_split(a, n_tokens, max_kv_len, &n_splits, &split_len);
-    return (size_t)n_tokens * (size_t)a->n_head * (size_t)n_splits * (size_t)(a->head_v + 2) * sizeof(float);
-}
-
 extern "C" pshard_status cuda_attention_decode(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv,
                                                const float *q, const int32_t *seq, const int32_t *pos,
                                                int64_t n_tokens, int32_t max_kv_len, float *out, void *work,
@@ -231,7 +212,7 @@ extern "C" pshard_status cuda_attention_decode(const struct cuda_attn_shape *a, 
     p.n_head = a->n_head, p.n_head_kv = a->n_head_kv, p.head_k = a->head_k, p.head_v = a->head_v;
     p.group = a->n_head / a->n_head_kv;
     p.scale = a->scale;
-    decode_split(a, n_tokens, max_kv_len, &p.n_splits, &p.split_len);
+    cuda_decode_split(a, n_tokens, max_kv_len, &p.n_splits, &p.split_len);
     float *part = (float *)work;
     p.part_o = part;
     p.part_ml = part + (size_t)n_tokens * a->n_head * p.n_splits * a->head_v;

@@ -8,15 +8,15 @@
  * cache), the cache is split into slices, a block per slice, and the decode kernel's merge
  * combines them (flash-decoding). */
 #include "cuda/cuda_internal.cuh"
+#include "cuda/cuda_sizes.h"
 
 #include <math.h>
 #include <mma.h>
 
 using namespace nvcuda;
 
-enum { AP_Q = CUDA_PREFILL_Q_ROWS, AP_KV = CUDA_KV_TILE, AP_THREADS = 128, AP_MAX_HEAD = CUDA_PREFILL_MAX_HEAD, SP = AP_KV + 4, PP = AP_KV + 8,
-       AP_TARGET_BLOCKS = 256, /* two blocks (of ~112 KB of shared memory) on each of ~128 SMs */
-       AP_MIN_SPLIT = 512 };   /* cells a slice walks at the least */
+enum { AP_Q = CUDA_PREFILL_Q_ROWS, AP_KV = CUDA_KV_TILE, AP_THREADS = 128, AP_MAX_HEAD = CUDA_PREFILL_MAX_HEAD, SP = AP_KV + 4,
+       PP = AP_KV + 8 };
 
 struct ap_args {
     const float *q;
@@ -177,40 +177,6 @@ __global__ void __launch_bounds__(AP_THREADS) attn_prefill_kernel(const ap_args 
     }
 }
 
-/* Slices of the cache for a step of n tokens over up to max_kv_len cells: as many as bring the
- * tiles' blocks to AP_TARGET_BLOCKS, none shorter than AP_MIN_SPLIT cells; one (no merge) from
- * 256 tokens on with 32 heads. */
-static void prefill_split(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len, int *n_splits,
-                          int *split_len) {
-    const int64_t blocks = ceil_div(n_tokens > 0 ? n_tokens : 1, AP_Q) * a->n_head;
-    const int64_t kv = max_kv_len > 0 ? max_kv_len : 1;
-    int64_t splits = ceil_div(AP_TARGET_BLOCKS, blocks);
-    if (splits > kv / AP_MIN_SPLIT) splits = kv / AP_MIN_SPLIT;
-    if (splits < 1) splits = 1;
-    *split_len = (int)(ceil_div(ceil_div(kv, splits), AP_KV) * AP_KV);
-    *n_splits = (int)ceil_div(kv, *split_len);
-}
-
-static size_t split_bytes(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len) {
-    int n_splits, split_len;
-    prefill_split(a, n_tokens, max_kv_len, &n_splits, &split_len);
-    if (n_splits < 2) return 0;
-    return (size_t)n_tokens * (size_t)a->n_head * (size_t)n_splits * (size_t)(a->head_v + 2) * sizeof(float);
-}
-
-extern "C" size_t cuda_attention_prefill_work_bytes(const struct cuda_attn_shape *a, int64_t n_tokens,
-                                                    int32_t max_kv_len) {
-    /* The slices depend on the count of tiles: each count's most tokens, until one slice. */
-    size_t most = 0;
-    for (int64_t tiles = 1; tiles * AP_Q < n_tokens + AP_Q; tiles++) {
-        const int64_t n = tiles * AP_Q < n_tokens ? tiles * AP_Q : n_tokens;
-        const size_t bytes = split_bytes(a, n, max_kv_len);
-        if (bytes == 0) break;
-        most = bytes > most ? bytes : most;
-    }
-    return most;
-}
-
 extern "C" pshard_status cuda_attention_prefill(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv,
                                                 const float *q, int32_t seq, const int32_t *pos, int64_t n_tokens,
                                                 int32_t max_kv_len, float *out, void *work, size_t work_bytes,
@@ -220,7 +186,7 @@ extern "C" pshard_status cuda_attention_prefill(const struct cuda_attn_shape *a,
     CUDA_ARG(n_tokens < (1 << 30), "prefill attention: %lld tokens", (long long)n_tokens);
     CUDA_ARG(kv->block_cells > 0 && kv->block_cells % AP_KV == 0, "prefill attention: blocks of %d cells (a multiple of %d)",
              kv->block_cells, (int)AP_KV);
-    CUDA_ARG(!work || work_bytes >= split_bytes(a, n_tokens, max_kv_len), "prefill attention: work buffer too small");
+    CUDA_ARG(!work || work_bytes >= cuda_prefill_split_bytes(a, n_tokens, max_kv_len), "prefill attention: work buffer too small");
     if (n_tokens == 0) return PSHARD_OK;
     ap_args p = {};
     p.q = q;
@@ -234,7 +200,7 @@ extern "C" pshard_status cuda_attention_prefill(const struct cuda_attn_shape *a,
     p.n_head = a->n_head, p.group = a->n_head / a->n_head_kv, p.head_k = a->head_k, p.head_v = a->head_v;
     p.scale = a->scale;
     p.out = out;
-    prefill_split(a, n_tokens, max_kv_len, &p.n_splits, &p.split_len);
+    cuda_prefill_split(a, n_tokens, max_kv_len, &p.n_splits, &p.split_len);
     if (!work) p.n_splits = 1, p.split_len = 0; /* no room for slices: one block walks the cache */
     if (p.n_splits > 1) {
         p.part_o = (float *)work;

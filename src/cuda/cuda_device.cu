@@ -228,23 +228,3 @@ int cuda_block_bytes(enum quant_type type) {
 
 extern "C" bool cuda_type_supported(enum quant_type type) { return cuda_block_elems(type) != 0; }
 
-extern "C" enum quant_type cuda_act_type(enum quant_type weight_type) {
-    switch (weight_type) {
-    case QUANT_F32: return QUANT_F32;
-    case QUANT_F16: return QUANT_F16;
-    case QUANT_BF16: return QUANT_BF16;
-    case QUANT_Q2_K: case QUANT_Q3_K: case QUANT_Q4_K: case QUANT_Q5_K: case QUANT_Q6_K: return QUANT_Q8_K;
-    default: return QUANT_Q8_1;
-    }
-}
-
-extern "C" size_t cuda_act_row_bytes(enum quant_type act_type, int64_t n_cols) {
-    switch (act_type) {
-    case QUANT_F32: return (size_t)n_cols * 4;
-    case QUANT_F16: case QUANT_BF16: return (size_t)n_cols * 2;
-    case QUANT_Q8_0: return (size_t)(n_cols / 32) * 34;
-    case QUANT_Q8_1: return (size_t)(n_cols / 32) * 36;
-    case QUANT_Q8_K: return (size_t)(n_cols / 256) * 292;
-    default: return 0;
-    }
-}

@@ -4,8 +4,9 @@
 #define CUDA_GEMM_CUH
 
 #include "cuda/cuda_internal.cuh"
+#include "cuda/cuda_sizes.h"
 
-enum { GEMM_TILE_M = 64, GEMM_TILE_N = 128 };
+enum { GEMM_TILE_M = CUDA_GEMM_TILE_M, GEMM_TILE_N = 128 };
 
 struct gemm_args {
     const uint8_t *w;       /* the matrix, or expert 0 of a 3-D expert tensor */

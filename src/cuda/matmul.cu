@@ -5,7 +5,7 @@
  * are, except F16 weights read in place, which are copied in chunks first: see copy_first). */
 #include "cuda/gemm.cuh"
 
-enum { MIN_CHUNK_ROWS = 256 };
+enum { MIN_CHUNK_ROWS = CUDA_MATMUL_CHUNK_ROWS };
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
@@ -19,16 +19,6 @@ static enum cuda_gemm_path pick_path(const struct cuda_ctx *ctx) {
  * mapping slower than a copy kernel does (bench/RESULTS.md), so they are copied into the work
  * buffer in chunks, each multiplied there. */
 static bool copy_first(const struct cuda_matrix *m) { return m->type == QUANT_F16 && m->in_place; }
-
-extern "C" size_t cuda_matmul_work_bytes(const struct cuda_matrix *m, int64_t n_tokens) {
-    if (m->type == QUANT_F32) return 0; /* the activations read as they are */
-    if (n_tokens <= CUDA_MATVEC_MAX_TOKENS)
-        return align256(cuda_act_row_bytes(cuda_act_type(m->type), m->n_cols) * (size_t)n_tokens);
-    const size_t x16 = align256((size_t)n_tokens * (size_t)m->n_cols * 2);
-    if (m->type == QUANT_BF16) return x16; /* cuBLAS reads BF16 as it is; F16 keeps room for copy_first */
-    const int64_t rows = m->n_rows < (int64_t)MIN_CHUNK_ROWS ? m->n_rows : (int64_t)MIN_CHUNK_ROWS;
-    return x16 + align256((size_t)rows * (size_t)m->n_cols * 2);
-}
 
 static pshard_status blas_gemm(struct cuda_ctx *ctx, cudaDataType type, const void *w, int w_stride, const void *x,
                                int rows, int n_tokens, int n_cols, float *y, int64_t y_stride, cudaStream_t st) {

@@ -196,45 +196,26 @@ struct moe_work {
     size_t bytes;
 };
 
-static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
-
-/* Whether a step's expert groups run on the tiled GEMM (else the matrix-vector kernel). */
-static bool moe_tiled(const struct cuda_moe *m, int64_t n_tokens) {
-    return n_tokens > (m->matvec_max_tokens > 0 ? m->matvec_max_tokens : cuda_moe_matvec_max_tokens(m->n_expert, m->k));
-}
-
-/* Carve the work buffer (or, with base NULL, just measure it). */
+/* Carve the work buffer at base (cuda_moe_layout's parts; base NULL: every pointer NULL). */
 static moe_work moe_layout(const struct cuda_moe *m, int64_t n_tokens, uint8_t *base) {
+    const struct cuda_moe_layout L = cuda_moe_layout(m, n_tokens);
+    auto at = [&](size_t offset) { return base && offset != CUDA_NO_PART ? base + offset : nullptr; };
     moe_work w = {};
-    const int64_t pairs = n_tokens * m->k, n_embd = m->gate.n_cols, n_ff = m->gate.n_rows, E = m->n_expert;
-    const int64_t tiles = ceil_div(pairs, GEMM_TILE_M) + (E < pairs ? E : pairs);
-    const bool gemm = moe_tiled(m, n_tokens);
-    size_t at = 0;
-    auto take = [&](size_t bytes) { uint8_t *p = base ? base + at : nullptr; at += align256(bytes); return p; };
-    w.g.expert_start = (int32_t *)take(4 * (size_t)(E + 1));
-    w.g.active = (int32_t *)take(4 * (size_t)E);
-    w.g.n_active = (int32_t *)take(4);
-    w.g.n_tiles = (int32_t *)take(4);
-    w.g.tile_expert = (int32_t *)take(4 * (size_t)tiles);
-    w.g.tile_start = (int32_t *)take(4 * (size_t)tiles);
-    w.g.pairs = (int32_t *)take(4 * (size_t)pairs);
-    w.gate_out = (float *)take(4 * (size_t)(pairs * n_ff));
-    w.up_out = (float *)take(4 * (size_t)(pairs * n_ff));
-    w.down_out = (float *)take(4 * (size_t)(pairs * m->down.n_rows));
-    if (gemm) {
-        w.x_act = take(2 * (size_t)(n_tokens * n_embd));
-        w.h_act = take(2 * (size_t)(pairs * n_ff));
-    } else {
-        w.x_act = take(cuda_act_row_bytes(cuda_act_type(m->gate.type), n_embd) * (size_t)n_tokens);
-        w.x_act_up = take(cuda_act_row_bytes(cuda_act_type(m->up.type), n_embd) * (size_t)n_tokens);
-        w.h_act = take(cuda_act_row_bytes(cuda_act_type(m->down.type), n_ff) * (size_t)pairs);
-    }
-    w.bytes = at;
+    w.g.expert_start = (int32_t *)at(L.expert_start);
+    w.g.active = (int32_t *)at(L.active);
+    w.g.n_active = (int32_t *)at(L.n_active);
+    w.g.n_tiles = (int32_t *)at(L.n_tiles);
+    w.g.tile_expert = (int32_t *)at(L.tile_expert);
+    w.g.tile_start = (int32_t *)at(L.tile_start);
+    w.g.pairs = (int32_t *)at(L.pairs);
+    w.gate_out = (float *)at(L.gate_out);
+    w.up_out = (float *)at(L.up_out);
+    w.down_out = (float *)at(L.down_out);
+    w.x_act = at(L.x_act);
+    w.x_act_up = at(L.x_act_up);
+    w.h_act = at(L.h_act);
+    w.bytes = L.bytes;
     return w;
-}
-
-extern "C" size_t cuda_moe_work_bytes(const struct cuda_moe *m, int64_t n_tokens) {
-    return moe_layout(m, n_tokens, NULL).bytes;
 }
 
 /* One projection of every active expert: matrix mat (3-D, or the pointer table) over the
@@ -243,7 +224,7 @@ static pshard_status expert_matmul(const struct cuda_moe *m, const struct cuda_m
                                    const moe_work &w, int64_t n_tokens, const uint8_t *act, int act_div, float *y,
                                    cudaStream_t st) {
     const int64_t pairs = n_tokens * m->k;
-    if (!moe_tiled(m, n_tokens)) {
+    if (!cuda_moe_tiled(m, n_tokens)) {
         mv_args a = {};
         a.w = (const uint8_t *)mat->data;
         a.row_bytes = mat->row_bytes;
@@ -307,7 +288,7 @@ static size_t fused_h_row_bytes(const struct cuda_moe *m) {
 
 /* Whether a step of n_tokens takes the fused kernels. */
 static bool moe_fused(const struct cuda_moe *m, int64_t n_tokens) {
-    return n_tokens <= CUDA_MOE_FUSED_MAX_TOKENS && n_tokens <= CUDA_MATVEC_MAX_TOKENS && !moe_tiled(m, n_tokens) &&
+    return n_tokens <= CUDA_MOE_FUSED_MAX_TOKENS && n_tokens <= CUDA_MATVEC_MAX_TOKENS && !cuda_moe_tiled(m, n_tokens) &&
            m->gate.type == m->up.type && m->k <= FUSED_MAX_K && load_unit(&m->gate, m->gate_ptrs) &&
            load_unit(&m->up, m->up_ptrs) && load_unit(&m->down, m->down_ptrs) &&
            (size_t)m->k * fused_h_row_bytes(m) <= FUSED_H_SMEM;
@@ -382,7 +363,7 @@ static pshard_status moe_ffn(const struct cuda_moe *m, const float *x, const int
     if (may_fuse && moe_fused(m, n_tokens)) return moe_ffn_fused(m, x, ids, weights, n_tokens, out, accumulate, w, s);
     group_kernel<<<1, GROUP_THREADS, 0, st>>>(ids, m->expert_mask, (int)pairs, m->n_expert, w.g);
     CUDA_TRY_LAUNCH("moe group");
-    const bool gemm = moe_tiled(m, n_tokens);
+    const bool gemm = cuda_moe_tiled(m, n_tokens);
     if (gemm) {
         CORE_TRY(cuda_quantize(QUANT_F16, x, n_embd, n_tokens, w.x_act, s));
         CORE_TRY(expert_matmul(m, &m->gate, m->gate_ptrs, w, n_tokens, w.x_act, m->k, w.gate_out, st));

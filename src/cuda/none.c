@@ -138,8 +138,6 @@ pshard_status cuda_host_alloc(size_t bytes, struct cuda_pinned *out) {
 void cuda_pinned_release(struct cuda_pinned *p) { memset(p, 0, sizeof *p); }
 
 bool cuda_type_supported(enum quant_type type) { (void)type; return false; }
-enum quant_type cuda_act_type(enum quant_type weight_type) { return weight_type; }
-size_t cuda_act_row_bytes(enum quant_type act_type, int64_t n_cols) { (void)act_type, (void)n_cols; return 0; }
 
 pshard_status cuda_quantize(enum quant_type act_type, const float *x, int64_t n_cols, int64_t n_rows, void *out,
                             cuda_stream s) {
@@ -156,7 +154,6 @@ pshard_status cuda_matvec_each(const struct cuda_matrix *const *m, int count, co
     (void)m, (void)count, (void)acts, (void)n_tokens, (void)y, (void)accumulate, (void)s;
     return no_cuda();
 }
-size_t cuda_matmul_work_bytes(const struct cuda_matrix *m, int64_t n_tokens) { (void)m, (void)n_tokens; return 0; }
 pshard_status cuda_matmul(struct cuda_ctx *ctx, const struct cuda_matrix *m, const float *x, int64_t n_tokens,
                           float *y, int64_t y_stride, void *work, size_t work_bytes, cuda_stream s) {
     (void)ctx, (void)m, (void)x, (void)n_tokens, (void)y, (void)y_stride, (void)work, (void)work_bytes, (void)s;
@@ -210,20 +207,12 @@ pshard_status cuda_kv_store(const struct cuda_kv_layer *kv, const float *k, cons
     (void)kv, (void)k, (void)v, (void)k_width, (void)v_width, (void)seq, (void)pos, (void)n_tokens, (void)s;
     return no_cuda();
 }
-size_t cuda_attention_decode_work_bytes(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len) {
-    (void)a, (void)n_tokens, (void)max_kv_len;
-    return 0;
-}
 pshard_status cuda_attention_decode(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv, const float *q,
                                     const int32_t *seq, const int32_t *pos, int64_t n_tokens, int32_t max_kv_len,
                                     float *out, void *work, size_t work_bytes, cuda_stream s) {
     (void)a, (void)kv, (void)q, (void)seq, (void)pos, (void)n_tokens, (void)max_kv_len, (void)out, (void)work;
     (void)work_bytes, (void)s;
     return no_cuda();
-}
-size_t cuda_attention_prefill_work_bytes(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len) {
-    (void)a, (void)n_tokens, (void)max_kv_len;
-    return 0;
 }
 pshard_status cuda_attention_prefill(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv, const float *q,
                                      int32_t seq, const int32_t *pos, int64_t n_tokens, int32_t max_kv_len, float *out,
@@ -259,7 +248,6 @@ pshard_status cuda_moe_routed_mask(const int32_t *ids, int k, int first, const u
     return no_cuda();
 }
 bool cuda_moe_fuses(const struct cuda_moe *m, int64_t n_tokens) { (void)m, (void)n_tokens; return false; }
-size_t cuda_moe_work_bytes(const struct cuda_moe *m, int64_t n_tokens) { (void)m, (void)n_tokens; return 0; }
 pshard_status cuda_moe_ffn(const struct cuda_moe *m, const float *x, const int32_t *ids, const float *weights,
                            int64_t n_tokens, float *out, bool accumulate, void *work, size_t work_bytes,
                            cuda_stream s) {
