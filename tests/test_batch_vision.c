@@ -257,16 +257,7 @@ static void test_prepared_images(void **state) {
 }
 
 int main(void) {
-    const char *build = getenv("PSHARD_BUILD_DIR");
-    snprintf(lm_path, sizeof lm_path, "/tmp/pshard-test-batch-vision-%d.gguf", (int)getpid());
-    snprintf(mmproj_path, sizeof mmproj_path, "/tmp/pshard-test-batch-vision-%d-mmproj.gguf", (int)getpid());
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "'%s/gguf-synth' --shape tiny-qwen25vl --quiet -o '%s' && '%s/gguf-synth' --shape "
-             "tiny-qwen25vl-mmproj --quiet -o '%s'", build ? build : ".", lm_path, build ? build : ".", mmproj_path);
-    if (system(cmd) != 0) {
-        fprintf(stderr, "cannot make the tiny pair with gguf-synth (PSHARD_BUILD_DIR)\n");
-        return 1;
-    }
+    if (test_synth_vision_pair("batch-vision", lm_path, sizeof lm_path, mmproj_path, sizeof mmproj_path) != 0) return 1;
     void *bytes[N_IMAGES];
     for (int i = 0; i < N_IMAGES; i++) {
         size_t size;

@@ -21,6 +21,7 @@
 #include "plan/planner.h"
 #include "plan/profile.h"
 #include "vision/preprocess.h"
+#include "test_helpers.h"
 
 static char lm_path[256], mmproj_path[256];
 static struct gguf_file *lm_file, *mm_file;
@@ -31,15 +32,11 @@ static const struct plan_gpu_costs costs = {64 << 10, 64 << 10, 0, 1 << 20, 1 <<
 
 static int setup(void **state) {
     (void)state;
-    const char *build = getenv("PSHARD_BUILD_DIR");
-    snprintf(lm_path, sizeof lm_path, "/tmp/pshard-test-cost-vision-%d.gguf", (int)getpid());
-    snprintf(mmproj_path, sizeof mmproj_path, "/tmp/pshard-test-cost-vision-%d-mmproj.gguf", (int)getpid());
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "'%s/gguf-synth' --shape tiny-qwen25vl --quiet -o '%s' && '%s/gguf-synth' --shape "
-             "tiny-qwen25vl-mmproj --quiet -o '%s'", build ? build : ".", lm_path, build ? build : ".", mmproj_path);
-    if (system(cmd) != 0 || gguf_open(lm_path, &lm_file) != PSHARD_OK || model_load(lm_file, &lm) != PSHARD_OK ||
+    if (test_synth_vision_pair("cost-vision", lm_path, sizeof lm_path, mmproj_path, sizeof mmproj_path) != 0)
+        return -1;
+    if (gguf_open(lm_path, &lm_file) != PSHARD_OK || model_load(lm_file, &lm) != PSHARD_OK ||
         gguf_open(mmproj_path, &mm_file) != PSHARD_OK || mmproj_load(mm_file, &mm) != PSHARD_OK) {
-        fprintf(stderr, "cannot make the tiny pair with gguf-synth (PSHARD_BUILD_DIR): %s\n", pshard_last_error());
+        fprintf(stderr, "cannot read the tiny pair: %s\n", pshard_last_error());
         return -1;
     }
     return 0;

@@ -358,10 +358,10 @@ static pshard_status staged_experts(struct exec_ctx *ctx, struct exec_gpu *g, ui
                                     uint32_t end) {
     const struct gpu_layer *l = &g->layers[il];
     const uint32_t piece = ctx->active->piece_experts, r = ctx->active->experts_resident[il];
-    /* (in the ring's order: from the highest piece down where the plan lends experts) */
+    /* (in the ring's order: from the highest piece down) */
     const uint32_t pieces = (end - r + piece - 1) / piece;
     for (uint32_t p = 0; p < pieces; p++) {
-        const uint32_t first = r + (ctx->active->experts_lent ? pieces - 1 - p : p) * piece;
+        const uint32_t first = r + (pieces - 1 - p) * piece;
         uint8_t *slot;
         CORE_TRY(ring_acquire(ctx, g, index, first, &slot));
         uintptr_t base[3];

@@ -148,9 +148,9 @@ uint32_t plan_ring_units(const struct plan *p, const struct model *m, const stru
             if (s->kind != SHARD_MOE) {
                 out[n] = (struct plan_unit){i, 0, 0};
             } else {
-                /* (lending experts: highest pieces first, so a layer's last pieces follow its
+                /* (highest pieces first, so a layer's last pieces, which may be lent, follow its
                  * resident experts) */
-                const uint32_t e = p->experts_resident[s->layer] + (p->experts_lent ? units - 1 - u : u) * piece;
+                const uint32_t e = p->experts_resident[s->layer] + (units - 1 - u) * piece;
                 out[n] = (struct plan_unit){i, e, e + piece < s->n_expert ? e + piece : s->n_expert};
             }
         }

@@ -166,17 +166,24 @@ def test_plan_needs_a_budget(default_model):
     assert "--vram-budget SIZE is required" in proc.stderr and "0: the CPU alone" in proc.stderr, proc.stderr
 
 
-def test_plan_without_a_gpu_says_once_what_to_do(tmp_path):
-    """A CPU-only profile on a machine without a CUDA device prices no GPU step (inf): one note says
-    so and what the user can do instead; the profile line does not say it again."""
-    probe = pshard("plan", "-m", str(synth_qwen30b(tmp_path)), "--vram-budget", "2G", "--no-profile")
+def cpu_only_profile(model, directory):
+    """A profile measured without a GPU (the H200's, its GPU taken away), for plans on a machine that
+    has no CUDA device either; skips where one is here (its plans are priced)."""
+    probe = pshard("plan", "-m", model, "--vram-budget", "2G", "--no-profile")
     if "has no CUDA device" not in probe.stderr:
         pytest.skip("a CUDA device is here: its plans are priced")
     profile = json.load(open(os.path.join(os.path.dirname(__file__), "..", "data", "profile", "h200-qwen30b.json")))
     profile["has_gpu"] = False
-    cpu_only = tmp_path / "cpu-only.json"
+    cpu_only = directory / "cpu-only.json"
     cpu_only.write_text(json.dumps(profile))
-    proc = pshard("plan", "-m", str(tmp_path / "qwen30b.gguf"), "--vram-budget", "2G", "--profile", str(cpu_only))
+    return str(cpu_only)
+
+
+def test_plan_without_a_gpu_says_once_what_to_do(tmp_path):
+    """A CPU-only profile on a machine without a CUDA device prices no GPU step (inf): one note says
+    so and what the user can do instead; the profile line does not say it again."""
+    model = str(synth_qwen30b(tmp_path))
+    proc = pshard("plan", "-m", model, "--vram-budget", "2G", "--profile", cpu_only_profile(model, tmp_path))
     assert proc.returncode == 0, proc.stderr
     note = " ".join(proc.stderr.split())
     assert note.count("no CUDA device") == 1 and "not priced (inf)" in note, note
@@ -190,14 +197,7 @@ def test_plan_without_a_gpu_says_once_what_to_do(tmp_path):
 def test_plan_without_a_gpu_claims_no_placement(default_model, tmp_path):
     """A model that fits the budget whole is planned all in VRAM whatever the profile: the note on
     the unpriced steps says what it means and what to do, and nothing about where the plan runs."""
-    probe = pshard("plan", "-m", default_model, "--vram-budget", "2G", "--no-profile")
-    if "has no CUDA device" not in probe.stderr:
-        pytest.skip("a CUDA device is here: its plans are priced")
-    profile = json.load(open(os.path.join(os.path.dirname(__file__), "..", "data", "profile", "h200-qwen30b.json")))
-    profile["has_gpu"] = False
-    cpu_only = tmp_path / "cpu-only.json"
-    cpu_only.write_text(json.dumps(profile))
-    proc = pshard("plan", "-m", default_model, "--vram-budget", "2G", "--profile", str(cpu_only))
+    proc = pshard("plan", "-m", default_model, "--vram-budget", "2G", "--profile", cpu_only_profile(default_model, tmp_path))
     assert proc.returncode == 0 and re.search(r"^plan gpu:", proc.stdout, re.M), proc.stdout
     note = " ".join(proc.stderr.split())
     assert note.count("not priced (inf)") == 1 and "--vram-budget 0" in note, note
