@@ -9,9 +9,12 @@
 # Usage: bench/h200_vision.sh OUT_DIR
 # Environment: PSHARD_BUILD (a Release build, default build); LLAMA_BIN (the folder holding
 # llama-mtmd-cli; without it only pshard runs); BUDGETS (default "2G 8G"); SIZES (default
-# "854x480 1280x720 1920x1080 2560x1440"); LM and MMPROJ (default /dev/shm/qwen25vl7b.gguf and
-# /dev/shm/qwen25vl7b-mmproj.gguf, written by gguf-synth if absent); N (tokens, default 128);
-# THREADS (default 16). Writes OUT_DIR/vision.txt (the table) and each case's log.
+# "854x480 1280x720 1920x1080 2560x1440"); LLAMA_VISION (where llama-mtmd-cli's encoder runs, by
+# budget: "gpu cpu" both, the default; "2G=cpu 8G=gpu" one each); LM and MMPROJ (default
+# /dev/shm/qwen25vl7b.gguf and /dev/shm/qwen25vl7b-mmproj.gguf, written by gguf-synth if absent);
+# N (tokens, default 128); CTX (both programs' context, default 8192: a 2560x1440 image is 4,641
+# tokens of Qwen2.5-VL); THREADS (default 16). Writes OUT_DIR/vision.txt (the table) and each
+# case's log; llama-mtmd-cli runs with `-lv 4`, where its library prints its timings.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$1
@@ -20,6 +23,7 @@ bin=${PSHARD_BUILD:-build}
 lm=${LM:-/dev/shm/qwen25vl7b.gguf}
 mmproj=${MMPROJ:-/dev/shm/qwen25vl7b-mmproj.gguf}
 n=${N:-128}
+ctx=${CTX:-8192}
 threads=${THREADS:-16}
 question="Describe this image in detail."
 [ -f "$lm" ] || "$bin/gguf-synth" --shape qwen25vl7b --type F16 -o "$lm" --quiet
@@ -47,6 +51,13 @@ PY
 done
 
 have_smi() { command -v nvidia-smi >/dev/null; }
+# vision_places BUDGET: where llama-mtmd-cli's encoder runs at that budget (LLAMA_VISION).
+vision_places() {
+  local spec=${LLAMA_VISION:-gpu cpu} item places=""
+  case $spec in *=*) ;; *) echo "$spec"; return ;; esac
+  for item in $spec; do [ "${item%%=*}" = "$1" ] && places="$places ${item#*=}"; done
+  echo "${places:-gpu cpu}"
+}
 mib() { case $1 in *G) echo $((${1%G} * 1024)) ;; *M) echo "${1%M}" ;; *) echo "$1" ;; esac; }
 
 # run_case NAME SIZE LOG COMMAND...: runs it with the driver's memory sampled; prints its row.
@@ -73,15 +84,21 @@ run_case() {
     for size in ${SIZES:-854x480 1280x720 1920x1080 2560x1440}; do
       img=$out/image_$size.png
       run_case "pshard $budget" "$size" "$out/pshard_${budget}_$size.log" "$bin/pshard" run -m "$lm" --mmproj "$mmproj" \
-        --image "$img" -p "$question" --vram-budget "$budget" --temp 0 --ignore-eos -n "$n" -t "$threads"
+        --image "$img" -p "$question" --vram-budget "$budget" --temp 0 --ignore-eos -n "$n" -c "$ctx" -t "$threads"
       if [ -n "${LLAMA_BIN:-}" ] && [ -x "$LLAMA_BIN/llama-mtmd-cli" ]; then
         free=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | head -1)
         fit=(--fit on --fit-target $((free - $(mib "$budget"))) --load-mode none)
-        common=(-m "$lm" --mmproj "$mmproj" --image "$img" -p "$question" -n "$n" --temp 0 --ignore-eos -t "$threads")
-        run_case "llama $budget, vision on GPU" "$size" "$out/llama_${budget}_$size.log" "$LLAMA_BIN/llama-mtmd-cli" \
-          "${common[@]}" "${fit[@]}"
-        run_case "llama $budget, vision on CPU" "$size" "$out/llama_cpu_${budget}_$size.log" "$LLAMA_BIN/llama-mtmd-cli" \
-          "${common[@]}" "${fit[@]}" --no-mmproj-offload
+        common=(-m "$lm" --mmproj "$mmproj" --image "$img" -p "$question" -n "$n" --temp 0 --ignore-eos -c "$ctx"
+          -t "$threads" -lv 4)
+        for where in $(vision_places "$budget"); do
+          if [ "$where" = gpu ]; then
+            run_case "llama $budget, vision on GPU" "$size" "$out/llama_${budget}_$size.log" "$LLAMA_BIN/llama-mtmd-cli" \
+              "${common[@]}" "${fit[@]}"
+          else
+            run_case "llama $budget, vision on CPU" "$size" "$out/llama_cpu_${budget}_$size.log" "$LLAMA_BIN/llama-mtmd-cli" \
+              "${common[@]}" "${fit[@]}" --no-mmproj-offload
+          fi
+        done
       fi
     done
   done

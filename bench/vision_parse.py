@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """One row of bench/h200_vision.sh's table from a case's log: `pshard run`'s report (TTFT, the
-image's encoding, prompt tokens, decode tokens/s) or llama-mtmd-cli's (its slices' encoding plus
+image's encoding, prompt tokens, decode tokens/s) or llama-mtmd-cli's (its images' encoding plus
 its prompt evaluation, which decodes the image's tokens too, as the time to the first token; its
-eval rate as decode).
+eval rate as decode; its library prints them at `-lv 4`).
 Usage: bench/vision_parse.py NAME IMAGE LOG WALL_SECONDS PEAK_MIB"""
 import re
 import sys
@@ -20,7 +20,9 @@ def pshard(text):
 
 
 def llama(text):
-    encode = sum(float(x) for x in re.findall(r"slice encoded in (\d+) ms", text)) or None
+    # its encoding: the CLI's batch of images (newer llama.cpp), else the library's slices
+    batches = re.findall(r"mtmd batch encoding done in (\d+) ms", text)
+    encode = sum(float(x) for x in batches or re.findall(r"slice encoded in (\d+) ms", text)) or None
     prompt_ms = number(r"prompt eval time =\s*([\d.]+) ms", text)
     return {"ttft": (encode or 0) + prompt_ms if prompt_ms is not None else None, "image": encode,
             "prompt": number(r"prompt eval time =\s*[\d.]+ ms /\s*(\d+) tokens", text, conv=int),

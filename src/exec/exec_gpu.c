@@ -578,12 +578,14 @@ static pshard_status pin_host_kv(struct exec_gpu *g, const struct exec_ctx *ctx)
     return cuda_host_register_writable(kv->v, sizeof(uint16_t) * cells * (size_t)kv->v_width, &g->kv_host[1]);
 }
 
-/* Both streams drained, the KV cells of the layers in VRAM copied to the host's cache (pinned
- * first, once) and the plan the arena holds forgotten, its allocation kept: steps are refused
- * (broken) until exec_gpu_fill. A failure before the plan is forgotten changes nothing. */
-pshard_status exec_gpu_empty(struct exec_ctx *ctx) {
-    struct exec_gpu *g = ctx->gpu;
-    CORE_TRY(pin_host_kv(g, ctx));
+/* Both streams drained, the KV cells of the layers in VRAM copied to the host's cache and the
+ * plan the arena holds forgotten, its allocation kept: steps are refused (broken) until
+ * exec_gpu_fill. `pin`: the host's cache pinned first (once), for copies at full speed; a change
+ * of budget copies to it unpinned instead and pins it once the memory is back (pinning faults in
+ * and locks every page of the cache: the program the memory goes to would wait for that). A
+ * failure before the plan is forgotten changes nothing. */
+static pshard_status empty(struct exec_gpu *g, struct exec_ctx *ctx, bool pin) {
+    if (pin) CORE_TRY(pin_host_kv(g, ctx));
     CORE_TRY(cuda_stream_sync(g->stream));
     if (g->copy) CORE_TRY(cuda_stream_sync(g->copy));
     CORE_TRY(move_kv(g, ctx, true));
@@ -591,6 +593,8 @@ pshard_status exec_gpu_empty(struct exec_ctx *ctx) {
     forget_plan(g, ctx);
     return PSHARD_OK;
 }
+
+pshard_status exec_gpu_empty(struct exec_ctx *ctx) { return empty(ctx->gpu, ctx, true); }
 
 pshard_status exec_gpu_fill(struct exec_ctx *ctx) {
     struct exec_gpu *g = ctx->gpu;
@@ -723,11 +727,12 @@ pshard_status exec_gpu_rebudget(struct exec_ctx *ctx, struct plan *next, double 
     struct exec_gpu *g = ctx->gpu;
     if (!g->cells_down) { /* (a change that failed after this left the host every cell: nothing to move) */
         if (g->broken) return core_fail(PSHARD_ERR_INTERNAL, "the GPU's memory was left half carved by a failed change of plan");
-        CORE_TRY(exec_gpu_empty(ctx));
+        CORE_TRY(empty(g, ctx, false));
         g->cells_down = true;
         cuda_arena_destroy(&g->arena); /* the driver has the memory back */
     }
     const double free_ms = core_now_ms() - t0;
+    CORE_TRY(pin_host_kv(g, ctx)); /* (the cells go up from there) */
     const bool decoding = ctx->active != &ctx->plan;
     plan_free(&ctx->plan);
     ctx->plan = *next;
