@@ -12,7 +12,9 @@
 # "854x480 1280x720 1920x1080 2560x1440"); LLAMA_VISION (where llama-mtmd-cli's encoder runs, by
 # budget: "gpu cpu" both, the default; "2G=cpu 8G=gpu" one each); LM and MMPROJ (default
 # /dev/shm/qwen25vl7b.gguf and /dev/shm/qwen25vl7b-mmproj.gguf, written by gguf-synth if absent);
-# N (tokens, default 128); CTX (both programs' context, default 8192: a 2560x1440 image is 4,641
+# N (tokens, default 128); SHORT_N with LONG_SIZE (e.g. SHORT_N=16 LONG_SIZE=2560x1440: N tokens
+# only at that size, SHORT_N at the others, whose TTFT and peak are what they add; the decode rate
+# does not depend on the image); CTX (both programs' context, default 8192: a 2560x1440 image is 4,641
 # tokens of Qwen2.5-VL); THREADS (default 16). Writes OUT_DIR/vision.txt (the table) and each
 # case's log; llama-mtmd-cli runs with `-lv 4`, where its library prints its timings.
 set -euo pipefail
@@ -23,6 +25,8 @@ bin=${PSHARD_BUILD:-build}
 lm=${LM:-/dev/shm/qwen25vl7b.gguf}
 mmproj=${MMPROJ:-/dev/shm/qwen25vl7b-mmproj.gguf}
 n=${N:-128}
+# tokens_for SIZE: N, or SHORT_N at sizes other than LONG_SIZE
+tokens_for() { if [ -n "${SHORT_N:-}" ] && [ "$1" != "${LONG_SIZE:-}" ]; then echo "$SHORT_N"; else echo "$n"; fi; }
 ctx=${CTX:-8192}
 threads=${THREADS:-16}
 question="Describe this image in detail."
@@ -83,12 +87,13 @@ run_case() {
   for budget in ${BUDGETS:-2G 8G}; do
     for size in ${SIZES:-854x480 1280x720 1920x1080 2560x1440}; do
       img=$out/image_$size.png
+      tokens=$(tokens_for "$size")
       run_case "pshard $budget" "$size" "$out/pshard_${budget}_$size.log" "$bin/pshard" run -m "$lm" --mmproj "$mmproj" \
-        --image "$img" -p "$question" --vram-budget "$budget" --temp 0 --ignore-eos -n "$n" -c "$ctx" -t "$threads"
+        --image "$img" -p "$question" --vram-budget "$budget" --temp 0 --ignore-eos -n "$tokens" -c "$ctx" -t "$threads"
       if [ -n "${LLAMA_BIN:-}" ] && [ -x "$LLAMA_BIN/llama-mtmd-cli" ]; then
         free=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | head -1)
         fit=(--fit on --fit-target $((free - $(mib "$budget"))) --load-mode none)
-        common=(-m "$lm" --mmproj "$mmproj" --image "$img" -p "$question" -n "$n" --temp 0 --ignore-eos -c "$ctx"
+        common=(-m "$lm" --mmproj "$mmproj" --image "$img" -p "$question" -n "$tokens" --temp 0 --ignore-eos -c "$ctx"
           -t "$threads" -lv 4)
         for where in $(vision_places "$budget"); do
           if [ "$where" = gpu ]; then
