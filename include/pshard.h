@@ -432,6 +432,8 @@ void pshard_image_preparer_free(pshard_image_preparer *preparer);
 pshard_status pshard_image_prepare(const pshard_image_preparer *preparer, const pshard_image *image, int32_t index,
                                    pshard_prepared_image **out);
 void pshard_prepared_image_free(pshard_prepared_image *image);
+/* The host memory a prepared image holds (its patches), in bytes. */
+size_t pshard_prepared_image_bytes(const pshard_prepared_image *image);
 
 /* Facts about the loaded model and context. */
 typedef struct pshard_info {

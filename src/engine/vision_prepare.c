@@ -107,3 +107,8 @@ void pshard_prepared_image_free(pshard_prepared_image *image) {
     vision_patches_free(&image->patches);
     free(image);
 }
+
+size_t pshard_prepared_image_bytes(const pshard_prepared_image *image) {
+    if (!image) return 0;
+    return sizeof *image + sizeof(float) * (size_t)image->patches.n_patches * image->patches.patch_dim;
+}

@@ -128,6 +128,8 @@ int info_metrics(struct server *s, struct reply *out) {
     metric(&t, "steps_total", "counter", "Engine steps run.", (double)w.steps);
     metric(&t, "requests_in_flight", "gauge", "Requests running or waiting.", w.n_jobs);
     metric(&t, "queue_length", "gauge", "Requests waiting for a sequence.", w.batch.n_queued);
+    metric(&t, "images_prepared_bytes", "gauge", "Host memory of images decoded and waiting to be encoded (at most 1 GiB "
+           "plus a few images: past it, requests with images wait before reading theirs).", (double)w.prepared_bytes);
     metric(&t, "active_sequences", "gauge", "Sequences generating or reading a prompt.", w.batch.n_active);
     metric(&t, "parallel_sequences", "gauge", "Sequences the context holds (--parallel).", w.batch.n_parallel);
     metric(&t, "kv_cells", "gauge", "KV cells of all sequences.", w.batch.n_cells);

@@ -14,8 +14,11 @@
 #include "server/worker.h"
 
 /* PREPARE_AT_ONCE: requests whose images are prepared at once on request threads (an image may take
- * 150 MB decoded, and its patches 24 bytes a pixel after the resize; more requests wait their turn). */
+ * 150 MB decoded, and its patches 24 bytes a pixel after the resize; more requests wait their turn).
+ * PREPARED_HELD_MAX: the prepared images' patches waiting in the queue to be encoded, in bytes (a
+ * 1440p image's are about 90 MB): past it, requests with images wait before preparing theirs. */
 enum { RATE_WINDOW_S = 10, BUDGET_IDLE_POLL_MS = 200, PREPARE_AT_ONCE = 4 };
+static const size_t PREPARED_HELD_MAX = (size_t)1 << 30;
 
 struct worker {
     struct worker_config cfg;
@@ -27,7 +30,8 @@ struct worker {
     pshard_ctx *ctx;
     pshard_image_preparer *preparer; /* made with ctx where it reads images; request threads use it */
     int32_t n_preparing;             /* requests whose images request threads decode now */
-    pthread_cond_t prepare_turn;     /* request threads: one of them is done decoding */
+    size_t prepared_bytes;           /* the patches prepared and not encoded yet (jobs' prepared_bytes) */
+    pthread_cond_t prepare_turn;     /* request threads: one of them is done decoding, or patches freed */
     struct job *inbox, *running;
     int32_t n_jobs;          /* submitted and not finished */
     bool cancel_flagged, stop_now;
@@ -74,10 +78,20 @@ static void free_prepared(struct job *j) {
     j->prepared = NULL;
 }
 
-/* Under the lock. */
-static void job_unref(struct job *j) {
-    if (--j->refs > 0) return;
+/* Under the lock: a job's prepared images freed and uncounted. */
+static void release_prepared(struct worker *w, struct job *j) {
+    if (j->prepared_bytes) {
+        w->prepared_bytes -= j->prepared_bytes;
+        j->prepared_bytes = 0;
+        pthread_cond_broadcast(&w->prepare_turn);
+    }
     free_prepared(j);
+}
+
+/* Under the lock. */
+static void job_unref(struct worker *w, struct job *j) {
+    if (--j->refs > 0) return;
+    release_prepared(w, j);
     api_request_free(&j->req);
     free(j->text);
     free(j->tokens);
@@ -89,7 +103,7 @@ static void job_unref(struct job *j) {
 void job_release(struct worker *w, struct job *j) {
     if (!j) return;
     worker_lock(w);
-    job_unref(j);
+    job_unref(w, j);
     worker_unlock(w);
 }
 
@@ -226,7 +240,7 @@ static int on_event(void *user, const pshard_token_event *ev) {
                 break;
             }
         w->n_jobs--;
-        job_unref(j); /* the engine's reference */
+        job_unref(w, j); /* the engine's reference */
     }
     worker_unlock(w);
     return stop;
@@ -274,7 +288,8 @@ int worker_prepare_images(struct worker *w, struct job *j, struct api_error *err
     if (!q->n_images) return 0;
     worker_lock(w);
     const pshard_image_preparer *preparer = w->preparer; /* (set once, before the model is ready) */
-    while (preparer && w->n_preparing >= PREPARE_AT_ONCE) pthread_cond_wait(&w->prepare_turn, &w->lock);
+    while (preparer && (w->n_preparing >= PREPARE_AT_ONCE || w->prepared_bytes >= PREPARED_HELD_MAX))
+        pthread_cond_wait(&w->prepare_turn, &w->lock);
     if (preparer) w->n_preparing++;
     worker_unlock(w);
     if (!preparer) return 0;
@@ -288,8 +303,12 @@ int worker_prepare_images(struct worker *w, struct job *j, struct api_error *err
         *err = j->error;
         free_prepared(j);
     }
+    size_t bytes = 0;
+    for (size_t i = 0; st == PSHARD_OK && i < q->n_images; i++) bytes += pshard_prepared_image_bytes(j->prepared[i]);
     worker_lock(w);
     w->n_preparing--;
+    w->prepared_bytes += bytes;
+    j->prepared_bytes = bytes;
     pthread_cond_signal(&w->prepare_turn);
     worker_unlock(w);
     return st == PSHARD_OK ? 0 : -1;
@@ -337,8 +356,8 @@ static void start_job(struct worker *w, struct job *j) {
     if (st == PSHARD_OK) st = pshard_request_add(w->ctx, &r, &id); /* (it encodes the images) */
     free(formatted);
     free(images);
-    free_prepared(j); /* encoded, or refused: their pixels are needed no more */
     worker_lock(w);
+    release_prepared(w, j); /* encoded, or refused: their pixels are needed no more */
     if (st == PSHARD_OK) {
         j->id = id;
         j->state = JOB_RUNNING;
@@ -349,7 +368,7 @@ static void start_job(struct worker *w, struct job *j) {
         j->state = JOB_FAILED;
         w->snap.requests_failed++;
         w->n_jobs--;
-        job_unref(j);
+        job_unref(w, j);
     }
     worker_unlock(w);
 }
@@ -478,7 +497,7 @@ static void *engine_main(void *arg) {
                 j->state = JOB_DONE, j->finish = PSHARD_FINISH_CANCELLED;
                 w->snap.requests_cancelled++;
                 w->n_jobs--;
-                job_unref(j);
+                job_unref(w, j);
             }
             worker_unlock(w);
             if (!cancelled) start_job(w, j);
@@ -564,6 +583,7 @@ void worker_snapshot(struct worker *w, struct worker_snapshot *out) {
     out->info.arch = out->arch, out->info.chat_format = out->chat_format;
     out->state = w->state;
     out->n_jobs = w->n_jobs;
+    out->prepared_bytes = w->prepared_bytes;
     const int64_t sec = (int64_t)now_s();
     uint64_t n = 0;
     for (int i = 0; i < RATE_WINDOW_S; i++)

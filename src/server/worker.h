@@ -39,6 +39,7 @@ struct job {
     struct api_request req;  /* set before worker_submit, then the engine thread's to read */
     pshard_prepared_image **prepared; /* req's images as the encoder's patches (worker_prepare_images), or
                                          NULL; the engine thread frees them once it has encoded them */
+    size_t prepared_bytes;            /* what they hold, counted in the worker's (under its lock) */
     enum job_state state;
     int refs;
     bool cancel, cancel_sent;
@@ -67,6 +68,7 @@ struct worker_snapshot {
     uint64_t prompt_tokens, prompt_tokens_cached, generated_tokens, steps;
     double tokens_per_s; /* generated over the last 10 seconds */
     int32_t n_jobs;
+    size_t prepared_bytes; /* images' patches prepared and waiting to be encoded */
     pshard_batch_info batch;
     pshard_info info;    /* its strings point into arch/chat_format below */
     char arch[32], chat_format[32];

@@ -126,6 +126,26 @@ def test_images_decoded_before_queueing_beside_text(files, client):
     assert replies_at_once(client, asks, bad_image) == alone
 
 
+def test_prepared_images_uncounted_when_done(files, client, server):
+    """The images' patches waiting to be encoded (/metrics, pshard_images_prepared_bytes) count back
+    to 0 once requests with images end: answered, refused for a bad image, or cut off mid-stream."""
+    def prepared():
+        text = server.request("GET", "/metrics")[2]
+        line = [l for l in text.splitlines() if l.startswith("pshard_images_prepared_bytes ")]
+        assert line, text
+        return float(line[0].split()[1])
+    assert prepared() == 0
+    ask(client, [image_part(data_url(files / "a.png")), image_part(data_url(files / "b.png")), {"type": "text", "text": "Hi"}])
+    junk = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 40).decode()
+    with pytest.raises(openai.BadRequestError):
+        ask(client, [image_part(data_url(files / "c.png")), image_part(junk)])
+    stream = ask(client, [image_part(data_url(files / "d.jpg", "jpeg")), {"type": "text", "text": "Go"}], max_tokens=LONG,
+                 stream=True)
+    next(iter(stream))
+    stream.close()  # the client goes away mid-stream
+    assert prepared() == 0
+
+
 def test_stream_equals_whole_reply(files, client):
     parts = [image_part(data_url(files / "b.png")), {"type": "text", "text": "Say: "}]
     whole = ask(client, parts).choices[0].message.content
