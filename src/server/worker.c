@@ -78,20 +78,19 @@ static void free_prepared(struct job *j) {
     j->prepared = NULL;
 }
 
-/* Under the lock: a job's prepared images freed and uncounted. */
-static void release_prepared(struct worker *w, struct job *j) {
-    if (j->prepared_bytes) {
-        w->prepared_bytes -= j->prepared_bytes;
-        j->prepared_bytes = 0;
-        pthread_cond_broadcast(&w->prepare_turn);
-    }
-    free_prepared(j);
+/* Under the lock: a job's prepared images no longer counted (freed, or about to be). */
+static void uncount_prepared(struct worker *w, struct job *j) {
+    if (!j->prepared_bytes) return;
+    w->prepared_bytes -= j->prepared_bytes;
+    j->prepared_bytes = 0;
+    pthread_cond_broadcast(&w->prepare_turn);
 }
 
 /* Under the lock. */
 static void job_unref(struct worker *w, struct job *j) {
     if (--j->refs > 0) return;
-    release_prepared(w, j);
+    uncount_prepared(w, j);
+    free_prepared(j);
     api_request_free(&j->req);
     free(j->text);
     free(j->tokens);
@@ -356,8 +355,9 @@ static void start_job(struct worker *w, struct job *j) {
     if (st == PSHARD_OK) st = pshard_request_add(w->ctx, &r, &id); /* (it encodes the images) */
     free(formatted);
     free(images);
+    free_prepared(j); /* encoded, or refused: their pixels are needed no more */
     worker_lock(w);
-    release_prepared(w, j); /* encoded, or refused: their pixels are needed no more */
+    uncount_prepared(w, j);
     if (st == PSHARD_OK) {
         j->id = id;
         j->state = JOB_RUNNING;
