@@ -1,7 +1,8 @@
 /* The engine thread and the jobs it runs (see worker.h). HTTP threads decode a request's images
  * (worker_prepare_images), submit jobs to an inbox and flag cancellations; the engine thread, the
- * only one that calls into the context, formats and adds them between steps, steps while anything is pending, and sleeps on a condition variable when
- * idle. Events land in the jobs under one lock; one broadcast a step wakes the HTTP threads. */
+ * only one that calls into the context, formats and adds them between steps, steps while anything
+ * is pending, and sleeps on a condition variable when idle. Events land in the jobs under one
+ * lock; one broadcast a step wakes the HTTP threads. */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -293,17 +294,18 @@ int worker_prepare_images(struct worker *w, struct job *j, struct api_error *err
     worker_unlock(w);
     if (!preparer) return 0;
     pshard_status st = (j->prepared = calloc(q->n_images, sizeof *j->prepared)) ? PSHARD_OK : PSHARD_ERR_NOMEM;
+    size_t bytes = 0;
     for (size_t i = 0; st == PSHARD_OK && i < q->n_images; i++) {
         const pshard_image image = {.data = q->images[i].data, .size = q->images[i].size};
         st = pshard_image_prepare(preparer, &image, (int32_t)i, &j->prepared[i]);
+        bytes += pshard_prepared_image_bytes(j->prepared[i]); /* (0 for one not made) */
     }
     if (st != PSHARD_OK) {
         request_error(j, st, st == PSHARD_ERR_NOMEM && !j->prepared ? "out of memory" : pshard_last_error());
         *err = j->error;
         free_prepared(j);
+        bytes = 0;
     }
-    size_t bytes = 0;
-    for (size_t i = 0; st == PSHARD_OK && i < q->n_images; i++) bytes += pshard_prepared_image_bytes(j->prepared[i]);
     worker_lock(w);
     w->n_preparing--;
     w->prepared_bytes += bytes;
