@@ -52,16 +52,19 @@ static void reference(const struct cuda_attn_shape *a, const struct cache *c, co
     }
 }
 
-enum kernel { DECODE, PREFILL, PREFILL_ONE_SLICE };
+/* DECODE_CAPTURED: the decode kernel sized for more cells than any token has, as a captured
+ * decode step is sized for the whole context (each token's slices cut from its own length). */
+enum kernel { DECODE, DECODE_CAPTURED, PREFILL, PREFILL_ONE_SLICE };
 
 static const char *slices_label(const struct cuda_attn_shape *a, enum kernel kernel, int64_t n_tokens, int32_t max_len) {
     if (kernel == PREFILL_ONE_SLICE) return ", one slice";
+    if (kernel == DECODE_CAPTURED) return ", sized for 16K cells";
     return kernel == PREFILL && cuda_attention_prefill_work_bytes(a, n_tokens, max_len) ? ", sliced" : "";
 }
 
 static void run_case(struct dt *d, const struct cuda_attn_shape *a, int64_t n_ctx, const int32_t *seq,
                      const int32_t *pos, int64_t n_tokens, enum kernel kernel) {
-    const bool prefill = kernel != DECODE;
+    const bool prefill = kernel == PREFILL || kernel == PREFILL_ONE_SLICE;
     const size_t mark = cuda_arena_mark(&d->arena);
     struct cache c;
     cache_init(d, &c, a, 3, n_ctx);
@@ -73,6 +76,7 @@ static void run_case(struct dt *d, const struct cuda_attn_shape *a, int64_t n_ct
     int32_t *dseq = dt_upload(d, seq, 4 * (size_t)n_tokens), *dpos = dt_upload(d, pos, 4 * (size_t)n_tokens);
     int32_t max_len = 0;
     for (int64_t t = 0; t < n_tokens; t++) max_len = pos[t] + 1 > max_len ? pos[t] + 1 : max_len;
+    if (kernel == DECODE_CAPTURED) max_len = 16384;
     if (prefill) {
         const size_t wb = cuda_attention_prefill_work_bytes(a, n_tokens, max_len);
         void *work = kernel == PREFILL_ONE_SLICE ? NULL : dt_alloc(d, wb ? wb : 1);
@@ -103,6 +107,9 @@ static void decode_batch(struct dt *d, int n_head, int n_head_kv, int head_k, in
     run_case(d, &a, n_ctx, seq, pos, 1, DECODE);
     run_case(d, &a, n_ctx, seq + 2, pos + 2, 1, DECODE);
     run_case(d, &a, n_ctx, seq, pos, 7, DECODE);
+    run_case(d, &a, n_ctx, seq, pos, 1, DECODE_CAPTURED);
+    run_case(d, &a, n_ctx, seq + 2, pos + 2, 1, DECODE_CAPTURED);
+    run_case(d, &a, n_ctx, seq, pos, 7, DECODE_CAPTURED);
 }
 
 static void prefill(struct dt *d, int n_head, int n_head_kv, int head, int64_t n_tokens, int32_t first_pos) {
@@ -126,7 +133,7 @@ int main(void) {
     decode_batch(&d, 32, 4, 128, 128, 1000);
     decode_batch(&d, 16, 1, 128, 128, 777);    /* group of 16 */
     decode_batch(&d, 4, 4, 96, 96, 200);       /* no GQA, head 96 */
-    decode_batch(&d, 8, 2, 256, 256, 500);     /* head 256: two dims per thread */
+    decode_batch(&d, 8, 2, 256, 256, 500);     /* head 256: eight dims a lane */
     prefill(&d, 8, 2, 64, 100, 0);
     prefill(&d, 32, 8, 128, 300, 0);
     prefill(&d, 16, 4, 128, 77, 150);          /* continuing a prefix */
