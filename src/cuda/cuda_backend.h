@@ -292,6 +292,11 @@ pshard_status cuda_rope_apply(const struct rope_params *p, const float *cs, floa
  * rotation, in one kernel, with the results of cuda_rmsnorm and cuda_rope_apply to the bit. */
 pshard_status cuda_norm_rope(const struct rope_params *p, const float *cs, float *x, const float *w, float eps,
                              int64_t n_tokens, int n_heads, int head_size, cuda_stream s);
+/* cuda_norm_rope of a layer's q [n_tokens][n_head][head_size] (weights q_norm) and k
+ * [n_tokens][n_head_kv][head_size] (k_norm) in one launch. */
+pshard_status cuda_norm_rope_qk(const struct rope_params *p, const float *cs, float *q, const float *q_norm, int n_head,
+                                float *k, const float *k_norm, int n_head_kv, float eps, int64_t n_tokens, int head_size,
+                                cuda_stream s);
 
 /* ---- KV cache and attention ------------------------------------------------------------------ */
 

@@ -84,14 +84,89 @@ __global__ void __launch_bounds__(ROUTE_THREADS) route_kernel(const float *logit
     }
 }
 
+/* A warp per token, for up to 32 PER_LANE experts (lane + 32 i): the same softmax, top k and
+ * weights as route_kernel without a block barrier (a decode step's routing is one token: the
+ * block kernel's 2k + 4 barriers were most of its time). */
+enum { ROUTE_WARP_LANE_MAX = 8, ROUTE_WARP_EXPERTS = 32 * ROUTE_WARP_LANE_MAX };
+template <int PER_LANE>
+__global__ void __launch_bounds__(ROUTE_THREADS) route_warp_kernel(const float *logits, int64_t n_tokens, int n_expert,
+                                                                   int k, bool normalize, int32_t *ids, float *weights,
+                                                                   int32_t *mirror, int64_t n_pairs) {
+    const int64_t t = (int64_t)blockIdx.x * (ROUTE_THREADS / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (t >= n_tokens) return;
+    const float *x = logits + t * n_expert;
+    float p[PER_LANE];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; i++) {
+        const int e = lane + 32 * i;
+        p[i] = e < n_expert ? x[e] : -INFINITY;
+        mx = fmaxf(mx, p[i]);
+    }
+    mx = warp_max(mx);
+    double sum = 0.0;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; i++) {
+        p[i] = lane + 32 * i < n_expert ? expf(p[i] - mx) : 0.0f;
+        sum += p[i];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float inv = (float)(1.0 / sum);
+#pragma unroll
+    for (int i = 0; i < PER_LANE; i++) p[i] *= inv;
+    /* Top k by repeated argmax, ties to the lower index; a taken expert's bit set in `taken`. */
+    unsigned taken = 0;
+    float wsum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        float v = -1.0f;
+        int best = 1 << 30;
+#pragma unroll
+        for (int i = 0; i < PER_LANE; i++) /* (ascending experts: the first of equals stays) */
+            if (!(taken >> i & 1u) && lane + 32 * i < n_expert && p[i] > v) v = p[i], best = lane + 32 * i;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+            const int b2 = __shfl_xor_sync(0xffffffffu, best, o);
+            if (v2 > v || (v2 == v && b2 < best)) v = v2, best = b2;
+        }
+        if (best % 32 == lane) taken |= 1u << (best / 32);
+        if (lane == 0) {
+            ids[t * k + j] = best;
+            weights[t * k + j] = v;
+            wsum += v;
+        }
+    }
+    if (lane != 0) return;
+    if (normalize)
+        for (int j = 0; j < k; j++) weights[t * k + j] /= wsum;
+    if (mirror) {
+        for (int j = 0; j < k; j++) {
+            mirror[t * k + j] = ids[t * k + j];
+            ((float *)(mirror + n_pairs))[t * k + j] = weights[t * k + j];
+        }
+        __threadfence_system(); /* in host memory before anything this stream signals later */
+    }
+}
+
 extern "C" pshard_status cuda_moe_route_mirror(const float *logits, int64_t n_tokens, int n_expert, int k,
                                                bool normalize, int32_t *ids, float *weights, int32_t *mirror,
                                                cuda_stream s) {
     CUDA_ARG(n_expert > 0 && n_expert <= MOE_MAX_EXPERTS && k > 0 && k <= n_expert && k <= MOE_MAX_K,
              "MoE routing: top %d of %d experts", k, n_expert);
     if (n_tokens == 0) return PSHARD_OK;
-    route_kernel<<<(unsigned)n_tokens, ROUTE_THREADS, 0, raw_stream(s)>>>(logits, n_expert, k, normalize, ids, weights,
-                                                                          mirror, n_tokens * k);
+    const unsigned warp_blocks = (unsigned)((n_tokens + ROUTE_THREADS / 32 - 1) / (ROUTE_THREADS / 32));
+    cudaStream_t st = raw_stream(s);
+    if (n_expert <= 128)
+        route_warp_kernel<4><<<warp_blocks, ROUTE_THREADS, 0, st>>>(logits, n_tokens, n_expert, k, normalize, ids, weights,
+                                                                    mirror, n_tokens * k);
+    else if (n_expert <= ROUTE_WARP_EXPERTS)
+        route_warp_kernel<ROUTE_WARP_LANE_MAX><<<warp_blocks, ROUTE_THREADS, 0, st>>>(logits, n_tokens, n_expert, k, normalize,
+                                                                                      ids, weights, mirror, n_tokens * k);
+    else
+        route_kernel<<<(unsigned)n_tokens, ROUTE_THREADS, 0, st>>>(logits, n_expert, k, normalize, ids, weights, mirror,
+                                                                   n_tokens * k);
     CUDA_TRY_LAUNCH("moe route");
     return PSHARD_OK;
 }

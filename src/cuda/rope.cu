@@ -92,12 +92,21 @@ __global__ void rope_apply_kernel(const rope_dev r, const float *cs, float *x, i
 }
 
 /* A head's RMSNorm (w: its weights, as rmsnorm_kernel) and then its rotation (as
- * rope_apply_kernel), bit for bit, in one pass: one block per head of a token. */
-__global__ void __launch_bounds__(NORM_THREADS) norm_rope_kernel(const rope_dev r, const float *cs, float *x, const float *w,
-                                                                 float eps, int n_heads, int head_size) {
+ * rope_apply_kernel), bit for bit, in one pass: one block per head of a token, over the rows of
+ * two tensors at once (a layer's q and k heads: one launch), first a's a_rows, then b's. */
+struct nr_part {
+    float *x;
+    const float *w;
+    int n_heads;
+};
+__global__ void __launch_bounds__(NORM_THREADS) norm_rope_kernel(const rope_dev r, const float *cs, const nr_part a,
+                                                                 const nr_part b, int64_t a_rows, float eps, int head_size) {
     extern __shared__ float normed[];
-    const int64_t th = blockIdx.x, t = th / n_heads;
-    float *v = x + th * head_size;
+    const bool first = (int64_t)blockIdx.x < a_rows;
+    const nr_part part = first ? a : b;
+    const int64_t th = first ? (int64_t)blockIdx.x : (int64_t)blockIdx.x - a_rows, t = th / part.n_heads;
+    const float *w = part.w;
+    float *v = part.x + th * head_size;
     const float scale = rms_scale(v, head_size, eps);
     for (int i = threadIdx.x; i < head_size; i += NORM_THREADS)
         normed[i] = w ? __fmul_rn(__fmul_rn(v[i], scale), w[i]) : __fmul_rn(v[i], scale);
@@ -110,24 +119,35 @@ __global__ void __launch_bounds__(NORM_THREADS) norm_rope_kernel(const rope_dev 
         }
         const bool second = r.neox ? i >= half : i % 2 == 1;
         const int pair = r.neox ? (second ? i - half : i) : i / 2;
-        const int a = r.neox ? pair : 2 * pair, b = r.neox ? pair + half : 2 * pair + 1;
+        const int ia = r.neox ? pair : 2 * pair, ib = r.neox ? pair + half : 2 * pair + 1;
         const float c = cs[t * r.n_dims + 2 * pair], s = cs[t * r.n_dims + 2 * pair + 1];
-        const float x0 = normed[a], x1 = normed[b];
+        const float x0 = normed[ia], x1 = normed[ib];
         v[i] = second ? __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c)) : __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
     }
 }
 
-extern "C" pshard_status cuda_norm_rope(const struct rope_params *p, const float *cs, float *x, const float *w, float eps,
-                                        int64_t n_tokens, int n_heads, int head_size, cuda_stream s) {
+static pshard_status norm_rope(const struct rope_params *p, const float *cs, const nr_part a, const nr_part b, float eps,
+                               int64_t n_tokens, int head_size, cuda_stream s) {
     CUDA_ARG(p->n_dims > 0 && p->n_dims % 2 == 0 && p->n_dims <= head_size && head_size <= 4096,
              "norm+rope: %d of %d dimensions", p->n_dims, head_size);
-    const int64_t rows = n_tokens * n_heads;
+    const int64_t a_rows = n_tokens * a.n_heads, rows = a_rows + n_tokens * b.n_heads;
     if (rows == 0) return PSHARD_OK;
     CUDA_ARG(rows < (1ll << 31), "norm+rope: %lld heads", (long long)rows);
     norm_rope_kernel<<<(unsigned)rows, NORM_THREADS, sizeof(float) * (size_t)head_size, raw_stream(s)>>>(
-        rope_prepare(p, NULL), cs, x, w, eps, n_heads, head_size);
+        rope_prepare(p, NULL), cs, a, b, a_rows, eps, head_size);
     CUDA_TRY_LAUNCH("norm_rope");
     return PSHARD_OK;
+}
+
+extern "C" pshard_status cuda_norm_rope(const struct rope_params *p, const float *cs, float *x, const float *w, float eps,
+                                        int64_t n_tokens, int n_heads, int head_size, cuda_stream s) {
+    return norm_rope(p, cs, nr_part{x, w, n_heads}, nr_part{NULL, NULL, 0}, eps, n_tokens, head_size, s);
+}
+
+extern "C" pshard_status cuda_norm_rope_qk(const struct rope_params *p, const float *cs, float *q, const float *q_norm,
+                                           int n_head, float *k, const float *k_norm, int n_head_kv, float eps,
+                                           int64_t n_tokens, int head_size, cuda_stream s) {
+    return norm_rope(p, cs, nr_part{q, q_norm, n_head}, nr_part{k, k_norm, n_head_kv}, eps, n_tokens, head_size, s);
 }
 
 extern "C" pshard_status cuda_rope_table(const struct rope_params *p, const float *freq_factors, const int32_t *pos,
@@ -157,15 +177,18 @@ extern "C" pshard_status cuda_rope_apply(const struct rope_params *p, const floa
 /* ---- KV store: round to f16 (nearest even, as half_from_f32) into cell pos[t] of seq[t], at its
  * row of the pool through the sequence's blocks. */
 
-__global__ void kv_store_kernel(uint16_t *cache, const int32_t *blocks, int blocks_stride, int block_cells,
-                                const float *x, int64_t width, const int32_t *seq, const int32_t *pos, int64_t n_tokens) {
-    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+__global__ void kv_store_kernel(uint16_t *k_cache, uint16_t *v_cache, const int32_t *blocks, int blocks_stride,
+                                int block_cells, const float *k, int64_t k_width, const float *v, int64_t v_width,
+                                const int32_t *seq, const int32_t *pos, int64_t n_tokens) {
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, width = k_width + v_width;
     if (idx >= n_tokens * width) return;
     const int64_t t = idx / width, i = idx % width;
     const int p = pos[t];
     const int64_t row = (int64_t)blocks[(int64_t)seq[t] * blocks_stride + p / block_cells] * block_cells + p % block_cells;
-    const __half h = __float2half_rn(x[idx]);
-    cache[row * width + i] = *(const uint16_t *)&h;
+    const bool is_k = i < k_width;
+    const __half h = __float2half_rn(is_k ? k[t * k_width + i] : v[t * v_width + i - k_width]);
+    if (is_k) k_cache[row * k_width + i] = *(const uint16_t *)&h;
+    else v_cache[row * v_width + i - k_width] = *(const uint16_t *)&h;
 }
 
 extern "C" pshard_status cuda_kv_store(const struct cuda_kv_layer *kv, const float *k, const float *v, int64_t k_width,
@@ -173,11 +196,9 @@ extern "C" pshard_status cuda_kv_store(const struct cuda_kv_layer *kv, const flo
                                        cuda_stream s) {
     CUDA_ARG(kv->block_cells > 0, "kv store: blocks of %d cells", kv->block_cells);
     if (n_tokens == 0) return PSHARD_OK;
-    kv_store_kernel<<<(unsigned)ceil_div(n_tokens * k_width, 256), 256, 0, raw_stream(s)>>>(
-        kv->k, kv->blocks, kv->blocks_stride, kv->block_cells, k, k_width, seq, pos, n_tokens);
-    CUDA_TRY_LAUNCH("kv_store");
-    kv_store_kernel<<<(unsigned)ceil_div(n_tokens * v_width, 256), 256, 0, raw_stream(s)>>>(
-        kv->v, kv->blocks, kv->blocks_stride, kv->block_cells, v, v_width, seq, pos, n_tokens);
+    /* K and V in one launch: a token's K row, then its V row */
+    kv_store_kernel<<<(unsigned)ceil_div(n_tokens * (k_width + v_width), 256), 256, 0, raw_stream(s)>>>(
+        kv->k, kv->v, kv->blocks, kv->blocks_stride, kv->block_cells, k, k_width, v, v_width, seq, pos, n_tokens);
     CUDA_TRY_LAUNCH("kv_store");
     return PSHARD_OK;
 }

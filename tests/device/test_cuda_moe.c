@@ -256,6 +256,8 @@ int main(void) {
     test_route(&d, 37, 64, 4, false);
     test_route(&d, 300, 128, 8, true);
     test_route(&d, 5, 8, 2, true);
+    test_route(&d, 6, 160, 8, true);  /* a warp's 8 experts a lane */
+    test_route(&d, 3, 512, 10, true); /* past a warp: the block kernel */
     test_routed_mask(&d, 128, 8, 200);
     test_routed_mask(&d, 8, 2, 50);
     const int64_t tokens[] = {1, 3, 8, 12, 20, 70};

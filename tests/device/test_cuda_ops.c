@@ -117,7 +117,27 @@ static void test_rope(struct dt *d, const char *name, struct rope_params p, int 
     dt_download(d, x_got, one, 4 * (size_t)(n_tokens * width));
     dt_case(d, memcmp(x, x_got, 4 * (size_t)(n_tokens * width)) == 0, "norm+rope %-8s: the same bits as norm, then rope",
             name);
-    free(wn);
+    /* q's and k's heads in one launch (k: a third of the heads, its own weights): the same bits. */
+    const int kv_heads = n_heads / 3 > 0 ? n_heads / 3 : 1;
+    float *wk = dt_malloc(4 * (size_t)head_size);
+    dt_fill(wk, head_size, 0.25f, 1.25f);
+    dt_fill(x, n_tokens * width, -2.0f, 2.0f);
+    const float *dwk = dt_upload(d, wk, 4 * (size_t)head_size);
+    float *q1 = dt_upload(d, x, 4 * (size_t)(n_tokens * width)), *q2 = dt_upload(d, x, 4 * (size_t)(n_tokens * width));
+    const int64_t k_n = n_tokens * kv_heads * head_size;
+    float *k1 = dt_upload(d, x, 4 * (size_t)k_n), *k2 = dt_upload(d, x, 4 * (size_t)k_n);
+    DT_CHECK(cuda_norm_rope(&p, dcs, q1, dwn, 1e-6f, n_tokens, n_heads, head_size, d->s));
+    DT_CHECK(cuda_norm_rope(&p, dcs, k1, dwk, 1e-6f, n_tokens, kv_heads, head_size, d->s));
+    DT_CHECK(cuda_norm_rope_qk(&p, dcs, q2, dwn, n_heads, k2, dwk, kv_heads, 1e-6f, n_tokens, head_size, d->s));
+    float *a1 = dt_malloc(4 * (size_t)(n_tokens * width)), *a2 = dt_malloc(4 * (size_t)(n_tokens * width));
+    dt_download(d, a1, q1, 4 * (size_t)(n_tokens * width));
+    dt_download(d, a2, q2, 4 * (size_t)(n_tokens * width));
+    bool same = memcmp(a1, a2, 4 * (size_t)(n_tokens * width)) == 0;
+    dt_download(d, a1, k1, 4 * (size_t)k_n);
+    dt_download(d, a2, k2, 4 * (size_t)k_n);
+    same = same && memcmp(a1, a2, 4 * (size_t)k_n) == 0;
+    dt_case(d, same, "norm+rope %-8s of q and k (%d heads) in one launch: the same bits as each alone", name, kv_heads);
+    free(wn), free(wk), free(a1), free(a2);
     cuda_arena_reset(&d->arena, mark);
     free(ff), free(cs), free(cs_got), free(x), free(x_got);
 }
