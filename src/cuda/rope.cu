@@ -49,30 +49,33 @@ static rope_dev rope_prepare(const struct rope_params *p, const float *freq_fact
     return r;
 }
 
-/* One thread per token: the multiplication chains are sequential by definition. With M-RoPE the
- * three positions of token t are pos[t], pos[t + pos_stride], pos[t + 2 * pos_stride]. */
+/* One thread per (token, rotated pair): the pair's angle is the position times theta_scale
+ * multiplied in i times, rounded each time, as the CPU's sequential chain has it at pair i (a
+ * pair walks its own chain of at most n_dims / 2 products: the table is one step of threads, not
+ * a token's 64 pairs in a row). With M-RoPE the three positions of token t are pos[t],
+ * pos[t + pos_stride], pos[t + 2 * pos_stride]. */
 __global__ void rope_table_kernel(const rope_dev r, const int32_t *pos, int64_t pos_stride, int64_t n_tokens, float *cs) {
-    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n_tokens) return;
+    const int half = r.n_dims / 2;
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n_tokens * half) return;
+    const int64_t t = idx / half;
+    const int pair = (int)(idx % half), i0 = 2 * pair;
     const bool multi = r.sections[0] + r.sections[1] + r.sections[2] > 0;
-    float *out = cs + t * r.n_dims;
-    float theta[3];
-    for (int a = 0; a < 3; a++) theta[a] = (float)pos[t + (multi ? a * pos_stride : 0)];
-    for (int i0 = 0; i0 < r.n_dims; i0 += 2) {
-        const float factor = r.freq_factors ? r.freq_factors[i0 / 2] : 1.0f;
-        const float theta_extrap = __fdiv_rn(theta[rope_axis(r, i0 / 2)], factor);
-        const float theta_interp = __fmul_rn(r.freq_scale, theta_extrap);
-        float angle = theta_interp, mscale = r.attn_factor;
-        if (r.ext_factor != 0.0f) {
-            const float y = __fdiv_rn(__fsub_rn((float)i0 / 2, r.corr_lo), fmaxf(0.001f, __fsub_rn(r.corr_hi, r.corr_lo)));
-            const float mix = __fmul_rn(1.0f - fminf(1.0f, fmaxf(0.0f, y)), r.ext_factor);
-            angle = __fadd_rn(__fmul_rn(theta_interp, __fsub_rn(1.0f, mix)), __fmul_rn(theta_extrap, mix));
-            mscale = r.yarn_mscale;
-        }
-        out[i0] = __fmul_rn(cosf(angle), mscale);
-        out[i0 + 1] = __fmul_rn(sinf(angle), mscale);
-        for (int a = 0; a < 3; a++) theta[a] = __fmul_rn(theta[a], r.theta_scale);
+    float theta = (float)pos[t + (multi ? rope_axis(r, pair) * pos_stride : 0)];
+    for (int j = 0; j < pair; j++) theta = __fmul_rn(theta, r.theta_scale);
+    const float factor = r.freq_factors ? r.freq_factors[pair] : 1.0f;
+    const float theta_extrap = __fdiv_rn(theta, factor);
+    const float theta_interp = __fmul_rn(r.freq_scale, theta_extrap);
+    float angle = theta_interp, mscale = r.attn_factor;
+    if (r.ext_factor != 0.0f) {
+        const float y = __fdiv_rn(__fsub_rn((float)i0 / 2, r.corr_lo), fmaxf(0.001f, __fsub_rn(r.corr_hi, r.corr_lo)));
+        const float mix = __fmul_rn(1.0f - fminf(1.0f, fmaxf(0.0f, y)), r.ext_factor);
+        angle = __fadd_rn(__fmul_rn(theta_interp, __fsub_rn(1.0f, mix)), __fmul_rn(theta_extrap, mix));
+        mscale = r.yarn_mscale;
     }
+    float *out = cs + t * r.n_dims;
+    out[i0] = __fmul_rn(cosf(angle), mscale);
+    out[i0 + 1] = __fmul_rn(sinf(angle), mscale);
 }
 
 /* One thread per rotated pair of one head of one token. */
@@ -156,8 +159,10 @@ extern "C" pshard_status cuda_rope_table(const struct rope_params *p, const floa
     CUDA_ARG(!rope_is_multi(p) || pos_stride >= n_tokens, "rope: positions %lld apart for %lld tokens",
              (long long)pos_stride, (long long)n_tokens);
     if (n_tokens == 0) return PSHARD_OK;
-    rope_table_kernel<<<(unsigned)ceil_div(n_tokens, 64), 64, 0, raw_stream(s)>>>(rope_prepare(p, freq_factors), pos,
-                                                                                pos_stride, n_tokens, cs);
+    const int64_t n = n_tokens * (p->n_dims / 2);
+    CUDA_ARG(ceil_div(n, 256) < (1ll << 31), "rope: %lld tokens", (long long)n_tokens);
+    rope_table_kernel<<<(unsigned)ceil_div(n, 256), 256, 0, raw_stream(s)>>>(rope_prepare(p, freq_factors), pos, pos_stride,
+                                                                           n_tokens, cs);
     CUDA_TRY_LAUNCH("rope_table");
     return PSHARD_OK;
 }
