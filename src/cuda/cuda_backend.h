@@ -454,11 +454,13 @@ pshard_status cuda_vision_patch_embed(const float *patches, const float *kernel,
 pshard_status cuda_vision_rope(float *x, const float *cs, int64_t n, int n_head, int head_dim, cuda_stream s);
 /* Attention without a mask matrix: per tile (device array [n_tiles], q_count at most
  * CUDA_VISION_TILE_QUERIES) and head, its queries over its keys, softmax(q.k * scale) . v with an
- * online softmax over chunks of keys in f32, so no score matrix exists. q [n][n_head * head_dim]
- * is overwritten by the output (each tile reads only its own rows of it); head_dim at most
- * CUDA_VISION_MAX_HEAD_DIM. */
+ * online softmax over chunks of keys, so no score matrix exists. q [n][n_head * head_dim] is
+ * overwritten by the output (each tile reads only its own rows of it); head_dim at most
+ * CUDA_VISION_MAX_HEAD_DIM. f32 throughout, or with tensor_cores (and head_dim a multiple of 16)
+ * q, k, v and the probabilities rounded to f16 for WMMA products with f32 sums. */
 pshard_status cuda_vision_attention(float *q_out, const float *k, const float *v, const struct cuda_vision_tile *tiles,
-                                    int64_t n_tiles, int n_head, int head_dim, float scale, cuda_stream s);
+                                    int64_t n_tiles, int n_head, int head_dim, float scale, bool tensor_cores,
+                                    cuda_stream s);
 /* x = 0.5 x (1 + erf(x / sqrt 2)) in place (the merger's exact GELU). */
 pshard_status cuda_gelu_erf(float *x, int64_t n, cuda_stream s);
 

@@ -280,8 +280,10 @@ pshard_status cuda_vision_rope(float *x, const float *cs, int64_t n, int n_head,
     return no_cuda();
 }
 pshard_status cuda_vision_attention(float *q_out, const float *k, const float *v, const struct cuda_vision_tile *tiles,
-                                    int64_t n_tiles, int n_head, int head_dim, float scale, cuda_stream s) {
-    (void)q_out, (void)k, (void)v, (void)tiles, (void)n_tiles, (void)n_head, (void)head_dim, (void)scale, (void)s;
+                                    int64_t n_tiles, int n_head, int head_dim, float scale, bool tensor_cores,
+                                    cuda_stream s) {
+    (void)q_out, (void)k, (void)v, (void)tiles, (void)n_tiles, (void)n_head, (void)head_dim, (void)scale;
+    (void)tensor_cores, (void)s;
     return no_cuda();
 }
 pshard_status cuda_gelu_erf(float *x, int64_t n, cuda_stream s) {

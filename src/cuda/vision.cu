@@ -6,6 +6,10 @@
  * CPU's are, so only the order of sums differs. */
 #include "cuda/cuda_internal.cuh"
 
+#include <mma.h>
+
+using namespace nvcuda;
+
 #include <math.h>
 
 /* ---- patch embedding: x[t][o] = sum_j patches[t][j] * kernel[o][j] */
@@ -149,6 +153,134 @@ __global__ void __launch_bounds__(VA_THREADS) vision_attention_kernel(float *q, 
     }
 }
 
+/* The same attention on tensor cores, for encoders whose weights are 16-bit already (their
+ * products are rounded as coarsely): a block takes a tile's queries (up to 64) for one head, its
+ * keys and values through shared memory 64 rows at a time, rounded to f16. Each of its 4 warps
+ * owns 16 queries: S = Q K^T with WMMA (f16 in, f32 accumulate), the online softmax in f32 (two
+ * lanes a row), P rounded to f16 and summed as rounded, O = O * rescale + P V with WMMA, as the
+ * language model's prefill kernel (attention_prefill.cu) does over its cache. head_dim a multiple
+ * of 16. */
+enum { VT_Q = CUDA_VISION_TILE_QUERIES, VT_KV = 64, VT_THREADS = 128, VT_SP = VT_KV + 4, VT_PP = VT_KV + 8 };
+
+struct vt_layout {
+    size_t q, k, v, s, p, o, ml, bytes;
+};
+
+/* Carve `bytes` at `at`, keeping every region on 128 bytes (WMMA wants 32-byte pointers). */
+static __host__ __device__ size_t vt_take(size_t &at, size_t bytes) {
+    const size_t here = at;
+    at = (at + bytes + 127) & ~(size_t)127;
+    return here;
+}
+
+static __host__ __device__ vt_layout vt_smem(int hd) {
+    vt_layout L;
+    size_t at = 0;
+    L.q = vt_take(at, (size_t)VT_Q * (hd + 8) * 2);
+    L.k = vt_take(at, (size_t)VT_KV * (hd + 8) * 2);
+    L.v = vt_take(at, (size_t)VT_KV * (hd + 8) * 2);
+    L.s = vt_take(at, (size_t)VT_Q * VT_SP * 4);
+    L.p = vt_take(at, (size_t)VT_Q * VT_PP * 2);
+    L.o = vt_take(at, (size_t)VT_Q * (hd + 4) * 4);
+    L.ml = vt_take(at, (size_t)VT_Q * 2 * 4);
+    L.bytes = at;
+    return L;
+}
+
+__global__ void __launch_bounds__(VT_THREADS) vision_attention_tc_kernel(float *q, const float *k, const float *v,
+                                                                         const cuda_vision_tile *tiles, int n_head,
+                                                                         int hd, float scale) {
+    extern __shared__ __align__(128) uint8_t smem[];
+    const int HP = hd + 8, OP = hd + 4;
+    const vt_layout L = vt_smem(hd);
+    __half *Qs = (__half *)(smem + L.q), *Ks = (__half *)(smem + L.k), *Vs = (__half *)(smem + L.v);
+    float *row_m = (float *)(smem + L.ml), *row_l = row_m + VT_Q;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    float *S = (float *)(smem + L.s) + warp * 16 * VT_SP;
+    __half *P = (__half *)(smem + L.p) + warp * 16 * VT_PP;
+    float *O = (float *)(smem + L.o) + warp * 16 * OP;
+    const cuda_vision_tile tile = tiles[blockIdx.x];
+    const int h = blockIdx.y;
+    const int64_t width = (int64_t)n_head * hd;
+    if (tid < VT_Q) row_m[tid] = -INFINITY, row_l[tid] = 0.0f;
+    for (int i = tid; i < VT_Q * hd; i += VT_THREADS) {
+        const int r = i / hd, d = i % hd;
+        Qs[r * HP + d] = __float2half_rn(r < tile.q_count ? q[(int64_t)(tile.q_first + r) * width + (int64_t)h * hd + d] : 0.0f);
+    }
+    for (int i = lane; i < 16 * OP; i += 32) O[i] = 0.0f;
+    __syncthreads();
+    for (int c0 = 0; c0 < tile.k_count; c0 += VT_KV) {
+        /* This chunk's keys and values; rows past the tile's keys are zeros. */
+        for (int i = tid; i < VT_KV * hd; i += VT_THREADS) {
+            const int r = i / hd, d = i % hd;
+            const bool in = c0 + r < tile.k_count;
+            const int64_t at = (int64_t)(tile.k_first + c0 + r) * width + (int64_t)h * hd + d;
+            Ks[r * HP + d] = __float2half_rn(in ? k[at] : 0.0f);
+            Vs[r * HP + d] = __float2half_rn(in ? v[at] : 0.0f);
+        }
+        __syncthreads();
+        /* S = Q K^T for this warp's 16 rows. */
+        for (int j = 0; j < VT_KV / 16; j++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> sf;
+            wmma::fill_fragment(sf, 0.0f);
+            for (int kk = 0; kk < hd; kk += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> qa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> kb;
+                wmma::load_matrix_sync(qa, Qs + warp * 16 * HP + kk, HP);
+                wmma::load_matrix_sync(kb, Ks + j * 16 * HP + kk, HP);
+                wmma::mma_sync(sf, qa, kb, sf);
+            }
+            wmma::store_matrix_sync(S + j * 16, sf, VT_SP, wmma::mem_row_major);
+        }
+        __syncwarp();
+        /* Online softmax: lanes 2r and 2r + 1 share row r, 32 columns each. */
+        const int r = lane / 2, R = warp * 16 + r, col0 = (lane % 2) * 32;
+        float mx = -INFINITY;
+        for (int c = col0; c < col0 + 32; c++) {
+            const float sv = c0 + c < tile.k_count ? S[r * VT_SP + c] * scale : -INFINITY;
+            S[r * VT_SP + c] = sv;
+            mx = fmaxf(mx, sv);
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1)); /* finite: column 0 is a key */
+        const float m_old = row_m[R], m_new = fmaxf(m_old, mx);
+        float sum = 0.0f;
+        for (int c = col0; c < col0 + 32; c++) {
+            const __half p = __float2half_rn(expf(S[r * VT_SP + c] - m_new));
+            P[r * VT_PP + c] = p;
+            sum += __half2float(p);
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        const float rescale = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+        __syncwarp(); /* both lanes of the row have read row_m */
+        if (lane % 2 == 0) {
+            row_m[R] = m_new;
+            row_l[R] = row_l[R] * rescale + sum;
+        }
+        for (int d = lane % 2; d < hd; d += 2) O[r * OP + d] *= rescale;
+        __syncwarp();
+        /* O += P V. */
+        for (int n = 0; n < hd / 16; n++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> of;
+            wmma::load_matrix_sync(of, O + n * 16, OP, wmma::mem_row_major);
+            for (int kk = 0; kk < VT_KV; kk += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> pa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> vb;
+                wmma::load_matrix_sync(pa, P + kk, VT_PP);
+                wmma::load_matrix_sync(vb, Vs + kk * HP + n * 16, HP);
+                wmma::mma_sync(of, pa, vb, of);
+            }
+            wmma::store_matrix_sync(O + n * 16, of, OP, wmma::mem_row_major);
+        }
+        __syncthreads(); /* the K/V chunk is replaced next */
+    }
+    __syncwarp();
+    for (int i = lane; i < 16 * hd; i += 32) {
+        const int r = i / hd, d = i % hd, R = warp * 16 + r;
+        if (R < tile.q_count)
+            q[(int64_t)(tile.q_first + R) * width + (int64_t)h * hd + d] = row_l[R] > 0.0f ? O[r * OP + d] / row_l[R] : 0.0f;
+    }
+}
+
 template <int DPT>
 static void launch_attention(float *q, const float *k, const float *v, const cuda_vision_tile *tiles, int64_t n_tiles,
                              int n_head, int head_dim, float scale, cudaStream_t st) {
@@ -159,12 +291,20 @@ static void launch_attention(float *q, const float *k, const float *v, const cud
 
 extern "C" pshard_status cuda_vision_attention(float *q_out, const float *k, const float *v,
                                                const struct cuda_vision_tile *tiles, int64_t n_tiles, int n_head,
-                                               int head_dim, float scale, cuda_stream s) {
+                                               int head_dim, float scale, bool tensor_cores, cuda_stream s) {
     CUDA_ARG(head_dim > 0 && head_dim <= CUDA_VISION_MAX_HEAD_DIM && n_head > 0 && n_head < 65536,
              "vision attention: %d heads of %d (at most %d)", n_head, head_dim, (int)CUDA_VISION_MAX_HEAD_DIM);
     CUDA_ARG(n_tiles >= 0 && n_tiles < (1ll << 31), "vision attention: %lld tiles", (long long)n_tiles);
     if (n_tiles == 0) return PSHARD_OK;
     cudaStream_t st = raw_stream(s);
+    if (tensor_cores && head_dim % 16 == 0) {
+        const size_t smem = vt_smem(head_dim).bytes;
+        CUDA_TRY(cudaFuncSetAttribute(vision_attention_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        vision_attention_tc_kernel<<<dim3((unsigned)n_tiles, (unsigned)n_head), VT_THREADS, smem, st>>>(q_out, k, v, tiles,
+                                                                                                         n_head, head_dim, scale);
+        CUDA_TRY_LAUNCH("vision attention");
+        return PSHARD_OK;
+    }
     const int per_thread = (head_dim + VA_SUBS - 1) / VA_SUBS;
     if (per_thread <= 8) launch_attention<8>(q_out, k, v, tiles, n_tiles, n_head, head_dim, scale, st);
     else if (per_thread <= 16) launch_attention<16>(q_out, k, v, tiles, n_tiles, n_head, head_dim, scale, st);

@@ -219,9 +219,12 @@ static pshard_status block(struct run *r, uint32_t il) {
     CORE_TRY(cuda_vision_rope(r->q, r->rope, n, (int)hp->n_head, (int)hp->head_dim, r->s));
     CORE_TRY(cuda_vision_rope(r->k, r->rope, n, (int)hp->n_head, (int)hp->head_dim, r->s));
     const bool full = hp->full_attention[il];
+    /* On tensor cores where the layer's weights are 16-bit or narrower: its products are rounded
+     * as coarsely (an F32 encoder keeps f32 attention). */
+    const bool tensor_cores = ly->q_w->type != QUANT_F32;
     CORE_TRY(cuda_vision_attention(r->q, r->k, r->v, r->tiles + (full ? r->l->n_window_tiles : 0),
                                    full ? r->l->n_full_tiles : r->l->n_window_tiles, (int)hp->n_head, (int)hp->head_dim,
-                                   1.0f / sqrtf((float)hp->head_dim), r->s));
+                                   1.0f / sqrtf((float)hp->head_dim), tensor_cores, r->s));
     for (uint32_t c = 0, c0, rows; c < r->l->n_chunks; c++) {
         vision_gpu_chunk(r->l, c, &c0, &rows);
         const size_t off = (size_t)c0 * e;

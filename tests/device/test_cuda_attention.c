@@ -124,10 +124,65 @@ static void prefill(struct dt *d, int n_head, int n_head_kv, int head, int64_t n
     free(seq), free(pos);
 }
 
+/* The vision encoder's attention over tiles (windows of `window` patches, or every patch), f32
+ * and on tensor cores, against softmax attention in double over each tile's keys. */
+static void vision(struct dt *d, int n_head, int head_dim, int n, int window, bool tensor_cores) {
+    const size_t mark = cuda_arena_mark(&d->arena);
+    const int64_t width = (int64_t)n_head * head_dim, total = n * width;
+    float *q = dt_malloc(4 * (size_t)total), *k = dt_malloc(4 * (size_t)total), *v = dt_malloc(4 * (size_t)total);
+    float *want = dt_malloc(4 * (size_t)total), *got = dt_malloc(4 * (size_t)total);
+    dt_fill(q, total, -2.0f, 2.0f), dt_fill(k, total, -1.0f, 1.0f), dt_fill(v, total, -1.0f, 1.0f);
+    struct cuda_vision_tile tiles[256];
+    int n_tiles = 0;
+    for (int w0 = 0; w0 < n; w0 += window) {
+        const int w_len = n - w0 < window ? n - w0 : window;
+        for (int q0 = 0; q0 < w_len && n_tiles < 256; q0 += CUDA_VISION_TILE_QUERIES)
+            tiles[n_tiles++] = (struct cuda_vision_tile){w0 + q0, w_len - q0 < CUDA_VISION_TILE_QUERIES ? w_len - q0
+                                                                                                      : CUDA_VISION_TILE_QUERIES,
+                                                         w0, w_len};
+    }
+    const double scale = 1.0 / sqrt((double)head_dim);
+    double *p = dt_malloc(sizeof(double) * (size_t)n);
+    for (int t = 0; t < n_tiles; t++)
+        for (int r = 0; r < tiles[t].q_count; r++)
+            for (int h = 0; h < n_head; h++) {
+                const float *qr = q + (int64_t)(tiles[t].q_first + r) * width + h * head_dim;
+                double mx = -INFINITY, sum = 0;
+                for (int c = 0; c < tiles[t].k_count; c++) {
+                    const float *kr = k + (int64_t)(tiles[t].k_first + c) * width + h * head_dim;
+                    double dot = 0;
+                    for (int i = 0; i < head_dim; i++) dot += (double)qr[i] * kr[i];
+                    p[c] = dot * scale, mx = p[c] > mx ? p[c] : mx;
+                }
+                for (int c = 0; c < tiles[t].k_count; c++) sum += p[c] = exp(p[c] - mx);
+                for (int i = 0; i < head_dim; i++) {
+                    double o = 0;
+                    for (int c = 0; c < tiles[t].k_count; c++) o += p[c] * v[(int64_t)(tiles[t].k_first + c) * width + h * head_dim + i];
+                    want[(int64_t)(tiles[t].q_first + r) * width + h * head_dim + i] = (float)(o / sum);
+                }
+            }
+    float *dq = dt_upload(d, q, 4 * (size_t)total);
+    DT_CHECK(cuda_vision_attention(dq, dt_upload(d, k, 4 * (size_t)total), dt_upload(d, v, 4 * (size_t)total),
+                                   dt_upload(d, tiles, sizeof tiles[0] * (size_t)n_tiles), n_tiles, n_head, head_dim,
+                                   (float)scale, tensor_cores, d->s));
+    dt_download(d, got, dq, 4 * (size_t)total);
+    int64_t where;
+    const double tol = tensor_cores ? 2e-3 : 2e-5, e = dt_max_err(got, want, total, 1.0, &where); /* |v| <= 1 */
+    dt_case(d, e <= tol, "vision attention %s, %d heads of %d, %d patches in windows of %d (%d tiles): max err %.2e (tol %.0e)",
+            tensor_cores ? "on tensor cores" : "in f32", n_head, head_dim, n, window, n_tiles, e, tol);
+    cuda_arena_reset(&d->arena, mark);
+    free(q), free(k), free(v), free(want), free(got), free(p);
+}
+
 int main(void) {
     struct dt d;
     dt_init(&d, "test_cuda_attention", 1u << 30);
     dt_seed(4);
+    for (int tc = 0; tc < 2; tc++) {
+        vision(&d, 3, 80, 300, 100, tc); /* windows: 64 + 36 queries a window */
+        vision(&d, 2, 80, 777, 777, tc); /* full attention over every patch */
+        vision(&d, 4, 32, 130, 64, tc);  /* the tiny encoder's heads */
+    }
     decode_batch(&d, 8, 2, 64, 64, 300);
     decode_batch(&d, 32, 8, 128, 128, 4096);
     decode_batch(&d, 32, 4, 128, 128, 1000);
