@@ -2,7 +2,8 @@
 # pshard serve beside llama.cpp's llama-server under one load (the serve issue's targets: qwen30b,
 # 16 concurrent chat streams of a ~1K-token prompt and 128 tokens each), with the device memory the
 # driver reports sampled every 0.2 s around each case.
-#   pshard:BUDGET                 pshard serve --vram-budget BUDGET --parallel 16 -c 18432 -t 16 -b 2048
+#   pshard:BUDGET[:ARGS]          pshard serve --vram-budget BUDGET --parallel 16 -c 18432 -t 16 -b 2048
+#                                 and ARGS (commas for spaces, e.g. pshard:2G:--plan,dynamic)
 #   llama:BUDGET:fit              llama-server -np 16 -c 18432 with --fit on, leaving (free - BUDGET) free,
 #                                 and --load-mode none
 #   llama:NAME:ARGS               llama-server -np 16 -c 18432 with ARGS (commas for spaces,
@@ -35,8 +36,10 @@ for case in "$@"; do
   base=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
   log=$out/server_$n.log
   if [ "$who" = pshard ]; then
-    echo "== pshard serve, budget $a"
-    $bin/pshard serve -m "$model" --vram-budget "$a" --parallel 16 -c 18432 -t 16 -b 2048 --port $port >"$log" 2>&1 &
+    args=${b//,/ }
+    echo "== pshard serve, budget $a $args"
+    # shellcheck disable=SC2086
+    $bin/pshard serve -m "$model" --vram-budget "$a" --parallel 16 -c 18432 -t 16 -b 2048 --port $port $args >"$log" 2>&1 &
   else
     args=${b//,/ }
     [ "$b" = fit ] && args="--fit on --fit-target $((free - $(mib "$a"))) --load-mode none"
