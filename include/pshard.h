@@ -97,7 +97,8 @@ pshard_status pshard_parse_size(const char *text, int64_t *bytes);
 typedef struct pshard_params {
     const char *model_path;
     int32_t n_ctx;       /* positions per sequence; 0: 4096 or the model's training context if smaller */
-    int32_t n_batch;     /* most tokens per step (prompt micro-batch); 0: 512 */
+    int32_t n_batch;     /* most tokens per step (prompt micro-batch); 0: chosen by the planner among
+                            512-2048 under a budget the model does not fit whole, else 512 */
     int32_t n_threads;   /* 0: all cores */
     int prefault;        /* read the weights into memory at load (with progress) rather than on first use */
     int gpu;             /* run every shard on the GPU, all weights resident in VRAM (plan gpu, no budget) */
@@ -440,6 +441,7 @@ typedef struct pshard_info {
     const char *arch;
     const char *chat_format;
     int32_t n_vocab, n_ctx, n_batch, n_threads, n_layers;
+    int n_batch_chosen; /* n_batch was chosen by the planner (pshard_params.n_batch 0 under a budget) */
     uint64_t weight_bytes, kv_bytes;
     int on_gpu;
     /* On the GPU: device memory outside the arena (CUDA context, cuBLAS) and the arena's parts. */

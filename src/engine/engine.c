@@ -175,6 +175,11 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
             PSHARD_OK)
             ep.profile = &ctx->profile;
     }
+    if (p->n_batch <= 0 && ep.plan == PLAN_AUTO && ep.vram_budget > 0 && !resident && exec_device_count() > 0) {
+        struct exec_batch_choice choice;
+        CORE_TRY(exec_choose_batch(&ctx->model, &ep, &choice));
+        ctx->batch_chosen = choice.n > 0;
+    }
     ctx->params.n_ctx = ep.n_ctx;
     ctx->params.n_batch = ep.n_batch;
     if (p->vram_follow) ctx->params.vram_budget = ep.vram_budget;
@@ -260,6 +265,7 @@ void pshard_get_info(const pshard_ctx *ctx, pshard_info *info) {
     info->n_vocab = (int32_t)ctx->model.hp.n_vocab;
     info->n_ctx = ctx->params.n_ctx;
     info->n_batch = ctx->params.n_batch;
+    info->n_batch_chosen = ctx->batch_chosen;
     info->n_threads = ctx->params.n_threads;
     info->n_layers = (int32_t)ctx->model.hp.n_layers;
     for (uint64_t i = 0; i < gguf_tensor_count(ctx->file); i++) info->weight_bytes += gguf_tensor_at(ctx->file, i)->n_bytes;

@@ -12,6 +12,7 @@
 #include "tok/tok.h"
 
 struct pshard_ctx {
+    bool batch_chosen; /* params.n_batch chosen by the planner (exec_choose_batch) */
     struct gguf_file *file;
     struct model model;
     struct tok *tok;

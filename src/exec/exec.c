@@ -2,6 +2,7 @@
  * walks the shard list in order. Nothing is allocated per step. */
 #include "exec/exec.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -152,6 +153,40 @@ pshard_status exec_make_plan(const struct model *model, const struct exec_params
     if (st == PSHARD_OK) st = plan_build(model, &req, &costs, out);
     model_weights_free(&w);
     return st;
+}
+
+pshard_status exec_choose_batch(const struct model *model, struct exec_params *params, struct exec_batch_choice *out) {
+    static const int32_t sizes[EXEC_BATCH_SIZES] = {512, 1024, 2048};
+    memset(out, 0, sizeof *out);
+    pshard_status first = PSHARD_OK;
+    double best = INFINITY;
+    for (int i = 0; i < EXEC_BATCH_SIZES; i++) {
+        int32_t b = sizes[i] < params->n_ctx ? sizes[i] : params->n_ctx;
+        if (b < params->n_seq) b = params->n_seq;
+        if (out->n && b <= out->n_batch[out->n - 1]) break; /* (capped: the sizes left are the same) */
+        struct exec_params p = *params;
+        p.n_batch = b;
+        struct plan plan;
+        const pshard_status st = exec_make_plan(model, &p, &plan);
+        if (st != PSHARD_OK && i == 0) first = st;
+        if (st == PSHARD_OK && i == 0 && plan.n_candidates == 0) { /* (fits whole: nothing weighed) */
+            plan_free(&plan);
+            return PSHARD_OK;
+        }
+        out->n_batch[out->n] = b;
+        out->request_s[out->n] = st == PSHARD_OK ? plan.predicted_ttft + plan.n_decode * plan.predicted_decode : INFINITY;
+        if (out->request_s[out->n] < best) best = out->request_s[out->n];
+        out->n++;
+        if (st == PSHARD_OK) plan_free(&plan);
+    }
+    if (!isfinite(best)) {
+        out->n = 0;
+        return first != PSHARD_OK ? first : core_fail(PSHARD_ERR_INTERNAL, "no micro-batch size plans");
+    }
+    for (int i = 0; i < out->n; i++)
+        if (out->request_s[i] <= best * (1 + EXEC_BATCH_MARGIN)) out->chosen = i;
+    params->n_batch = out->n_batch[out->chosen];
+    return PSHARD_OK;
 }
 
 struct exec_params exec_params_for_candidate(const struct exec_params *params, const struct plan_candidate *cand) {

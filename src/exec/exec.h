@@ -119,6 +119,26 @@ const struct plan *exec_get_plan(const struct exec_ctx *ctx);
  * or needing one (exec_create follows it; `pshard plan` prints it). Free with plan_free. */
 pshard_status exec_make_plan(const struct model *model, const struct exec_params *params, struct plan *out);
 
+/* The micro-batch where none was asked for, under a budget the model does not fit whole: each
+ * prompt chunk reads the weights that are not resident once more, so larger chunks read a long
+ * prompt's weights fewer times, while their activations and work buffers take VRAM from resident
+ * weights. Of EXEC_BATCH_SIZES sizes, 512 to 2048 (up to the context, at least one token of every
+ * sequence; not more: a step's logits are held for each of its tokens in pinned host memory),
+ * each priced by its plan's typical request (plan.predicted_ttft and n_decode steps of
+ * predicted_decode), the largest within EXEC_BATCH_MARGIN of the soonest: the typical 1K-token
+ * prompt does not show what a longer one gains. A size whose plan fails (its buffers do not fit)
+ * is passed over. n_batch unchanged where the plan at the smallest size weighs nothing (the model
+ * fits whole) or no size plans. */
+enum { EXEC_BATCH_SIZES = 3 };
+#define EXEC_BATCH_MARGIN 0.02
+struct exec_batch_choice {
+    int n;                               /* sizes weighed (0: nothing to choose, n_batch as it was) */
+    int32_t n_batch[EXEC_BATCH_SIZES];
+    double request_s[EXEC_BATCH_SIZES];  /* the typical request's predicted seconds; INFINITY: no plan */
+    int chosen;
+};
+pshard_status exec_choose_batch(const struct model *model, struct exec_params *params, struct exec_batch_choice *out);
+
 /* The parameters that build candidate `cand` of an automatic plan alone: its family, stream share
  * and resident set, the rest as in `params` (the oracle runs each; `pshard plan --tokens` prices
  * each). */

@@ -498,3 +498,47 @@ def test_plan_folds_layers_placed_alike(default_model, tmp_path):
         assert none == 0 and [r[0] for r in all_rows] == list(range(len(all_rows))), args
         assert folds > 0 and len(folded.stdout.splitlines()) < len(every.stdout.splitlines()), args
         assert rows == all_rows, args
+
+
+def micro_batch_note(stdout):
+    """The "micro-batch:" note (wrapped over lines) as (chosen, sizes, seconds), or None."""
+    lines = stdout.splitlines()
+    at = next((i for i, l in enumerate(lines) if l.startswith("micro-batch:")), None)
+    if at is None:
+        return None
+    text = " ".join(lines[at:at + 4])
+    m = re.match(r"micro-batch: (\d+) tokens a prompt step, chosen without -b: of ([\d /]+), the largest whose "
+                 r"typical request is predicted within 2% of the soonest \(([\d./ ]+) s\)", text)
+    assert m, text
+    return int(m.group(1)), [int(x) for x in m.group(2).split(" / ")], [float(x) for x in m.group(3).split(" / ")]
+
+
+def test_plan_chooses_the_micro_batch_without_b(default_model):
+    """Without -b, under a budget the model does not fit whole, the plan weighs micro-batches of 512,
+    1024 and 2048 tokens by their typical request and takes the largest within 2% of the soonest; the
+    plan printed is then the one -b with that size prints. With -b, or a budget the model fits whole,
+    nothing is chosen."""
+    base = ["plan", "-m", default_model, "-c", "4096", "--no-profile"]
+    for budget in ("150M", "100M"):
+        proc = pshard(*base, "--vram-budget", budget)
+        assert proc.returncode == 0, proc.stderr
+        note = micro_batch_note(proc.stdout)
+        assert note, proc.stdout[:600]
+        chosen, sizes, seconds = note
+        assert sizes == [512, 1024, 2048]
+        # printed to 3 places: the choice is the largest size within 2% of the soonest, allowing the rounding
+        best = min(seconds)
+        within = [s for s, t in zip(sizes, seconds) if t <= best * 1.02 + 0.0015]
+        strictly = [s for s, t in zip(sizes, seconds) if t <= best * 1.02 - 0.0015]
+        assert max(strictly) <= chosen <= max(within), (budget, note)
+        given = pshard(*base, "--vram-budget", budget, "-b", str(chosen))
+        assert given.returncode == 0, given.stderr
+        assert micro_batch_note(given.stdout) is None
+        rest = [l for l in proc.stdout.splitlines() if not l.startswith("micro-batch:")]
+        at = next(i for i, l in enumerate(rest) if l.startswith("plan "))
+        assert rest[at:] == given.stdout.splitlines()[given.stdout.splitlines().index(rest[at]):], budget
+    whole = pshard(*base, "--vram-budget", "2G")
+    assert whole.returncode == 0, whole.stderr
+    assert micro_batch_note(whole.stdout) is None  # it fits whole: nothing to weigh
+    cpu = pshard(*base, "--vram-budget", "150M", "--plan", "cpu")
+    assert cpu.returncode == 0 and micro_batch_note(cpu.stdout) is None

@@ -1,4 +1,5 @@
 /* `pshard plan`: where every shard would run under a VRAM budget, without loading weights. */
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,12 +32,15 @@ static void print_usage(FILE *out) {
                  "  resident sets by a typical request: a prompt of 1K tokens (or half the context), then 128\n"
                  "  generated tokens, or N with -n N (-1: to the context's end), as `pshard run -n N` does;\n"
                  "  with --parallel N, N such requests at once, and -c is the KV cells they share (as in\n"
-                 "  `pshard batch` and `pshard serve`). Nothing is loaded onto the GPU. With --mmproj and\n"
-                 "  --image-size, after the plan: the image's size after the model's resize, its patches and\n"
-                 "  tokens, the vision encoder's predicted time on the GPU and on the CPU, its peak VRAM, where\n"
-                 "  it runs under this plan (the GPU where it fits the memory the plan lends between steps),\n"
-                 "  and the first token of a request with that image and a short question; --no-mmproj-offload\n"
-                 "  prices it as `pshard run --no-mmproj-offload` runs it, on the CPU.\n");
+                 "  `pshard batch` and `pshard serve`). Without -b, under a budget the model does not fit\n"
+                 "  whole, auto also weighs micro-batches of 512, 1024 and 2048 tokens by that request and\n"
+                 "  says which it takes (`micro-batch:`), as `pshard run` does; else -b is 512. Nothing is\n"
+                 "  loaded onto the GPU. With --mmproj and --image-size, after the plan: the image's size after\n"
+                 "  the model's resize, its patches and tokens, the vision encoder's predicted time on the GPU\n"
+                 "  and on the CPU, its peak VRAM, where it runs under this plan (the GPU where it fits the\n"
+                 "  memory the plan lends between steps), and the first token of a request with that image and\n"
+                 "  a short question; --no-mmproj-offload prices it as `pshard run --no-mmproj-offload` runs\n"
+                 "  it, on the CPU.\n");
 }
 
 enum { MAX_TOKENS = 16 };
@@ -83,6 +87,19 @@ static pshard_status print_steps(const struct model *m, const struct exec_params
     return PSHARD_OK;
 }
 
+/* The micro-batch chosen without -b, and each size's typical request. */
+static void print_batch_choice(const struct exec_batch_choice *c, FILE *out) {
+    char sizes[96] = "", times[96] = "";
+    for (int i = 0, a = 0, b = 0; i < c->n; i++) {
+        a += snprintf(sizes + a, sizeof sizes - (size_t)a, "%s%d", i ? " / " : "", c->n_batch[i]);
+        b += isfinite(c->request_s[i]) ? snprintf(times + b, sizeof times - (size_t)b, "%s%.3f", i ? " / " : "", c->request_s[i])
+                                       : snprintf(times + b, sizeof times - (size_t)b, "%sdoes not fit", i ? " / " : "");
+    }
+    plan_note(out, "micro-batch: %d tokens a prompt step, chosen without -b: of %s, the largest whose typical request is "
+                   "predicted within %.0f%% of the soonest (%s s); larger steps read a long prompt's streamed weights "
+                   "fewer times", c->n_batch[c->chosen], sizes, EXEC_BATCH_MARGIN * 100, times);
+}
+
 int cmd_plan(int argc, char **argv) {
     const char *model_path = NULL;
     bool no_profile = false, every_shard = false;
@@ -92,7 +109,7 @@ int cmd_plan(int argc, char **argv) {
     pshard_params_default(&planning);
     int64_t tokens[MAX_TOKENS];
     int n_tokens = 0;
-    bool budget_given = false;
+    bool budget_given = false, batch_given = false;
     struct plan_image image = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -142,6 +159,7 @@ int cmd_plan(int argc, char **argv) {
         } else if (!strcmp(a, "-b") && v) {
             if (INT(1, 65536)) return 2;
             p.n_batch = (int32_t)k;
+            batch_given = true;
         } else {
             fprintf(stderr, "pshard plan: unknown or incomplete option '%s'\n", a);
             print_usage(stderr);
@@ -192,14 +210,6 @@ int cmd_plan(int argc, char **argv) {
     }
     if (p.n_seq > 1) exec_params_share_pool(&p, model.hp.n_ctx_train); /* --parallel: -c is the pool they share */
     else p.n_ctx = cli_cap_context("plan", model.hp.n_ctx_train, p.n_ctx);
-    for (int k = 0; k < n_tokens; k++)
-        if (tokens[k] > p.n_batch || tokens[k] > p.n_ctx) {
-            fprintf(stderr, "pshard plan: --tokens: a step of %lld tokens is over the micro-batch (-b %d) or the context (-c %d)\n",
-                    (long long)tokens[k], p.n_batch, p.n_ctx);
-            model_free(&model);
-            gguf_close(file);
-            return 2;
-        }
     struct profile profile;
     bool measured_now;
     pshard_status st = profile_file ? profile_load(profile_file, NULL, &profile)
@@ -232,6 +242,20 @@ int cmd_plan(int argc, char **argv) {
             plan_note(stderr, "pshard plan: this machine has no CUDA device, so `pshard run` here runs on the CPU "
                               "alone (--vram-budget 0); this plan is for a machine with one");
     }
+    /* Without -b, the micro-batch a run would choose (exec_choose_batch), before --tokens is held to it. */
+    if (st == PSHARD_OK && !batch_given && p.plan == PLAN_AUTO && p.vram_budget > 0) {
+        struct exec_batch_choice choice;
+        st = exec_choose_batch(&model, &p, &choice);
+        if (st == PSHARD_OK && choice.n) print_batch_choice(&choice, stdout);
+    }
+    for (int k = 0; st == PSHARD_OK && k < n_tokens; k++)
+        if (tokens[k] > p.n_batch || tokens[k] > p.n_ctx) {
+            fprintf(stderr, "pshard plan: --tokens: a step of %lld tokens is over the micro-batch (-b %d) or the context (-c %d)\n",
+                    (long long)tokens[k], p.n_batch, p.n_ctx);
+            model_free(&model);
+            gguf_close(file);
+            return 2;
+        }
     if (st == PSHARD_OK) st = exec_make_plan(&model, &p, &plan);
     if (st == PSHARD_OK) {
         plan_print(&plan, &model, every_shard, stdout);

@@ -21,7 +21,8 @@ static void print_usage(FILE *out, const char *cmd) {
             "                          generated tokens (else 128), as `pshard plan -n N` shows\n"
             "  -c, --ctx-size N        context length (default 4096; a larger one than the model was trained\n"
             "                          for is capped at that, with a notice)\n"
-            "  -b, --batch-size N      prompt tokens per step (default 512)\n"
+            "  -b, --batch-size N      prompt tokens per step (default: the planner's choice of 512-2048 under a\n"
+            "                          budget the model does not fit whole, else 512)\n"
             "  -t, --threads N         CPU threads (default: all cores)\n"
             "  --temp T                temperature; 0 is greedy (default 0.8)\n"
             "  --top-k K, --top-p P, --min-p P   filters (default 40, 0.95, 0.05; 0/1/0 turn them off)\n"
@@ -323,6 +324,9 @@ pshard_ctx *run_open_model(struct run_opts *o) {
                 pshard_format_bytes(info.vram_context_bytes, f, sizeof f), info.plan, many, n > 1 ? "every first token in" : "TTFT",
                 info.predicted_ttft_s, info.predicted_prompt_tokens, info.predicted_decode_s > 0 ? n / info.predicted_decode_s : 0.0,
                 n > 1 ? " in all" : "", info.profile_measured ? "" : "; from default costs, not a measured profile");
+        if (info.n_batch_chosen)
+            fprintf(stderr, "micro-batch: %d tokens a prompt step, the planner's choice for this budget (-b N sets it)\n",
+                    info.n_batch);
         if (info.vram_follow)
             fprintf(stderr, "VRAM budget %.0f MiB, following free memory and leaving %s to other programs\n",
                     info.vram_budget / 1048576.0, pshard_format_bytes(info.vram_keep, a, sizeof a));
