@@ -11,7 +11,8 @@
 # Environment: MODEL (default /dev/shm/qwen30b.gguf, written by gguf-synth if absent); FIXED_BUDGET
 # (default: the budget auto starts at, what the model needs whole, so both start alike); KEEP
 # (default 1G); PATTERN (the game's wants over time, default from the device's total T GiB:
-# 0:(T-40)G,20:(T-10)G,50:(T-40)G,70:(T-6)G,90:(T-40)G); DURATION (default 110 s); PSHARD_BUILD (an
+# 0:(T-40)G,20:(T-10)G,50:(T-40)G,70:(T-6)G,90:(T-40)G); READ (the share of its assets a frame
+# reads, default 0.03); DURATION (default 110 s); PSHARD_BUILD (an
 # existing Release build; else build-bench is made here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +32,11 @@ t=$((total / 1024))
 pattern=${PATTERN:-0:$((t - 40))G,20:$((t - 10))G,50:$((t - 40))G,70:$((t - 6))G,90:$((t - 40))G}
 duration=${DURATION:-110}
 keep=${KEEP:-1G}
+# The share of its assets a frame reads: the pattern scales the game to the device (~100-134 GB on
+# an H200), so the stand-in's default quarter would read ~30 GB a frame, more than the GPU serves at
+# its frame rate, and take the GPU from pshard whenever it has its memory (start BP). 0.03 reads
+# ~3-4 GB a frame, ~200 GB/s at 60 frames a second, as a game's frame does on a client card.
+read=${READ:-0.03}
 port=18080
 
 serve_and_play() { # MODE BUDGET
@@ -50,7 +56,7 @@ serve_and_play() { # MODE BUDGET
   python3 bench/coexec.py sample "http://127.0.0.1:$port" "$out/pshard_$mode.csv" "$duration" &
   local sampler=$!
   sleep 5 # pshard at speed before the game starts
-  "$bin/game_standin" --pattern "$pattern" --duration "$((duration - 10))" --log "$out/game_$mode.csv"
+  "$bin/game_standin" --pattern "$pattern" --read "$read" --duration "$((duration - 10))" --log "$out/game_$mode.csv"
   wait $sampler $load || true
   kill -TERM $serve
   wait $serve || true
