@@ -433,8 +433,9 @@ def test_plan_prices_steps_of_any_size(tmp_path):
         assert cells[0][0] < cells[1][0] <= cells[3][0] * 1.001, name
     # At the tiers' fewest tokens, the mark is the candidates' table's choice, with its time.
     lines = proc.stdout.splitlines()
-    at = next(i for i, l in enumerate(lines) if l.startswith("candidates"))
-    for line in lines[at + 2:]:
+    at = next(i for i, l in enumerate(lines) if l.startswith("  plan ") and "16-63" in l)  # the table's head
+    checked = 0
+    for line in lines[at + 1:]:
         m = re.match(r"^  (.+?)\s{2,}(\d.*)$", line)
         if not m:
             break
@@ -443,6 +444,8 @@ def test_plan_prices_steps_of_any_size(tmp_path):
             if cells[column].endswith("*"):
                 assert rows[m.group(1)][k][1], (m.group(1), sizes[k])
                 assert abs(rows[m.group(1)][k][0] / float(cells[column].rstrip("*=")) - 1) < 1e-3
+                checked += 1
+    assert checked == 2  # one choice in each of the two tiers
     # 63 tokens: the 64-token tier's plan, started sooner (the ring's gpu plan).
     assert [name for name, cells in rows.items() if cells[3][1]] == ["gpu"]
     # Bad lists are refused, naming the option; a step over the micro-batch too.
