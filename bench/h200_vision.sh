@@ -16,7 +16,8 @@
 # only at that size, SHORT_N at the others, whose TTFT and peak are what they add; the decode rate
 # does not depend on the image); CTX (both programs' context, default 8192: a 2560x1440 image is 4,641
 # tokens of Qwen2.5-VL); THREADS (default 16). Writes OUT_DIR/vision.txt (the table) and each
-# case's log; llama-mtmd-cli runs with `-lv 4`, where its library prints its timings.
+# case's log, and OUT_DIR/vision.png (bench/vision_plot.py); llama-mtmd-cli runs with `-lv 4`, where its library
+# prints its timings.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$1
@@ -108,3 +109,5 @@ run_case() {
     done
   done
 } | tee "$out/vision.txt"
+# The plot (and pshard's TTFT and whole run against each llama case), where matplotlib is installed.
+if python3 -c "import matplotlib" 2>/dev/null; then python3 bench/vision_plot.py "$out/vision.txt" "$out/vision.png"; fi
