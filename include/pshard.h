@@ -97,7 +97,7 @@ pshard_status pshard_parse_size(const char *text, int64_t *bytes);
 typedef struct pshard_params {
     const char *model_path;
     int32_t n_ctx;       /* positions per sequence; 0: 4096 or the model's training context if smaller */
-    int32_t n_batch;     /* most tokens per step (prompt micro-batch); 0: chosen by the planner among
+    int32_t n_batch;     /* most tokens per step (prompt micro-batch); 0: the automatic plan's choice of
                             512-2048 under a budget the model does not fit whole, else 512 */
     int32_t n_threads;   /* 0: all cores */
     int prefault;        /* read the weights into memory at load (with progress) rather than on first use */
