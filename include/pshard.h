@@ -98,7 +98,7 @@ typedef struct pshard_params {
     const char *model_path;
     int32_t n_ctx;       /* positions per sequence; 0: 4096 or the model's training context if smaller */
     int32_t n_batch;     /* most tokens per step (prompt micro-batch); 0: the automatic plan's choice of
-                            512-2048 under a budget the model does not fit whole, else 512 */
+                            512 or 1024 under a budget the model does not fit whole, else 512 */
     int32_t n_threads;   /* 0: all cores */
     int prefault;        /* read the weights into memory at load (with progress) rather than on first use */
     int gpu;             /* run every shard on the GPU, all weights resident in VRAM (plan gpu, no budget) */

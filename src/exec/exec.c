@@ -156,7 +156,7 @@ pshard_status exec_make_plan(const struct model *model, const struct exec_params
 }
 
 pshard_status exec_choose_batch(const struct model *model, struct exec_params *params, struct exec_batch_choice *out) {
-    static const int32_t sizes[EXEC_BATCH_SIZES] = {512, 1024, 2048};
+    static const int32_t sizes[EXEC_BATCH_SIZES] = {512, 1024};
     memset(out, 0, sizeof *out);
     pshard_status first = PSHARD_OK;
     double best = INFINITY;

@@ -122,14 +122,15 @@ pshard_status exec_make_plan(const struct model *model, const struct exec_params
 /* The micro-batch where none was asked for, under a budget the model does not fit whole: each
  * prompt chunk reads the weights that are not resident once more, so larger chunks read a long
  * prompt's weights fewer times, while their activations and work buffers take VRAM from resident
- * weights. Of EXEC_BATCH_SIZES sizes, 512 to 2048 (up to the context, at least one token of every
- * sequence; not more: a step's logits are held for each of its tokens in pinned host memory),
+ * weights. Of EXEC_BATCH_SIZES sizes, 512 and 1024 (up to the context, at least one token of every
+ * sequence; not more: a step's logits are held for each of its tokens, in host memory and again in
+ * pinned memory for the GPU's copies, 2 x 1024 x 152K floats = 1.2 GB for qwen3's vocabulary),
  * each priced by its plan's typical request (plan.predicted_ttft and n_decode steps of
  * predicted_decode), the largest within EXEC_BATCH_MARGIN of the soonest: the typical 1K-token
  * prompt does not show what a longer one gains. A size whose plan fails (its buffers do not fit)
  * is passed over. n_batch unchanged where the plan at the smallest size weighs nothing (the model
  * fits whole) or no size plans. */
-enum { EXEC_BATCH_SIZES = 3 };
+enum { EXEC_BATCH_SIZES = 2 };
 #define EXEC_BATCH_MARGIN 0.02
 struct exec_batch_choice {
     int n;                               /* sizes weighed (0: nothing to choose, n_batch as it was) */

@@ -33,7 +33,7 @@ static void print_usage(FILE *out) {
                  "  generated tokens, or N with -n N (-1: to the context's end), as `pshard run -n N` does;\n"
                  "  with --parallel N, N such requests at once, and -c is the KV cells they share (as in\n"
                  "  `pshard batch` and `pshard serve`). Without -b, under a budget the model does not fit\n"
-                 "  whole, auto also weighs micro-batches of 512, 1024 and 2048 tokens by that request and\n"
+                 "  whole, auto also weighs micro-batches of 512 and 1024 tokens by that request and\n"
                  "  says which it takes (`micro-batch:`), as `pshard run` does; else -b is 512. Nothing is\n"
                  "  loaded onto the GPU. With --mmproj and --image-size, after the plan: the image's size after\n"
                  "  the model's resize, its patches and tokens, the vision encoder's predicted time on the GPU\n"

@@ -21,7 +21,7 @@ static void print_usage(FILE *out, const char *cmd) {
             "                          generated tokens (else 128), as `pshard plan -n N` shows\n"
             "  -c, --ctx-size N        context length (default 4096; a larger one than the model was trained\n"
             "                          for is capped at that, with a notice)\n"
-            "  -b, --batch-size N      prompt tokens per step (default: the automatic plan's choice of 512-2048\n"
+            "  -b, --batch-size N      prompt tokens per step (default: the automatic plan's choice of 512 or 1024\n"
             "                          under a budget the model does not fit whole, else 512)\n"
             "  -t, --threads N         CPU threads (default: all cores)\n"
             "  --temp T                temperature; 0 is greedy (default 0.8)\n"
