@@ -5,8 +5,10 @@
                                          memory (nvidia-smi), into a CSV
   coexec.py plot OUT_DIR                 OUT_DIR/coexec.png: per mode (auto, fixed), the game's
                                          frame rate and memory (game_<mode>.csv) over pshard's
-                                         tokens/s and budget (pshard_<mode>.csv); and a summary
-                                         of each mode's figures on stdout
+                                         tokens/s and budget (pshard_<mode>.csv), on the sampler's
+                                         clock (the game's moved by game_offset_<mode>.txt, the
+                                         seconds it started after the sampler); and a summary of
+                                         each mode's figures on stdout, pshard's over the game's span
 Only the standard library to sample; matplotlib to plot."""
 import csv
 import os
@@ -67,7 +69,11 @@ def plot(out):
     fig, axes = plt.subplots(2, len(modes), figsize=(7 * len(modes), 7), sharex=True, squeeze=False)
     for col, mode in enumerate(modes):
         game, ps = read(os.path.join(out, "game_%s.csv" % mode)), read(os.path.join(out, "pshard_%s.csv" % mode))
-        gt = [float(r["t_s"]) for r in game]
+        # The game starts after the sampler: its times moved onto the sampler's clock (coexec.sh
+        # writes the gap; none: 0).
+        gap_path = os.path.join(out, "game_offset_%s.txt" % mode)
+        gap = float(open(gap_path).read()) if os.path.exists(gap_path) else 0.0
+        gt = [float(r["t_s"]) + gap for r in game]
         ax = axes[0][col]
         ax.plot(gt, [float(r["fps"]) for r in game], color="tab:green", label="game FPS")
         ax.set_ylabel("frames/s")
@@ -89,12 +95,14 @@ def plot(out):
         fps = [float(r["fps"]) for r in game]
         missed = sum(int(r["missed"]) for r in game)
         short = sum(1 for r in game if float(r["have_mib"]) < float(r["want_mib"]))
-        tps = [float(r["tokens_per_s"]) for r in ps[1:]]
-        print("%-5s game: mean %.1f FPS, min %.1f, %d missed frames, %d of %d seconds short of memory; pshard: mean "
-              "%.1f tokens/s, min %.1f, budget %.1f-%.1f GiB, %s changes" % (
+        # pshard's figures over the game's span (the game's first second covers the second before its first row)
+        tps = [float(r["tokens_per_s"]) for r in ps[1:] if gt[0] - 1 <= float(r["t_s"]) <= gt[-1]]
+        print("%-5s game: mean %.1f FPS, min %.1f, %d missed frames, %d of %d seconds short of memory; pshard over the "
+              "game's span: mean %.1f tokens/s, min %.1f, budget %.1f-%.1f GiB, %s changes (the game's clock %.2f s "
+              "after the sampler's)" % (
                   mode, sum(fps) / len(fps), min(fps), missed, short, len(game), sum(tps) / max(1, len(tps)),
                   min(tps or [0]), min(float(r["budget_mib"]) for r in ps) / 1024,
-                  max(float(r["budget_mib"]) for r in ps) / 1024, ps[-1]["changes"]))
+                  max(float(r["budget_mib"]) for r in ps) / 1024, ps[-1]["changes"], gap))
     fig.tight_layout()
     fig.savefig(os.path.join(out, "coexec.png"), dpi=120)
     print("wrote", os.path.join(out, "coexec.png"))

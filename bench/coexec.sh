@@ -53,9 +53,13 @@ serve_and_play() { # MODE BUDGET
   python3 bench/serve_load.py "http://127.0.0.1:$port" 4 100000 256 64 --deadline "$duration" \
     > "$out/load_$mode.txt" 2>&1 &
   local load=$!
+  local t_sampler t_game
+  t_sampler=$(date +%s.%N)
   python3 bench/coexec.py sample "http://127.0.0.1:$port" "$out/pshard_$mode.csv" "$duration" &
   local sampler=$!
   sleep 5 # pshard at speed before the game starts
+  t_game=$(date +%s.%N)
+  awk -v a="$t_sampler" -v b="$t_game" 'BEGIN { printf "%.3f\n", b - a }' > "$out/game_offset_$mode.txt" # (the plot's clocks)
   "$bin/game_standin" --pattern "$pattern" --read "$read" --duration "$((duration - 10))" --log "$out/game_$mode.csv"
   wait $sampler $load || true
   kill -TERM $serve
