@@ -7,16 +7,13 @@
  * tiles and heads give fewer blocks than fill the GPU (a few dozen tokens at the end of a long
  * cache), the cache is split into slices, a block per slice, and the decode kernel's merge
  * combines them (flash-decoding). */
-#include "cuda/cuda_internal.cuh"
+#include "cuda/attention_tile.cuh"
 #include "cuda/cuda_sizes.h"
 
 #include <math.h>
-#include <mma.h>
 
-using namespace nvcuda;
-
-enum { AP_Q = CUDA_PREFILL_Q_ROWS, AP_KV = CUDA_KV_TILE, AP_THREADS = 128, AP_MAX_HEAD = CUDA_PREFILL_MAX_HEAD, SP = AP_KV + 4,
-       PP = AP_KV + 8 };
+enum { AP_Q = CUDA_PREFILL_Q_ROWS, AP_KV = CUDA_KV_TILE, AP_THREADS = 128, AP_MAX_HEAD = CUDA_PREFILL_MAX_HEAD,
+       SP = attn_tile<AP_KV>::SP, PP = attn_tile<AP_KV>::PP };
 
 struct ap_args {
     const float *q;
@@ -36,23 +33,16 @@ struct ap_layout {
     size_t q, k, v, s, p, o, ml, bytes;
 };
 
-/* Carve `bytes` at `at`, keeping every region on 128 bytes (WMMA wants 32-byte pointers). */
-static __host__ __device__ size_t take(size_t &at, size_t bytes) {
-    const size_t here = at;
-    at = (at + bytes + 127) & ~(size_t)127;
-    return here;
-}
-
 static __host__ __device__ ap_layout ap_smem(int head_k, int head_v) {
     ap_layout L;
     size_t at = 0;
-    L.q = take(at, (size_t)AP_Q * (head_k + 8) * 2);
-    L.k = take(at, (size_t)AP_KV * (head_k + 8) * 2);
-    L.v = take(at, (size_t)AP_KV * (head_v + 8) * 2);
-    L.s = take(at, (size_t)AP_Q * SP * 4);
-    L.p = take(at, (size_t)AP_Q * PP * 2);
-    L.o = take(at, (size_t)AP_Q * (head_v + 4) * 4);
-    L.ml = take(at, (size_t)AP_Q * 3 * 4);
+    L.q = attn_smem_take(at, (size_t)AP_Q * (head_k + 8) * 2);
+    L.k = attn_smem_take(at, (size_t)AP_KV * (head_k + 8) * 2);
+    L.v = attn_smem_take(at, (size_t)AP_KV * (head_v + 8) * 2);
+    L.s = attn_smem_take(at, (size_t)AP_Q * SP * 4);
+    L.p = attn_smem_take(at, (size_t)AP_Q * PP * 2);
+    L.o = attn_smem_take(at, (size_t)AP_Q * (head_v + 4) * 4);
+    L.ml = attn_smem_take(at, (size_t)AP_Q * 3 * 4);
     L.bytes = at;
     return L;
 }
@@ -102,58 +92,9 @@ __global__ void __launch_bounds__(AP_THREADS) attn_prefill_kernel(const ap_args 
             *(uint4 *)(Vs + r * HVP + d8 * 8) = c < kv_end ? *(const uint4 *)(vb + (int64_t)r * a.v_width + d8 * 8) : make_uint4(0, 0, 0, 0);
         }
         __syncthreads();
-        /* S = Q K^T for this warp's 16 rows. */
-        for (int j = 0; j < AP_KV / 16; j++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> sf;
-            wmma::fill_fragment(sf, 0.0f);
-            for (int kk = 0; kk < HK; kk += 16) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> qa;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> kb_frag;
-                wmma::load_matrix_sync(qa, Qs + warp * 16 * HKP + kk, HKP);
-                wmma::load_matrix_sync(kb_frag, Ks + j * 16 * HKP + kk, HKP);
-                wmma::mma_sync(sf, qa, kb_frag, sf);
-            }
-            wmma::store_matrix_sync(S + j * 16, sf, SP, wmma::mem_row_major);
-        }
-        __syncwarp();
-        /* Online softmax: lanes 2r and 2r + 1 share row r, 32 columns each. */
-        const int r = lane / 2, R = warp * 16 + r, col0 = (lane % 2) * 32, pos_r = row_pos[R];
-        float mx = -INFINITY;
-        for (int c = col0; c < col0 + 32; c++) {
-            const float sv = c0 + c <= pos_r && c0 + c < kv_end ? S[r * SP + c] * a.scale : -INFINITY;
-            S[r * SP + c] = sv;
-            mx = fmaxf(mx, sv);
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        const float m_old = row_m[R], m_new = fmaxf(m_old, mx);
-        float sum = 0.0f;
-        for (int c = col0; c < col0 + 32; c++) {
-            const __half p = __float2half_rn(m_new == -INFINITY ? 0.0f : expf(S[r * SP + c] - m_new));
-            P[r * PP + c] = p;
-            sum += __half2float(p);
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        const float rescale = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
-        __syncwarp(); /* both lanes of the row have read row_m */
-        if (lane % 2 == 0) {
-            row_m[R] = m_new;
-            row_l[R] = row_l[R] * rescale + sum;
-        }
-        for (int d = lane % 2; d < HV; d += 2) O[r * OP + d] *= rescale;
-        __syncwarp();
-        /* O += P V. */
-        for (int n = 0; n < HV / 16; n++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> of;
-            wmma::load_matrix_sync(of, O + n * 16, OP, wmma::mem_row_major);
-            for (int kk = 0; kk < AP_KV; kk += 16) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> pa;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> vb_frag;
-                wmma::load_matrix_sync(pa, P + kk, PP);
-                wmma::load_matrix_sync(vb_frag, Vs + kk * HVP + n * 16, HVP);
-                wmma::mma_sync(of, pa, vb_frag, of);
-            }
-            wmma::store_matrix_sync(O + n * 16, of, OP, wmma::mem_row_major);
-        }
+        attn_tile_scores<AP_KV>(Qs, HKP, Ks, HKP, HK, warp, S);
+        attn_tile_softmax_pv<AP_KV>(S, P, row_m, row_l, O, OP, Vs, HVP, HV, a.scale, warp, lane,
+                                    [&](int R, int c) { return c0 + c <= row_pos[R] && c0 + c < kv_end; });
         __syncthreads(); /* K/V tiles are replaced next */
     }
     __syncwarp();

@@ -4,11 +4,8 @@
  * else the encoder runs (norms, products with its weights, SwiGLU, adds) is the language model's
  * kernels. All in f32, as src/vision/encoder.c computes; products are written unfused where the
  * CPU's are, so only the order of sums differs. */
+#include "cuda/attention_tile.cuh"
 #include "cuda/cuda_internal.cuh"
-
-#include <mma.h>
-
-using namespace nvcuda;
 
 #include <math.h>
 
@@ -157,32 +154,25 @@ __global__ void __launch_bounds__(VA_THREADS) vision_attention_kernel(float *q, 
  * products are rounded as coarsely): a block takes a tile's queries (up to 64) for one head, its
  * keys and values through shared memory 64 rows at a time, rounded to f16. Each of its 4 warps
  * owns 16 queries: S = Q K^T with WMMA (f16 in, f32 accumulate), the online softmax in f32 (two
- * lanes a row), P rounded to f16 and summed as rounded, O = O * rescale + P V with WMMA, as the
- * language model's prefill kernel (attention_prefill.cu) does over its cache. head_dim a multiple
- * of 16. */
-enum { VT_Q = CUDA_VISION_TILE_QUERIES, VT_KV = 64, VT_THREADS = 128, VT_SP = VT_KV + 4, VT_PP = VT_KV + 8 };
+ * lanes a row), P rounded to f16 and summed as rounded, O = O * rescale + P V with WMMA: the
+ * language model's prefill kernel's step (attention_tile.cuh), each row seeing the tile's keys.
+ * head_dim a multiple of 16. */
+enum { VT_Q = CUDA_VISION_TILE_QUERIES, VT_KV = 64, VT_THREADS = 128, VT_SP = attn_tile<VT_KV>::SP, VT_PP = attn_tile<VT_KV>::PP };
 
 struct vt_layout {
     size_t q, k, v, s, p, o, ml, bytes;
 };
 
-/* Carve `bytes` at `at`, keeping every region on 128 bytes (WMMA wants 32-byte pointers). */
-static __host__ __device__ size_t vt_take(size_t &at, size_t bytes) {
-    const size_t here = at;
-    at = (at + bytes + 127) & ~(size_t)127;
-    return here;
-}
-
 static __host__ __device__ vt_layout vt_smem(int hd) {
     vt_layout L;
     size_t at = 0;
-    L.q = vt_take(at, (size_t)VT_Q * (hd + 8) * 2);
-    L.k = vt_take(at, (size_t)VT_KV * (hd + 8) * 2);
-    L.v = vt_take(at, (size_t)VT_KV * (hd + 8) * 2);
-    L.s = vt_take(at, (size_t)VT_Q * VT_SP * 4);
-    L.p = vt_take(at, (size_t)VT_Q * VT_PP * 2);
-    L.o = vt_take(at, (size_t)VT_Q * (hd + 4) * 4);
-    L.ml = vt_take(at, (size_t)VT_Q * 2 * 4);
+    L.q = attn_smem_take(at, (size_t)VT_Q * (hd + 8) * 2);
+    L.k = attn_smem_take(at, (size_t)VT_KV * (hd + 8) * 2);
+    L.v = attn_smem_take(at, (size_t)VT_KV * (hd + 8) * 2);
+    L.s = attn_smem_take(at, (size_t)VT_Q * VT_SP * 4);
+    L.p = attn_smem_take(at, (size_t)VT_Q * VT_PP * 2);
+    L.o = attn_smem_take(at, (size_t)VT_Q * (hd + 4) * 4);
+    L.ml = attn_smem_take(at, (size_t)VT_Q * 2 * 4);
     L.bytes = at;
     return L;
 }
@@ -219,58 +209,9 @@ __global__ void __launch_bounds__(VT_THREADS) vision_attention_tc_kernel(float *
             Vs[r * HP + d] = __float2half_rn(in ? v[at] : 0.0f);
         }
         __syncthreads();
-        /* S = Q K^T for this warp's 16 rows. */
-        for (int j = 0; j < VT_KV / 16; j++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> sf;
-            wmma::fill_fragment(sf, 0.0f);
-            for (int kk = 0; kk < hd; kk += 16) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> qa;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> kb;
-                wmma::load_matrix_sync(qa, Qs + warp * 16 * HP + kk, HP);
-                wmma::load_matrix_sync(kb, Ks + j * 16 * HP + kk, HP);
-                wmma::mma_sync(sf, qa, kb, sf);
-            }
-            wmma::store_matrix_sync(S + j * 16, sf, VT_SP, wmma::mem_row_major);
-        }
-        __syncwarp();
-        /* Online softmax: lanes 2r and 2r + 1 share row r, 32 columns each. */
-        const int r = lane / 2, R = warp * 16 + r, col0 = (lane % 2) * 32;
-        float mx = -INFINITY;
-        for (int c = col0; c < col0 + 32; c++) {
-            const float sv = c0 + c < tile.k_count ? S[r * VT_SP + c] * scale : -INFINITY;
-            S[r * VT_SP + c] = sv;
-            mx = fmaxf(mx, sv);
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1)); /* finite: column 0 is a key */
-        const float m_old = row_m[R], m_new = fmaxf(m_old, mx);
-        float sum = 0.0f;
-        for (int c = col0; c < col0 + 32; c++) {
-            const __half p = __float2half_rn(expf(S[r * VT_SP + c] - m_new));
-            P[r * VT_PP + c] = p;
-            sum += __half2float(p);
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        const float rescale = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
-        __syncwarp(); /* both lanes of the row have read row_m */
-        if (lane % 2 == 0) {
-            row_m[R] = m_new;
-            row_l[R] = row_l[R] * rescale + sum;
-        }
-        for (int d = lane % 2; d < hd; d += 2) O[r * OP + d] *= rescale;
-        __syncwarp();
-        /* O += P V. */
-        for (int n = 0; n < hd / 16; n++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> of;
-            wmma::load_matrix_sync(of, O + n * 16, OP, wmma::mem_row_major);
-            for (int kk = 0; kk < VT_KV; kk += 16) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> pa;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> vb;
-                wmma::load_matrix_sync(pa, P + kk, VT_PP);
-                wmma::load_matrix_sync(vb, Vs + kk * HP + n * 16, HP);
-                wmma::mma_sync(of, pa, vb, of);
-            }
-            wmma::store_matrix_sync(O + n * 16, of, OP, wmma::mem_row_major);
-        }
+        attn_tile_scores<VT_KV>(Qs, HP, Ks, HP, hd, warp, S);
+        attn_tile_softmax_pv<VT_KV>(S, P, row_m, row_l, O, OP, Vs, HP, hd, scale, warp, lane,
+                                    [&](int, int c) { return c0 + c < tile.k_count; }); /* (column 0 is a key) */
         __syncthreads(); /* the K/V chunk is replaced next */
     }
     __syncwarp();
