@@ -3,7 +3,9 @@
  * when none is free fails with PSHARD_ERR_RANGE and changes nothing; on a tiny synthetic model, a
  * sequence whose blocks interleave with another's in the pool gets the logits it gets alone; a
  * shared prefix gives the logits of computing it, and writing after it (or truncating into a
- * shared block and going on) never changes what the other sequence computes. */
+ * shared block and going on) never changes what the other sequence computes; the host's K and V
+ * storage each sit on pages of their own (the GPU placement pins them by pages: a page shared by
+ * the two would leave copies spanning pinned and pageable memory, which the driver refuses). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -309,6 +311,35 @@ static void test_shared_prefix(void **state) {
     exec_free(ref), exec_free(ctx);
 }
 
+static void assert_own_pages(const void *p, size_t bytes, const void *other, size_t other_bytes) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p, b = (uintptr_t)other;
+    assert_int_equal(a % page, 0);
+    /* the last page of one is not the first of the other */
+    const uintptr_t a_last = (a + bytes - 1) / page, b_first = b / page, b_last = (b + other_bytes - 1) / page;
+    assert_true(a_last < b_first || b_last < a / page);
+}
+
+static void test_host_storage_on_own_pages(void **state) {
+    (void)state;
+    /* odd widths: sizes that are no multiple of a page */
+    for (int grow = 0; grow < 2; grow++) {
+        struct kv_cache kv;
+        assert_int_equal(kv_cache_init(&kv, 3, 1, 100, 0, 7, 5, !grow), PSHARD_OK);
+        if (grow) {
+            assert_null(kv.k);
+            assert_int_equal(kv_cache_add_host_storage(&kv), PSHARD_OK);
+        }
+        const size_t cells = (size_t)kv.n_layers * (size_t)kv_cache_cells(&kv);
+        const size_t kb = cells * (size_t)kv.k_width * 2, vb = cells * (size_t)kv.v_width * 2;
+        assert_non_null(kv.k);
+        assert_non_null(kv.v);
+        assert_own_pages(kv.k, kb, kv.v, vb);
+        assert_own_pages(kv.v, vb, kv.k, kb);
+        memset(kv.k, 1, kb), memset(kv.v, 2, vb); /* the whole of each is writable */
+        kv_cache_free(&kv);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_blocks_taken_and_given_back),
@@ -316,6 +347,7 @@ int main(void) {
         cmocka_unit_test(test_full_pool_fails_cleanly),
         cmocka_unit_test(test_interleaved_blocks_equal_alone),
         cmocka_unit_test(test_shared_prefix),
+        cmocka_unit_test(test_host_storage_on_own_pages),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

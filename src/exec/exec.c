@@ -158,7 +158,6 @@ pshard_status exec_make_plan(const struct model *model, const struct exec_params
 pshard_status exec_choose_batch(const struct model *model, struct exec_params *params, struct exec_batch_choice *out) {
     static const int32_t sizes[EXEC_BATCH_SIZES] = {512, 1024};
     memset(out, 0, sizeof *out);
-    pshard_status first = PSHARD_OK;
     double best = INFINITY;
     for (int i = 0; i < EXEC_BATCH_SIZES; i++) {
         int32_t b = sizes[i] < params->n_ctx ? sizes[i] : params->n_ctx;
@@ -168,7 +167,9 @@ pshard_status exec_choose_batch(const struct model *model, struct exec_params *p
         p.n_batch = b;
         struct plan plan;
         const pshard_status st = exec_make_plan(model, &p, &plan);
-        if (st != PSHARD_OK && i == 0) first = st;
+        /* A larger micro-batch needs more memory, not less: where the least fails, its error (and
+         * the minimum budget it names) is the one to tell. */
+        if (st != PSHARD_OK && i == 0) return st;
         if (st == PSHARD_OK && i == 0 && plan.n_candidates == 0) { /* (fits whole: nothing weighed) */
             plan_free(&plan);
             return PSHARD_OK;
@@ -181,7 +182,7 @@ pshard_status exec_choose_batch(const struct model *model, struct exec_params *p
     }
     if (!isfinite(best)) {
         out->n = 0;
-        return first != PSHARD_OK ? first : core_fail(PSHARD_ERR_INTERNAL, "no micro-batch size plans");
+        return core_fail(PSHARD_ERR_INTERNAL, "no micro-batch size plans");
     }
     for (int i = 0; i < out->n; i++)
         if (out->request_s[i] <= best * (1 + EXEC_BATCH_MARGIN)) out->chosen = i;

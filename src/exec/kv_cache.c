@@ -3,8 +3,18 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/error.h"
+
+/* The host's K or V storage on whole pages of its own: the GPU placement registers (pins) it by
+ * pages, and a page shared with another allocation (K's last and V's first, say) would leave a
+ * copy to or from that one spanning pinned and pageable memory, which the driver refuses. */
+static void *own_pages(size_t bytes) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    void *p = NULL;
+    return posix_memalign(&p, page, (bytes + page - 1) / page * page) == 0 ? p : NULL;
+}
 
 static int32_t blocks_for(int64_t cells) { return (int32_t)((cells + KV_BLOCK_CELLS - 1) / KV_BLOCK_CELLS); }
 
@@ -36,8 +46,8 @@ pshard_status kv_cache_init(struct kv_cache *kv, int32_t n_layers, int32_t n_seq
     kv->refs = calloc((size_t)kv->n_blocks, sizeof *kv->refs);
     kv->free_blocks = malloc((size_t)kv->n_blocks * sizeof *kv->free_blocks);
     if (host_storage) {
-        kv->k = malloc(cells * (size_t)k_width * sizeof(uint16_t));
-        kv->v = malloc(cells * (size_t)v_width * sizeof(uint16_t));
+        kv->k = own_pages(cells * (size_t)k_width * sizeof(uint16_t));
+        kv->v = own_pages(cells * (size_t)v_width * sizeof(uint16_t));
     }
     if (!kv->seq_len || !kv->n_held || !kv->table || !kv->refs || !kv->free_blocks || (host_storage && (!kv->k || !kv->v))) {
         uint64_t bytes = (uint64_t)cells * (uint64_t)(k_width + v_width) * 2;
@@ -54,8 +64,8 @@ pshard_status kv_cache_init(struct kv_cache *kv, int32_t n_layers, int32_t n_seq
 pshard_status kv_cache_add_host_storage(struct kv_cache *kv) {
     if (kv->k) return PSHARD_OK;
     const size_t cells = (size_t)kv->n_layers * (size_t)kv_cache_cells(kv);
-    kv->k = malloc(cells * (size_t)kv->k_width * sizeof(uint16_t));
-    kv->v = malloc(cells * (size_t)kv->v_width * sizeof(uint16_t));
+    kv->k = own_pages(cells * (size_t)kv->k_width * sizeof(uint16_t));
+    kv->v = own_pages(cells * (size_t)kv->v_width * sizeof(uint16_t));
     if (kv->k && kv->v) return PSHARD_OK;
     free(kv->k);
     free(kv->v);

@@ -127,7 +127,15 @@ def test_plan_decode_set_of_its_own(default_model):
 def test_plan_names_the_minimum_budget(default_model):
     proc = pshard("plan", "-m", default_model, "--vram-budget", "8M", "--no-profile")
     assert proc.returncode == 1
-    assert re.search(r"minimum for this model and context is \d+ MB", proc.stderr), proc.stderr
+    least = re.search(r"minimum for this model and context is (\d+) MB", proc.stderr)
+    assert least, proc.stderr
+    # Without -b the micro-batch is chosen (512 or 1024): the minimum named is the least of any
+    # choice, 512's, and a plan is made there.
+    least_512 = re.search(r"minimum for this model and context is (\d+) MB",
+                          pshard("plan", "-m", default_model, "--vram-budget", "8M", "--no-profile", "-b", "512").stderr)
+    assert least_512 and least_512.group(1) == least.group(1), (least_512, least.group(1))
+    at = pshard("plan", "-m", default_model, "--vram-budget", least.group(1) + "M", "--no-profile")
+    assert at.returncode == 0 and "micro-batch: 512" in at.stdout, at.stdout + at.stderr
 
 
 def test_profile_cache_written_shown_and_refused_elsewhere(default_model, tmp_path):
