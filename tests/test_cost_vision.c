@@ -28,7 +28,8 @@ static struct gguf_file *lm_file, *mm_file;
 static struct model lm;
 static struct mmproj mm;
 /* The GPU's buffers of a plan, small beside the encoder's (which they leave to the budget's rest). */
-static const struct plan_gpu_costs costs = {64 << 10, 64 << 10, 0, 1 << 20, 1 << 20, {0, 0}};
+static const struct plan_gpu_costs costs = {.activations = 64 << 10, .logits = 64 << 10, .blas = 1 << 20, .host_mapping = 1 << 20,
+                                            .buffers = 32 << 10, .margin = 16 << 10};
 
 static int setup(void **state) {
     (void)state;
@@ -304,7 +305,10 @@ static void test_plan_lends(void **state) {
         uint64_t lent = 0;
         for (uint32_t i = 0; i < n; i++) lent += regions[i].bytes;
         const struct plan_budget *b = &p.budget;
-        assert_int_equal(lent, b->work + b->activations + b->staging + b->free);
+        /* as the executor lends: the step's buffers, and the activations' margin with the free end */
+        assert_int_equal(b->buffers, costs.buffers + costs.logits);
+        assert_true(b->buffers + b->margin < b->activations);
+        assert_int_equal(lent, b->work + b->buffers + b->staging + b->free + b->margin);
         assert_true(lent >= (uint64_t)extra[k]);
         assert_int_equal(cost_vision_encode(&prof, &mm, 448, 448, regions, n, 0, 0, true, &v), PSHARD_OK);
         if (!v.kernels_checked) assert_int_equal(v.on_gpu, k == 0);

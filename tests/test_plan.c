@@ -25,7 +25,8 @@ static struct gguf_file *file, *moe_file;
 static struct model model, moe;
 static char moe_path[256];
 /* The GPU buffers' sizes; the kernels are each model's own (costs_for). */
-static const struct plan_gpu_costs costs = {100 << 20, 20 << 20, 10 << 20, 32 << 20, 256 << 10, {0, 0}};
+static const struct plan_gpu_costs costs = {.activations = 100 << 20, .logits = 20 << 20, .work = 10 << 20, .blas = 32 << 20,
+                                            .host_mapping = 256 << 10};
 /* Every idea the planner may turn on (split_ffn, kv_stream, ...) off; tests turn on the ones they weigh.
  * Lending the ring's dense units to tiers without it is always on. */
 static const struct plan_request base = {.family = PLAN_AUTO, .n_ctx = 2048, .n_batch = 512, .n_seq = 1, .staging = -1,

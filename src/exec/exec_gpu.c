@@ -275,6 +275,7 @@ pshard_status exec_gpu_costs(const struct model *model, const struct model_weigh
     out->activations = activation_bytes(hp, p, (int64_t)hp->n_head_kv * hp->head_dim_k,
                                         (int64_t)hp->n_head_kv * hp->head_dim_v, w->rope.n_dims, &logits);
     out->logits = logits;
+    out->buffers = out->activations;
     out->work = work_bytes_needed(model, w, p);
     out->blas = CUDA_BLAS_WORKSPACE_BYTES;
     /* The kernels the steps run, by size, for the cost model: the rules the GPU code follows. */
@@ -286,8 +287,10 @@ pshard_status exec_gpu_costs(const struct model *model, const struct model_weigh
     /* The driver maps registered host memory for the GPU with 8 bytes of page table per 4 KiB
      * page, as measured. */
     out->host_mapping = ((gguf_file_bytes(model->file) / 512 >> 20) + 2) << 20;
-    /* Every tensor of a layer (and the KV cache) is carved on its own, each rounded up. */
-    out->activations += (uint64_t)hp->n_layers * 32 * CUDA_ARENA_ALIGN + (1 << 20);
+    /* Every tensor of a layer (and the KV cache) is carved on its own, each rounded up; and a
+     * margin. */
+    out->margin = 1 << 20;
+    out->activations += (uint64_t)hp->n_layers * 32 * CUDA_ARENA_ALIGN + out->margin;
     /* An MoE layer's expert tables (one call) and its masks past the pieces' (in the slack above). */
     out->activations += (uint64_t)hp->n_layers * hp->n_expert * (3 * sizeof(void *) + 2 * PLAN_TIERS) +
                         (uint64_t)hp->n_layers * 2 * CUDA_ARENA_ALIGN;

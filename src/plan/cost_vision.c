@@ -23,7 +23,11 @@ enum { BLOCK_CHUNK_SMALL = 12, BLOCK_SMALL = 2, BLOCK_MATRICES = 7, MERGER_CHUNK
 uint32_t cost_vision_lendable(const struct plan *p, struct cuda_region out[COST_VISION_REGIONS]) {
     if (!p->any_gpu) return 0;
     const struct plan_budget *b = &p->budget;
-    const uint64_t sizes[COST_VISION_REGIONS] = {b->work, b->activations, b->staging, b->free};
+    /* As the executor lends them (exec_gpu_lend): the step's buffers, not the budget's activations,
+     * whose margin no carving takes stays at the arena's end with what the budget leaves free. */
+    const bool split = b->buffers && b->buffers + b->margin <= b->activations;
+    const uint64_t sizes[COST_VISION_REGIONS] = {b->work, split ? b->buffers : b->activations, b->staging,
+                                                 b->free + (split ? b->margin : 0)};
     uint32_t n = 0;
     for (int i = 0; i < COST_VISION_REGIONS; i++)
         if (sizes[i]) out[n++] = (struct cuda_region){NULL, (size_t)sizes[i]};

@@ -71,6 +71,9 @@ enum { PLAN_MAX_CANDIDATES = 24 };
  * host memory (its page tables), reserved only when the plan streams. */
 struct plan_budget {
     uint64_t total, weights, kv, activations, work, blas, staging, mapping, free;
+    /* Of activations: the step's buffers (the logits' included) and the margin no carving takes
+     * (plan_gpu_costs), for what the executor will lend between steps. */
+    uint64_t buffers, margin;
 };
 
 /* auto: the typical request's prompt, 1K tokens or half the context. */

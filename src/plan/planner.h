@@ -61,6 +61,10 @@ struct plan_gpu_costs {
     uint64_t activations, logits, work, blas; /* logits: only when the head is on the GPU */
     uint64_t host_mapping; /* device memory for mapping the model file, when anything streams */
     struct plan_kernels kernels;
+    /* Of activations: the step's buffers, carved as one span (what the executor lends between
+     * steps with the logits), and a margin carved by nothing (left at the arena's end); the rest
+     * is carved elsewhere (the KV block table, each tensor's rounding, the expert tables). */
+    uint64_t buffers, margin;
 };
 
 /* Build a plan for `model` under the request. Fails with a clear message when the budget

@@ -113,7 +113,10 @@ void plan_account(const struct model *m, const struct plan_request *req, const s
         else if (s->kind != SHARD_EMBED) b->weights += s->weight_bytes - plan_matrix_bytes(s);
         if (s->kind == SHARD_ATTN && p->kv_gpu[s->layer]) b->kv += plan_kv_bytes(s, req);
     }
-    if (p->any_gpu) b->activations += costs->activations + costs->logits, b->work = costs->work, b->blas = costs->blas;
+    if (p->any_gpu) {
+        b->activations += costs->activations + costs->logits, b->work = costs->work, b->blas = costs->blas;
+        if (costs->buffers) b->buffers = costs->buffers + costs->logits, b->margin = costs->margin;
+    }
     else b->staging = 0;
     b->mapping = plan_streams(p) ? costs->host_mapping : 0;
     const uint64_t used = b->weights + b->kv + b->activations + b->work + b->blas + b->staging + b->mapping;
