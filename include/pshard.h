@@ -470,6 +470,9 @@ typedef struct pshard_info {
     int64_t vram_keep;
     int32_t budget_changes;
     double budget_free_ms, budget_change_ms;
+    /* the last rise: from the call until its resident weights were in VRAM (they are copied up while
+     * steps go on, read from host memory meanwhile); 0 while they are on their way */
+    double budget_weights_ms;
 } pshard_info;
 void pshard_get_info(const pshard_ctx *ctx, pshard_info *info);
 

@@ -140,4 +140,5 @@ void engine_budget_info(const pshard_ctx *ctx, pshard_info *info) {
     info->budget_changes = (int32_t)vram->budget_changes;
     info->budget_free_ms = vram->budget_free_ms;
     info->budget_change_ms = vram->budget_change_ms;
+    info->budget_weights_ms = vram->budget_weights_ms;
 }

@@ -41,8 +41,9 @@ static pshard_status upload_weights(struct exec_gpu *g, void *dst, const void *s
     return upload(g, dst, src, bytes);
 }
 
-/* The device copy of a tensor, uploaded on first use (a tied head shares the embedding's). */
-static pshard_status device_tensor(struct exec_gpu *g, const struct gguf_tensor *t, const void **out) {
+/* The device copy of a tensor, uploaded on first use (a tied head shares the embedding's); `later`:
+ * copied on the uploads stream, in the background (g->background), not yet to be read. */
+static pshard_status device_tensor(struct exec_gpu *g, const struct gguf_tensor *t, bool later, const void **out) {
     *out = NULL;
     if (!t) return PSHARD_OK;
     for (uint32_t i = 0; i < g->n_uploaded; i++)
@@ -54,7 +55,7 @@ static pshard_status device_tensor(struct exec_gpu *g, const struct gguf_tensor 
         return core_fail(PSHARD_ERR_INTERNAL, "more device tensors than the model has");
     void *dev;
     CORE_TRY(cuda_arena_alloc(&g->arena, t->n_bytes, "weights", &dev));
-    CORE_TRY(upload_weights(g, dev, t->data, t->n_bytes));
+    CORE_TRY(later ? cuda_copy_h2d(dev, t->data, t->n_bytes, g->uploads) : upload_weights(g, dev, t->data, t->n_bytes));
     g->uploaded[g->n_uploaded++] = (struct gpu_tensor){t, dev};
     g->report.weight_bytes += align_up(t->n_bytes);
     *out = dev;
@@ -68,18 +69,34 @@ static struct cuda_matrix matrix_of(const struct gguf_tensor *t, const void *dat
                                 quant_row_bytes((enum quant_type)t->type, t->ne[0]), in_place};
 }
 
+/* Matrix *m, resident, read in place from host memory until its copy (dev) is in VRAM: pending
+ * (g->background). */
+static pshard_status defer(struct exec_gpu *g, const struct gguf_tensor *t, struct cuda_matrix *m, struct cuda_matrix dev) {
+    if (g->n_pending == g->cap_pending) {
+        const uint32_t cap = g->cap_pending ? 2 * g->cap_pending : 64;
+        struct pending_matrix *p = realloc(g->pending, sizeof *p * cap);
+        if (!p) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
+        g->pending = p, g->cap_pending = cap;
+    }
+    const void *host;
+    CORE_TRY(cuda_host_device_pointer(t->data, &host));
+    *m = matrix_of(t, host, dev.n_experts, true);
+    g->pending[g->n_pending++] = (struct pending_matrix){m, dev};
+    return PSHARD_OK;
+}
+
 static pshard_status matrix(struct exec_gpu *g, const struct gguf_tensor *t, struct cuda_matrix *m) {
     memset(m, 0, sizeof *m);
     if (!t) return PSHARD_OK;
     CORE_TRY(check_type(t));
     const void *dev;
-    CORE_TRY(device_tensor(g, t, &dev));
+    CORE_TRY(device_tensor(g, t, g->background, &dev));
     *m = matrix_of(t, dev, t->ne[2], false);
-    return PSHARD_OK;
+    return g->background ? defer(g, t, m, *m) : PSHARD_OK;
 }
 
 static pshard_status vector(struct exec_gpu *g, const struct gguf_tensor *t, const float **out) {
-    return device_tensor(g, t, (const void **)out);
+    return device_tensor(g, t, false, (const void **)out);
 }
 
 /* A matrix the GPU reads in place from the registered host mapping (a streamed shard). */
@@ -118,10 +135,10 @@ static pshard_status upload_experts(struct exec_gpu *g, const struct gguf_tensor
     const size_t per = t->n_bytes / (size_t)t->ne[2];
     void *dev;
     CORE_TRY(cuda_arena_alloc(&g->arena, per * r, "weights", &dev));
-    CORE_TRY(upload_weights(g, dev, t->data, per * r));
+    CORE_TRY(g->background ? cuda_copy_h2d(dev, t->data, per * r, g->uploads) : upload_weights(g, dev, t->data, per * r));
     g->report.weight_bytes += align_up(per * r);
     *m = matrix_of(t, dev, r, false);
-    return PSHARD_OK;
+    return g->background ? defer(g, t, m, *m) : PSHARD_OK;
 }
 
 /* Where expert e of MoE shard `shard` is in the slot the ring's last units left it in
@@ -138,11 +155,12 @@ static const void *lent_expert(const struct exec_gpu *g, const struct plan *plan
     return NULL;
 }
 
-/* Tables of where each expert's gate, up and down are: [0, r) in VRAM (moe), the next `lent` in
- * the ring's slots (plan.experts_lent; for tiers without the ring), the rest in host memory
- * (moe_host), for one call over them all. */
+/* Tables of where each expert's gate, up and down are: [0, r) in VRAM (moe; in host memory while
+ * pending), the next `lent` in the ring's slots (plan.experts_lent; for tiers without the ring),
+ * the rest in host memory (moe_host), for one call over them all; written at `dev` where given
+ * (rewritten once pending experts are in), else in a place of their own in the arena. */
 static pshard_status expert_tables(struct exec_gpu *g, const struct plan *plan, const struct layer_weights *w,
-                                   uint32_t shard, uint32_t r, uint32_t lent, struct gpu_layer *l) {
+                                   uint32_t shard, uint32_t r, uint32_t lent, struct gpu_layer *l, void **dev) {
     const int E = l->moe_host.n_expert;
     const struct cuda_matrix *vram[3] = {&l->moe.gate, &l->moe.up, &l->moe.down};
     const struct cuda_matrix *host[3] = {&l->moe_host.gate, &l->moe_host.up, &l->moe_host.down};
@@ -160,8 +178,7 @@ static pshard_status expert_tables(struct exec_gpu *g, const struct plan *plan, 
                 return core_fail(PSHARD_ERR_INTERNAL, "expert %d of shard %u is lent but not in a last unit of the ring", e, shard);
             }
         }
-    void **dev = NULL;
-    pshard_status st = cuda_arena_alloc(&g->arena, sizeof(void *) * (size_t)E * 3, "activations", (void **)&dev);
+    pshard_status st = dev ? PSHARD_OK : cuda_arena_alloc(&g->arena, sizeof(void *) * (size_t)E * 3, "activations", (void **)&dev);
     if (st == PSHARD_OK) st = upload(g, dev, table, sizeof(void *) * (size_t)E * 3);
     free(table);
     CORE_TRY(st);
@@ -205,7 +222,7 @@ static pshard_status upload_ffn(struct exec_gpu *g, const struct plan *plan, uin
             CORE_TRY(host_matrix(w->up_exps, &l->moe_host.up));
             CORE_TRY(host_matrix(w->down_exps, &l->moe_host.down));
             if ((experts_resident > 0 || lent > 0) && experts_resident < hp->n_expert)
-                CORE_TRY(expert_tables(g, plan, w, shard, experts_resident, lent, l));
+                CORE_TRY(expert_tables(g, plan, w, shard, experts_resident, lent, l, NULL));
         }
     }
     return PSHARD_OK;
@@ -526,8 +543,11 @@ static pshard_status carve_plan(struct exec_gpu *g, struct exec_ctx *ctx) {
     return PSHARD_OK;
 }
 
-/* Forget what the arena holds under the active plan, to carve it for another. */
+/* Forget what the arena holds under the active plan, to carve it for another (copies still on
+ * their way up are waited for first: they write into it). */
 static void forget_plan(struct exec_gpu *g, const struct exec_ctx *ctx) {
+    if (g->n_pending) cuda_stream_sync(g->uploads);
+    g->n_pending = 0;
     cuda_graph_destroy(g->decode_graph);
     g->decode_graph = NULL;
     g->decode_graph_bytes = g->decode_graph_streamed = 0;
@@ -726,8 +746,36 @@ pshard_status exec_gpu_prepare_changes(struct exec_ctx *ctx) {
     return map_file(g, ctx);
 }
 
+/* Once a rise's copies are in VRAM (polled, never waited for): every pending matrix takes its
+ * device copy, the expert tables that pointed at their host views are rewritten, and the decode
+ * graph, which holds the views, is captured again at the next decode step. */
+pshard_status exec_gpu_take_uploads(struct exec_ctx *ctx) {
+    struct exec_gpu *g = ctx->gpu;
+    if (!g->n_pending) return PSHARD_OK;
+    bool done;
+    CORE_TRY(cuda_event_done(g->uploads_done, &done));
+    if (!done) return PSHARD_OK;
+    for (uint32_t i = 0; i < g->n_pending; i++) *g->pending[i].m = g->pending[i].dev;
+    g->n_pending = 0;
+    const struct plan *plan = ctx->active;
+    for (uint32_t i = 0; i < ctx->model->n_shards; i++) {
+        const struct shard *s = &ctx->model->shards[i];
+        struct gpu_layer *l = s->kind == SHARD_MOE ? &g->layers[s->layer] : NULL;
+        if (!l || !l->moe_all.gate_ptrs) continue;
+        const uint32_t lent = plan->experts_lent ? plan->experts_lent[s->layer] : 0;
+        CORE_TRY(expert_tables(g, plan, &ctx->w.layers[s->layer], i, plan->experts_resident[s->layer], lent, l,
+                               (void **)l->moe_all.gate_ptrs));
+    }
+    cuda_graph_destroy(g->decode_graph);
+    g->decode_graph = NULL;
+    g->decode_graph_bytes = g->decode_graph_streamed = 0;
+    g->report.budget_weights_ms = core_now_ms() - g->uploads_t0;
+    return PSHARD_OK;
+}
+
 pshard_status exec_gpu_rebudget(struct exec_ctx *ctx, struct plan *next, double t0) {
     struct exec_gpu *g = ctx->gpu;
+    const bool rise = next->budget.total > ctx->plan.budget.total;
     if (!g->cells_down) { /* (a change that failed after this left the host every cell: nothing to move) */
         if (g->broken) return core_fail(PSHARD_ERR_INTERNAL, "the GPU's memory was left half carved by a failed change of plan");
         CORE_TRY(empty(g, ctx, false));
@@ -743,8 +791,18 @@ pshard_status exec_gpu_rebudget(struct exec_ctx *ctx, struct plan *next, double 
     ctx->active = decoding && ctx->plan.decode ? ctx->plan.decode : &ctx->plan;
     CORE_TRY(map_file(g, ctx));
     CORE_TRY(handoff_buffers(g, ctx));
+    /* A rise copies its resident matrices up in the background, read in place from the registered
+     * file meanwhile (exec_gpu_take_uploads switches them in). */
+    if (rise && g->n_registered && !g->uploads) {
+        CORE_TRY(cuda_stream_create(&g->uploads));
+        CORE_TRY(cuda_event_create(false, &g->uploads_done));
+    }
+    g->background = rise && g->n_registered && g->uploads;
     pshard_status st = make_arena(g, ctx);
     if (st == PSHARD_OK) st = exec_gpu_fill(ctx);
+    g->background = false;
+    if (st == PSHARD_OK && g->n_pending) st = cuda_event_record(g->uploads_done, g->uploads);
+    g->uploads_t0 = t0;
     if (st != PSHARD_OK) { /* (the host's cells stay the ones a later change copies up) */
         forget_plan(g, ctx);
         if (g->arena.base) cuda_arena_destroy(&g->arena);
@@ -755,6 +813,7 @@ pshard_status exec_gpu_rebudget(struct exec_ctx *ctx, struct plan *next, double 
     g->report.budget_changes++;
     g->report.budget_free_ms = free_ms;
     g->report.budget_change_ms = core_now_ms() - t0;
+    g->report.budget_weights_ms = g->n_pending ? 0 : g->report.budget_change_ms;
     return PSHARD_OK;
 }
 
@@ -773,6 +832,12 @@ pshard_status exec_gpu_create(struct exec_ctx *ctx, struct exec_gpu **out) {
 
 void exec_gpu_free(struct exec_gpu *g) {
     if (!g) return;
+    if (g->uploads) { /* (nothing may still be writing into the arena) */
+        cuda_stream_sync(g->uploads);
+        cuda_stream_destroy(g->uploads);
+    }
+    if (g->uploads_done) cuda_event_destroy(g->uploads_done);
+    free(g->pending);
     if (g->arena.base) cuda_arena_destroy(&g->arena);
     cuda_pinned_release(&g->staging);
     cuda_pinned_release(&g->host_in);

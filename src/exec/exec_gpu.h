@@ -24,7 +24,10 @@ struct gpu_memory_report {
     double switch_ms;       /* the time they took, all together */
     uint32_t budget_changes; /* changes of budget carved so far (exec_gpu_rebudget) */
     double budget_free_ms;   /* the last one: from the call (planning too) until the old arena was freed */
-    double budget_change_ms; /* the last one, whole: the new arena carved and filled too */
+    double budget_change_ms; /* the last one, until steps went on: the new arena carved and filled too
+                                (a rise: its resident matrices still being copied up) */
+    double budget_weights_ms; /* the last rise: from the call until its resident matrices were in VRAM
+                                 and steps read them there (0 while they are on their way) */
     uint32_t whole_loans;    /* loans of the whole budget so far (exec_gpu_lend_all: the vision encoder) */
     double whole_loan_ms;    /* their cost to the language model, all together: its cells down, and
                                 its plan carved again after (resident weights and cells copied up) */

@@ -115,11 +115,26 @@ struct exec_gpu {
     bool cells_down; /* a change of budget moved every cell to the host and freed the arena */
     bool lent_all;   /* the whole arena is lent (exec_gpu_lend_all), the plan to be carved again after */
     bool keep_mapped; /* the model file stays registered whatever the plan (exec_gpu_prepare_changes) */
+    /* A rise of the budget carves the new plan at once and copies its resident matrices up on a
+     * stream of their own while steps go on reading them in place from host memory (background);
+     * each such matrix is pending: its view in place now, its device copy for later. Once the
+     * copies are done (uploads_done, polled at each step's start), every pending matrix takes its
+     * device copy, the expert tables are rewritten and the decode graph is captured again. */
+    bool background;
+    cuda_stream uploads;
+    cuda_event uploads_done;
+    struct pending_matrix { struct cuda_matrix *m; struct cuda_matrix dev; } *pending;
+    uint32_t n_pending, cap_pending;
+    double uploads_t0; /* when the change that started them was asked for (core_now_ms) */
     /* The sequences of the step under way, each once (plan.kv_stream: the ring copies their
      * cached cells); seen: [n_seq], false between steps. */
     int32_t *step_seq, n_step_seq;
     bool *seen;
 };
+
+/* At a step's start: a rise's resident matrices switched in where their copies are done (they are
+ * read in place until then). */
+pshard_status exec_gpu_take_uploads(struct exec_ctx *ctx);
 
 /* Between steps: both streams drained, the KV cells of the layers in VRAM copied to the host's
  * cache (which must exist; pinned first, once) and the plan the arena holds forgotten, its

@@ -787,6 +787,7 @@ static void read_stamps(struct exec_ctx *ctx, const struct exec_gpu *g, const st
 pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
     struct exec_gpu *g = ctx->gpu;
     if (g->broken) return core_fail(PSHARD_ERR_INTERNAL, "the GPU's memory was left half carved by a failed change of plan");
+    CORE_TRY(exec_gpu_take_uploads(ctx));
     const struct plan_tier *tier = plan_tier_for(ctx->active, b->n_tokens);
     g->n_step_seq = 0;
     for (int32_t t = 0; ctx->active->kv_stream && t < b->n_tokens; t++)

@@ -193,6 +193,13 @@ def serve_with_changes(tmp):
                 time.sleep(1.0)
                 status, _, reply = s.request("POST", "/v1/pshard/budget", {"vram_budget": budget})
                 replies.append((budget, status, reply))
+                if status == 200 and budget == "6G":  # a rise: its resident weights go up while steps go on
+                    weights, deadline = 0, time.monotonic() + 5
+                    while not weights and time.monotonic() < deadline:
+                        time.sleep(0.02)
+                        weights = s.request("GET", "/props")[2]["vram"]["budget"].get("last_change_weights_ms", 0)
+                    eq.check(weights >= reply.get("last_change_ms", 0) > 0, "serve: the rise to 6G went on in %.1f ms, its "
+                             "resident weights in VRAM after %.1f ms" % (reply.get("last_change_ms", 0), weights))
             for t in threads:
                 t.join()
             status, _, metrics = s.request("GET", "/metrics")

@@ -79,7 +79,8 @@ static void apply(struct cli_budget_watch *w, pshard_ctx *ctx) {
             pshard_format_bytes((uint64_t)after.vram_budget, now, sizeof now), after.vram_follow ? ", following free memory" : "",
             pshard_format_bytes((uint64_t)before.vram_budget, was, sizeof was), after.plan);
     if (after.budget_changes > before.budget_changes)
-        fprintf(stderr, "; memory given back after %.0f ms, changed in %.0f ms", after.budget_free_ms, after.budget_change_ms);
+        fprintf(stderr, "; memory given back after %.0f ms, changed in %.0f ms%s", after.budget_free_ms, after.budget_change_ms,
+                after.budget_weights_ms > 0 ? "" : " (its resident weights go up while steps go on)");
     fputc('\n', stderr);
 }
 
