@@ -473,6 +473,10 @@ typedef struct pshard_info {
     /* the last rise: from the call until its resident weights were in VRAM (they are copied up while
      * steps go on, read from host memory meanwhile); 0 while they are on their way */
     double budget_weights_ms;
+    /* the last change's parts (ms): planning, the host's KV cache pinned (where it was not), the new
+     * arena allocated, and its plan carved with the KV cells copied up; the freeing is
+     * budget_free_ms less the planning */
+    double budget_plan_ms, budget_pin_ms, budget_arena_ms, budget_fill_ms;
 } pshard_info;
 void pshard_get_info(const pshard_ctx *ctx, pshard_info *info);
 

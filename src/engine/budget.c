@@ -141,4 +141,8 @@ void engine_budget_info(const pshard_ctx *ctx, pshard_info *info) {
     info->budget_free_ms = vram->budget_free_ms;
     info->budget_change_ms = vram->budget_change_ms;
     info->budget_weights_ms = vram->budget_weights_ms;
+    info->budget_plan_ms = vram->budget_plan_ms;
+    info->budget_pin_ms = vram->budget_pin_ms;
+    info->budget_arena_ms = vram->budget_arena_ms;
+    info->budget_fill_ms = vram->budget_fill_ms;
 }

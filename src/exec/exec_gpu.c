@@ -776,6 +776,7 @@ pshard_status exec_gpu_take_uploads(struct exec_ctx *ctx) {
 pshard_status exec_gpu_rebudget(struct exec_ctx *ctx, struct plan *next, double t0) {
     struct exec_gpu *g = ctx->gpu;
     const bool rise = next->budget.total > ctx->plan.budget.total;
+    const double planned = core_now_ms();
     if (!g->cells_down) { /* (a change that failed after this left the host every cell: nothing to move) */
         if (g->broken) return core_fail(PSHARD_ERR_INTERNAL, "the GPU's memory was left half carved by a failed change of plan");
         CORE_TRY(empty(g, ctx, false));
@@ -784,6 +785,7 @@ pshard_status exec_gpu_rebudget(struct exec_ctx *ctx, struct plan *next, double 
     }
     const double free_ms = core_now_ms() - t0;
     CORE_TRY(pin_host_kv(g, ctx)); /* (the cells go up from there) */
+    const double pinned = core_now_ms();
     const bool decoding = ctx->active != &ctx->plan;
     plan_free(&ctx->plan);
     ctx->plan = *next;
@@ -799,6 +801,7 @@ pshard_status exec_gpu_rebudget(struct exec_ctx *ctx, struct plan *next, double 
     }
     g->background = rise && g->n_registered && g->uploads;
     pshard_status st = make_arena(g, ctx);
+    const double allocated = core_now_ms();
     if (st == PSHARD_OK) st = exec_gpu_fill(ctx);
     g->background = false;
     if (st == PSHARD_OK && g->n_pending) st = cuda_event_record(g->uploads_done, g->uploads);
@@ -814,6 +817,10 @@ pshard_status exec_gpu_rebudget(struct exec_ctx *ctx, struct plan *next, double 
     g->report.budget_free_ms = free_ms;
     g->report.budget_change_ms = core_now_ms() - t0;
     g->report.budget_weights_ms = g->n_pending ? 0 : g->report.budget_change_ms;
+    g->report.budget_plan_ms = planned - t0;
+    g->report.budget_pin_ms = pinned - t0 - free_ms;
+    g->report.budget_arena_ms = allocated - pinned;
+    g->report.budget_fill_ms = core_now_ms() - allocated;
     return PSHARD_OK;
 }
 

@@ -28,6 +28,10 @@ struct gpu_memory_report {
                                 (a rise: its resident matrices still being copied up) */
     double budget_weights_ms; /* the last rise: from the call until its resident matrices were in VRAM
                                  and steps read them there (0 while they are on their way) */
+    /* The last change's parts: planning (from the call), the host's KV cache pinned where it was
+     * not, the new arena allocated (the file mapped where it was not), and its plan carved with
+     * the KV cells copied up; with the freeing (budget_free_ms less the planning), about the whole */
+    double budget_plan_ms, budget_pin_ms, budget_arena_ms, budget_fill_ms;
     uint32_t whole_loans;    /* loans of the whole budget so far (exec_gpu_lend_all: the vision encoder) */
     double whole_loan_ms;    /* their cost to the language model, all together: its cells down, and
                                 its plan carved again after (resident weights and cells copied up) */

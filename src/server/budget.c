@@ -54,10 +54,12 @@ int budget_apply(pshard_ctx *ctx, const char *text, struct api_error *err) {
 
 /* The budget and plan in force, as /props has them. */
 json_t *budget_json(const pshard_info *i) {
-    return json_pack("{s:I,s:b,s:I,s:s,s:i,s:f,s:f,s:f,s:I}", "vram_budget_bytes", (json_int_t)i->vram_budget, "follow",
-                     i->vram_follow, "keep_bytes", (json_int_t)i->vram_keep, "plan", i->plan, "changes", i->budget_changes,
-                     "last_change_free_ms", i->budget_free_ms, "last_change_ms", i->budget_change_ms, "last_change_weights_ms",
-                     i->budget_weights_ms, "arena_bytes", (json_int_t)i->vram_arena_bytes);
+    return json_pack("{s:I,s:b,s:I,s:s,s:i,s:f,s:f,s:f,s:{s:f,s:f,s:f,s:f},s:I}", "vram_budget_bytes",
+                     (json_int_t)i->vram_budget, "follow", i->vram_follow, "keep_bytes", (json_int_t)i->vram_keep, "plan", i->plan,
+                     "changes", i->budget_changes, "last_change_free_ms", i->budget_free_ms, "last_change_ms",
+                     i->budget_change_ms, "last_change_weights_ms", i->budget_weights_ms, "last_change_parts_ms", "plan",
+                     i->budget_plan_ms, "pin", i->budget_pin_ms, "arena", i->budget_arena_ms, "fill", i->budget_fill_ms,
+                     "arena_bytes", (json_int_t)i->vram_arena_bytes);
 }
 
 enum MHD_Result budget_handle(struct server *s, struct MHD_Connection *conn, const char *body, size_t len) {

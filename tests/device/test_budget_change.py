@@ -193,6 +193,13 @@ def serve_with_changes(tmp):
                 time.sleep(1.0)
                 status, _, reply = s.request("POST", "/v1/pshard/budget", {"vram_budget": budget})
                 replies.append((budget, status, reply))
+                parts = reply.get("last_change_parts_ms", {}) if status == 200 else {}
+                if parts:  # planning, freeing, pinning, the arena, carving: about the whole change
+                    whole = parts["plan"] + (reply["last_change_free_ms"] - parts["plan"]) + parts["pin"] + \
+                        parts["arena"] + parts["fill"]
+                    eq.check(abs(whole - reply["last_change_ms"]) < 2.0, "serve, %s: the change's parts (%s) add up to "
+                             "%.1f of its %.1f ms" % (budget, ", ".join("%s %.1f" % kv for kv in parts.items()), whole,
+                                                     reply["last_change_ms"]))
                 if status == 200 and budget == "6G":  # a rise: its resident weights go up while steps go on
                     weights, deadline = 0, time.monotonic() + 5
                     while not weights and time.monotonic() < deadline:

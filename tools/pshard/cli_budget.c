@@ -79,7 +79,10 @@ static void apply(struct cli_budget_watch *w, pshard_ctx *ctx) {
             pshard_format_bytes((uint64_t)after.vram_budget, now, sizeof now), after.vram_follow ? ", following free memory" : "",
             pshard_format_bytes((uint64_t)before.vram_budget, was, sizeof was), after.plan);
     if (after.budget_changes > before.budget_changes)
-        fprintf(stderr, "; memory given back after %.0f ms, changed in %.0f ms%s", after.budget_free_ms, after.budget_change_ms,
+        fprintf(stderr, "; memory given back after %.0f ms, changed in %.0f ms (planning %.0f, freeing %.0f, pinning the "
+                        "host's KV cache %.0f, the new arena %.0f, carving it and the KV cells up %.0f)%s",
+                after.budget_free_ms, after.budget_change_ms, after.budget_plan_ms, after.budget_free_ms - after.budget_plan_ms,
+                after.budget_pin_ms, after.budget_arena_ms, after.budget_fill_ms,
                 after.budget_weights_ms > 0 ? "" : " (its resident weights go up while steps go on)");
     fputc('\n', stderr);
 }
