@@ -331,6 +331,40 @@ static void copy_plan(struct plan *dst, const struct plan *src) {
     dst->experts_lent = src->experts_lent ? memcpy(own.experts_lent, src->experts_lent, nl * sizeof *src->experts_lent) : NULL;
 }
 
+/* Whether some resident set the request allows fits `budget` (the set left in p). */
+static bool some_set_fits(const struct model *m, const struct plan_request *req, const struct plan_gpu_costs *costs,
+                          const struct profile *prof, uint64_t budget, const enum plan_set *sets, int n_sets, struct plan *p) {
+    for (int si = 0; si < n_sets; si++)
+        if ((req->staging < 0 || sets[si] == (enum plan_set)req->staging) &&
+            plan_resident_set(m, req, costs, prof, budget, sets[si] != PLAN_SET_NO_RING, sets[si] == PLAN_SET_ALL_KV, p) ==
+                PSHARD_OK)
+            return true;
+    return false;
+}
+
+/* Where no resident set fits the budget: the error naming the least budget, in whole MB, at which
+ * one does (each set's check names its own least, and one set can fit below another's), found by
+ * halving between the budget and everything resident; the sets' own message where not even that
+ * fits. */
+static pshard_status least_budget_error(const struct model *m, const struct plan_request *req,
+                                        const struct plan_gpu_costs *costs, const struct profile *prof, uint64_t budget,
+                                        const enum plan_set *sets, int n_sets, struct plan *p) {
+    char message[512];
+    snprintf(message, sizeof message, "%s", pshard_last_error());
+    const uint64_t mb = 1 << 20;
+    uint64_t lo = budget / mb, hi = (plan_all_resident_bytes(m, req, costs) + costs->host_mapping) / mb + 1;
+    if (hi <= lo || !some_set_fits(m, req, costs, prof, hi * mb, sets, n_sets, p))
+        return core_fail(PSHARD_ERR_RANGE, "%s", message);
+    while (hi - lo > 1) {
+        const uint64_t mid = lo + (hi - lo) / 2;
+        if (some_set_fits(m, req, costs, prof, mid * mb, sets, n_sets, p)) hi = mid;
+        else lo = mid;
+    }
+    return core_fail(PSHARD_ERR_RANGE, "a VRAM budget of %.0f MB cannot hold even one layer's KV cache besides the GPU's "
+                     "buffers; the minimum for this model and context is %llu MB (or use 0 to run on the CPU)",
+                     budget / 1048576.0, (unsigned long long)hi);
+}
+
 /* auto: for each resident set (with and without room for the staging ring), every tier weighs
  * static, gpu and dynamic at several shares by the cost model and keeps the fastest; the
  * resident set whose tiers serve a typical request (a prompt of up to 1K tokens, then the tokens
@@ -400,7 +434,8 @@ static pshard_status search(const struct model *m, const struct plan_request *re
         plan_account(m, req, costs, p);
         weights[set] = (double)p->budget.weights, kv_position[set] = cost_kv_position_bytes(m, p);
     }
-    if (!any_fits) return fits; /* not even without the ring: the message names the minimum */
+    if (!any_fits) /* not even without the ring: the message names the least budget where a set fits */
+        return fits == PSHARD_ERR_RANGE ? least_budget_error(m, req, costs, prof, budget, sets, PLAN_SETS, p) : fits;
     double best_total;
     const int best_set = plan_soonest_set(p, n_out, &best_total);
     /* Phases: decode steps over another set than the prompt's, paying a request's two switches,

@@ -136,6 +136,10 @@ def test_plan_names_the_minimum_budget(default_model):
     assert least_512 and least_512.group(1) == least.group(1), (least_512, least.group(1))
     at = pshard("plan", "-m", default_model, "--vram-budget", least.group(1) + "M", "--no-profile")
     assert at.returncode == 0 and "micro-batch: 512" in at.stdout, at.stdout + at.stderr
+    # The least: a MB less, no resident set fits (each set's own check names its own least; the
+    # minimum named is the least of them).
+    below = pshard("plan", "-m", default_model, "--vram-budget", "%dM" % (int(least.group(1)) - 1), "--no-profile")
+    assert below.returncode == 1 and least.group(0) in below.stderr, below.stderr
 
 
 def test_profile_cache_written_shown_and_refused_elsewhere(default_model, tmp_path):
