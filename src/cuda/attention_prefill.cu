@@ -29,28 +29,15 @@ struct ap_args {
     float *part_o, *part_ml; /* with slices: [token][head][slice] outputs (unnormalized), max and sum */
 };
 
-struct ap_layout {
-    size_t q, k, v, s, p, o, ml, bytes;
-};
-
-static __host__ __device__ ap_layout ap_smem(int head_k, int head_v) {
-    ap_layout L;
-    size_t at = 0;
-    L.q = attn_smem_take(at, (size_t)AP_Q * (head_k + 8) * 2);
-    L.k = attn_smem_take(at, (size_t)AP_KV * (head_k + 8) * 2);
-    L.v = attn_smem_take(at, (size_t)AP_KV * (head_v + 8) * 2);
-    L.s = attn_smem_take(at, (size_t)AP_Q * SP * 4);
-    L.p = attn_smem_take(at, (size_t)AP_Q * PP * 2);
-    L.o = attn_smem_take(at, (size_t)AP_Q * (head_v + 4) * 4);
-    L.ml = attn_smem_take(at, (size_t)AP_Q * 3 * 4);
-    L.bytes = at;
-    return L;
+/* (three words a query row: its running max and sum, and its position) */
+static __host__ __device__ attn_smem ap_smem(int head_k, int head_v) {
+    return attn_smem_layout<AP_Q, AP_KV>(head_k, head_v, 3);
 }
 
 __global__ void __launch_bounds__(AP_THREADS) attn_prefill_kernel(const ap_args a) {
     extern __shared__ __align__(128) uint8_t smem[];
     const int HK = a.head_k, HV = a.head_v, HKP = HK + 8, HVP = HV + 8, OP = HV + 4;
-    const ap_layout L = ap_smem(HK, HV);
+    const attn_smem L = ap_smem(HK, HV);
     __half *Qs = (__half *)(smem + L.q), *Ks = (__half *)(smem + L.k), *Vs = (__half *)(smem + L.v);
     float *row_m = (float *)(smem + L.ml), *row_l = row_m + AP_Q;
     int *row_pos = (int *)(row_l + AP_Q);

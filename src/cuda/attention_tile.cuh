@@ -24,6 +24,27 @@ template <int KV> struct attn_tile {
     enum { SP = KV + 4, PP = KV + 8 };
 };
 
+/* A block's shared memory for Q rows of queries over chunks of KV keys: Q, K and V (f16, rows
+ * padded by 8), the scores and probabilities, the output (f32, padded by 4), and ml_floats f32
+ * a query row for its running max and sum (and what else the caller keeps there). */
+struct attn_smem {
+    size_t q, k, v, s, p, o, ml, bytes;
+};
+template <int Q, int KV>
+static __host__ __device__ inline attn_smem attn_smem_layout(int head_k, int head_v, int ml_floats) {
+    attn_smem L;
+    size_t at = 0;
+    L.q = attn_smem_take(at, (size_t)Q * (head_k + 8) * 2);
+    L.k = attn_smem_take(at, (size_t)KV * (head_k + 8) * 2);
+    L.v = attn_smem_take(at, (size_t)KV * (head_v + 8) * 2);
+    L.s = attn_smem_take(at, (size_t)Q * attn_tile<KV>::SP * 4);
+    L.p = attn_smem_take(at, (size_t)Q * attn_tile<KV>::PP * 2);
+    L.o = attn_smem_take(at, (size_t)Q * (head_v + 4) * 4);
+    L.ml = attn_smem_take(at, (size_t)Q * ml_floats * 4);
+    L.bytes = at;
+    return L;
+}
+
 /* S [16][SP] = the warp's Q rows (Qs + warp * 16 rows, q_stride apart) times the chunk's keys
  * (Ks, k_stride apart), head_k a multiple of 16. */
 template <int KV>

@@ -159,30 +159,14 @@ __global__ void __launch_bounds__(VA_THREADS) vision_attention_kernel(float *q, 
  * head_dim a multiple of 16. */
 enum { VT_Q = CUDA_VISION_TILE_QUERIES, VT_KV = 64, VT_THREADS = 128, VT_SP = attn_tile<VT_KV>::SP, VT_PP = attn_tile<VT_KV>::PP };
 
-struct vt_layout {
-    size_t q, k, v, s, p, o, ml, bytes;
-};
-
-static __host__ __device__ vt_layout vt_smem(int hd) {
-    vt_layout L;
-    size_t at = 0;
-    L.q = attn_smem_take(at, (size_t)VT_Q * (hd + 8) * 2);
-    L.k = attn_smem_take(at, (size_t)VT_KV * (hd + 8) * 2);
-    L.v = attn_smem_take(at, (size_t)VT_KV * (hd + 8) * 2);
-    L.s = attn_smem_take(at, (size_t)VT_Q * VT_SP * 4);
-    L.p = attn_smem_take(at, (size_t)VT_Q * VT_PP * 2);
-    L.o = attn_smem_take(at, (size_t)VT_Q * (hd + 4) * 4);
-    L.ml = attn_smem_take(at, (size_t)VT_Q * 2 * 4);
-    L.bytes = at;
-    return L;
-}
+static __host__ __device__ attn_smem vt_smem(int hd) { return attn_smem_layout<VT_Q, VT_KV>(hd, hd, 2); }
 
 __global__ void __launch_bounds__(VT_THREADS) vision_attention_tc_kernel(float *q, const float *k, const float *v,
                                                                          const cuda_vision_tile *tiles, int n_head,
                                                                          int hd, float scale) {
     extern __shared__ __align__(128) uint8_t smem[];
     const int HP = hd + 8, OP = hd + 4;
-    const vt_layout L = vt_smem(hd);
+    const attn_smem L = vt_smem(hd);
     __half *Qs = (__half *)(smem + L.q), *Ks = (__half *)(smem + L.k), *Vs = (__half *)(smem + L.v);
     float *row_m = (float *)(smem + L.ml), *row_l = row_m + VT_Q;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
