@@ -127,9 +127,10 @@ pshard_status exec_make_plan(const struct model *model, const struct exec_params
  * pinned memory for the GPU's copies, 2 x 1024 x 152K floats = 1.2 GB for qwen3's vocabulary),
  * each priced by its plan's typical request (plan.predicted_ttft and n_decode steps of
  * predicted_decode), the largest within EXEC_BATCH_MARGIN of the soonest: the typical 1K-token
- * prompt does not show what a longer one gains. A size whose plan fails (its buffers do not fit)
- * is passed over. n_batch unchanged where the plan at the smallest size weighs nothing (the model
- * fits whole) or no size plans. */
+ * prompt does not show what a longer one gains. A larger size whose plan fails (its buffers do not
+ * fit) is passed over; where the smallest fails, its error is returned (the least budget it names
+ * holds for every size). n_batch unchanged where the plan at the smallest size weighs nothing (the
+ * model fits whole). */
 enum { EXEC_BATCH_SIZES = 2 };
 #define EXEC_BATCH_MARGIN 0.02
 struct exec_batch_choice {

@@ -543,14 +543,19 @@ static pshard_status carve_plan(struct exec_gpu *g, struct exec_ctx *ctx) {
     return PSHARD_OK;
 }
 
+/* The captured decode step let go: the next decode step captures it again. */
+static void drop_decode_graph(struct exec_gpu *g) {
+    cuda_graph_destroy(g->decode_graph);
+    g->decode_graph = NULL;
+    g->decode_graph_bytes = g->decode_graph_streamed = 0;
+}
+
 /* Forget what the arena holds under the active plan, to carve it for another (copies still on
  * their way up are waited for first: they write into it). */
 static void forget_plan(struct exec_gpu *g, const struct exec_ctx *ctx) {
     if (g->n_pending) cuda_stream_sync(g->uploads);
     g->n_pending = 0;
-    cuda_graph_destroy(g->decode_graph);
-    g->decode_graph = NULL;
-    g->decode_graph_bytes = g->decode_graph_streamed = 0;
+    drop_decode_graph(g);
     free(g->units);
     g->units = NULL;
     g->n_units = g->next_fill = g->next_use = 0;
@@ -766,9 +771,7 @@ pshard_status exec_gpu_take_uploads(struct exec_ctx *ctx) {
         CORE_TRY(expert_tables(g, plan, &ctx->w.layers[s->layer], i, plan->experts_resident[s->layer], lent, l,
                                (void **)l->moe_all.gate_ptrs));
     }
-    cuda_graph_destroy(g->decode_graph);
-    g->decode_graph = NULL;
-    g->decode_graph_bytes = g->decode_graph_streamed = 0;
+    drop_decode_graph(g);
     g->report.budget_weights_ms = core_now_ms() - g->uploads_t0;
     return PSHARD_OK;
 }
