@@ -275,18 +275,25 @@ def test_client_leaving_cancels(server):
         text = server.request("GET", "/metrics")[2]
         return {l.split()[0]: float(l.split()[1]) for l in text.splitlines() if l and not l.startswith("#")}
 
-    before = in_flight()['pshard_requests_total{result="cancelled"}']
-    for stream in (False, True):
+    def settle(until):
+        deadline = time.monotonic() + 20
+        while not until(in_flight()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return in_flight()
+
+    cancelled = 'pshard_requests_total{result="cancelled"}'
+    before = in_flight()[cancelled]
+    for n, stream in enumerate((False, True), 1):
         body = json.dumps({"messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 500,
                            "stream": stream}).encode()
         with socket.create_connection((host, int(port))) as sock:
             sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
-            time.sleep(0.3)
-        deadline = time.monotonic() + 20
-        while in_flight()["pshard_requests_in_flight"] > 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert in_flight()["pshard_requests_in_flight"] == 0
-    assert in_flight()['pshard_requests_total{result="cancelled"}'] == before + 2
+            # The client leaves only once the server holds its request (and, streaming, has begun the reply).
+            assert settle(lambda m: m["pshard_requests_in_flight"] > 0)["pshard_requests_in_flight"] == 1
+            if stream:
+                assert sock.recv(1)
+        m = settle(lambda m: m["pshard_requests_in_flight"] == 0 and m[cancelled] == before + n)
+        assert m["pshard_requests_in_flight"] == 0 and m[cancelled] == before + n
 
 
 @pytest.mark.parametrize("args, needle", [
