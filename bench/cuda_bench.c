@@ -11,6 +11,8 @@
  * Build: with the device tests (tests/device/CMakeLists.txt), as cuda_bench.
  * Run:   build-dev/cuda_bench   (tests/device/run.sh runs it after the tests);
  *        build-dev/cuda_bench attention   the attention tables alone
+ *        build-dev/cuda_bench matvec      the copy ceiling and the matrix-vector table alone
+ *        build-dev/cuda_bench moe         the MoE layer alone
  *        build-dev/cuda_bench in-place    the in-place tables alone */
 #include <sys/mman.h>
 #include <time.h>
@@ -532,6 +534,9 @@ int main(int argc, char **argv) {
         bench_attention_crossover();
     } else if (argc > 1 && !strcmp(argv[1], "moe")) {
         bench_moe();
+    } else if (argc > 1 && !strcmp(argv[1], "matvec")) { /* the ceiling and the matrix-vector table */
+        bench_copy();
+        bench_matvec();
     } else if (argc > 1 && !strcmp(argv[1], "in-place")) {
         bench_in_place();
         bench_in_place_shapes();
