@@ -160,6 +160,27 @@ def test_help_goes_to_stdout(cmd):
     assert bad.returncode == 2 and "usage:" in bad.stderr and bad.stdout == "", bad
 
 
+# Options that take a text, a path or a list, given last: each says it needs a value.
+VALUED = [("run", "-m"), ("run", "--prompt"), ("run", "--image"), ("run", "--mmproj"), ("run", "--budget-file"),
+          ("run", "--system"), ("chat", "--model"), ("chat", "--mmproj"), ("batch", "-f"), ("batch", "-m"),
+          ("plan", "-m"), ("plan", "--profile"), ("plan", "--image-size"), ("plan", "--tokens"), ("eval", "--tokens"),
+          ("eval", "-o"), ("profile", "-m"), ("bench", "--batch", "-m"), ("bench", "--batch", "-npl"),
+          ("info", "-m"), ("tokenize", "-p"), ("serve", "--api-key")]
+
+
+@pytest.mark.parametrize("args", VALUED, ids=" ".join)
+def test_an_option_given_last_needs_a_value(args):
+    proc = pshard(*args)
+    assert proc.returncode == 2 and proc.stdout == "", proc
+    assert "%s needs a value" % args[-1] in proc.stderr and "unknown" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("cmd", ["run", "chat", "plan", "profile", "eval", "tokenize", "info"])
+def test_an_unknown_option_is_named(cmd):
+    proc = pshard(cmd, "--frobnicate", "3")
+    assert proc.returncode == 2 and "unknown option '--frobnicate'" in proc.stderr, proc.stderr
+
+
 def test_plan_needs_a_budget(default_model):
     proc = pshard("plan", "-m", default_model, "--no-profile")
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout

@@ -120,6 +120,11 @@ bool cli_vram_budget(const char *text, int64_t *bytes, int *follow, int64_t *kee
 /* --seed: a whole number from 0 to 2^64-1, or -1 for one drawn at random (*drawn set). */
 int cli_seed(const char *cmd, const char *text, uint64_t *seed, bool *drawn);
 
+/* Says why argument `a` was not taken by any of cmd's options: "needs a value" where a is one of
+ * `valued` (the options of cmd that take a value, space-separated: a came last), else that it
+ * is not an option of cmd. */
+void cli_refuse(const char *cmd, const char *a, const char *valued);
+
 /* A comma-separated list of at most max positive whole numbers (at most 2^24), or with `sizes`
  * of sizes such as 2G or 512M, into out[0..*n); 0 on success, -1 for an empty item, too many
  * items or a bad one. */

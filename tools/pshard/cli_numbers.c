@@ -43,6 +43,16 @@ static bool read_size(const char *text, int64_t *bytes) {
     return is_size_text(text) && pshard_parse_size(text, bytes) == PSHARD_OK;
 }
 
+void cli_refuse(const char *cmd, const char *a, const char *valued) {
+    const size_t n = strlen(a);
+    for (const char *w = valued; n && (w = strstr(w, a)) != NULL; w += n)
+        if ((w == valued || w[-1] == ' ') && (w[n] == ' ' || w[n] == 0)) {
+            fprintf(stderr, "pshard %s: %s needs a value\n", cmd, a);
+            return;
+        }
+    fprintf(stderr, "pshard %s: unknown option '%s' (--help lists them)\n", cmd, a);
+}
+
 int cli_int(const char *cmd, const char *opt, const char *text, int64_t lo, int64_t hi, int64_t *out) {
     errno = 0;
     const long long v = is_whole_number(text) ? strtoll(text, NULL, 10) : 0;

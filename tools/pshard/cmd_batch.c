@@ -133,6 +133,9 @@ static int take_own_args(int *argc, char **argv, struct batch_cli *c) {
                 return -1;
             }
             c->prompts[c->n_prompts++] = argv[++i];
+        } else if (!v && (!strcmp(a, "-p") || !strcmp(a, "--prompt") || !strcmp(a, "-f") || !strcmp(a, "--file"))) {
+            cli_refuse("batch", a, a);
+            return -1;
         } else if ((!strcmp(a, "-f") || !strcmp(a, "--file")) && v) {
             if (c->file_text) {
                 fprintf(stderr, "pshard batch: one -f FILE at most (put every prompt in it, a line each)\n");

@@ -116,7 +116,7 @@ static int parse_opts(int argc, char **argv, struct batch_opts *o) {
         } else if ((r = cli_planning_option("bench", argc, argv, &i, false, &o->planning)) != 0) {
             if (r < 0) return -1;
         } else {
-            fprintf(stderr, "pshard bench: unknown or incomplete option '%s'\n", a);
+            cli_refuse("bench", a, "-m --json --vram-budget -npl");
             print_usage(stderr);
             return -1;
         }

@@ -83,7 +83,7 @@ int cmd_eval(int argc, char **argv) {
         else if ((r = cli_planning_option("eval", argc, argv, &i, false, &params)) != 0) {
             if (r < 0) return 2;
         } else {
-            fprintf(stderr, "pshard eval: unknown or incomplete option '%s'\n", a);
+            cli_refuse("eval", a, "--tokens -p --steps -o -m -c -b -t");
             print_usage(stderr);
             return 2;
         }

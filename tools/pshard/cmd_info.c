@@ -30,8 +30,12 @@ int cmd_info(int argc, char **argv) {
             path = argv[++i];
         } else if (argv[i][0] != '-' && !path) {
             path = argv[i];
+        } else if (argv[i][0] == '-') {
+            cli_refuse("info", argv[i], "-m");
+            print_usage(stderr);
+            return 2;
         } else {
-            fprintf(stderr, "pshard info: unexpected argument '%s'\n", argv[i]);
+            fprintf(stderr, "pshard info: unexpected argument '%s' (one model at a time)\n", argv[i]);
             print_usage(stderr);
             return 2;
         }

@@ -161,7 +161,7 @@ int cmd_plan(int argc, char **argv) {
             p.n_batch = (int32_t)k;
             batch_given = true;
         } else {
-            fprintf(stderr, "pshard plan: unknown or incomplete option '%s'\n", a);
+            cli_refuse("plan", a, "-m --profile --mmproj --image-size --tokens -n --parallel -t -c -b");
             print_usage(stderr);
             return 2;
         }

@@ -141,7 +141,7 @@ int cmd_profile(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--show")) {
             show = true;
         } else {
-            fprintf(stderr, "pshard profile: unknown or incomplete option '%s'\n", argv[i]);
+            cli_refuse("profile", argv[i], "-m -t --vram-budget");
             print_usage(stderr);
             return 2;
         }

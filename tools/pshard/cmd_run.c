@@ -145,7 +145,8 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
             if (cli_seed(cmd, argv[++i], &o->gen.sampling.seed, &o->seed_drawn)) return -1;
         }
         else {
-            fprintf(stderr, "pshard %s: unknown or incomplete option '%s'\n", cmd, a);
+            cli_refuse(cmd, a, strcmp(cmd, "run") ? "-m --model -p --prompt --system --budget-file --mmproj"
+                                                  : "-m --model -p --prompt --system --budget-file --mmproj --image");
             print_usage(stderr, cmd);
             return -1;
         }

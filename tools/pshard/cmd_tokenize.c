@@ -26,7 +26,7 @@ int cmd_tokenize(int argc, char **argv) {
         } else if (!strcmp(a, "--pieces")) {
             pieces = 1;
         } else {
-            fprintf(stderr, "pshard tokenize: unknown or incomplete option '%s'\n", a);
+            cli_refuse("tokenize", a, "-m --model -p --prompt");
             print_usage(stderr);
             return 2;
         }
