@@ -50,7 +50,7 @@ void cli_refuse(const char *cmd, const char *a, const char *valued) {
             fprintf(stderr, "pshard %s: %s needs a value\n", cmd, a);
             return;
         }
-    fprintf(stderr, "pshard %s: unknown option '%s' (--help lists them)\n", cmd, a);
+    fprintf(stderr, "pshard %s: unknown option '%s'\n", cmd, a);
 }
 
 int cli_int(const char *cmd, const char *opt, const char *text, int64_t lo, int64_t hi, int64_t *out) {
