@@ -121,7 +121,7 @@ static pshard_status print_mmproj(FILE *out, struct gguf_file *file) {
     fprintf(out, "image size    %u (model's nominal side); resized to %llu..%llu pixels in multiples of %u\n", hp->image_size,
             (unsigned long long)hp->min_pixels, (unsigned long long)hp->max_pixels, hp->patch_size * hp->spatial_merge);
     fprintf(out, "patch size    %u x %u, %u frames per patch; %u x %u patches merged per image token\n", hp->patch_size,
-            hp->patch_size, VISION_TEMPORAL_PATCH, hp->spatial_merge, hp->spatial_merge);
+            hp->patch_size, (unsigned)VISION_TEMPORAL_PATCH, hp->spatial_merge, hp->spatial_merge);
     fprintf(out, "layers        %u, width %u, feed-forward %u, %u heads of %u; rms eps %g\n", hp->n_layer, hp->n_embd, hp->n_ff,
             hp->n_head, hp->head_dim, hp->eps);
     fprintf(out, "window layers %u of %u attend within %u x %u pixel windows; full attention in layers",
