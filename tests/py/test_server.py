@@ -286,7 +286,7 @@ def test_client_leaving_cancels(server):
     for n, stream in enumerate((False, True), 1):
         body = json.dumps({"messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 500,
                            "stream": stream}).encode()
-        with socket.create_connection((host, int(port))) as sock:
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
             sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
             # The client leaves only once the server holds its request (and, streaming, has begun the reply).
             assert settle(lambda m: m["pshard_requests_in_flight"] > 0)["pshard_requests_in_flight"] == 1
