@@ -38,6 +38,14 @@ __global__ void fill_kernel(__half *x, size_t n, unsigned seed) {
     }
 }
 
+/* A device copy of n host pointers (the grouped call reads its matrices' addresses there). */
+static void **device_pointers(const void *const *host, int n) {
+    void **dev;
+    CK(cudaMalloc(&dev, sizeof(void *) * n));
+    CK(cudaMemcpy(dev, host, sizeof(void *) * n, cudaMemcpyHostToDevice));
+    return dev;
+}
+
 static const char *status_name(cublasStatus_t s) {
     switch (s) {
     case CUBLAS_STATUS_SUCCESS: return "ok";
@@ -140,24 +148,20 @@ int main(int argc, char **argv) {
         hc32[g] = c32 + (size_t)start[e] * N_OUT, hc16[g] = c16 + (size_t)start[e] * N_OUT;
         g++;
     }
-    void **da, **db, **dc32, **dc16;
-    CK(cudaMalloc(&da, sizeof(void *) * g));
-    CK(cudaMalloc(&db, sizeof(void *) * g));
-    CK(cudaMalloc(&dc32, sizeof(void *) * g));
-    CK(cudaMalloc(&dc16, sizeof(void *) * g));
-    CK(cudaMemcpy(da, ha, sizeof(void *) * g, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(db, hb, sizeof(void *) * g, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dc32, hc32, sizeof(void *) * g, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dc16, hc16, sizeof(void *) * g, cudaMemcpyHostToDevice));
+    void **da = device_pointers(ha, g), **db = device_pointers(hb, g), **dc32 = device_pointers(hc32, g);
+    void **dc16 = device_pointers(hc16, g);
+    /* The grouped call over `groups` of the experts, their rows n_rows, f16 or f32 out. */
+    auto grouped_call = [&](void **a_ptrs, void **b_ptrs, void **c_ptrs, cudaDataType_t ctype, const int *n_rows,
+                            int groups) {
+        return cublasGemmGroupedBatchedEx(h, ta, tb, m, n_rows, k, alpha, (const void *const *)a_ptrs, CUDA_R_16F, lda,
+                                          (const void *const *)b_ptrs, CUDA_R_16F, ldb, beta, c_ptrs, ctype, ldc, groups,
+                                          gsize, CUBLAS_COMPUTE_32F);
+    };
     float *got = (float *)malloc(sizeof(float) * (size_t)P * N_OUT), *want = (float *)malloc(sizeof(float) * (size_t)P * N_OUT);
     __half *got16 = (__half *)malloc(sizeof(__half) * (size_t)P * N_OUT);
     CK(cudaMemcpy(want, ref, sizeof(float) * (size_t)P * N_OUT, cudaMemcpyDeviceToHost));
     for (int out16 = 0; out16 < 2; out16++) {
-        auto grouped = [&]() {
-            return cublasGemmGroupedBatchedEx(h, ta, tb, m, n, k, alpha, (const void *const *)da, CUDA_R_16F, lda,
-                                              (const void *const *)db, CUDA_R_16F, ldb, beta, out16 ? dc16 : dc32,
-                                              out16 ? CUDA_R_16F : CUDA_R_32F, ldc, g, gsize, CUBLAS_COMPUTE_32F);
-        };
+        auto grouped = [&]() { return grouped_call(da, db, out16 ? dc16 : dc32, out16 ? CUDA_R_16F : CUDA_R_32F, n, g); };
         CK(cudaMemset(out16 ? (void *)c16 : (void *)c32, 0, (out16 ? 2 : 4) * (size_t)P * N_OUT));
         const cublasStatus_t st = grouped();
         CK(cudaDeviceSynchronize());
@@ -191,16 +195,8 @@ int main(int argc, char **argv) {
             ha_half[j] = ha[i], hb_half[j] = hb[i], n_half[j] = n[i];
             hc_half[j] = (float *)c_half + ((float *)hc32[i] - c32);
         }
-        void **dah, **dbh, **dch;
-        CK(cudaMalloc(&dah, sizeof(void *) * gh));
-        CK(cudaMalloc(&dbh, sizeof(void *) * gh));
-        CK(cudaMalloc(&dch, sizeof(void *) * gh));
-        CK(cudaMemcpy(dah, ha_half, sizeof(void *) * gh, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(dbh, hb_half, sizeof(void *) * gh, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(dch, hc_half, sizeof(void *) * gh, cudaMemcpyHostToDevice));
-        const cublasStatus_t sh = cublasGemmGroupedBatchedEx(h, ta, tb, m, n_half, k, alpha, (const void *const *)dah, CUDA_R_16F,
-                                                             lda, (const void *const *)dbh, CUDA_R_16F, ldb, beta, dch,
-                                                             CUDA_R_32F, ldc, gh, gsize, CUBLAS_COMPUTE_32F);
+        const cublasStatus_t sh = grouped_call(device_pointers(ha_half, gh), device_pointers(hb_half, gh),
+                                               device_pointers((const void *const *)hc_half, gh), CUDA_R_32F, n_half, gh);
         CK(cudaDeviceSynchronize());
         float *half_got = (float *)malloc(sizeof(float) * (size_t)P * N_OUT);
         CK(cudaMemcpy(half_got, c_half, sizeof(float) * (size_t)P * N_OUT, cudaMemcpyDeviceToHost));

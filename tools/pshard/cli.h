@@ -120,8 +120,10 @@ bool cli_vram_budget(const char *text, int64_t *bytes, int *follow, int64_t *kee
 /* --seed: a whole number from 0 to 2^64-1, or -1 for one drawn at random (*drawn set). */
 int cli_seed(const char *cmd, const char *text, uint64_t *seed, bool *drawn);
 
-/* Says why argument `a` was not taken by any of cmd's options: "needs a value" where a is one of
- * `valued` (the options of cmd that take a value, space-separated: a came last), else that it
+/* Says that option opt of cmd came last without its value; returns -1. */
+int cli_needs_value(const char *cmd, const char *opt);
+/* Says why argument `a` was not taken by any of cmd's options: that it needs a value where a is
+ * one of `valued` (the options of cmd that take one, space-separated: a came last), else that it
  * is not an option of cmd. */
 void cli_refuse(const char *cmd, const char *a, const char *valued);
 

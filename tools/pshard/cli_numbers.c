@@ -43,11 +43,16 @@ static bool read_size(const char *text, int64_t *bytes) {
     return is_size_text(text) && pshard_parse_size(text, bytes) == PSHARD_OK;
 }
 
+int cli_needs_value(const char *cmd, const char *opt) {
+    fprintf(stderr, "pshard %s: %s needs a value\n", cmd, opt);
+    return -1;
+}
+
 void cli_refuse(const char *cmd, const char *a, const char *valued) {
     const size_t n = strlen(a);
     for (const char *w = valued; n && (w = strstr(w, a)) != NULL; w += n)
         if ((w == valued || w[-1] == ' ') && (w[n] == ' ' || w[n] == 0)) {
-            fprintf(stderr, "pshard %s: %s needs a value\n", cmd, a);
+            cli_needs_value(cmd, a);
             return;
         }
     fprintf(stderr, "pshard %s: unknown option '%s'\n", cmd, a);

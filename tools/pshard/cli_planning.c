@@ -10,10 +10,7 @@ int cli_planning_option(const char *cmd, int argc, char **argv, int *i, bool bud
     const bool known = !strcmp(a, "--vram-budget") || !strcmp(a, "--plan") || !strcmp(a, "--stream-share") ||
                        !strcmp(a, "--set") || !strcmp(a, "--decode-set");
     if (!known) return 0;
-    if (*i + 1 >= argc) {
-        fprintf(stderr, "pshard %s: %s needs a value\n", cmd, a);
-        return -1;
-    }
+    if (*i + 1 >= argc) return cli_needs_value(cmd, a);
     const char *v = argv[++*i];
     if (!strcmp(a, "--vram-budget")) {
         if (!budget_auto) return cli_size(cmd, a, v, &p->vram_budget) ? -1 : 1;

@@ -74,10 +74,7 @@ static void json_string(FILE *out, const char *s, size_t n) {
 /* A whole number in [lo, hi] for option opt, read as every subcommand reads one (cli_int). */
 static int whole(const char *opt, const char *v, long lo, long hi, int32_t *out) {
     int64_t n;
-    if (!v) {
-        fprintf(stderr, "pshard batch: %s needs a value\n", opt);
-        return -1;
-    }
+    if (!v) return cli_needs_value("batch", opt);
     if (cli_int("batch", opt, v, lo, hi, &n)) return -1;
     *out = (int32_t)n;
     return 0;
@@ -134,8 +131,7 @@ static int take_own_args(int *argc, char **argv, struct batch_cli *c) {
             }
             c->prompts[c->n_prompts++] = argv[++i];
         } else if (!v && (!strcmp(a, "-p") || !strcmp(a, "--prompt") || !strcmp(a, "-f") || !strcmp(a, "--file"))) {
-            cli_refuse("batch", a, a);
-            return -1;
+            return cli_needs_value("batch", a);
         } else if ((!strcmp(a, "-f") || !strcmp(a, "--file")) && v) {
             if (c->file_text) {
                 fprintf(stderr, "pshard batch: one -f FILE at most (put every prompt in it, a line each)\n");

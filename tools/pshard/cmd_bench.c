@@ -152,16 +152,10 @@ static int parse_opts(int argc, char **argv, struct oracle_opts *o) {
         } else if (!strcmp(a, "--json") && v) {
             o->json = argv[++i];
         } else {
-            static const char *const valued[] = {"-m", "--budgets", "--contexts", "--tiers", "-b", "-t", "--reps",
-                                                 "--recheck", "--json"};
-            bool known = false;
-            for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
             if (!strcmp(a, "-m") && v)
                 fprintf(stderr, "pshard bench: at most %d models (-m) in one run\n", MAX_MODELS);
-            else if (known)
-                fprintf(stderr, "pshard bench: %s needs a value\n", a);
             else
-                fprintf(stderr, "pshard bench: unknown option '%s'\n", a);
+                cli_refuse("bench", a, "-m --budgets --contexts --tiers -b -t --reps --recheck --json");
             print_usage(stderr);
             return -1;
         }

@@ -74,11 +74,6 @@ static void print_usage(FILE *out, const char *cmd) {
                                  "                          each placed at a " PSHARD_IMAGE_MARKER " in the prompt, else before it)\n");
 }
 
-static int missing_value(const char *cmd, const char *opt) {
-    fprintf(stderr, "pshard %s: %s needs a value\n", cmd, opt);
-    return -1;
-}
-
 /* Returns 0 on success, 1 when help was printed, -1 on a bad option. */
 int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
     memset(o, 0, sizeof *o);
@@ -92,8 +87,8 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
         double x;
         int r;
         /* Each reads the option's value (consuming it) into k or x; nonzero: refused, said why. */
-#define INT(lo, hi) (v ? (i++, cli_int(cmd, a, v, lo, hi, &k)) : missing_value(cmd, a))
-#define REAL(lo, hi, above_lo) (v ? (i++, cli_real(cmd, a, v, lo, hi, above_lo, &x)) : missing_value(cmd, a))
+#define INT(lo, hi) (v ? (i++, cli_int(cmd, a, v, lo, hi, &k)) : cli_needs_value(cmd, a))
+#define REAL(lo, hi, above_lo) (v ? (i++, cli_real(cmd, a, v, lo, hi, above_lo, &x)) : cli_needs_value(cmd, a))
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { print_usage(stdout, cmd); return 1; }
         else if (!strcmp(a, "--raw")) o->raw = 1;
         else if (!strcmp(a, "--ids")) o->print_ids = 1;
@@ -141,12 +136,13 @@ int run_parse_args(int argc, char **argv, const char *cmd, struct run_opts *o) {
         else if (!strcmp(a, "--frequency-penalty")) { if (REAL(-100, 100, false)) return -1; o->gen.sampling.frequency_penalty = (float)x; }
         else if (!strcmp(a, "--repeat-last-n")) { if (INT(0, 1 << 20)) return -1; o->gen.sampling.penalty_last_n = (int32_t)k; }
         else if (!strcmp(a, "--seed")) {
-            if (!v) return missing_value(cmd, a);
+            if (!v) return cli_needs_value(cmd, a);
             if (cli_seed(cmd, argv[++i], &o->gen.sampling.seed, &o->seed_drawn)) return -1;
         }
         else {
-            cli_refuse(cmd, a, strcmp(cmd, "run") ? "-m --model -p --prompt --system --budget-file --mmproj"
-                                                  : "-m --model -p --prompt --system --budget-file --mmproj --image");
+#define RUN_VALUED "-m --model -p --prompt --system --budget-file --mmproj"
+            cli_refuse(cmd, a, strcmp(cmd, "run") ? RUN_VALUED : RUN_VALUED " --image");
+#undef RUN_VALUED
             print_usage(stderr, cmd);
             return -1;
         }

@@ -71,8 +71,7 @@ static int take_own_args(int *argc, char **argv, struct serve_cli *c) {
         } else if (!strcmp(a, "--host") || !strcmp(a, "--api-key") || !strcmp(a, "--alias") || !strcmp(a, "--port") ||
                    !strcmp(a, "--parallel") || !strcmp(a, "--max-queue") || !strcmp(a, "--drain") ||
                    !strcmp(a, "--max-body")) {
-            fprintf(stderr, "pshard serve: %s needs a value\n", a);
-            rc = -1;
+            rc = cli_needs_value("serve", a);
         } else {
             argv[kept++] = argv[i];
         }
