@@ -274,6 +274,11 @@ pshard_status cuda_rmsnorm(const float *x, const float *w, float *out, int64_t n
  * before anything the stream signals after it. */
 pshard_status cuda_rmsnorm_mirror(const float *x, const float *w, float *out, float *mirror, int64_t n_rows, int64_t n,
                                   float eps, cuda_stream s);
+/* cuda_rmsnorm (out not x), and out quantized to act_type into q as cuda_quantize does, both to the
+ * bit; one launch where act_type is Q8_0 or Q8_1 and n a multiple of 32, over a block per 256
+ * values (each summing its row's squares), else the two calls. */
+pshard_status cuda_rmsnorm_quantize(enum quant_type act_type, const float *x, const float *w, float *out, void *q,
+                                    int64_t n_rows, int64_t n, float eps, cuda_stream s);
 pshard_status cuda_add(float *acc, const float *x, int64_t n, cuda_stream s);
 pshard_status cuda_add_bias(float *x, const float *bias, int64_t n_rows, int64_t n, cuda_stream s);
 /* out[i] = silu(gate[i]) * up[i] (out may be gate). */

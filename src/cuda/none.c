@@ -244,6 +244,11 @@ pshard_status cuda_rmsnorm_mirror(const float *x, const float *w, float *out, fl
     (void)x, (void)w, (void)out, (void)mirror, (void)n_rows, (void)n, (void)eps, (void)s;
     return no_cuda();
 }
+pshard_status cuda_rmsnorm_quantize(enum quant_type act_type, const float *x, const float *w, float *out, void *q,
+                                    int64_t n_rows, int64_t n, float eps, cuda_stream s) {
+    (void)act_type, (void)x, (void)w, (void)out, (void)q, (void)n_rows, (void)n, (void)eps, (void)s;
+    return no_cuda();
+}
 pshard_status cuda_moe_route(const float *logits, int64_t n_tokens, int n_expert, int k, bool normalize, int32_t *ids,
                              float *weights, cuda_stream s) {
     (void)logits, (void)n_tokens, (void)n_expert, (void)k, (void)normalize, (void)ids, (void)weights, (void)s;

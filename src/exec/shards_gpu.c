@@ -28,20 +28,38 @@ static pshard_status project_add(struct exec_ctx *ctx, struct exec_gpu *g, const
     return cuda_matmul_add(g->cuda, m, x, n, y, g->proj, g->work, g->work_bytes, g->stream);
 }
 
-/* Projections of one input by several matrices (q, k and v; gate and up): at matrix-vector
- * sizes, where their activations share a format, the input is quantized once for all, and
- * matrices of one format and width run in one launch. */
-static pshard_status project_each(struct exec_ctx *ctx, struct exec_gpu *g, const struct cuda_matrix *const *m, int count,
-                                  const float *x, int64_t n, float *const *y) {
+/* Whether project_each quantizes its input once for all the matrices: at matrix-vector sizes,
+ * where their activations share a format and width. */
+static bool quantizes_once(const struct cuda_matrix *const *m, int count, int64_t n) {
     bool once = n <= CUDA_MATVEC_MAX_TOKENS;
     for (int i = 1; i < count; i++)
         once = once && cuda_act_type(m[i]->type) == cuda_act_type(m[0]->type) && m[i]->n_cols == m[0]->n_cols;
-    if (!once) {
+    return once;
+}
+
+/* g->xn = RMSNorm(g->x) (weights w) for the products by m; where they quantize it once to Q8_0
+ * or Q8_1, that quantization into g->work in the same launch (*quantized: tell project_each). */
+static pshard_status norm_for(struct exec_gpu *g, const float *w, const struct cuda_matrix *const *m, int count, int64_t n,
+                              int64_t d, float eps, bool *quantized) {
+    const enum quant_type at = cuda_act_type(m[0]->type);
+    *quantized = quantizes_once(m, count, n) && (at == QUANT_Q8_0 || at == QUANT_Q8_1) && d % 32 == 0;
+    if (*quantized) return cuda_rmsnorm_quantize(at, g->x, w, g->xn, g->work, n, d, eps, g->stream);
+    return cuda_rmsnorm(g->x, w, g->xn, n, d, eps, g->stream);
+}
+
+/* Projections of one input by several matrices (q, k and v; gate and up): at matrix-vector
+ * sizes, where their activations share a format, the input is quantized once for all (or was,
+ * into g->work: `quantized`, by norm_for), and matrices of one format and width run in one
+ * launch. */
+static pshard_status project_each(struct exec_ctx *ctx, struct exec_gpu *g, const struct cuda_matrix *const *m, int count,
+                                  const float *x, int64_t n, float *const *y, bool quantized) {
+    if (!quantizes_once(m, count, n)) {
         for (int i = 0; i < count; i++) CORE_TRY(project(ctx, g, m[i], x, n, y[i]));
         return PSHARD_OK;
     }
     const void *acts = x; /* f32 activations are read as they are */
-    if (cuda_act_type(m[0]->type) != QUANT_F32) {
+    if (quantized) acts = g->work;
+    else if (cuda_act_type(m[0]->type) != QUANT_F32) {
         CORE_TRY(cuda_quantize(cuda_act_type(m[0]->type), x, m[0]->n_cols, n, g->work, g->stream));
         acts = g->work;
     }
@@ -82,10 +100,11 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
     const int64_t n = b->n_tokens, d = hp->n_embd, q_width = (int64_t)hp->n_head * hp->head_dim_k;
     const int64_t k_width = ctx->kv.k_width, v_width = ctx->kv.v_width;
     cuda_stream s = g->stream;
-    CORE_TRY(cuda_rmsnorm(g->x, l->attn_norm, g->xn, n, d, hp->rms_eps, s));
     const struct cuda_matrix *qkv[3] = {&l->wq, &l->wk, &l->wv};
     float *const qkv_out[3] = {g->q, g->k, g->v};
-    CORE_TRY(project_each(ctx, g, qkv, 3, g->xn, n, qkv_out));
+    bool quantized;
+    CORE_TRY(norm_for(g, l->attn_norm, qkv, 3, n, d, hp->rms_eps, &quantized));
+    CORE_TRY(project_each(ctx, g, qkv, 3, g->xn, n, qkv_out, quantized));
     if (l->bq) CORE_TRY(cuda_add_bias(g->q, l->bq, n, q_width, s));
     if (l->bk) CORE_TRY(cuda_add_bias(g->k, l->bk, n, k_width, s));
     if (l->bv) CORE_TRY(cuda_add_bias(g->v, l->bv, n, v_width, s));
@@ -128,11 +147,12 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
 }
 
 /* The FFN of g->xn added into the residual stream g->x. */
+/* (quantized: g->xn is in g->work already, as norm_for leaves it) */
 static pshard_status swiglu_ffn(struct exec_ctx *ctx, struct exec_gpu *g, const struct cuda_matrix *gate,
-                                const struct cuda_matrix *up, const struct cuda_matrix *down, int64_t n) {
+                                const struct cuda_matrix *up, const struct cuda_matrix *down, int64_t n, bool quantized) {
     const struct cuda_matrix *gate_up[2] = {gate, up};
     float *const gate_up_out[2] = {g->gate, g->up};
-    CORE_TRY(project_each(ctx, g, gate_up, 2, g->xn, n, gate_up_out));
+    CORE_TRY(project_each(ctx, g, gate_up, 2, g->xn, n, gate_up_out, quantized));
     CORE_TRY(cuda_swiglu(g->gate, g->up, g->gate, n * gate->n_rows, g->stream));
     return project_add(ctx, g, down, g->gate, n, g->x);
 }
@@ -141,8 +161,10 @@ static pshard_status ffn_shard(struct exec_ctx *ctx, struct exec_gpu *g, const s
                               const struct exec_batch *b) {
     const struct model_hparams *hp = &ctx->model->hp;
     const int64_t n = b->n_tokens, d = hp->n_embd;
-    CORE_TRY(cuda_rmsnorm(g->x, l->ffn_norm, g->xn, n, d, hp->rms_eps, g->stream));
-    return swiglu_ffn(ctx, g, &l->ffn_gate, &l->ffn_up, &l->ffn_down, n);
+    const struct cuda_matrix *gate_up[2] = {&l->ffn_gate, &l->ffn_up};
+    bool quantized;
+    CORE_TRY(norm_for(g, l->ffn_norm, gate_up, 2, n, d, hp->rms_eps, &quantized));
+    return swiglu_ffn(ctx, g, &l->ffn_gate, &l->ffn_up, &l->ffn_down, n, quantized);
 }
 
 /* ---- the staging ring */
@@ -492,7 +514,7 @@ static pshard_status split_ffn_shard(struct exec_ctx *ctx, struct exec_gpu *g, u
     struct cuda_matrix gate = l->ffn_gate, up = l->ffn_up, down = l->ffn_down;
     gate.n_rows = up.n_rows = f;
     down.n_cols = f; /* the first f columns of each row: row_bytes keeps the full stride */
-    CORE_TRY(swiglu_ffn(ctx, g, &gate, &up, &down, n));
+    CORE_TRY(swiglu_ffn(ctx, g, &gate, &up, &down, n, false));
     ctx->stats.streamed_bytes += plan_unit_bytes(&ctx->model->shards[index], 0) * f / hp->n_ff;
     return hand_back(ctx, g, tier, &ctx->model->shards[index], n);
 }
@@ -596,7 +618,7 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
     if (l->gate_shexp.data) {
         if (l->gate_inp_shexp)
             return core_fail(PSHARD_ERR_UNSUPPORTED, "a gated shared expert is not supported on the GPU yet");
-        CORE_TRY(swiglu_ffn(ctx, g, &l->gate_shexp, &l->up_shexp, &l->down_shexp, n));
+        CORE_TRY(swiglu_ffn(ctx, g, &l->gate_shexp, &l->up_shexp, &l->down_shexp, n, false));
     }
     if (split) CORE_TRY(hand_back(ctx, g, tier, shard, n));
     return PSHARD_OK;
