@@ -14,14 +14,19 @@ static void test_rmsnorm(struct dt *d, int64_t n_rows, int64_t n, bool weighted)
     dt_fill(w, n, 0.5f, 1.5f);
     for (int64_t r = 0; r < n_rows; r++) cpu_rmsnorm(x + r * n, weighted ? w : NULL, want + r * n, n, 1e-6f);
     float *dx = dt_upload(d, x, 4 * (size_t)(n_rows * n)), *dw = dt_upload(d, w, 4 * (size_t)n);
-    DT_CHECK(cuda_rmsnorm(dx, weighted ? dw : NULL, dx, n_rows, n, 1e-6f, d->s)); /* in place, as q/k norms run */
+    /* apart from x (a few rows run a block per 256 values), then in place, as q/k norms run */
+    float *dout = dt_alloc(d, 4 * (size_t)(n_rows * n)), *apart = dt_malloc(4 * (size_t)(n_rows * n));
+    DT_CHECK(cuda_rmsnorm(dx, weighted ? dw : NULL, dout, n_rows, n, 1e-6f, d->s));
+    dt_download(d, apart, dout, 4 * (size_t)(n_rows * n));
+    DT_CHECK(cuda_rmsnorm(dx, weighted ? dw : NULL, dx, n_rows, n, 1e-6f, d->s));
     dt_download(d, got, dx, 4 * (size_t)(n_rows * n));
     int64_t where;
     const double e = dt_max_err(got, want, n_rows * n, 1.0, &where);
-    dt_case(d, e <= 1e-6, "rmsnorm %lld rows x %lld%s: max abs err %.2e", (long long)n_rows, (long long)n,
+    dt_case(d, e <= 1e-6 && memcmp(apart, got, 4 * (size_t)(n_rows * n)) == 0,
+            "rmsnorm %lld rows x %lld%s: max abs err %.2e, the same bits in place and apart", (long long)n_rows, (long long)n,
             weighted ? " weighted" : "", e);
     cuda_arena_reset(&d->arena, mark);
-    free(x), free(w), free(want), free(got);
+    free(x), free(w), free(want), free(got), free(apart);
 }
 
 /* RMSNorm and its quantization in one launch: the bits of cuda_rmsnorm then cuda_quantize (Q8_0
@@ -205,6 +210,7 @@ int main(void) {
     dt_seed(3);
     test_rmsnorm(&d, 5, 4096, true);
     test_rmsnorm(&d, 1, 2048, false);
+    test_rmsnorm(&d, 3, 2080, true); /* a block per 256 values, the last one partly */
     test_rmsnorm(&d, 5 * 32, 128, true); /* per-head q norm */
     test_rmsnorm_quantize(&d, QUANT_Q8_1, 1, 2048, true);  /* qwen30b's attention input, one token */
     test_rmsnorm_quantize(&d, QUANT_Q8_1, 8, 4096, true);
