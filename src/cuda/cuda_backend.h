@@ -334,6 +334,14 @@ size_t cuda_attention_decode_work_bytes(const struct cuda_attn_shape *a, int64_t
 pshard_status cuda_attention_decode(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv, const float *q,
                                     const int32_t *seq, const int32_t *pos, int64_t n_tokens, int32_t max_kv_len,
                                     float *out, void *work, size_t work_bytes, cuda_stream s);
+/* The same, out also quantized to q_type into q_out in the same launch as cuda_quantize would
+ * (for the product after it), where cuda_attention_decode_quantizes: Q8_0 or Q8_1, heads of a
+ * multiple of 32 values up to 128. */
+bool cuda_attention_decode_quantizes(const struct cuda_attn_shape *a, enum quant_type q_type);
+pshard_status cuda_attention_decode_quantized(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv,
+                                              const float *q, const int32_t *seq, const int32_t *pos, int64_t n_tokens,
+                                              int32_t max_kv_len, float *out, enum quant_type q_type, void *q_out,
+                                              void *work, size_t work_bytes, cuda_stream s);
 
 /* The same for many tokens of one sequence (a prompt), on tensor cores: tiles of 64 queries x
  * 64 cells, f16 products with f32 accumulation and online softmax; head_k, head_v multiples of

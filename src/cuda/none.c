@@ -207,6 +207,18 @@ pshard_status cuda_kv_store(const struct cuda_kv_layer *kv, const float *k, cons
     (void)kv, (void)k, (void)v, (void)k_width, (void)v_width, (void)seq, (void)pos, (void)n_tokens, (void)s;
     return no_cuda();
 }
+bool cuda_attention_decode_quantizes(const struct cuda_attn_shape *a, enum quant_type q_type) {
+    (void)a, (void)q_type;
+    return false;
+}
+pshard_status cuda_attention_decode_quantized(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv,
+                                              const float *q, const int32_t *seq, const int32_t *pos, int64_t n_tokens,
+                                              int32_t max_kv_len, float *out, enum quant_type q_type, void *q_out,
+                                              void *work, size_t work_bytes, cuda_stream s) {
+    (void)a, (void)kv, (void)q, (void)seq, (void)pos, (void)n_tokens, (void)max_kv_len, (void)out, (void)q_type, (void)q_out;
+    (void)work, (void)work_bytes, (void)s;
+    return no_cuda();
+}
 pshard_status cuda_attention_decode(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv, const float *q,
                                     const int32_t *seq, const int32_t *pos, int64_t n_tokens, int32_t max_kv_len,
                                     float *out, void *work, size_t work_bytes, cuda_stream s) {

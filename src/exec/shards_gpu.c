@@ -134,12 +134,27 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
         one_seq = one_seq && b->seq[t] == b->seq[0];
     }
     if (g->capturing) max_len = ctx->params.n_ctx; /* a replayed bound must not depend on the position */
-    if (one_seq && cuda_attention_prefill_pays(&g->attn_shape, n))
+    if (one_seq && cuda_attention_prefill_pays(&g->attn_shape, n)) {
         CORE_TRY(cuda_attention_prefill(&g->attn_shape, kv, g->q, b->seq[0], g->pos, n, max_len, g->attn, g->work,
                                         g->work_bytes, s));
-    else
-        CORE_TRY(cuda_attention_decode(&g->attn_shape, kv, g->q, g->seq, g->pos, n, max_len, g->attn, g->work,
-                                       g->work_bytes, s));
+    } else {
+        /* At matrix-vector sizes, wo's input quantized by the attention's last launch, into g->proj
+         * (free until a step of more tokens), and wo adds into the residual stream from there. */
+        const enum quant_type at = cuda_act_type(l->wo.type);
+        const size_t q_bytes = (size_t)n * (size_t)(l->wo.n_cols / 32) * (at == QUANT_Q8_1 ? 36 : 34);
+        const bool quantized = !l->bo && n <= CUDA_MATVEC_MAX_TOKENS && l->wo.n_cols % 32 == 0 &&
+                               cuda_attention_decode_quantizes(&g->attn_shape, at) &&
+                               q_bytes <= sizeof(float) * (size_t)n * (size_t)d;
+        CORE_TRY(cuda_attention_decode_quantized(&g->attn_shape, kv, g->q, g->seq, g->pos, n, max_len, g->attn,
+                                                 quantized ? at : QUANT_F32, quantized ? (void *)g->proj : NULL, g->work,
+                                                 g->work_bytes, s));
+        if (quantized) {
+            const struct cuda_matrix *wo = &l->wo;
+            float *x = g->x;
+            ctx->stats.weight_bytes_read += (uint64_t)wo->n_rows * quant_row_bytes(wo->type, wo->n_cols);
+            return cuda_matvec_each(&wo, 1, g->proj, (int)n, &x, true, s);
+        }
+    }
     if (!l->bo) return project_add(ctx, g, &l->wo, g->attn, n, g->x);
     CORE_TRY(project(ctx, g, &l->wo, g->attn, n, g->proj));
     CORE_TRY(cuda_add_bias(g->proj, l->bo, n, d, s));
