@@ -302,6 +302,13 @@ pshard_status cuda_norm_rope(const struct rope_params *p, const float *cs, float
 pshard_status cuda_norm_rope_qk(const struct rope_params *p, const float *cs, float *q, const float *q_norm, int n_head,
                                 float *k, const float *k_norm, int n_head_kv, float eps, int64_t n_tokens, int head_size,
                                 cuda_stream s);
+struct cuda_kv_layer;
+/* The same, then k's heads and v's (heads of head_v) rounded to f16 into the cache at cell pos[t]
+ * of sequence seq[t], as cuda_kv_store writes them: all in one launch. */
+pshard_status cuda_norm_rope_qk_store(const struct rope_params *p, const float *cs, float *q, const float *q_norm,
+                                      int n_head, float *k, const float *k_norm, int n_head_kv, float eps, int64_t n_tokens,
+                                      int head_size, const struct cuda_kv_layer *kv, const float *v, int head_v,
+                                      const int32_t *seq, const int32_t *pos, cuda_stream s);
 
 /* ---- KV cache and attention ------------------------------------------------------------------ */
 

@@ -239,6 +239,14 @@ pshard_status cuda_norm_rope(const struct rope_params *p, const float *cs, float
     (void)p, (void)cs, (void)x, (void)w, (void)eps, (void)n_tokens, (void)n_heads, (void)head_size, (void)s;
     return no_cuda();
 }
+pshard_status cuda_norm_rope_qk_store(const struct rope_params *p, const float *cs, float *q, const float *q_norm,
+                                      int n_head, float *k, const float *k_norm, int n_head_kv, float eps, int64_t n_tokens,
+                                      int head_size, const struct cuda_kv_layer *kv, const float *v, int head_v,
+                                      const int32_t *seq, const int32_t *pos, cuda_stream s) {
+    (void)p, (void)cs, (void)q, (void)q_norm, (void)n_head, (void)k, (void)k_norm, (void)n_head_kv, (void)eps, (void)n_tokens;
+    (void)head_size, (void)kv, (void)v, (void)head_v, (void)seq, (void)pos, (void)s;
+    return no_cuda();
+}
 pshard_status cuda_norm_rope_qk(const struct rope_params *p, const float *cs, float *q, const float *q_norm, int n_head,
                                 float *k, const float *k_norm, int n_head_kv, float eps, int64_t n_tokens, int head_size,
                                 cuda_stream s) {

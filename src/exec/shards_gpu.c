@@ -113,16 +113,16 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
     if (!g->rope_ready) CORE_TRY(cuda_rope_table(&ctx->w.rope, g->rope_freqs, rope_pos, ctx->params.n_batch, n, g->rope_cs, s));
     g->rope_ready = true;
     const int n_head = (int)hp->n_head, n_head_kv = (int)hp->n_head_kv, head = (int)hp->head_dim_k;
-    if (l->q_norm && l->k_norm) { /* q's and k's heads normed and rotated in one launch */
-        CORE_TRY(cuda_norm_rope_qk(&ctx->w.rope, g->rope_cs, g->q, l->q_norm, n_head, g->k, l->k_norm, n_head_kv,
-                                   hp->rms_eps, n, head, s));
+    if (l->q_norm && l->k_norm) { /* q's and k's heads normed and rotated, and K and V stored, in one launch */
+        CORE_TRY(cuda_norm_rope_qk_store(&ctx->w.rope, g->rope_cs, g->q, l->q_norm, n_head, g->k, l->k_norm, n_head_kv,
+                                         hp->rms_eps, n, head, kv, g->v, (int)hp->head_dim_v, g->seq, g->pos, s));
     } else {
         CORE_TRY(l->q_norm ? cuda_norm_rope(&ctx->w.rope, g->rope_cs, g->q, l->q_norm, hp->rms_eps, n, n_head, head, s)
                            : cuda_rope_apply(&ctx->w.rope, g->rope_cs, g->q, n, n_head, head, s));
         CORE_TRY(l->k_norm ? cuda_norm_rope(&ctx->w.rope, g->rope_cs, g->k, l->k_norm, hp->rms_eps, n, n_head_kv, head, s)
                            : cuda_rope_apply(&ctx->w.rope, g->rope_cs, g->k, n, n_head_kv, head, s));
+        CORE_TRY(cuda_kv_store(kv, g->k, g->v, k_width, v_width, g->seq, g->pos, n, s));
     }
-    CORE_TRY(cuda_kv_store(kv, g->k, g->v, k_width, v_width, g->seq, g->pos, n, s));
     if (kv != &g->kv[il]) CORE_TRY(kv_cells_down(ctx, g, il, kv, b));
 
     /* A prompt of one sequence of a query tile or more goes to the tensor-core kernel; anything
