@@ -170,7 +170,8 @@ static void test_rope(struct dt *d, const char *name, struct rope_params p, int 
     /* ... and K and V stored in the same launch (V's heads narrower): the bits of norm+rope, then
      * the KV store, at cells 3 t of a sequence whose blocks run backwards. */
     const int head_v = head_size > 32 ? head_size - 32 : head_size;
-    const int64_t v_n = n_tokens * kv_heads * head_v, k_width = (int64_t)kv_heads * head_size, v_width = (int64_t)kv_heads * head_v;
+    const int64_t v_n = n_tokens * kv_heads * head_v, k_width = (int64_t)kv_heads * head_size;
+    const int64_t v_width = (int64_t)kv_heads * head_v;
     const int32_t n_blocks = (int32_t)(3 * n_tokens / CUDA_KV_TILE + 1);
     int32_t *blocks = dt_malloc(sizeof(int32_t) * (size_t)n_blocks), *seq = dt_malloc(sizeof(int32_t) * (size_t)n_tokens),
             *cpos = dt_malloc(sizeof(int32_t) * (size_t)n_tokens);
@@ -178,7 +179,8 @@ static void test_rope(struct dt *d, const char *name, struct rope_params p, int 
     for (int64_t t = 0; t < n_tokens; t++) seq[t] = 0, cpos[t] = (int32_t)(3 * t);
     const size_t kb = 2 * (size_t)(n_blocks * CUDA_KV_TILE * k_width), vb = 2 * (size_t)(n_blocks * CUDA_KV_TILE * v_width);
     const int32_t *dblocks = dt_upload(d, blocks, sizeof(int32_t) * (size_t)n_blocks);
-    struct cuda_kv_layer kv1 = {dt_alloc(d, kb), dt_alloc(d, vb), dblocks, n_blocks, CUDA_KV_TILE}, kv2 = kv1;
+    struct cuda_kv_layer kv1 = {dt_alloc(d, kb), dt_alloc(d, vb), dblocks, n_blocks, CUDA_KV_TILE};
+    struct cuda_kv_layer kv2 = kv1;
     kv2.k = dt_alloc(d, kb), kv2.v = dt_alloc(d, vb);
     DT_CHECK(cuda_memset(kv1.k, 0, kb, d->s));
     DT_CHECK(cuda_memset(kv1.v, 0, vb, d->s));
@@ -188,13 +190,14 @@ static void test_rope(struct dt *d, const char *name, struct rope_params p, int 
     dt_fill(vv, v_n, -3.0f, 3.0f);
     dt_fill(x, n_tokens * width, -2.0f, 2.0f);
     const float *dv = dt_upload(d, vv, 4 * (size_t)v_n);
-    const int32_t *dseq = dt_upload(d, seq, sizeof(int32_t) * (size_t)n_tokens), *dcpos = dt_upload(d, cpos, sizeof(int32_t) * (size_t)n_tokens);
+    const int32_t *dseq = dt_upload(d, seq, sizeof(int32_t) * (size_t)n_tokens);
+    const int32_t *dcpos = dt_upload(d, cpos, sizeof(int32_t) * (size_t)n_tokens);
     float *q3 = dt_upload(d, x, 4 * (size_t)(n_tokens * width)), *q4 = dt_upload(d, x, 4 * (size_t)(n_tokens * width));
     float *k3 = dt_upload(d, x, 4 * (size_t)k_n), *k4 = dt_upload(d, x, 4 * (size_t)k_n);
     DT_CHECK(cuda_norm_rope_qk(&p, dcs, q3, dwn, n_heads, k3, dwk, kv_heads, 1e-6f, n_tokens, head_size, d->s));
     DT_CHECK(cuda_kv_store(&kv1, k3, dv, k_width, v_width, dseq, dcpos, n_tokens, d->s));
-    DT_CHECK(cuda_norm_rope_qk_store(&p, dcs, q4, dwn, n_heads, k4, dwk, kv_heads, 1e-6f, n_tokens, head_size, &kv2, dv, head_v,
-                                     dseq, dcpos, d->s));
+    DT_CHECK(cuda_norm_rope_qk_store(&p, dcs, q4, dwn, n_heads, k4, dwk, kv_heads, 1e-6f, n_tokens, head_size, &kv2, dv,
+                                     head_v, dseq, dcpos, d->s));
     uint8_t *c1 = dt_malloc(kb > vb ? kb : vb), *c2 = dt_malloc(kb > vb ? kb : vb);
     dt_download(d, a1, q3, 4 * (size_t)(n_tokens * width)), dt_download(d, a2, q4, 4 * (size_t)(n_tokens * width));
     same = memcmp(a1, a2, 4 * (size_t)(n_tokens * width)) == 0;
