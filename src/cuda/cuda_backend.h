@@ -274,11 +274,11 @@ pshard_status cuda_rmsnorm(const float *x, const float *w, float *out, int64_t n
  * before anything the stream signals after it. */
 pshard_status cuda_rmsnorm_mirror(const float *x, const float *w, float *out, float *mirror, int64_t n_rows, int64_t n,
                                   float eps, cuda_stream s);
-/* cuda_rmsnorm (out not x), and out quantized to act_type into q as cuda_quantize does, both to the
- * bit; one launch where act_type is Q8_0 or Q8_1 and n a multiple of 32, over a block per 256
- * values (each summing its row's squares), else the two calls. */
-pshard_status cuda_rmsnorm_quantize(enum quant_type act_type, const float *x, const float *w, float *out, void *q,
-                                    int64_t n_rows, int64_t n, float eps, cuda_stream s);
+/* cuda_rmsnorm_mirror (out not x; mirror may be NULL), and out quantized to act_type into q as
+ * cuda_quantize does, all to the bit; one launch where act_type is Q8_0 or Q8_1 and n a multiple
+ * of 32, over a block per 256 values (each summing its row's squares), else the two calls. */
+pshard_status cuda_rmsnorm_quantize(enum quant_type act_type, const float *x, const float *w, float *out, float *mirror,
+                                    void *q, int64_t n_rows, int64_t n, float eps, cuda_stream s);
 pshard_status cuda_add(float *acc, const float *x, int64_t n, cuda_stream s);
 pshard_status cuda_add_bias(float *x, const float *bias, int64_t n_rows, int64_t n, cuda_stream s);
 /* out[i] = silu(gate[i]) * up[i] (out may be gate). */
@@ -443,6 +443,12 @@ size_t cuda_moe_work_bytes(const struct cuda_moe *m, int64_t n_tokens);
 pshard_status cuda_moe_ffn(const struct cuda_moe *m, const float *x, const int32_t *ids, const float *weights,
                            int64_t n_tokens, float *out, bool accumulate, void *work, size_t work_bytes,
                            cuda_stream s);
+/* The same with x also given quantized as cuda_quantize(cuda_act_type(m->gate.type), x, ...) would
+ * (x_act; NULL: quantized here), as cuda_rmsnorm_quantize leaves it: steps of matrix-vector sizes
+ * read it instead of quantizing x again, once per call. */
+pshard_status cuda_moe_ffn_quantized(const struct cuda_moe *m, const float *x, const void *x_act, const int32_t *ids,
+                                     const float *weights, int64_t n_tokens, float *out, bool accumulate, void *work,
+                                     size_t work_bytes, cuda_stream s);
 /* Whether cuda_moe_ffn runs a step of n_tokens on the fused kernels. */
 bool cuda_moe_fuses(const struct cuda_moe *m, int64_t n_tokens);
 /* cuda_moe_ffn on the grouped kernels even where it would fuse (tests and benchmarks compare). */

@@ -264,9 +264,9 @@ pshard_status cuda_rmsnorm_mirror(const float *x, const float *w, float *out, fl
     (void)x, (void)w, (void)out, (void)mirror, (void)n_rows, (void)n, (void)eps, (void)s;
     return no_cuda();
 }
-pshard_status cuda_rmsnorm_quantize(enum quant_type act_type, const float *x, const float *w, float *out, void *q,
-                                    int64_t n_rows, int64_t n, float eps, cuda_stream s) {
-    (void)act_type, (void)x, (void)w, (void)out, (void)q, (void)n_rows, (void)n, (void)eps, (void)s;
+pshard_status cuda_rmsnorm_quantize(enum quant_type act_type, const float *x, const float *w, float *out, float *mirror,
+                                    void *q, int64_t n_rows, int64_t n, float eps, cuda_stream s) {
+    (void)act_type, (void)x, (void)w, (void)out, (void)mirror, (void)q, (void)n_rows, (void)n, (void)eps, (void)s;
     return no_cuda();
 }
 pshard_status cuda_moe_route(const float *logits, int64_t n_tokens, int n_expert, int k, bool normalize, int32_t *ids,
@@ -284,6 +284,13 @@ pshard_status cuda_moe_ffn(const struct cuda_moe *m, const float *x, const int32
                            int64_t n_tokens, float *out, bool accumulate, void *work, size_t work_bytes,
                            cuda_stream s) {
     (void)m, (void)x, (void)ids, (void)weights, (void)n_tokens, (void)out, (void)accumulate, (void)work;
+    (void)work_bytes, (void)s;
+    return no_cuda();
+}
+pshard_status cuda_moe_ffn_quantized(const struct cuda_moe *m, const float *x, const void *x_act, const int32_t *ids,
+                                     const float *weights, int64_t n_tokens, float *out, bool accumulate, void *work,
+                                     size_t work_bytes, cuda_stream s) {
+    (void)m, (void)x, (void)x_act, (void)ids, (void)weights, (void)n_tokens, (void)out, (void)accumulate, (void)work;
     (void)work_bytes, (void)s;
     return no_cuda();
 }

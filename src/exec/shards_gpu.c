@@ -43,7 +43,7 @@ static pshard_status norm_for(struct exec_gpu *g, const float *w, const struct c
                               int64_t d, float eps, bool *quantized) {
     const enum quant_type at = cuda_act_type(m[0]->type);
     *quantized = quantizes_once(m, count, n) && (at == QUANT_Q8_0 || at == QUANT_Q8_1) && d % 32 == 0;
-    if (*quantized) return cuda_rmsnorm_quantize(at, g->x, w, g->xn, g->work, n, d, eps, g->stream);
+    if (*quantized) return cuda_rmsnorm_quantize(at, g->x, w, g->xn, NULL, g->work, n, d, eps, g->stream);
     return cuda_rmsnorm(g->x, w, g->xn, n, d, eps, g->stream);
 }
 
@@ -562,7 +562,8 @@ static pshard_status replay_handoffs(struct exec_ctx *ctx, struct exec_gpu *g, c
  * a layer with none resident nor lent, read in place (by range or by the routing), or those of a
  * step that reads none in place. */
 static pshard_status experts_apart(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t index, int il,
-                                   const struct plan_tier *tier, int64_t n, bool routed, uint64_t touched) {
+                                   const struct plan_tier *tier, int64_t n, bool routed, uint64_t touched,
+                                   const void *x_act) {
     const struct model_hparams *hp = &ctx->model->hp;
     const struct gpu_layer *l = &g->layers[il];
     const struct shard *shard = &ctx->model->shards[index];
@@ -571,7 +572,8 @@ static pshard_status experts_apart(struct exec_ctx *ctx, struct exec_gpu *g, uin
     if (r) {
         struct cuda_moe resident = l->moe;
         resident.expert_mask = r < E ? l->mask_resident : NULL;
-        CORE_TRY(cuda_moe_ffn(&resident, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work, g->work_bytes, s));
+        CORE_TRY(cuda_moe_ffn_quantized(&resident, g->xn, x_act, g->expert_ids, g->expert_weights, n, g->x, true, g->work,
+                                        g->work_bytes, s));
         ctx->stats.weight_bytes_read += touched * shard->expert_bytes * r / E;
     }
     if (routed) {
@@ -579,15 +581,16 @@ static pshard_status experts_apart(struct exec_ctx *ctx, struct exec_gpu *g, uin
         CORE_TRY(cuda_moe_routed_mask(g->expert_ids, (int)hp->n_expert_used, (int)r, g->routed_quota[tier - ctx->active->tier],
                                       (int)E, false, g->routed_mask, s));
         streamed.expert_mask = g->routed_mask;
-        CORE_TRY(cuda_moe_ffn(&streamed, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work, g->work_bytes, s));
+        CORE_TRY(cuda_moe_ffn_quantized(&streamed, g->xn, x_act, g->expert_ids, g->expert_weights, n, g->x, true, g->work,
+                                        g->work_bytes, s));
     } else if (on_gpu > r) {
         if (tier->ring) {
             CORE_TRY(staged_experts(ctx, g, index, il, n, on_gpu));
         } else {
             struct cuda_moe streamed = l->moe_host;
             streamed.expert_mask = l->mask_streamed[tier - ctx->active->tier];
-            CORE_TRY(cuda_moe_ffn(&streamed, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work,
-                                  g->work_bytes, s));
+            CORE_TRY(cuda_moe_ffn_quantized(&streamed, g->xn, x_act, g->expert_ids, g->expert_weights, n, g->x, true,
+                                            g->work, g->work_bytes, s));
             ctx->stats.streamed_bytes += touched * shard->expert_bytes * (on_gpu - r) / E;
         }
         ctx->stats.weight_bytes_read += touched * shard->expert_bytes * (on_gpu - r) / E;
@@ -604,7 +607,15 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
     const uint32_t r = ctx->active->experts_resident[il], on_gpu = tier->experts_gpu[il], E = hp->n_expert;
     cuda_stream s = g->stream;
     const bool split = on_gpu < E;
-    CORE_TRY(cuda_rmsnorm_mirror(g->x, l->ffn_norm, g->xn, split ? g->xn_to_host : NULL, n, d, hp->rms_eps, s));
+    /* At matrix-vector sizes the norm also quantizes its output for the experts' products, into
+     * g->proj (free until the shared expert), which every call below reads. */
+    const enum quant_type at = cuda_act_type(ctx->w.layers[il].gate_exps->type);
+    const bool quantized = n <= CUDA_MATVEC_MAX_TOKENS && (at == QUANT_Q8_0 || at == QUANT_Q8_1) && d % 32 == 0;
+    const void *x_act = quantized ? g->proj : NULL;
+    if (quantized)
+        CORE_TRY(cuda_rmsnorm_quantize(at, g->x, l->ffn_norm, g->xn, split ? g->xn_to_host : NULL, g->proj, n, d, hp->rms_eps, s));
+    else
+        CORE_TRY(cuda_rmsnorm_mirror(g->x, l->ffn_norm, g->xn, split ? g->xn_to_host : NULL, n, d, hp->rms_eps, s));
     CORE_TRY(project(ctx, g, &l->gate_inp, g->xn, n, g->router));
     CORE_TRY(cuda_moe_route_mirror(g->router, n, (int)E, (int)hp->n_expert_used, ctx->w.norm_expert_weights,
                                    g->expert_ids, g->expert_weights, split ? g->route_to_host : NULL, s));
@@ -624,11 +635,12 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
                                           g->routed_quota[tier - ctx->active->tier], (int)E, true, g->routed_mask, s));
             all.expert_mask = g->routed_mask;
         }
-        CORE_TRY(cuda_moe_ffn(&all, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work, g->work_bytes, s));
+        CORE_TRY(cuda_moe_ffn_quantized(&all, g->xn, x_act, g->expert_ids, g->expert_weights, n, g->x, true, g->work,
+                                        g->work_bytes, s));
         ctx->stats.weight_bytes_read += touched * shard->expert_bytes * (routed ? vram : on_gpu) / E;
         if (!routed) ctx->stats.streamed_bytes += touched * shard->expert_bytes * (on_gpu - vram) / E;
     } else {
-        CORE_TRY(experts_apart(ctx, g, index, il, tier, n, routed, touched));
+        CORE_TRY(experts_apart(ctx, g, index, il, tier, n, routed, touched, x_act));
     }
     if (l->gate_shexp.data) {
         if (l->gate_inp_shexp)

@@ -30,28 +30,32 @@ static void test_rmsnorm(struct dt *d, int64_t n_rows, int64_t n, bool weighted)
 }
 
 /* RMSNorm and its quantization in one launch: the bits of cuda_rmsnorm then cuda_quantize (Q8_0
- * and Q8_1 in one launch; another format through the two calls). */
-static void test_rmsnorm_quantize(struct dt *d, enum quant_type type, int64_t n_rows, int64_t n, bool weighted) {
+ * and Q8_1 in one launch; another format through the two calls), the mirror (where asked) the
+ * same as the output. */
+static void test_rmsnorm_quantize(struct dt *d, enum quant_type type, int64_t n_rows, int64_t n, bool weighted,
+                                  bool mirrored) {
     const size_t mark = cuda_arena_mark(&d->arena);
     const size_t fb = 4 * (size_t)(n_rows * n), qb = quant_row_bytes(type, n_rows * n) + 64;
     float *x = dt_malloc(fb), *w = dt_malloc(4 * (size_t)n), *out1 = dt_malloc(fb), *out2 = dt_malloc(fb);
+    float *out3 = dt_malloc(fb);
     uint8_t *q1 = dt_malloc(qb), *q2 = dt_malloc(qb);
     dt_fill(x, n_rows * n, -3.0f, 3.0f);
     dt_fill(w, n, 0.5f, 1.5f);
     float *dx = dt_upload(d, x, fb), *dw = weighted ? dt_upload(d, w, 4 * (size_t)n) : NULL;
-    float *dn1 = dt_alloc(d, fb), *dn2 = dt_alloc(d, fb);
+    float *dn1 = dt_alloc(d, fb), *dn2 = dt_alloc(d, fb), *dm = mirrored ? dt_alloc(d, fb) : NULL;
     void *dq1 = dt_alloc(d, qb), *dq2 = dt_alloc(d, qb);
     DT_CHECK(cuda_rmsnorm(dx, dw, dn1, n_rows, n, 1e-6f, d->s));
     DT_CHECK(cuda_quantize(type, dn1, n, n_rows, dq1, d->s));
-    DT_CHECK(cuda_rmsnorm_quantize(type, dx, dw, dn2, dq2, n_rows, n, 1e-6f, d->s));
+    DT_CHECK(cuda_rmsnorm_quantize(type, dx, dw, dn2, dm, dq2, n_rows, n, 1e-6f, d->s));
     dt_download(d, out1, dn1, fb), dt_download(d, out2, dn2, fb);
+    if (mirrored) dt_download(d, out3, dm, fb);
     const size_t used = quant_row_bytes(type, n_rows * n);
     dt_download(d, q1, dq1, used), dt_download(d, q2, dq2, used);
-    dt_case(d, memcmp(out1, out2, fb) == 0 && memcmp(q1, q2, used) == 0,
-            "rmsnorm and quantize to %s, %lld rows x %lld%s: the bits of rmsnorm then quantize", quant_type_name(type),
-            (long long)n_rows, (long long)n, weighted ? " weighted" : "");
+    dt_case(d, memcmp(out1, out2, fb) == 0 && memcmp(q1, q2, used) == 0 && (!mirrored || memcmp(out1, out3, fb) == 0),
+            "rmsnorm and quantize to %s, %lld rows x %lld%s%s: the bits of rmsnorm then quantize", quant_type_name(type),
+            (long long)n_rows, (long long)n, weighted ? " weighted" : "", mirrored ? ", mirrored" : "");
     cuda_arena_reset(&d->arena, mark);
-    free(x), free(w), free(out1), free(out2), free(q1), free(q2);
+    free(x), free(w), free(out1), free(out2), free(out3), free(q1), free(q2);
 }
 
 static void test_pointwise(struct dt *d) {
@@ -255,11 +259,12 @@ int main(void) {
     test_rmsnorm(&d, 1, 2048, false);
     test_rmsnorm(&d, 3, 2080, true); /* a block per 256 values, the last one partly */
     test_rmsnorm(&d, 5 * 32, 128, true); /* per-head q norm */
-    test_rmsnorm_quantize(&d, QUANT_Q8_1, 1, 2048, true);  /* qwen30b's attention input, one token */
-    test_rmsnorm_quantize(&d, QUANT_Q8_1, 8, 4096, true);
-    test_rmsnorm_quantize(&d, QUANT_Q8_0, 3, 2048, false);
-    test_rmsnorm_quantize(&d, QUANT_Q8_0, 2, 2080, true);  /* a last block of 8 warps only partly used */
-    test_rmsnorm_quantize(&d, QUANT_F16, 2, 2048, true);   /* (the two calls) */
+    test_rmsnorm_quantize(&d, QUANT_Q8_1, 1, 2048, true, false); /* qwen30b's attention input, one token */
+    test_rmsnorm_quantize(&d, QUANT_Q8_1, 1, 2048, true, true);  /* its MoE input, mirrored to the host's copy */
+    test_rmsnorm_quantize(&d, QUANT_Q8_1, 8, 4096, true, false);
+    test_rmsnorm_quantize(&d, QUANT_Q8_0, 3, 2048, false, true);
+    test_rmsnorm_quantize(&d, QUANT_Q8_0, 2, 2080, true, false); /* a last block of 8 warps only partly used */
+    test_rmsnorm_quantize(&d, QUANT_F16, 2, 2048, true, true);   /* (the two calls) */
     test_pointwise(&d);
     struct rope_params normal = {.n_dims = 128, .neox = false, .freq_base = 500000.0f, .freq_scale = 1.0f,
                                  .attn_factor = 1.0f, .beta_fast = 32.0f, .beta_slow = 1.0f, .n_ctx_orig = 8192};
