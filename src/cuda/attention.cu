@@ -13,6 +13,7 @@
  * cells found through the sequence's blocks. */
 #include "cuda/cuda_internal.cuh"
 #include "cuda/cuda_sizes.h"
+#include "cuda/quantize_act.cuh"
 
 #include <math.h>
 
@@ -217,10 +218,12 @@ template <int VPL, int GMAX> __global__ void __launch_bounds__(AD_THREADS) attn_
 /* Merge the slices of one (token, head): out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M), in
  * slice order. Empty slices (max -inf: their outputs were never written) are skipped. With at most
  * AC_MAX_SPLITS slices, their factors e^(m_s - M) are computed once into shared memory and the
- * output's loop stops after the last slice with cells; more take them from expf each time. */
+ * output's loop stops after the last slice with cells; more take them from expf each time. With q
+ * (head_v a multiple of 32, at most AC_THREADS), the head's output is also quantized there, a warp
+ * a block of 32, as cuda_quantize would (q_sum: Q8_1, else Q8_0). */
 enum { AC_THREADS = 128, AC_MAX_SPLITS = 512 };
 __global__ void __launch_bounds__(AC_THREADS) attn_combine_kernel(const float *part_o, const float *part_ml, int n_splits,
-                                                                  int head_v, float *out) {
+                                                                  int head_v, float *out, uint8_t *q, bool q_sum) {
     __shared__ float factor[AC_MAX_SPLITS], weighted[AC_MAX_SPLITS]; /* e^(m_s - M), l_s e^(m_s - M) */
     __shared__ float red[AC_THREADS / 32];
     __shared__ int last;
@@ -255,6 +258,7 @@ __global__ void __launch_bounds__(AC_THREADS) attn_combine_kernel(const float *p
         }
     }
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    float mine = 0.0f; /* (this thread's first output, for q) */
     for (int d = threadIdx.x; d < head_v; d += AC_THREADS) {
         float o = 0.0f;
         if (cached) {
@@ -270,13 +274,42 @@ __global__ void __launch_bounds__(AC_THREADS) attn_combine_kernel(const float *p
             }
         }
         out[((int64_t)t * n_head + h) * head_v + d] = o * inv;
+        if (d == threadIdx.x) mine = o * inv;
     }
+    if (q && warp < head_v / 32) { /* (whole warps: head_v is a multiple of 32) */
+        const int64_t block = (((int64_t)t * n_head + h) * head_v) / 32 + warp;
+        if (q_sum) qa_q8_value<true>(mine, q + block * 36, lane);
+        else qa_q8_value<false>(mine, q + block * 34, lane);
+    }
+}
+
+static pshard_status merge(const float *part_o, const float *part_ml, int n_splits, int n_head, int head_v, int64_t n_tokens,
+                           float *out, enum quant_type q_type, void *q_out, cuda_stream s) {
+    attn_combine_kernel<<<dim3((unsigned)n_head, (unsigned)n_tokens), AC_THREADS, 0, raw_stream(s)>>>(
+        part_o, part_ml, n_splits, head_v, out, (uint8_t *)q_out, q_type == QUANT_Q8_1);
+    CUDA_TRY_LAUNCH("attention combine");
+    return PSHARD_OK;
+}
+
+extern "C" bool cuda_attention_decode_quantizes(const struct cuda_attn_shape *a, enum quant_type q_type) {
+    return (q_type == QUANT_Q8_0 || q_type == QUANT_Q8_1) && a->head_v % 32 == 0 && a->head_v <= AC_THREADS;
 }
 
 extern "C" pshard_status cuda_attention_decode(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv,
                                                const float *q, const int32_t *seq, const int32_t *pos,
                                                int64_t n_tokens, int32_t max_kv_len, float *out, void *work,
                                                size_t work_bytes, cuda_stream s) {
+    return cuda_attention_decode_quantized(a, kv, q, seq, pos, n_tokens, max_kv_len, out, QUANT_F32, NULL, work, work_bytes,
+                                           s);
+}
+
+extern "C" pshard_status cuda_attention_decode_quantized(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv,
+                                                         const float *q, const int32_t *seq, const int32_t *pos,
+                                                         int64_t n_tokens, int32_t max_kv_len, float *out,
+                                                         enum quant_type q_type, void *q_out, void *work, size_t work_bytes,
+                                                         cuda_stream s) {
+    CUDA_ARG(!q_out || cuda_attention_decode_quantizes(a, q_type), "attention: no quantized output to %s for heads of %d",
+             quant_type_name(q_type), a->head_v);
     CUDA_ARG(a->n_head_kv > 0 && a->n_head % a->n_head_kv == 0 && a->n_head / a->n_head_kv <= AD_MAX_GROUP,
              "attention: %d query heads over %d KV heads (at most %d per KV head)", a->n_head, a->n_head_kv,
              (int)AD_MAX_GROUP);
@@ -312,13 +345,10 @@ extern "C" pshard_status cuda_attention_decode(const struct cuda_attn_shape *a, 
     else
         small_group ? attn_decode_kernel<8, 8><<<grid, AD_THREADS, smem, st>>>(p) : attn_decode_kernel<8, 16><<<grid, AD_THREADS, smem, st>>>(p);
     CUDA_TRY_LAUNCH("attention decode");
-    return cuda_attention_merge(p.part_o, p.part_ml, p.n_splits, a->n_head, a->head_v, n_tokens, out, s);
+    return merge(p.part_o, p.part_ml, p.n_splits, a->n_head, a->head_v, n_tokens, out, q_type, q_out, s);
 }
 
 pshard_status cuda_attention_merge(const float *part_o, const float *part_ml, int n_splits, int n_head, int head_v,
                                    int64_t n_tokens, float *out, cuda_stream s) {
-    attn_combine_kernel<<<dim3((unsigned)n_head, (unsigned)n_tokens), AC_THREADS, 0, raw_stream(s)>>>(part_o, part_ml,
-                                                                                                     n_splits, head_v, out);
-    CUDA_TRY_LAUNCH("attention combine");
-    return PSHARD_OK;
+    return merge(part_o, part_ml, n_splits, n_head, head_v, n_tokens, out, QUANT_F32, NULL, s);
 }

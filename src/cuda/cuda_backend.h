@@ -274,6 +274,11 @@ pshard_status cuda_rmsnorm(const float *x, const float *w, float *out, int64_t n
  * before anything the stream signals after it. */
 pshard_status cuda_rmsnorm_mirror(const float *x, const float *w, float *out, float *mirror, int64_t n_rows, int64_t n,
                                   float eps, cuda_stream s);
+/* cuda_rmsnorm_mirror (out not x; mirror may be NULL), and out quantized to act_type into q as
+ * cuda_quantize does, all to the bit; one launch where act_type is Q8_0 or Q8_1 and n a multiple
+ * of 32, over a block per 256 values (each summing its row's squares), else the two calls. */
+pshard_status cuda_rmsnorm_quantize(enum quant_type act_type, const float *x, const float *w, float *out, float *mirror,
+                                    void *q, int64_t n_rows, int64_t n, float eps, cuda_stream s);
 pshard_status cuda_add(float *acc, const float *x, int64_t n, cuda_stream s);
 pshard_status cuda_add_bias(float *x, const float *bias, int64_t n_rows, int64_t n, cuda_stream s);
 /* out[i] = silu(gate[i]) * up[i] (out may be gate). */
@@ -297,6 +302,13 @@ pshard_status cuda_norm_rope(const struct rope_params *p, const float *cs, float
 pshard_status cuda_norm_rope_qk(const struct rope_params *p, const float *cs, float *q, const float *q_norm, int n_head,
                                 float *k, const float *k_norm, int n_head_kv, float eps, int64_t n_tokens, int head_size,
                                 cuda_stream s);
+struct cuda_kv_layer;
+/* The same, then k's heads and v's (heads of head_v) rounded to f16 into the cache at cell pos[t]
+ * of sequence seq[t], as cuda_kv_store writes them: all in one launch. */
+pshard_status cuda_norm_rope_qk_store(const struct rope_params *p, const float *cs, float *q, const float *q_norm,
+                                      int n_head, float *k, const float *k_norm, int n_head_kv, float eps, int64_t n_tokens,
+                                      int head_size, const struct cuda_kv_layer *kv, const float *v, int head_v,
+                                      const int32_t *seq, const int32_t *pos, cuda_stream s);
 
 /* ---- KV cache and attention ------------------------------------------------------------------ */
 
@@ -329,6 +341,14 @@ size_t cuda_attention_decode_work_bytes(const struct cuda_attn_shape *a, int64_t
 pshard_status cuda_attention_decode(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv, const float *q,
                                     const int32_t *seq, const int32_t *pos, int64_t n_tokens, int32_t max_kv_len,
                                     float *out, void *work, size_t work_bytes, cuda_stream s);
+/* The same, out also quantized to q_type into q_out in the same launch as cuda_quantize would
+ * (for the product after it), where cuda_attention_decode_quantizes: Q8_0 or Q8_1, heads of a
+ * multiple of 32 values up to 128. */
+bool cuda_attention_decode_quantizes(const struct cuda_attn_shape *a, enum quant_type q_type);
+pshard_status cuda_attention_decode_quantized(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv,
+                                              const float *q, const int32_t *seq, const int32_t *pos, int64_t n_tokens,
+                                              int32_t max_kv_len, float *out, enum quant_type q_type, void *q_out,
+                                              void *work, size_t work_bytes, cuda_stream s);
 
 /* The same for many tokens of one sequence (a prompt), on tensor cores: tiles of 64 queries x
  * 64 cells, f16 products with f32 accumulation and online softmax; head_k, head_v multiples of
@@ -423,6 +443,12 @@ size_t cuda_moe_work_bytes(const struct cuda_moe *m, int64_t n_tokens);
 pshard_status cuda_moe_ffn(const struct cuda_moe *m, const float *x, const int32_t *ids, const float *weights,
                            int64_t n_tokens, float *out, bool accumulate, void *work, size_t work_bytes,
                            cuda_stream s);
+/* The same with x also given quantized as cuda_quantize(cuda_act_type(m->gate.type), x, ...) would
+ * (x_act; NULL: quantized here), as cuda_rmsnorm_quantize leaves it: steps of matrix-vector sizes
+ * read it instead of quantizing x again, once per call. */
+pshard_status cuda_moe_ffn_quantized(const struct cuda_moe *m, const float *x, const void *x_act, const int32_t *ids,
+                                     const float *weights, int64_t n_tokens, float *out, bool accumulate, void *work,
+                                     size_t work_bytes, cuda_stream s);
 /* Whether cuda_moe_ffn runs a step of n_tokens on the fused kernels. */
 bool cuda_moe_fuses(const struct cuda_moe *m, int64_t n_tokens);
 /* cuda_moe_ffn on the grouped kernels even where it would fuse (tests and benchmarks compare). */

@@ -4,13 +4,16 @@
  * bit unless the double sums round differently. */
 #include "cuda/cuda_internal.cuh"
 
+/* Block b takes part b % parts of row b / parts (parts of `span` values), each block of a row
+ * summing the whole row's squares: a few rows run on more blocks than one (out apart from x). */
 __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float *x, const float *w, float *out, int64_t n,
-                                                               float eps, float *mirror) {
-    const float *xr = x + (int64_t)blockIdx.x * n;
-    float *o = out + (int64_t)blockIdx.x * n;
+                                                               float eps, float *mirror, int parts, int64_t span) {
+    const int64_t row = blockIdx.x / parts, from = (int64_t)(blockIdx.x % parts) * span, to = min(n, from + span);
+    const float *xr = x + row * n;
+    float *o = out + row * n;
     const float scale = rms_scale(xr, n, eps);
-    float *m = mirror ? mirror + (int64_t)blockIdx.x * n : nullptr;
-    for (int64_t i = threadIdx.x; i < n; i += NORM_THREADS) {
+    float *m = mirror ? mirror + row * n : nullptr;
+    for (int64_t i = from + threadIdx.x; i < to; i += NORM_THREADS) {
         const float v = w ? __fmul_rn(__fmul_rn(xr[i], scale), w[i]) : __fmul_rn(xr[i], scale);
         o[i] = v;
         if (m) m[i] = v;
@@ -41,7 +44,11 @@ extern "C" pshard_status cuda_rmsnorm_mirror(const float *x, const float *w, flo
                                              int64_t n, float eps, cuda_stream s) {
     CUDA_ARG(n > 0 && n_rows >= 0 && n_rows < (1ll << 31), "rmsnorm: %lld rows of %lld", (long long)n_rows, (long long)n);
     if (n_rows == 0) return PSHARD_OK;
-    rmsnorm_kernel<<<(unsigned)n_rows, NORM_THREADS, 0, raw_stream(s)>>>(x, w, out, n, eps, mirror);
+    /* A decode step's few rows: a block per NORM_THREADS values of each (not in place: the other
+     * blocks of the row read it whole). */
+    const int parts = out != x && n_rows <= 8 && n >= 4 * NORM_THREADS ? (int)ceil_div(n, NORM_THREADS) : 1;
+    rmsnorm_kernel<<<(unsigned)(n_rows * parts), NORM_THREADS, 0, raw_stream(s)>>>(x, w, out, n, eps, mirror, parts,
+                                                                                  parts > 1 ? NORM_THREADS : n);
     CUDA_TRY_LAUNCH("rmsnorm");
     return PSHARD_OK;
 }

@@ -388,12 +388,17 @@ static pshard_status fused_down(enum quant_type type, const moe_fused_args &a, c
     }
 }
 
-/* x quantized once, then the two fused launches (h in the work buffer's gate_out). */
-static pshard_status moe_ffn_fused(const struct cuda_moe *m, const float *x, const int32_t *ids, const float *weights,
-                                   int64_t n_tokens, float *out, bool accumulate, const moe_work &w, cuda_stream s) {
+/* x quantized once (unless x_act holds it already), then the two fused launches (h in the work
+ * buffer's gate_out). */
+static pshard_status moe_ffn_fused(const struct cuda_moe *m, const float *x, const uint8_t *x_act, const int32_t *ids,
+                                   const float *weights, int64_t n_tokens, float *out, bool accumulate, const moe_work &w,
+                                   cuda_stream s) {
     const int64_t n_embd = m->gate.n_cols, n_ff = m->gate.n_rows;
     const enum quant_type act = cuda_act_type(m->gate.type);
-    CORE_TRY(cuda_quantize(act, x, n_embd, n_tokens, w.x_act, s));
+    if (!x_act) {
+        CORE_TRY(cuda_quantize(act, x, n_embd, n_tokens, w.x_act, s));
+        x_act = w.x_act;
+    }
     moe_fused_args a = {};
     a.gate = (const uint8_t *)m->gate.data, a.up = (const uint8_t *)m->up.data, a.down = (const uint8_t *)m->down.data;
     a.gate_ptrs = m->gate_ptrs, a.up_ptrs = m->up_ptrs, a.down_ptrs = m->down_ptrs;
@@ -409,7 +414,7 @@ static pshard_status moe_ffn_fused(const struct cuda_moe *m, const float *x, con
     a.down_unit = load_unit(&m->down, m->down_ptrs);
     a.n_embd = (int)n_embd, a.n_ff = (int)n_ff, a.k = m->k, a.n_pairs = (int)(n_tokens * m->k);
     a.ids = ids, a.weights = weights, a.mask = m->expert_mask;
-    a.x_act = w.x_act, a.x_act_row_bytes = cuda_act_row_bytes(act, n_embd);
+    a.x_act = x_act, a.x_act_row_bytes = cuda_act_row_bytes(act, n_embd);
     a.h = w.gate_out;
     a.h_act_type = cuda_act_type(m->down.type), a.h_act_row_bytes = fused_h_row_bytes(m);
     a.out = out, a.accumulate = accumulate;
@@ -418,9 +423,9 @@ static pshard_status moe_ffn_fused(const struct cuda_moe *m, const float *x, con
     return fused_down(m->down.type, a, st);
 }
 
-static pshard_status moe_ffn(const struct cuda_moe *m, const float *x, const int32_t *ids, const float *weights,
-                             int64_t n_tokens, float *out, bool accumulate, void *work, size_t work_bytes, cuda_stream s,
-                             bool may_fuse) {
+static pshard_status moe_ffn(const struct cuda_moe *m, const float *x, const uint8_t *x_act, const int32_t *ids,
+                             const float *weights, int64_t n_tokens, float *out, bool accumulate, void *work,
+                             size_t work_bytes, cuda_stream s, bool may_fuse) {
     const int64_t n_embd = m->gate.n_cols, n_ff = m->gate.n_rows, pairs = n_tokens * m->k;
     CUDA_ARG(m->n_expert > 0 && m->n_expert <= MOE_MAX_EXPERTS && m->k > 0 && m->k <= m->n_expert,
              "MoE: top %d of %d experts", m->k, m->n_expert);
@@ -435,7 +440,7 @@ static pshard_status moe_ffn(const struct cuda_moe *m, const float *x, const int
              quant_type_name(m->down.type));
     cudaStream_t st = raw_stream(s);
     const moe_work w = moe_layout(m, n_tokens, (uint8_t *)work);
-    if (may_fuse && moe_fused(m, n_tokens)) return moe_ffn_fused(m, x, ids, weights, n_tokens, out, accumulate, w, s);
+    if (may_fuse && moe_fused(m, n_tokens)) return moe_ffn_fused(m, x, x_act, ids, weights, n_tokens, out, accumulate, w, s);
     group_kernel<<<1, GROUP_THREADS, 0, st>>>(ids, m->expert_mask, (int)pairs, m->n_expert, w.g);
     CUDA_TRY_LAUNCH("moe group");
     const bool gemm = cuda_moe_tiled(m, n_tokens);
@@ -444,13 +449,17 @@ static pshard_status moe_ffn(const struct cuda_moe *m, const float *x, const int
         CORE_TRY(expert_matmul(m, &m->gate, m->gate_ptrs, w, n_tokens, w.x_act, m->k, w.gate_out, st));
         CORE_TRY(expert_matmul(m, &m->up, m->up_ptrs, w, n_tokens, w.x_act, m->k, w.up_out, st));
     } else {
-        CORE_TRY(cuda_quantize(cuda_act_type(m->gate.type), x, n_embd, n_tokens, w.x_act, s));
-        const uint8_t *up_act = w.x_act;
+        const uint8_t *gate_act = x_act;
+        if (!gate_act) {
+            CORE_TRY(cuda_quantize(cuda_act_type(m->gate.type), x, n_embd, n_tokens, w.x_act, s));
+            gate_act = w.x_act;
+        }
+        const uint8_t *up_act = gate_act;
         if (cuda_act_type(m->up.type) != cuda_act_type(m->gate.type)) {
             CORE_TRY(cuda_quantize(cuda_act_type(m->up.type), x, n_embd, n_tokens, w.x_act_up, s));
             up_act = w.x_act_up;
         }
-        CORE_TRY(expert_matmul(m, &m->gate, m->gate_ptrs, w, n_tokens, w.x_act, m->k, w.gate_out, st));
+        CORE_TRY(expert_matmul(m, &m->gate, m->gate_ptrs, w, n_tokens, gate_act, m->k, w.gate_out, st));
         CORE_TRY(expert_matmul(m, &m->up, m->up_ptrs, w, n_tokens, up_act, m->k, w.up_out, st));
     }
     /* Rows of pairs not computed here hold stale values; nothing below reads them. */
@@ -466,11 +475,17 @@ static pshard_status moe_ffn(const struct cuda_moe *m, const float *x, const int
 extern "C" pshard_status cuda_moe_ffn(const struct cuda_moe *m, const float *x, const int32_t *ids,
                                       const float *weights, int64_t n_tokens, float *out, bool accumulate, void *work,
                                       size_t work_bytes, cuda_stream s) {
-    return moe_ffn(m, x, ids, weights, n_tokens, out, accumulate, work, work_bytes, s, true);
+    return moe_ffn(m, x, NULL, ids, weights, n_tokens, out, accumulate, work, work_bytes, s, true);
+}
+
+extern "C" pshard_status cuda_moe_ffn_quantized(const struct cuda_moe *m, const float *x, const void *x_act,
+                                                const int32_t *ids, const float *weights, int64_t n_tokens, float *out,
+                                                bool accumulate, void *work, size_t work_bytes, cuda_stream s) {
+    return moe_ffn(m, x, (const uint8_t *)x_act, ids, weights, n_tokens, out, accumulate, work, work_bytes, s, true);
 }
 
 extern "C" pshard_status cuda_moe_ffn_grouped(const struct cuda_moe *m, const float *x, const int32_t *ids,
                                               const float *weights, int64_t n_tokens, float *out, bool accumulate,
                                               void *work, size_t work_bytes, cuda_stream s) {
-    return moe_ffn(m, x, ids, weights, n_tokens, out, accumulate, work, work_bytes, s, false);
+    return moe_ffn(m, x, NULL, ids, weights, n_tokens, out, accumulate, work, work_bytes, s, false);
 }

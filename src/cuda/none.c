@@ -207,6 +207,18 @@ pshard_status cuda_kv_store(const struct cuda_kv_layer *kv, const float *k, cons
     (void)kv, (void)k, (void)v, (void)k_width, (void)v_width, (void)seq, (void)pos, (void)n_tokens, (void)s;
     return no_cuda();
 }
+bool cuda_attention_decode_quantizes(const struct cuda_attn_shape *a, enum quant_type q_type) {
+    (void)a, (void)q_type;
+    return false;
+}
+pshard_status cuda_attention_decode_quantized(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv,
+                                              const float *q, const int32_t *seq, const int32_t *pos, int64_t n_tokens,
+                                              int32_t max_kv_len, float *out, enum quant_type q_type, void *q_out,
+                                              void *work, size_t work_bytes, cuda_stream s) {
+    (void)a, (void)kv, (void)q, (void)seq, (void)pos, (void)n_tokens, (void)max_kv_len, (void)out, (void)q_type, (void)q_out;
+    (void)work, (void)work_bytes, (void)s;
+    return no_cuda();
+}
 pshard_status cuda_attention_decode(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv, const float *q,
                                     const int32_t *seq, const int32_t *pos, int64_t n_tokens, int32_t max_kv_len,
                                     float *out, void *work, size_t work_bytes, cuda_stream s) {
@@ -227,6 +239,14 @@ pshard_status cuda_norm_rope(const struct rope_params *p, const float *cs, float
     (void)p, (void)cs, (void)x, (void)w, (void)eps, (void)n_tokens, (void)n_heads, (void)head_size, (void)s;
     return no_cuda();
 }
+pshard_status cuda_norm_rope_qk_store(const struct rope_params *p, const float *cs, float *q, const float *q_norm,
+                                      int n_head, float *k, const float *k_norm, int n_head_kv, float eps, int64_t n_tokens,
+                                      int head_size, const struct cuda_kv_layer *kv, const float *v, int head_v,
+                                      const int32_t *seq, const int32_t *pos, cuda_stream s) {
+    (void)p, (void)cs, (void)q, (void)q_norm, (void)n_head, (void)k, (void)k_norm, (void)n_head_kv, (void)eps, (void)n_tokens;
+    (void)head_size, (void)kv, (void)v, (void)head_v, (void)seq, (void)pos, (void)s;
+    return no_cuda();
+}
 pshard_status cuda_norm_rope_qk(const struct rope_params *p, const float *cs, float *q, const float *q_norm, int n_head,
                                 float *k, const float *k_norm, int n_head_kv, float eps, int64_t n_tokens, int head_size,
                                 cuda_stream s) {
@@ -244,6 +264,11 @@ pshard_status cuda_rmsnorm_mirror(const float *x, const float *w, float *out, fl
     (void)x, (void)w, (void)out, (void)mirror, (void)n_rows, (void)n, (void)eps, (void)s;
     return no_cuda();
 }
+pshard_status cuda_rmsnorm_quantize(enum quant_type act_type, const float *x, const float *w, float *out, float *mirror,
+                                    void *q, int64_t n_rows, int64_t n, float eps, cuda_stream s) {
+    (void)act_type, (void)x, (void)w, (void)out, (void)mirror, (void)q, (void)n_rows, (void)n, (void)eps, (void)s;
+    return no_cuda();
+}
 pshard_status cuda_moe_route(const float *logits, int64_t n_tokens, int n_expert, int k, bool normalize, int32_t *ids,
                              float *weights, cuda_stream s) {
     (void)logits, (void)n_tokens, (void)n_expert, (void)k, (void)normalize, (void)ids, (void)weights, (void)s;
@@ -259,6 +284,13 @@ pshard_status cuda_moe_ffn(const struct cuda_moe *m, const float *x, const int32
                            int64_t n_tokens, float *out, bool accumulate, void *work, size_t work_bytes,
                            cuda_stream s) {
     (void)m, (void)x, (void)ids, (void)weights, (void)n_tokens, (void)out, (void)accumulate, (void)work;
+    (void)work_bytes, (void)s;
+    return no_cuda();
+}
+pshard_status cuda_moe_ffn_quantized(const struct cuda_moe *m, const float *x, const void *x_act, const int32_t *ids,
+                                     const float *weights, int64_t n_tokens, float *out, bool accumulate, void *work,
+                                     size_t work_bytes, cuda_stream s) {
+    (void)m, (void)x, (void)x_act, (void)ids, (void)weights, (void)n_tokens, (void)out, (void)accumulate, (void)work;
     (void)work_bytes, (void)s;
     return no_cuda();
 }

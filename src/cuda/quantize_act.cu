@@ -19,6 +19,22 @@ __global__ void __launch_bounds__(QA_THREADS) quantize_q8_K_kernel(const float *
     qa_q8_K_block(x + b * 256, out + b * 292, threadIdx.x % 32);
 }
 
+/* RMSNorm and quantization to Q8_0/Q8_1 in one: block (x, row) sums the row's squares as
+ * rmsnorm_kernel does (so the same scale, to the bit), then each warp normalizes one block of 32
+ * values as it does (into out, and mirror where there is one) and quantizes them. */
+template <bool WITH_SUM>
+__global__ void __launch_bounds__(NORM_THREADS) rmsnorm_q8_kernel(const float *x, const float *w, float *out, float *mirror,
+                                                                 uint8_t *q, int64_t n, float eps) {
+    const float *xr = x + (int64_t)blockIdx.y * n;
+    const float scale = rms_scale(xr, n, eps);
+    const int64_t b = (int64_t)blockIdx.x * (NORM_THREADS / 32) + threadIdx.x / 32, i = b * 32 + threadIdx.x % 32;
+    if (b >= n / 32) return; /* (after rms_scale's barrier) */
+    const float v = w ? __fmul_rn(__fmul_rn(xr[i], scale), w[i]) : __fmul_rn(xr[i], scale);
+    out[(int64_t)blockIdx.y * n + i] = v;
+    if (mirror) mirror[(int64_t)blockIdx.y * n + i] = v;
+    qa_q8_value<WITH_SUM>(v, q + ((int64_t)blockIdx.y * (n / 32) + b) * (WITH_SUM ? 36 : 34), threadIdx.x % 32);
+}
+
 __global__ void to_f16_kernel(const float *x, __half *out, int64_t n) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = __float2half_rn(x[i]);
@@ -27,6 +43,25 @@ __global__ void to_f16_kernel(const float *x, __half *out, int64_t n) {
 __global__ void to_bf16_kernel(const float *x, uint16_t *out, int64_t n) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = qa_bf16(x[i]);
+}
+
+extern "C" pshard_status cuda_rmsnorm_quantize(enum quant_type act_type, const float *x, const float *w, float *out,
+                                               float *mirror, void *q, int64_t n_rows, int64_t n, float eps,
+                                               cuda_stream s) {
+    CUDA_ARG(n > 0 && n_rows >= 0 && n_rows < 65536 && x != out, "rmsnorm and quantize: %lld rows of %lld (out apart from x)",
+             (long long)n_rows, (long long)n);
+    if (n_rows == 0) return PSHARD_OK;
+    if ((act_type != QUANT_Q8_0 && act_type != QUANT_Q8_1) || n % 32 != 0) {
+        CORE_TRY(cuda_rmsnorm_mirror(x, w, out, mirror, n_rows, n, eps, s));
+        return cuda_quantize(act_type, out, n, n_rows, q, s);
+    }
+    const dim3 grid((unsigned)ceil_div(n / 32, NORM_THREADS / 32), (unsigned)n_rows);
+    if (act_type == QUANT_Q8_0)
+        rmsnorm_q8_kernel<false><<<grid, NORM_THREADS, 0, raw_stream(s)>>>(x, w, out, mirror, (uint8_t *)q, n, eps);
+    else
+        rmsnorm_q8_kernel<true><<<grid, NORM_THREADS, 0, raw_stream(s)>>>(x, w, out, mirror, (uint8_t *)q, n, eps);
+    CUDA_TRY_LAUNCH("rmsnorm and quantize");
+    return PSHARD_OK;
 }
 
 extern "C" pshard_status cuda_quantize(enum quant_type act_type, const float *x, int64_t n_cols, int64_t n_rows,

@@ -96,15 +96,43 @@ __global__ void rope_apply_kernel(const rope_dev r, const float *cs, float *x, i
 
 /* A head's RMSNorm (w: its weights, as rmsnorm_kernel) and then its rotation (as
  * rope_apply_kernel), bit for bit, in one pass: one block per head of a token, over the rows of
- * two tensors at once (a layer's q and k heads: one launch), first a's a_rows, then b's. */
+ * two tensors at once (a layer's q and k heads: one launch), first a's a_rows, then b's. With a
+ * store (k_cache set), b's heads (k) also go to the KV cache as kv_store_kernel writes them, and
+ * blocks past the heads store v's: the cache written in the same launch. */
 struct nr_part {
     float *x;
     const float *w;
     int n_heads;
 };
+struct nr_store {
+    uint16_t *k_cache, *v_cache; /* NULL: no store */
+    const int32_t *blocks;
+    int blocks_stride, block_cells;
+    const float *v;
+    int head_v;
+    const int32_t *seq, *pos;
+};
+
+/* The pool row of token t's cell (kv_store_kernel's rule). */
+__device__ __forceinline__ int64_t nr_row(const nr_store &st, int64_t t) {
+    const int p = st.pos[t];
+    return (int64_t)st.blocks[(int64_t)st.seq[t] * st.blocks_stride + p / st.block_cells] * st.block_cells + p % st.block_cells;
+}
+
 __global__ void __launch_bounds__(NORM_THREADS) norm_rope_kernel(const rope_dev r, const float *cs, const nr_part a,
-                                                                 const nr_part b, int64_t a_rows, float eps, int head_size) {
+                                                                 const nr_part b, int64_t a_rows, float eps, int head_size,
+                                                                 const nr_store st, int64_t b_rows) {
     extern __shared__ float normed[];
+    if ((int64_t)blockIdx.x >= a_rows + b_rows) { /* a v head to the cache: as kv_store_kernel, rounded to f16 */
+        const int64_t th = (int64_t)blockIdx.x - a_rows - b_rows, t = th / b.n_heads, v_width = (int64_t)b.n_heads * st.head_v;
+        const int64_t row = nr_row(st, t);
+        for (int i = threadIdx.x; i < st.head_v; i += NORM_THREADS) {
+            const int64_t at = (th % b.n_heads) * st.head_v + i;
+            const __half h = __float2half_rn(st.v[t * v_width + at]);
+            st.v_cache[row * v_width + at] = *(const uint16_t *)&h;
+        }
+        return;
+    }
     const bool first = (int64_t)blockIdx.x < a_rows;
     const nr_part part = first ? a : b;
     const int64_t th = first ? (int64_t)blockIdx.x : (int64_t)blockIdx.x - a_rows, t = th / part.n_heads;
@@ -115,42 +143,64 @@ __global__ void __launch_bounds__(NORM_THREADS) norm_rope_kernel(const rope_dev 
         normed[i] = w ? __fmul_rn(__fmul_rn(v[i], scale), w[i]) : __fmul_rn(v[i], scale);
     __syncthreads();
     const int half = r.n_dims / 2;
+    /* (b's heads stored: this head's place in its token's K row of the pool) */
+    uint16_t *cached = !first && st.k_cache ? st.k_cache + nr_row(st, t) * ((int64_t)part.n_heads * head_size) +
+                                                  (th % part.n_heads) * head_size
+                                            : nullptr;
     for (int i = threadIdx.x; i < head_size; i += NORM_THREADS) {
+        float out;
         if (i >= r.n_dims) {
-            v[i] = normed[i];
-            continue;
+            out = normed[i];
+        } else {
+            const bool second = r.neox ? i >= half : i % 2 == 1;
+            const int pair = r.neox ? (second ? i - half : i) : i / 2;
+            const int ia = r.neox ? pair : 2 * pair, ib = r.neox ? pair + half : 2 * pair + 1;
+            const float c = cs[t * r.n_dims + 2 * pair], s = cs[t * r.n_dims + 2 * pair + 1];
+            const float x0 = normed[ia], x1 = normed[ib];
+            out = second ? __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c)) : __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
         }
-        const bool second = r.neox ? i >= half : i % 2 == 1;
-        const int pair = r.neox ? (second ? i - half : i) : i / 2;
-        const int ia = r.neox ? pair : 2 * pair, ib = r.neox ? pair + half : 2 * pair + 1;
-        const float c = cs[t * r.n_dims + 2 * pair], s = cs[t * r.n_dims + 2 * pair + 1];
-        const float x0 = normed[ia], x1 = normed[ib];
-        v[i] = second ? __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c)) : __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+        v[i] = out;
+        if (cached) {
+            const __half h = __float2half_rn(out);
+            cached[i] = *(const uint16_t *)&h;
+        }
     }
 }
 
 static pshard_status norm_rope(const struct rope_params *p, const float *cs, const nr_part a, const nr_part b, float eps,
-                               int64_t n_tokens, int head_size, cuda_stream s) {
+                               int64_t n_tokens, int head_size, const nr_store &st, cuda_stream s) {
     CUDA_ARG(p->n_dims > 0 && p->n_dims % 2 == 0 && p->n_dims <= head_size && head_size <= 4096,
              "norm+rope: %d of %d dimensions", p->n_dims, head_size);
-    const int64_t a_rows = n_tokens * a.n_heads, rows = a_rows + n_tokens * b.n_heads;
+    const int64_t a_rows = n_tokens * a.n_heads, b_rows = n_tokens * b.n_heads;
+    const int64_t rows = a_rows + b_rows + (st.k_cache ? b_rows : 0); /* (with a store: v's heads last) */
     if (rows == 0) return PSHARD_OK;
     CUDA_ARG(rows < (1ll << 31), "norm+rope: %lld heads", (long long)rows);
     norm_rope_kernel<<<(unsigned)rows, NORM_THREADS, sizeof(float) * (size_t)head_size, raw_stream(s)>>>(
-        rope_prepare(p, NULL), cs, a, b, a_rows, eps, head_size);
+        rope_prepare(p, NULL), cs, a, b, a_rows, eps, head_size, st, b_rows);
     CUDA_TRY_LAUNCH("norm_rope");
     return PSHARD_OK;
 }
 
 extern "C" pshard_status cuda_norm_rope(const struct rope_params *p, const float *cs, float *x, const float *w, float eps,
                                         int64_t n_tokens, int n_heads, int head_size, cuda_stream s) {
-    return norm_rope(p, cs, nr_part{x, w, n_heads}, nr_part{NULL, NULL, 0}, eps, n_tokens, head_size, s);
+    return norm_rope(p, cs, nr_part{x, w, n_heads}, nr_part{NULL, NULL, 0}, eps, n_tokens, head_size, nr_store{}, s);
 }
 
 extern "C" pshard_status cuda_norm_rope_qk(const struct rope_params *p, const float *cs, float *q, const float *q_norm,
                                            int n_head, float *k, const float *k_norm, int n_head_kv, float eps,
                                            int64_t n_tokens, int head_size, cuda_stream s) {
-    return norm_rope(p, cs, nr_part{q, q_norm, n_head}, nr_part{k, k_norm, n_head_kv}, eps, n_tokens, head_size, s);
+    return norm_rope(p, cs, nr_part{q, q_norm, n_head}, nr_part{k, k_norm, n_head_kv}, eps, n_tokens, head_size, nr_store{},
+                     s);
+}
+
+extern "C" pshard_status cuda_norm_rope_qk_store(const struct rope_params *p, const float *cs, float *q, const float *q_norm,
+                                                 int n_head, float *k, const float *k_norm, int n_head_kv, float eps,
+                                                 int64_t n_tokens, int head_size, const struct cuda_kv_layer *kv,
+                                                 const float *v, int head_v, const int32_t *seq, const int32_t *pos,
+                                                 cuda_stream s) {
+    CUDA_ARG(kv->block_cells > 0 && head_v > 0, "norm+rope+store: blocks of %d cells, heads of %d", kv->block_cells, head_v);
+    const nr_store st = {kv->k, kv->v, kv->blocks, kv->blocks_stride, kv->block_cells, v, head_v, seq, pos};
+    return norm_rope(p, cs, nr_part{q, q_norm, n_head}, nr_part{k, k_norm, n_head_kv}, eps, n_tokens, head_size, st, s);
 }
 
 extern "C" pshard_status cuda_rope_table(const struct rope_params *p, const float *freq_factors, const int32_t *pos,

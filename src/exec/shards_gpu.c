@@ -28,20 +28,38 @@ static pshard_status project_add(struct exec_ctx *ctx, struct exec_gpu *g, const
     return cuda_matmul_add(g->cuda, m, x, n, y, g->proj, g->work, g->work_bytes, g->stream);
 }
 
-/* Projections of one input by several matrices (q, k and v; gate and up): at matrix-vector
- * sizes, where their activations share a format, the input is quantized once for all, and
- * matrices of one format and width run in one launch. */
-static pshard_status project_each(struct exec_ctx *ctx, struct exec_gpu *g, const struct cuda_matrix *const *m, int count,
-                                  const float *x, int64_t n, float *const *y) {
+/* Whether project_each quantizes its input once for all the matrices: at matrix-vector sizes,
+ * where their activations share a format and width. */
+static bool quantizes_once(const struct cuda_matrix *const *m, int count, int64_t n) {
     bool once = n <= CUDA_MATVEC_MAX_TOKENS;
     for (int i = 1; i < count; i++)
         once = once && cuda_act_type(m[i]->type) == cuda_act_type(m[0]->type) && m[i]->n_cols == m[0]->n_cols;
-    if (!once) {
+    return once;
+}
+
+/* g->xn = RMSNorm(g->x) (weights w) for the products by m; where they quantize it once to Q8_0
+ * or Q8_1, that quantization into g->work in the same launch (*quantized: tell project_each). */
+static pshard_status norm_for(struct exec_gpu *g, const float *w, const struct cuda_matrix *const *m, int count, int64_t n,
+                              int64_t d, float eps, bool *quantized) {
+    const enum quant_type at = cuda_act_type(m[0]->type);
+    *quantized = quantizes_once(m, count, n) && (at == QUANT_Q8_0 || at == QUANT_Q8_1) && d % 32 == 0;
+    if (*quantized) return cuda_rmsnorm_quantize(at, g->x, w, g->xn, NULL, g->work, n, d, eps, g->stream);
+    return cuda_rmsnorm(g->x, w, g->xn, n, d, eps, g->stream);
+}
+
+/* Projections of one input by several matrices (q, k and v; gate and up): at matrix-vector
+ * sizes, where their activations share a format, the input is quantized once for all (or was,
+ * into g->work: `quantized`, by norm_for), and matrices of one format and width run in one
+ * launch. */
+static pshard_status project_each(struct exec_ctx *ctx, struct exec_gpu *g, const struct cuda_matrix *const *m, int count,
+                                  const float *x, int64_t n, float *const *y, bool quantized) {
+    if (!quantizes_once(m, count, n)) {
         for (int i = 0; i < count; i++) CORE_TRY(project(ctx, g, m[i], x, n, y[i]));
         return PSHARD_OK;
     }
     const void *acts = x; /* f32 activations are read as they are */
-    if (cuda_act_type(m[0]->type) != QUANT_F32) {
+    if (quantized) acts = g->work;
+    else if (cuda_act_type(m[0]->type) != QUANT_F32) {
         CORE_TRY(cuda_quantize(cuda_act_type(m[0]->type), x, m[0]->n_cols, n, g->work, g->stream));
         acts = g->work;
     }
@@ -82,10 +100,11 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
     const int64_t n = b->n_tokens, d = hp->n_embd, q_width = (int64_t)hp->n_head * hp->head_dim_k;
     const int64_t k_width = ctx->kv.k_width, v_width = ctx->kv.v_width;
     cuda_stream s = g->stream;
-    CORE_TRY(cuda_rmsnorm(g->x, l->attn_norm, g->xn, n, d, hp->rms_eps, s));
     const struct cuda_matrix *qkv[3] = {&l->wq, &l->wk, &l->wv};
     float *const qkv_out[3] = {g->q, g->k, g->v};
-    CORE_TRY(project_each(ctx, g, qkv, 3, g->xn, n, qkv_out));
+    bool quantized;
+    CORE_TRY(norm_for(g, l->attn_norm, qkv, 3, n, d, hp->rms_eps, &quantized));
+    CORE_TRY(project_each(ctx, g, qkv, 3, g->xn, n, qkv_out, quantized));
     if (l->bq) CORE_TRY(cuda_add_bias(g->q, l->bq, n, q_width, s));
     if (l->bk) CORE_TRY(cuda_add_bias(g->k, l->bk, n, k_width, s));
     if (l->bv) CORE_TRY(cuda_add_bias(g->v, l->bv, n, v_width, s));
@@ -94,16 +113,16 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
     if (!g->rope_ready) CORE_TRY(cuda_rope_table(&ctx->w.rope, g->rope_freqs, rope_pos, ctx->params.n_batch, n, g->rope_cs, s));
     g->rope_ready = true;
     const int n_head = (int)hp->n_head, n_head_kv = (int)hp->n_head_kv, head = (int)hp->head_dim_k;
-    if (l->q_norm && l->k_norm) { /* q's and k's heads normed and rotated in one launch */
-        CORE_TRY(cuda_norm_rope_qk(&ctx->w.rope, g->rope_cs, g->q, l->q_norm, n_head, g->k, l->k_norm, n_head_kv,
-                                   hp->rms_eps, n, head, s));
+    if (l->q_norm && l->k_norm) { /* q's and k's heads normed and rotated, and K and V stored, in one launch */
+        CORE_TRY(cuda_norm_rope_qk_store(&ctx->w.rope, g->rope_cs, g->q, l->q_norm, n_head, g->k, l->k_norm, n_head_kv,
+                                         hp->rms_eps, n, head, kv, g->v, (int)hp->head_dim_v, g->seq, g->pos, s));
     } else {
         CORE_TRY(l->q_norm ? cuda_norm_rope(&ctx->w.rope, g->rope_cs, g->q, l->q_norm, hp->rms_eps, n, n_head, head, s)
                            : cuda_rope_apply(&ctx->w.rope, g->rope_cs, g->q, n, n_head, head, s));
         CORE_TRY(l->k_norm ? cuda_norm_rope(&ctx->w.rope, g->rope_cs, g->k, l->k_norm, hp->rms_eps, n, n_head_kv, head, s)
                            : cuda_rope_apply(&ctx->w.rope, g->rope_cs, g->k, n, n_head_kv, head, s));
+        CORE_TRY(cuda_kv_store(kv, g->k, g->v, k_width, v_width, g->seq, g->pos, n, s));
     }
-    CORE_TRY(cuda_kv_store(kv, g->k, g->v, k_width, v_width, g->seq, g->pos, n, s));
     if (kv != &g->kv[il]) CORE_TRY(kv_cells_down(ctx, g, il, kv, b));
 
     /* A prompt of one sequence of a query tile or more goes to the tensor-core kernel; anything
@@ -115,12 +134,27 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
         one_seq = one_seq && b->seq[t] == b->seq[0];
     }
     if (g->capturing) max_len = ctx->params.n_ctx; /* a replayed bound must not depend on the position */
-    if (one_seq && cuda_attention_prefill_pays(&g->attn_shape, n))
+    if (one_seq && cuda_attention_prefill_pays(&g->attn_shape, n)) {
         CORE_TRY(cuda_attention_prefill(&g->attn_shape, kv, g->q, b->seq[0], g->pos, n, max_len, g->attn, g->work,
                                         g->work_bytes, s));
-    else
-        CORE_TRY(cuda_attention_decode(&g->attn_shape, kv, g->q, g->seq, g->pos, n, max_len, g->attn, g->work,
-                                       g->work_bytes, s));
+    } else {
+        /* At matrix-vector sizes, wo's input quantized by the attention's last launch, into g->proj
+         * (free until a step of more tokens), and wo adds into the residual stream from there. */
+        const enum quant_type at = cuda_act_type(l->wo.type);
+        const size_t q_bytes = (size_t)n * (size_t)(l->wo.n_cols / 32) * (at == QUANT_Q8_1 ? 36 : 34);
+        const bool quantized = !l->bo && n <= CUDA_MATVEC_MAX_TOKENS && l->wo.n_cols % 32 == 0 &&
+                               cuda_attention_decode_quantizes(&g->attn_shape, at) &&
+                               q_bytes <= sizeof(float) * (size_t)n * (size_t)d;
+        CORE_TRY(cuda_attention_decode_quantized(&g->attn_shape, kv, g->q, g->seq, g->pos, n, max_len, g->attn,
+                                                 quantized ? at : QUANT_F32, quantized ? (void *)g->proj : NULL, g->work,
+                                                 g->work_bytes, s));
+        if (quantized) {
+            const struct cuda_matrix *wo = &l->wo;
+            float *x = g->x;
+            ctx->stats.weight_bytes_read += (uint64_t)wo->n_rows * quant_row_bytes(wo->type, wo->n_cols);
+            return cuda_matvec_each(&wo, 1, g->proj, (int)n, &x, true, s);
+        }
+    }
     if (!l->bo) return project_add(ctx, g, &l->wo, g->attn, n, g->x);
     CORE_TRY(project(ctx, g, &l->wo, g->attn, n, g->proj));
     CORE_TRY(cuda_add_bias(g->proj, l->bo, n, d, s));
@@ -128,11 +162,12 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
 }
 
 /* The FFN of g->xn added into the residual stream g->x. */
+/* (quantized: g->xn is in g->work already, as norm_for leaves it) */
 static pshard_status swiglu_ffn(struct exec_ctx *ctx, struct exec_gpu *g, const struct cuda_matrix *gate,
-                                const struct cuda_matrix *up, const struct cuda_matrix *down, int64_t n) {
+                                const struct cuda_matrix *up, const struct cuda_matrix *down, int64_t n, bool quantized) {
     const struct cuda_matrix *gate_up[2] = {gate, up};
     float *const gate_up_out[2] = {g->gate, g->up};
-    CORE_TRY(project_each(ctx, g, gate_up, 2, g->xn, n, gate_up_out));
+    CORE_TRY(project_each(ctx, g, gate_up, 2, g->xn, n, gate_up_out, quantized));
     CORE_TRY(cuda_swiglu(g->gate, g->up, g->gate, n * gate->n_rows, g->stream));
     return project_add(ctx, g, down, g->gate, n, g->x);
 }
@@ -141,8 +176,10 @@ static pshard_status ffn_shard(struct exec_ctx *ctx, struct exec_gpu *g, const s
                               const struct exec_batch *b) {
     const struct model_hparams *hp = &ctx->model->hp;
     const int64_t n = b->n_tokens, d = hp->n_embd;
-    CORE_TRY(cuda_rmsnorm(g->x, l->ffn_norm, g->xn, n, d, hp->rms_eps, g->stream));
-    return swiglu_ffn(ctx, g, &l->ffn_gate, &l->ffn_up, &l->ffn_down, n);
+    const struct cuda_matrix *gate_up[2] = {&l->ffn_gate, &l->ffn_up};
+    bool quantized;
+    CORE_TRY(norm_for(g, l->ffn_norm, gate_up, 2, n, d, hp->rms_eps, &quantized));
+    return swiglu_ffn(ctx, g, &l->ffn_gate, &l->ffn_up, &l->ffn_down, n, quantized);
 }
 
 /* ---- the staging ring */
@@ -492,7 +529,7 @@ static pshard_status split_ffn_shard(struct exec_ctx *ctx, struct exec_gpu *g, u
     struct cuda_matrix gate = l->ffn_gate, up = l->ffn_up, down = l->ffn_down;
     gate.n_rows = up.n_rows = f;
     down.n_cols = f; /* the first f columns of each row: row_bytes keeps the full stride */
-    CORE_TRY(swiglu_ffn(ctx, g, &gate, &up, &down, n));
+    CORE_TRY(swiglu_ffn(ctx, g, &gate, &up, &down, n, false));
     ctx->stats.streamed_bytes += plan_unit_bytes(&ctx->model->shards[index], 0) * f / hp->n_ff;
     return hand_back(ctx, g, tier, &ctx->model->shards[index], n);
 }
@@ -525,7 +562,8 @@ static pshard_status replay_handoffs(struct exec_ctx *ctx, struct exec_gpu *g, c
  * a layer with none resident nor lent, read in place (by range or by the routing), or those of a
  * step that reads none in place. */
 static pshard_status experts_apart(struct exec_ctx *ctx, struct exec_gpu *g, uint32_t index, int il,
-                                   const struct plan_tier *tier, int64_t n, bool routed, uint64_t touched) {
+                                   const struct plan_tier *tier, int64_t n, bool routed, uint64_t touched,
+                                   const void *x_act) {
     const struct model_hparams *hp = &ctx->model->hp;
     const struct gpu_layer *l = &g->layers[il];
     const struct shard *shard = &ctx->model->shards[index];
@@ -534,7 +572,8 @@ static pshard_status experts_apart(struct exec_ctx *ctx, struct exec_gpu *g, uin
     if (r) {
         struct cuda_moe resident = l->moe;
         resident.expert_mask = r < E ? l->mask_resident : NULL;
-        CORE_TRY(cuda_moe_ffn(&resident, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work, g->work_bytes, s));
+        CORE_TRY(cuda_moe_ffn_quantized(&resident, g->xn, x_act, g->expert_ids, g->expert_weights, n, g->x, true, g->work,
+                                        g->work_bytes, s));
         ctx->stats.weight_bytes_read += touched * shard->expert_bytes * r / E;
     }
     if (routed) {
@@ -542,15 +581,16 @@ static pshard_status experts_apart(struct exec_ctx *ctx, struct exec_gpu *g, uin
         CORE_TRY(cuda_moe_routed_mask(g->expert_ids, (int)hp->n_expert_used, (int)r, g->routed_quota[tier - ctx->active->tier],
                                       (int)E, false, g->routed_mask, s));
         streamed.expert_mask = g->routed_mask;
-        CORE_TRY(cuda_moe_ffn(&streamed, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work, g->work_bytes, s));
+        CORE_TRY(cuda_moe_ffn_quantized(&streamed, g->xn, x_act, g->expert_ids, g->expert_weights, n, g->x, true, g->work,
+                                        g->work_bytes, s));
     } else if (on_gpu > r) {
         if (tier->ring) {
             CORE_TRY(staged_experts(ctx, g, index, il, n, on_gpu));
         } else {
             struct cuda_moe streamed = l->moe_host;
             streamed.expert_mask = l->mask_streamed[tier - ctx->active->tier];
-            CORE_TRY(cuda_moe_ffn(&streamed, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work,
-                                  g->work_bytes, s));
+            CORE_TRY(cuda_moe_ffn_quantized(&streamed, g->xn, x_act, g->expert_ids, g->expert_weights, n, g->x, true,
+                                            g->work, g->work_bytes, s));
             ctx->stats.streamed_bytes += touched * shard->expert_bytes * (on_gpu - r) / E;
         }
         ctx->stats.weight_bytes_read += touched * shard->expert_bytes * (on_gpu - r) / E;
@@ -567,7 +607,15 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
     const uint32_t r = ctx->active->experts_resident[il], on_gpu = tier->experts_gpu[il], E = hp->n_expert;
     cuda_stream s = g->stream;
     const bool split = on_gpu < E;
-    CORE_TRY(cuda_rmsnorm_mirror(g->x, l->ffn_norm, g->xn, split ? g->xn_to_host : NULL, n, d, hp->rms_eps, s));
+    /* At matrix-vector sizes the norm also quantizes its output for the experts' products, into
+     * g->proj (free until the shared expert), which every call below reads. */
+    const enum quant_type at = cuda_act_type(ctx->w.layers[il].gate_exps->type);
+    const bool quantized = n <= CUDA_MATVEC_MAX_TOKENS && (at == QUANT_Q8_0 || at == QUANT_Q8_1) && d % 32 == 0;
+    const void *x_act = quantized ? g->proj : NULL;
+    if (quantized)
+        CORE_TRY(cuda_rmsnorm_quantize(at, g->x, l->ffn_norm, g->xn, split ? g->xn_to_host : NULL, g->proj, n, d, hp->rms_eps, s));
+    else
+        CORE_TRY(cuda_rmsnorm_mirror(g->x, l->ffn_norm, g->xn, split ? g->xn_to_host : NULL, n, d, hp->rms_eps, s));
     CORE_TRY(project(ctx, g, &l->gate_inp, g->xn, n, g->router));
     CORE_TRY(cuda_moe_route_mirror(g->router, n, (int)E, (int)hp->n_expert_used, ctx->w.norm_expert_weights,
                                    g->expert_ids, g->expert_weights, split ? g->route_to_host : NULL, s));
@@ -587,16 +635,17 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
                                           g->routed_quota[tier - ctx->active->tier], (int)E, true, g->routed_mask, s));
             all.expert_mask = g->routed_mask;
         }
-        CORE_TRY(cuda_moe_ffn(&all, g->xn, g->expert_ids, g->expert_weights, n, g->x, true, g->work, g->work_bytes, s));
+        CORE_TRY(cuda_moe_ffn_quantized(&all, g->xn, x_act, g->expert_ids, g->expert_weights, n, g->x, true, g->work,
+                                        g->work_bytes, s));
         ctx->stats.weight_bytes_read += touched * shard->expert_bytes * (routed ? vram : on_gpu) / E;
         if (!routed) ctx->stats.streamed_bytes += touched * shard->expert_bytes * (on_gpu - vram) / E;
     } else {
-        CORE_TRY(experts_apart(ctx, g, index, il, tier, n, routed, touched));
+        CORE_TRY(experts_apart(ctx, g, index, il, tier, n, routed, touched, x_act));
     }
     if (l->gate_shexp.data) {
         if (l->gate_inp_shexp)
             return core_fail(PSHARD_ERR_UNSUPPORTED, "a gated shared expert is not supported on the GPU yet");
-        CORE_TRY(swiglu_ffn(ctx, g, &l->gate_shexp, &l->up_shexp, &l->down_shexp, n));
+        CORE_TRY(swiglu_ffn(ctx, g, &l->gate_shexp, &l->up_shexp, &l->down_shexp, n, false));
     }
     if (split) CORE_TRY(hand_back(ctx, g, tier, shard, n));
     return PSHARD_OK;

@@ -62,6 +62,31 @@ static const char *slices_label(const struct cuda_attn_shape *a, enum kernel ker
     return kernel == PREFILL && cuda_attention_prefill_work_bytes(a, n_tokens, max_len) ? ", sliced" : "";
 }
 
+/* The decode kernel with its output also quantized (Q8_0, Q8_1): the same floats as without, and
+ * the bytes cuda_quantize makes of them. */
+static void quantized_matches(struct dt *d, const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv, const float *dq,
+                              const int32_t *dseq, const int32_t *dpos, int64_t n_tokens, int32_t max_len,
+                              const float *dout, void *work, size_t wb) {
+    const int64_t width = (int64_t)a->n_head * a->head_v, o_n = n_tokens * width;
+    const enum quant_type types[] = {QUANT_Q8_0, QUANT_Q8_1};
+    for (int i = 0; i < 2; i++) {
+        const size_t qb = quant_row_bytes(types[i], o_n);
+        float *dout2 = dt_alloc(d, 4 * (size_t)o_n);
+        void *dq8 = dt_alloc(d, qb), *dq8_ref = dt_alloc(d, qb);
+        DT_CHECK(cuda_attention_decode_quantized(a, kv, dq, dseq, dpos, n_tokens, max_len, dout2, types[i], dq8, work, wb,
+                                                 d->s));
+        DT_CHECK(cuda_quantize(types[i], dout, width, n_tokens, dq8_ref, d->s));
+        float *o1 = dt_malloc(4 * (size_t)o_n), *o2 = dt_malloc(4 * (size_t)o_n);
+        uint8_t *q1 = dt_malloc(qb), *q2 = dt_malloc(qb);
+        dt_download(d, o1, dout, 4 * (size_t)o_n), dt_download(d, o2, dout2, 4 * (size_t)o_n);
+        dt_download(d, q1, dq8_ref, qb), dt_download(d, q2, dq8, qb);
+        dt_case(d, memcmp(o1, o2, 4 * (size_t)o_n) == 0 && memcmp(q1, q2, qb) == 0,
+                "attention decode heads %d x %d, %lld tokens, its output quantized to %s in the merge: the bits of "
+                "quantizing it after", a->n_head, a->head_v, (long long)n_tokens, quant_type_name(types[i]));
+        free(o1), free(o2), free(q1), free(q2);
+    }
+}
+
 static void run_case(struct dt *d, const struct cuda_attn_shape *a, int64_t n_ctx, const int32_t *seq,
                      const int32_t *pos, int64_t n_tokens, enum kernel kernel) {
     const bool prefill = kernel == PREFILL || kernel == PREFILL_ONE_SLICE;
@@ -83,7 +108,10 @@ static void run_case(struct dt *d, const struct cuda_attn_shape *a, int64_t n_ct
         DT_CHECK(cuda_attention_prefill(a, &c.dev, dq, seq[0], dpos, n_tokens, max_len, dout, work, wb, d->s));
     } else {
         const size_t wb = cuda_attention_decode_work_bytes(a, n_tokens, max_len);
-        DT_CHECK(cuda_attention_decode(a, &c.dev, dq, dseq, dpos, n_tokens, max_len, dout, dt_alloc(d, wb), wb, d->s));
+        void *work = dt_alloc(d, wb);
+        DT_CHECK(cuda_attention_decode(a, &c.dev, dq, dseq, dpos, n_tokens, max_len, dout, work, wb, d->s));
+        if (cuda_attention_decode_quantizes(a, QUANT_Q8_1))
+            quantized_matches(d, a, &c.dev, dq, dseq, dpos, n_tokens, max_len, dout, work, wb);
     }
     dt_download(d, got, dout, 4 * (size_t)o_n);
     int64_t where;

@@ -180,12 +180,27 @@ static void test_ffn(struct dt *d, enum quant_type gate_type, enum quant_type do
         e.dev.gate.data = e.dev.up.data = e.dev.down.data = NULL;
         for (int m = 0; m < 3; m++) free(tables[m]);
     }
-    float *dout = dt_upload(d, base, 4 * (size_t)(n_tokens * n_embd));
+    const size_t out_bytes = 4 * (size_t)(n_tokens * n_embd);
+    float *dout = dt_upload(d, base, out_bytes), *dx = dt_upload(d, x, out_bytes);
+    int32_t *dids = dt_upload(d, ids, 4 * (size_t)(n_tokens * k));
+    float *dw = dt_upload(d, w, 4 * (size_t)(n_tokens * k));
     const size_t wb = cuda_moe_work_bytes(&e.dev, n_tokens);
-    DT_CHECK((fused ? cuda_moe_ffn : cuda_moe_ffn_grouped)(
-        &e.dev, dt_upload(d, x, 4 * (size_t)(n_tokens * n_embd)), dt_upload(d, ids, 4 * (size_t)(n_tokens * k)),
-        dt_upload(d, w, 4 * (size_t)(n_tokens * k)), n_tokens, dout, variant == MASKED, dt_alloc(d, wb), wb, d->s));
-    dt_download(d, got, dout, 4 * (size_t)(n_tokens * n_embd));
+    void *dwork = dt_alloc(d, wb);
+    DT_CHECK((fused ? cuda_moe_ffn : cuda_moe_ffn_grouped)(&e.dev, dx, dids, dw, n_tokens, dout, variant == MASKED, dwork,
+                                                           wb, d->s));
+    dt_download(d, got, dout, out_bytes);
+    /* The same step with x given quantized, as the norm before it leaves it: the same bits. */
+    bool same_quantized = true;
+    if (fused && !gemm) {
+        const enum quant_type act = cuda_act_type(gate_type);
+        void *dq = dt_alloc(d, cuda_act_row_bytes(act, n_embd) * (size_t)n_tokens + 64);
+        float *dout2 = dt_upload(d, base, out_bytes), *got2 = dt_malloc(out_bytes);
+        DT_CHECK(cuda_quantize(act, dx, n_embd, n_tokens, dq, d->s));
+        DT_CHECK(cuda_moe_ffn_quantized(&e.dev, dx, dq, dids, dw, n_tokens, dout2, variant == MASKED, dwork, wb, d->s));
+        dt_download(d, got2, dout2, out_bytes);
+        same_quantized = memcmp(got, got2, out_bytes) == 0;
+        free(got2);
+    }
     double scale = 0.0;
     for (int64_t i = 0; i < n_tokens * n_embd; i++) scale = fmax(scale, fabs(want[i]));
     int64_t where;
@@ -196,10 +211,11 @@ static void test_ffn(struct dt *d, enum quant_type gate_type, enum quant_type do
     static const char *names[] = {"", " masked+accumulate", " pointer tables"};
     const bool fused_path = fused && cuda_moe_fuses(&e.dev, n_tokens);
     n_fused += fused_path;
-    dt_case(d, err <= tol, "moe %-4s/%-4s %3d experts top %d, %lld x %lld, %3lld tokens (%s%s)%s: max err %.2e of %.3g (tol %.0e)",
+    dt_case(d, err <= tol && same_quantized,
+            "moe %-4s/%-4s %3d experts top %d, %lld x %lld, %3lld tokens (%s%s)%s: max err %.2e of %.3g (tol %.0e)%s",
             quant_type_name(gate_type), quant_type_name(down_type), n_expert, k, (long long)n_embd, (long long)n_ff,
             (long long)n_tokens, gemm ? "gemm" : fused_path ? "fused" : "matvec", matvec_max ? ", forced" : "",
-            names[variant], err, scale, tol);
+            names[variant], err, scale, tol, same_quantized ? "" : "; x given quantized: other bits");
     if (!(err <= tol))
         printf("    token %lld dim %lld: got %.7g want %.7g\n", (long long)(where / n_embd), (long long)(where % n_embd),
                got[where], want[where]);

@@ -14,14 +14,48 @@ static void test_rmsnorm(struct dt *d, int64_t n_rows, int64_t n, bool weighted)
     dt_fill(w, n, 0.5f, 1.5f);
     for (int64_t r = 0; r < n_rows; r++) cpu_rmsnorm(x + r * n, weighted ? w : NULL, want + r * n, n, 1e-6f);
     float *dx = dt_upload(d, x, 4 * (size_t)(n_rows * n)), *dw = dt_upload(d, w, 4 * (size_t)n);
-    DT_CHECK(cuda_rmsnorm(dx, weighted ? dw : NULL, dx, n_rows, n, 1e-6f, d->s)); /* in place, as q/k norms run */
+    /* apart from x (a few rows run a block per 256 values), then in place, as q/k norms run */
+    float *dout = dt_alloc(d, 4 * (size_t)(n_rows * n)), *apart = dt_malloc(4 * (size_t)(n_rows * n));
+    DT_CHECK(cuda_rmsnorm(dx, weighted ? dw : NULL, dout, n_rows, n, 1e-6f, d->s));
+    dt_download(d, apart, dout, 4 * (size_t)(n_rows * n));
+    DT_CHECK(cuda_rmsnorm(dx, weighted ? dw : NULL, dx, n_rows, n, 1e-6f, d->s));
     dt_download(d, got, dx, 4 * (size_t)(n_rows * n));
     int64_t where;
     const double e = dt_max_err(got, want, n_rows * n, 1.0, &where);
-    dt_case(d, e <= 1e-6, "rmsnorm %lld rows x %lld%s: max abs err %.2e", (long long)n_rows, (long long)n,
+    dt_case(d, e <= 1e-6 && memcmp(apart, got, 4 * (size_t)(n_rows * n)) == 0,
+            "rmsnorm %lld rows x %lld%s: max abs err %.2e, the same bits in place and apart", (long long)n_rows, (long long)n,
             weighted ? " weighted" : "", e);
     cuda_arena_reset(&d->arena, mark);
-    free(x), free(w), free(want), free(got);
+    free(x), free(w), free(want), free(got), free(apart);
+}
+
+/* RMSNorm and its quantization in one launch: the bits of cuda_rmsnorm then cuda_quantize (Q8_0
+ * and Q8_1 in one launch; another format through the two calls), the mirror (where asked) the
+ * same as the output. */
+static void test_rmsnorm_quantize(struct dt *d, enum quant_type type, int64_t n_rows, int64_t n, bool weighted,
+                                  bool mirrored) {
+    const size_t mark = cuda_arena_mark(&d->arena);
+    const size_t fb = 4 * (size_t)(n_rows * n), qb = quant_row_bytes(type, n_rows * n) + 64;
+    float *x = dt_malloc(fb), *w = dt_malloc(4 * (size_t)n), *out1 = dt_malloc(fb), *out2 = dt_malloc(fb);
+    float *out3 = dt_malloc(fb);
+    uint8_t *q1 = dt_malloc(qb), *q2 = dt_malloc(qb);
+    dt_fill(x, n_rows * n, -3.0f, 3.0f);
+    dt_fill(w, n, 0.5f, 1.5f);
+    float *dx = dt_upload(d, x, fb), *dw = weighted ? dt_upload(d, w, 4 * (size_t)n) : NULL;
+    float *dn1 = dt_alloc(d, fb), *dn2 = dt_alloc(d, fb), *dm = mirrored ? dt_alloc(d, fb) : NULL;
+    void *dq1 = dt_alloc(d, qb), *dq2 = dt_alloc(d, qb);
+    DT_CHECK(cuda_rmsnorm(dx, dw, dn1, n_rows, n, 1e-6f, d->s));
+    DT_CHECK(cuda_quantize(type, dn1, n, n_rows, dq1, d->s));
+    DT_CHECK(cuda_rmsnorm_quantize(type, dx, dw, dn2, dm, dq2, n_rows, n, 1e-6f, d->s));
+    dt_download(d, out1, dn1, fb), dt_download(d, out2, dn2, fb);
+    if (mirrored) dt_download(d, out3, dm, fb);
+    const size_t used = quant_row_bytes(type, n_rows * n);
+    dt_download(d, q1, dq1, used), dt_download(d, q2, dq2, used);
+    dt_case(d, memcmp(out1, out2, fb) == 0 && memcmp(q1, q2, used) == 0 && (!mirrored || memcmp(out1, out3, fb) == 0),
+            "rmsnorm and quantize to %s, %lld rows x %lld%s%s: the bits of rmsnorm then quantize", quant_type_name(type),
+            (long long)n_rows, (long long)n, weighted ? " weighted" : "", mirrored ? ", mirrored" : "");
+    cuda_arena_reset(&d->arena, mark);
+    free(x), free(w), free(out1), free(out2), free(out3), free(q1), free(q2);
 }
 
 static void test_pointwise(struct dt *d) {
@@ -137,6 +171,49 @@ static void test_rope(struct dt *d, const char *name, struct rope_params p, int 
     dt_download(d, a2, k2, 4 * (size_t)k_n);
     same = same && memcmp(a1, a2, 4 * (size_t)k_n) == 0;
     dt_case(d, same, "norm+rope %-8s of q and k (%d heads) in one launch: the same bits as each alone", name, kv_heads);
+    /* ... and K and V stored in the same launch (V's heads narrower): the bits of norm+rope, then
+     * the KV store, at cells 3 t of a sequence whose blocks run backwards. */
+    const int head_v = head_size > 32 ? head_size - 32 : head_size;
+    const int64_t v_n = n_tokens * kv_heads * head_v, k_width = (int64_t)kv_heads * head_size;
+    const int64_t v_width = (int64_t)kv_heads * head_v;
+    const int32_t n_blocks = (int32_t)(3 * n_tokens / CUDA_KV_TILE + 1);
+    int32_t *blocks = dt_malloc(sizeof(int32_t) * (size_t)n_blocks), *seq = dt_malloc(sizeof(int32_t) * (size_t)n_tokens),
+            *cpos = dt_malloc(sizeof(int32_t) * (size_t)n_tokens);
+    for (int32_t b = 0; b < n_blocks; b++) blocks[b] = n_blocks - 1 - b;
+    for (int64_t t = 0; t < n_tokens; t++) seq[t] = 0, cpos[t] = (int32_t)(3 * t);
+    const size_t kb = 2 * (size_t)(n_blocks * CUDA_KV_TILE * k_width), vb = 2 * (size_t)(n_blocks * CUDA_KV_TILE * v_width);
+    const int32_t *dblocks = dt_upload(d, blocks, sizeof(int32_t) * (size_t)n_blocks);
+    struct cuda_kv_layer kv1 = {dt_alloc(d, kb), dt_alloc(d, vb), dblocks, n_blocks, CUDA_KV_TILE};
+    struct cuda_kv_layer kv2 = kv1;
+    kv2.k = dt_alloc(d, kb), kv2.v = dt_alloc(d, vb);
+    DT_CHECK(cuda_memset(kv1.k, 0, kb, d->s));
+    DT_CHECK(cuda_memset(kv1.v, 0, vb, d->s));
+    DT_CHECK(cuda_memset(kv2.k, 0, kb, d->s));
+    DT_CHECK(cuda_memset(kv2.v, 0, vb, d->s));
+    float *vv = dt_malloc(4 * (size_t)v_n);
+    dt_fill(vv, v_n, -3.0f, 3.0f);
+    dt_fill(x, n_tokens * width, -2.0f, 2.0f);
+    const float *dv = dt_upload(d, vv, 4 * (size_t)v_n);
+    const int32_t *dseq = dt_upload(d, seq, sizeof(int32_t) * (size_t)n_tokens);
+    const int32_t *dcpos = dt_upload(d, cpos, sizeof(int32_t) * (size_t)n_tokens);
+    float *q3 = dt_upload(d, x, 4 * (size_t)(n_tokens * width)), *q4 = dt_upload(d, x, 4 * (size_t)(n_tokens * width));
+    float *k3 = dt_upload(d, x, 4 * (size_t)k_n), *k4 = dt_upload(d, x, 4 * (size_t)k_n);
+    DT_CHECK(cuda_norm_rope_qk(&p, dcs, q3, dwn, n_heads, k3, dwk, kv_heads, 1e-6f, n_tokens, head_size, d->s));
+    DT_CHECK(cuda_kv_store(&kv1, k3, dv, k_width, v_width, dseq, dcpos, n_tokens, d->s));
+    DT_CHECK(cuda_norm_rope_qk_store(&p, dcs, q4, dwn, n_heads, k4, dwk, kv_heads, 1e-6f, n_tokens, head_size, &kv2, dv,
+                                     head_v, dseq, dcpos, d->s));
+    uint8_t *c1 = dt_malloc(kb > vb ? kb : vb), *c2 = dt_malloc(kb > vb ? kb : vb);
+    dt_download(d, a1, q3, 4 * (size_t)(n_tokens * width)), dt_download(d, a2, q4, 4 * (size_t)(n_tokens * width));
+    same = memcmp(a1, a2, 4 * (size_t)(n_tokens * width)) == 0;
+    dt_download(d, a1, k3, 4 * (size_t)k_n), dt_download(d, a2, k4, 4 * (size_t)k_n);
+    same = same && memcmp(a1, a2, 4 * (size_t)k_n) == 0;
+    dt_download(d, c1, kv1.k, kb), dt_download(d, c2, kv2.k, kb);
+    same = same && memcmp(c1, c2, kb) == 0;
+    dt_download(d, c1, kv1.v, vb), dt_download(d, c2, kv2.v, vb);
+    same = same && memcmp(c1, c2, vb) == 0;
+    dt_case(d, same, "norm+rope %-8s of q and k and the KV store (v heads of %d) in one launch: the same bits and cells", name,
+            head_v);
+    free(blocks), free(seq), free(cpos), free(vv), free(c1), free(c2);
     free(wn), free(wk), free(a1), free(a2);
     cuda_arena_reset(&d->arena, mark);
     free(ff), free(cs), free(cs_got), free(x), free(x_got);
@@ -180,7 +257,14 @@ int main(void) {
     dt_seed(3);
     test_rmsnorm(&d, 5, 4096, true);
     test_rmsnorm(&d, 1, 2048, false);
+    test_rmsnorm(&d, 3, 2080, true); /* a block per 256 values, the last one partly */
     test_rmsnorm(&d, 5 * 32, 128, true); /* per-head q norm */
+    test_rmsnorm_quantize(&d, QUANT_Q8_1, 1, 2048, true, false); /* qwen30b's attention input, one token */
+    test_rmsnorm_quantize(&d, QUANT_Q8_1, 1, 2048, true, true);  /* its MoE input, mirrored to the host's copy */
+    test_rmsnorm_quantize(&d, QUANT_Q8_1, 8, 4096, true, false);
+    test_rmsnorm_quantize(&d, QUANT_Q8_0, 3, 2048, false, true);
+    test_rmsnorm_quantize(&d, QUANT_Q8_0, 2, 2080, true, false); /* a last block of 8 warps only partly used */
+    test_rmsnorm_quantize(&d, QUANT_F16, 2, 2048, true, true);   /* (the two calls) */
     test_pointwise(&d);
     struct rope_params normal = {.n_dims = 128, .neox = false, .freq_base = 500000.0f, .freq_scale = 1.0f,
                                  .attn_factor = 1.0f, .beta_fast = 32.0f, .beta_slow = 1.0f, .n_ctx_orig = 8192};
