@@ -1,10 +1,12 @@
 /* Prefill GEMM on tensor cores with the weights dequantized on the fly: y = x . W^T for many
- * tokens, W in any format. A block computes 64 tokens x 128 weight rows; per step of 32
- * elements it dequantizes its 128 x 32 weight tile to f16 in shared memory (dq8, exact values
- * rounded once to f16), loads the 64 x 32 f16 activation tile, and 8 warps multiply with WMMA
- * (f16 in, f32 accumulate), each warp a 32 x 32 piece. The next step's tiles are fetched into
- * registers while the current one is multiplied. No scratch memory: the same kernel serves
- * the MoE expert groups, its token rows gathered through the pair list. */
+ * tokens, W in any format. A block computes 64 tokens x 128 weight rows in steps of 64
+ * elements, through two stages of shared memory: while 8 warps multiply one stage with WMMA
+ * (f16 in, f32 accumulate, each warp a 32 x 32 piece), the next stage's activation tile arrives
+ * by asynchronous copies (cp.async) and its weight tile, dequantized in registers the step
+ * before (dq8, exact values rounded once to f16), is stored, and the weights of the step after
+ * are read; one barrier a step. The products are summed in the order of the elements, 16 at a
+ * time, whatever the step. No scratch memory: the same kernel serves the MoE expert groups, its
+ * token rows gathered through the pair list. */
 #include "cuda/dequant.cuh"
 #include "cuda/gemm.cuh"
 
@@ -12,14 +14,35 @@
 
 using namespace nvcuda;
 
-enum { GK = 32, GLD = GK + 8, CLD = GEMM_TILE_N + 4, G_THREADS = 256 };
+enum { GK = 64, GLD = GK + 8, CLD = GEMM_TILE_N + 4, G_THREADS = 256 };
+/* A stage: the 64 x 64 activation tile, then the 128 x 64 weight tile (f16, rows padded to GLD);
+ * after the loop the 64 x 128 f32 result tile reuses the same memory. */
+constexpr int STAGE_HALVES = (GEMM_TILE_M + GEMM_TILE_N) * GLD;
+constexpr size_t GEMM_SMEM = 2 * STAGE_HALVES * sizeof(__half) > GEMM_TILE_M * CLD * sizeof(float)
+                                 ? 2 * STAGE_HALVES * sizeof(__half)
+                                 : GEMM_TILE_M * CLD * sizeof(float);
 
-template <int TYPE> __global__ void __launch_bounds__(G_THREADS) gemm_kernel(const gemm_args a) {
+/* 16 bytes from global to shared memory, or zeros where src is NULL; asynchronous from sm_80
+ * (cp.async, waited for by copy_wait), at once before. */
+__device__ __forceinline__ void copy16(__half *dst, const __half *src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src ? src : dst), "r"(src ? 16 : 0));
+#else
+    *(uint4 *)dst = src ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
+#endif
+}
+
+__device__ __forceinline__ void copy_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+template <int TYPE> __global__ void __launch_bounds__(G_THREADS, 3) gemm_kernel(const gemm_args a) {
     constexpr int GM = GEMM_TILE_M, GN = GEMM_TILE_N;
-    /* The A/B tiles and, after the loop, the C tile share one buffer. */
-    __shared__ __align__(128) uint8_t smem[GM * CLD * 4];
+    extern __shared__ __align__(128) uint8_t smem[];
     __shared__ int a_rows[GM], o_rows[GM];
-    __half *As = (__half *)smem, *Bs = As + GM * GLD;
     float *Cs = (float *)smem;
     const int tid = threadIdx.x, warp = tid / 32;
     const int n0 = blockIdx.x * GN;
@@ -40,23 +63,40 @@ template <int TYPE> __global__ void __launch_bounds__(G_THREADS) gemm_kernel(con
     }
     __syncthreads();
 
-    /* Loader roles: A is 64 rows x 4 vectors of 8 halves, B 128 rows x 2 runs of 16. */
-    const int ar = tid / 4, ac = (tid % 4) * 8;
-    const int br = tid / 2, bc = (tid % 2) * 16;
-    const __half *a_src = a_rows[ar] >= 0 ? a.x + (int64_t)a_rows[ar] * a.x_stride : nullptr;
-    const uint8_t *b_src = n0 + br < a.n_rows ? w + (size_t)(n0 + br) * a.row_bytes : nullptr;
-    uint4 a_reg, b_reg[2];
-    auto fetch = [&](int k0) {
-        a_reg = a_src ? *(const uint4 *)(a_src + k0 + ac) : make_uint4(0, 0, 0, 0);
+    auto As = [&](int stage) { return (__half *)smem + stage * STAGE_HALVES; };
+    auto Bs = [&](int stage) { return (__half *)smem + stage * STAGE_HALVES + GM * GLD; };
+    /* Activations: 64 rows x 8 vectors of 8 halves, two vectors a thread. Weights: 128 rows x 2
+     * runs of 32 elements (n_cols is a multiple of 32, so a run is all in or all past the end);
+     * a row past n_rows reads the last row, whose results are not stored. */
+    const int br = tid / 2, bc = (tid % 2) * 32;
+    const uint8_t *b_src = w + (size_t)(n0 + br < a.n_rows ? n0 + br : a.n_rows - 1) * a.row_bytes;
+    uint4 b_reg[4];
+    auto stage_a = [&](int stage, int k0) {
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
+        for (int v = tid; v < GM * GK / 8; v += G_THREADS) {
+            const int r = v / (GK / 8), c = (v % (GK / 8)) * 8;
+            const __half *src = a_rows[r] >= 0 && k0 + c < a.n_cols ? a.x + (int64_t)a_rows[r] * a.x_stride + k0 + c : nullptr;
+            copy16(As(stage) + r * GLD + c, src);
+        }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        asm volatile("cp.async.commit_group;\n" ::);
+#endif
+    };
+    auto fetch_b = [&](int k0) {
+        const bool in = k0 + bc < a.n_cols;
+        const int k = in ? k0 + bc : a.n_cols - 32;
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
             float f[8];
-            if (b_src) dq8<TYPE>(b_src, k0 + bc + 8 * h, f);
-            else for (int i = 0; i < 8; i++) f[i] = 0.0f;
+            dq8<TYPE>(b_src, k + 8 * h, f);
             __half2 *o = (__half2 *)&b_reg[h];
 #pragma unroll
-            for (int i = 0; i < 4; i++) o[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+            for (int i = 0; i < 4; i++) o[i] = in ? __floats2half2_rn(f[2 * i], f[2 * i + 1]) : __float2half2_rn(0.0f);
         }
+    };
+    auto store_b = [&](int stage) {
+#pragma unroll
+        for (int h = 0; h < 4; h++) *(uint4 *)(Bs(stage) + br * GLD + bc + 8 * h) = b_reg[h];
     };
 
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
@@ -64,22 +104,29 @@ template <int TYPE> __global__ void __launch_bounds__(G_THREADS) gemm_kernel(con
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
     const int wm = warp / 4, wn = warp % 4;
-    fetch(0);
-    for (int k0 = 0; k0 < a.n_cols; k0 += GK) {
-        __syncthreads(); /* the previous step's fragments are loaded */
-        *(uint4 *)(As + ar * GLD + ac) = a_reg;
-        *(uint4 *)(Bs + br * GLD + bc) = b_reg[0];
-        *(uint4 *)(Bs + br * GLD + bc + 8) = b_reg[1];
-        __syncthreads();
-        if (k0 + GK < a.n_cols) fetch(k0 + GK);
+    const int steps = (a.n_cols + GK - 1) / GK;
+    stage_a(0, 0);
+    fetch_b(0);
+    store_b(0);
+    fetch_b(GK);
+    for (int s = 0; s < steps; s++) {
+        const int cur = s & 1, nxt = cur ^ 1;
+        copy_wait();
+        __syncthreads(); /* stage cur is complete; every warp is done with stage nxt */
+        if (s + 1 < steps) {
+            stage_a(nxt, (s + 1) * GK);
+            store_b(nxt);
+            fetch_b((s + 2) * GK); /* past the end: zeros, never stored */
+        }
+        const __half *as = As(cur), *bs = Bs(cur);
 #pragma unroll
         for (int kk = 0; kk < GK; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
             wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
 #pragma unroll
-            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], As + (wm * 32 + 16 * i) * GLD + kk, GLD);
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], as + (wm * 32 + 16 * i) * GLD + kk, GLD);
 #pragma unroll
-            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], Bs + (wn * 32 + 16 * j) * GLD + kk, GLD);
+            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], bs + (wn * 32 + 16 * j) * GLD + kk, GLD);
 #pragma unroll
             for (int i = 0; i < 2; i++)
                 for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
@@ -98,11 +145,13 @@ template <int TYPE> __global__ void __launch_bounds__(G_THREADS) gemm_kernel(con
 }
 
 pshard_status gemm_fused_run(enum quant_type type, const gemm_args &a, unsigned grid_y, cudaStream_t st) {
-    CUDA_ARG(a.n_cols % GK == 0, "GEMM: rows of %d elements (a multiple of %d is needed)", a.n_cols, (int)GK);
+    CUDA_ARG(a.n_cols % 32 == 0 && a.n_cols > 0, "GEMM: rows of %d elements (a multiple of 32 is needed)", a.n_cols);
     CUDA_ARG(a.x_stride % 8 == 0 && (uintptr_t)a.x % 16 == 0, "GEMM: f16 activations must be 16-byte aligned");
     if (grid_y == 0) return PSHARD_OK;
     const dim3 grid((unsigned)ceil_div(a.n_rows, GEMM_TILE_N), grid_y);
-#define LAUNCH(T) gemm_kernel<T><<<grid, G_THREADS, 0, st>>>(a)
+#define LAUNCH(T)                                                                                             \
+    CUDA_TRY(cudaFuncSetAttribute(gemm_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMM_SMEM)); \
+    gemm_kernel<T><<<grid, G_THREADS, GEMM_SMEM, st>>>(a)
     switch (type) {
         CUDA_TYPE_CASES(LAUNCH)
     default: return core_fail(PSHARD_ERR_UNSUPPORTED, "GEMM: no GPU kernel for %s", quant_type_name(type));
