@@ -28,6 +28,64 @@ constexpr size_t GEMM_SMEM = 2 * STAGE_HALVES * sizeof(__half) > GEMM_TILE_M * C
                                  ? 2 * STAGE_HALVES * sizeof(__half)
                                  : GEMM_TILE_M * CLD * sizeof(float);
 
+/* A warp's 32 x 32 piece of the result. */
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc_tile[2][2];
+
+/* The block's weights (an expert's, or the matrix) and, a tile row each, the activation row it
+ * reads and the output row it writes (-1: none); NULL where the block has no tile. */
+__device__ __forceinline__ const uint8_t *tile_rows(const gemm_args &a, int *a_rows, int *o_rows) {
+    const int tid = threadIdx.x;
+    if (!a.pairs) {
+        if (tid < GEMM_TILE_M) {
+            const int t = blockIdx.y * GEMM_TILE_M + tid;
+            a_rows[tid] = o_rows[tid] = t < a.n_tokens ? t : -1;
+        }
+        return a.w;
+    }
+    const int tile = blockIdx.y;
+    if (tile >= *a.n_tiles) return nullptr;
+    const int e = a.tile_expert[tile], start = a.tile_start[tile], end = a.expert_start[e + 1];
+    if (tid < GEMM_TILE_M) {
+        const int p = start + tid < end ? a.pairs[start + tid] : -1;
+        a_rows[tid] = p >= 0 ? p / a.act_div : -1;
+        o_rows[tid] = p;
+    }
+    return a.expert_ptrs ? (const uint8_t *)a.expert_ptrs[e] : a.w + (size_t)e * a.expert_stride;
+}
+
+/* One step: the warp's piece += its rows of the activation tile . its rows of the weight tile,
+ * 16 elements at a time in order. */
+__device__ __forceinline__ void mma_step(acc_tile &acc, const __half *as, const __half *bs, int wm, int wn) {
+#pragma unroll
+    for (int kk = 0; kk < GK; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], as + (wm * 32 + 16 * i) * GLD + kk, GLD);
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], bs + (wn * 32 + 16 * j) * GLD + kk, GLD);
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+    }
+}
+
+/* The result tile through shared memory Cs (free: every warp is past its last step) into y. */
+__device__ __forceinline__ void store_tile(const gemm_args &a, acc_tile &acc, float *Cs, const int *o_rows, int wm,
+                                           int wn) {
+    constexpr int GN = GEMM_TILE_N;
+    const int n0 = blockIdx.x * GN;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(Cs + (wm * 32 + 16 * i) * CLD + wn * 32 + 16 * j, acc[i][j], CLD, wmma::mem_row_major);
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < GEMM_TILE_M * GN; idx += G_THREADS) {
+        const int r = idx / GN, c = idx % GN;
+        if (o_rows[r] >= 0 && n0 + c < a.n_rows) a.y[(int64_t)o_rows[r] * a.y_stride + n0 + c] = Cs[r * CLD + c];
+    }
+}
+
 /* 16 bytes from global to shared memory, or zeros where src is NULL; asynchronous from sm_80
  * (cp.async, waited for by copy_wait), at once before. */
 __device__ __forceinline__ void copy16(__half *dst, const __half *src) {
@@ -49,24 +107,10 @@ template <int TYPE> __global__ void __launch_bounds__(G_THREADS, 3) gemm_kernel(
     constexpr int GM = GEMM_TILE_M, GN = GEMM_TILE_N;
     extern __shared__ __align__(128) uint8_t smem[];
     __shared__ int a_rows[GM], o_rows[GM];
-    float *Cs = (float *)smem;
     const int tid = threadIdx.x, warp = tid / 32;
     const int n0 = blockIdx.x * GN;
-    const uint8_t *w = a.w;
-    if (a.pairs) {
-        const int tile = blockIdx.y;
-        if (tile >= *a.n_tiles) return;
-        const int e = a.tile_expert[tile], start = a.tile_start[tile], end = a.expert_start[e + 1];
-        w = a.expert_ptrs ? (const uint8_t *)a.expert_ptrs[e] : a.w + (size_t)e * a.expert_stride;
-        if (tid < GM) {
-            const int p = start + tid < end ? a.pairs[start + tid] : -1;
-            a_rows[tid] = p >= 0 ? p / a.act_div : -1;
-            o_rows[tid] = p;
-        }
-    } else if (tid < GM) {
-        const int t = blockIdx.y * GM + tid;
-        a_rows[tid] = o_rows[tid] = t < a.n_tokens ? t : -1;
-    }
+    const uint8_t *w = tile_rows(a, a_rows, o_rows);
+    if (!w) return;
     __syncthreads();
 
     auto As = [&](int stage) { return (__half *)smem + stage * STAGE_HALVES; };
@@ -105,8 +149,7 @@ template <int TYPE> __global__ void __launch_bounds__(G_THREADS, 3) gemm_kernel(
         for (int h = 0; h < 4; h++) *(uint4 *)(Bs(stage) + br * GLD + bc + 8 * h) = b_reg[h];
     };
 
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-#pragma unroll
+    acc_tile acc;
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
     const int wm = warp / 4, wn = warp % 4;
@@ -125,29 +168,10 @@ template <int TYPE> __global__ void __launch_bounds__(G_THREADS, 3) gemm_kernel(
             fetch_b((s + 2) * GK); /* past the end: zeros, never stored */
         }
         const __half *as = As(cur), *bs = Bs(cur);
-#pragma unroll
-        for (int kk = 0; kk < GK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], as + (wm * 32 + 16 * i) * GLD + kk, GLD);
-#pragma unroll
-            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], bs + (wn * 32 + 16 * j) * GLD + kk, GLD);
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-        }
+        mma_step(acc, as, bs, wm, wn);
     }
     __syncthreads();
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 2; j++)
-            wmma::store_matrix_sync(Cs + (wm * 32 + 16 * i) * CLD + wn * 32 + 16 * j, acc[i][j], CLD, wmma::mem_row_major);
-    __syncthreads();
-    for (int idx = tid; idx < GM * GN; idx += G_THREADS) {
-        const int r = idx / GN, c = idx % GN;
-        if (o_rows[r] >= 0 && n0 + c < a.n_rows) a.y[(int64_t)o_rows[r] * a.y_stride + n0 + c] = Cs[r * CLD + c];
-    }
+    store_tile(a, acc, (float *)smem, o_rows, wm, wn);
 }
 
 /* ---- block formats from raw bytes in shared memory */
@@ -211,24 +235,10 @@ template <int TYPE> __global__ void __launch_bounds__(G_THREADS, 2) gemm_raw_ker
     constexpr int GM = GEMM_TILE_M, GN = GEMM_TILE_N, RB = raw_bytes<TYPE>(), RP = raw_pitch<TYPE>();
     extern __shared__ __align__(128) uint8_t smem[];
     __shared__ int a_rows[GM], o_rows[GM];
-    float *Cs = (float *)smem;
     const int tid = threadIdx.x, warp = tid / 32;
     const int n0 = blockIdx.x * GN;
-    const uint8_t *w = a.w;
-    if (a.pairs) {
-        const int tile = blockIdx.y;
-        if (tile >= *a.n_tiles) return;
-        const int e = a.tile_expert[tile], start = a.tile_start[tile], end = a.expert_start[e + 1];
-        w = a.expert_ptrs ? (const uint8_t *)a.expert_ptrs[e] : a.w + (size_t)e * a.expert_stride;
-        if (tid < GM) {
-            const int p = start + tid < end ? a.pairs[start + tid] : -1;
-            a_rows[tid] = p >= 0 ? p / a.act_div : -1;
-            o_rows[tid] = p;
-        }
-    } else if (tid < GM) {
-        const int t = blockIdx.y * GM + tid;
-        a_rows[tid] = o_rows[tid] = t < a.n_tokens ? t : -1;
-    }
+    const uint8_t *w = tile_rows(a, a_rows, o_rows);
+    if (!w) return;
     __syncthreads();
 
     uint8_t *raw = smem;                                          /* 2 stages of GN rows x RP bytes */
@@ -270,8 +280,7 @@ template <int TYPE> __global__ void __launch_bounds__(G_THREADS, 2) gemm_raw_ker
         }
     };
 
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-#pragma unroll
+    acc_tile acc;
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
     const int wm = warp / 4, wn = warp % 4;
@@ -291,29 +300,10 @@ template <int TYPE> __global__ void __launch_bounds__(G_THREADS, 2) gemm_raw_ker
         if (s % RAW_SUB == RAW_SUB - 1 && c + 2 < n_raw) stage_raw(c & 1, c + 2); /* stage c was last read in step s - 1 */
         if (s + 1 < steps) dequant_b(s + 1);
         const __half *as = As(s & 1), *bs = Bs(s & 1);
-#pragma unroll
-        for (int kk = 0; kk < GK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], as + (wm * 32 + 16 * i) * GLD + kk, GLD);
-#pragma unroll
-            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], bs + (wn * 32 + 16 * j) * GLD + kk, GLD);
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-        }
+        mma_step(acc, as, bs, wm, wn);
     }
     __syncthreads();
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 2; j++)
-            wmma::store_matrix_sync(Cs + (wm * 32 + 16 * i) * CLD + wn * 32 + 16 * j, acc[i][j], CLD, wmma::mem_row_major);
-    __syncthreads();
-    for (int idx = tid; idx < GM * GN; idx += G_THREADS) {
-        const int r = idx / GN, c = idx % GN;
-        if (o_rows[r] >= 0 && n0 + c < a.n_rows) a.y[(int64_t)o_rows[r] * a.y_stride + n0 + c] = Cs[r * CLD + c];
-    }
+    store_tile(a, acc, (float *)smem, o_rows, wm, wn);
 }
 
 /* The widest copy (16, 8 or 4 bytes) every raw stage of every row starts on; 0: none (the
