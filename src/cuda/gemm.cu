@@ -86,14 +86,18 @@ __device__ __forceinline__ void store_tile(const gemm_args &a, acc_tile &acc, fl
     }
 }
 
-/* 16 bytes from global to shared memory, or zeros where src is NULL; asynchronous from sm_80
+/* Sixteen zero bytes in global memory: the source of a tile row that has no activations. */
+__device__ const uint4 zero16 = {0, 0, 0, 0};
+
+/* 16 bytes from global to shared memory (zeros where src is NULL); asynchronous from sm_80
  * (cp.async, waited for by copy_wait), at once before. */
 __device__ __forceinline__ void copy16(__half *dst, const __half *src) {
+    const void *from = src ? (const void *)src : (const void *)&zero16;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src ? src : dst), "r"(src ? 16 : 0));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(from));
 #else
-    *(uint4 *)dst = src ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
+    *(uint4 *)dst = *(const uint4 *)from;
 #endif
 }
 
