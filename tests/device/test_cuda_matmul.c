@@ -381,6 +381,15 @@ int main(void) {
             test_gemm(&d, types[t], 300, 512, gemm_tokens[n], CUDA_GEMM_FUSED);
             test_gemm(&d, types[t], 300, 512, gemm_tokens[n], CUDA_GEMM_CUBLAS);
         }
+    /* Rows of 544 elements: the fused GEMM's last step of 64 half past the end. */
+    const enum quant_type short_blocks[] = {QUANT_F16, QUANT_Q4_0, QUANT_Q8_0};
+    for (size_t t = 0; t < sizeof short_blocks / sizeof short_blocks[0]; t++)
+        test_gemm(&d, short_blocks[t], 300, 544, 130, CUDA_GEMM_FUSED);
+    /* Raw stages of 256 elements: one copied 4 bytes at a time (Q2_K rows of 84 bytes), three
+     * and four stages (a stage copied while two others are in use). */
+    test_gemm(&d, QUANT_Q2_K, 300, 256, 64, CUDA_GEMM_FUSED);
+    test_gemm(&d, QUANT_Q4_K, 200, 768, 64, CUDA_GEMM_FUSED);
+    test_gemm(&d, QUANT_Q4_0, 300, 1024, 130, CUDA_GEMM_FUSED);
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) test_view(&d, types[t], 300, 1024, 512);
     /* 600 rows: three chunks of the least work buffer (256 rows). */
     const enum quant_type in_place[] = {QUANT_F16, QUANT_BF16, QUANT_Q4_K};
