@@ -90,7 +90,7 @@ __device__ __forceinline__ void store_tile(const gemm_args &a, acc_tile &acc, fl
 __device__ const uint4 zero16 = {0, 0, 0, 0};
 
 /* 16 bytes from global to shared memory (zeros where src is NULL); asynchronous from sm_80
- * (cp.async, waited for by copy_wait), at once before. */
+ * (cp.async, committed by copy_commit, waited for by copy_wait), at once before. */
 __device__ __forceinline__ void copy16(__half *dst, const __half *src) {
     const void *from = src ? (const void *)src : (const void *)&zero16;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -101,9 +101,31 @@ __device__ __forceinline__ void copy16(__half *dst, const __half *src) {
 #endif
 }
 
-__device__ __forceinline__ void copy_wait() {
+/* One asynchronous copy of `unit` bytes (16, 8 or 4) from global to shared memory. */
+__device__ __forceinline__ void copy_unit(uint8_t *dst, const uint8_t *src, int unit) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    if (unit == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+    else if (unit == 8) asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src));
+    else asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src));
+#else
+    if (unit == 16) *(uint4 *)dst = *(const uint4 *)src;
+    else if (unit == 8) *(uint2 *)dst = *(const uint2 *)src;
+    else *(uint32_t *)dst = *(const uint32_t *)src;
+#endif
+}
+
+__device__ __forceinline__ void copy_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+/* Waits for every copy but, where one_pending, the last group committed. */
+__device__ __forceinline__ void copy_wait(bool one_pending = false) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (one_pending) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    else asm volatile("cp.async.wait_all;\n" ::: "memory");
 #endif
 }
 
@@ -132,9 +154,7 @@ template <int TYPE> __global__ void __launch_bounds__(G_THREADS, 3) gemm_kernel(
             const __half *src = a_rows[r] >= 0 && k0 + c < a.n_cols ? a.x + (int64_t)a_rows[r] * a.x_stride + k0 + c : nullptr;
             copy16(As(stage) + r * GLD + c, src);
         }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        asm volatile("cp.async.commit_group;\n" ::);
-#endif
+        copy_commit();
     };
     auto fetch_b = [&](int k0) {
         const bool in = k0 + bc < a.n_cols;
@@ -203,34 +223,6 @@ static bool raw_type(enum quant_type t) {
     }
 }
 
-/* One asynchronous copy of `unit` bytes (16, 8 or 4) from global to shared memory. */
-__device__ __forceinline__ void copy_unit(uint8_t *dst, const uint8_t *src, int unit) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    if (unit == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
-    else if (unit == 8) asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src));
-    else asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src));
-#else
-    if (unit == 16) *(uint4 *)dst = *(const uint4 *)src;
-    else if (unit == 8) *(uint2 *)dst = *(const uint2 *)src;
-    else *(uint32_t *)dst = *(const uint32_t *)src;
-#endif
-}
-
-__device__ __forceinline__ void copy_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-
-/* Waits for every copy but, where one_pending, the last group committed. */
-__device__ __forceinline__ void copy_wait_groups(bool one_pending) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    if (one_pending) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-    else asm volatile("cp.async.wait_all;\n" ::: "memory");
-#endif
-}
-
 /* n_cols a multiple of RAW_K; every row start and RAW_K's bytes a multiple of `unit`.
  * Step s multiplies the 64 elements [64 s, +64): its activation tile was copied and its weight
  * tile dequantized in step s - 1; raw stage c holds elements [256 c, +256), copied in the last
@@ -291,14 +283,14 @@ template <int TYPE> __global__ void __launch_bounds__(G_THREADS, 2) gemm_raw_ker
     const int steps = a.n_cols / GK, n_raw = a.n_cols / RAW_K;
     stage_raw(0, 0);
     stage_a(0, 0);
-    copy_wait_groups(false);
+    copy_wait();
     __syncthreads();
     dequant_b(0);
     if (n_raw > 1) stage_raw(1, 1);
     for (int s = 0; s < steps; s++) {
         const int c = s / RAW_SUB;
         /* At a stage's first step the next raw stage, committed last, may still be in flight. */
-        copy_wait_groups(s % RAW_SUB == 0 && c + 1 < n_raw);
+        copy_wait(s % RAW_SUB == 0 && c + 1 < n_raw);
         __syncthreads(); /* step s's tiles are complete; every warp is done with step s - 1's */
         if (s + 1 < steps) stage_a((s + 1) & 1, (s + 1) * GK);
         if (s % RAW_SUB == RAW_SUB - 1 && c + 2 < n_raw) stage_raw(c & 1, c + 2); /* stage c was last read in step s - 1 */
