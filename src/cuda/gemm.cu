@@ -129,6 +129,18 @@ __device__ __forceinline__ void copy_wait(bool one_pending = false) {
 #endif
 }
 
+/* Commits copies of the activation tile of elements [k0, +64) into As (64 rows x 8 vectors of 8
+ * halves, two vectors a thread; zeros for rows without a pair and past n_cols). */
+__device__ __forceinline__ void stage_activations(const gemm_args &a, const int *a_rows, __half *As, int k0) {
+#pragma unroll
+    for (int v = threadIdx.x; v < GEMM_TILE_M * GK / 8; v += G_THREADS) {
+        const int r = v / (GK / 8), c = (v % (GK / 8)) * 8;
+        copy16(As + r * GLD + c,
+               a_rows[r] >= 0 && k0 + c < a.n_cols ? a.x + (int64_t)a_rows[r] * a.x_stride + k0 + c : nullptr);
+    }
+    copy_commit();
+}
+
 template <int TYPE> __global__ void __launch_bounds__(G_THREADS, 3) gemm_kernel(const gemm_args a) {
     constexpr int GM = GEMM_TILE_M, GN = GEMM_TILE_N;
     extern __shared__ __align__(128) uint8_t smem[];
@@ -141,21 +153,11 @@ template <int TYPE> __global__ void __launch_bounds__(G_THREADS, 3) gemm_kernel(
 
     auto As = [&](int stage) { return (__half *)smem + stage * STAGE_HALVES; };
     auto Bs = [&](int stage) { return (__half *)smem + stage * STAGE_HALVES + GM * GLD; };
-    /* Activations: 64 rows x 8 vectors of 8 halves, two vectors a thread. Weights: 128 rows x 2
-     * runs of 32 elements (n_cols is a multiple of 32, so a run is all in or all past the end);
-     * a row past n_rows reads the last row, whose results are not stored. */
+    /* Weights: 128 rows x 2 runs of 32 elements (n_cols is a multiple of 32, so a run is all in
+     * or all past the end); a row past n_rows reads the last row, whose results are not stored. */
     const int br = tid / 2, bc = (tid % 2) * 32;
     const uint8_t *b_src = w + (size_t)(n0 + br < a.n_rows ? n0 + br : a.n_rows - 1) * a.row_bytes;
     uint4 b_reg[4];
-    auto stage_a = [&](int stage, int k0) {
-#pragma unroll
-        for (int v = tid; v < GM * GK / 8; v += G_THREADS) {
-            const int r = v / (GK / 8), c = (v % (GK / 8)) * 8;
-            const __half *src = a_rows[r] >= 0 && k0 + c < a.n_cols ? a.x + (int64_t)a_rows[r] * a.x_stride + k0 + c : nullptr;
-            copy16(As(stage) + r * GLD + c, src);
-        }
-        copy_commit();
-    };
     auto fetch_b = [&](int k0) {
         const bool in = k0 + bc < a.n_cols;
         const int k = in ? k0 + bc : a.n_cols - 32;
@@ -178,7 +180,7 @@ template <int TYPE> __global__ void __launch_bounds__(G_THREADS, 3) gemm_kernel(
         for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
     const int wm = warp / 4, wn = warp % 4;
     const int steps = (a.n_cols + GK - 1) / GK;
-    stage_a(0, 0);
+    stage_activations(a, a_rows, As(0), 0);
     fetch_b(0);
     store_b(0);
     fetch_b(GK);
@@ -187,7 +189,7 @@ template <int TYPE> __global__ void __launch_bounds__(G_THREADS, 3) gemm_kernel(
         copy_wait();
         __syncthreads(); /* stage cur is complete; every warp is done with stage nxt */
         if (s + 1 < steps) {
-            stage_a(nxt, (s + 1) * GK);
+            stage_activations(a, a_rows, As(nxt), (s + 1) * GK);
             store_b(nxt);
             fetch_b((s + 2) * GK); /* past the end: zeros, never stored */
         }
@@ -251,14 +253,6 @@ template <int TYPE> __global__ void __launch_bounds__(G_THREADS, 2) gemm_raw_ker
         }
         copy_commit();
     };
-    auto stage_a = [&](int stage, int k0) {
-#pragma unroll
-        for (int v = tid; v < GM * GK / 8; v += G_THREADS) {
-            const int r = v / (GK / 8), c = (v % (GK / 8)) * 8;
-            copy16(As(stage) + r * GLD + c, a_rows[r] >= 0 ? a.x + (int64_t)a_rows[r] * a.x_stride + k0 + c : nullptr);
-        }
-        copy_commit();
-    };
     /* Weight tile of step s into B stage s & 1: a thread dequantizes 32 elements of one row. */
     const int br = tid / 2, bc = (tid % 2) * 32;
     auto dequant_b = [&](int s) {
@@ -282,7 +276,7 @@ template <int TYPE> __global__ void __launch_bounds__(G_THREADS, 2) gemm_raw_ker
     const int wm = warp / 4, wn = warp % 4;
     const int steps = a.n_cols / GK, n_raw = a.n_cols / RAW_K;
     stage_raw(0, 0);
-    stage_a(0, 0);
+    stage_activations(a, a_rows, As(0), 0);
     copy_wait();
     __syncthreads();
     dequant_b(0);
@@ -292,7 +286,7 @@ template <int TYPE> __global__ void __launch_bounds__(G_THREADS, 2) gemm_raw_ker
         /* At a stage's first step the next raw stage, committed last, may still be in flight. */
         copy_wait(s % RAW_SUB == 0 && c + 1 < n_raw);
         __syncthreads(); /* step s's tiles are complete; every warp is done with step s - 1's */
-        if (s + 1 < steps) stage_a((s + 1) & 1, (s + 1) * GK);
+        if (s + 1 < steps) stage_activations(a, a_rows, As((s + 1) & 1), (s + 1) * GK);
         if (s % RAW_SUB == RAW_SUB - 1 && c + 2 < n_raw) stage_raw(c & 1, c + 2); /* stage c was last read in step s - 1 */
         if (s + 1 < steps) dequant_b(s + 1);
         const __half *as = As(s & 1), *bs = Bs(s & 1);
