@@ -14,9 +14,14 @@
 #include "core/timer.h"
 #include "exec/exec_gpu_internal.h"
 
+/* A product's weight bytes in the step's statistics (a view's own columns). */
+static void count_weights(struct exec_ctx *ctx, const struct cuda_matrix *m) {
+    ctx->stats.weight_bytes_read += (uint64_t)m->n_rows * quant_row_bytes(m->type, m->n_cols);
+}
+
 static pshard_status project(struct exec_ctx *ctx, struct exec_gpu *g, const struct cuda_matrix *m, const float *x,
                              int64_t n, float *y) {
-    ctx->stats.weight_bytes_read += (uint64_t)m->n_rows * quant_row_bytes(m->type, m->n_cols); /* a view's own columns */
+    count_weights(ctx, m);
     return cuda_matmul(g->cuda, m, x, n, y, m->n_rows, g->work, g->work_bytes, g->stream);
 }
 
@@ -24,7 +29,7 @@ static pshard_status project(struct exec_ctx *ctx, struct exec_gpu *g, const str
  * goes through g->proj. */
 static pshard_status project_add(struct exec_ctx *ctx, struct exec_gpu *g, const struct cuda_matrix *m, const float *x,
                                  int64_t n, float *y) {
-    ctx->stats.weight_bytes_read += (uint64_t)m->n_rows * quant_row_bytes(m->type, m->n_cols);
+    count_weights(ctx, m);
     return cuda_matmul_add(g->cuda, m, x, n, y, g->proj, g->work, g->work_bytes, g->stream);
 }
 
@@ -65,7 +70,7 @@ static pshard_status project_each(struct exec_ctx *ctx, struct exec_gpu *g, cons
     }
     bool one_launch = count <= CUDA_MATVEC_MAX_PARTS;
     for (int i = 0; i < count; i++) {
-        ctx->stats.weight_bytes_read += (uint64_t)m[i]->n_rows * quant_row_bytes(m[i]->type, m[i]->n_cols);
+        count_weights(ctx, m[i]);
         one_launch = one_launch && m[i]->type == m[0]->type && m[i]->row_bytes == m[0]->row_bytes;
     }
     if (one_launch) return cuda_matvec_each(m, count, acts, (int)n, y, false, g->stream);
@@ -141,7 +146,7 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
         /* At matrix-vector sizes, wo's input quantized by the attention's last launch, into g->proj
          * (free until a step of more tokens), and wo adds into the residual stream from there. */
         const enum quant_type at = cuda_act_type(l->wo.type);
-        const size_t q_bytes = (size_t)n * (size_t)(l->wo.n_cols / 32) * (at == QUANT_Q8_1 ? 36 : 34);
+        const size_t q_bytes = (size_t)n * cuda_act_row_bytes(at, l->wo.n_cols);
         const bool quantized = !l->bo && n <= CUDA_MATVEC_MAX_TOKENS && l->wo.n_cols % 32 == 0 &&
                                cuda_attention_decode_quantizes(&g->attn_shape, at) &&
                                q_bytes <= sizeof(float) * (size_t)n * (size_t)d;
@@ -151,7 +156,7 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
         if (quantized) {
             const struct cuda_matrix *wo = &l->wo;
             float *x = g->x;
-            ctx->stats.weight_bytes_read += (uint64_t)wo->n_rows * quant_row_bytes(wo->type, wo->n_cols);
+            count_weights(ctx, wo);
             return cuda_matvec_each(&wo, 1, g->proj, (int)n, &x, true, s);
         }
     }
@@ -161,8 +166,8 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
     return cuda_add(g->x, g->proj, n * d, s);
 }
 
-/* The FFN of g->xn added into the residual stream g->x. */
-/* (quantized: g->xn is in g->work already, as norm_for leaves it) */
+/* The FFN of g->xn added into the residual stream g->x (quantized: g->xn is in g->work already,
+ * as norm_for leaves it). */
 static pshard_status swiglu_ffn(struct exec_ctx *ctx, struct exec_gpu *g, const struct cuda_matrix *gate,
                                 const struct cuda_matrix *up, const struct cuda_matrix *down, int64_t n, bool quantized) {
     const struct cuda_matrix *gate_up[2] = {gate, up};
