@@ -122,4 +122,9 @@ __device__ inline float rms_scale(const float *xr, int64_t n, float eps) {
     return 1.0f / sqrtf((float)(total / (double)n) + eps);
 }
 
+/* Element i of a row normed by rms_scale's scale, then by the weights w (none: NULL), unfused. */
+__device__ __forceinline__ float rms_value(const float *xr, const float *w, float scale, int64_t i) {
+    return w ? __fmul_rn(__fmul_rn(xr[i], scale), w[i]) : __fmul_rn(xr[i], scale);
+}
+
 #endif

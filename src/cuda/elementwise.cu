@@ -14,7 +14,7 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float *x, c
     const float scale = rms_scale(xr, n, eps);
     float *m = mirror ? mirror + row * n : nullptr;
     for (int64_t i = from + threadIdx.x; i < to; i += NORM_THREADS) {
-        const float v = w ? __fmul_rn(__fmul_rn(xr[i], scale), w[i]) : __fmul_rn(xr[i], scale);
+        const float v = rms_value(xr, w, scale, i);
         o[i] = v;
         if (m) m[i] = v;
     }

@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_q8_kernel(const float *x
     const float scale = rms_scale(xr, n, eps);
     const int64_t b = (int64_t)blockIdx.x * (NORM_THREADS / 32) + threadIdx.x / 32, i = b * 32 + threadIdx.x % 32;
     if (b >= n / 32) return; /* (after rms_scale's barrier) */
-    const float v = w ? __fmul_rn(__fmul_rn(xr[i], scale), w[i]) : __fmul_rn(xr[i], scale);
+    const float v = rms_value(xr, w, scale, i);
     out[(int64_t)blockIdx.y * n + i] = v;
     if (mirror) mirror[(int64_t)blockIdx.y * n + i] = v;
     qa_q8_value<WITH_SUM>(v, q + ((int64_t)blockIdx.y * (n / 32) + b) * (WITH_SUM ? 36 : 34), threadIdx.x % 32);
