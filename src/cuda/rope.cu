@@ -113,10 +113,15 @@ struct nr_store {
     const int32_t *seq, *pos;
 };
 
-/* The pool row of token t's cell (kv_store_kernel's rule). */
+/* The pool row of token t's cell: cell pos[t] of sequence seq[t], through the sequence's blocks. */
+__device__ __forceinline__ int64_t pool_row(const int32_t *blocks, int blocks_stride, int block_cells, const int32_t *seq,
+                                            const int32_t *pos, int64_t t) {
+    const int p = pos[t];
+    return (int64_t)blocks[(int64_t)seq[t] * blocks_stride + p / block_cells] * block_cells + p % block_cells;
+}
+
 __device__ __forceinline__ int64_t nr_row(const nr_store &st, int64_t t) {
-    const int p = st.pos[t];
-    return (int64_t)st.blocks[(int64_t)st.seq[t] * st.blocks_stride + p / st.block_cells] * st.block_cells + p % st.block_cells;
+    return pool_row(st.blocks, st.blocks_stride, st.block_cells, st.seq, st.pos, t);
 }
 
 __global__ void __launch_bounds__(NORM_THREADS) norm_rope_kernel(const rope_dev r, const float *cs, const nr_part a,
@@ -140,7 +145,7 @@ __global__ void __launch_bounds__(NORM_THREADS) norm_rope_kernel(const rope_dev 
     float *v = part.x + th * head_size;
     const float scale = rms_scale(v, head_size, eps);
     for (int i = threadIdx.x; i < head_size; i += NORM_THREADS)
-        normed[i] = w ? __fmul_rn(__fmul_rn(v[i], scale), w[i]) : __fmul_rn(v[i], scale);
+        normed[i] = rms_value(v, w, scale, i);
     __syncthreads();
     const int half = r.n_dims / 2;
     /* (b's heads stored: this head's place in its token's K row of the pool) */
@@ -238,8 +243,7 @@ __global__ void kv_store_kernel(uint16_t *k_cache, uint16_t *v_cache, const int3
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, width = k_width + v_width;
     if (idx >= n_tokens * width) return;
     const int64_t t = idx / width, i = idx % width;
-    const int p = pos[t];
-    const int64_t row = (int64_t)blocks[(int64_t)seq[t] * blocks_stride + p / block_cells] * block_cells + p % block_cells;
+    const int64_t row = pool_row(blocks, blocks_stride, block_cells, seq, pos, t);
     const bool is_k = i < k_width;
     const __half h = __float2half_rn(is_k ? k[t * k_width + i] : v[t * v_width + i - k_width]);
     if (is_k) k_cache[row * k_width + i] = *(const uint16_t *)&h;
