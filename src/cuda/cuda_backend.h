@@ -297,14 +297,11 @@ pshard_status cuda_rope_apply(const struct rope_params *p, const float *cs, floa
  * rotation, in one kernel, with the results of cuda_rmsnorm and cuda_rope_apply to the bit. */
 pshard_status cuda_norm_rope(const struct rope_params *p, const float *cs, float *x, const float *w, float eps,
                              int64_t n_tokens, int n_heads, int head_size, cuda_stream s);
-/* cuda_norm_rope of a layer's q [n_tokens][n_head][head_size] (weights q_norm) and k
- * [n_tokens][n_head_kv][head_size] (k_norm) in one launch. */
-pshard_status cuda_norm_rope_qk(const struct rope_params *p, const float *cs, float *q, const float *q_norm, int n_head,
-                                float *k, const float *k_norm, int n_head_kv, float eps, int64_t n_tokens, int head_size,
-                                cuda_stream s);
 struct cuda_kv_layer;
-/* The same, then k's heads and v's (heads of head_v) rounded to f16 into the cache at cell pos[t]
- * of sequence seq[t], as cuda_kv_store writes them: all in one launch. */
+/* cuda_norm_rope of a layer's q [n_tokens][n_head][head_size] (weights q_norm) and k
+ * [n_tokens][n_head_kv][head_size] (k_norm), then k's heads and v's (heads of head_v) rounded to
+ * f16 into the cache at cell pos[t] of sequence seq[t], as cuda_kv_store writes them: all in one
+ * launch. */
 pshard_status cuda_norm_rope_qk_store(const struct rope_params *p, const float *cs, float *q, const float *q_norm,
                                       int n_head, float *k, const float *k_norm, int n_head_kv, float eps, int64_t n_tokens,
                                       int head_size, const struct cuda_kv_layer *kv, const float *v, int head_v,

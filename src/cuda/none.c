@@ -247,13 +247,6 @@ pshard_status cuda_norm_rope_qk_store(const struct rope_params *p, const float *
     (void)head_size, (void)kv, (void)v, (void)head_v, (void)seq, (void)pos, (void)s;
     return no_cuda();
 }
-pshard_status cuda_norm_rope_qk(const struct rope_params *p, const float *cs, float *q, const float *q_norm, int n_head,
-                                float *k, const float *k_norm, int n_head_kv, float eps, int64_t n_tokens, int head_size,
-                                cuda_stream s) {
-    (void)p, (void)cs, (void)q, (void)q_norm, (void)n_head, (void)k, (void)k_norm, (void)n_head_kv, (void)eps;
-    (void)n_tokens, (void)head_size, (void)s;
-    return no_cuda();
-}
 pshard_status cuda_moe_route_mirror(const float *logits, int64_t n_tokens, int n_expert, int k, bool normalize,
                                     int32_t *ids, float *weights, int32_t *mirror, cuda_stream s) {
     (void)logits, (void)n_tokens, (void)n_expert, (void)k, (void)normalize, (void)ids, (void)weights, (void)mirror, (void)s;

@@ -191,13 +191,6 @@ extern "C" pshard_status cuda_norm_rope(const struct rope_params *p, const float
     return norm_rope(p, cs, nr_part{x, w, n_heads}, nr_part{NULL, NULL, 0}, eps, n_tokens, head_size, nr_store{}, s);
 }
 
-extern "C" pshard_status cuda_norm_rope_qk(const struct rope_params *p, const float *cs, float *q, const float *q_norm,
-                                           int n_head, float *k, const float *k_norm, int n_head_kv, float eps,
-                                           int64_t n_tokens, int head_size, cuda_stream s) {
-    return norm_rope(p, cs, nr_part{q, q_norm, n_head}, nr_part{k, k_norm, n_head_kv}, eps, n_tokens, head_size, nr_store{},
-                     s);
-}
-
 extern "C" pshard_status cuda_norm_rope_qk_store(const struct rope_params *p, const float *cs, float *q, const float *q_norm,
                                                  int n_head, float *k, const float *k_norm, int n_head_kv, float eps,
                                                  int64_t n_tokens, int head_size, const struct cuda_kv_layer *kv,
