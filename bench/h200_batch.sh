@@ -12,7 +12,7 @@ out=$1
 shift
 bin=${PSHARD_BUILD:-build}
 model=${MODEL:-/dev/shm/qwen30b.gguf}
-[ -f "$model" ] || $bin/gguf-synth --shape qwen30b -o "$model" --quiet
+[ -f "$model" ] || "$bin"/gguf-synth --shape qwen30b -o "$model" --quiet
 n=0
 for case in "$@"; do
   n=$((n + 1))
@@ -22,12 +22,13 @@ for case in "$@"; do
   smi=$!
   if [ "$who" = pshard ]; then
     echo "== pshard, budget $a, sequences $b"
-    $bin/pshard bench --batch -m "$model" --vram-budget "$a" -npp 1024 -ntg 128 -npl "$b" -t 16 -b 2048 -q \
+    "$bin"/pshard bench --batch -m "$model" --vram-budget "$a" -npp 1024 -ntg 128 -npl "$b" -t 16 -b 2048 -q \
       --json "$out/pshard_$a.json" || echo "(the run failed)"
   else
     npls=$a
     max=$(echo "$npls" | tr , '\n' | sort -n | tail -1)
     echo "== llama.cpp batched-bench, sequences $npls, ${b//,/ }"
+    # shellcheck disable=SC2086 # (the case's arguments, split on purpose)
     "$LLAMA_BIN/llama-batched-bench" -m "$model" -c $((max * 1152)) -b 2048 -ub 512 -npp 1024 -ntg 128 -npl "$npls" \
       -t 16 -fa on ${b//,/ } 2>&1 | grep -E '^\|' || echo "(the run failed)"
   fi

@@ -29,14 +29,14 @@ PY
 for case in "$@"; do
   IFS=: read -r shape budget plan share <<<"$case"
   model=/dev/shm/$shape.gguf
-  [ -f "$model" ] || $bin/gguf-synth --shape "$shape" -o "$model" --quiet
+  [ -f "$model" ] || "$bin"/gguf-synth --shape "$shape" -o "$model" --quiet
   [ -f "$out/prompt_$shape.txt" ] || prompt_for "$model" > "$out/prompt_$shape.txt"
   base=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$out/smi_${shape}_${budget}_${plan}.txt" &
   smi=$!
   echo "== $shape, budget $budget, plan $plan ${share:+share $share}"
-  $bin/pshard plan -m "$model" --vram-budget "$budget" --plan "$plan" -c 4096 -b 1024 ${share:+--stream-share $share} | tail -2
-  $bin/pshard run -m "$model" --vram-budget "$budget" --plan "$plan" ${share:+--stream-share $share} --raw \
+  "$bin"/pshard plan -m "$model" --vram-budget "$budget" --plan "$plan" -c 4096 -b 1024 ${share:+--stream-share $share} | tail -2
+  "$bin"/pshard run -m "$model" --vram-budget "$budget" --plan "$plan" ${share:+--stream-share $share} --raw \
     --temp 0 --ignore-eos -n 129 -c 4096 -b 1024 -t 16 -p "$(cat "$out/prompt_$shape.txt")" 2>&1 >/dev/null | grep -v '^\s*$' | tail -7 ||
     echo "(the run failed)" # and the sampler below is still stopped
   sleep 0.5

@@ -13,7 +13,7 @@
 # configurations against 12 of 20 with the default, each case taking about a quarter longer).
 # Usage: bench/h200_oracle.sh OUT_DIR SECONDS CASE...
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit
 out=$1 seconds=$2
 shift 2
 mkdir -p "$out"

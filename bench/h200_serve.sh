@@ -22,7 +22,7 @@ model=${MODEL:-/dev/shm/qwen30b.gguf}
 deadline=${DEADLINE:-240}
 port=18080
 url=http://127.0.0.1:$port
-[ -f "$model" ] || $bin/gguf-synth --shape qwen30b -o "$model" --quiet
+[ -f "$model" ] || "$bin"/gguf-synth --shape qwen30b -o "$model" --quiet
 
 mib() { # "2G" -> 2048, "512M" -> 512
   case $1 in *G) echo $((${1%G} * 1024)) ;; *M) echo "${1%M}" ;; *) echo "$1" ;; esac
@@ -39,7 +39,7 @@ for case in "$@"; do
     args=${b//,/ }
     echo "== pshard serve, budget $a $args"
     # shellcheck disable=SC2086
-    $bin/pshard serve -m "$model" --vram-budget "$a" --parallel 16 -c 18432 -t 16 -b 2048 --port $port $args >"$log" 2>&1 &
+    "$bin"/pshard serve -m "$model" --vram-budget "$a" --parallel 16 -c 18432 -t 16 -b 2048 --port $port $args >"$log" 2>&1 &
   else
     args=${b//,/ }
     [ "$b" = fit ] && args="--fit on --fit-target $((free - $(mib "$a"))) --load-mode none"

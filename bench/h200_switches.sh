@@ -7,7 +7,7 @@
 #   (the switches default to PSHARD_SPLIT_FFN=0 PSHARD_STAGE_STATIC=0: each turned off; the default runs first;
 #   PLANS=0 leaves out the device plan tests, PLANS=only runs nothing else)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit
 out=$1
 shift
 switches=("$@")

@@ -31,7 +31,8 @@ model_for() { # SHAPE -> its file, synthesized if absent
 }
 
 prompt_for() { # MODEL -> the sentence repeated to about $want tokens (cached per model and length)
-  local f=$out/prompt_$(basename "$1" .gguf)_$want.txt
+  local f
+  f=$out/prompt_$(basename "$1" .gguf)_$want.txt
   if [ ! -f "$f" ]; then
     local n
     n=$("$bin/pshard" tokenize -m "$1" -p "$sentence " 2>/dev/null | tail -1 | wc -w)
