@@ -44,6 +44,8 @@ prompt_for() { # MODEL -> the sentence repeated to about $want tokens (cached pe
 
 mib() { case $1 in *G) echo $((${1%G} * 1024)) ;; *M) echo "${1%M}" ;; *) echo "$1" ;; esac; }
 
+# The card and its clocks: a compute-bound prompt follows the SM clock, a memory-bound decode does not.
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.limit --format=csv | tee -a "$out/table.txt"
 n=0
 for case in "$@"; do
   n=$((n + 1))
