@@ -388,17 +388,12 @@ static pshard_status fused_down(enum quant_type type, const moe_fused_args &a, c
     }
 }
 
-/* x quantized once (unless x_act holds it already), then the two fused launches (h in the work
- * buffer's gate_out). */
-static pshard_status moe_ffn_fused(const struct cuda_moe *m, const float *x, const uint8_t *x_act, const int32_t *ids,
+/* The two fused launches over x quantized for gate (x_act; h in the work buffer's gate_out). */
+static pshard_status moe_ffn_fused(const struct cuda_moe *m, const uint8_t *x_act, const int32_t *ids,
                                    const float *weights, int64_t n_tokens, float *out, bool accumulate, const moe_work &w,
                                    cuda_stream s) {
     const int64_t n_embd = m->gate.n_cols, n_ff = m->gate.n_rows;
     const enum quant_type act = cuda_act_type(m->gate.type);
-    if (!x_act) {
-        CORE_TRY(cuda_quantize(act, x, n_embd, n_tokens, w.x_act, s));
-        x_act = w.x_act;
-    }
     moe_fused_args a = {};
     a.gate = (const uint8_t *)m->gate.data, a.up = (const uint8_t *)m->up.data, a.down = (const uint8_t *)m->down.data;
     a.gate_ptrs = m->gate_ptrs, a.up_ptrs = m->up_ptrs, a.down_ptrs = m->down_ptrs;
@@ -440,21 +435,20 @@ static pshard_status moe_ffn(const struct cuda_moe *m, const float *x, const uin
              quant_type_name(m->down.type));
     cudaStream_t st = raw_stream(s);
     const moe_work w = moe_layout(m, n_tokens, (uint8_t *)work);
-    if (may_fuse && moe_fused(m, n_tokens)) return moe_ffn_fused(m, x, x_act, ids, weights, n_tokens, out, accumulate, w, s);
+    const bool gemm = cuda_moe_tiled(m, n_tokens);
+    if (!gemm && !x_act) { /* x quantized once for gate (and up, where they share a format) */
+        CORE_TRY(cuda_quantize(cuda_act_type(m->gate.type), x, n_embd, n_tokens, w.x_act, s));
+        x_act = w.x_act;
+    }
+    if (may_fuse && moe_fused(m, n_tokens)) return moe_ffn_fused(m, x_act, ids, weights, n_tokens, out, accumulate, w, s);
     group_kernel<<<1, GROUP_THREADS, 0, st>>>(ids, m->expert_mask, (int)pairs, m->n_expert, w.g);
     CUDA_TRY_LAUNCH("moe group");
-    const bool gemm = cuda_moe_tiled(m, n_tokens);
     if (gemm) {
         CORE_TRY(cuda_quantize(QUANT_F16, x, n_embd, n_tokens, w.x_act, s));
         CORE_TRY(expert_matmul(m, &m->gate, m->gate_ptrs, w, n_tokens, w.x_act, m->k, w.gate_out, st));
         CORE_TRY(expert_matmul(m, &m->up, m->up_ptrs, w, n_tokens, w.x_act, m->k, w.up_out, st));
     } else {
-        const uint8_t *gate_act = x_act;
-        if (!gate_act) {
-            CORE_TRY(cuda_quantize(cuda_act_type(m->gate.type), x, n_embd, n_tokens, w.x_act, s));
-            gate_act = w.x_act;
-        }
-        const uint8_t *up_act = gate_act;
+        const uint8_t *gate_act = x_act, *up_act = x_act;
         if (cuda_act_type(m->up.type) != cuda_act_type(m->gate.type)) {
             CORE_TRY(cuda_quantize(cuda_act_type(m->up.type), x, n_embd, n_tokens, w.x_act_up, s));
             up_act = w.x_act_up;

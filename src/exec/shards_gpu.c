@@ -42,12 +42,18 @@ static bool quantizes_once(const struct cuda_matrix *const *m, int count, int64_
     return once;
 }
 
+/* Whether a norm of n rows of d quantizes its output to `at` in the same launch (Q8_0 and Q8_1 at
+ * matrix-vector sizes). */
+static bool norm_quantizes(enum quant_type at, int64_t n, int64_t d) {
+    return n <= CUDA_MATVEC_MAX_TOKENS && (at == QUANT_Q8_0 || at == QUANT_Q8_1) && d % 32 == 0;
+}
+
 /* g->xn = RMSNorm(g->x) (weights w) for the products by m; where they quantize it once to Q8_0
  * or Q8_1, that quantization into g->work in the same launch (*quantized: tell project_each). */
 static pshard_status norm_for(struct exec_gpu *g, const float *w, const struct cuda_matrix *const *m, int count, int64_t n,
                               int64_t d, float eps, bool *quantized) {
     const enum quant_type at = cuda_act_type(m[0]->type);
-    *quantized = quantizes_once(m, count, n) && (at == QUANT_Q8_0 || at == QUANT_Q8_1) && d % 32 == 0;
+    *quantized = quantizes_once(m, count, n) && norm_quantizes(at, n, d);
     if (*quantized) return cuda_rmsnorm_quantize(at, g->x, w, g->xn, NULL, g->work, n, d, eps, g->stream);
     return cuda_rmsnorm(g->x, w, g->xn, n, d, eps, g->stream);
 }
@@ -615,7 +621,7 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
     /* At matrix-vector sizes the norm also quantizes its output for the experts' products, into
      * g->proj (free until the shared expert), which every call below reads. */
     const enum quant_type at = cuda_act_type(ctx->w.layers[il].gate_exps->type);
-    const bool quantized = n <= CUDA_MATVEC_MAX_TOKENS && (at == QUANT_Q8_0 || at == QUANT_Q8_1) && d % 32 == 0;
+    const bool quantized = norm_quantizes(at, n, d);
     const void *x_act = quantized ? g->proj : NULL;
     if (quantized)
         CORE_TRY(cuda_rmsnorm_quantize(at, g->x, l->ffn_norm, g->xn, split ? g->xn_to_host : NULL, g->proj, n, d, hp->rms_eps, s));
