@@ -113,6 +113,9 @@ struct nr_store {
     const int32_t *seq, *pos;
 };
 
+/* x rounded to f16, as the KV cache stores it. */
+__device__ __forceinline__ uint16_t f16_bits(float x) { return __half_as_ushort(__float2half_rn(x)); }
+
 /* The pool row of token t's cell: cell pos[t] of sequence seq[t], through the sequence's blocks. */
 __device__ __forceinline__ int64_t pool_row(const int32_t *blocks, int blocks_stride, int block_cells, const int32_t *seq,
                                             const int32_t *pos, int64_t t) {
@@ -133,8 +136,7 @@ __global__ void __launch_bounds__(NORM_THREADS) norm_rope_kernel(const rope_dev 
         const int64_t row = nr_row(st, t);
         for (int i = threadIdx.x; i < st.head_v; i += NORM_THREADS) {
             const int64_t at = (th % b.n_heads) * st.head_v + i;
-            const __half h = __float2half_rn(st.v[t * v_width + at]);
-            st.v_cache[row * v_width + at] = *(const uint16_t *)&h;
+            st.v_cache[row * v_width + at] = f16_bits(st.v[t * v_width + at]);
         }
         return;
     }
@@ -165,10 +167,7 @@ __global__ void __launch_bounds__(NORM_THREADS) norm_rope_kernel(const rope_dev 
             out = second ? __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c)) : __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
         }
         v[i] = out;
-        if (cached) {
-            const __half h = __float2half_rn(out);
-            cached[i] = *(const uint16_t *)&h;
-        }
+        if (cached) cached[i] = f16_bits(out);
     }
 }
 
@@ -238,9 +237,8 @@ __global__ void kv_store_kernel(uint16_t *k_cache, uint16_t *v_cache, const int3
     const int64_t t = idx / width, i = idx % width;
     const int64_t row = pool_row(blocks, blocks_stride, block_cells, seq, pos, t);
     const bool is_k = i < k_width;
-    const __half h = __float2half_rn(is_k ? k[t * k_width + i] : v[t * v_width + i - k_width]);
-    if (is_k) k_cache[row * k_width + i] = *(const uint16_t *)&h;
-    else v_cache[row * v_width + i - k_width] = *(const uint16_t *)&h;
+    if (is_k) k_cache[row * k_width + i] = f16_bits(k[t * k_width + i]);
+    else v_cache[row * v_width + i - k_width] = f16_bits(v[t * v_width + i - k_width]);
 }
 
 extern "C" pshard_status cuda_kv_store(const struct cuda_kv_layer *kv, const float *k, const float *v, int64_t k_width,
