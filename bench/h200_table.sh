@@ -3,12 +3,14 @@
 # one run (the GPU kernels issue's table): a prompt of about PROMPT tokens, 128 generated tokens,
 # greedy, end of text ignored, with the device memory the driver reports sampled every 0.2 s.
 #   pshard:SHAPE:BUDGET[:ARGS]   pshard run -m SHAPE.gguf, BUDGET a --vram-budget or "gpu" (--gpu),
-#                                -c (prompt + 256) -b 1024 -t 16 and ARGS (commas for spaces)
+#                                -c (prompt + 256) -b 1024 (unless ARGS has -b) -t 16 and ARGS (commas
+#                                for spaces)
 #   llama:SHAPE:NAME:ARGS        llama-server -m SHAPE.gguf -c (prompt + 256) -t 16 -fa on and ARGS
 #                                (commas for spaces; "fit:BUDGET" for --fit on leaving free - BUDGET),
 #                                one /completion request, its own timings read back
 # PROMPT (default 937) is the prompt's length in tokens: the protocol's sentence repeated, counted
-# by pshard's tokenizer (llama-server's count is printed beside it).
+# by pshard's tokenizer (llama-server's count is printed beside it); SHAPE@TOKENS sets one case's
+# (e.g. pshard:qwen235b@16000:2G:-b,2048 llama:qwen235b@16000:2G-cpu-moe:-ngl,99,--cpu-moe).
 # Usage: bench/h200_table.sh OUT_DIR CASE...   (PSHARD_BUILD: a Release build, default build;
 # LLAMA_BIN: the folder holding llama-server; models /dev/shm/SHAPE.gguf, written by gguf-synth if absent)
 # Writes OUT_DIR/table.txt (the log) and OUT_DIR/table.tsv (one row a case).
@@ -30,8 +32,8 @@ model_for() { # SHAPE -> its file, synthesized if absent
   echo "$m"
 }
 
-prompt_for() { # MODEL -> the sentence repeated to about $want tokens (cached per model and length)
-  local f
+prompt_for() { # MODEL TOKENS -> the sentence repeated to about TOKENS tokens (cached per model and length)
+  local f want=$2
   f=$out/prompt_$(basename "$1" .gguf)_$want.txt
   if [ ! -f "$f" ]; then
     local n
@@ -49,9 +51,12 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.limit --for
 n=0
 for case in "$@"; do
   n=$((n + 1))
-  IFS=: read -r who shape a b <<<"$case"
+  IFS=: read -r who spec a b <<<"$case"
+  shape=${spec%@*}
+  len=$want
+  [ "$spec" = "$shape" ] || len=${spec#*@}
   model=$(model_for "$shape")
-  pf=$(prompt_for "$model")
+  pf=$(prompt_for "$model" "$len")
   ctx=$(( ( $("$bin/pshard" tokenize -m "$model" -p "$(cat "$pf")" 2>/dev/null | tail -1 | wc -w) + 256 + 255 ) / 256 * 256 ))
   base=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
   free=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | head -1)
@@ -62,9 +67,11 @@ for case in "$@"; do
     args=${b//,/ }
     where="--vram-budget $a"
     [ "$a" = gpu ] && where=--gpu
+    batch="-b 1024"
+    case " $args " in *" -b "*) batch= ;; esac
     echo "== $n pshard $shape $a $args (context $ctx)"
     # shellcheck disable=SC2086
-    "$bin/pshard" run -m "$model" $where --raw --temp 0 --ignore-eos -n 129 -c "$ctx" -b 1024 -t 16 $args \
+    "$bin/pshard" run -m "$model" $where --raw --temp 0 --ignore-eos -n 129 -c "$ctx" $batch -t 16 $args \
       -p "$(cat "$pf")" >/dev/null 2>"$log" || echo "(pshard failed: $(tail -1 "$log"))"
     grep -E "^(plan|prompt|decode|VRAM)" "$log" || true
     row=$(python3 - "$log" <<'PY'
@@ -109,5 +116,5 @@ PY
   kill $smi
   peak=$(sort -n "$out/smi_$n.txt" | tail -1)
   echo "peak device memory (nvidia-smi): $peak MiB, $((peak - base)) MiB above the idle $base MiB"
-  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$who" "$shape" "$a" "${b:-}" "$row" "$peak" >>"$out/table.tsv"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$who" "$spec" "$a" "${b:-}" "$row" "$peak" >>"$out/table.tsv"
 done 2>&1 | tee -a "$out/table.txt"
