@@ -477,6 +477,12 @@ typedef struct pshard_info {
      * arena allocated, and its plan carved with the KV cells copied up; the freeing is
      * budget_free_ms less the planning */
     double budget_plan_ms, budget_pin_ms, budget_arena_ms, budget_fill_ms;
+    /* How long pshard_open took, in parts (ms): reading the file's header, model and tokenizer;
+     * planning (this machine's profile measured, on first use, or read); touching the weights'
+     * pages (pshard_params.prefault); making the executor (on a GPU: the CUDA context, the arena,
+     * the file mapping pinned, the resident weights copied up); and pshard_vision_load's, of the
+     * encoder loaded (0: none). */
+    double load_file_ms, load_plan_ms, load_pages_ms, load_exec_ms, load_vision_ms;
 } pshard_info;
 void pshard_get_info(const pshard_ctx *ctx, pshard_info *info);
 

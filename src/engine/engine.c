@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/timer.h"
 #include "engine/engine_internal.h"
 #include "engine/engine_open.h"
 #include "engine/vision.h"
@@ -136,14 +137,23 @@ static pshard_status free_less_keep(const struct model *model, struct exec_param
     return PSHARD_OK;
 }
 
+/* The milliseconds since *t, which becomes now. */
+static double lap_ms(double *t) {
+    const double now = core_now_ms(), ms = now - *t;
+    *t = now;
+    return ms;
+}
+
 static pshard_status open_ctx(pshard_ctx *ctx) {
     const pshard_params *p = &ctx->params;
+    double t = core_now_ms();
     CORE_TRY(gguf_open(p->model_path, &ctx->file));
     CORE_TRY(model_load(ctx->file, &ctx->model));
     CORE_TRY(tok_from_gguf(ctx->file, &ctx->tok));
     struct gguf_str tpl = {NULL, 0};
     if (gguf_find(ctx->file, "tokenizer.chat_template")) CORE_TRY(gguf_get_str(ctx->file, "tokenizer.chat_template", &tpl));
     chat_template_detect(tpl.data, tpl.len, &ctx->chat);
+    ctx->load_file_ms = lap_ms(&t);
     struct exec_params ep;
     engine_exec_params(p, &ctx->options, &ctx->model, &ep);
     ctx->keep = p->vram_keep > 0 ? p->vram_keep : 1ll << 30;
@@ -184,9 +194,12 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
     ctx->params.n_batch = ep.n_batch;
     if (p->vram_follow) ctx->params.vram_budget = ep.vram_budget;
     ctx->follow = p->vram_follow && exec_device_count() > 0;
+    ctx->load_plan_ms = lap_ms(&t);
     if (p->prefault) CORE_TRY(prefault(ctx));
+    ctx->load_pages_ms = lap_ms(&t);
     CORE_TRY(exec_create(&ctx->model, &ep, &ctx->exec));
     if (ctx->follow) CORE_TRY(exec_prepare_budget_changes(ctx->exec)); /* (no change then waits for pinning) */
+    ctx->load_exec_ms = lap_ms(&t);
     ctx->params.n_threads = exec_get_params(ctx->exec)->n_threads;
     ctx->cached = malloc(sizeof(int32_t) * (size_t)ep.n_ctx);
     ctx->prompt = malloc(sizeof(int32_t) * (size_t)ep.n_ctx);
@@ -279,6 +292,9 @@ void pshard_get_info(const pshard_ctx *ctx, pshard_info *info) {
     snprintf(info->plan, sizeof info->plan, "%s/%s%s", plan_family_name(plan_for_step(plan, 1, typical)->tier[PLAN_TIER_DECODE].family),
              plan_family_name(plan->tier[plan_prompt_tier(plan)].family), sets);
     info->profile_measured = ctx->profile.measured;
+    info->load_file_ms = ctx->load_file_ms, info->load_plan_ms = ctx->load_plan_ms;
+    info->load_pages_ms = ctx->load_pages_ms, info->load_exec_ms = ctx->load_exec_ms;
+    info->load_vision_ms = ctx->vision ? ctx->load_vision_ms : 0.0;
     info->predicted_ttft_s = plan->predicted_ttft;
     info->predicted_prompt_tokens = plan_typical_prompt(plan->n_ctx);
     info->predicted_decode_s = plan->predicted_decode;

@@ -36,6 +36,11 @@ struct pshard_ctx {
     bool follow, floor_warned;
     int64_t keep;
     double polled_ms, grow_since_ms;
+    /* How long opening took (ms): reading the file's header, model and tokenizer; planning (the
+     * profile measured or read, the micro-batch chosen); touching the weights' pages; making the
+     * executor (on a GPU: the context, the arena, the pinned mapping, the resident weights up);
+     * and the last vision encoder loaded (pshard_vision_load). */
+    double load_file_ms, load_plan_ms, load_pages_ms, load_exec_ms, load_vision_ms;
 };
 
 /* Whether a token ends a turn: the tokenizer's end-of-generation tokens and the control tokens

@@ -111,6 +111,7 @@ pshard_status pshard_vision_load(pshard_ctx *ctx, const char *mmproj_path) {
     if (!v) return core_fail(PSHARD_ERR_NOMEM, "out of memory");
     /* Keys go on from the encoder this one replaces: cells cached under its keys never match. */
     v->next_key = ctx->vision ? ctx->vision->next_key : 0;
+    const double t0 = core_now_ms();
     pshard_status st = load(ctx, mmproj_path, v);
     if (st != PSHARD_OK) {
         engine_vision_free(v);
@@ -118,6 +119,7 @@ pshard_status pshard_vision_load(pshard_ctx *ctx, const char *mmproj_path) {
     }
     engine_vision_free(ctx->vision);
     ctx->vision = v;
+    ctx->load_vision_ms = core_now_ms() - t0;
     return PSHARD_OK;
 }
 

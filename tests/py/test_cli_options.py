@@ -1,8 +1,8 @@
 """The options of every pshard subcommand as a newcomer tries them: numbers are read by one parser
 (whole numbers are whole, NaN and infinities refused, sizes and lists strict, the message names the
 option and the value and prints its range in whole numbers), -n 0 generates nothing, a context over the model's is capped with a
-notice, --seed -1 draws a seed, --help goes to stdout, and `pshard plan` needs its budget and says
-once what to do where no GPU can be priced."""
+notice, --seed -1 draws a seed, --help goes to stdout, `pshard plan` needs its budget and says
+once what to do where no GPU can be priced, and `pshard run` reports its load in parts."""
 import json
 import os
 import re
@@ -123,6 +123,33 @@ def test_n_0_generates_nothing(default_model):
     assert re.search(r"^prompt: \d+ tokens", none.stderr, re.M) and "decode:" not in none.stderr, none.stderr
     one = pshard("run", "-m", default_model, "-p", "Hello", "-t", "2", "-n", "1", "--ids", "--ignore-eos", "-q")
     assert one.returncode == 0 and len(one.stdout.splitlines()[-1].split()) == 2, one.stdout  # "ids: N"
+
+
+LOAD = re.compile(r"^load: ([\d.]+) s \(reading the model ([\d.]+) s, planning ([\d.]+) s, touching its pages "
+                  r"([\d.]+) s, the executor ([\d.]+) s(?:; the vision encoder ([\d.]+) s)?\)$", re.M)
+
+
+def load_parts(stderr):
+    """pshard run's load line: the whole and its parts in seconds (the vision encoder's None without
+    one); the parts add up to the whole within their rounding."""
+    m = LOAD.search(stderr)
+    assert m, stderr
+    whole, *parts = [float(v) if v is not None else None for v in m.groups()]
+    shown = [v for v in parts if v is not None]
+    assert abs(sum(shown) - whole) <= 0.005 * (len(shown) + 1), (whole, parts)
+    return whole, parts
+
+
+def test_the_load_is_reported_in_parts(default_model):
+    proc = pshard("run", "-m", default_model, "-p", "Hello", "-t", "2", "-n", "1")
+    assert proc.returncode == 0, proc.stderr
+    whole, parts = load_parts(proc.stderr)
+    assert parts[4] is None and whole > 0, parts
+    # Without touching the pages first, that part is nothing; -q prints no load line.
+    lazy = pshard("run", "-m", default_model, "-p", "Hello", "-t", "2", "-n", "1", "--no-prefault")
+    assert lazy.returncode == 0 and load_parts(lazy.stderr)[1][3] == 0.0, lazy.stderr
+    quiet = pshard("run", "-m", default_model, "-p", "Hello", "-t", "2", "-n", "1", "-q")
+    assert quiet.returncode == 0 and "load:" not in quiet.stderr, quiet.stderr
 
 
 def test_context_over_the_models_is_capped_with_a_notice(default_model):

@@ -151,6 +151,7 @@ def test_no_mmproj_offload(files):
     proc = run_pshard("run", "-m", str(files / "tiny-qwen25vl.gguf"), "--mmproj", str(files / "tiny-qwen25vl-mmproj.gguf"),
                       "--image", str(files / "a.png"), "--no-mmproj-offload", "--temp", "0", "-n", "2", "-p", "x")
     assert re.search(r"images: 1 encoded in \d+ ms \(within the TTFT\), on the CPU", proc.stderr), proc.stderr
+    assert re.search(r"^load: [\d.]+ s \(.*; the vision encoder [\d.]+ s\)$", proc.stderr, re.M), proc.stderr
     for cmd in ("run", "chat", "serve", "batch"):
         proc = run_pshard(cmd, "-m", str(files / "tiny-qwen25vl.gguf"), "--no-mmproj-offload", "-p", "x", check=False)
         assert proc.returncode == 2 and "--no-mmproj-offload" in proc.stderr and "--mmproj PATH" in proc.stderr, \

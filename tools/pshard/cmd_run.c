@@ -308,6 +308,14 @@ pshard_ctx *run_open_model(struct run_opts *o) {
     }
     pshard_info info;
     pshard_get_info(ctx, &info);
+    if (!o->quiet) {
+        char vision[64] = "";
+        if (o->mmproj) snprintf(vision, sizeof vision, "; the vision encoder %.2f s", info.load_vision_ms / 1e3);
+        const double ms = info.load_file_ms + info.load_plan_ms + info.load_pages_ms + info.load_exec_ms + info.load_vision_ms;
+        fprintf(stderr, "load: %.2f s (reading the model %.2f s, planning %.2f s, touching its pages %.2f s, the executor "
+                "%.2f s%s)\n", ms / 1e3, info.load_file_ms / 1e3, info.load_plan_ms / 1e3, info.load_pages_ms / 1e3,
+                info.load_exec_ms / 1e3, vision);
+    }
     if (!o->quiet && info.on_gpu) {
         char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], many[48] = "";
         const int32_t n = info.predicted_requests;
