@@ -31,6 +31,11 @@ total=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0)
 t=$((total / 1024))
 pattern=${PATTERN:-0:$((t - 40))G,20:$((t - 10))G,50:$((t - 40))G,70:$((t - 6))G,90:$((t - 40))G}
 duration=${DURATION:-110}
+# The game runs DURATION - 10 s from 5 s in: say so where its pattern's last step comes after that.
+last=$(tr ',' '\n' <<<"$pattern" | cut -d: -f1 | sort -n | tail -1)
+if [ "$last" -ge $((duration - 10)) ]; then
+  echo "coexec.sh: the game's last step at $last s comes after its $((duration - 10)) s; DURATION=$((last + 20)) plays it all" >&2
+fi
 keep=${KEEP:-1G}
 # The share of its assets a frame reads: the pattern scales the game to the device (~100-134 GB on
 # an H200), so the stand-in's default quarter would read ~30 GB a frame, more than the GPU serves at
