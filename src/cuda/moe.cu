@@ -448,12 +448,12 @@ static pshard_status moe_ffn(const struct cuda_moe *m, const float *x, const uin
         CORE_TRY(expert_matmul(m, &m->gate, m->gate_ptrs, w, n_tokens, w.x_act, m->k, w.gate_out, st));
         CORE_TRY(expert_matmul(m, &m->up, m->up_ptrs, w, n_tokens, w.x_act, m->k, w.up_out, st));
     } else {
-        const uint8_t *gate_act = x_act, *up_act = x_act;
+        const uint8_t *up_act = x_act;
         if (cuda_act_type(m->up.type) != cuda_act_type(m->gate.type)) {
             CORE_TRY(cuda_quantize(cuda_act_type(m->up.type), x, n_embd, n_tokens, w.x_act_up, s));
             up_act = w.x_act_up;
         }
-        CORE_TRY(expert_matmul(m, &m->gate, m->gate_ptrs, w, n_tokens, gate_act, m->k, w.gate_out, st));
+        CORE_TRY(expert_matmul(m, &m->gate, m->gate_ptrs, w, n_tokens, x_act, m->k, w.gate_out, st));
         CORE_TRY(expert_matmul(m, &m->up, m->up_ptrs, w, n_tokens, up_act, m->k, w.up_out, st));
     }
     /* Rows of pairs not computed here hold stale values; nothing below reads them. */

@@ -294,7 +294,7 @@ void pshard_get_info(const pshard_ctx *ctx, pshard_info *info) {
     info->profile_measured = ctx->profile.measured;
     info->load_file_ms = ctx->load_file_ms, info->load_plan_ms = ctx->load_plan_ms;
     info->load_pages_ms = ctx->load_pages_ms, info->load_exec_ms = ctx->load_exec_ms;
-    info->load_vision_ms = ctx->vision ? ctx->load_vision_ms : 0.0;
+    info->load_vision_ms = ctx->load_vision_ms; /* (0 until an encoder is loaded) */
     info->predicted_ttft_s = plan->predicted_ttft;
     info->predicted_prompt_tokens = plan_typical_prompt(plan->n_ctx);
     info->predicted_decode_s = plan->predicted_decode;
