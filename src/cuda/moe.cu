@@ -357,16 +357,11 @@ static int load_unit(const struct cuda_matrix *mat, const void *const *ptrs) {
     return 0;
 }
 
-static size_t fused_h_row_bytes(const struct cuda_moe *m) {
-    return (cuda_act_row_bytes(cuda_act_type(m->down.type), m->down.n_cols) + 15) & ~(size_t)15;
-}
-
 /* Whether a step of n_tokens takes the fused kernels. */
 static bool moe_fused(const struct cuda_moe *m, int64_t n_tokens) {
     return n_tokens <= CUDA_MOE_FUSED_MAX_TOKENS && n_tokens <= CUDA_MATVEC_MAX_TOKENS && !cuda_moe_tiled(m, n_tokens) &&
            m->gate.type == m->up.type && m->k <= FUSED_MAX_K && load_unit(&m->gate, m->gate_ptrs) &&
-           load_unit(&m->up, m->up_ptrs) && load_unit(&m->down, m->down_ptrs) &&
-           (size_t)m->k * fused_h_row_bytes(m) <= FUSED_H_SMEM;
+           load_unit(&m->up, m->up_ptrs) && load_unit(&m->down, m->down_ptrs);
 }
 
 extern "C" bool cuda_moe_fuses(const struct cuda_moe *m, int64_t n_tokens) { return moe_fused(m, n_tokens); }
@@ -388,7 +383,8 @@ static pshard_status fused_down(enum quant_type type, const moe_fused_args &a, c
     }
 }
 
-/* The two fused launches over x quantized for gate (x_act; h in the work buffer's gate_out). */
+/* The fused launches over x quantized for gate (x_act; h in the work buffer's gate_out, quantized
+ * for down into its h_act between them). */
 static pshard_status moe_ffn_fused(const struct cuda_moe *m, const uint8_t *x_act, const int32_t *ids,
                                    const float *weights, int64_t n_tokens, float *out, bool accumulate, const moe_work &w,
                                    cuda_stream s) {
@@ -411,10 +407,12 @@ static pshard_status moe_ffn_fused(const struct cuda_moe *m, const uint8_t *x_ac
     a.ids = ids, a.weights = weights, a.mask = m->expert_mask;
     a.x_act = x_act, a.x_act_row_bytes = cuda_act_row_bytes(act, n_embd);
     a.h = w.gate_out;
-    a.h_act_type = cuda_act_type(m->down.type), a.h_act_row_bytes = fused_h_row_bytes(m);
+    const enum quant_type h_type = cuda_act_type(m->down.type);
+    a.h_act = w.h_act, a.h_act_row_bytes = cuda_act_row_bytes(h_type, n_ff);
     a.out = out, a.accumulate = accumulate;
     cudaStream_t st = raw_stream(s);
     CORE_TRY(fused_gate_up(m->gate.type, (int)n_tokens, a, st));
+    CORE_TRY(cuda_quantize(h_type, w.gate_out, n_ff, n_tokens * m->k, w.h_act, s));
     return fused_down(m->down.type, a, st);
 }
 

@@ -1,4 +1,4 @@
-/* The fused expert FFN of small MoE steps (up to CUDA_MATVEC_MAX_TOKENS tokens): two launches
+/* The fused expert FFN of small MoE steps (up to CUDA_MATVEC_MAX_TOKENS tokens): three launches
  * where the grouped path takes eight (grouping, quantization, gate, up, SwiGLU, quantization,
  * down, weighted sum).
  *
@@ -6,10 +6,10 @@
  *            pair routed to it (the others return), gathers the expert's pairs with warp votes,
  *            and each warp streams one row of gate and one of up together, writing
  *            h[pair][row] = silu(gate . x) * up . x for each of the expert's pairs.
- *   down:    grid (n_embd / FUSED_WARPS, n_tokens). Block (x, t) quantizes the hidden rows of
- *            token t's k pairs into shared memory (8 blocks of the format a warp in flight); each warp streams one row of every one of
- *            the token's experts' down matrices together and sums w[t][j] * (row . h[t][j]) in
- *            slot order, as weighted_sum_kernel (and the CPU) does, into out[t][row].
+ *   (h quantized for down once, by cuda_quantize: every block of down reads its token's rows.)
+ *   down:    grid (n_embd / FUSED_WARPS, n_tokens). Each warp of block (x, t) streams one row of
+ *            every one of token t's experts' down matrices together and sums w[t][j] * (row .
+ *            h_act[t][j]) in slot order, as weighted_sum_kernel (and the CPU) does, into out[t][row].
  *
  * Both stream several rows as one sequence of chunks (mv_stream), so a warp keeps a chunk's
  * worth of loads in flight even where each row is a few hundred bytes (qwen30b's down rows:
@@ -27,7 +27,6 @@ enum {
     FUSED_THREADS = 32 * FUSED_WARPS,
     FUSED_MAX_K = 16,
     FUSED_MAX_PAIRS = CUDA_MATVEC_MAX_TOKENS * FUSED_MAX_K,
-    FUSED_H_SMEM = 28 << 10, /* the hidden rows of a token's pairs, quantized, at most */
 };
 
 struct moe_fused_args {
@@ -45,8 +44,8 @@ struct moe_fused_args {
     const uint8_t *x_act; /* [n_tokens][x_act_row_bytes]: x quantized for gate/up */
     size_t x_act_row_bytes;
     float *h;             /* [pairs][n_ff] */
-    enum quant_type h_act_type;
-    size_t h_act_row_bytes; /* rounded up to 16 */
+    const uint8_t *h_act; /* [pairs][h_act_row_bytes]: h quantized for down */
+    size_t h_act_row_bytes;
     float *out;
     bool accumulate;
 };
@@ -174,16 +173,11 @@ __global__ void __launch_bounds__(FUSED_THREADS) moe_gate_up_kernel(const moe_fu
 }
 
 template <class T> __global__ void __launch_bounds__(FUSED_THREADS) moe_down_kernel(const moe_fused_args a) {
-    extern __shared__ __align__(16) uint8_t h_act[]; /* [k][h_act_row_bytes] */
     __shared__ __align__(16) uint8_t stage[FUSED_WARPS][MV_CHUNK];
     __shared__ const uint8_t *rows[FUSED_WARPS][FUSED_MAX_K], *acts[FUSED_WARPS][FUSED_MAX_K];
     __shared__ int slots[FUSED_WARPS][FUSED_MAX_K];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = blockIdx.y;
     const int32_t *ids = a.ids + (size_t)t * a.k;
-    /* (the rows of pairs whose expert is not computed here are stale; never read below) */
-    qa_rows(a.h_act_type, a.h + (size_t)t * a.k * a.n_ff, a.n_ff, a.n_ff, a.k, h_act, a.h_act_row_bytes, warp,
-            FUSED_WARPS, lane);
-    __syncthreads();
     const int row = blockIdx.x * FUSED_WARPS + warp;
     if (row >= a.n_embd) return; /* no block-wide syncs below */
     /* The token's experts computed here (u-th: slot slots[u]), in slot order: stream row `row` of
@@ -194,7 +188,7 @@ template <class T> __global__ void __launch_bounds__(FUSED_THREADS) moe_down_ker
     if (used) {
         const int u = __popc(votes & ((1u << lane) - 1));
         rows[warp][u] = fused_expert(a.down, a.down_ptrs, a.down_stride, ids[lane]) + (size_t)row * a.down_row_bytes;
-        acts[warp][u] = h_act + lane * a.h_act_row_bytes;
+        acts[warp][u] = a.h_act + ((size_t)t * a.k + lane) * a.h_act_row_bytes;
         slots[warp][u] = lane;
     }
     __syncwarp();
@@ -217,7 +211,7 @@ template <class T> __global__ void __launch_bounds__(FUSED_THREADS) moe_down_ker
     }
 }
 
-/* gate/up for nt tokens (1..CUDA_MATVEC_MAX_TOKENS) a pass, then down and the weighted sum. */
+/* gate/up for nt tokens (1..CUDA_MATVEC_MAX_TOKENS) a pass; down and the weighted sum. */
 template <class T> pshard_status moe_gate_up_launch(int nt, const moe_fused_args &a, cudaStream_t st) {
     const dim3 grid((unsigned)ceil_div(a.n_ff, FUSED_WARPS), (unsigned)a.n_pairs);
     switch (nt) {
@@ -237,7 +231,7 @@ template <class T> pshard_status moe_gate_up_launch(int nt, const moe_fused_args
 
 template <class T> pshard_status moe_down_launch(const moe_fused_args &a, cudaStream_t st) {
     const dim3 grid((unsigned)ceil_div(a.n_embd, FUSED_WARPS), (unsigned)(a.n_pairs / a.k));
-    moe_down_kernel<T><<<grid, FUSED_THREADS, (size_t)a.k * a.h_act_row_bytes, st>>>(a);
+    moe_down_kernel<T><<<grid, FUSED_THREADS, 0, st>>>(a);
     CUDA_TRY_LAUNCH("moe down");
     return PSHARD_OK;
 }
