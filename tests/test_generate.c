@@ -99,6 +99,48 @@ static void test_plan_family(void **state) {
     assert_non_null(strstr(pshard_last_error(), "plan family 7"));
 }
 
+struct loading {
+    int calls, stop;
+    uint64_t last_done, total;
+    int monotonic;
+};
+
+static int on_load(void *user, uint64_t done, uint64_t total) {
+    struct loading *l = user;
+    if (l->calls++ == 0) l->total = total, l->monotonic = 1;
+    l->monotonic &= done > l->last_done && done <= total && total == l->total;
+    l->last_done = done;
+    return l->stop;
+}
+
+/* Reading the weights in at load is heard as it goes, up to the whole of them (at least the
+ * tensors' bytes); a callback that says stop fails the open with a clear error and no context. */
+static void test_load_progress(void **state) {
+    (void)state;
+    pshard_params params;
+    pshard_params_default(&params);
+    params.model_path = getenv("PSHARD_DEFAULT_MODEL");
+    params.n_ctx = 256, params.n_threads = 2, params.vram_budget = 0, params.no_profile = 1;
+    struct loading l = {0};
+    params.progress = on_load, params.progress_user = &l;
+    pshard_ctx *ctx = NULL;
+    assert_int_equal(pshard_open(&params, &ctx), PSHARD_OK);
+    assert_true(l.calls >= 1 && l.monotonic);
+    assert_true(l.last_done == l.total && l.total > 50u << 20); /* the default model is ~100 MB */
+    pshard_info info;
+    pshard_get_info(ctx, &info);
+    assert_true(info.load_pages_ms >= 0);
+    pshard_close(ctx);
+
+    struct loading stop = {.stop = 1};
+    params.progress_user = &stop;
+    ctx = (pshard_ctx *)&params;
+    assert_int_equal(pshard_open(&params, &ctx), PSHARD_ERR_INVALID_ARG);
+    assert_null(ctx);
+    assert_int_equal(stop.calls, 1);
+    assert_non_null(strstr(pshard_last_error(), "loading cancelled"));
+}
+
 /* Every step of the prompt is heard, in order, ending at the whole prompt; the tokens a later
  * call reuses are not counted; a prompt stopped after its second step fails with a clear error,
  * keeps no KV cells (the next call reuses nothing), and the next call generates what the first
@@ -144,6 +186,6 @@ static void test_prompt_steps_heard_and_stopped(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test_setup_teardown(test_prompt_steps_heard_and_stopped, setup, teardown),
-                                       cmocka_unit_test(test_plan_family)};
+                                       cmocka_unit_test(test_plan_family), cmocka_unit_test(test_load_progress)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
