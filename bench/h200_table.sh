@@ -10,7 +10,9 @@
 #                                one /completion request, its own timings read back
 # PROMPT (default 937) is the prompt's length in tokens: the protocol's sentence repeated, counted
 # by pshard's tokenizer (llama-server's count is printed beside it); SHAPE@TOKENS sets one case's
-# (e.g. pshard:qwen235b@16000:2G:-b,2048 llama:qwen235b@16000:2G-cpu-moe:-ngl,99,--cpu-moe).
+# (e.g. pshard:qwen235b@16000:2G:-b,2048 llama:qwen235b@16000:2G-cpu-moe:-ngl,99,--cpu-moe). A file larger
+# than half the RAM (qwen235b: 80 GB in /dev/shm) needs llama-server's default mmap: `--load-mode none`
+# reads a second copy into memory and the server is killed while loading.
 # Usage: bench/h200_table.sh OUT_DIR CASE...   (PSHARD_BUILD: a Release build, default build;
 # LLAMA_BIN: the folder holding llama-server; models /dev/shm/SHAPE.gguf, written by gguf-synth if absent)
 # Writes OUT_DIR/table.txt (the log) and OUT_DIR/table.tsv (one row a case).
@@ -48,7 +50,7 @@ mib() { case $1 in *G) echo $((${1%G} * 1024)) ;; *M) echo "${1%M}" ;; *) echo "
 
 # The card and its clocks: a compute-bound prompt follows the SM clock, a memory-bound decode does not.
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.limit --format=csv | tee -a "$out/table.txt"
-n=0
+n=$(($(wc -l <"$out/table.tsv") - 1)) # cases numbered on from an earlier run into the same OUT_DIR
 for case in "$@"; do
   n=$((n + 1))
   IFS=: read -r who spec a b <<<"$case"
