@@ -14,6 +14,7 @@
 #include "cuda/cuda_backend.h"  /* cuda_device_count, the device's name for the profile */
 #include "engine/engine_open.h" /* engine_open with the comparison switches, the API's planning options */
 #include "exec/exec.h"          /* plans made and stepped as the engine does (bench --oracle) */
+#include "exec/kv_cache.h"      /* KV_BLOCK_CELLS: a pool of whole blocks for every sequence (bench --batch) */
 #include "gguf/gguf.h"
 #include "measure/measure.h"    /* measuring this machine, the cached profile */
 #include "model/model.h"

@@ -85,3 +85,14 @@ def test_bench_refuses_bad_numbers(default_model, args, needle):
     proc = run_pshard("bench", "--oracle", "-m", default_model, *args, check=False) if "--batch" not in args else \
         run_pshard("bench", "-m", default_model, *args, check=False)
     assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+
+
+def test_bench_batch_runs_every_sequence_at_once(default_model, tmp_path):
+    # 16 + 12 cells a sequence take one block of the KV pool each: all 8 sequences run together,
+    # one prompt step and 11 decode steps, not a few at a time.
+    out = tmp_path / "b.json"
+    run_pshard("bench", "--batch", "-m", default_model, "-npp", "16", "-ntg", "12", "-npl", "8", "-t", "2", "-q",
+               "--json", str(out))
+    row = json.loads(out.read_text().splitlines()[0])
+    assert row["npl"] == 8 and row["steps"] == 12, row
+    assert row["gen_tps"] > 0 and row["prompt_tps"] > 0, row

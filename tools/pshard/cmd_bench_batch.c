@@ -8,6 +8,7 @@
  * context). */
 #include <math.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,7 +168,13 @@ static pshard_status run_config(const struct batch_opts *o, int64_t budget, int3
     pshard_params params = o->planning;
     params.model_path = o->model;
     params.n_parallel = npl;
-    params.n_ctx = npl * (o->npp + o->ntg);
+    /* The pool holds every sequence at once: each its cells in whole blocks, as the pool hands
+     * them out (28 cells take a block of 64: sized by cells alone, 64 such sequences would run
+     * 28 at a time). */
+    const int64_t per_seq = (int64_t)(o->npp + o->ntg + KV_BLOCK_CELLS - 1) / KV_BLOCK_CELLS * KV_BLOCK_CELLS;
+    if ((int64_t)npl * per_seq > INT32_MAX)
+        return core_fail(PSHARD_ERR_INVALID_ARG, "%d sequences of %lld cells: more than a KV pool holds", npl, (long long)per_seq);
+    params.n_ctx = (int32_t)(npl * per_seq);
     params.n_batch = o->n_batch;
     params.n_threads = o->n_threads;
     params.n_predict = o->ntg;
