@@ -42,6 +42,41 @@ static void test_greedy_is_argmax(void **state) {
     sampler_free(s);
 }
 
+/* Greedy picks what a scan keeping the first strictly greater logit picks: the first of equal
+ * maxima, in any position (the tail past a multiple of eight too), never a NaN, and the first
+ * logit where nothing beats it (all NaN). */
+static void test_greedy_ties_and_nans(void **state) {
+    (void)state;
+    struct sampler_params p;
+    sampler_default_params(&p);
+    p.temperature = 0;
+    enum { N = 1003 };
+    struct sampler *s;
+    assert_int_equal(sampler_create(&p, N, &s), PSHARD_OK);
+    float l[N];
+    for (int i = 0; i < N; i++) l[i] = -1.0f - (float)(i % 7);
+    const int at[] = {0, 5, 7, 8, 500, 999, 1000, 1002};
+    for (size_t k = 0; k < sizeof at / sizeof at[0]; k++) {
+        float t[N];
+        memcpy(t, l, sizeof t);
+        t[at[k]] = 3.0f;
+        if (at[k] + 9 < N) t[at[k] + 9] = 3.0f; /* a later equal one loses */
+        assert_int_equal(sampler_sample(s, t), at[k]);
+        t[at[k] == 1 ? 2 : 1] = NAN; /* a NaN elsewhere (not first) never wins */
+        assert_int_equal(sampler_sample(s, t), at[k]);
+    }
+    for (int i = 0; i < N; i++) l[i] = NAN;
+    assert_int_equal(sampler_sample(s, l), 0);
+    l[0] = -INFINITY, l[N - 1] = -INFINITY; /* NaN at 0 only where nothing beats it */
+    assert_int_equal(sampler_sample(s, l), 0);
+    l[0] = NAN, l[700] = 0.0f;
+    assert_int_equal(sampler_sample(s, l), 0); /* nothing beats a NaN first logit in such a scan */
+    for (int i = 0; i < N; i++) l[i] = 0.0f;
+    l[3] = -0.0f;
+    assert_int_equal(sampler_sample(s, l), 0); /* +0 and -0 are equal: the first */
+    sampler_free(s);
+}
+
 static void test_same_seed_same_tokens(void **state) {
     (void)state;
     struct sampler_params p;
@@ -226,7 +261,7 @@ static void test_chat_formats(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_greedy_is_argmax), cmocka_unit_test(test_same_seed_same_tokens),
+        cmocka_unit_test(test_greedy_is_argmax), cmocka_unit_test(test_greedy_ties_and_nans), cmocka_unit_test(test_same_seed_same_tokens),
         cmocka_unit_test(test_filters), cmocka_unit_test(test_top_k_selects_as_a_full_sort),          cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_chat_formats),
     };

