@@ -82,7 +82,9 @@ def llama_cpp_ids(files, prompt, images):
 @pytest.mark.parametrize("prompt,images", [
     ("The quick brown fox jumps over the lazy dog.", []),
     ("<__image__>Describe: ", ["a.png"]),
-    ("Compare <__image__> with <__image__> and say", ["a.png", "b.png"]),
+    # (its last word chosen where llama.cpp's top two logits stay 0.03 or more apart for all 12 steps
+    # on an AVX2 machine, where "... and say" met a near tie, 0.0008, at its third step)
+    ("Compare <__image__> with <__image__> and tell", ["a.png", "b.png"]),
 ])
 def test_greedy_tokens_match_llama_cpp(files, prompt, images):
     ours = pshard_ids(files, prompt, images)
