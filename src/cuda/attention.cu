@@ -1,16 +1,18 @@
 /* Decode attention over the f16 KV cache, split over the KV length (flash-decoding): a block
- * takes one token, one KV head with all the query heads that share it (GQA: K and V are read
- * once per group), and one slice of the token's cells. Inside it each warp walks chunks of
- * AD_CHUNK cells, four lanes a cell for the scores (a lane's quarter of the row's 16-byte
- * pieces, interleaved, so a warp reads 64 contiguous bytes of each of 8 rows) and every lane a
- * 32nd of the V dimensions for the output (lane + 32 i: a warp reads each V row contiguously),
- * keeping its own running max, sum and output per head (online softmax); the four warps merge
- * in shared memory at the end, and a second kernel merges the slices. The slices are cut from
- * the token's own length (pos + 1) over the grid's n_splits, AD_SLICE_CELLS at the least: a
- * captured step sized for the whole context spreads a short one over few slices, and the
- * others return at once. Scores are q (rounded to f16, as the CPU does) . k in f32, times the
- * scale; probabilities use expf. Any batch: each token has its own sequence and position, its
- * cells found through the sequence's blocks. */
+ * takes one token, HB query heads that share one KV head (GQA: their K and V rows are read from
+ * L1 after the first warp's load), and one slice of the token's cells. Each warp owns one query
+ * head and walks chunks of AD_CHUNK cells, four lanes a cell: a lane takes the 16-byte pieces
+ * quarter, quarter + 4, ... of its cell's K row (a warp reads 64 contiguous bytes of each of 8
+ * rows) and the same pieces of its V row, keeping its own cell's share of the output while the
+ * running max stays the warp's (online softmax); the lanes of one piece sum their cells at the
+ * end. A head's R = 8 / HB warps split the slice's chunks and merge in shared memory, and a second
+ * kernel merges the slices. So a warp's chain of dependent instructions is one head's, not a
+ * group's: the step's latency, not its bytes, is what a decode step at a short context waits on.
+ * The slices are cut from the token's own length (pos + 1) over the grid's n_splits,
+ * AD_SLICE_CELLS at the least: a captured step sized for the whole context spreads a short one
+ * over few slices, and the others return at once. Scores are q (rounded to f16, as the CPU does)
+ * . k in f32, times the scale; probabilities use expf. Any batch: each token has its own sequence
+ * and position, its cells found through the sequence's blocks. */
 #include "cuda/cuda_internal.cuh"
 #include "cuda/cuda_sizes.h"
 #include "cuda/quantize_act.cuh"
@@ -18,11 +20,9 @@
 #include <math.h>
 
 enum {
-    AD_THREADS = 128,
-    AD_WARPS = AD_THREADS / 32,
-    AD_CHUNK = 8,                           /* cells a warp scores at once: four lanes a cell */
-    AD_SLICE_CELLS = AD_WARPS * AD_CHUNK,   /* a slice's cells at the least, and their multiple */
-    AD_MAX_GROUP = 16
+    AD_WARPS = 8,                 /* a block's warps: HB heads times R replicas */
+    AD_CHUNK = 8,                 /* cells a warp takes at once: four lanes a cell */
+    AD_SLICE_CELLS = 2 * AD_CHUNK /* a slice's cells at the least, and their multiple */
 };
 
 struct ad_args {
@@ -32,6 +32,7 @@ struct ad_args {
     int blocks_stride, block_cells;
     const int32_t *seq, *pos;
     int n_head, n_head_kv, head_k, head_v, group;
+    int heads_per_block; /* HB: a divisor of the group, at most AD_WARPS */
     float scale;
     int n_splits;
     float *part_o;  /* [token][head][split][head_v]: unnormalized outputs */
@@ -44,191 +45,165 @@ __device__ __forceinline__ int ad_slice_cells(int n_cells, int n_splits) {
     return (per + AD_SLICE_CELLS - 1) / AD_SLICE_CELLS * AD_SLICE_CELLS;
 }
 
-/* (m, l, acc) := the merge of itself and another part of the same softmax. */
-template <int VPL, int GMAX>
-__device__ __forceinline__ void ad_merge(int G, float (&m)[GMAX], float (&l)[GMAX], float (&acc)[GMAX][VPL],
-                                         const float *om, const float *ol, const float *oacc, int head_v, int lane) {
+/* Eight halves (a 16-byte piece) as floats. */
+__device__ __forceinline__ void ad_halves(uint4 raw, float (&f)[8]) {
+    const __half2 *h = (const __half2 *)&raw;
 #pragma unroll
-    for (int g = 0; g < GMAX; g++) {
-        if (g >= G) continue;
-        const float mo = om[g], M = fmaxf(m[g], mo);
-        if (M == -INFINITY) continue; /* both empty */
-        const float fa = m[g] == -INFINITY ? 0.0f : expf(m[g] - M), fb = mo == -INFINITY ? 0.0f : expf(mo - M);
-        l[g] = l[g] * fa + ol[g] * fb;
-        m[g] = M;
-#pragma unroll
-        for (int i = 0; i < VPL; i++) {
-            const int d = lane + 32 * i;
-            acc[g][i] = acc[g][i] * fa + (d < head_v && fb != 0.0f ? oacc[g * head_v + d] * fb : 0.0f);
-        }
+    for (int i = 0; i < 4; i++) {
+        const float2 v = __half22float2(h[i]);
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
     }
 }
 
-/* VPL: V dimensions a lane owns (head_v <= 32 VPL); GMAX: query heads a KV head has at most. */
-template <int VPL, int GMAX> __global__ void __launch_bounds__(AD_THREADS) attn_decode_kernel(const ad_args a) {
-    extern __shared__ float4 sm4[];
-    float *sm = (float *)sm4;
-    const int G = a.group, split = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
-    const int warp = tid / 32, lane = tid % 32, cell_lane = lane / 4, quarter = lane % 4;
+/* The heads a block takes: the largest divisor of the group up to AD_WARPS. */
+static int ad_heads_per_block(int group) {
+    int hb = group < AD_WARPS ? group : AD_WARPS;
+    while (group % hb) hb--;
+    return hb;
+}
+
+/* KP, VP: the 16-byte pieces of a K and a V row a lane owns at most (head_k <= 32 KP, head_v <=
+ * 32 VP). The block is HB x R warps: warp w takes head w % HB and every R-th chunk from w / HB. */
+template <int KP, int VP> __global__ void __launch_bounds__(32 * AD_WARPS) attn_decode_kernel(const ad_args a) {
+    __shared__ float merge_o[AD_WARPS][VP * 32], merge_ml[AD_WARPS][2];
+    const int HB = a.heads_per_block, R = AD_WARPS / HB, blocks_per_kv = a.group / HB;
+    const int split = blockIdx.x, kvh = blockIdx.y / blocks_per_kv, t = blockIdx.z;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, cell_lane = lane / 4, quarter = lane % 4;
+    const int hb = warp % HB, r = warp / HB;
+    const int h = kvh * a.group + blockIdx.y % blocks_per_kv * HB + hb; /* this warp's query head */
     const int n_cells = a.pos[t] + 1, slice = ad_slice_cells(n_cells, a.n_splits);
     const int c_begin = split * slice, c_end = min(n_cells, c_begin + slice);
-    const int64_t base = ((int64_t)t * a.n_head + kvh * G) * a.n_splits + split; /* head g's part: base + g n_splits */
+    const int64_t slot = ((int64_t)t * a.n_head + h) * a.n_splits + split;
     if (c_begin >= c_end) { /* an empty slice: the merge skips it */
-        if (tid < G) {
-            a.part_ml[(base + (int64_t)tid * a.n_splits) * 2] = -INFINITY;
-            a.part_ml[(base + (int64_t)tid * a.n_splits) * 2 + 1] = 0.0f;
-        }
+        if (r == 0 && lane == 0) a.part_ml[slot * 2] = -INFINITY, a.part_ml[slot * 2 + 1] = 0.0f;
         return;
     }
-    float *qs = sm; /* [G][head_k] */
-    for (int i = tid; i < G * a.head_k; i += AD_THREADS)
-        qs[i] = __half2float(__float2half_rn(a.q[((int64_t)t * a.n_head + kvh * G) * a.head_k + i]));
-    __syncthreads();
+    const int k_pieces = a.head_k / 8, v_pieces = a.head_v / 8;
+    float q[KP][8];
+    const float *qh = a.q + ((int64_t)t * a.n_head + h) * a.head_k;
+#pragma unroll
+    for (int i = 0; i < KP; i++) {
+        const int piece = quarter + 4 * i;
+#pragma unroll
+        for (int j = 0; j < 8; j++) q[i][j] = piece < k_pieces ? __half2float(__float2half_rn(qh[piece * 8 + j])) : 0.0f;
+    }
     const int64_t k_width = (int64_t)a.n_head_kv * a.head_k, v_width = (int64_t)a.n_head_kv * a.head_v;
     const uint16_t *kb = a.k + kvh * a.head_k, *vb = a.v + kvh * a.head_v;
     const int32_t *blocks = a.blocks + (int64_t)a.seq[t] * a.blocks_stride, bc = a.block_cells;
-    const int pieces = a.head_k / 8; /* 16-byte pieces of a K row */
-    float m[GMAX], l[GMAX], acc[GMAX][VPL];
+    float m = -INFINITY, l = 0.0f, acc[VP][8];
 #pragma unroll
-    for (int g = 0; g < GMAX; g++) {
-        m[g] = -INFINITY, l[g] = 0.0f;
+    for (int i = 0; i < VP; i++)
 #pragma unroll
-        for (int i = 0; i < VPL; i++) acc[g][i] = 0.0f;
-    }
-    for (int c0 = c_begin + warp * AD_CHUNK; c0 < c_end; c0 += AD_WARPS * AD_CHUNK) {
+        for (int j = 0; j < 8; j++) acc[i][j] = 0.0f;
+    for (int c0 = c_begin + r * AD_CHUNK; c0 < c_end; c0 += R * AD_CHUNK) {
         const int c = c0 + cell_lane;
         const bool valid = c < c_end;
-        const int64_t row = valid ? (int64_t)blocks[c / bc] * bc + c % bc : 0; /* this lane's cell: one lookup */
-        /* The chunk's V rows, loaded before the scores so their latency overlaps them. */
-        float vf[AD_CHUNK][VPL];
+        const int64_t row = valid ? (int64_t)blocks[c / bc] * bc + c % bc : 0;
+        uint4 kraw[KP], vraw[VP]; /* both rows' pieces loaded before any is used */
+        const uint4 *kr = (const uint4 *)(kb + row * k_width), *vr = (const uint4 *)(vb + row * v_width);
 #pragma unroll
-        for (int j = 0; j < AD_CHUNK; j++) {
-            const int64_t rj = __shfl_sync(0xffffffffu, row, j * 4);
-            const __half *vr = (const __half *)(vb + rj * v_width);
+        for (int i = 0; i < KP; i++) kraw[i] = valid && quarter + 4 * i < k_pieces ? kr[quarter + 4 * i] : make_uint4(0, 0, 0, 0);
 #pragma unroll
-            for (int i = 0; i < VPL; i++) {
-                const int d = lane + 32 * i;
-                vf[j][i] = c0 + j < c_end && d < a.head_v ? __half2float(vr[d]) : 0.0f;
-            }
+        for (int i = 0; i < VP; i++) vraw[i] = valid && quarter + 4 * i < v_pieces ? vr[quarter + 4 * i] : make_uint4(0, 0, 0, 0);
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < KP; i++) {
+            float kf[8];
+            ad_halves(kraw[i], kf);
+            s += q[i][0] * kf[0] + q[i][1] * kf[1] + q[i][2] * kf[2] + q[i][3] * kf[3] + q[i][4] * kf[4] + q[i][5] * kf[5] +
+                 q[i][6] * kf[6] + q[i][7] * kf[7];
         }
-        /* Scores: this lane's pieces of its cell's K row against every head of the group. */
-        float s[GMAX];
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        s = valid ? s * a.scale : -INFINITY;
+        float cm = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, 4));
+        cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 8));
+        cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 16));
+        if (cm > m) { /* (warp-uniform; finite: cell c0 is valid) */
+            const float rescale = expf(m - cm);
+            l *= rescale;
 #pragma unroll
-        for (int g = 0; g < GMAX; g++) s[g] = 0.0f;
-        if (valid) {
-            const uint4 *kr = (const uint4 *)(kb + row * k_width);
-#pragma unroll 4
-            for (int piece = quarter; piece < pieces; piece += 4) {
-                const uint4 kv = kr[piece];
-                const __half2 *kh = (const __half2 *)&kv;
-                float kf[8];
+            for (int i = 0; i < VP; i++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const float2 f = __half22float2(kh[i]);
-                    kf[2 * i] = f.x, kf[2 * i + 1] = f.y;
-                }
-#pragma unroll
-                for (int g = 0; g < GMAX; g++)
-                    if (g < G) {
-                        const float4 *q4 = (const float4 *)(qs + g * a.head_k + piece * 8);
-                        const float4 qa = q4[0], qb = q4[1];
-                        s[g] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] + qb.y * kf[5] +
-                                qb.z * kf[6] + qb.w * kf[7];
-                    }
-            }
+                for (int j = 0; j < 8; j++) acc[i][j] *= rescale;
+            m = cm;
         }
-        /* Per head: the cell's score (its four lanes summed), the chunk's max and sum, the running
-         * max, sum and output rescaled, then the chunk's V rows weighted in. */
+        const float p = valid ? expf(s - m) : 0.0f;
+        l += p;
 #pragma unroll
-        for (int g = 0; g < GMAX; g++) {
-            if (g >= G) continue;
-            float sc = s[g];
-            sc += __shfl_xor_sync(0xffffffffu, sc, 1);
-            sc += __shfl_xor_sync(0xffffffffu, sc, 2);
-            sc = valid ? sc * a.scale : -INFINITY;
-            float cm = sc;
-            cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 4));
-            cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 8));
-            cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 16));
-            const float m_new = fmaxf(m[g], cm); /* finite: cell c0 is valid */
-            const float rescale = expf(m[g] - m_new), p = expf(sc - m_new);
-            float ps = p;
-            ps += __shfl_xor_sync(0xffffffffu, ps, 4);
-            ps += __shfl_xor_sync(0xffffffffu, ps, 8);
-            ps += __shfl_xor_sync(0xffffffffu, ps, 16);
-            l[g] = l[g] * rescale + ps;
-            m[g] = m_new;
+        for (int i = 0; i < VP; i++) {
+            float vf[8];
+            ad_halves(vraw[i], vf);
 #pragma unroll
-            for (int i = 0; i < VPL; i++) acc[g][i] *= rescale;
-#pragma unroll
-            for (int j = 0; j < AD_CHUNK; j++) {
-                const float pj = __shfl_sync(0xffffffffu, p, j * 4); /* 0 for cells past the slice */
-#pragma unroll
-                for (int i = 0; i < VPL; i++) acc[g][i] += pj * vf[j][i];
-            }
+            for (int j = 0; j < 8; j++) acc[i][j] += p * vf[j];
         }
     }
-    /* The warps' parts merged: 2 and 3 into 0 and 1, then 1 into 0, through shared memory (the
-     * queries' room: two warps' outputs and sums). */
-    __syncthreads();
-    float *mo = sm, *mml = sm + 2 * G * a.head_v; /* [2][G][head_v], [2][G][2] */
-    for (int round = 2; round >= 1; round /= 2) {
-        if (warp >= round && warp < 2 * round) {
-            const int slot = warp - round;
+    /* The eight cells' shares summed: every lane of a quarter ends with its pieces' sums. */
 #pragma unroll
-            for (int g = 0; g < GMAX; g++) {
-                if (g >= G) continue;
+    for (int o = 4; o < 32; o *= 2) {
+        l += __shfl_xor_sync(0xffffffffu, l, o);
 #pragma unroll
-                for (int i = 0; i < VPL; i++) {
-                    const int d = lane + 32 * i;
-                    if (d < a.head_v) mo[(slot * G + g) * a.head_v + d] = acc[g][i];
-                }
-                if (lane == 0) mml[(slot * G + g) * 2] = m[g], mml[(slot * G + g) * 2 + 1] = l[g];
-            }
+        for (int i = 0; i < VP; i++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[i][j] += __shfl_xor_sync(0xffffffffu, acc[i][j], o);
+    }
+    if (R > 1) { /* the head's replicas, merged by its first in replica order */
+        if (r > 0) {
+            if (cell_lane == 0)
+#pragma unroll
+                for (int i = 0; i < VP; i++)
+                    if (quarter + 4 * i < v_pieces)
+#pragma unroll
+                        for (int j = 0; j < 8; j++) merge_o[warp][(quarter + 4 * i) * 8 + j] = acc[i][j];
+            if (lane == 0) merge_ml[warp][0] = m, merge_ml[warp][1] = l;
         }
         __syncthreads();
-        if (warp < round) {
-            float om[GMAX], ol[GMAX];
+        if (r > 0) return;
+        for (int o = 1; o < R; o++) {
+            const int w = warp + o * HB;
+            const float mo = merge_ml[w][0], M = fmaxf(m, mo);
+            if (M == -INFINITY) continue; /* (both walked no cell) */
+            const float fa = m == -INFINITY ? 0.0f : expf(m - M), fb = mo == -INFINITY ? 0.0f : expf(mo - M);
+            l = l * fa + merge_ml[w][1] * fb;
+            m = M;
 #pragma unroll
-            for (int g = 0; g < GMAX; g++) {
-                om[g] = g < G ? mml[(warp * G + g) * 2] : -INFINITY;
-                ol[g] = g < G ? mml[(warp * G + g) * 2 + 1] : 0.0f;
+            for (int i = 0; i < VP; i++)
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    acc[i][j] = acc[i][j] * fa + (quarter + 4 * i < v_pieces && fb != 0.0f ? merge_o[w][(quarter + 4 * i) * 8 + j] * fb : 0.0f);
+        }
+    }
+    if (cell_lane == 0) {
+        float *o = a.part_o + slot * a.head_v;
+#pragma unroll
+        for (int i = 0; i < VP; i++)
+            if (quarter + 4 * i < v_pieces) {
+                float4 *o4 = (float4 *)(o + (quarter + 4 * i) * 8);
+                o4[0] = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+                o4[1] = make_float4(acc[i][4], acc[i][5], acc[i][6], acc[i][7]);
             }
-            ad_merge<VPL, GMAX>(G, m, l, acc, om, ol, mo + (int64_t)warp * G * a.head_v, a.head_v, lane);
-        }
-        __syncthreads();
     }
-    if (warp != 0) return;
-#pragma unroll
-    for (int g = 0; g < GMAX; g++) {
-        if (g >= G) continue;
-        const int64_t slot = base + (int64_t)g * a.n_splits;
-#pragma unroll
-        for (int i = 0; i < VPL; i++) {
-            const int d = lane + 32 * i;
-            if (d < a.head_v) a.part_o[slot * a.head_v + d] = acc[g][i];
-        }
-        if (lane == 0) {
-            a.part_ml[slot * 2] = m[g];
-            a.part_ml[slot * 2 + 1] = l[g];
-        }
-    }
+    if (lane == 0) a.part_ml[slot * 2] = m, a.part_ml[slot * 2 + 1] = l;
 }
 
-/* Merge the slices of one (token, head): out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M), in
- * slice order. Empty slices (max -inf: their outputs were never written) are skipped. With at most
- * AC_MAX_SPLITS slices, their factors e^(m_s - M) are computed once into shared memory and the
- * output's loop stops after the last slice with cells; more take them from expf each time. With q
- * (head_v a multiple of 32, at most AC_THREADS), the head's output is also quantized there, a warp
- * a block of 32, as cuda_quantize would (q_sum: Q8_1, else Q8_0). */
-enum { AC_THREADS = 128, AC_MAX_SPLITS = 512 };
+/* Merge the slices of one (token, head): out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M).
+ * Empty slices (max -inf: their outputs were never written) are skipped. With at most
+ * AC_MAX_SPLITS slices, their factors e^(m_s - M) are computed once into shared memory, the sum
+ * in slice order, and the output's loop stops after the last slice with cells; more take them
+ * from expf each time. The outputs are read as float4 (head_v a multiple of 4), warp w taking
+ * slices w, w + 4, ...: four loads in flight a lane instead of one slice after another, the
+ * warps' sums then added in warp order. With q (head_v a multiple of 32, at most AC_THREADS), the
+ * head's output is also quantized there, a warp a block of 32, as cuda_quantize would (q_sum:
+ * Q8_1, else Q8_0). */
+enum { AC_THREADS = 128, AC_WARPS = AC_THREADS / 32, AC_MAX_SPLITS = 512, AC_MAX_HEAD = 256 };
 __global__ void __launch_bounds__(AC_THREADS) attn_combine_kernel(const float *part_o, const float *part_ml, int n_splits,
                                                                   int head_v, float *out, uint8_t *q, bool q_sum) {
     __shared__ float factor[AC_MAX_SPLITS], weighted[AC_MAX_SPLITS]; /* e^(m_s - M), l_s e^(m_s - M) */
-    __shared__ float red[AC_THREADS / 32];
+    __shared__ __align__(16) float sums[AC_WARPS][AC_MAX_HEAD];
+    __shared__ float red[AC_WARPS];
     __shared__ int last;
     const int h = blockIdx.x, t = blockIdx.y, n_head = gridDim.x;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = AC_THREADS / 32;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int64_t slot0 = ((int64_t)t * n_head + h) * n_splits;
     float mx = -INFINITY;
     for (int s = threadIdx.x; s < n_splits; s += AC_THREADS) mx = fmaxf(mx, part_ml[(slot0 + s) * 2]);
@@ -237,7 +212,7 @@ __global__ void __launch_bounds__(AC_THREADS) attn_combine_kernel(const float *p
     if (threadIdx.x == 0) last = -1;
     __syncthreads();
     mx = red[0];
-    for (int w = 1; w < n_warps; w++) mx = fmaxf(mx, red[w]);
+    for (int w = 1; w < AC_WARPS; w++) mx = fmaxf(mx, red[w]);
     const bool cached = n_splits <= AC_MAX_SPLITS;
     float sum = 0.0f;
     if (cached) {
@@ -258,21 +233,32 @@ __global__ void __launch_bounds__(AC_THREADS) attn_combine_kernel(const float *p
         }
     }
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    float mine = 0.0f; /* (this thread's first output, for q) */
-    for (int d = threadIdx.x; d < head_v; d += AC_THREADS) {
-        float o = 0.0f;
-        if (cached) {
+    const int units = head_v / 4, n_slices = cached ? last + 1 : n_splits;
+    const float4 *o4 = (const float4 *)part_o;
+    for (int u = lane; u < units; u += 32) {
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 4
-            for (int s = 0; s <= last; s++) {
-                const float f = factor[s];
-                if (f != 0.0f) o += part_o[(slot0 + s) * head_v + d] * f;
-            }
-        } else {
-            for (int s = 0; s < n_splits; s++) {
+        for (int s = warp; s < n_slices; s += AC_WARPS) {
+            float f;
+            if (cached) {
+                f = factor[s];
+            } else {
                 const float ms = part_ml[(slot0 + s) * 2];
-                if (ms != -INFINITY) o += part_o[(slot0 + s) * head_v + d] * expf(ms - mx);
+                f = ms != -INFINITY ? expf(ms - mx) : 0.0f;
+            }
+            if (f != 0.0f) {
+                const float4 v = o4[(slot0 + s) * units + u];
+                o.x += v.x * f, o.y += v.y * f, o.z += v.z * f, o.w += v.w * f;
             }
         }
+        ((float4 *)sums[warp])[u] = o;
+    }
+    __syncthreads();
+    float mine = 0.0f; /* (this thread's first output, for q) */
+    for (int d = threadIdx.x; d < head_v; d += AC_THREADS) {
+        float o = sums[0][d];
+#pragma unroll
+        for (int w = 1; w < AC_WARPS; w++) o += sums[w][d];
         out[((int64_t)t * n_head + h) * head_v + d] = o * inv;
         if (d == threadIdx.x) mine = o * inv;
     }
@@ -285,6 +271,8 @@ __global__ void __launch_bounds__(AC_THREADS) attn_combine_kernel(const float *p
 
 static pshard_status merge(const float *part_o, const float *part_ml, int n_splits, int n_head, int head_v, int64_t n_tokens,
                            float *out, enum quant_type q_type, void *q_out, cuda_stream s) {
+    CUDA_ARG(head_v % 4 == 0 && head_v <= AC_MAX_HEAD, "attention merge: heads of %d (a multiple of 4, at most %d)", head_v,
+             (int)AC_MAX_HEAD);
     attn_combine_kernel<<<dim3((unsigned)n_head, (unsigned)n_tokens), AC_THREADS, 0, raw_stream(s)>>>(
         part_o, part_ml, n_splits, head_v, out, (uint8_t *)q_out, q_type == QUANT_Q8_1);
     CUDA_TRY_LAUNCH("attention combine");
@@ -310,11 +298,10 @@ extern "C" pshard_status cuda_attention_decode_quantized(const struct cuda_attn_
                                                          cuda_stream s) {
     CUDA_ARG(!q_out || cuda_attention_decode_quantizes(a, q_type), "attention: no quantized output to %s for heads of %d",
              quant_type_name(q_type), a->head_v);
-    CUDA_ARG(a->n_head_kv > 0 && a->n_head % a->n_head_kv == 0 && a->n_head / a->n_head_kv <= AD_MAX_GROUP,
-             "attention: %d query heads over %d KV heads (at most %d per KV head)", a->n_head, a->n_head_kv,
-             (int)AD_MAX_GROUP);
-    CUDA_ARG(a->head_k % 8 == 0 && a->head_k <= 512 && a->head_v <= 256,
-             "attention: head sizes %d/%d (head_k a multiple of 8, head_v <= 256)", a->head_k, a->head_v);
+    CUDA_ARG(a->n_head_kv > 0 && a->n_head % a->n_head_kv == 0, "attention: %d query heads over %d KV heads",
+             a->n_head, a->n_head_kv);
+    CUDA_ARG(a->head_k % 8 == 0 && a->head_v % 8 == 0 && a->head_k <= 256 && a->head_v <= 256,
+             "attention: head sizes %d/%d (multiples of 8, at most 256)", a->head_k, a->head_v);
     CUDA_ARG(work_bytes >= cuda_attention_decode_work_bytes(a, n_tokens, max_kv_len),
              "attention: work buffer too small");
     CUDA_ARG(n_tokens < 65536, "attention: %lld tokens in one call", (long long)n_tokens);
@@ -327,23 +314,20 @@ extern "C" pshard_status cuda_attention_decode_quantized(const struct cuda_attn_
     p.seq = seq, p.pos = pos;
     p.n_head = a->n_head, p.n_head_kv = a->n_head_kv, p.head_k = a->head_k, p.head_v = a->head_v;
     p.group = a->n_head / a->n_head_kv;
+    p.heads_per_block = ad_heads_per_block(p.group);
     p.scale = a->scale;
     int slice_cells; /* (the kernel cuts each token's own slices: see ad_slice_cells) */
     cuda_decode_split(a, n_tokens, max_kv_len, &p.n_splits, &slice_cells);
     float *part = (float *)work;
     p.part_o = part;
     p.part_ml = part + (size_t)n_tokens * a->n_head * p.n_splits * a->head_v;
-    const size_t q_floats = (size_t)p.group * a->head_k, merge_floats = (size_t)p.group * (2 * a->head_v + 4);
-    const size_t smem = sizeof(float) * (q_floats > merge_floats ? q_floats : merge_floats);
-    const dim3 grid((unsigned)p.n_splits, (unsigned)a->n_head_kv, (unsigned)n_tokens);
+    const int hb = p.heads_per_block, threads = 32 * hb * (AD_WARPS / hb);
+    const dim3 grid((unsigned)p.n_splits, (unsigned)(a->n_head_kv * (p.group / hb)), (unsigned)n_tokens);
     cudaStream_t st = raw_stream(s);
-    const bool small_group = p.group <= 8;
-    if (a->head_v <= 64)
-        small_group ? attn_decode_kernel<2, 8><<<grid, AD_THREADS, smem, st>>>(p) : attn_decode_kernel<2, 16><<<grid, AD_THREADS, smem, st>>>(p);
-    else if (a->head_v <= 128)
-        small_group ? attn_decode_kernel<4, 8><<<grid, AD_THREADS, smem, st>>>(p) : attn_decode_kernel<4, 16><<<grid, AD_THREADS, smem, st>>>(p);
-    else
-        small_group ? attn_decode_kernel<8, 8><<<grid, AD_THREADS, smem, st>>>(p) : attn_decode_kernel<8, 16><<<grid, AD_THREADS, smem, st>>>(p);
+    const int widest = a->head_k > a->head_v ? a->head_k : a->head_v;
+    if (widest <= 64) attn_decode_kernel<2, 2><<<grid, threads, 0, st>>>(p);
+    else if (widest <= 128) attn_decode_kernel<4, 4><<<grid, threads, 0, st>>>(p);
+    else attn_decode_kernel<8, 8><<<grid, threads, 0, st>>>(p);
     CUDA_TRY_LAUNCH("attention decode");
     return merge(p.part_o, p.part_ml, p.n_splits, a->n_head, a->head_v, n_tokens, out, q_type, q_out, s);
 }

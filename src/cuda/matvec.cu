@@ -28,6 +28,8 @@ pshard_status mv_run(enum quant_type type, int64_t n_cols, mv_args a, int nt, un
     const int n_chunks = (int)ceil_div(a.n_blocks, max_blocks);
     a.chunk_blocks = (int)(ceil_div(ceil_div(a.n_blocks, n_chunks), unit) * unit);
     const dim3 grid((unsigned)ceil_div(a.n_rows, MV_WARPS), grid_y);
+    if (type == QUANT_F32 && mv_f32_tiles(a, n_cols)) return mv_f32_tiled(a, n_cols, st);
+    if (type == QUANT_F32 && mv_f32_rows(a, n_cols)) return mv_f32_by_rows(a, n_cols, st);
     switch (type) {
     case QUANT_F32: case QUANT_F16: case QUANT_BF16: return mv_launch_float(type, nt, a, grid, st);
     case QUANT_Q2_K: case QUANT_Q3_K: case QUANT_Q4_K: case QUANT_Q5_K: case QUANT_Q6_K:

@@ -53,4 +53,12 @@ pshard_status mv_launch_legacy(enum quant_type type, int nt, const mv_args &a, d
 pshard_status mv_launch_kquants(enum quant_type type, int nt, const mv_args &a, dim3 grid, cudaStream_t st);
 pshard_status mv_launch_float(enum quant_type type, int nt, const mv_args &a, dim3 grid, cudaStream_t st);
 
+/* F32 weights (matvec_float.cu) for many tokens with the activations' tile in shared memory, and
+ * for 1..8 tokens a block a row: the same sums, bit for bit, as mv_launch_float's (each token's
+ * as a one-token call's); mv_f32_tiles and mv_f32_rows say whether they take a call. */
+bool mv_f32_tiles(const mv_args &a, int64_t n_cols);
+pshard_status mv_f32_tiled(const mv_args &a, int64_t n_cols, cudaStream_t st);
+bool mv_f32_rows(const mv_args &a, int64_t n_cols);
+pshard_status mv_f32_by_rows(const mv_args &a, int64_t n_cols, cudaStream_t st);
+
 #endif

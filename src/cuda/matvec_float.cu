@@ -81,3 +81,146 @@ pshard_status moe_gate_up_float(enum quant_type type, int nt, const moe_fused_ar
 pshard_status moe_down_float(enum quant_type type, const moe_fused_args &a, cudaStream_t st) {
     return with_float(type, [&](auto p) { return moe_down_launch<decltype(p)>(a, st); });
 }
+
+/* F32 weights for more than CUDA_MATVEC_MAX_TOKENS tokens (the MoE router of a prompt): a block
+ * keeps FT_TOKENS tokens' activations in shared memory and walks FT_ROWS rows against them, a
+ * half-warp a row, so each row is read once per tile of tokens instead of once per pass of 8 and
+ * the activations come from shared memory. Each half-warp's lane L sums exactly what lane L of the
+ * matrix-vector kernel sums for F32 (its rows are staged in chunks of `chunk` items of 32
+ * elements, at most 16, and lane L takes item L of each chunk), in the same order, and the half's
+ * sum is warp_sum's with the idle upper half's zeros: so each token's sums are the decode step's,
+ * bit for bit. An item of a token lies FT_PITCH floats from the next (four floats of padding), so
+ * the 16 lanes' loads of one 16-byte piece fall in different banks. */
+enum { FT_TOKENS = 8, FT_WARPS = 8, FT_ROWS_PER_HALF = 4, FT_ROWS = 2 * FT_WARPS * FT_ROWS_PER_HALF, FT_PITCH = 36,
+       FT_SMEM_MAX = 160 * 1024 /* qwen235b's router: 4,096 columns, 147 KB */ };
+
+__global__ void __launch_bounds__(32 * FT_WARPS)
+    mv_f32_tiled_kernel(const float *w, int64_t w_stride, int n_rows, int n_items, int chunk, const float *x, int n_tokens, float *y,
+                        int64_t y_stride) {
+    extern __shared__ float4 xs[]; /* [FT_TOKENS][n_items][FT_PITCH / 4] */
+    const int t0 = blockIdx.y * FT_TOKENS, nt = min(FT_TOKENS, n_tokens - t0);
+    const int pieces = n_items * 8; /* 16-byte pieces of a token's row */
+    for (int i = threadIdx.x; i < FT_TOKENS * pieces; i += 32 * FT_WARPS) {
+        const int t = i / pieces, p = i % pieces; /* tokens past the last repeat it, unstored */
+        xs[(t * n_items + p / 8) * (FT_PITCH / 4) + p % 8] = ((const float4 *)(x + (int64_t)(t0 + min(t, nt - 1)) * n_items * 32))[p];
+    }
+    __syncthreads();
+    const int half = threadIdx.x / 16, hl = threadIdx.x % 16;
+    const unsigned mask = 0xffffu << (threadIdx.x % 32 / 16 * 16);
+    for (int rr = 0; rr < FT_ROWS_PER_HALF; rr++) {
+        const int row = blockIdx.x * FT_ROWS + rr * 2 * FT_WARPS + half;
+        if (row >= n_rows) break; /* (the whole half) */
+        const uint4 *wr = (const uint4 *)(w + row * w_stride);
+        float acc[FT_TOKENS];
+#pragma unroll
+        for (int t = 0; t < FT_TOKENS; t++) acc[t] = 0.0f;
+        for (int b0 = 0; b0 < n_items; b0 += chunk) {
+            const int item = b0 + hl;
+            if (hl >= min(chunk, n_items - b0)) continue;
+            uint4 wv[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) wv[i] = __ldg(wr + item * 8 + i);
+#pragma unroll
+            for (int t = 0; t < FT_TOKENS; t++) {
+                const float4 *xv = xs + (t * n_items + item) * (FT_PITCH / 4);
+                float s = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const float4 a = xv[i];
+                    s += f32_dot::dot16(wv[i], make_uint4(__float_as_uint(a.x), __float_as_uint(a.y), __float_as_uint(a.z),
+                                                          __float_as_uint(a.w)));
+                }
+                acc[t] += s;
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < FT_TOKENS; t++) {
+            float v = acc[t] + 0.0f; /* (warp_sum's first step: the upper half's lanes hold 0) */
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(mask, v, o);
+            if (hl == 0 && t < nt) y[(int64_t)(t0 + t) * y_stride + row] = v;
+        }
+    }
+}
+
+/* F32 weights for 1..8 tokens (the MoE router of a decode step): a block a row, warp c its chunk
+ * c, so all of a row's loads are in flight at once where the matrix-vector kernel's warp walks its
+ * chunks one after another. Lane L of each warp sums item L of its chunk as the matrix-vector
+ * kernel's lane L does, and the first warp adds the chunks' sums in chunk order before warp_sum's
+ * steps: the same bits. */
+enum { FR_MAX_CHUNKS = 16 }; /* rows up to 8,192 columns */
+__global__ void __launch_bounds__(32 * FR_MAX_CHUNKS)
+    mv_f32_row_kernel(const float *w, int64_t w_stride, int n_items, int chunk, const float *x, int n_tokens, float *y, int64_t y_stride) {
+    __shared__ float part[FR_MAX_CHUNKS][CUDA_MATVEC_MAX_TOKENS][16];
+    const int c = threadIdx.x / 32, lane = threadIdx.x % 32, row = blockIdx.x, item = c * chunk + lane;
+    const int n_chunks = blockDim.x / 32;
+    if (lane < 16) {
+        float s[CUDA_MATVEC_MAX_TOKENS];
+        if (lane < min(chunk, n_items - c * chunk)) {
+            const uint4 *wr = (const uint4 *)(w + row * w_stride + (int64_t)item * 32);
+            uint4 wv[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) wv[i] = __ldg(wr + i);
+#pragma unroll
+            for (int t = 0; t < CUDA_MATVEC_MAX_TOKENS; t++) {
+                s[t] = 0.0f;
+                if (t < n_tokens) {
+                    const uint4 *xv = (const uint4 *)(x + ((int64_t)t * n_items + item) * 32);
+#pragma unroll
+                    for (int i = 0; i < 8; i++) s[t] += f32_dot::dot16(wv[i], xv[i]);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int t = 0; t < CUDA_MATVEC_MAX_TOKENS; t++) s[t] = 0.0f;
+        }
+        if (c > 0)
+#pragma unroll
+            for (int t = 0; t < CUDA_MATVEC_MAX_TOKENS; t++) part[c][t][lane] = s[t];
+        else
+#pragma unroll
+            for (int t = 0; t < CUDA_MATVEC_MAX_TOKENS; t++) part[0][t][lane] = 0.0f + s[t];
+    }
+    __syncthreads();
+    if (c > 0) return;
+    for (int t = 0; t < n_tokens; t++) {
+        float acc = lane < 16 ? part[0][t][lane] : 0.0f;
+        for (int k = 1; k < n_chunks; k++)
+            if (lane < min(chunk, n_items - k * chunk)) acc += part[k][t][lane];
+        const float v = warp_sum(acc);
+        if (lane == 0) y[(int64_t)t * y_stride + row] = v;
+    }
+}
+
+/* Whether the F32 kernel of a block a row takes a call: dense, not adding, 1..8 tokens. */
+bool mv_f32_rows(const mv_args &a, int64_t n_cols) {
+    return a.n_tokens <= CUDA_MATVEC_MAX_TOKENS && !a.pairs && !a.accumulate && a.n_parts <= 1 && a.aligned &&
+           (uintptr_t)a.act % 16 == 0 && a.act_row_bytes == (size_t)n_cols * 4 &&
+           ceil_div(n_cols / 32, a.chunk_blocks) <= FR_MAX_CHUNKS;
+}
+
+pshard_status mv_f32_by_rows(const mv_args &a, int64_t n_cols, cudaStream_t st) {
+    const int n_items = (int)(n_cols / 32), n_chunks = (int)ceil_div(n_items, a.chunk_blocks);
+    mv_f32_row_kernel<<<(unsigned)a.n_rows, 32 * n_chunks, 0, st>>>((const float *)a.w, (int64_t)a.row_bytes / 4, n_items, a.chunk_blocks,
+                                                                     (const float *)a.act, a.n_tokens, a.y, a.y_stride);
+    CUDA_TRY_LAUNCH("matvec f32 by rows");
+    return PSHARD_OK;
+}
+
+/* Whether the tiled F32 kernel takes a call: dense, not adding, its tile within shared memory. */
+bool mv_f32_tiles(const mv_args &a, int64_t n_cols) {
+    return a.n_tokens > CUDA_MATVEC_MAX_TOKENS && !a.pairs && !a.accumulate && a.n_parts <= 1 && a.aligned &&
+           (uintptr_t)a.act % 16 == 0 && a.act_row_bytes == (size_t)n_cols * 4 &&
+           sizeof(float) * FT_TOKENS * (size_t)(n_cols / 32) * FT_PITCH <= FT_SMEM_MAX;
+}
+
+pshard_status mv_f32_tiled(const mv_args &a, int64_t n_cols, cudaStream_t st) {
+    const int n_items = (int)(n_cols / 32);
+    const size_t smem = sizeof(float) * FT_TOKENS * (size_t)n_items * FT_PITCH;
+    CUDA_TRY(cudaFuncSetAttribute(mv_f32_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const dim3 grid((unsigned)ceil_div(a.n_rows, FT_ROWS), (unsigned)ceil_div(a.n_tokens, FT_TOKENS));
+    mv_f32_tiled_kernel<<<grid, 32 * FT_WARPS, smem, st>>>((const float *)a.w, (int64_t)a.row_bytes / 4, a.n_rows, n_items, a.chunk_blocks,
+                                                           (const float *)a.act, a.n_tokens, a.y, a.y_stride);
+    CUDA_TRY_LAUNCH("matvec f32 tiled");
+    return PSHARD_OK;
+}

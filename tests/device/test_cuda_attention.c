@@ -1,7 +1,7 @@
 /* GPU test: attention over an f16 KV cache in a pool of blocks, as src/exec/kv_cache.h lays it out
  * (each sequence's blocks interleaved with the others' and in no order, the cells no sequence
  * holds NaN), against cpu_attention_heads over the same cells in order. Decode: any batch (tokens
- * of different sequences and positions), GQA groups 1..16, head sizes 64..256, contexts from 1
+ * of different sequences and positions), GQA groups 1..16, head sizes 64..256 (80: pieces a lane owns unevenly), contexts from 1
  * cell to thousands (several KV splits). Prefill: a prompt of one sequence (causal inside the
  * batch, continuing an existing prefix). Errors are relative to max |v|; prefill rounds
  * probabilities to f16, so its tolerance is looser. */
@@ -217,6 +217,8 @@ int main(void) {
     decode_batch(&d, 16, 1, 128, 128, 777);    /* group of 16 */
     decode_batch(&d, 4, 4, 96, 96, 200);       /* no GQA, head 96 */
     decode_batch(&d, 8, 2, 256, 256, 500);     /* head 256: eight dims a lane */
+    decode_batch(&d, 12, 4, 80, 80, 300);      /* a group of 3, head 80: pieces not a multiple of the lanes' */
+    decode_batch(&d, 40, 4, 128, 128, 600);    /* a group of 10: two blocks a KV head */
     prefill(&d, 8, 2, 64, 100, 0);
     prefill(&d, 32, 8, 128, 300, 0);
     prefill(&d, 16, 4, 128, 77, 150);          /* continuing a prefix */

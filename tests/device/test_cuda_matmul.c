@@ -183,9 +183,10 @@ static void test_matvec(struct dt *d, enum quant_type type, int64_t n_rows, int6
     problem_free(&p);
 }
 
-/* More than 8 tokens through cuda_matvec (an F32 router's prompt): passes of 8 side by side in
- * one launch; every token's sums must equal, bit for bit, what a one-token call gives it (a
- * pass reading another pass's activations, or writing another's rows, differs). */
+/* More than 8 tokens through cuda_matvec (an F32 router's prompt: the tiled kernel; the other
+ * formats: passes of 8 side by side in one launch); every token's sums must equal, bit for bit,
+ * what a one-token call gives it (a pass reading another pass's activations, or writing another's
+ * rows, differs). */
 static void test_matvec_passes(struct dt *d, enum quant_type type, int64_t n_rows, int64_t n_cols, int64_t n_tokens) {
     const size_t mark = cuda_arena_mark(&d->arena);
     struct problem p;
@@ -370,11 +371,16 @@ int main(void) {
         test_matvec_passes(&d, QUANT_Q4_0, 67, 256, pass_tokens[n]);
         test_matvec_passes(&d, QUANT_Q4_K, 203, 2304, pass_tokens[n]);
     }
+    /* F32 through the tiled kernel: qwen235b's router (4,096 columns: eight chunks), and rows in
+     * chunks of 15 items (1,920 columns) whose count is no multiple of a block's 64. */
+    test_matvec_passes(&d, QUANT_F32, 128, 4096, 100);
+    test_matvec_passes(&d, QUANT_F32, 70, 1920, 37);
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
         test_matvec_each(&d, types[t], 512, 1);
         test_matvec_each(&d, types[t], 512, 5);
     }
     test_matvec_each(&d, QUANT_Q4_0, 2304, 11); /* passes of 8 side by side */
+    test_matvec_each(&d, QUANT_F32, 2304, 3);   /* F32 a block a row: five chunks of 15 items */
     const int64_t gemm_tokens[] = {9, 64, 130};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
         for (size_t n = 0; n < sizeof gemm_tokens / sizeof gemm_tokens[0]; n++) {
