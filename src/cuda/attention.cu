@@ -1,18 +1,19 @@
 /* Decode attention over the f16 KV cache, split over the KV length (flash-decoding): a block
- * takes one token, HB query heads that share one KV head (GQA: their K and V rows are read from
- * L1 after the first warp's load), and one slice of the token's cells. Each warp owns one query
+ * takes one token, HB query heads that share one KV head (GQA: their warps read the same K and V
+ * rows, mostly from L1 after the first), and one slice of the token's cells. Each warp owns one query
  * head and walks chunks of AD_CHUNK cells, four lanes a cell: a lane takes the 16-byte pieces
  * quarter, quarter + 4, ... of its cell's K row (a warp reads 64 contiguous bytes of each of 8
  * rows) and the same pieces of its V row, keeping its own cell's share of the output while the
  * running max stays the warp's (online softmax); the lanes of one piece sum their cells at the
- * end. A head's R = 8 / HB warps split the slice's chunks and merge in shared memory, and a second
+ * end. A head's R = AD_WARPS / HB warps split the slice's chunks and merge in shared memory, and a second
  * kernel merges the slices. So a warp's chain of dependent instructions is one head's, not a
  * group's: the step's latency, not its bytes, is what a decode step at a short context waits on.
  * The slices are cut from the token's own length (pos + 1) over the grid's n_splits,
  * AD_SLICE_CELLS at the least: a captured step sized for the whole context spreads a short one
  * over few slices, and the others return at once. Scores are q (rounded to f16, as the CPU does)
  * . k in f32, times the scale; probabilities use expf. Any batch: each token has its own sequence
- * and position, its cells found through the sequence's blocks. */
+ * and position, its cells found through the sequence's blocks. Heads of up to 256 dimensions, in
+ * multiples of 8. */
 #include "cuda/cuda_internal.cuh"
 #include "cuda/cuda_sizes.h"
 #include "cuda/quantize_act.cuh"
