@@ -91,8 +91,7 @@ pshard_status moe_down_float(enum quant_type type, const moe_fused_args &a, cuda
  * sum is warp_sum's with the idle upper half's zeros: so each token's sums are the decode step's,
  * bit for bit. An item of a token lies FT_PITCH floats from the next (four floats of padding), so
  * the 16 lanes' loads of one 16-byte piece fall in different banks. */
-enum { FT_TOKENS = 8, FT_WARPS = 8, FT_ROWS_PER_HALF = 4, FT_ROWS = 2 * FT_WARPS * FT_ROWS_PER_HALF, FT_PITCH = 36,
-       FT_SMEM_MAX = 160 * 1024 /* qwen235b's router: 4,096 columns, 147 KB */ };
+enum { FT_TOKENS = 8, FT_WARPS = 8, FT_ROWS_PER_HALF = 4, FT_ROWS = 2 * FT_WARPS * FT_ROWS_PER_HALF, FT_PITCH = 36 };
 
 __global__ void __launch_bounds__(32 * FT_WARPS)
     mv_f32_tiled_kernel(const float *w, int64_t w_stride, int n_rows, int n_items, int chunk, const float *x, int n_tokens, float *y,
@@ -207,11 +206,17 @@ pshard_status mv_f32_by_rows(const mv_args &a, int64_t n_cols, cudaStream_t st) 
     return PSHARD_OK;
 }
 
-/* Whether the tiled F32 kernel takes a call: dense, not adding, its tile within shared memory. */
+/* Whether the tiled F32 kernel takes a call: dense, not adding, its tile within the shared memory
+ * a block may have on this device (qwen30b's router: 72 KB; qwen235b's: 144 KB). */
 bool mv_f32_tiles(const mv_args &a, int64_t n_cols) {
-    return a.n_tokens > CUDA_MATVEC_MAX_TOKENS && !a.pairs && !a.accumulate && a.n_parts <= 1 && a.aligned &&
-           (uintptr_t)a.act % 16 == 0 && a.act_row_bytes == (size_t)n_cols * 4 &&
-           sizeof(float) * FT_TOKENS * (size_t)(n_cols / 32) * FT_PITCH <= FT_SMEM_MAX;
+    if (a.n_tokens <= CUDA_MATVEC_MAX_TOKENS || a.pairs || a.accumulate || a.n_parts > 1 || !a.aligned ||
+        (uintptr_t)a.act % 16 || a.act_row_bytes != (size_t)n_cols * 4)
+        return false;
+    int device = 0, limit = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+        return false;
+    return sizeof(float) * FT_TOKENS * (size_t)(n_cols / 32) * FT_PITCH <= (size_t)limit;
 }
 
 pshard_status mv_f32_tiled(const mv_args &a, int64_t n_cols, cudaStream_t st) {
