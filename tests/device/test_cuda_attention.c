@@ -1,10 +1,11 @@
 /* GPU test: attention over an f16 KV cache in a pool of blocks, as src/exec/kv_cache.h lays it out
  * (each sequence's blocks interleaved with the others' and in no order, the cells no sequence
  * holds NaN), against cpu_attention_heads over the same cells in order. Decode: any batch (tokens
- * of different sequences and positions), GQA groups 1..16, head sizes 64..256 (80: pieces a lane owns unevenly), contexts from 1
- * cell to thousands (several KV splits). Prefill: a prompt of one sequence (causal inside the
- * batch, continuing an existing prefix). Errors are relative to max |v|; prefill rounds
- * probabilities to f16, so its tolerance is looser. */
+ * of different sequences and positions), GQA groups 1..16 (3 and 10 among them), head sizes
+ * 64..256 (80: pieces a lane owns unevenly), contexts from 1 cell to thousands (several KV
+ * splits). Prefill: a prompt of one sequence (causal inside the batch, continuing an existing
+ * prefix). Errors are relative to max |v|; prefill rounds probabilities to f16, so its tolerance
+ * is looser. */
 #include "cpu/attention.h"
 #include "device_test.h"
 
