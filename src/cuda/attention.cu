@@ -103,9 +103,11 @@ template <int KP, int VP> __global__ void __launch_bounds__(32 * AD_WARPS) attn_
         uint4 kraw[KP], vraw[VP]; /* both rows' pieces loaded before any is used */
         const uint4 *kr = (const uint4 *)(kb + row * k_width), *vr = (const uint4 *)(vb + row * v_width);
 #pragma unroll
-        for (int i = 0; i < KP; i++) kraw[i] = valid && quarter + 4 * i < k_pieces ? kr[quarter + 4 * i] : make_uint4(0, 0, 0, 0);
+        for (int i = 0; i < KP; i++)
+            kraw[i] = valid && quarter + 4 * i < k_pieces ? kr[quarter + 4 * i] : make_uint4(0, 0, 0, 0);
 #pragma unroll
-        for (int i = 0; i < VP; i++) vraw[i] = valid && quarter + 4 * i < v_pieces ? vr[quarter + 4 * i] : make_uint4(0, 0, 0, 0);
+        for (int i = 0; i < VP; i++)
+            vraw[i] = valid && quarter + 4 * i < v_pieces ? vr[quarter + 4 * i] : make_uint4(0, 0, 0, 0);
         float s = 0.0f;
 #pragma unroll
         for (int i = 0; i < KP; i++) {
@@ -162,6 +164,7 @@ template <int KP, int VP> __global__ void __launch_bounds__(32 * AD_WARPS) attn_
         if (r > 0) return;
         for (int o = 1; o < R; o++) {
             const int w = warp + o * HB;
+            const float *ow = merge_o[w];
             const float mo = merge_ml[w][0], M = fmaxf(m, mo);
             if (M == -INFINITY) continue; /* (both walked no cell) */
             const float fa = m == -INFINITY ? 0.0f : expf(m - M), fb = mo == -INFINITY ? 0.0f : expf(mo - M);
@@ -171,7 +174,8 @@ template <int KP, int VP> __global__ void __launch_bounds__(32 * AD_WARPS) attn_
             for (int i = 0; i < VP; i++)
 #pragma unroll
                 for (int j = 0; j < 8; j++)
-                    acc[i][j] = acc[i][j] * fa + (quarter + 4 * i < v_pieces && fb != 0.0f ? merge_o[w][(quarter + 4 * i) * 8 + j] * fb : 0.0f);
+                    acc[i][j] = acc[i][j] * fa +
+                                (quarter + 4 * i < v_pieces && fb != 0.0f ? ow[(quarter + 4 * i) * 8 + j] * fb : 0.0f);
         }
     }
     if (cell_lane == 0) {

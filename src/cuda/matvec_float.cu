@@ -94,14 +94,15 @@ pshard_status moe_down_float(enum quant_type type, const moe_fused_args &a, cuda
 enum { FT_TOKENS = 8, FT_WARPS = 8, FT_ROWS_PER_HALF = 4, FT_ROWS = 2 * FT_WARPS * FT_ROWS_PER_HALF, FT_PITCH = 36 };
 
 __global__ void __launch_bounds__(32 * FT_WARPS)
-    mv_f32_tiled_kernel(const float *w, int64_t w_stride, int n_rows, int n_items, int chunk, const float *x, int n_tokens, float *y,
-                        int64_t y_stride) {
+    mv_f32_tiled_kernel(const float *w, int64_t w_stride, int n_rows, int n_items, int chunk, const float *x, int n_tokens,
+                        float *y, int64_t y_stride) {
     extern __shared__ float4 xs[]; /* [FT_TOKENS][n_items][FT_PITCH / 4] */
     const int t0 = blockIdx.y * FT_TOKENS, nt = min(FT_TOKENS, n_tokens - t0);
     const int pieces = n_items * 8; /* 16-byte pieces of a token's row */
     for (int i = threadIdx.x; i < FT_TOKENS * pieces; i += 32 * FT_WARPS) {
         const int t = i / pieces, p = i % pieces; /* tokens past the last repeat it, unstored */
-        xs[(t * n_items + p / 8) * (FT_PITCH / 4) + p % 8] = ((const float4 *)(x + (int64_t)(t0 + min(t, nt - 1)) * n_items * 32))[p];
+        const float4 *xt = (const float4 *)(x + (int64_t)(t0 + min(t, nt - 1)) * n_items * 32);
+        xs[(t * n_items + p / 8) * (FT_PITCH / 4) + p % 8] = xt[p];
     }
     __syncthreads();
     const int half = threadIdx.x / 16, hl = threadIdx.x % 16;
@@ -149,7 +150,8 @@ __global__ void __launch_bounds__(32 * FT_WARPS)
  * steps: the same bits. */
 enum { FR_MAX_CHUNKS = 16 }; /* rows up to 8,192 columns */
 __global__ void __launch_bounds__(32 * FR_MAX_CHUNKS)
-    mv_f32_row_kernel(const float *w, int64_t w_stride, int n_items, int chunk, const float *x, int n_tokens, float *y, int64_t y_stride) {
+    mv_f32_row_kernel(const float *w, int64_t w_stride, int n_items, int chunk, const float *x, int n_tokens, float *y,
+                      int64_t y_stride) {
     __shared__ float part[FR_MAX_CHUNKS][CUDA_MATVEC_MAX_TOKENS][16];
     const int c = threadIdx.x / 32, lane = threadIdx.x % 32, row = blockIdx.x, item = c * chunk + lane;
     const int n_chunks = blockDim.x / 32;
@@ -200,8 +202,9 @@ bool mv_f32_rows(const mv_args &a, int64_t n_cols) {
 
 pshard_status mv_f32_by_rows(const mv_args &a, int64_t n_cols, cudaStream_t st) {
     const int n_items = (int)(n_cols / 32), n_chunks = (int)ceil_div(n_items, a.chunk_blocks);
-    mv_f32_row_kernel<<<(unsigned)a.n_rows, 32 * n_chunks, 0, st>>>((const float *)a.w, (int64_t)a.row_bytes / 4, n_items, a.chunk_blocks,
-                                                                     (const float *)a.act, a.n_tokens, a.y, a.y_stride);
+    mv_f32_row_kernel<<<(unsigned)a.n_rows, 32 * n_chunks, 0, st>>>((const float *)a.w, (int64_t)a.row_bytes / 4, n_items,
+                                                                     a.chunk_blocks, (const float *)a.act, a.n_tokens, a.y,
+                                                                     a.y_stride);
     CUDA_TRY_LAUNCH("matvec f32 by rows");
     return PSHARD_OK;
 }
@@ -224,8 +227,9 @@ pshard_status mv_f32_tiled(const mv_args &a, int64_t n_cols, cudaStream_t st) {
     const size_t smem = sizeof(float) * FT_TOKENS * (size_t)n_items * FT_PITCH;
     CUDA_TRY(cudaFuncSetAttribute(mv_f32_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const dim3 grid((unsigned)ceil_div(a.n_rows, FT_ROWS), (unsigned)ceil_div(a.n_tokens, FT_TOKENS));
-    mv_f32_tiled_kernel<<<grid, 32 * FT_WARPS, smem, st>>>((const float *)a.w, (int64_t)a.row_bytes / 4, a.n_rows, n_items, a.chunk_blocks,
-                                                           (const float *)a.act, a.n_tokens, a.y, a.y_stride);
+    mv_f32_tiled_kernel<<<grid, 32 * FT_WARPS, smem, st>>>((const float *)a.w, (int64_t)a.row_bytes / 4, a.n_rows, n_items,
+                                                           a.chunk_blocks, (const float *)a.act, a.n_tokens, a.y,
+                                                           a.y_stride);
     CUDA_TRY_LAUNCH("matvec f32 tiled");
     return PSHARD_OK;
 }
