@@ -193,10 +193,16 @@ __global__ void __launch_bounds__(32 * FR_MAX_CHUNKS)
     }
 }
 
-/* Whether the F32 kernel of a block a row takes a call: dense, not adding, 1..8 tokens. */
+/* What both F32 kernels here take: one dense matrix, not added into, rows and activations read as
+ * 16-byte vectors. */
+static bool mv_f32_plain(const mv_args &a, int64_t n_cols) {
+    return !a.pairs && !a.accumulate && a.n_parts <= 1 && a.aligned && (uintptr_t)a.act % 16 == 0 &&
+           a.act_row_bytes == (size_t)n_cols * 4;
+}
+
+/* Whether the F32 kernel of a block a row takes a call: 1..8 tokens, at most FR_MAX_CHUNKS chunks. */
 bool mv_f32_rows(const mv_args &a, int64_t n_cols) {
-    return a.n_tokens <= CUDA_MATVEC_MAX_TOKENS && !a.pairs && !a.accumulate && a.n_parts <= 1 && a.aligned &&
-           (uintptr_t)a.act % 16 == 0 && a.act_row_bytes == (size_t)n_cols * 4 &&
+    return a.n_tokens <= CUDA_MATVEC_MAX_TOKENS && mv_f32_plain(a, n_cols) &&
            ceil_div(n_cols / 32, a.chunk_blocks) <= FR_MAX_CHUNKS;
 }
 
@@ -209,12 +215,10 @@ pshard_status mv_f32_by_rows(const mv_args &a, int64_t n_cols, cudaStream_t st) 
     return PSHARD_OK;
 }
 
-/* Whether the tiled F32 kernel takes a call: dense, not adding, its tile within the shared memory
+/* Whether the tiled F32 kernel takes a call: more than 8 tokens, its tile within the shared memory
  * a block may have on this device (qwen30b's router: 72 KB; qwen235b's: 144 KB). */
 bool mv_f32_tiles(const mv_args &a, int64_t n_cols) {
-    if (a.n_tokens <= CUDA_MATVEC_MAX_TOKENS || a.pairs || a.accumulate || a.n_parts > 1 || !a.aligned ||
-        (uintptr_t)a.act % 16 || a.act_row_bytes != (size_t)n_cols * 4)
-        return false;
+    if (a.n_tokens <= CUDA_MATVEC_MAX_TOKENS || !mv_f32_plain(a, n_cols)) return false;
     int device = 0, limit = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)

@@ -7,6 +7,15 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.environ.get("PSHARD_BUILD_DIR", os.path.join(ROOT, "build"))
+BENCH = os.path.join(ROOT, "bench")
+
+
+def load_bench(name):
+    """bench/NAME.py as a module (the bench tools are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCH, name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def default_model_path():

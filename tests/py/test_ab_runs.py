@@ -2,18 +2,14 @@
 with the same `pshard run` arguments, `pshard run`'s report read into the table with each build's
 medians and the md5 of what it generated, and clear errors for what cannot run."""
 import hashlib
-import importlib.util
 import os
 import subprocess
 import sys
 
-import pytest
+from conftest import BENCH, load_bench
 
-HERE = os.path.dirname(__file__)
-TOOL = os.path.join(HERE, "..", "..", "bench", "ab_runs.py")
-spec = importlib.util.spec_from_file_location("ab_runs", TOOL)
-ab = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ab)
+TOOL = os.path.join(BENCH, "ab_runs.py")
+ab = load_bench("ab_runs")
 
 REPORT = ("finish: length (-n 128 reached)\n"
           "prompt: 903 tokens (0 reused) in {pm} ms = 9478.2 tok/s; TTFT {ttft} ms; 0 B of weights over PCIe\n"

@@ -1,15 +1,11 @@
 """bench/budget_rates.py's arithmetic (the serving and the budget changes need a GPU): the changes
 as given, each segment's rate from its settled start to the next change, and a run started at a
 budget counted over the same tokens."""
-import importlib.util
-import os
-
 import pytest
 
-spec = importlib.util.spec_from_file_location(
-    "budget_rates", os.path.join(os.path.dirname(__file__), "..", "..", "bench", "budget_rates.py"))
-rates = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(rates)
+from conftest import load_bench
+
+rates = load_bench("budget_rates")
 
 
 def test_changes_parse_in_order():

@@ -1,18 +1,16 @@
 """bench/kernel_profile.py's reading of Nsight Compute's CSV (the profiling itself needs a GPU):
 launches grouped by kernel and grid with their medians, the units ncu scales its values to, the
 profiled program's own lines among the rows, and a clear error where there is nothing to read."""
-import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
 
-HERE = os.path.dirname(__file__)
-TOOL = os.path.join(HERE, "..", "..", "bench", "kernel_profile.py")
-spec = importlib.util.spec_from_file_location("kernel_profile", TOOL)
-kp = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(kp)
+from conftest import BENCH, load_bench
+
+TOOL = os.path.join(BENCH, "kernel_profile.py")
+kp = load_bench("kernel_profile")
 
 HEAD = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
         '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"')

@@ -3,7 +3,6 @@ reproduces a run's choice from `pshard plan` and the run's profile, counts a cho
 measured best, and with --latest counts a configuration measured in several runs once, at the run
 given last. The oracle runs here are made up from the plan's own predictions, so what the replay
 must say is known."""
-import importlib.util
 import json
 import os
 import re
@@ -13,7 +12,7 @@ import tempfile
 
 import pytest
 
-from conftest import BUILD
+from conftest import BUILD, load_bench
 
 HERE = os.path.dirname(__file__)
 REPLAY = os.path.join(HERE, "..", "..", "bench", "oracle_replay.py")
@@ -33,10 +32,7 @@ def replay_scratch(monkeypatch, tmp_path_factory):
 
 
 def load_replay():
-    spec = importlib.util.spec_from_file_location("oracle_replay", REPLAY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("oracle_replay")
 
 
 def oracle_row(table, n, slow_choice):

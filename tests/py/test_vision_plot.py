@@ -2,20 +2,11 @@
 (logs of both programs made up here) and compares pshard with each llama-mtmd-cli case at the same
 budget and image size. The plot itself needs matplotlib, which the benchmark machine has and the
 tests do not install: only the table and the comparison are checked here."""
-import importlib.util
 import os
 import subprocess
 import sys
 
-HERE = os.path.dirname(__file__)
-BENCH = os.path.join(HERE, "..", "..", "bench")
-
-
-def load(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCH, name + ".py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from conftest import BENCH, load_bench
 
 
 PSHARD_LOG = """prompt: {prompt} tokens (0 reused) in {ttft} ms = 800.0 tok/s; TTFT {ttft} ms; 1 GB of weights over PCIe
@@ -52,7 +43,7 @@ def test_table_rows_and_the_comparison(tmp_path):
     lines.append("(llama 8G, vision on GPU failed: out of memory)\n")
     table = tmp_path / "vision.txt"
     table.write_text("".join(lines))
-    plot = load("vision_plot")
+    plot = load_bench("vision_plot")
     rows = plot.read_table(str(table))
     assert [(r["program"], r["budget"], r["image"]) for r in rows] == [
         ("pshard", "2G", "2560x1440"), ("llama, vision on CPU", "2G", "2560x1440"), ("pshard", "2G", "1280x720"),
