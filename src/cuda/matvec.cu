@@ -27,6 +27,9 @@ pshard_status mv_run(enum quant_type type, int64_t n_cols, mv_args a, int nt, un
     const int max_blocks = MV_CHUNK / bytes / unit * unit;
     const int n_chunks = (int)ceil_div(a.n_blocks, max_blocks);
     a.chunk_blocks = (int)(ceil_div(ceil_div(a.n_blocks, n_chunks), unit) * unit);
+    /* Straight from VRAM where a lane's items are those the staged path gives it; host memory read
+     * in place keeps the staged path's whole 16-byte runs a warp. */
+    a.direct = a.in_vram && a.aligned && a.chunk_blocks % 32 == 0;
     const dim3 grid((unsigned)ceil_div(a.n_rows, MV_WARPS), grid_y);
     if (type == QUANT_F32 && mv_f32_tiles(a, n_cols)) return mv_f32_tiled(a, n_cols, st);
     if (type == QUANT_F32 && mv_f32_rows(a, n_cols)) return mv_f32_by_rows(a, n_cols, st);
@@ -55,6 +58,8 @@ extern "C" pshard_status cuda_matvec_each(const struct cuda_matrix *const *m, in
         a.part_y_stride[p] = m[p]->n_rows;
     }
     CUDA_ARG(rows < (1 << 30), "matvec: %lld rows", (long long)rows);
+    a.in_vram = true;
+    for (int p = 0; p < count; p++) a.in_vram = a.in_vram && !m[p]->in_place;
     a.n_parts = count;
     a.w = a.part_w[0];
     a.row_bytes = m[0]->row_bytes;
@@ -81,6 +86,7 @@ extern "C" pshard_status cuda_matvec(const struct cuda_matrix *m, const void *ac
     a.w = (const uint8_t *)m->data;
     a.row_bytes = m->row_bytes;
     a.n_rows = (int)m->n_rows;
+    a.in_vram = !m->in_place;
     a.act = (const uint8_t *)acts;
     a.act_row_bytes = cuda_act_row_bytes(cuda_act_type(m->type), m->n_cols);
     a.y = y;

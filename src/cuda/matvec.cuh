@@ -10,6 +10,7 @@ enum {
     MV_THREADS = 32 * MV_WARPS,
     MV_CHUNK = 2048,            /* bytes of a row staged per warp at a time */
     MV_UNITS = MV_CHUNK / 512,  /* 16-byte loads per lane per chunk */
+    MV_DIRECT = 2,              /* items a lane has in flight where it reads them directly (mv_row_direct) */
     MV_MAX_PARTS = CUDA_MATVEC_MAX_PARTS,
 };
 
@@ -19,6 +20,8 @@ struct mv_args {
     int n_rows;
     int n_blocks;            /* blocks per row (float types: units of 32 elements) */
     int chunk_blocks;        /* blocks staged per chunk */
+    bool in_vram;            /* the weights are in device memory (not host memory read in place) */
+    bool direct;             /* lanes read their items from global memory (mv_row_direct; set by mv_run) */
     bool aligned;            /* rows start on 16 bytes: stage with 16-byte loads */
     const uint8_t *act;      /* quantized activations, act_row_bytes per row */
     size_t act_row_bytes;

@@ -12,9 +12,10 @@
  * More tokens run as passes of NT side by side, blockIdx.y picking the pass (each token's sums
  * are the same whichever pass holds it). The same kernel runs expert groups for MoE: blockIdx.y
  * picks an active expert, whose pairs (token, slot) are its tokens. Rows whose weights are not
- * 16-byte aligned stage through 2-byte loads instead (correct, slower). A dense launch may take
- * several matrices of one format and width at once (mv_args.n_parts: q, k and v), and may add
- * into its output (mv_args.accumulate). */
+ * 16-byte aligned stage through 2-byte loads instead (correct, slower). One token of F16 or
+ * BF16 in VRAM skips the stage: each lane loads its own 64-byte items, two at a time
+ * (mv_row_direct). A dense launch may take several matrices of one format and width at once
+ * (mv_args.n_parts: q, k and v), and may add into its output (mv_args.accumulate). */
 #ifndef CUDA_MATVEC_KERNEL_CUH
 #define CUDA_MATVEC_KERNEL_CUH
 
@@ -38,10 +39,40 @@ __device__ __forceinline__ void mv_store(uint8_t *stage, int bytes, int lane, co
     }
 }
 
+/* acc[0] += row w . activations arow[0] for one token of a format whose items are whole 16-byte
+ * vectors (F16, BF16) in VRAM, where the row is 16-byte aligned and its chunks a multiple of 32
+ * items (a.direct): lane L reads its items L, L + 32, ... straight from global memory, MV_DIRECT
+ * of them at once, and dots them in that order -- the items and the order the staged path gives
+ * lane L, so the same sums. */
+template <class T, int NT>
+__device__ __forceinline__ void mv_row_direct(const uint8_t *w, const mv_args &a, int lane, const uint8_t *const *arow,
+                                              float *acc) {
+    constexpr int V = T::BYTES / 16, D = MV_DIRECT;
+    const int nb = a.n_blocks;
+    for (int b0 = lane; b0 < nb; b0 += 32 * D) {
+        uint4 wv[D][V];
+#pragma unroll
+        for (int d = 0; d < D; d++)
+            if (b0 + 32 * d < nb)
+#pragma unroll
+                for (int i = 0; i < V; i++) wv[d][i] = __ldg((const uint4 *)(w + (size_t)(b0 + 32 * d) * T::BYTES) + i);
+#pragma unroll
+        for (int d = 0; d < D; d++)
+            if (b0 + 32 * d < nb)
+                T::template dot<NT>((const uint8_t *)wv[d], 0, arow, (int64_t)(b0 + 32 * d) * T::ACT_BYTES, acc);
+    }
+}
+
 /* acc[t] += row w . activations arow[t], for one warp. */
 template <class T, int NT>
 __device__ __forceinline__ void mv_row(const uint8_t *w, const mv_args &a, uint8_t *stage, int lane,
                                        const uint8_t *const *arow, float *acc) {
+    if constexpr (NT == 1 && T::BYTES == 64 && T::IPB == 1) { /* F16, BF16 (more tokens: too many registers) */
+        if (a.direct) {
+            mv_row_direct<T, NT>(w, a, lane, arow, acc);
+            return;
+        }
+    }
     const int nb = a.n_blocks, cb = a.chunk_blocks;
     uint4 pre[MV_UNITS];
     if (a.aligned) mv_fetch(w, min(cb, nb) * T::BYTES, lane, pre);
