@@ -20,7 +20,7 @@ struct mv_args {
     int n_rows;
     int n_blocks;            /* blocks per row (float types: units of 32 elements) */
     int chunk_blocks;        /* blocks staged per chunk */
-    bool in_vram;            /* the weights are in device memory (not host memory read in place) */
+    bool in_vram;            /* the weights are in device memory, not read in place (expert groups: unset) */
     bool direct;             /* lanes read their items from global memory (mv_row_direct; set by mv_run) */
     bool aligned;            /* rows start on 16 bytes: stage with 16-byte loads */
     const uint8_t *act;      /* quantized activations, act_row_bytes per row */
