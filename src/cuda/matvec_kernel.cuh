@@ -44,7 +44,7 @@ __device__ __forceinline__ void mv_store(uint8_t *stage, int bytes, int lane, co
  * items (a.direct): lane L reads its items L, L + 32, ... straight from global memory, MV_DIRECT
  * of them at once, and dots them in that order -- the items and the order the staged path gives
  * lane L, so the same sums. */
-template <class T, int NT>
+template <class T>
 __device__ __forceinline__ void mv_row_direct(const uint8_t *w, const mv_args &a, int lane, const uint8_t *const *arow,
                                               float *acc) {
     constexpr int V = T::BYTES / 16, D = MV_DIRECT;
@@ -59,7 +59,7 @@ __device__ __forceinline__ void mv_row_direct(const uint8_t *w, const mv_args &a
 #pragma unroll
         for (int d = 0; d < D; d++)
             if (b0 + 32 * d < nb)
-                T::template dot<NT>((const uint8_t *)wv[d], 0, arow, (int64_t)(b0 + 32 * d) * T::ACT_BYTES, acc);
+                T::template dot<1>((const uint8_t *)wv[d], 0, arow, (int64_t)(b0 + 32 * d) * T::ACT_BYTES, acc);
     }
 }
 
@@ -69,7 +69,7 @@ __device__ __forceinline__ void mv_row(const uint8_t *w, const mv_args &a, uint8
                                        const uint8_t *const *arow, float *acc) {
     if constexpr (NT == 1 && T::BYTES == 64 && T::IPB == 1) { /* F16, BF16 (more tokens: too many registers) */
         if (a.direct) {
-            mv_row_direct<T, NT>(w, a, lane, arow, acc);
+            mv_row_direct<T>(w, a, lane, arow, acc);
             return;
         }
     }
