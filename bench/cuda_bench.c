@@ -12,7 +12,7 @@
  * Run:   build-dev/cuda_bench   (tests/device/run.sh runs it after the tests);
  *        build-dev/cuda_bench attention   the attention tables alone
  *        build-dev/cuda_bench matvec      the copy ceiling and the matrix-vector table alone
- *        build-dev/cuda_bench moe         the MoE layer alone
+ *        build-dev/cuda_bench moe [N...]  the MoE layer alone (at N tokens only, e.g. under a profiler)
  *        build-dev/cuda_bench in-place    the in-place tables alone */
 #include <sys/mman.h>
 #include <time.h>
@@ -457,7 +457,7 @@ static double moe_layer_us(struct cuda_moe m, bool fused, size_t gate_layer, siz
 /* The qwen30b-shaped MoE layer by token count, on the fused kernels (up to 8 tokens), its expert
  * groups on the matrix-vector kernel and on the tiled GEMM, with the experts in VRAM and read in
  * place from pinned host memory. */
-static void bench_moe(void) {
+static void bench_moe(const char *const *only, int n_only) {
     printf("\n### MoE layer, qwen30b shape (128 experts, top 8, 2048 x 768, Q4_0): routing + FFN, us "
            "(GB/s of the experts touched)\n\n| tokens | experts touched | VRAM, fused | VRAM, matrix-vector | VRAM, tiled | "
            "host in place, fused | host in place, matrix-vector | host in place, tiled |\n|---|---|---|---|---|---|---|---|\n");
@@ -493,8 +493,13 @@ static void bench_moe(void) {
     float *out = dt_alloc(&D, sizeof(float) * (size_t)(max_tokens * d));
     const double expert_bytes = 2.0 * ff * gb + (double)d * db;
     const int64_t tokens[] = {1, 4, 8, 16, 32, 64, 128, 256, 1024};
-    for (size_t i = 0; i < sizeof tokens / sizeof tokens[0]; i++) {
-        const int64_t nt = tokens[i];
+    const int n_rows = n_only ? n_only : (int)(sizeof tokens / sizeof tokens[0]);
+    for (int i = 0; i < n_rows; i++) {
+        const int64_t nt = n_only ? atoll(only[i]) : tokens[i];
+        if (nt < 1 || nt > max_tokens) {
+            fprintf(stderr, "cuda_bench moe: %s tokens (1..%lld)\n", only[i], (long long)max_tokens);
+            continue;
+        }
         const double touched = n_expert * (1 - pow(1 - (double)k / n_expert, (double)nt));
         printf("| %lld | %.0f |", (long long)nt, touched);
         for (int h = 0; h < 2; h++) {
@@ -533,7 +538,7 @@ int main(int argc, char **argv) {
         bench_attention();
         bench_attention_crossover();
     } else if (argc > 1 && !strcmp(argv[1], "moe")) {
-        bench_moe();
+        bench_moe((const char *const *)argv + 2, argc - 2);
     } else if (argc > 1 && !strcmp(argv[1], "matvec")) { /* the ceiling and the matrix-vector table */
         bench_copy();
         bench_matvec();
@@ -548,7 +553,7 @@ int main(int argc, char **argv) {
         bench_attention_crossover();
         bench_in_place();
         bench_in_place_shapes();
-        bench_moe();
+        bench_moe(NULL, 0);
     }
     uint64_t free_b, total_b;
     DT_CHECK(cuda_device_memory(&free_b, &total_b));

@@ -417,8 +417,9 @@ struct cuda_moe {
 
 /* Steps of up to this many tokens on the matrix-vector kernel run the fused kernels (gate/up with
  * SwiGLU in one launch, down with the weighted sum in another) where the formats allow: gate and
- * up of one type, rows a multiple of 4 bytes. */
-enum { CUDA_MOE_FUSED_MAX_TOKENS = CUDA_MATVEC_MAX_TOKENS };
+ * up of one type, rows a multiple of 4 bytes. Above, the fused down (each token's experts read
+ * apart) falls behind the expert groups (bench/cuda_kernels.md: 5 tokens of qwen30b's layer). */
+enum { CUDA_MOE_FUSED_MAX_TOKENS = 4 };
 
 /* Most tokens a step of an MoE layer (top k of n_expert) whose expert groups run on the
  * matrix-vector kernel, in passes of up to CUDA_MATVEC_MAX_TOKENS pairs an expert: while its

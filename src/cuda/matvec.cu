@@ -30,6 +30,11 @@ pshard_status mv_run(enum quant_type type, int64_t n_cols, mv_args a, int nt, un
     /* Straight from VRAM where a lane's items are those the staged path gives it; host memory read
      * in place keeps the staged path's whole 16-byte runs a warp. */
     a.direct = a.in_vram && a.aligned && a.chunk_blocks % 32 == 0;
+    /* Expert groups in VRAM stage each pass's activations in shared memory where they fit (read
+     * in place, a warp a row keeps more reads in flight). */
+    const size_t stage_stride = (size_t)ceil_div((int64_t)a.act_row_bytes, 16) * 16;
+    a.act_stage_stride =
+        a.pairs && a.in_vram && MV_GROUP_PASS * stage_stride <= MV_GROUP_ACT_BYTES ? stage_stride : 0;
     const dim3 grid((unsigned)ceil_div(a.n_rows, MV_WARPS), grid_y);
     if (type == QUANT_F32 && mv_f32_tiles(a, n_cols)) return mv_f32_tiled(a, n_cols, st);
     if (type == QUANT_F32 && mv_f32_rows(a, n_cols)) return mv_f32_by_rows(a, n_cols, st);

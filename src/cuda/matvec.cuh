@@ -11,6 +11,9 @@ enum {
     MV_CHUNK = 2048,            /* bytes of a row staged per warp at a time */
     MV_UNITS = MV_CHUNK / 512,  /* 16-byte loads per lane per chunk */
     MV_DIRECT = 2,              /* items a lane has in flight where it reads them directly (mv_row_direct) */
+    MV_GROUP_ROWS = 32,         /* rows of an expert a block of mv_group_kernel takes */
+    MV_GROUP_PASS = 4,          /* most pairs a pass of mv_group_kernel takes */
+    MV_GROUP_ACT_BYTES = 40960, /* most bytes of a pass's activations mv_group_kernel stages */
     MV_MAX_PARTS = CUDA_MATVEC_MAX_PARTS,
 };
 
@@ -20,7 +23,7 @@ struct mv_args {
     int n_rows;
     int n_blocks;            /* blocks per row (float types: units of 32 elements) */
     int chunk_blocks;        /* blocks staged per chunk */
-    bool in_vram;            /* the weights are in device memory, not read in place (expert groups: unset) */
+    bool in_vram;            /* the weights are in device memory, not read in place (tables of experts: unset) */
     bool direct;             /* lanes read their items from global memory (mv_row_direct; set by mv_run) */
     bool aligned;            /* rows start on 16 bytes: stage with 16-byte loads */
     const uint8_t *act;      /* quantized activations, act_row_bytes per row */
@@ -36,6 +39,8 @@ struct mv_args {
     const void *const *expert_ptrs; /* optional per-expert matrices */
     size_t expert_stride;        /* bytes between experts of the 3-D tensor */
     int act_div;                 /* activation row of pair p is p / act_div */
+    size_t act_stage_stride;     /* set by mv_run: a pass's activations fit mv_group_kernel's
+                                    stage, rows this many bytes apart (0: mv_kernel runs the groups) */
     /* Dense: y += the product instead of y = (the residual stream takes a projection directly). */
     bool accumulate;
     /* Dense: up to MV_MAX_PARTS matrices of one type and width side by side (q, k and v; gate and
@@ -51,6 +56,11 @@ struct mv_args {
 /* Fill the geometry of `a` for a matrix of `type` (n_blocks, chunk_blocks, aligned) and launch
  * with grid (rows / MV_WARPS, grid_y) for nt tokens per pass. */
 pshard_status mv_run(enum quant_type type, int64_t n_cols, mv_args a, int nt, unsigned grid_y, cudaStream_t st);
+
+/* mv_group_kernel's dynamic shared memory: the weight stages, then a pass's activations. */
+static inline size_t mv_group_smem(const mv_args &a) {
+    return (size_t)MV_WARPS * MV_CHUNK + (size_t)MV_GROUP_PASS * a.act_stage_stride;
+}
 
 pshard_status mv_launch_legacy(enum quant_type type, int nt, const mv_args &a, dim3 grid, cudaStream_t st);
 pshard_status mv_launch_kquants(enum quant_type type, int nt, const mv_args &a, dim3 grid, cudaStream_t st);

@@ -10,8 +10,10 @@
  * and dot<NT>(), which unpacks the item once and accumulates it into NT token sums.
  *
  * More tokens run as passes of NT side by side, blockIdx.y picking the pass (each token's sums
- * are the same whichever pass holds it). The same kernel runs expert groups for MoE: blockIdx.y
- * picks an active expert, whose pairs (token, slot) are its tokens. Rows whose weights are not
+ * are the same whichever pass holds it). Expert groups for MoE run likewise, blockIdx.y picking
+ * an active expert whose pairs (token, slot) are its tokens, each pass sized to the pairs left;
+ * from VRAM on mv_group_kernel, which stages a pass's activations in shared memory for a block's
+ * 32 rows (below). Rows whose weights are not
  * 16-byte aligned stage through 2-byte loads instead (correct, slower). One token of F16 or
  * BF16 in VRAM skips the stage: each lane loads its own 64-byte items, two at a time
  * (mv_row_direct). A dense launch may take several matrices of one format and width at once
@@ -95,6 +97,52 @@ __device__ __forceinline__ void mv_row(const uint8_t *w, const mv_args &a, uint8
     }
 }
 
+/* One pass over a row: arow[t] . w for NT token rows (a short pass repeats its last row: no
+ * branches in the dots), the first n_valid sums stored at y row orow[t]. */
+template <class T, int NT>
+__device__ __forceinline__ void mv_pass(const uint8_t *w, const mv_args &a, uint8_t *stage, int lane,
+                                        const uint8_t *const *arow, const int64_t *orow, int n_valid, float *y,
+                                        int64_t y_stride, int row) {
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    mv_row<T, NT>(w, a, stage, lane, arow, acc);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float v = warp_sum(acc[t]);
+        if (lane == 0 && t < n_valid) {
+            float *out = y + orow[t] * y_stride + row;
+            *out = a.accumulate ? *out + v : v;
+        }
+    }
+}
+
+/* A pass of the fewest tokens, 1, 2, 4 or 8 (at most MAXP), that holds n <= MAXP (expert groups
+ * are mostly small: a step of 16 tokens over 128 experts gives 1.6 pairs an expert), so no dots
+ * of repeated rows. Each token's sums are the same in any pass. */
+template <class T, int MAXP>
+__device__ __forceinline__ void mv_pass_sized(const uint8_t *w, const mv_args &a, uint8_t *stage, int lane,
+                                              const uint8_t *const *arow, const int64_t *orow, int n, int row) {
+    if (n <= 1) mv_pass<T, 1>(w, a, stage, lane, arow, orow, n, a.y, a.y_stride, row);
+    else if (n <= 2) mv_pass<T, 2>(w, a, stage, lane, arow, orow, n, a.y, a.y_stride, row);
+    else if (MAXP <= 4 || n <= 4) mv_pass<T, 4>(w, a, stage, lane, arow, orow, n, a.y, a.y_stride, row);
+    else mv_pass<T, 8>(w, a, stage, lane, arow, orow, n, a.y, a.y_stride, row);
+}
+
+/* Expert group pairs [g, g + n) (n <= NP): their activation rows (STAGED: in act_base,
+ * act_stride bytes apart; else where a.act has pair p's row) and output rows, the last repeated
+ * up to NP. */
+template <bool STAGED, int NP>
+__device__ __forceinline__ void mv_group_rows(const mv_args &a, int g, int n, const uint8_t *act_base,
+                                              size_t act_stride, const uint8_t **arow, int64_t *orow) {
+#pragma unroll
+    for (int t = 0; t < NP; t++) {
+        const int i = min(t, n - 1), p = a.pairs[g + i];
+        arow[t] = STAGED ? act_base + (size_t)i * act_stride : a.act + (int64_t)(p / a.act_div) * a.act_row_bytes;
+        orow[t] = p;
+    }
+}
+
 template <class T, int NT> __global__ void __launch_bounds__(MV_THREADS) mv_kernel(const mv_args a) {
     __shared__ __align__(16) uint8_t stage_all[MV_WARPS][MV_CHUNK];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -109,49 +157,82 @@ template <class T, int NT> __global__ void __launch_bounds__(MV_THREADS) mv_kern
         if (p) row -= a.part_end[p - 1];
         w = a.part_w[p], y = a.part_y[p], y_stride = a.part_y_stride[p];
     }
-    /* Dense: pass blockIdx.y, tokens [NT * y, NT * y + NT) of n_tokens. */
-    int g_begin = (int)blockIdx.y * NT, g_end = min(g_begin + NT, a.n_tokens);
-    if (a.pairs) {
-        if ((int)blockIdx.y >= *a.n_active) return;
-        const int e = a.active[blockIdx.y];
-        w = a.expert_ptrs ? (const uint8_t *)a.expert_ptrs[e] : a.w + (size_t)e * a.expert_stride;
-        g_begin = a.expert_start[e];
-        g_end = a.expert_start[e + 1];
+    if (a.pairs) { /* expert groups whose activations do not fit mv_group_kernel's stage */
+        if constexpr (NT == CUDA_MATVEC_MAX_TOKENS) { /* (mv_launch runs groups at this NT) */
+            if ((int)blockIdx.y >= *a.n_active) return;
+            const int e = a.active[blockIdx.y];
+            w = a.expert_ptrs ? (const uint8_t *)a.expert_ptrs[e] : a.w + (size_t)e * a.expert_stride;
+            const int g_end = a.expert_start[e + 1];
+            for (int g = a.expert_start[e]; g < g_end; g += CUDA_MATVEC_MAX_TOKENS) {
+                const uint8_t *arow[CUDA_MATVEC_MAX_TOKENS];
+                int64_t orow[CUDA_MATVEC_MAX_TOKENS];
+                const int n = min(CUDA_MATVEC_MAX_TOKENS, g_end - g);
+                mv_group_rows<false, CUDA_MATVEC_MAX_TOKENS>(a, g, n, NULL, 0, arow, orow);
+                mv_pass_sized<T, CUDA_MATVEC_MAX_TOKENS>(w + (size_t)row * a.row_bytes, a, stage_all[warp], lane, arow,
+                                                         orow, n, row);
+            }
+        }
+        return;
     }
-    w += (size_t)row * a.row_bytes;
-    for (int g = g_begin; g < g_end; g += NT) {
-        /* Token rows of this pass; a short last pass repeats its last row (no branches in the
-         * dots) and does not store the repeats. */
-        const uint8_t *arow[NT];
-        int64_t orow[NT];
+    /* Dense: pass blockIdx.y, tokens [NT * y, NT * y + NT) of n_tokens. */
+    const uint8_t *arow[NT];
+    int64_t orow[NT];
+    const int g = (int)blockIdx.y * NT, n = min(NT, a.n_tokens - g);
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (a.pairs) {
-                const int p = a.pairs[min(g + t, g_end - 1)];
-                arow[t] = a.act + (int64_t)(p / a.act_div) * a.act_row_bytes;
-                orow[t] = p;
-            } else {
-                arow[t] = a.act + (int64_t)min(g + t, g_end - 1) * a.act_row_bytes;
-                orow[t] = g + t;
-            }
+    for (int t = 0; t < NT; t++) {
+        arow[t] = a.act + (int64_t)(g + min(t, n - 1)) * a.act_row_bytes;
+        orow[t] = g + t;
+    }
+    mv_pass<T, NT>(w + (size_t)row * a.row_bytes, a, stage_all[warp], lane, arow, orow, n, y, y_stride, row);
+}
+
+/* Expert groups in VRAM whose activations fit a stage (a.act_stage_stride): block (x, y) takes
+ * rows [MV_GROUP_ROWS x, + MV_GROUP_ROWS) of active expert y, warp w rows w, w + MV_WARPS, ...,
+ * for each pass of up to MV_GROUP_PASS of its pairs. A pass's activation rows are copied once
+ * into shared memory for all those rows: lanes read an item's activations at a 36-byte stride
+ * (Q8_1), from global memory a cache line every few lanes, each load a replay of several, but from
+ * shared memory without conflicts. Passes of at most 4 take 64 registers a thread where 8 take
+ * 96 (Q4_0), so more warps stay resident; groups of more pairs read their rows again, mostly
+ * from L1/L2. Dynamic shared memory: MV_WARPS weight stages, then the activations. */
+template <class T> __global__ void __launch_bounds__(MV_THREADS) mv_group_kernel(const mv_args a) {
+    extern __shared__ __align__(16) uint8_t mv_smem[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if ((int)blockIdx.y >= *a.n_active) return; /* the whole block */
+    const int e = a.active[blockIdx.y];
+    const uint8_t *w = a.expert_ptrs ? (const uint8_t *)a.expert_ptrs[e] : a.w + (size_t)e * a.expert_stride;
+    uint8_t *stage = mv_smem + warp * MV_CHUNK, *acts = mv_smem + MV_WARPS * MV_CHUNK;
+    const size_t stride = a.act_stage_stride;
+    const int row_end = min((int)(blockIdx.x + 1) * MV_GROUP_ROWS, a.n_rows), g_end = a.expert_start[e + 1];
+    for (int g = a.expert_start[e]; g < g_end; g += MV_GROUP_PASS) {
+        const int n = min((int)MV_GROUP_PASS, g_end - g);
+        __syncthreads(); /* the previous pass is done with the stage */
+        const int words = (int)(a.act_row_bytes / 4);
+        for (int t = 0; t < n; t++) {
+            const uint32_t *src = (const uint32_t *)(a.act + (int64_t)(a.pairs[g + t] / a.act_div) * a.act_row_bytes);
+            uint32_t *dst = (uint32_t *)(acts + (size_t)t * stride);
+            if (a.act_row_bytes % 16 == 0 && (uintptr_t)src % 16 == 0)
+                for (int i = threadIdx.x; i < words / 4; i += MV_THREADS) ((uint4 *)dst)[i] = __ldg((const uint4 *)src + i);
+            else
+                for (int i = threadIdx.x; i < words; i += MV_THREADS) dst[i] = __ldg(src + i);
         }
-        float acc[NT];
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-        mv_row<T, NT>(w, a, stage_all[warp], lane, arow, acc);
-        const int n_valid = min(NT, g_end - g);
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            const float v = warp_sum(acc[t]);
-            if (lane == 0 && t < n_valid) {
-                float *out = y + orow[t] * y_stride + row;
-                *out = a.accumulate ? *out + v : v;
-            }
-        }
+        __syncthreads();
+        const uint8_t *arow[MV_GROUP_PASS];
+        int64_t orow[MV_GROUP_PASS];
+        mv_group_rows<true, MV_GROUP_PASS>(a, g, n, acts, stride, arow, orow);
+        for (int row = (int)blockIdx.x * MV_GROUP_ROWS + warp; row < row_end; row += MV_WARPS)
+            mv_pass_sized<T, MV_GROUP_PASS>(w + (size_t)row * a.row_bytes, a, stage, lane, arow, orow, n, row);
     }
 }
 
 template <class T> pshard_status mv_launch(int nt, const mv_args &a, dim3 grid, cudaStream_t st) {
+    if (a.pairs) { /* expert groups: passes sized to each group (mv_pass_sized) */
+        if (a.act_stage_stride)
+            mv_group_kernel<T><<<dim3((unsigned)ceil_div(a.n_rows, MV_GROUP_ROWS), grid.y), MV_THREADS, mv_group_smem(a), st>>>(a);
+        else
+            mv_kernel<T, CUDA_MATVEC_MAX_TOKENS><<<grid, MV_THREADS, 0, st>>>(a);
+        CUDA_TRY_LAUNCH("matvec groups");
+        return PSHARD_OK;
+    }
     switch (nt) {
     case 1: mv_kernel<T, 1><<<grid, MV_THREADS, 0, st>>>(a); break;
     case 2: mv_kernel<T, 2><<<grid, MV_THREADS, 0, st>>>(a); break;

@@ -1,4 +1,4 @@
-/* The fused expert FFN of small MoE steps (up to CUDA_MATVEC_MAX_TOKENS tokens): three launches
+/* The fused expert FFN of small MoE steps (up to CUDA_MOE_FUSED_MAX_TOKENS tokens): three launches
  * where the grouped path takes eight (grouping, quantization, gate, up, SwiGLU, quantization,
  * down, weighted sum).
  *
@@ -14,7 +14,7 @@
  * Both stream several rows as one sequence of chunks (mv_stream), so a warp keeps a chunk's
  * worth of loads in flight even where each row is a few hundred bytes (qwen30b's down rows:
  * 432 bytes). Each expert's gate and up are read once per pass of up to NT pairs; down is read
- * once per token that chose the expert (at 8 tokens of 128 experts, top 8: 64 reads of ~58
+ * once per token that chose the expert (at 4 tokens of 128 experts, top 8: 32 reads of ~29
  * experts). The formats' dots are the matrix-vector kernel's (matvec_kernel.cuh). */
 #ifndef CUDA_MOE_FUSED_CUH
 #define CUDA_MOE_FUSED_CUH
@@ -26,7 +26,7 @@ enum {
     FUSED_WARPS = 8,
     FUSED_THREADS = 32 * FUSED_WARPS,
     FUSED_MAX_K = 16,
-    FUSED_MAX_PAIRS = CUDA_MATVEC_MAX_TOKENS * FUSED_MAX_K,
+    FUSED_MAX_PAIRS = CUDA_MOE_FUSED_MAX_TOKENS * FUSED_MAX_K,
 };
 
 struct moe_fused_args {
@@ -211,7 +211,7 @@ template <class T> __global__ void __launch_bounds__(FUSED_THREADS) moe_down_ker
     }
 }
 
-/* gate/up for nt tokens (1..CUDA_MATVEC_MAX_TOKENS) a pass; down and the weighted sum. */
+/* gate/up for nt tokens (1..CUDA_MOE_FUSED_MAX_TOKENS) a pass; down and the weighted sum. */
 template <class T> pshard_status moe_gate_up_launch(int nt, const moe_fused_args &a, cudaStream_t st) {
     const dim3 grid((unsigned)ceil_div(a.n_ff, FUSED_WARPS), (unsigned)a.n_pairs);
     switch (nt) {
@@ -219,11 +219,7 @@ template <class T> pshard_status moe_gate_up_launch(int nt, const moe_fused_args
     case 2: moe_gate_up_kernel<T, 2><<<grid, FUSED_THREADS, 0, st>>>(a); break;
     case 3: moe_gate_up_kernel<T, 3><<<grid, FUSED_THREADS, 0, st>>>(a); break;
     case 4: moe_gate_up_kernel<T, 4><<<grid, FUSED_THREADS, 0, st>>>(a); break;
-    case 5: moe_gate_up_kernel<T, 5><<<grid, FUSED_THREADS, 0, st>>>(a); break;
-    case 6: moe_gate_up_kernel<T, 6><<<grid, FUSED_THREADS, 0, st>>>(a); break;
-    case 7: moe_gate_up_kernel<T, 7><<<grid, FUSED_THREADS, 0, st>>>(a); break;
-    case 8: moe_gate_up_kernel<T, 8><<<grid, FUSED_THREADS, 0, st>>>(a); break;
-    default: return core_fail(PSHARD_ERR_INVALID_ARG, "fused MoE: %d tokens (1..8)", nt);
+    default: return core_fail(PSHARD_ERR_INVALID_ARG, "fused MoE: %d tokens (1..%d)", nt, (int)CUDA_MOE_FUSED_MAX_TOKENS);
     }
     CUDA_TRY_LAUNCH("moe gate/up");
     return PSHARD_OK;
