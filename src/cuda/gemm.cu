@@ -13,6 +13,7 @@
  * 128 rows arrive as raw bytes, copied by the whole block in contiguous runs (cp.async, two
  * stages), and the weight tiles are dequantized from shared memory. Same tiles, same order, same
  * bits. */
+#include "cuda/async_copy.cuh"
 #include "cuda/dequant.cuh"
 #include "cuda/gemm.cuh"
 
@@ -101,34 +102,6 @@ __device__ __forceinline__ void copy16(__half *dst, const __half *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(from), "r"(src ? 16 : 0));
 #else
     *(uint4 *)dst = *(const uint4 *)from;
-#endif
-}
-
-/* One asynchronous copy of `unit` bytes (16, 8 or 4) from global to shared memory. */
-__device__ __forceinline__ void copy_unit(uint8_t *dst, const uint8_t *src, int unit) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    if (unit == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
-    else if (unit == 8) asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src));
-    else asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src));
-#else
-    if (unit == 16) *(uint4 *)dst = *(const uint4 *)src;
-    else if (unit == 8) *(uint2 *)dst = *(const uint2 *)src;
-    else *(uint32_t *)dst = *(const uint32_t *)src;
-#endif
-}
-
-__device__ __forceinline__ void copy_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-
-/* Waits for every copy but, where one_pending, the last group committed. */
-__device__ __forceinline__ void copy_wait(bool one_pending = false) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    if (one_pending) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-    else asm volatile("cp.async.wait_all;\n" ::: "memory");
 #endif
 }
 

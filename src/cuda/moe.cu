@@ -350,6 +350,14 @@ static int stream_chunk_blocks(enum quant_type type, int total) {
     return (int)(ceil_div(ceil_div(total, n_chunks), unit) * unit);
 }
 
+/* The stages a warp streaming `total` blocks of `type` in chunks of cb takes by asynchronous
+ * copies (up to FUSED_STAGES), and their size: a chunk's bytes rounded up to 16. */
+static void stream_stages(enum quant_type type, int total, int cb, int *stage_bytes, int *stages) {
+    const int64_t n_chunks = ceil_div(total, cb);
+    *stage_bytes = (int)(ceil_div((int64_t)cb * cuda_block_bytes(type), 16) * 16);
+    *stages = n_chunks < FUSED_STAGES ? (int)n_chunks : FUSED_STAGES;
+}
+
 /* The widest load (16, 8 or 4 bytes) that every row of mat starts on and is a multiple of (0:
  * none). Expert tables (staging slots) put rows on 16 bytes when their size is a multiple. */
 static int load_unit(const struct cuda_matrix *mat, const void *const *ptrs) {
@@ -404,6 +412,10 @@ static pshard_status moe_ffn_fused(const struct cuda_moe *m, const uint8_t *x_ac
     const int gu = load_unit(&m->gate, m->gate_ptrs), up = load_unit(&m->up, m->up_ptrs);
     a.gu_unit = gu < up ? gu : up;
     a.down_unit = load_unit(&m->down, m->down_ptrs);
+    /* Asynchronous copies only where every expert is in VRAM: from host memory they are slower. */
+    a.async = !m->gate_ptrs && !m->up_ptrs && !m->down_ptrs && !m->gate.in_place && !m->up.in_place && !m->down.in_place;
+    stream_stages(m->gate.type, 2 * a.gu_blocks, a.gu_chunk_blocks, &a.gu_stage_bytes, &a.gu_stages);
+    stream_stages(m->down.type, m->k * a.down_blocks, a.down_chunk_blocks, &a.down_stage_bytes, &a.down_stages);
     a.n_embd = (int)n_embd, a.n_ff = (int)n_ff, a.k = m->k, a.n_pairs = (int)(n_tokens * m->k);
     a.ids = ids, a.weights = weights, a.mask = m->expert_mask;
     a.x_act = x_act, a.x_act_row_bytes = cuda_act_row_bytes(act, n_embd);

@@ -12,13 +12,17 @@
  *            h_act[t][j]) in slot order, as weighted_sum_kernel (and the CPU) does, into out[t][row].
  *
  * Both stream several rows as one sequence of chunks (mv_stream), so a warp keeps a chunk's
- * worth of loads in flight even where each row is a few hundred bytes (qwen30b's down rows:
- * 432 bytes). Each expert's gate and up are read once per pass of up to NT pairs; down is read
- * once per token that chose the expert (at 4 tokens of 128 experts, top 8: 32 reads of ~29
- * experts). The formats' dots are the matrix-vector kernel's (matvec_kernel.cuh). */
+ * worth of loads in flight even where each row is a few hundred bytes (qwen30b's down rows: 432
+ * bytes). Experts all in VRAM (no tables, nothing read in place) stream by asynchronous copies
+ * instead (mv_stream_async): two chunks in flight and no registers holding them; host memory read
+ * in place that way was 2.3x slower (bench/cuda_kernels.md). Each expert's gate and up are read
+ * once per pass of up to NT pairs; down is read once per token that chose the expert (at 4 tokens
+ * of 128 experts, top 8: 32 reads of ~29 experts). The formats' dots are the matrix-vector
+ * kernel's (matvec_kernel.cuh). */
 #ifndef CUDA_MOE_FUSED_CUH
 #define CUDA_MOE_FUSED_CUH
 
+#include "cuda/async_copy.cuh"
 #include "cuda/matvec_kernel.cuh"
 #include "cuda/quantize_act.cuh"
 
@@ -26,6 +30,7 @@ enum {
     FUSED_WARPS = 8,
     FUSED_THREADS = 32 * FUSED_WARPS,
     FUSED_MAX_K = 16,
+    FUSED_STAGES = 2, /* a warp's chunks in shared memory at most, streaming asynchronously */
     FUSED_MAX_PAIRS = CUDA_MOE_FUSED_MAX_TOKENS * FUSED_MAX_K,
 };
 
@@ -37,6 +42,9 @@ struct moe_fused_args {
     size_t gu_row_bytes, down_row_bytes;
     int gu_blocks, gu_chunk_blocks, gu_unit; /* blocks per gate/up row; per chunk; bytes per load */
     int down_blocks, down_chunk_blocks, down_unit;
+    bool async;                    /* experts all in VRAM: mv_stream_async */
+    int gu_stage_bytes, gu_stages; /* its stages a warp: a chunk's bytes rounded up to 16, how many */
+    int down_stage_bytes, down_stages;
     int n_embd, n_ff, k, n_pairs;
     const int32_t *ids;
     const float *weights;
@@ -120,9 +128,67 @@ __device__ __forceinline__ void mv_stream(const uint8_t *const *rows, int n, int
     }
 }
 
-template <class T, int NT>
+/* Copies of the flattened bytes [at, at + bytes) of rows row_bytes long (rows[j] their addresses)
+ * into dst, lane i taking units i, i + 32, ... of U bytes (16, 8 or 4: a unit never straddles two
+ * rows). */
+template <int U>
+__device__ __forceinline__ void stream_copy(const uint8_t *const *rows, int row_bytes, int at, int bytes, int lane,
+                                            uint8_t *dst) {
+    for (int i = lane; i * U < bytes; i += 32) {
+        const int o = at + U * i, j = o / row_bytes;
+        copy_unit(dst + U * i, rows[j] + (o - j * row_bytes), U);
+    }
+}
+
+/* mv_stream by asynchronous copies into up to FUSED_STAGES stages `stride` bytes apart: the
+ * copies of the next chunk are in flight while one is computed (with two chunks, both at once).
+ * The same chunks and items as mv_stream, so the same sums. */
+template <class T, class F>
+__device__ __forceinline__ void mv_stream_async(const uint8_t *const *rows, int n, int nb, int cb, int unit,
+                                                uint8_t *stage, int stride, int lane, F item) {
+    const int total = n * nb, row_bytes = nb * T::BYTES, n_chunks = (total + cb - 1) / cb;
+    auto fetch = [&](int c) {
+        const int at = c * cb * T::BYTES, bytes = min(cb, total - c * cb) * T::BYTES;
+        uint8_t *dst = stage + (c % FUSED_STAGES) * stride;
+        if (unit == 16) stream_copy<16>(rows, row_bytes, at, bytes, lane, dst);
+        else if (unit == 8) stream_copy<8>(rows, row_bytes, at, bytes, lane, dst);
+        else stream_copy<4>(rows, row_bytes, at, bytes, lane, dst);
+    };
+#pragma unroll
+    for (int c = 0; c < FUSED_STAGES - 1; c++) {
+        if (c < n_chunks) fetch(c);
+        copy_commit();
+    }
+    for (int c = 0; c < n_chunks; c++) {
+        if (c + FUSED_STAGES - 1 < n_chunks) fetch(c + FUSED_STAGES - 1); /* into the stage computed last */
+        copy_commit();
+        copy_wait_n<FUSED_STAGES - 1>(); /* this lane's copies of chunk c have landed */
+        __syncwarp();                    /* and every lane's */
+        const int b0 = c * cb, items = min(cb, total - b0) * T::IPB;
+        const uint8_t *chunk = stage + (c % FUSED_STAGES) * stride;
+        for (int it = lane; it < items; it += 32) {
+            const int blk = it / T::IPB, part = it % T::IPB;
+            const int flat = b0 + blk, j = flat / nb;
+            item(j, flat - j * nb, part, chunk + blk * T::BYTES);
+        }
+        __syncwarp(); /* every lane is done with the stage before it is refilled */
+    }
+}
+
+/* A warp's stream of rows through its part of the launch's dynamic shared memory: asynchronous
+ * copies (stages of stage_bytes) where ASYNC, else mv_stream (one MV_CHUNK). */
+template <class T, bool ASYNC, class F>
+__device__ __forceinline__ void fused_stream(const uint8_t *const *rows, int n, int nb, int cb, int unit, uint8_t *smem,
+                                             int warp, int stages, int stage_bytes, int lane, F item) {
+    if constexpr (ASYNC)
+        mv_stream_async<T>(rows, n, nb, cb, unit, smem + (size_t)warp * stages * stage_bytes, stage_bytes, lane, item);
+    else
+        mv_stream<T>(rows, n, nb, cb, unit, smem + (size_t)warp * MV_CHUNK, lane, item);
+}
+
+template <class T, int NT, bool ASYNC>
 __global__ void __launch_bounds__(FUSED_THREADS) moe_gate_up_kernel(const moe_fused_args a) {
-    __shared__ __align__(16) uint8_t stage[FUSED_WARPS][MV_CHUNK];
+    extern __shared__ __align__(16) uint8_t fused_smem[]; /* the warps' stages (fused_stream) */
     __shared__ const uint8_t *rows[FUSED_WARPS][2];
     __shared__ int group[FUSED_MAX_PAIRS];
     __shared__ int n_group;
@@ -158,8 +224,8 @@ __global__ void __launch_bounds__(FUSED_THREADS) moe_gate_up_kernel(const moe_fu
         float acc_g[NT], acc_u[NT];
 #pragma unroll
         for (int t = 0; t < NT; t++) acc_g[t] = acc_u[t] = 0.0f;
-        mv_stream<T>(rows[warp], 2, a.gu_blocks, a.gu_chunk_blocks, a.gu_unit, stage[warp], lane,
-                     [&](int j, int blk, int part, const uint8_t *w) {
+        fused_stream<T, ASYNC>(rows[warp], 2, a.gu_blocks, a.gu_chunk_blocks, a.gu_unit, fused_smem, warp, a.gu_stages,
+                               a.gu_stage_bytes, lane, [&](int j, int blk, int part, const uint8_t *w) {
                          if (j == 0) T::template dot<NT>(w, part, arow, (int64_t)blk * T::ACT_BYTES, acc_g);
                          else T::template dot<NT>(w, part, arow, (int64_t)blk * T::ACT_BYTES, acc_u);
                      });
@@ -172,8 +238,8 @@ __global__ void __launch_bounds__(FUSED_THREADS) moe_gate_up_kernel(const moe_fu
     }
 }
 
-template <class T> __global__ void __launch_bounds__(FUSED_THREADS) moe_down_kernel(const moe_fused_args a) {
-    __shared__ __align__(16) uint8_t stage[FUSED_WARPS][MV_CHUNK];
+template <class T, bool ASYNC> __global__ void __launch_bounds__(FUSED_THREADS) moe_down_kernel(const moe_fused_args a) {
+    extern __shared__ __align__(16) uint8_t fused_smem[]; /* the warps' stages (fused_stream) */
     __shared__ const uint8_t *rows[FUSED_WARPS][FUSED_MAX_K], *acts[FUSED_WARPS][FUSED_MAX_K];
     __shared__ int slots[FUSED_WARPS][FUSED_MAX_K];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = blockIdx.y;
@@ -195,8 +261,8 @@ template <class T> __global__ void __launch_bounds__(FUSED_THREADS) moe_down_ker
     float acc[FUSED_MAX_K]; /* a lane's share of each expert's dot */
 #pragma unroll
     for (int u = 0; u < FUSED_MAX_K; u++) acc[u] = 0.0f;
-    mv_stream<T>(rows[warp], n_used, a.down_blocks, a.down_chunk_blocks, a.down_unit, stage[warp], lane,
-                 [&](int u, int blk, int part, const uint8_t *w) {
+    fused_stream<T, ASYNC>(rows[warp], n_used, a.down_blocks, a.down_chunk_blocks, a.down_unit, fused_smem, warp,
+                           a.down_stages, a.down_stage_bytes, lane, [&](int u, int blk, int part, const uint8_t *w) {
                      const uint8_t *arow[1] = {acts[warp][u]};
                      T::template dot<1>(w, part, arow, (int64_t)blk * T::ACT_BYTES, &acc[u]);
                  });
@@ -212,22 +278,30 @@ template <class T> __global__ void __launch_bounds__(FUSED_THREADS) moe_down_ker
 }
 
 /* gate/up for nt tokens (1..CUDA_MOE_FUSED_MAX_TOKENS) a pass; down and the weighted sum. */
-template <class T> pshard_status moe_gate_up_launch(int nt, const moe_fused_args &a, cudaStream_t st) {
+template <class T, bool ASYNC> pshard_status moe_gate_up_run(int nt, const moe_fused_args &a, cudaStream_t st) {
     const dim3 grid((unsigned)ceil_div(a.n_ff, FUSED_WARPS), (unsigned)a.n_pairs);
+    const size_t smem = (size_t)FUSED_WARPS * (ASYNC ? a.gu_stages * a.gu_stage_bytes : MV_CHUNK);
     switch (nt) {
-    case 1: moe_gate_up_kernel<T, 1><<<grid, FUSED_THREADS, 0, st>>>(a); break;
-    case 2: moe_gate_up_kernel<T, 2><<<grid, FUSED_THREADS, 0, st>>>(a); break;
-    case 3: moe_gate_up_kernel<T, 3><<<grid, FUSED_THREADS, 0, st>>>(a); break;
-    case 4: moe_gate_up_kernel<T, 4><<<grid, FUSED_THREADS, 0, st>>>(a); break;
+    case 1: moe_gate_up_kernel<T, 1, ASYNC><<<grid, FUSED_THREADS, smem, st>>>(a); break;
+    case 2: moe_gate_up_kernel<T, 2, ASYNC><<<grid, FUSED_THREADS, smem, st>>>(a); break;
+    case 3: moe_gate_up_kernel<T, 3, ASYNC><<<grid, FUSED_THREADS, smem, st>>>(a); break;
+    case 4: moe_gate_up_kernel<T, 4, ASYNC><<<grid, FUSED_THREADS, smem, st>>>(a); break;
     default: return core_fail(PSHARD_ERR_INVALID_ARG, "fused MoE: %d tokens (1..%d)", nt, (int)CUDA_MOE_FUSED_MAX_TOKENS);
     }
     CUDA_TRY_LAUNCH("moe gate/up");
     return PSHARD_OK;
 }
 
+template <class T> pshard_status moe_gate_up_launch(int nt, const moe_fused_args &a, cudaStream_t st) {
+    return a.async ? moe_gate_up_run<T, true>(nt, a, st) : moe_gate_up_run<T, false>(nt, a, st);
+}
+
 template <class T> pshard_status moe_down_launch(const moe_fused_args &a, cudaStream_t st) {
     const dim3 grid((unsigned)ceil_div(a.n_embd, FUSED_WARPS), (unsigned)(a.n_pairs / a.k));
-    moe_down_kernel<T><<<grid, FUSED_THREADS, 0, st>>>(a);
+    if (a.async)
+        moe_down_kernel<T, true><<<grid, FUSED_THREADS, (size_t)FUSED_WARPS * a.down_stages * a.down_stage_bytes, st>>>(a);
+    else
+        moe_down_kernel<T, false><<<grid, FUSED_THREADS, (size_t)FUSED_WARPS * MV_CHUNK, st>>>(a);
     CUDA_TRY_LAUNCH("moe down");
     return PSHARD_OK;
 }
