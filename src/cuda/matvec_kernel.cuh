@@ -123,9 +123,11 @@ __device__ __forceinline__ void mv_pass(const uint8_t *w, const mv_args &a, uint
 template <class T, int MAXP>
 __device__ __forceinline__ void mv_pass_sized(const uint8_t *w, const mv_args &a, uint8_t *stage, int lane,
                                               const uint8_t *const *arow, const int64_t *orow, int n, int row) {
+    static_assert(MAXP == 4 || MAXP == 8, "passes of 1, 2, 4 or 8");
     if (n <= 1) mv_pass<T, 1>(w, a, stage, lane, arow, orow, n, a.y, a.y_stride, row);
     else if (n <= 2) mv_pass<T, 2>(w, a, stage, lane, arow, orow, n, a.y, a.y_stride, row);
-    else if (MAXP <= 4 || n <= 4) mv_pass<T, 4>(w, a, stage, lane, arow, orow, n, a.y, a.y_stride, row);
+    else if constexpr (MAXP == 4) mv_pass<T, 4>(w, a, stage, lane, arow, orow, n, a.y, a.y_stride, row);
+    else if (n <= 4) mv_pass<T, 4>(w, a, stage, lane, arow, orow, n, a.y, a.y_stride, row);
     else mv_pass<T, 8>(w, a, stage, lane, arow, orow, n, a.y, a.y_stride, row);
 }
 
