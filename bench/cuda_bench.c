@@ -454,9 +454,9 @@ static double moe_layer_us(struct cuda_moe m, bool fused, size_t gate_layer, siz
     return us;
 }
 
-/* The qwen30b-shaped MoE layer by token count, on the fused kernels (up to 8 tokens), its expert
- * groups on the matrix-vector kernel and on the tiled GEMM, with the experts in VRAM and read in
- * place from pinned host memory. */
+/* The qwen30b-shaped MoE layer by token count (each of `only`, else the table's), on the fused
+ * kernels (up to CUDA_MOE_FUSED_MAX_TOKENS), its expert groups on the matrix-vector kernel and on
+ * the tiled GEMM, with the experts in VRAM and read in place from pinned host memory. */
 static void bench_moe(const char *const *only, int n_only) {
     printf("\n### MoE layer, qwen30b shape (128 experts, top 8, 2048 x 768, Q4_0): routing + FFN, us "
            "(GB/s of the experts touched)\n\n| tokens | experts touched | VRAM, fused | VRAM, matrix-vector | VRAM, tiled | "

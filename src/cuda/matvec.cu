@@ -28,8 +28,9 @@ pshard_status mv_run(enum quant_type type, int64_t n_cols, mv_args a, int nt, un
     const int n_chunks = (int)ceil_div(a.n_blocks, max_blocks);
     a.chunk_blocks = (int)(ceil_div(ceil_div(a.n_blocks, n_chunks), unit) * unit);
     /* Straight from VRAM where a lane's items are those the staged path gives it; host memory read
-     * in place keeps the staged path's whole 16-byte runs a warp. */
-    a.direct = a.in_vram && a.aligned && a.chunk_blocks % 32 == 0;
+     * in place keeps the staged path's whole 16-byte runs a warp (expert groups too: measured for
+     * dense products only). */
+    a.direct = a.in_vram && !a.pairs && a.aligned && a.chunk_blocks % 32 == 0;
     /* Expert groups in VRAM stage each pass's activations in shared memory where they fit (read
      * in place, a warp a row keeps more reads in flight). */
     const size_t stage_stride = (size_t)ceil_div((int64_t)a.act_row_bytes, 16) * 16;
