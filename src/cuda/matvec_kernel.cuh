@@ -13,11 +13,11 @@
  * are the same whichever pass holds it). Expert groups for MoE run likewise, blockIdx.y picking
  * an active expert whose pairs (token, slot) are its tokens, each pass sized to the pairs left;
  * from VRAM on mv_group_kernel, which stages a pass's activations in shared memory for a block's
- * 32 rows (below). Rows whose weights are not
- * 16-byte aligned stage through 2-byte loads instead (correct, slower). One token of F16 or
- * BF16 in VRAM skips the stage: each lane loads its own 64-byte items, two at a time
- * (mv_row_direct). A dense launch may take several matrices of one format and width at once
- * (mv_args.n_parts: q, k and v), and may add into its output (mv_args.accumulate). */
+ * 32 rows (below). Rows whose weights are not 16-byte aligned stage through 2-byte loads instead
+ * (correct, slower). One token of F16 or BF16 in VRAM skips the stage: each lane loads its own
+ * 64-byte items, two at a time (mv_row_direct). A dense launch may take several matrices of one
+ * format and width at once (mv_args.n_parts: q, k and v), and may add into its output
+ * (mv_args.accumulate). */
 #ifndef CUDA_MATVEC_KERNEL_CUH
 #define CUDA_MATVEC_KERNEL_CUH
 
@@ -63,6 +63,12 @@ __device__ __forceinline__ void mv_row_direct(const uint8_t *w, const mv_args &a
             if (b0 + 32 * d < nb)
                 T::template dot<1>((const uint8_t *)wv[d], 0, arow, (int64_t)(b0 + 32 * d) * T::ACT_BYTES, acc);
     }
+}
+
+/* Expert e's matrix: table[e] where there is a table, else base + e * stride (3-D tensors). */
+__device__ __forceinline__ const uint8_t *expert_matrix(const uint8_t *base, const void *const *table, size_t stride,
+                                                        int e) {
+    return table ? (const uint8_t *)table[e] : base + (size_t)e * stride;
 }
 
 /* acc[t] += row w . activations arow[t], for one warp. */
@@ -163,7 +169,7 @@ template <class T, int NT> __global__ void __launch_bounds__(MV_THREADS) mv_kern
         if constexpr (NT == CUDA_MATVEC_MAX_TOKENS) { /* (mv_launch runs groups at this NT) */
             if ((int)blockIdx.y >= *a.n_active) return;
             const int e = a.active[blockIdx.y];
-            w = a.expert_ptrs ? (const uint8_t *)a.expert_ptrs[e] : a.w + (size_t)e * a.expert_stride;
+            w = expert_matrix(a.w, a.expert_ptrs, a.expert_stride, e);
             const int g_end = a.expert_start[e + 1];
             for (int g = a.expert_start[e]; g < g_end; g += CUDA_MATVEC_MAX_TOKENS) {
                 const uint8_t *arow[CUDA_MATVEC_MAX_TOKENS];
@@ -201,7 +207,7 @@ template <class T> __global__ void __launch_bounds__(MV_THREADS) mv_group_kernel
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if ((int)blockIdx.y >= *a.n_active) return; /* the whole block */
     const int e = a.active[blockIdx.y];
-    const uint8_t *w = a.expert_ptrs ? (const uint8_t *)a.expert_ptrs[e] : a.w + (size_t)e * a.expert_stride;
+    const uint8_t *w = expert_matrix(a.w, a.expert_ptrs, a.expert_stride, e);
     uint8_t *stage = mv_smem + warp * MV_CHUNK, *acts = mv_smem + MV_WARPS * MV_CHUNK;
     const size_t stride = a.act_stage_stride;
     const int row_end = min((int)(blockIdx.x + 1) * MV_GROUP_ROWS, a.n_rows), g_end = a.expert_start[e + 1];

@@ -313,10 +313,10 @@ static pshard_status expert_matmul(const struct cuda_moe *m, const struct cuda_m
         a.expert_stride = (size_t)mat->n_rows * mat->row_bytes;
         a.act_div = act_div;
         a.in_vram = !mat->in_place && !ptrs; /* (a table may point to host memory) */
-        /* Each token picks an expert at most once, so a group never exceeds n_tokens pairs; the
-         * kernels run each group in passes sized to its pairs (matvec_kernel.cuh). */
-        const int nt = n_tokens < CUDA_MATVEC_MAX_TOKENS ? (int)n_tokens : CUDA_MATVEC_MAX_TOKENS;
-        return mv_run(mat->type, mat->n_cols, a, nt, (unsigned)(m->n_expert < pairs ? m->n_expert : pairs), st);
+        /* The kernels run each group in passes sized to its pairs (matvec_kernel.cuh), whatever
+         * the step's token count. */
+        return mv_run(mat->type, mat->n_cols, a, CUDA_MATVEC_MAX_TOKENS, (unsigned)(m->n_expert < pairs ? m->n_expert : pairs),
+                      st);
     }
     gemm_args a = {};
     a.w = (const uint8_t *)mat->data;

@@ -58,11 +58,6 @@ struct moe_fused_args {
     bool accumulate;
 };
 
-__device__ __forceinline__ const uint8_t *fused_expert(const uint8_t *base, const void *const *table, size_t stride,
-                                                       int e) {
-    return table ? (const uint8_t *)table[e] : base + (size_t)e * stride;
-}
-
 /* A chunk's share of one lane in units of U (16, 8 or 4 bytes): loads of the flattened bytes
  * [at, at + bytes) of rows row_bytes long (a unit never straddles two), and the stores into the
  * stage. pre holds MV_CHUNK / 32 bytes whatever U is. */
@@ -212,8 +207,8 @@ __global__ void __launch_bounds__(FUSED_THREADS) moe_gate_up_kernel(const moe_fu
     const int row = blockIdx.x * FUSED_WARPS + warp;
     if (n_group == 0 || row >= a.n_ff) return; /* no block-wide syncs below */
     if (lane == 0) {
-        rows[warp][0] = fused_expert(a.gate, a.gate_ptrs, a.gate_stride, e) + (size_t)row * a.gu_row_bytes;
-        rows[warp][1] = fused_expert(a.up, a.up_ptrs, a.gate_stride, e) + (size_t)row * a.gu_row_bytes;
+        rows[warp][0] = expert_matrix(a.gate, a.gate_ptrs, a.gate_stride, e) + (size_t)row * a.gu_row_bytes;
+        rows[warp][1] = expert_matrix(a.up, a.up_ptrs, a.gate_stride, e) + (size_t)row * a.gu_row_bytes;
     }
     __syncwarp();
     for (int g = 0; g < n_group; g += NT) {
@@ -253,7 +248,7 @@ template <class T, bool ASYNC> __global__ void __launch_bounds__(FUSED_THREADS) 
     const int n_used = __popc(votes);
     if (used) {
         const int u = __popc(votes & ((1u << lane) - 1));
-        rows[warp][u] = fused_expert(a.down, a.down_ptrs, a.down_stride, ids[lane]) + (size_t)row * a.down_row_bytes;
+        rows[warp][u] = expert_matrix(a.down, a.down_ptrs, a.down_stride, ids[lane]) + (size_t)row * a.down_row_bytes;
         acts[warp][u] = a.h_act + ((size_t)t * a.k + lane) * a.h_act_row_bytes;
         slots[warp][u] = lane;
     }
