@@ -83,19 +83,21 @@ pshard_status moe_down_float(enum quant_type type, const moe_fused_args &a, cuda
 }
 
 /* F32 weights for more than CUDA_MATVEC_MAX_TOKENS tokens (the MoE router of a prompt): a block
- * keeps FT_TOKENS tokens' activations in shared memory and walks FT_ROWS rows against them, a
+ * keeps FT_TOKENS tokens' activations in shared memory and walks up to 2 * FT_WARPS * FT_ROWS_PER_HALF rows against them, a
  * half-warp a row, so each row is read once per tile of tokens instead of once per pass of 8 and
  * the activations come from shared memory. Each half-warp's lane L sums exactly what lane L of the
  * matrix-vector kernel sums for F32 (its rows are staged in chunks of `chunk` items of 32
  * elements, at most 16, and lane L takes item L of each chunk), in the same order, and the half's
  * sum is warp_sum's with the idle upper half's zeros: so each token's sums are the decode step's,
  * bit for bit. An item of a token lies FT_PITCH floats from the next (four floats of padding), so
- * the 16 lanes' loads of one 16-byte piece fall in different banks. */
-enum { FT_TOKENS = 8, FT_WARPS = 8, FT_ROWS_PER_HALF = 4, FT_ROWS = 2 * FT_WARPS * FT_ROWS_PER_HALF, FT_PITCH = 36 };
+ * the 16 lanes' loads of one 16-byte piece fall in different banks. A half-warp takes 1 to
+ * FT_ROWS_PER_HALF rows, fewer where the tiles of tokens alone leave SMs without a block (a
+ * decode step of 64 sequences: 8 tiles). */
+enum { FT_TOKENS = 8, FT_WARPS = 8, FT_ROWS_PER_HALF = 4, FT_PITCH = 36, FT_FILL_BLOCKS = 132 };
 
 __global__ void __launch_bounds__(32 * FT_WARPS)
-    mv_f32_tiled_kernel(const float *w, int64_t w_stride, int n_rows, int n_items, int chunk, const float *x, int n_tokens,
-                        float *y, int64_t y_stride) {
+    mv_f32_tiled_kernel(const float *w, int64_t w_stride, int n_rows, int rows_per_half, int n_items, int chunk,
+                        const float *x, int n_tokens, float *y, int64_t y_stride) {
     extern __shared__ float4 xs[]; /* [FT_TOKENS][n_items][FT_PITCH / 4] */
     const int t0 = blockIdx.y * FT_TOKENS, nt = min(FT_TOKENS, n_tokens - t0);
     const int pieces = n_items * 8; /* 16-byte pieces of a token's row */
@@ -107,8 +109,8 @@ __global__ void __launch_bounds__(32 * FT_WARPS)
     __syncthreads();
     const int half = threadIdx.x / 16, hl = threadIdx.x % 16;
     const unsigned mask = 0xffffu << (threadIdx.x % 32 / 16 * 16);
-    for (int rr = 0; rr < FT_ROWS_PER_HALF; rr++) {
-        const int row = blockIdx.x * FT_ROWS + rr * 2 * FT_WARPS + half;
+    for (int rr = 0; rr < rows_per_half; rr++) {
+        const int row = (blockIdx.x * rows_per_half + rr) * 2 * FT_WARPS + half;
         if (row >= n_rows) break; /* (the whole half) */
         const uint4 *wr = (const uint4 *)(w + row * w_stride);
         float acc[FT_TOKENS];
@@ -230,10 +232,13 @@ pshard_status mv_f32_tiled(const mv_args &a, int64_t n_cols, cudaStream_t st) {
     const int n_items = (int)(n_cols / 32);
     const size_t smem = sizeof(float) * FT_TOKENS * (size_t)n_items * FT_PITCH;
     CUDA_TRY(cudaFuncSetAttribute(mv_f32_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    const dim3 grid((unsigned)ceil_div(a.n_rows, FT_ROWS), (unsigned)ceil_div(a.n_tokens, FT_TOKENS));
-    mv_f32_tiled_kernel<<<grid, 32 * FT_WARPS, smem, st>>>((const float *)a.w, (int64_t)a.row_bytes / 4, a.n_rows, n_items,
-                                                           a.chunk_blocks, (const float *)a.act, a.n_tokens, a.y,
-                                                           a.y_stride);
+    const int64_t tiles = ceil_div(a.n_tokens, FT_TOKENS), row_groups = ceil_div(a.n_rows, 2 * FT_WARPS);
+    int64_t per_half = ceil_div(row_groups * tiles, FT_FILL_BLOCKS); /* rows a half-warp takes, FT_FILL_BLOCKS blocks at least */
+    per_half = per_half < 1 ? 1 : per_half > FT_ROWS_PER_HALF ? FT_ROWS_PER_HALF : per_half;
+    const dim3 grid((unsigned)ceil_div(row_groups, per_half), (unsigned)tiles);
+    mv_f32_tiled_kernel<<<grid, 32 * FT_WARPS, smem, st>>>((const float *)a.w, (int64_t)a.row_bytes / 4, a.n_rows,
+                                                           (int)per_half, n_items, a.chunk_blocks, (const float *)a.act,
+                                                           a.n_tokens, a.y, a.y_stride);
     CUDA_TRY_LAUNCH("matvec f32 tiled");
     return PSHARD_OK;
 }

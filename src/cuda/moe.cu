@@ -205,6 +205,36 @@ extern "C" pshard_status cuda_moe_routed_mask(const int32_t *ids, int k, int fir
 
 /* ---- grouping: a counting sort of the pairs by expert, in one block */
 
+/* The block's exclusive prefix sums of three counts a thread (GROUP_THREADS threads), and their
+ * totals. */
+__device__ void group_scan(int3 mine, int3 *before, int3 *total) {
+    __shared__ int3 warp_sums[GROUP_THREADS / 32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int3 v = mine;
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+        const int x = __shfl_up_sync(0xffffffffu, v.x, o), y = __shfl_up_sync(0xffffffffu, v.y, o),
+                  z = __shfl_up_sync(0xffffffffu, v.z, o);
+        if (lane >= o) v.x += x, v.y += y, v.z += z;
+    }
+    if (lane == 31) warp_sums[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        int3 w = lane < GROUP_THREADS / 32 ? warp_sums[lane] : make_int3(0, 0, 0);
+#pragma unroll
+        for (int o = 1; o < 32; o *= 2) {
+            const int x = __shfl_up_sync(0xffffffffu, w.x, o), y = __shfl_up_sync(0xffffffffu, w.y, o),
+                      z = __shfl_up_sync(0xffffffffu, w.z, o);
+            if (lane >= o) w.x += x, w.y += y, w.z += z;
+        }
+        if (lane < GROUP_THREADS / 32) warp_sums[lane] = w; /* inclusive, over the warps */
+    }
+    __syncthreads();
+    const int3 earlier = warp > 0 ? warp_sums[warp - 1] : make_int3(0, 0, 0);
+    *before = make_int3(earlier.x + v.x - mine.x, earlier.y + v.y - mine.y, earlier.z + v.z - mine.z);
+    *total = warp_sums[GROUP_THREADS / 32 - 1];
+}
+
 struct moe_groups {
     int32_t *expert_start; /* [n_expert + 1] */
     int32_t *active, *n_active, *n_tiles;
@@ -223,20 +253,27 @@ __global__ void __launch_bounds__(GROUP_THREADS) group_kernel(const int32_t *ids
         if (!mask || mask[e]) atomicAdd(&count[e], 1);
     }
     __syncthreads();
-    if (tid == 0) {
-        int start = 0, n_active = 0, n_tiles = 0;
-        for (int e = 0; e < n_expert; e++) {
-            g.expert_start[e] = cursor[e] = start;
-            if (count[e]) g.active[n_active++] = e;
-            for (int s = 0; s < count[e]; s += GEMM_TILE_M) {
-                g.tile_expert[n_tiles] = e;
-                g.tile_start[n_tiles++] = start + s;
-            }
-            start += count[e];
+    /* Each thread a run of consecutive experts: their pairs, tiles and whether they are active,
+     * placed after the earlier threads' (a scan), so the lists come out in expert order. */
+    const int per = (n_expert + GROUP_THREADS - 1) / GROUP_THREADS, e0 = min(n_expert, tid * per),
+              e1 = min(n_expert, e0 + per);
+    int3 mine = make_int3(0, 0, 0), at, total; /* pairs, tiles, active experts */
+    for (int e = e0; e < e1; e++)
+        mine.x += count[e], mine.y += (count[e] + GEMM_TILE_M - 1) / GEMM_TILE_M, mine.z += count[e] > 0;
+    group_scan(mine, &at, &total);
+    for (int e = e0; e < e1; e++) {
+        g.expert_start[e] = cursor[e] = at.x;
+        if (count[e]) g.active[at.z++] = e;
+        for (int s = 0; s < count[e]; s += GEMM_TILE_M) {
+            g.tile_expert[at.y] = e;
+            g.tile_start[at.y++] = at.x + s;
         }
-        g.expert_start[n_expert] = start;
-        *g.n_active = n_active;
-        *g.n_tiles = n_tiles;
+        at.x += count[e];
+    }
+    if (tid == 0) {
+        g.expert_start[n_expert] = total.x;
+        *g.n_tiles = total.y;
+        *g.n_active = total.z;
     }
     __syncthreads();
     /* Order inside an expert's group is arbitrary: every pair's result is computed alone. */

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/grow.h"
+#include "core/threadpool.h"
 #include "core/timer.h"
 #include "engine/engine_internal.h"
 #include "engine/vision.h"
@@ -53,6 +54,8 @@ struct engine_batch {
     int32_t *tokens, *pos, *seq;
     int8_t *logits;
     struct engine_request **out_req;
+    struct engine_request **sample_req; /* per output of the step: its request, and the token drawn */
+    int32_t *sampled;
     int32_t *rope;            /* [3][n_batch]: the step's rope positions, where a request has images */
     struct exec_media media;  /* what the step carries beyond its ids */
     int32_t last_tokens;
@@ -96,8 +99,10 @@ pshard_status engine_batch_create(pshard_ctx *ctx) {
     b->logits = malloc(n_batch);
     b->out_req = malloc(sizeof *b->out_req * n_batch);
     b->rope = malloc(sizeof(int32_t) * 3 * n_batch);
+    b->sample_req = malloc(sizeof *b->sample_req * n_batch);
+    b->sampled = malloc(sizeof(int32_t) * n_batch);
     if (!b->active || !b->history || !b->history_len || !b->tokens || !b->pos || !b->seq || !b->logits || !b->out_req ||
-        !b->rope)
+        !b->rope || !b->sample_req || !b->sampled)
         return core_fail(PSHARD_ERR_NOMEM, "out of memory");
     b->history[0] = ctx->cached; /* the one-sequence calls' cache is sequence 0's */
     for (size_t s = 1; s < n_seq; s++)
@@ -133,6 +138,8 @@ void engine_batch_free(pshard_ctx *ctx) {
     free(b->logits);
     free(b->out_req);
     free(b->rope);
+    free(b->sample_req);
+    free(b->sampled);
     free(b);
     ctx->batch = NULL;
 }
@@ -439,14 +446,31 @@ static void admit(pshard_ctx *ctx) {
     while (admit_one(ctx)) {}
 }
 
+/* The step's outputs sampled on the executor's threads, a share of them each: a request has at
+ * most one output a step and its own sampler, so the draws touch nothing in common. */
+struct sample_job {
+    struct engine_batch *b;
+    struct exec_ctx *exec;
+    int32_t n;
+};
+
+static void sample_part(void *arg, int thread, int n_threads) {
+    const struct sample_job *job = arg;
+    int64_t begin, end;
+    threadpool_range(job->n, 1, thread, n_threads, &begin, &end);
+    for (int64_t j = begin; j < end; j++) {
+        const struct engine_request *r = job->b->sample_req[j];
+        job->b->sampled[j] = r->n_predict == 0 ? -1 : sampler_sample(r->sampler, exec_logits(job->exec, (int32_t)j));
+    }
+}
+
 /* A token sampled for a request: give it out, and end the request where it should end. */
-static void take_token(pshard_ctx *ctx, struct engine_request *r, const float *logits) {
+static void take_token(pshard_ctx *ctx, struct engine_request *r, const float *logits, int32_t token) {
     struct engine_batch *b = ctx->batch;
     if (r->n_predict == 0) { /* the prompt only: nothing is sampled */
         finish(ctx, r, PSHARD_FINISH_LENGTH, NULL, false);
         return;
     }
-    const int32_t token = sampler_sample(r->sampler, logits);
     if (r->n_generated == 0) r->t_first = core_now_ms();
     if (!r->ignore_eos && engine_is_end_of_turn(ctx->tok, token)) {
         finish(ctx, r, PSHARD_FINISH_STOP, NULL, false);
@@ -560,12 +584,18 @@ pshard_status pshard_step(pshard_ctx *ctx, int32_t *n_pending) {
         }
         return core_fail(st, "%s", why);
     }
+    struct sample_job job = {b, ctx->exec, 0};
+    for (int32_t i = 0; i < n; i++)
+        if (b->logits[i]) b->sample_req[job.n++] = b->out_req[i];
+    if (job.n > 1) threadpool_run(exec_threads(ctx->exec), sample_part, &job);
+    else sample_part(&job, 0, 1);
     int32_t out = 0;
     for (int32_t i = 0; i < n; i++) {
         struct engine_request *r = b->out_req[i];
         if (b->pos[i] >= r->n_prompt) r->n_computed = b->pos[i] + 1; /* a decode token */
         if (!b->logits[i]) continue;
-        take_token(ctx, r, exec_logits(ctx->exec, out++)); /* may end r: it is not read after */
+        take_token(ctx, r, exec_logits(ctx->exec, out), b->sampled[out]); /* may end r: it is not read after */
+        out++;
     }
     if (n_pending) *n_pending = engine_batch_pending(ctx);
     return PSHARD_OK;

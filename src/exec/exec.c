@@ -325,6 +325,7 @@ static pshard_status step(struct exec_ctx *ctx, const struct exec_batch *batch) 
     ctx->stats.host_compute_ms = ctx->stats.host_wait_ms = 0;
     ctx->stats.gpu_between_ms = ctx->stats.gpu_handoff_ms = 0;
     ctx->stats.handoffs = 0;
+    ctx->logits = ctx->s.logits;
     for (int32_t t = 0; t < batch->n_tokens; t++)
         if (batch->logits ? batch->logits[t] != 0 : t == batch->n_tokens - 1) ctx->s.out_rows[ctx->stats.n_outputs++] = t;
 
@@ -366,9 +367,11 @@ pshard_status exec_step_media(struct exec_ctx *ctx, const struct exec_batch *bat
 
 pshard_status exec_step(struct exec_ctx *ctx, const struct exec_batch *batch) { return exec_step_media(ctx, batch, NULL); }
 
+struct threadpool *exec_threads(struct exec_ctx *ctx) { return ctx->pool; }
+
 const float *exec_logits(const struct exec_ctx *ctx, int32_t i) {
     if (i < 0 || i >= ctx->stats.n_outputs) return NULL;
-    return ctx->s.logits + (int64_t)i * ctx->model->hp.n_vocab;
+    return ctx->logits + (int64_t)i * ctx->model->hp.n_vocab;
 }
 
 int32_t exec_n_vocab(const struct exec_ctx *ctx) { return (int32_t)ctx->model->hp.n_vocab; }

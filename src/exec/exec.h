@@ -88,9 +88,12 @@ pshard_status exec_step(struct exec_ctx *ctx, const struct exec_batch *batch);
 /* The same with rope positions and input embeddings for the batch's tokens (media NULL: none). */
 pshard_status exec_step_media(struct exec_ctx *ctx, const struct exec_batch *batch, const struct exec_media *media);
 
-/* Logits of the i-th output of the last step (outputs in batch order), n_vocab floats. */
+/* Logits of the i-th output of the last step (outputs in batch order), n_vocab floats, valid
+ * until the next step. */
 const float *exec_logits(const struct exec_ctx *ctx, int32_t i);
 int32_t exec_n_vocab(const struct exec_ctx *ctx);
+/* The executor's CPU threads, free between steps for the caller's data-parallel work. */
+struct threadpool *exec_threads(struct exec_ctx *ctx);
 const struct exec_stats *exec_last_stats(const struct exec_ctx *ctx);
 
 int32_t exec_seq_len(const struct exec_ctx *ctx, int32_t seq);

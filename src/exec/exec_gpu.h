@@ -77,7 +77,8 @@ pshard_status exec_gpu_copy_cells(struct exec_ctx *ctx, int32_t dst, int32_t src
 const struct gpu_memory_report *exec_gpu_report(const struct exec_gpu *gpu);
 
 /* One step following the plan: GPU shards on the GPU, CPU shards on the thread pool, the
- * activations crossing PCIe where the placement changes; leaves the logits in ctx->s.logits. */
+ * activations crossing PCIe where the placement changes; ctx->logits points at the logits (where
+ * the GPU has the head, the pinned buffer they came down into). */
 pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *batch);
 
 #endif

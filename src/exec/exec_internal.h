@@ -47,6 +47,7 @@ struct exec_ctx {
     void *scratch_mem;
     void *moe_mem;
     struct exec_stats stats;
+    const float *logits; /* the last step's logits: s.logits, or the GPU's pinned copy of them (no second copy) */
     struct plan plan;          /* as built: the prompt phase's, and plan.decode where decode steps run their own */
     const struct plan *active; /* the plan the GPU's memory is carved for: &plan or plan.decode */
     int32_t *next_pos; /* [n_seq] validation scratch: the next position each sequence expects */

@@ -662,16 +662,21 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
     return PSHARD_OK;
 }
 
-/* The head in chunks of GPU_LOGIT_ROWS outputs, each chunk's logits copied down as it is done. */
+/* The head in chunks of outputs, each chunk's logits copied down as it is done: chunks of
+ * GPU_LOGIT_ROWS for a float head (cuBLAS reads it as it is), of CUDA_MATVEC_MAX_TOKENS for a
+ * quantized one, so each chunk reads its weights once on the matrix-vector kernel where more rows
+ * would dequantize the whole head to f16 for each chunk (a 64-sequence step: four times 1.2 GB). */
 static pshard_status head_shard(struct exec_ctx *ctx, struct exec_gpu *g) {
     const struct model_hparams *hp = &ctx->model->hp;
     const int64_t n_out = ctx->stats.n_outputs, d = hp->n_embd;
+    const enum quant_type type = g->output.type;
+    const int64_t chunk = type == QUANT_F16 || type == QUANT_BF16 || type == QUANT_F32 ? GPU_LOGIT_ROWS : CUDA_MATVEC_MAX_TOKENS;
     /* Gather the output rows of the residual stream (an F32 "matrix" of n_batch rows). */
     const struct cuda_matrix rows = {QUANT_F32, g->x, d, ctx->params.n_batch, 1, sizeof(float) * (size_t)d, false};
     CORE_TRY(cuda_get_rows(&rows, g->out_rows, n_out, g->proj, g->stream));
     CORE_TRY(cuda_rmsnorm(g->proj, g->output_norm, g->xn, n_out, d, hp->rms_eps, g->stream));
-    for (int64_t c = 0; c < n_out; c += GPU_LOGIT_ROWS) {
-        const int64_t count = n_out - c < GPU_LOGIT_ROWS ? n_out - c : GPU_LOGIT_ROWS;
+    for (int64_t c = 0; c < n_out; c += chunk) {
+        const int64_t count = n_out - c < chunk ? n_out - c : chunk;
         CORE_TRY(project(ctx, g, &g->output, g->xn + c * d, count, g->logits));
         CORE_TRY(cuda_copy_d2h((float *)g->host_logits.ptr + c * (int64_t)hp->n_vocab, g->logits,
                                sizeof(float) * (size_t)count * hp->n_vocab, g->stream));
@@ -863,7 +868,6 @@ pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
         CORE_TRY(enqueue_step(ctx, g, tier, b));
     CORE_TRY(stream_done(ctx, g));
     if (replayed && g->stamps_dev) read_stamps(ctx, g, tier);
-    if (tier->shard[ctx->model->n_shards - 1] != PLACE_CPU)
-        memcpy(ctx->s.logits, g->host_logits.ptr, sizeof(float) * (size_t)ctx->stats.n_outputs * ctx->model->hp.n_vocab);
+    if (tier->shard[ctx->model->n_shards - 1] != PLACE_CPU) ctx->logits = g->host_logits.ptr; /* read where they came down */
     return PSHARD_OK;
 }
