@@ -18,7 +18,7 @@
  * Steps of several tokens stage the rows in shared memory (STAGED): the block copies a tile of
  * AD_TILE_CELLS cells' K and V rows there by cp.async, the next tile in flight while its warps
  * walk this one, where every warp loaded the same rows itself before (the block's HB heads share
- * them). Taken where a step of several tokens has slices (a 64-sequence decode step: 9.2 -> 8.1 ms
+ * them). Taken where a step of several tokens has slices (a 64-sequence decode step: 9.2 -> 8.2 ms
  * over qwen30b's 48 layers, on two H100s); a prompt step of 2,048 tokens in one slice each ran
  * slower staged (85 -> 120 ms), its blocks already many. A warp walks the same chunks in the same order and does the
  * same arithmetic, so the two variants agree bit for bit. R = 1, 2 or 4 replicas (chunks of a tile

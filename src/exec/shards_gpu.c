@@ -662,19 +662,22 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
     return PSHARD_OK;
 }
 
-/* The head in chunks of GPU_LOGIT_ROWS outputs, each chunk's logits copied down as it is done. A
- * quantized head is dequantized to f16 for each chunk of more than 8 outputs; chunks of 8 on the
- * matrix-vector kernel instead were measured slower (qwen30b's Q4_0 head at 64 outputs: 2.5 ms a
- * step against 2.2, bench/cuda_kernels.md). */
+/* The head in chunks of outputs, each chunk's logits copied down as it is done: chunks of
+ * GPU_LOGIT_ROWS for a float head (cuBLAS reads it as it is), of CUDA_MATVEC_MAX_TOKENS for a
+ * quantized one, so each chunk reads its weights once on the matrix-vector kernel where more rows
+ * would dequantize the whole head to f16 for each chunk (qwen30b's Q4_0 head at 64 outputs: 2.5 ms
+ * a step against 2.9, bench/cuda_kernels.md). */
 static pshard_status head_shard(struct exec_ctx *ctx, struct exec_gpu *g) {
     const struct model_hparams *hp = &ctx->model->hp;
     const int64_t n_out = ctx->stats.n_outputs, d = hp->n_embd;
+    const enum quant_type type = g->output.type;
+    const int64_t chunk = type == QUANT_F16 || type == QUANT_BF16 || type == QUANT_F32 ? GPU_LOGIT_ROWS : CUDA_MATVEC_MAX_TOKENS;
     /* Gather the output rows of the residual stream (an F32 "matrix" of n_batch rows). */
     const struct cuda_matrix rows = {QUANT_F32, g->x, d, ctx->params.n_batch, 1, sizeof(float) * (size_t)d, false};
     CORE_TRY(cuda_get_rows(&rows, g->out_rows, n_out, g->proj, g->stream));
     CORE_TRY(cuda_rmsnorm(g->proj, g->output_norm, g->xn, n_out, d, hp->rms_eps, g->stream));
-    for (int64_t c = 0; c < n_out; c += GPU_LOGIT_ROWS) {
-        const int64_t count = n_out - c < GPU_LOGIT_ROWS ? n_out - c : GPU_LOGIT_ROWS;
+    for (int64_t c = 0; c < n_out; c += chunk) {
+        const int64_t count = n_out - c < chunk ? n_out - c : chunk;
         CORE_TRY(project(ctx, g, &g->output, g->xn + c * d, count, g->logits));
         CORE_TRY(cuda_copy_d2h((float *)g->host_logits.ptr + c * (int64_t)hp->n_vocab, g->logits,
                                sizeof(float) * (size_t)count * hp->n_vocab, g->stream));
