@@ -18,6 +18,7 @@ import bisect
 import csv
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -52,6 +53,21 @@ def parse(lines):
         raise ValueError("the trace holds no record (did the program use the GPU?)")
     records.sort(key=lambda r: r[1])
     return records
+
+
+def demangle(records):
+    """The records with C++ kernel names (CUPTI gives them mangled) as c++filt reads them, where
+    c++filt is installed; else as they are."""
+    tool = shutil.which("c++filt")
+    mangled = sorted({r[6] for r in records if r[6].startswith("_Z")})
+    if not tool or not mangled:
+        return records
+    out = subprocess.run([tool], input="\n".join(mangled) + "\n", capture_output=True, text=True)
+    names = out.stdout.splitlines()
+    if out.returncode != 0 or len(names) != len(mangled):
+        return records
+    plain = dict(zip(mangled, names))
+    return [r[:6] + (plain.get(r[6], r[6]),) for r in records]
 
 
 def clip(records, t0, t1):
@@ -182,7 +198,7 @@ def main(argv):
             print("kernel_trace: the command exited %d; its trace so far:" % rc, file=sys.stderr)
     try:
         with open(path, encoding="utf-8", errors="replace", newline="") as f:
-            records = parse(f)
+            records = demangle(parse(f))
         t0, t1 = window(records, a.last_ms, a.from_ms, a.to_ms)
     except (OSError, ValueError) as e:
         raise SystemExit("kernel_trace: %s: %s" % (path, e))

@@ -2,6 +2,7 @@
 the GPU's idle time as what no record covers, overlapping records counted once, windows cut at
 their edges, per-step figures, and clear errors for files that are not a trace."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -66,6 +67,16 @@ def test_phases_show_where_the_gpu_worked(tmp_path):
         parts = kt.phases(kt.parse(f), parts=9)  # 1 ms each from 1 ms
     busy = [round(b, 3) for _, _, b in parts]
     assert busy == [1.0, 1.0, 0.5, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+
+
+@pytest.mark.skipif(not shutil.which("c++filt"), reason="c++filt (binutils) is not installed")
+def test_kernel_names_are_demangled(tmp_path):
+    rows = ['kernel,1000,2000,7,24x128x1,128x1x1,0,,"_Z15mv_group_kernelI9mv_legacyI11q4_0_unpackEEv7mv_args"',
+            'kernel,3000,4000,7,1x1x1,32x1x1,0,,"plain_c_kernel"']
+    out = subprocess.run([sys.executable, TOOL, "summarize", trace(tmp_path, rows)], capture_output=True, text=True,
+                         check=True).stdout
+    assert "| mv_group_kernel<mv_legacy<q4_0_unpack> > | 24x128x1 | 1 |" in out
+    assert "| plain_c_kernel | 1x1x1 | 1 |" in out
 
 
 def test_report_through_the_command_line(tmp_path):
