@@ -96,3 +96,17 @@ def test_bench_batch_runs_every_sequence_at_once(default_model, tmp_path):
     row = json.loads(out.read_text().splitlines()[0])
     assert row["npl"] == 8 and row["steps"] == 12, row
     assert row["gen_tps"] > 0 and row["prompt_tps"] > 0, row
+    # Every sequence generates from the second step to the last: the steady figure has 11 steps.
+    assert row["steady_gen_tps"] > 0, row
+
+
+def test_bench_batch_steady_needs_every_sequence_generating(default_model, tmp_path):
+    # Two prompts a step (-b 32): the first two requests end (2 tokens) before the last ones read
+    # their prompts, so no step has all eight generating and there is no steady figure.
+    out = tmp_path / "b.json"
+    proc = run_pshard("bench", "--batch", "-m", default_model, "-npp", "16", "-ntg", "2", "-npl", "8", "-b", "32", "-t",
+                      "2", "-q", "--json", str(out))
+    row = json.loads(out.read_text().splitlines()[0])
+    assert row["steady_gen_tps"] == 0 and row["gen_tps"] > 0, row
+    header, line = proc.stdout.splitlines()[-2:]
+    assert header.split()[8:10] == ["steady", "t/s"] and line.split()[6] == "-", proc.stdout

@@ -3,7 +3,10 @@
  * prompt tokens (random, each its own) and -ntg generated tokens (greedy, end-of-text ignored)
  * are added together and stepped to the end by the continuous-batching scheduler. Reported: the
  * prompt throughput (all prompt tokens over the time to the last first token), the generation
- * throughput (tokens generated after that, over the time after it), the whole run's, TTFT per
+ * throughput (tokens generated after that, over the time after it), the steady generation
+ * throughput (the steps after the one that gave the last first token, through the first that
+ * ended a request: every step one token of each sequence, what llama.cpp's batched-bench times
+ * with its prompts all read first; "-" where no step had them all), the whole run's, TTFT per
  * sequence (p50, p99) and the device memory pshard holds (its arena, the budget, plus the CUDA
  * context). */
 #include <math.h>
@@ -43,8 +46,9 @@ static void print_usage(FILE *out) {
             "  tokens, each request its own), then -ntg generated tokens each (default 128, greedy).\n"
             "  A step carries up to -b tokens (default 2048): one of each generating sequence, the rest\n"
             "  prompt chunks. The KV cache holds npl * (npp + ntg) cells. Prints prompt and generation\n"
-            "  throughput, TTFT per sequence (p50, p99) and device memory; --json FILE writes one line\n"
-            "  per configuration (bench/batch_plot.py draws throughput against sequences from it).\n"
+            "  throughput (\"steady\": while every sequence generates), TTFT per sequence (p50, p99) and\n"
+            "  device memory; --json FILE writes one line per configuration (bench/batch_plot.py draws\n"
+            "  throughput against sequences from it).\n"
             "  --plan, --stream-share, --set and --decode-set place every configuration as in `pshard run`.\n");
 }
 
@@ -135,12 +139,18 @@ struct run {
     double t0, *ttft_ms, *token_ms; /* token_ms: [npl][ntg], from t0 */
     int32_t *n_tokens;
     int32_t finished, failed;
+    int32_t step, *token_step;      /* the step running; token_step: [npl][ntg], the step each token came in */
+    double *step_end_ms;            /* [step]: when it returned, from t0 */
+    int32_t step_cap;
 };
 
 static int on_event(void *user, const pshard_token_event *ev) {
     struct run *r = user;
     const int32_t s = ev->request % r->npl;
-    if (ev->token >= 0 && r->n_tokens[s] < r->ntg) r->token_ms[(size_t)s * r->ntg + r->n_tokens[s]++] = core_now_ms() - r->t0;
+    if (ev->token >= 0 && r->n_tokens[s] < r->ntg) {
+        r->token_step[(size_t)s * r->ntg + r->n_tokens[s]] = r->step;
+        r->token_ms[(size_t)s * r->ntg + r->n_tokens[s]++] = core_now_ms() - r->t0;
+    }
     if (ev->finish != PSHARD_FINISH_NONE) {
         r->finished++;
         r->ttft_ms[s] = ev->stats->ttft_ms;
@@ -185,9 +195,11 @@ static pshard_status run_config(const struct batch_opts *o, int64_t budget, int3
     pshard_info info;
     pshard_get_info(ctx, &info);
     struct run r = {npl, o->ntg, 0, calloc((size_t)npl, sizeof(double)), calloc((size_t)npl * o->ntg, sizeof(double)),
-                    calloc((size_t)npl, sizeof(int32_t)), 0, 0};
+                    calloc((size_t)npl, sizeof(int32_t)), 0, 0, 0, calloc((size_t)npl * o->ntg, sizeof(int32_t)), NULL, 0};
     int32_t *prompt = malloc(sizeof(int32_t) * (size_t)o->npp);
-    pshard_status st = r.ttft_ms && r.token_ms && r.n_tokens && prompt ? PSHARD_OK : core_fail(PSHARD_ERR_NOMEM, "out of memory");
+    pshard_status st = r.ttft_ms && r.token_ms && r.n_tokens && r.token_step && prompt
+                           ? PSHARD_OK
+                           : core_fail(PSHARD_ERR_NOMEM, "out of memory");
     uint64_t rng = 0x9e3779b97f4a7c15ull;
     r.t0 = core_now_ms();
     for (int32_t s = 0; st == PSHARD_OK && s < npl; s++) {
@@ -204,8 +216,18 @@ static pshard_status run_config(const struct batch_opts *o, int64_t budget, int3
     }
     int32_t pending = npl, steps = 0;
     while (st == PSHARD_OK && pending) {
+        if (steps == r.step_cap) {
+            const int32_t cap = r.step_cap ? 2 * r.step_cap : 256;
+            double *grown = realloc(r.step_end_ms, sizeof(double) * (size_t)cap);
+            if (!grown) {
+                st = core_fail(PSHARD_ERR_NOMEM, "out of memory");
+                break;
+            }
+            r.step_end_ms = grown, r.step_cap = cap;
+        }
+        r.step = steps;
         st = pshard_step(ctx, &pending);
-        steps++;
+        r.step_end_ms[steps++] = core_now_ms() - r.t0;
         if (!o->quiet && isatty(2))
             fprintf(stderr, "\r  %d sequences: step %d, %d finished\033[K", npl, steps, r.finished);
     }
@@ -218,23 +240,43 @@ static pshard_status run_config(const struct batch_opts *o, int64_t budget, int3
         int64_t after = 0;
         for (int32_t s = 0; s < npl; s++)
             for (int32_t k = 0; k < r.n_tokens[s]; k++) after += r.token_ms[(size_t)s * o->ntg + k] > pp_ms;
+        /* Steady: the steps after the one that gave the last first token, through the first that
+         * ended a request -- each a token of every sequence. */
+        int32_t first = -1, last = INT32_MAX;
+        for (int32_t s = 0; s < npl; s++) {
+            const int32_t *ts = r.token_step + (size_t)s * o->ntg;
+            if (!r.n_tokens[s]) continue;
+            first = ts[0] > first ? ts[0] : first;
+            last = ts[r.n_tokens[s] - 1] < last ? ts[r.n_tokens[s] - 1] : last;
+        }
+        int64_t steady = 0;
+        for (int32_t s = 0; s < npl; s++)
+            for (int32_t k = 0; k < r.n_tokens[s]; k++) {
+                const int32_t at = r.token_step[(size_t)s * o->ntg + k];
+                steady += at > first && at <= last;
+            }
         const double pp_tps = (double)npl * o->npp * 1e3 / pp_ms;
         const double tg_tps = total_ms > pp_ms ? after * 1e3 / (total_ms - pp_ms) : 0;
+        const double steady_tps =
+            first >= 0 && last > first && last < steps ? steady * 1e3 / (r.step_end_ms[last] - r.step_end_ms[first]) : 0;
         const double all_tps = (double)npl * (o->npp + o->ntg) * 1e3 / total_ms;
         const double p50 = percentile(r.ttft_ms, npl, 50), p99 = percentile(r.ttft_ms, npl, 99);
         const double device_mib = (info.vram_arena_bytes + info.vram_context_bytes) / 1048576.0;
         char budget_text[32];
         snprintf(budget_text, sizeof budget_text, "%s", budget ? pshard_format_bytes((uint64_t)budget, budget_text, sizeof budget_text) : "cpu");
-        printf("%-9s %5d %6d %5d %10.1f %10.1f %10.1f %9.0f %9.0f %10.0f  %s\n", budget_text, npl, o->npp, o->ntg, pp_tps,
-               tg_tps, all_tps, p50, p99, device_mib, info.plan);
+        char steady_text[16] = "-"; /* (none: a request ended before the last one's first token) */
+        if (steady_tps > 0) snprintf(steady_text, sizeof steady_text, "%.1f", steady_tps);
+        printf("%-9s %5d %6d %5d %10.1f %10.1f %10s %10.1f %9.0f %9.0f %10.0f  %s\n", budget_text, npl, o->npp, o->ntg,
+               pp_tps, tg_tps, steady_text, all_tps, p50, p99, device_mib, info.plan);
         fflush(stdout);
         if (json) {
             fprintf(json,
                     "{\"model\": \"%s\", \"budget_bytes\": %lld, \"npl\": %d, \"npp\": %d, \"ntg\": %d, \"n_batch\": %d, "
-                    "\"threads\": %d, \"prompt_tps\": %.2f, \"gen_tps\": %.2f, \"total_tps\": %.2f, \"prompt_ms\": %.1f, "
+                    "\"threads\": %d, \"prompt_tps\": %.2f, \"gen_tps\": %.2f, \"steady_gen_tps\": %.2f, \"total_tps\": %.2f, "
+                    "\"prompt_ms\": %.1f, "
                     "\"total_ms\": %.1f, \"ttft_p50_ms\": %.1f, \"ttft_p99_ms\": %.1f, \"steps\": %d, "
                     "\"device_mib\": %.0f, \"context_mib\": %.0f, \"kv_bytes\": %llu, \"plan\": \"%s\"}\n",
-                    o->model, (long long)budget, npl, o->npp, o->ntg, info.n_batch, info.n_threads, pp_tps, tg_tps, all_tps,
+                    o->model, (long long)budget, npl, o->npp, o->ntg, info.n_batch, info.n_threads, pp_tps, tg_tps, steady_tps, all_tps,
                     pp_ms, total_ms, p50, p99, steps, device_mib, info.vram_context_bytes / 1048576.0,
                     (unsigned long long)info.kv_bytes, info.plan);
             fflush(json);
@@ -244,6 +286,8 @@ static pshard_status run_config(const struct batch_opts *o, int64_t budget, int3
     free(r.ttft_ms);
     free(r.token_ms);
     free(r.n_tokens);
+    free(r.token_step);
+    free(r.step_end_ms);
     pshard_close(ctx);
     return st;
 }
@@ -261,8 +305,8 @@ int cmd_bench_batch(int argc, char **argv) {
         perror(o.json);
         return 1;
     }
-    printf("%-9s %5s %6s %5s %10s %10s %10s %9s %9s %10s  %s\n", "budget", "npl", "npp", "ntg", "prompt t/s", "gen t/s",
-           "all t/s", "TTFT p50", "TTFT p99", "device MiB", "plan (decode/prompt)");
+    printf("%-9s %5s %6s %5s %10s %10s %10s %10s %9s %9s %10s  %s\n", "budget", "npl", "npp", "ntg", "prompt t/s", "gen t/s",
+           "steady t/s", "all t/s", "TTFT p50", "TTFT p99", "device MiB", "plan (decode/prompt)");
     for (int bi = 0; bi < o.n_budgets; bi++)
         for (int ci = 0; ci < o.n_counts; ci++) {
             const pshard_status st = run_config(&o, o.budgets[bi], (int32_t)o.counts[ci], json);
