@@ -11,8 +11,10 @@ Usage:
   bench/kernel_trace.py summarize FILE.csv [WINDOW]
 WINDOW: --last-ms MS (the run's last MS of GPU activity) or --from-ms A --to-ms B (from the first
 record), and --steps REGEX: a step is one call of the kernels REGEX matches (say the embedding
-lookup), and every row is also given per step. Without a window: the whole run. Also printed: how
-busy the GPU was in each twentieth of the run, to find the phases. Only the standard library."""
+lookup), and every row is also given per step; with --each-step, a row a step as well: its length,
+the GPU's idle time in it, its longest gap and what came before it, and its largest kernel.
+Without a window: the whole run. Also printed: how busy the GPU was in each twentieth of the run,
+to find the phases. Only the standard library."""
 import argparse
 import bisect
 import csv
@@ -139,7 +141,34 @@ def summarize(records, t0, t1, steps=None):
     return rows, idle_ms, n_steps
 
 
-def report(records, t0, t1, steps=None):
+def each_step(records, t0, t1, steps):
+    """A row a step of the window (from one call of the kernels `steps` matches to the next): its
+    start (ms after the first record), length and idle ms, its longest gap with the record before
+    it, and its largest kernel with its ms."""
+    pattern = re.compile(steps)
+    starts = [s for k, s, _e, _g, _b, _c, name in records if k == "kernel" and t0 <= s < t1 and pattern.search(name)]
+    rows = []
+    for a, b in zip(starts, starts[1:]):
+        part = clip(records, a, b)
+        gap, after, end = 0, "", None
+        for kind, s, e, _g, _b, copy, name in part:
+            if end is not None and s - end > gap:
+                gap, after = s - end, before
+            before = short_name(name) if kind == "kernel" else ("%s %s" % (kind, copy)).strip()
+            end = e if end is None else max(end, e)
+        if end is not None and b - end > gap:  # (up to the next step's first kernel)
+            gap, after = b - end, before
+        totals = {}
+        for kind, s, e, _g, _b, _c, name in part:
+            if kind == "kernel":
+                totals[short_name(name)] = totals.get(short_name(name), 0) + e - s
+        top = max(totals.items(), key=lambda kv: kv[1]) if totals else ("", 0)
+        rows.append({"from_ms": (a - records[0][1]) / 1e6, "ms": (b - a) / 1e6, "idle_ms": (b - a - busy_ns(part)) / 1e6,
+                     "gap_ms": gap / 1e6, "gap_after": after, "top": top[0], "top_ms": top[1] / 1e6})
+    return rows
+
+
+def report(records, t0, t1, steps=None, every=False):
     lines = ["GPU busy by twentieth of the run:"]
     lines += ["  %9.1f - %9.1f ms  %5.1f%%" % (a, b, 100 * busy) for a, b, busy in phases(records)]
     rows, idle_ms, n_steps = summarize(records, t0, t1, steps)
@@ -160,6 +189,12 @@ def report(records, t0, t1, steps=None):
     lines.append(idle + (" %.3f |" % (idle_ms / per) if per else ""))
     if per:
         lines.append("a step: %.3f ms" % (span_ms / per))
+    if every and steps:
+        lines += ["", "| step from, ms | ms | GPU idle, ms | longest gap, ms | after | largest kernel | its ms |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in each_step(records, t0, t1, steps):
+            lines.append("| %.1f | %.3f | %.3f | %.3f | %s | %s | %.3f |" % (
+                r["from_ms"], r["ms"], r["idle_ms"], r["gap_ms"], r["gap_after"], r["top"], r["top_ms"]))
     return "\n".join(lines)
 
 
@@ -176,10 +211,13 @@ def main(argv):
         p.add_argument("--from-ms", type=float)
         p.add_argument("--to-ms", type=float)
         p.add_argument("--steps", help="a regex: one call of the kernels it matches is one step")
+        p.add_argument("--each-step", action="store_true", help="also a row a step (with --steps)")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
     a = ap.parse_args(argv)
     if a.last_ms is not None and (a.from_ms is not None or a.to_ms is not None):
         ap.error("--last-ms or --from-ms/--to-ms, not both")
+    if a.each_step and not a.steps:
+        ap.error("--each-step needs --steps")
     if a.steps:
         try:
             re.compile(a.steps)
@@ -202,7 +240,7 @@ def main(argv):
         t0, t1 = window(records, a.last_ms, a.from_ms, a.to_ms)
     except (OSError, ValueError) as e:
         raise SystemExit("kernel_trace: %s: %s" % (path, e))
-    print(report(records, t0, t1, a.steps))
+    print(report(records, t0, t1, a.steps, a.each_step))
     return 0
 
 

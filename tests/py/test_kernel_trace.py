@@ -87,6 +87,24 @@ def test_report_through_the_command_line(tmp_path):
     assert "| **GPU idle** | | | | 1.500 | 16.7% | 0.750 |" in out
 
 
+def test_each_step_has_its_longest_gap(tmp_path):
+    with open(trace(tmp_path, two_steps())) as f:
+        records = kt.parse(f)
+    t0, t1 = kt.window(records)
+    rows = kt.each_step(records, t0, t1, "embed_rows")
+    assert len(rows) == 1  # two calls of the step's kernel: one whole step between them
+    r = rows[0]
+    assert r["ms"] == pytest.approx(6.0) and r["idle_ms"] == pytest.approx(1.5)
+    assert r["gap_ms"] == pytest.approx(1.0) and r["gap_after"] == "memcpy DtoH"  # 6-7 ms, after the copy
+    assert r["top"] == "embed_rows" and r["top_ms"] == pytest.approx(2.0)  # (2 ms each: the first of a tie)
+    out = subprocess.run([sys.executable, TOOL, "summarize", trace(tmp_path, two_steps()), "--steps", "embed_rows",
+                          "--each-step"], capture_output=True, text=True, check=True).stdout
+    assert "| 0.0 | 6.000 | 1.500 | 1.000 | memcpy DtoH | embed_rows | 2.000 |" in out
+    bad = subprocess.run([sys.executable, TOOL, "summarize", trace(tmp_path, two_steps()), "--each-step"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "--each-step needs --steps" in bad.stderr
+
+
 @pytest.mark.parametrize("body, message", [
     (["kind,start,end"], "not a kernel_trace CSV"),
     ([HEAD, 'kernel,5,4,7,1x1x1,32x1x1,0,,"k"'], "ends before it starts"),
