@@ -663,15 +663,17 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
 }
 
 /* The head in chunks of outputs, each chunk's logits copied down as it is done: chunks of
- * GPU_LOGIT_ROWS for a float head (cuBLAS reads it as it is), of CUDA_MATVEC_MAX_TOKENS for a
- * quantized one, so each chunk reads its weights once on the matrix-vector kernel where more rows
- * would dequantize the whole head to f16 for each chunk (qwen30b's Q4_0 head at 64 outputs: 2.5 ms
- * a step against 2.9, bench/cuda_kernels.md). */
+ * CUDA_MATVEC_MAX_TOKENS for a quantized head in VRAM, so each chunk reads its weights once on the
+ * matrix-vector kernel where more rows would dequantize the whole head to f16 for each chunk
+ * (qwen30b's Q4_0 head at 64 outputs: 2.5 ms a step against 2.9, bench/cuda_kernels.md); else
+ * GPU_LOGIT_ROWS (a float head goes to cuBLAS as it is; one read in place crosses PCIe once a
+ * chunk, so the fewer chunks the better). */
 static pshard_status head_shard(struct exec_ctx *ctx, struct exec_gpu *g) {
     const struct model_hparams *hp = &ctx->model->hp;
     const int64_t n_out = ctx->stats.n_outputs, d = hp->n_embd;
     const enum quant_type type = g->output.type;
-    const int64_t chunk = type == QUANT_F16 || type == QUANT_BF16 || type == QUANT_F32 ? GPU_LOGIT_ROWS : CUDA_MATVEC_MAX_TOKENS;
+    const bool float_head = type == QUANT_F16 || type == QUANT_BF16 || type == QUANT_F32;
+    const int64_t chunk = float_head || g->output.in_place ? GPU_LOGIT_ROWS : CUDA_MATVEC_MAX_TOKENS;
     /* Gather the output rows of the residual stream (an F32 "matrix" of n_batch rows). */
     const struct cuda_matrix rows = {QUANT_F32, g->x, d, ctx->params.n_batch, 1, sizeof(float) * (size_t)d, false};
     CORE_TRY(cuda_get_rows(&rows, g->out_rows, n_out, g->proj, g->stream));
