@@ -76,11 +76,17 @@ static int ad_heads_per_block(int group) {
     return hb;
 }
 
-/* One chunk of a warp's walk: its lane's cell's score against the pieces of the K row it holds,
- * the warp's running max and sum, and the lane's share of the output from the V row's pieces. */
+/* One chunk of a warp's walk: the lane's pieces quarter, quarter + 4, ... of its cell's K row kr
+ * and V row vr (in global or shared memory; both loaded before any is used), its cell's score,
+ * the warp's running max and sum, and the lane's share of the output. */
 template <int KP, int VP>
-__device__ __forceinline__ void ad_chunk(const float (&q)[KP][8], const uint4 (&kraw)[KP], const uint4 (&vraw)[VP], bool valid,
-                                         float scale, float &m, float &l, float (&acc)[VP][8]) {
+__device__ __forceinline__ void ad_chunk(const float (&q)[KP][8], const uint4 *kr, const uint4 *vr, bool valid, int quarter,
+                                         int k_pieces, int v_pieces, float scale, float &m, float &l, float (&acc)[VP][8]) {
+    uint4 kraw[KP], vraw[VP];
+#pragma unroll
+    for (int i = 0; i < KP; i++) kraw[i] = valid && quarter + 4 * i < k_pieces ? kr[quarter + 4 * i] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < VP; i++) vraw[i] = valid && quarter + 4 * i < v_pieces ? vr[quarter + 4 * i] : make_uint4(0, 0, 0, 0);
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < KP; i++) {
@@ -181,15 +187,9 @@ template <int KP, int VP, bool STAGED> __global__ void __launch_bounds__(32 * AD
                 const int c0 = c_begin + tile * AD_TILE_CELLS + ch * AD_CHUNK;
                 if (c0 >= c_end) break;
                 const bool valid = c0 + cell_lane < c_end;
-                const uint4 *kr = (const uint4 *)(rows + (ch * AD_CHUNK + cell_lane) * pitch), *vr = (const uint4 *)((const uint8_t *)kr + k_row);
-                uint4 kraw[KP], vraw[VP];
-#pragma unroll
-                for (int i = 0; i < KP; i++)
-                    kraw[i] = valid && quarter + 4 * i < k_pieces ? kr[quarter + 4 * i] : make_uint4(0, 0, 0, 0);
-#pragma unroll
-                for (int i = 0; i < VP; i++)
-                    vraw[i] = valid && quarter + 4 * i < v_pieces ? vr[quarter + 4 * i] : make_uint4(0, 0, 0, 0);
-                ad_chunk<KP, VP>(q, kraw, vraw, valid, a.scale, m, l, acc);
+                const uint8_t *cell = rows + (ch * AD_CHUNK + cell_lane) * pitch;
+                ad_chunk<KP, VP>(q, (const uint4 *)cell, (const uint4 *)(cell + k_row), valid, quarter, k_pieces, v_pieces,
+                                 a.scale, m, l, acc);
             }
             __syncthreads(); /* (the next load writes over this tile's buffer) */
         }
@@ -198,15 +198,8 @@ template <int KP, int VP, bool STAGED> __global__ void __launch_bounds__(32 * AD
             const int c = c0 + cell_lane;
             const bool valid = c < c_end;
             const int64_t row = valid ? (int64_t)blocks[c / bc] * bc + c % bc : 0;
-            uint4 kraw[KP], vraw[VP]; /* both rows' pieces loaded before any is used */
-            const uint4 *kr = (const uint4 *)(kb + row * k_width), *vr = (const uint4 *)(vb + row * v_width);
-#pragma unroll
-            for (int i = 0; i < KP; i++)
-                kraw[i] = valid && quarter + 4 * i < k_pieces ? kr[quarter + 4 * i] : make_uint4(0, 0, 0, 0);
-#pragma unroll
-            for (int i = 0; i < VP; i++)
-                vraw[i] = valid && quarter + 4 * i < v_pieces ? vr[quarter + 4 * i] : make_uint4(0, 0, 0, 0);
-            ad_chunk<KP, VP>(q, kraw, vraw, valid, a.scale, m, l, acc);
+            ad_chunk<KP, VP>(q, (const uint4 *)(kb + row * k_width), (const uint4 *)(vb + row * v_width), valid, quarter,
+                             k_pieces, v_pieces, a.scale, m, l, acc);
         }
     }
     /* The eight cells' shares summed: every lane of a quarter ends with its pieces' sums. */

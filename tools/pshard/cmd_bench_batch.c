@@ -258,7 +258,7 @@ static pshard_status run_config(const struct batch_opts *o, int64_t budget, int3
         const double pp_tps = (double)npl * o->npp * 1e3 / pp_ms;
         const double tg_tps = total_ms > pp_ms ? after * 1e3 / (total_ms - pp_ms) : 0;
         const double steady_tps =
-            first >= 0 && last > first && last < steps ? steady * 1e3 / (r.step_end_ms[last] - r.step_end_ms[first]) : 0;
+            first >= 0 && last > first ? steady * 1e3 / (r.step_end_ms[last] - r.step_end_ms[first]) : 0;
         const double all_tps = (double)npl * (o->npp + o->ntg) * 1e3 / total_ms;
         const double p50 = percentile(r.ttft_ms, npl, 50), p99 = percentile(r.ttft_ms, npl, 99);
         const double device_mib = (info.vram_arena_bytes + info.vram_context_bytes) / 1048576.0;
