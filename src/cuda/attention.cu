@@ -129,6 +129,7 @@ __host__ __device__ inline int ad_row_pitch(int head_k, int head_v) { return hea
 /* KP, VP: the 16-byte pieces of a K and a V row a lane owns at most (head_k <= 32 KP, head_v <=
  * 32 VP). The block is HB x R warps: warp w takes head w % HB and every R-th chunk from w / HB. */
 template <int KP, int VP, bool STAGED> __global__ void __launch_bounds__(32 * AD_WARPS) attn_decode_kernel(const ad_args a) {
+    dep_enter();
     __shared__ float merge_o[AD_WARPS][VP * 32], merge_ml[AD_WARPS][2];
     const int HB = a.heads_per_block, R = AD_WARPS / HB, blocks_per_kv = a.group / HB;
     const int split = blockIdx.x, kvh = blockIdx.y / blocks_per_kv, t = blockIdx.z;
@@ -259,11 +260,12 @@ template <int KP, int VP, bool STAGED> __global__ void __launch_bounds__(32 * AD
  * from expf each time. The outputs are read as float4 (head_v a multiple of 4), warp w taking
  * slices w, w + 4, ...: four loads in flight a lane instead of one slice after another, the
  * warps' sums then added in warp order. With q (head_v a multiple of 32, at most AC_THREADS), the
- * head's output is also quantized there, a warp a block of 32, as cuda_quantize would (q_sum:
- * Q8_1, else Q8_0). */
+ * head's output is also written there for the product after it, a warp a block of 32, as
+ * cuda_quantize would (q_out: a qa_out). */
 enum { AC_THREADS = 128, AC_WARPS = AC_THREADS / 32, AC_MAX_SPLITS = 512, AC_MAX_HEAD = 256 };
 __global__ void __launch_bounds__(AC_THREADS) attn_combine_kernel(const float *part_o, const float *part_ml, int n_splits,
-                                                                  int head_v, float *out, uint8_t *q, bool q_sum) {
+                                                                  int head_v, float *out, uint8_t *q, int q_out) {
+    dep_enter();
     __shared__ float factor[AC_MAX_SPLITS], weighted[AC_MAX_SPLITS]; /* e^(m_s - M), l_s e^(m_s - M) */
     __shared__ __align__(16) float sums[AC_WARPS][AC_MAX_HEAD];
     __shared__ float red[AC_WARPS];
@@ -328,22 +330,18 @@ __global__ void __launch_bounds__(AC_THREADS) attn_combine_kernel(const float *p
         out[((int64_t)t * n_head + h) * head_v + d] = o * inv;
         if (d == threadIdx.x) mine = o * inv;
     }
-    if (q && warp < head_v / 32) { /* (whole warps: head_v is a multiple of 32) */
-        const int64_t block = (((int64_t)t * n_head + h) * head_v) / 32 + warp;
-        if (q_sum) qa_q8_value<true>(mine, q + block * 36, lane);
-        else qa_q8_value<false>(mine, q + block * 34, lane);
-    }
+    if (q && warp < head_v / 32) /* (whole warps: head_v is a multiple of 32) */
+        qa_value32(q_out, mine, q, (((int64_t)t * n_head + h) * head_v) / 32 + warp, lane);
 }
 
 template <int KP, int VP> static pshard_status ad_launch(bool staged, const ad_args &p, dim3 grid, int threads, cudaStream_t st) {
     if (!staged) {
-        attn_decode_kernel<KP, VP, false><<<grid, threads, 0, st>>>(p);
+        CUDA_TRY(launch_dep(attn_decode_kernel<KP, VP, false>, grid, threads, 0, st, p));
     } else {
         const size_t smem = 2 * (size_t)AD_TILE_CELLS * ad_row_pitch(p.head_k, p.head_v);
         CUDA_TRY(cudaFuncSetAttribute(attn_decode_kernel<KP, VP, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attn_decode_kernel<KP, VP, true><<<grid, threads, smem, st>>>(p);
+        CUDA_TRY(launch_dep(attn_decode_kernel<KP, VP, true>, grid, threads, smem, st, p));
     }
-    CUDA_TRY_LAUNCH("attention decode");
     return PSHARD_OK;
 }
 
@@ -351,14 +349,13 @@ static pshard_status merge(const float *part_o, const float *part_ml, int n_spli
                            float *out, enum quant_type q_type, void *q_out, cuda_stream s) {
     CUDA_ARG(head_v % 4 == 0 && head_v <= AC_MAX_HEAD, "attention merge: heads of %d (a multiple of 4, at most %d)", head_v,
              (int)AC_MAX_HEAD);
-    attn_combine_kernel<<<dim3((unsigned)n_head, (unsigned)n_tokens), AC_THREADS, 0, raw_stream(s)>>>(
-        part_o, part_ml, n_splits, head_v, out, (uint8_t *)q_out, q_type == QUANT_Q8_1);
-    CUDA_TRY_LAUNCH("attention combine");
+    CUDA_TRY(launch_dep(attn_combine_kernel, dim3((unsigned)n_head, (unsigned)n_tokens), AC_THREADS, 0, raw_stream(s),
+                        part_o, part_ml, n_splits, head_v, out, (uint8_t *)q_out, qa_out_of(q_type)));
     return PSHARD_OK;
 }
 
 extern "C" bool cuda_attention_decode_quantizes(const struct cuda_attn_shape *a, enum quant_type q_type) {
-    return (q_type == QUANT_Q8_0 || q_type == QUANT_Q8_1) && a->head_v % 32 == 0 && a->head_v <= AC_THREADS;
+    return cuda_writes_act(q_type) && a->head_v % 32 == 0 && a->head_v <= AC_THREADS;
 }
 
 extern "C" pshard_status cuda_attention_decode(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv,

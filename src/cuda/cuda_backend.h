@@ -274,15 +274,23 @@ pshard_status cuda_rmsnorm(const float *x, const float *w, float *out, int64_t n
  * before anything the stream signals after it. */
 pshard_status cuda_rmsnorm_mirror(const float *x, const float *w, float *out, float *mirror, int64_t n_rows, int64_t n,
                                   float eps, cuda_stream s);
+/* Whether the kernels below that end in a product's activations (RMSNorm, SwiGLU, decode
+ * attention's merge) write them in `act_type` in the same launch: Q8_0, Q8_1, F16 and BF16. */
+bool cuda_writes_act(enum quant_type act_type);
 /* cuda_rmsnorm_mirror (out not x; mirror may be NULL), and out quantized to act_type into q as
- * cuda_quantize does, all to the bit; one launch where act_type is Q8_0 or Q8_1 and n a multiple
- * of 32, over a block per 256 values (each summing its row's squares), else the two calls. */
+ * cuda_quantize does, all to the bit; one launch where cuda_writes_act(act_type) and n is a
+ * multiple of 32, over a block per 256 values (each summing its row's squares), else the two
+ * calls. */
 pshard_status cuda_rmsnorm_quantize(enum quant_type act_type, const float *x, const float *w, float *out, float *mirror,
                                     void *q, int64_t n_rows, int64_t n, float eps, cuda_stream s);
 pshard_status cuda_add(float *acc, const float *x, int64_t n, cuda_stream s);
 pshard_status cuda_add_bias(float *x, const float *bias, int64_t n_rows, int64_t n, cuda_stream s);
 /* out[i] = silu(gate[i]) * up[i] (out may be gate). */
 pshard_status cuda_swiglu(const float *gate, const float *up, float *out, int64_t n, cuda_stream s);
+/* The same for n_rows rows of n_cols written as cuda_quantize(act_type) would write them into q
+ * (no f32 copy), in one launch: cuda_writes_act(act_type), n_cols a multiple of 32. */
+pshard_status cuda_swiglu_quantize(enum quant_type act_type, const float *gate, const float *up, int64_t n_cols,
+                                   int64_t n_rows, void *q, cuda_stream s);
 
 /* RoPE as src/cpu/rope.c: cs [n_tokens][p->n_dims] from device positions; p->freq_factors is
  * ignored (a host pointer): pass the device copy as freq_factors (or NULL). With multimodal rope
@@ -306,6 +314,10 @@ pshard_status cuda_norm_rope_qk_store(const struct rope_params *p, const float *
                                       int n_head, float *k, const float *k_norm, int n_head_kv, float eps, int64_t n_tokens,
                                       int head_size, const struct cuda_kv_layer *kv, const float *v, int head_v,
                                       const int32_t *seq, const int32_t *pos, cuda_stream s);
+/* The same without the norms: cuda_rope_apply of q and of k, then cuda_kv_store, in one launch. */
+pshard_status cuda_rope_qk_store(const struct rope_params *p, const float *cs, float *q, int n_head, float *k,
+                                 int n_head_kv, int64_t n_tokens, int head_size, const struct cuda_kv_layer *kv,
+                                 const float *v, int head_v, const int32_t *seq, const int32_t *pos, cuda_stream s);
 
 /* ---- KV cache and attention ------------------------------------------------------------------ */
 
@@ -339,8 +351,8 @@ pshard_status cuda_attention_decode(const struct cuda_attn_shape *a, const struc
                                     const int32_t *seq, const int32_t *pos, int64_t n_tokens, int32_t max_kv_len,
                                     float *out, void *work, size_t work_bytes, cuda_stream s);
 /* The same, out also quantized to q_type into q_out in the same launch as cuda_quantize would
- * (for the product after it), where cuda_attention_decode_quantizes: Q8_0 or Q8_1, heads of a
- * multiple of 32 values up to 128. */
+ * (for the product after it), where cuda_attention_decode_quantizes: cuda_writes_act(q_type),
+ * heads of a multiple of 32 values up to 128. */
 bool cuda_attention_decode_quantizes(const struct cuda_attn_shape *a, enum quant_type q_type);
 pshard_status cuda_attention_decode_quantized(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv,
                                               const float *q, const int32_t *seq, const int32_t *pos, int64_t n_tokens,

@@ -23,6 +23,22 @@ pshard_status cuda_fail_blas(cublasStatus_t err, const char *expr, const char *f
  * CUDA_MODULE_LOADING the user set is kept. */
 static void load_modules_eagerly(void) { setenv("CUDA_MODULE_LOADING", "EAGER", 0); }
 
+bool cuda_dep_launch = false;
+
+__global__ void dep_probe_kernel() {}
+
+/* Whether this device runs the kernels as their sm_90 code (compiled from compute_90 PTX), which
+ * has the dependent-launch instructions: not an older GPU, nor a newer one JIT-compiling the
+ * compute_75 PTX (cuda_internal.cuh). */
+static bool dep_launch_runs(void) {
+    cudaFuncAttributes attr;
+    if (cudaFuncGetAttributes(&attr, dep_probe_kernel) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return attr.ptxVersion >= 90 && attr.binaryVersion >= 90;
+}
+
 extern "C" int cuda_device_count(void) {
     load_modules_eagerly();
     int n = 0;
@@ -127,6 +143,7 @@ extern "C" pshard_status cuda_ctx_create(int device, struct cuda_ctx **out) {
     load_modules_eagerly();
     CTX_TRY(cudaSetDevice(device));
     CTX_TRY(cudaFree(0)); /* creates the primary context now, so it is measured here */
+    cuda_dep_launch = dep_launch_runs();
     CTX_TRY(cudaStreamCreateWithFlags(&ctx->compute, cudaStreamNonBlocking));
     CTX_TRY(cudaStreamCreateWithFlags(&ctx->copy, cudaStreamNonBlocking));
     {

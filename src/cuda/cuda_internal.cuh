@@ -62,6 +62,59 @@ int cuda_block_bytes(enum quant_type type);
 pshard_status cuda_attention_merge(const float *part_o, const float *part_ml, int n_splits, int n_head, int head_v,
                                    int64_t n_tokens, float *out, cuda_stream s);
 
+/* ---- dependent launches (compute capability 9.0 on)
+ *
+ * A kernel launched by launch_dep may start while the kernel before it in the stream still runs:
+ * once each block of that kernel has called dep_release() (or exited). Each of its blocks calls
+ * dep_wait() before it reads anything an earlier launch wrote and before it writes anything;
+ * dep_wait returns when every earlier kernel has finished and its writes are visible. What a
+ * kernel does before (the matrix-vector kernels load their first weights, which no step writes)
+ * overlaps the tail of the kernel before it, and its own launch does. A plain launch (<<<>>>)
+ * waits for everything before it, as ever, and a kernel that never calls dep_release lets its
+ * dependents start only as it ends. Taken where the kernels run as their sm_90 code
+ * (cuda_dep_launch, set when the context is made), which has the two instructions, and only
+ * outside graph capture: a captured decode step launched this way ran 10% slower (qwen30b on an
+ * H100, bench/cuda_kernels.md), while the host's launches of steps of many tokens gain.
+ * Elsewhere the two instructions are empty or never wait, and launch_dep launches plainly. */
+extern bool cuda_dep_launch;
+
+__device__ __forceinline__ void dep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void dep_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* The usual start of a kernel launched by launch_dep: its dependents may launch, and it waits. */
+__device__ __forceinline__ void dep_enter() {
+    dep_release();
+    dep_wait();
+}
+
+template <typename... P, typename... A>
+static inline cudaError_t launch_dep(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                     A &&...args) {
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    const bool dep = cuda_dep_launch && cudaStreamIsCapturing(st, &capture) == cudaSuccess &&
+                     capture == cudaStreamCaptureStatusNone;
+    cfg.attrs = dep ? &attr : NULL;
+    cfg.numAttrs = dep ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
+}
+
 /* ---- device helpers */
 
 /* A half stored at a 2-byte aligned address, as f32. */

@@ -5,6 +5,7 @@
 template <int TYPE>
 __global__ void get_rows_kernel(const uint8_t *w, size_t row_bytes, int64_t n_cols, const int32_t *rows, int64_t n,
                                 float *out) {
+    dep_enter();
     const int64_t groups = n_cols / 8;
     const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= groups * n) return;
@@ -18,6 +19,7 @@ __global__ void get_rows_kernel(const uint8_t *w, size_t row_bytes, int64_t n_co
 
 template <int TYPE>
 __global__ void dequant_f16_kernel(const uint8_t *w, size_t row_bytes, int64_t n_cols, int64_t n_rows, __half *out) {
+    dep_enter();
     const int64_t groups = n_cols / 8;
     const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= groups * n_rows) return;
@@ -46,13 +48,13 @@ extern "C" pshard_status cuda_get_rows(const struct cuda_matrix *m, const int32_
     const int64_t threads = n * m->n_cols / 8;
     const unsigned grid = (unsigned)ceil_div(threads, 256);
     const uint8_t *w = (const uint8_t *)m->data;
-#define LAUNCH(T) get_rows_kernel<T><<<grid, 256, 0, raw_stream(s)>>>(w, m->row_bytes, m->n_cols, rows, n, out)
+#define LAUNCH(T)                                                                                                      \
+    CUDA_TRY(launch_dep(get_rows_kernel<T>, grid, 256, 0, raw_stream(s), w, m->row_bytes, m->n_cols, rows, n, out))
     switch (m->type) {
         CUDA_TYPE_CASES(LAUNCH)
     default: break;
     }
 #undef LAUNCH
-    CUDA_TRY_LAUNCH("get_rows");
     return PSHARD_OK;
 }
 
@@ -64,12 +66,13 @@ extern "C" pshard_status cuda_dequantize_f16(const struct cuda_matrix *m, int64_
     if (n_rows == 0) return PSHARD_OK;
     const unsigned grid = (unsigned)ceil_div(n_rows * m->n_cols / 8, 256);
     const uint8_t *w = (const uint8_t *)m->data + (size_t)row0 * m->row_bytes;
-#define LAUNCH(T) dequant_f16_kernel<T><<<grid, 256, 0, raw_stream(s)>>>(w, m->row_bytes, m->n_cols, n_rows, (__half *)out)
+#define LAUNCH(T)                                                                                                      \
+    CUDA_TRY(launch_dep(dequant_f16_kernel<T>, grid, 256, 0, raw_stream(s), w, m->row_bytes, m->n_cols, n_rows,        \
+                        (__half *)out))
     switch (m->type) {
         CUDA_TYPE_CASES(LAUNCH)
     default: break;
     }
 #undef LAUNCH
-    CUDA_TRY_LAUNCH("dequantize_f16");
     return PSHARD_OK;
 }

@@ -8,6 +8,7 @@
  * summing the whole row's squares: a few rows run on more blocks than one (out apart from x). */
 __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float *x, const float *w, float *out, int64_t n,
                                                                float eps, float *mirror, int parts, int64_t span) {
+    dep_enter();
     const int64_t row = blockIdx.x / parts, from = (int64_t)(blockIdx.x % parts) * span, to = min(n, from + span);
     const float *xr = x + row * n;
     float *o = out + row * n;
@@ -22,16 +23,19 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float *x, c
 }
 
 __global__ void add_kernel(float *acc, const float *x, int64_t n) {
+    dep_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) acc[i] += x[i];
 }
 
 __global__ void add_bias_kernel(float *x, const float *bias, int64_t total, int64_t n) {
+    dep_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < total) x[i] += bias[i % n];
 }
 
 __global__ void swiglu_kernel(const float *gate, const float *up, float *out, int64_t n) {
+    dep_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float g = gate[i];
@@ -47,9 +51,8 @@ extern "C" pshard_status cuda_rmsnorm_mirror(const float *x, const float *w, flo
     /* A decode step's few rows: a block per NORM_THREADS values of each (not in place: the other
      * blocks of the row read it whole). */
     const int parts = out != x && n_rows <= 8 && n >= 4 * NORM_THREADS ? (int)ceil_div(n, NORM_THREADS) : 1;
-    rmsnorm_kernel<<<(unsigned)(n_rows * parts), NORM_THREADS, 0, raw_stream(s)>>>(x, w, out, n, eps, mirror, parts,
-                                                                                  parts > 1 ? NORM_THREADS : n);
-    CUDA_TRY_LAUNCH("rmsnorm");
+    CUDA_TRY(launch_dep(rmsnorm_kernel, (unsigned)(n_rows * parts), NORM_THREADS, 0, raw_stream(s), x, w, out, n, eps,
+                        mirror, parts, parts > 1 ? NORM_THREADS : n));
     return PSHARD_OK;
 }
 
@@ -60,21 +63,18 @@ extern "C" pshard_status cuda_rmsnorm(const float *x, const float *w, float *out
 
 extern "C" pshard_status cuda_add(float *acc, const float *x, int64_t n, cuda_stream s) {
     if (n == 0) return PSHARD_OK;
-    add_kernel<<<blocks_for(n), 256, 0, raw_stream(s)>>>(acc, x, n);
-    CUDA_TRY_LAUNCH("add");
+    CUDA_TRY(launch_dep(add_kernel, blocks_for(n), 256, 0, raw_stream(s), acc, x, n));
     return PSHARD_OK;
 }
 
 extern "C" pshard_status cuda_add_bias(float *x, const float *bias, int64_t n_rows, int64_t n, cuda_stream s) {
     if (n_rows * n == 0) return PSHARD_OK;
-    add_bias_kernel<<<blocks_for(n_rows * n), 256, 0, raw_stream(s)>>>(x, bias, n_rows * n, n);
-    CUDA_TRY_LAUNCH("add_bias");
+    CUDA_TRY(launch_dep(add_bias_kernel, blocks_for(n_rows * n), 256, 0, raw_stream(s), x, bias, n_rows * n, n));
     return PSHARD_OK;
 }
 
 extern "C" pshard_status cuda_swiglu(const float *gate, const float *up, float *out, int64_t n, cuda_stream s) {
     if (n == 0) return PSHARD_OK;
-    swiglu_kernel<<<blocks_for(n), 256, 0, raw_stream(s)>>>(gate, up, out, n);
-    CUDA_TRY_LAUNCH("swiglu");
+    CUDA_TRY(launch_dep(swiglu_kernel, blocks_for(n), 256, 0, raw_stream(s), gate, up, out, n));
     return PSHARD_OK;
 }

@@ -98,6 +98,7 @@ enum { FT_TOKENS = 8, FT_WARPS = 8, FT_ROWS_PER_HALF = 4, FT_PITCH = 36, FT_FILL
 __global__ void __launch_bounds__(32 * FT_WARPS)
     mv_f32_tiled_kernel(const float *w, int64_t w_stride, int n_rows, int rows_per_half, int n_items, int chunk,
                         const float *x, int n_tokens, float *y, int64_t y_stride) {
+    dep_enter();
     extern __shared__ float4 xs[]; /* [FT_TOKENS][n_items][FT_PITCH / 4] */
     const int t0 = blockIdx.y * FT_TOKENS, nt = min(FT_TOKENS, n_tokens - t0);
     const int pieces = n_items * 8; /* 16-byte pieces of a token's row */
@@ -154,6 +155,7 @@ enum { FR_MAX_CHUNKS = 16 }; /* rows up to 8,192 columns */
 __global__ void __launch_bounds__(32 * FR_MAX_CHUNKS)
     mv_f32_row_kernel(const float *w, int64_t w_stride, int n_items, int chunk, const float *x, int n_tokens, float *y,
                       int64_t y_stride) {
+    dep_release();
     __shared__ float part[FR_MAX_CHUNKS][CUDA_MATVEC_MAX_TOKENS][16];
     const int c = threadIdx.x / 32, lane = threadIdx.x % 32, row = blockIdx.x, item = c * chunk + lane;
     const int n_chunks = blockDim.x / 32;
@@ -164,6 +166,7 @@ __global__ void __launch_bounds__(32 * FR_MAX_CHUNKS)
             uint4 wv[8];
 #pragma unroll
             for (int i = 0; i < 8; i++) wv[i] = __ldg(wr + i);
+            dep_wait(); /* the weights' loads in flight before the activations are ready */
 #pragma unroll
             for (int t = 0; t < CUDA_MATVEC_MAX_TOKENS; t++) {
                 s[t] = 0.0f;
@@ -184,6 +187,7 @@ __global__ void __launch_bounds__(32 * FR_MAX_CHUNKS)
 #pragma unroll
             for (int t = 0; t < CUDA_MATVEC_MAX_TOKENS; t++) part[0][t][lane] = 0.0f + s[t];
     }
+    dep_wait(); /* (every thread, loads or not) */
     __syncthreads();
     if (c > 0) return;
     for (int t = 0; t < n_tokens; t++) {
@@ -210,10 +214,9 @@ bool mv_f32_rows(const mv_args &a, int64_t n_cols) {
 
 pshard_status mv_f32_by_rows(const mv_args &a, int64_t n_cols, cudaStream_t st) {
     const int n_items = (int)(n_cols / 32), n_chunks = (int)ceil_div(n_items, a.chunk_blocks);
-    mv_f32_row_kernel<<<(unsigned)a.n_rows, 32 * n_chunks, 0, st>>>((const float *)a.w, (int64_t)a.row_bytes / 4, n_items,
-                                                                     a.chunk_blocks, (const float *)a.act, a.n_tokens, a.y,
-                                                                     a.y_stride);
-    CUDA_TRY_LAUNCH("matvec f32 by rows");
+    CUDA_TRY(launch_dep(mv_f32_row_kernel, (unsigned)a.n_rows, 32 * n_chunks, 0, st, (const float *)a.w,
+                        (int64_t)a.row_bytes / 4, n_items, a.chunk_blocks, (const float *)a.act, a.n_tokens, a.y,
+                        a.y_stride));
     return PSHARD_OK;
 }
 
@@ -236,9 +239,8 @@ pshard_status mv_f32_tiled(const mv_args &a, int64_t n_cols, cudaStream_t st) {
     int64_t per_half = ceil_div(row_groups * tiles, FT_FILL_BLOCKS); /* rows a half-warp takes, FT_FILL_BLOCKS blocks at least */
     per_half = per_half < 1 ? 1 : per_half > FT_ROWS_PER_HALF ? FT_ROWS_PER_HALF : per_half;
     const dim3 grid((unsigned)ceil_div(row_groups, per_half), (unsigned)tiles);
-    mv_f32_tiled_kernel<<<grid, 32 * FT_WARPS, smem, st>>>((const float *)a.w, (int64_t)a.row_bytes / 4, a.n_rows,
-                                                           (int)per_half, n_items, a.chunk_blocks, (const float *)a.act,
-                                                           a.n_tokens, a.y, a.y_stride);
-    CUDA_TRY_LAUNCH("matvec f32 tiled");
+    CUDA_TRY(launch_dep(mv_f32_tiled_kernel, grid, 32 * FT_WARPS, smem, st, (const float *)a.w,
+                        (int64_t)a.row_bytes / 4, a.n_rows, (int)per_half, n_items, a.chunk_blocks,
+                        (const float *)a.act, a.n_tokens, a.y, a.y_stride));
     return PSHARD_OK;
 }

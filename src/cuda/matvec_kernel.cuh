@@ -58,6 +58,7 @@ __device__ __forceinline__ void mv_row_direct(const uint8_t *w, const mv_args &a
             if (b0 + 32 * d < nb)
 #pragma unroll
                 for (int i = 0; i < V; i++) wv[d][i] = __ldg((const uint4 *)(w + (size_t)(b0 + 32 * d) * T::BYTES) + i);
+        dep_wait(); /* (the weights' loads are in flight; at once after the first time) */
 #pragma unroll
         for (int d = 0; d < D; d++)
             if (b0 + 32 * d < nb)
@@ -84,6 +85,7 @@ __device__ __forceinline__ void mv_row(const uint8_t *w, const mv_args &a, uint8
     const int nb = a.n_blocks, cb = a.chunk_blocks;
     uint4 pre[MV_UNITS];
     if (a.aligned) mv_fetch(w, min(cb, nb) * T::BYTES, lane, pre);
+    dep_wait(); /* the first chunk's loads in flight before the activations are ready */
     for (int b0 = 0; b0 < nb; b0 += cb) {
         const int here = min(cb, nb - b0);
         __syncwarp(); /* every lane is done with the previous chunk */
@@ -154,6 +156,7 @@ __device__ __forceinline__ void mv_group_rows(const mv_args &a, int g, int n, co
 template <class T, int NT> __global__ void __launch_bounds__(MV_THREADS) mv_kernel(const mv_args a) {
     __shared__ __align__(16) uint8_t stage_all[MV_WARPS][MV_CHUNK];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    dep_release();
     int row = blockIdx.x * MV_WARPS + warp;
     if (row >= a.n_rows) return; /* only warp-level syncs below */
     const uint8_t *w = a.w;
@@ -166,6 +169,7 @@ template <class T, int NT> __global__ void __launch_bounds__(MV_THREADS) mv_kern
         w = a.part_w[p], y = a.part_y[p], y_stride = a.part_y_stride[p];
     }
     if (a.pairs) { /* expert groups whose activations do not fit mv_group_kernel's stage */
+        dep_wait();
         if constexpr (NT == CUDA_MATVEC_MAX_TOKENS) { /* (mv_launch runs groups at this NT) */
             if ((int)blockIdx.y >= *a.n_active) return;
             const int e = a.active[blockIdx.y];
@@ -205,6 +209,7 @@ template <class T, int NT> __global__ void __launch_bounds__(MV_THREADS) mv_kern
 template <class T> __global__ void __launch_bounds__(MV_THREADS) mv_group_kernel(const mv_args a) {
     extern __shared__ __align__(16) uint8_t mv_smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    dep_enter();
     if ((int)blockIdx.y >= *a.n_active) return; /* the whole block */
     const int e = a.active[blockIdx.y];
     const uint8_t *w = expert_matrix(a.w, a.expert_ptrs, a.expert_stride, e);
@@ -235,24 +240,25 @@ template <class T> __global__ void __launch_bounds__(MV_THREADS) mv_group_kernel
 template <class T> pshard_status mv_launch(int nt, const mv_args &a, dim3 grid, cudaStream_t st) {
     if (a.pairs) { /* expert groups: passes sized to each group (mv_pass_sized) */
         if (a.act_stage_stride)
-            mv_group_kernel<T><<<dim3((unsigned)ceil_div(a.n_rows, MV_GROUP_ROWS), grid.y), MV_THREADS, mv_group_smem(a), st>>>(a);
+            CUDA_TRY(launch_dep(mv_group_kernel<T>, dim3((unsigned)ceil_div(a.n_rows, MV_GROUP_ROWS), grid.y),
+                                MV_THREADS, mv_group_smem(a), st, a));
         else
-            mv_kernel<T, CUDA_MATVEC_MAX_TOKENS><<<grid, MV_THREADS, 0, st>>>(a);
-        CUDA_TRY_LAUNCH("matvec groups");
+            CUDA_TRY(launch_dep(mv_kernel<T, CUDA_MATVEC_MAX_TOKENS>, grid, MV_THREADS, 0, st, a));
         return PSHARD_OK;
     }
+    void (*kernel)(const mv_args) = NULL;
     switch (nt) {
-    case 1: mv_kernel<T, 1><<<grid, MV_THREADS, 0, st>>>(a); break;
-    case 2: mv_kernel<T, 2><<<grid, MV_THREADS, 0, st>>>(a); break;
-    case 3: mv_kernel<T, 3><<<grid, MV_THREADS, 0, st>>>(a); break;
-    case 4: mv_kernel<T, 4><<<grid, MV_THREADS, 0, st>>>(a); break;
-    case 5: mv_kernel<T, 5><<<grid, MV_THREADS, 0, st>>>(a); break;
-    case 6: mv_kernel<T, 6><<<grid, MV_THREADS, 0, st>>>(a); break;
-    case 7: mv_kernel<T, 7><<<grid, MV_THREADS, 0, st>>>(a); break;
-    case 8: mv_kernel<T, 8><<<grid, MV_THREADS, 0, st>>>(a); break;
+    case 1: kernel = mv_kernel<T, 1>; break;
+    case 2: kernel = mv_kernel<T, 2>; break;
+    case 3: kernel = mv_kernel<T, 3>; break;
+    case 4: kernel = mv_kernel<T, 4>; break;
+    case 5: kernel = mv_kernel<T, 5>; break;
+    case 6: kernel = mv_kernel<T, 6>; break;
+    case 7: kernel = mv_kernel<T, 7>; break;
+    case 8: kernel = mv_kernel<T, 8>; break;
     default: return core_fail(PSHARD_ERR_INVALID_ARG, "matvec: %d tokens (1..8)", nt);
     }
-    CUDA_TRY_LAUNCH("matvec");
+    CUDA_TRY(launch_dep(kernel, grid, MV_THREADS, 0, st, a));
     return PSHARD_OK;
 }
 

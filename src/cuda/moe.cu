@@ -35,6 +35,7 @@ __device__ void block_argmax(float v, int i, float *sv, int *si, float *out_v, i
 __global__ void __launch_bounds__(ROUTE_THREADS) route_kernel(const float *logits, int n_expert, int k, bool normalize,
                                                               int32_t *ids, float *weights, int32_t *mirror,
                                                               int64_t n_pairs) {
+    dep_enter();
     __shared__ float probs[MOE_MAX_EXPERTS], pick[MOE_MAX_EXPERTS];
     __shared__ float sv[ROUTE_THREADS / 32], best_v, chosen_w[MOE_MAX_K];
     __shared__ int si[ROUTE_THREADS / 32], best_i;
@@ -92,6 +93,7 @@ template <int PER_LANE>
 __global__ void __launch_bounds__(ROUTE_THREADS) route_warp_kernel(const float *logits, int64_t n_tokens, int n_expert,
                                                                    int k, bool normalize, int32_t *ids, float *weights,
                                                                    int32_t *mirror, int64_t n_pairs) {
+    dep_enter();
     const int64_t t = (int64_t)blockIdx.x * (ROUTE_THREADS / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (t >= n_tokens) return;
@@ -159,15 +161,14 @@ extern "C" pshard_status cuda_moe_route_mirror(const float *logits, int64_t n_to
     const unsigned warp_blocks = (unsigned)((n_tokens + ROUTE_THREADS / 32 - 1) / (ROUTE_THREADS / 32));
     cudaStream_t st = raw_stream(s);
     if (n_expert <= 128)
-        route_warp_kernel<4><<<warp_blocks, ROUTE_THREADS, 0, st>>>(logits, n_tokens, n_expert, k, normalize, ids, weights,
-                                                                    mirror, n_tokens * k);
+        CUDA_TRY(launch_dep(route_warp_kernel<4>, warp_blocks, ROUTE_THREADS, 0, st, logits, n_tokens, n_expert, k,
+                            normalize, ids, weights, mirror, n_tokens * k));
     else if (n_expert <= ROUTE_WARP_EXPERTS)
-        route_warp_kernel<ROUTE_WARP_LANE_MAX><<<warp_blocks, ROUTE_THREADS, 0, st>>>(logits, n_tokens, n_expert, k, normalize,
-                                                                                      ids, weights, mirror, n_tokens * k);
+        CUDA_TRY(launch_dep(route_warp_kernel<ROUTE_WARP_LANE_MAX>, warp_blocks, ROUTE_THREADS, 0, st, logits, n_tokens,
+                            n_expert, k, normalize, ids, weights, mirror, n_tokens * k));
     else
-        route_kernel<<<(unsigned)n_tokens, ROUTE_THREADS, 0, st>>>(logits, n_expert, k, normalize, ids, weights, mirror,
-                                                                   n_tokens * k);
-    CUDA_TRY_LAUNCH("moe route");
+        CUDA_TRY(launch_dep(route_kernel, (unsigned)n_tokens, ROUTE_THREADS, 0, st, logits, n_expert, k, normalize, ids,
+                            weights, mirror, n_tokens * k));
     return PSHARD_OK;
 }
 
@@ -182,6 +183,7 @@ extern "C" pshard_status cuda_moe_route(const float *logits, int64_t n_tokens, i
  * on, the first quota[N] in routing order; and, with resident_too, those below `first`. */
 __global__ void routed_mask_kernel(const int32_t *ids, int k, int first, const uint8_t *quota, int n_expert,
                                    bool resident_too, uint8_t *mask) {
+    dep_enter();
     for (int e = threadIdx.x; e < n_expert; e += blockDim.x) mask[e] = 0;
     __syncthreads();
     if (threadIdx.x != 0) return;
@@ -198,8 +200,8 @@ extern "C" pshard_status cuda_moe_routed_mask(const int32_t *ids, int k, int fir
                                               bool resident_too, uint8_t *mask, cuda_stream s) {
     CUDA_ARG(n_expert > 0 && n_expert <= MOE_MAX_EXPERTS && k > 0 && k <= n_expert && k <= MOE_MAX_K && first >= 0,
              "MoE routed split: top %d of %d experts from %d", k, n_expert, first);
-    routed_mask_kernel<<<1, 128, 0, raw_stream(s)>>>(ids, k, first, quota, n_expert, resident_too, mask);
-    CUDA_TRY_LAUNCH("moe routed mask");
+    CUDA_TRY(
+        launch_dep(routed_mask_kernel, 1, 128, 0, raw_stream(s), ids, k, first, quota, n_expert, resident_too, mask));
     return PSHARD_OK;
 }
 
@@ -244,6 +246,7 @@ struct moe_groups {
 
 __global__ void __launch_bounds__(GROUP_THREADS) group_kernel(const int32_t *ids, const uint8_t *mask, int n_pairs,
                                                               int n_expert, moe_groups g) {
+    dep_enter();
     __shared__ int count[MOE_MAX_EXPERTS], cursor[MOE_MAX_EXPERTS];
     const int tid = threadIdx.x;
     for (int e = tid; e < n_expert; e += GROUP_THREADS) count[e] = 0;
@@ -287,6 +290,7 @@ __global__ void __launch_bounds__(GROUP_THREADS) group_kernel(const int32_t *ids
  * the CPU sums. */
 __global__ void weighted_sum_kernel(const float *down, const int32_t *ids, const float *weights, const uint8_t *mask,
                                     int64_t n_tokens, int k, int64_t n_embd, float *out, bool accumulate) {
+    dep_enter();
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= n_tokens * n_embd) return;
     const int64_t t = idx / n_embd, i = idx % n_embd;
@@ -489,8 +493,7 @@ static pshard_status moe_ffn(const struct cuda_moe *m, const float *x, const uin
         x_act = w.x_act;
     }
     if (may_fuse && moe_fused(m, n_tokens)) return moe_ffn_fused(m, x_act, ids, weights, n_tokens, out, accumulate, w, s);
-    group_kernel<<<1, GROUP_THREADS, 0, st>>>(ids, m->expert_mask, (int)pairs, m->n_expert, w.g);
-    CUDA_TRY_LAUNCH("moe group");
+    CUDA_TRY(launch_dep(group_kernel, 1, GROUP_THREADS, 0, st, ids, m->expert_mask, (int)pairs, m->n_expert, w.g));
     if (gemm) {
         CORE_TRY(cuda_quantize(QUANT_F16, x, n_embd, n_tokens, w.x_act, s));
         CORE_TRY(expert_matmul(m, &m->gate, m->gate_ptrs, w, n_tokens, w.x_act, m->k, w.gate_out, st));
@@ -508,9 +511,8 @@ static pshard_status moe_ffn(const struct cuda_moe *m, const float *x, const uin
     CORE_TRY(cuda_swiglu(w.gate_out, w.up_out, w.gate_out, pairs * n_ff, s));
     CORE_TRY(cuda_quantize(gemm ? QUANT_F16 : cuda_act_type(m->down.type), w.gate_out, n_ff, pairs, w.h_act, s));
     CORE_TRY(expert_matmul(m, &m->down, m->down_ptrs, w, n_tokens, w.h_act, 1, w.down_out, st));
-    weighted_sum_kernel<<<(unsigned)ceil_div(n_tokens * n_embd, 256), 256, 0, st>>>(
-        w.down_out, ids, weights, m->expert_mask, n_tokens, m->k, n_embd, out, accumulate);
-    CUDA_TRY_LAUNCH("moe weighted sum");
+    CUDA_TRY(launch_dep(weighted_sum_kernel, (unsigned)ceil_div(n_tokens * n_embd, 256), 256, 0, st, w.down_out, ids,
+                        weights, m->expert_mask, n_tokens, m->k, n_embd, out, accumulate));
     return PSHARD_OK;
 }
 

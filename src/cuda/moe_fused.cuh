@@ -188,6 +188,7 @@ __global__ void __launch_bounds__(FUSED_THREADS) moe_gate_up_kernel(const moe_fu
     __shared__ int group[FUSED_MAX_PAIRS];
     __shared__ int n_group;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, p = blockIdx.y;
+    dep_enter();
     const int e = a.ids[p];
     if (a.mask && !a.mask[e]) return; /* the same for the whole block */
     if (warp == 0) {
@@ -238,6 +239,7 @@ template <class T, bool ASYNC> __global__ void __launch_bounds__(FUSED_THREADS) 
     __shared__ const uint8_t *rows[FUSED_WARPS][FUSED_MAX_K], *acts[FUSED_WARPS][FUSED_MAX_K];
     __shared__ int slots[FUSED_WARPS][FUSED_MAX_K];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = blockIdx.y;
+    dep_enter();
     const int32_t *ids = a.ids + (size_t)t * a.k;
     const int row = blockIdx.x * FUSED_WARPS + warp;
     if (row >= a.n_embd) return; /* no block-wide syncs below */
@@ -276,14 +278,15 @@ template <class T, bool ASYNC> __global__ void __launch_bounds__(FUSED_THREADS) 
 template <class T, bool ASYNC> pshard_status moe_gate_up_run(int nt, const moe_fused_args &a, cudaStream_t st) {
     const dim3 grid((unsigned)ceil_div(a.n_ff, FUSED_WARPS), (unsigned)a.n_pairs);
     const size_t smem = (size_t)FUSED_WARPS * (ASYNC ? a.gu_stages * a.gu_stage_bytes : MV_CHUNK);
+    void (*kernel)(const moe_fused_args) = NULL;
     switch (nt) {
-    case 1: moe_gate_up_kernel<T, 1, ASYNC><<<grid, FUSED_THREADS, smem, st>>>(a); break;
-    case 2: moe_gate_up_kernel<T, 2, ASYNC><<<grid, FUSED_THREADS, smem, st>>>(a); break;
-    case 3: moe_gate_up_kernel<T, 3, ASYNC><<<grid, FUSED_THREADS, smem, st>>>(a); break;
-    case 4: moe_gate_up_kernel<T, 4, ASYNC><<<grid, FUSED_THREADS, smem, st>>>(a); break;
+    case 1: kernel = moe_gate_up_kernel<T, 1, ASYNC>; break;
+    case 2: kernel = moe_gate_up_kernel<T, 2, ASYNC>; break;
+    case 3: kernel = moe_gate_up_kernel<T, 3, ASYNC>; break;
+    case 4: kernel = moe_gate_up_kernel<T, 4, ASYNC>; break;
     default: return core_fail(PSHARD_ERR_INVALID_ARG, "fused MoE: %d tokens (1..%d)", nt, (int)CUDA_MOE_FUSED_MAX_TOKENS);
     }
-    CUDA_TRY_LAUNCH("moe gate/up");
+    CUDA_TRY(launch_dep(kernel, grid, FUSED_THREADS, smem, st, a));
     return PSHARD_OK;
 }
 
@@ -294,10 +297,10 @@ template <class T> pshard_status moe_gate_up_launch(int nt, const moe_fused_args
 template <class T> pshard_status moe_down_launch(const moe_fused_args &a, cudaStream_t st) {
     const dim3 grid((unsigned)ceil_div(a.n_embd, FUSED_WARPS), (unsigned)(a.n_pairs / a.k));
     if (a.async)
-        moe_down_kernel<T, true><<<grid, FUSED_THREADS, (size_t)FUSED_WARPS * a.down_stages * a.down_stage_bytes, st>>>(a);
+        CUDA_TRY(launch_dep(moe_down_kernel<T, true>, grid, FUSED_THREADS,
+                            (size_t)FUSED_WARPS * a.down_stages * a.down_stage_bytes, st, a));
     else
-        moe_down_kernel<T, false><<<grid, FUSED_THREADS, (size_t)FUSED_WARPS * MV_CHUNK, st>>>(a);
-    CUDA_TRY_LAUNCH("moe down");
+        CUDA_TRY(launch_dep(moe_down_kernel<T, false>, grid, FUSED_THREADS, (size_t)FUSED_WARPS * MV_CHUNK, st, a));
     return PSHARD_OK;
 }
 

@@ -191,6 +191,15 @@ pshard_status cuda_swiglu(const float *gate, const float *up, float *out, int64_
     (void)gate, (void)up, (void)out, (void)n, (void)s;
     return no_cuda();
 }
+pshard_status cuda_swiglu_quantize(enum quant_type act_type, const float *gate, const float *up, int64_t n_cols,
+                                   int64_t n_rows, void *q, cuda_stream s) {
+    (void)act_type, (void)gate, (void)up, (void)n_cols, (void)n_rows, (void)q, (void)s;
+    return no_cuda();
+}
+bool cuda_writes_act(enum quant_type act_type) {
+    (void)act_type;
+    return false;
+}
 pshard_status cuda_rope_table(const struct rope_params *p, const float *freq_factors, const int32_t *pos,
                               int64_t pos_stride, int64_t n_tokens, float *cs, cuda_stream s) {
     (void)p, (void)freq_factors, (void)pos, (void)pos_stride, (void)n_tokens, (void)cs, (void)s;
@@ -245,6 +254,13 @@ pshard_status cuda_norm_rope_qk_store(const struct rope_params *p, const float *
                                       const int32_t *seq, const int32_t *pos, cuda_stream s) {
     (void)p, (void)cs, (void)q, (void)q_norm, (void)n_head, (void)k, (void)k_norm, (void)n_head_kv, (void)eps, (void)n_tokens;
     (void)head_size, (void)kv, (void)v, (void)head_v, (void)seq, (void)pos, (void)s;
+    return no_cuda();
+}
+pshard_status cuda_rope_qk_store(const struct rope_params *p, const float *cs, float *q, int n_head, float *k,
+                                 int n_head_kv, int64_t n_tokens, int head_size, const struct cuda_kv_layer *kv,
+                                 const float *v, int head_v, const int32_t *seq, const int32_t *pos, cuda_stream s) {
+    (void)p, (void)cs, (void)q, (void)n_head, (void)k, (void)n_head_kv, (void)n_tokens, (void)head_size, (void)kv, (void)v,
+        (void)head_v, (void)seq, (void)pos, (void)s;
     return no_cuda();
 }
 pshard_status cuda_moe_route_mirror(const float *logits, int64_t n_tokens, int n_expert, int k, bool normalize,

@@ -84,4 +84,29 @@ __device__ __forceinline__ uint16_t qa_bf16(float x) {
     return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 64) : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
 }
 
+/* The formats a warp writes 32 values of at once (qa_value32): the activations of the
+ * matrix-vector kernel's formats but Q8_K. */
+enum qa_out { QA_NONE = -1, QA_Q8_0, QA_Q8_1, QA_F16, QA_BF16 };
+
+static inline int qa_out_of(enum quant_type t) {
+    switch (t) {
+    case QUANT_Q8_0: return QA_Q8_0;
+    case QUANT_Q8_1: return QA_Q8_1;
+    case QUANT_F16: return QA_F16;
+    case QUANT_BF16: return QA_BF16;
+    default: return QA_NONE;
+    }
+}
+
+/* One warp: lane j's v is element j of block b (of 32 values) of the output, written as
+ * cuda_quantize writes it in `out` format (a qa_out). */
+__device__ __forceinline__ void qa_value32(int out, float v, uint8_t *q, int64_t b, int lane) {
+    switch (out) {
+    case QA_Q8_0: qa_q8_value<false>(v, q + b * 34, lane); break;
+    case QA_Q8_1: qa_q8_value<true>(v, q + b * 36, lane); break;
+    case QA_F16: ((__half *)q)[b * 32 + lane] = __float2half_rn(v); break;
+    default: ((uint16_t *)q)[b * 32 + lane] = qa_bf16(v); break;
+    }
+}
+
 #endif

@@ -55,6 +55,7 @@ static rope_dev rope_prepare(const struct rope_params *p, const float *freq_fact
  * a token's 64 pairs in a row). With M-RoPE the three positions of token t are pos[t],
  * pos[t + pos_stride], pos[t + 2 * pos_stride]. */
 __global__ void rope_table_kernel(const rope_dev r, const int32_t *pos, int64_t pos_stride, int64_t n_tokens, float *cs) {
+    dep_enter();
     const int half = r.n_dims / 2;
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= n_tokens * half) return;
@@ -81,6 +82,7 @@ __global__ void rope_table_kernel(const rope_dev r, const int32_t *pos, int64_t 
 /* One thread per rotated pair of one head of one token. */
 __global__ void rope_apply_kernel(const rope_dev r, const float *cs, float *x, int64_t n_tokens, int n_heads,
                                   int head_size) {
+    dep_enter();
     const int half = r.n_dims / 2;
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= n_tokens * n_heads * half) return;
@@ -94,15 +96,16 @@ __global__ void rope_apply_kernel(const rope_dev r, const float *cs, float *x, i
     v[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
 }
 
-/* A head's RMSNorm (w: its weights, as rmsnorm_kernel) and then its rotation (as
- * rope_apply_kernel), bit for bit, in one pass: one block per head of a token, over the rows of
- * two tensors at once (a layer's q and k heads: one launch), first a's a_rows, then b's. With a
- * store (k_cache set), b's heads (k) also go to the KV cache as kv_store_kernel writes them, and
- * blocks past the heads store v's: the cache written in the same launch. */
+/* A head's RMSNorm (w: its weights, as rmsnorm_kernel; none where the part has no norm) and then
+ * its rotation (as rope_apply_kernel), bit for bit, in one pass: one block per head of a token,
+ * over the rows of two tensors at once (a layer's q and k heads: one launch), first a's a_rows,
+ * then b's. With a store (k_cache set), b's heads (k) also go to the KV cache as kv_store_kernel
+ * writes them, and blocks past the heads store v's: the cache written in the same launch. */
 struct nr_part {
     float *x;
     const float *w;
     int n_heads;
+    bool norm;
 };
 struct nr_store {
     uint16_t *k_cache, *v_cache; /* NULL: no store */
@@ -130,6 +133,7 @@ __device__ __forceinline__ int64_t nr_row(const nr_store &st, int64_t t) {
 __global__ void __launch_bounds__(NORM_THREADS) norm_rope_kernel(const rope_dev r, const float *cs, const nr_part a,
                                                                  const nr_part b, int64_t a_rows, float eps, int head_size,
                                                                  const nr_store st, int64_t b_rows) {
+    dep_enter();
     extern __shared__ float normed[];
     if ((int64_t)blockIdx.x >= a_rows + b_rows) { /* a v head to the cache: as kv_store_kernel, rounded to f16 */
         const int64_t th = (int64_t)blockIdx.x - a_rows - b_rows, t = th / b.n_heads, v_width = (int64_t)b.n_heads * st.head_v;
@@ -145,9 +149,12 @@ __global__ void __launch_bounds__(NORM_THREADS) norm_rope_kernel(const rope_dev 
     const int64_t th = first ? (int64_t)blockIdx.x : (int64_t)blockIdx.x - a_rows, t = th / part.n_heads;
     const float *w = part.w;
     float *v = part.x + th * head_size;
-    const float scale = rms_scale(v, head_size, eps);
-    for (int i = threadIdx.x; i < head_size; i += NORM_THREADS)
-        normed[i] = rms_value(v, w, scale, i);
+    if (part.norm) {
+        const float scale = rms_scale(v, head_size, eps);
+        for (int i = threadIdx.x; i < head_size; i += NORM_THREADS) normed[i] = rms_value(v, w, scale, i);
+    } else {
+        for (int i = threadIdx.x; i < head_size; i += NORM_THREADS) normed[i] = v[i];
+    }
     __syncthreads();
     const int half = r.n_dims / 2;
     /* (b's heads stored: this head's place in its token's K row of the pool) */
@@ -179,15 +186,15 @@ static pshard_status norm_rope(const struct rope_params *p, const float *cs, con
     const int64_t rows = a_rows + b_rows + (st.k_cache ? b_rows : 0); /* (with a store: v's heads last) */
     if (rows == 0) return PSHARD_OK;
     CUDA_ARG(rows < (1ll << 31), "norm+rope: %lld heads", (long long)rows);
-    norm_rope_kernel<<<(unsigned)rows, NORM_THREADS, sizeof(float) * (size_t)head_size, raw_stream(s)>>>(
-        rope_prepare(p, NULL), cs, a, b, a_rows, eps, head_size, st, b_rows);
-    CUDA_TRY_LAUNCH("norm_rope");
+    CUDA_TRY(launch_dep(norm_rope_kernel, (unsigned)rows, NORM_THREADS, sizeof(float) * (size_t)head_size,
+                        raw_stream(s), rope_prepare(p, NULL), cs, a, b, a_rows, eps, head_size, st, b_rows));
     return PSHARD_OK;
 }
 
 extern "C" pshard_status cuda_norm_rope(const struct rope_params *p, const float *cs, float *x, const float *w, float eps,
                                         int64_t n_tokens, int n_heads, int head_size, cuda_stream s) {
-    return norm_rope(p, cs, nr_part{x, w, n_heads}, nr_part{NULL, NULL, 0}, eps, n_tokens, head_size, nr_store{}, s);
+    return norm_rope(p, cs, nr_part{x, w, n_heads, true}, nr_part{NULL, NULL, 0, false}, eps, n_tokens, head_size,
+                     nr_store{}, s);
 }
 
 extern "C" pshard_status cuda_norm_rope_qk_store(const struct rope_params *p, const float *cs, float *q, const float *q_norm,
@@ -197,7 +204,18 @@ extern "C" pshard_status cuda_norm_rope_qk_store(const struct rope_params *p, co
                                                  cuda_stream s) {
     CUDA_ARG(kv->block_cells > 0 && head_v > 0, "norm+rope+store: blocks of %d cells, heads of %d", kv->block_cells, head_v);
     const nr_store st = {kv->k, kv->v, kv->blocks, kv->blocks_stride, kv->block_cells, v, head_v, seq, pos};
-    return norm_rope(p, cs, nr_part{q, q_norm, n_head}, nr_part{k, k_norm, n_head_kv}, eps, n_tokens, head_size, st, s);
+    return norm_rope(p, cs, nr_part{q, q_norm, n_head, true}, nr_part{k, k_norm, n_head_kv, true}, eps, n_tokens,
+                     head_size, st, s);
+}
+
+extern "C" pshard_status cuda_rope_qk_store(const struct rope_params *p, const float *cs, float *q, int n_head, float *k,
+                                            int n_head_kv, int64_t n_tokens, int head_size, const struct cuda_kv_layer *kv,
+                                            const float *v, int head_v, const int32_t *seq, const int32_t *pos,
+                                            cuda_stream s) {
+    CUDA_ARG(kv->block_cells > 0 && head_v > 0, "rope+store: blocks of %d cells, heads of %d", kv->block_cells, head_v);
+    const nr_store st = {kv->k, kv->v, kv->blocks, kv->blocks_stride, kv->block_cells, v, head_v, seq, pos};
+    return norm_rope(p, cs, nr_part{q, NULL, n_head, false}, nr_part{k, NULL, n_head_kv, false}, 0.0f, n_tokens,
+                     head_size, st, s);
 }
 
 extern "C" pshard_status cuda_rope_table(const struct rope_params *p, const float *freq_factors, const int32_t *pos,
@@ -208,9 +226,8 @@ extern "C" pshard_status cuda_rope_table(const struct rope_params *p, const floa
     if (n_tokens == 0) return PSHARD_OK;
     const int64_t n = n_tokens * (p->n_dims / 2);
     CUDA_ARG(ceil_div(n, 256) < (1ll << 31), "rope: %lld tokens", (long long)n_tokens);
-    rope_table_kernel<<<(unsigned)ceil_div(n, 256), 256, 0, raw_stream(s)>>>(rope_prepare(p, freq_factors), pos, pos_stride,
-                                                                           n_tokens, cs);
-    CUDA_TRY_LAUNCH("rope_table");
+    CUDA_TRY(launch_dep(rope_table_kernel, (unsigned)ceil_div(n, 256), 256, 0, raw_stream(s),
+                        rope_prepare(p, freq_factors), pos, pos_stride, n_tokens, cs));
     return PSHARD_OK;
 }
 
@@ -220,9 +237,8 @@ extern "C" pshard_status cuda_rope_apply(const struct rope_params *p, const floa
              head_size);
     const int64_t n = n_tokens * n_heads * (p->n_dims / 2);
     if (n == 0) return PSHARD_OK;
-    rope_apply_kernel<<<(unsigned)ceil_div(n, 256), 256, 0, raw_stream(s)>>>(rope_prepare(p, NULL), cs, x, n_tokens,
-                                                                          n_heads, head_size);
-    CUDA_TRY_LAUNCH("rope_apply");
+    CUDA_TRY(launch_dep(rope_apply_kernel, (unsigned)ceil_div(n, 256), 256, 0, raw_stream(s), rope_prepare(p, NULL), cs,
+                        x, n_tokens, n_heads, head_size));
     return PSHARD_OK;
 }
 
@@ -232,6 +248,7 @@ extern "C" pshard_status cuda_rope_apply(const struct rope_params *p, const floa
 __global__ void kv_store_kernel(uint16_t *k_cache, uint16_t *v_cache, const int32_t *blocks, int blocks_stride,
                                 int block_cells, const float *k, int64_t k_width, const float *v, int64_t v_width,
                                 const int32_t *seq, const int32_t *pos, int64_t n_tokens) {
+    dep_enter();
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, width = k_width + v_width;
     if (idx >= n_tokens * width) return;
     const int64_t t = idx / width, i = idx % width;
@@ -247,8 +264,8 @@ extern "C" pshard_status cuda_kv_store(const struct cuda_kv_layer *kv, const flo
     CUDA_ARG(kv->block_cells > 0, "kv store: blocks of %d cells", kv->block_cells);
     if (n_tokens == 0) return PSHARD_OK;
     /* K and V in one launch: a token's K row, then its V row */
-    kv_store_kernel<<<(unsigned)ceil_div(n_tokens * (k_width + v_width), 256), 256, 0, raw_stream(s)>>>(
-        kv->k, kv->v, kv->blocks, kv->blocks_stride, kv->block_cells, k, k_width, v, v_width, seq, pos, n_tokens);
-    CUDA_TRY_LAUNCH("kv_store");
+    CUDA_TRY(launch_dep(kv_store_kernel, (unsigned)ceil_div(n_tokens * (k_width + v_width), 256), 256, 0, raw_stream(s),
+                        kv->k, kv->v, kv->blocks, kv->blocks_stride, kv->block_cells, k, k_width, v, v_width, seq, pos,
+                        n_tokens));
     return PSHARD_OK;
 }

@@ -42,14 +42,15 @@ static bool quantizes_once(const struct cuda_matrix *const *m, int count, int64_
     return once;
 }
 
-/* Whether a norm of n rows of d quantizes its output to `at` in the same launch (Q8_0 and Q8_1 at
- * matrix-vector sizes). */
+/* Whether a norm of n rows of d writes its output for products with activations `at` in the same
+ * launch (Q8_0, Q8_1, F16 and BF16 at matrix-vector sizes). */
 static bool norm_quantizes(enum quant_type at, int64_t n, int64_t d) {
-    return n <= CUDA_MATVEC_MAX_TOKENS && (at == QUANT_Q8_0 || at == QUANT_Q8_1) && d % 32 == 0;
+    return n <= CUDA_MATVEC_MAX_TOKENS && cuda_writes_act(at) && d % 32 == 0;
 }
 
-/* g->xn = RMSNorm(g->x) (weights w) for the products by m; where they quantize it once to Q8_0
- * or Q8_1, that quantization into g->work in the same launch (*quantized: tell project_each). */
+/* g->xn = RMSNorm(g->x) (weights w) for the products by m; where they take it converted once (to
+ * Q8_0, Q8_1, F16 or BF16), that conversion into g->work in the same launch (*quantized: tell
+ * project_each). */
 static pshard_status norm_for(struct exec_gpu *g, const float *w, const struct cuda_matrix *const *m, int count, int64_t n,
                               int64_t d, float eps, bool *quantized) {
     const enum quant_type at = cuda_act_type(m[0]->type);
@@ -127,6 +128,10 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
     if (l->q_norm && l->k_norm) { /* q's and k's heads normed and rotated, and K and V stored, in one launch */
         CORE_TRY(cuda_norm_rope_qk_store(&ctx->w.rope, g->rope_cs, g->q, l->q_norm, n_head, g->k, l->k_norm, n_head_kv,
                                          hp->rms_eps, n, head, kv, g->v, (int)hp->head_dim_v, g->seq, g->pos, s));
+    } else if (!l->q_norm && !l->k_norm && n <= CUDA_MATVEC_MAX_TOKENS) {
+        /* the same without norms, at matrix-vector sizes (a block a head; a prompt rotates a thread a pair) */
+        CORE_TRY(cuda_rope_qk_store(&ctx->w.rope, g->rope_cs, g->q, n_head, g->k, n_head_kv, n, head, kv, g->v,
+                                    (int)hp->head_dim_v, g->seq, g->pos, s));
     } else {
         CORE_TRY(l->q_norm ? cuda_norm_rope(&ctx->w.rope, g->rope_cs, g->q, l->q_norm, hp->rms_eps, n, n_head, head, s)
                            : cuda_rope_apply(&ctx->w.rope, g->rope_cs, g->q, n, n_head, head, s));
@@ -179,6 +184,16 @@ static pshard_status swiglu_ffn(struct exec_ctx *ctx, struct exec_gpu *g, const 
     const struct cuda_matrix *gate_up[2] = {gate, up};
     float *const gate_up_out[2] = {g->gate, g->up};
     CORE_TRY(project_each(ctx, g, gate_up, 2, g->xn, n, gate_up_out, quantized));
+    /* At matrix-vector sizes SwiGLU writes down's input converted, into g->work (free once gate
+     * and up have read it), and down adds into the residual stream from there. */
+    const enum quant_type at = cuda_act_type(down->type);
+    if (n <= CUDA_MATVEC_MAX_TOKENS && cuda_writes_act(at) && gate->n_rows % 32 == 0 &&
+        cuda_act_row_bytes(at, gate->n_rows) * (size_t)n <= g->work_bytes) {
+        CORE_TRY(cuda_swiglu_quantize(at, g->gate, g->up, gate->n_rows, n, g->work, g->stream));
+        float *x = g->x;
+        count_weights(ctx, down);
+        return cuda_matvec_each(&down, 1, g->work, (int)n, &x, true, g->stream);
+    }
     CORE_TRY(cuda_swiglu(g->gate, g->up, g->gate, n * gate->n_rows, g->stream));
     return project_add(ctx, g, down, g->gate, n, g->x);
 }

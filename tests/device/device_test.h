@@ -98,6 +98,15 @@ static inline void *dt_malloc(size_t bytes) {
     return p;
 }
 
+/* Whether two device buffers hold the same bytes. */
+static inline bool dt_same(struct dt *d, const void *x, const void *y, size_t bytes) {
+    uint8_t *a = dt_malloc(bytes), *b = dt_malloc(bytes);
+    dt_download(d, a, x, bytes), dt_download(d, b, y, bytes);
+    const bool same = memcmp(a, b, bytes) == 0;
+    free(a), free(b);
+    return same;
+}
+
 /* ---- random data */
 
 static uint64_t dt_rng_state = 0x9e3779b97f4a7c15ull;

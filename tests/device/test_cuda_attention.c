@@ -63,14 +63,14 @@ static const char *slices_label(const struct cuda_attn_shape *a, enum kernel ker
     return kernel == PREFILL && cuda_attention_prefill_work_bytes(a, n_tokens, max_len) ? ", sliced" : "";
 }
 
-/* The decode kernel with its output also quantized (Q8_0, Q8_1): the same floats as without, and
- * the bytes cuda_quantize makes of them. */
+/* The decode kernel with its output also converted (Q8_0, Q8_1, F16, BF16): the same floats as
+ * without, and the bytes cuda_quantize makes of them. */
 static void quantized_matches(struct dt *d, const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv, const float *dq,
                               const int32_t *dseq, const int32_t *dpos, int64_t n_tokens, int32_t max_len,
                               const float *dout, void *work, size_t wb) {
     const int64_t width = (int64_t)a->n_head * a->head_v, o_n = n_tokens * width;
-    const enum quant_type types[] = {QUANT_Q8_0, QUANT_Q8_1};
-    for (int i = 0; i < 2; i++) {
+    const enum quant_type types[] = {QUANT_Q8_0, QUANT_Q8_1, QUANT_F16, QUANT_BF16};
+    for (int i = 0; i < 4; i++) {
         const size_t qb = quant_row_bytes(types[i], o_n);
         float *dout2 = dt_alloc(d, 4 * (size_t)o_n);
         void *dq8 = dt_alloc(d, qb), *dq8_ref = dt_alloc(d, qb);

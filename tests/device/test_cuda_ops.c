@@ -29,9 +29,9 @@ static void test_rmsnorm(struct dt *d, int64_t n_rows, int64_t n, bool weighted)
     free(x), free(w), free(want), free(got), free(apart);
 }
 
-/* RMSNorm and its quantization in one launch: the bits of cuda_rmsnorm then cuda_quantize (Q8_0
- * and Q8_1 in one launch; another format through the two calls), the mirror (where asked) the
- * same as the output. */
+/* RMSNorm and its quantization in one launch: the bits of cuda_rmsnorm then cuda_quantize (Q8_0,
+ * Q8_1, F16 and BF16 in one launch; another format through the two calls), the mirror (where
+ * asked) the same as the output. */
 static void test_rmsnorm_quantize(struct dt *d, enum quant_type type, int64_t n_rows, int64_t n, bool weighted,
                                   bool mirrored) {
     const size_t mark = cuda_arena_mark(&d->arena);
@@ -56,6 +56,26 @@ static void test_rmsnorm_quantize(struct dt *d, enum quant_type type, int64_t n_
             (long long)n_rows, (long long)n, weighted ? " weighted" : "", mirrored ? ", mirrored" : "");
     cuda_arena_reset(&d->arena, mark);
     free(x), free(w), free(out1), free(out2), free(out3), free(q1), free(q2);
+}
+
+/* SwiGLU and the conversion for down in one launch: the bits of cuda_swiglu then cuda_quantize. */
+static void test_swiglu_quantize(struct dt *d, enum quant_type type, int64_t n_rows, int64_t n) {
+    const size_t mark = cuda_arena_mark(&d->arena);
+    const size_t fb = 4 * (size_t)(n_rows * n), qb = quant_row_bytes(type, n_rows * n);
+    float *g = dt_malloc(fb), *u = dt_malloc(fb);
+    uint8_t *q1 = dt_malloc(qb), *q2 = dt_malloc(qb);
+    dt_fill(g, n_rows * n, -8.0f, 8.0f);
+    dt_fill(u, n_rows * n, -2.0f, 2.0f);
+    float *dg = dt_upload(d, g, fb), *du = dt_upload(d, u, fb), *dh = dt_alloc(d, fb);
+    void *dq1 = dt_alloc(d, qb), *dq2 = dt_alloc(d, qb);
+    DT_CHECK(cuda_swiglu(dg, du, dh, n_rows * n, d->s));
+    DT_CHECK(cuda_quantize(type, dh, n, n_rows, dq1, d->s));
+    DT_CHECK(cuda_swiglu_quantize(type, dg, du, n, n_rows, dq2, d->s));
+    dt_download(d, q1, dq1, qb), dt_download(d, q2, dq2, qb);
+    dt_case(d, memcmp(q1, q2, qb) == 0, "swiglu and quantize to %s, %lld rows x %lld: the bits of swiglu then quantize",
+            quant_type_name(type), (long long)n_rows, (long long)n);
+    cuda_arena_reset(&d->arena, mark);
+    free(g), free(u), free(q1), free(q2);
 }
 
 static void test_pointwise(struct dt *d) {
@@ -159,7 +179,6 @@ static void test_rope(struct dt *d, const char *name, struct rope_params p, int 
     dt_fill(wk, head_size, 0.25f, 1.25f);
     const float *dwk = dt_upload(d, wk, 4 * (size_t)head_size);
     const int64_t k_n = n_tokens * kv_heads * head_size;
-    float *a1 = dt_malloc(4 * (size_t)(n_tokens * width)), *a2 = dt_malloc(4 * (size_t)(n_tokens * width));
     const int head_v = head_size > 32 ? head_size - 32 : head_size;
     const int64_t v_n = n_tokens * kv_heads * head_v, k_width = (int64_t)kv_heads * head_size;
     const int64_t v_width = (int64_t)kv_heads * head_v;
@@ -190,19 +209,29 @@ static void test_rope(struct dt *d, const char *name, struct rope_params p, int 
     DT_CHECK(cuda_kv_store(&kv1, k3, dv, k_width, v_width, dseq, dcpos, n_tokens, d->s));
     DT_CHECK(cuda_norm_rope_qk_store(&p, dcs, q4, dwn, n_heads, k4, dwk, kv_heads, 1e-6f, n_tokens, head_size, &kv2, dv,
                                      head_v, dseq, dcpos, d->s));
-    uint8_t *c1 = dt_malloc(kb > vb ? kb : vb), *c2 = dt_malloc(kb > vb ? kb : vb);
-    dt_download(d, a1, q3, 4 * (size_t)(n_tokens * width)), dt_download(d, a2, q4, 4 * (size_t)(n_tokens * width));
-    bool same = memcmp(a1, a2, 4 * (size_t)(n_tokens * width)) == 0;
-    dt_download(d, a1, k3, 4 * (size_t)k_n), dt_download(d, a2, k4, 4 * (size_t)k_n);
-    same = same && memcmp(a1, a2, 4 * (size_t)k_n) == 0;
-    dt_download(d, c1, kv1.k, kb), dt_download(d, c2, kv2.k, kb);
-    same = same && memcmp(c1, c2, kb) == 0;
-    dt_download(d, c1, kv1.v, vb), dt_download(d, c2, kv2.v, vb);
-    same = same && memcmp(c1, c2, vb) == 0;
-    dt_case(d, same, "norm+rope %-8s of q and k and the KV store (v heads of %d) in one launch: the same bits and cells", name,
+    const size_t qb = 4 * (size_t)(n_tokens * width);
+    dt_case(d, dt_same(d, q3, q4, qb) && dt_same(d, k3, k4, 4 * (size_t)k_n) && dt_same(d, kv1.k, kv2.k, kb) &&
+                   dt_same(d, kv1.v, kv2.v, vb), "norm+rope %-8s of q and k and the KV store (v heads of %d) in one launch: the same bits and cells", name,
             head_v);
-    free(blocks), free(seq), free(cpos), free(vv), free(c1), free(c2);
-    free(wn), free(wk), free(a1), free(a2);
+    /* And without the norms: rope of q and of k, then the store. */
+    DT_CHECK(cuda_memset(kv2.k, 0, kb, d->s));
+    DT_CHECK(cuda_memset(kv2.v, 0, vb, d->s));
+    DT_CHECK(cuda_memset(kv1.k, 0, kb, d->s));
+    DT_CHECK(cuda_memset(kv1.v, 0, vb, d->s));
+    DT_CHECK(cuda_copy_h2d(q3, x, qb, d->s));
+    DT_CHECK(cuda_copy_h2d(q4, x, qb, d->s));
+    DT_CHECK(cuda_copy_h2d(k3, x, 4 * (size_t)k_n, d->s));
+    DT_CHECK(cuda_copy_h2d(k4, x, 4 * (size_t)k_n, d->s));
+    DT_CHECK(cuda_rope_apply(&p, dcs, q3, n_tokens, n_heads, head_size, d->s));
+    DT_CHECK(cuda_rope_apply(&p, dcs, k3, n_tokens, kv_heads, head_size, d->s));
+    DT_CHECK(cuda_kv_store(&kv1, k3, dv, k_width, v_width, dseq, dcpos, n_tokens, d->s));
+    DT_CHECK(cuda_rope_qk_store(&p, dcs, q4, n_heads, k4, kv_heads, n_tokens, head_size, &kv2, dv, head_v, dseq, dcpos,
+                                d->s));
+    dt_case(d, dt_same(d, q3, q4, qb) && dt_same(d, k3, k4, 4 * (size_t)k_n) && dt_same(d, kv1.k, kv2.k, kb) &&
+                   dt_same(d, kv1.v, kv2.v, vb),
+            "rope %-8s of q and k and the KV store in one launch, no norms: the same bits and cells", name);
+    free(blocks), free(seq), free(cpos), free(vv);
+    free(wn), free(wk);
     cuda_arena_reset(&d->arena, mark);
     free(ff), free(cs), free(cs_got), free(x), free(x_got);
 }
@@ -252,7 +281,13 @@ int main(void) {
     test_rmsnorm_quantize(&d, QUANT_Q8_1, 8, 4096, true, false);
     test_rmsnorm_quantize(&d, QUANT_Q8_0, 3, 2048, false, true);
     test_rmsnorm_quantize(&d, QUANT_Q8_0, 2, 2080, true, false); /* a last block of 8 warps only partly used */
-    test_rmsnorm_quantize(&d, QUANT_F16, 2, 2048, true, true);   /* (the two calls) */
+    test_rmsnorm_quantize(&d, QUANT_F16, 2, 4096, true, false);  /* llama8b's input to q/k/v */
+    test_rmsnorm_quantize(&d, QUANT_BF16, 3, 2080, true, true);
+    test_rmsnorm_quantize(&d, QUANT_Q8_K, 2, 2048, true, true); /* (the two calls) */
+    test_swiglu_quantize(&d, QUANT_F16, 1, 14336);              /* llama8b's input to down */
+    test_swiglu_quantize(&d, QUANT_BF16, 3, 2080);
+    test_swiglu_quantize(&d, QUANT_Q8_1, 8, 4096);
+    test_swiglu_quantize(&d, QUANT_Q8_0, 2, 1056);
     test_pointwise(&d);
     struct rope_params normal = {.n_dims = 128, .neox = false, .freq_base = 500000.0f, .freq_scale = 1.0f,
                                  .attn_factor = 1.0f, .beta_fast = 32.0f, .beta_slow = 1.0f, .n_ctx_orig = 8192};
