@@ -108,8 +108,11 @@ static inline cudaError_t launch_dep(void (*kernel)(P...), dim3 grid, dim3 block
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    const bool dep = cuda_dep_launch && cudaStreamIsCapturing(st, &capture) == cudaSuccess &&
-                     capture == cudaStreamCaptureStatusNone;
+    bool dep = false;
+    if (cuda_dep_launch) {
+        if (cudaStreamIsCapturing(st, &capture) == cudaSuccess) dep = capture == cudaStreamCaptureStatusNone;
+        else cudaGetLastError(); /* (not left for the next launch's check) */
+    }
     cfg.attrs = dep ? &attr : NULL;
     cfg.numAttrs = dep ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
