@@ -183,4 +183,9 @@ __device__ __forceinline__ float rms_value(const float *xr, const float *w, floa
     return w ? __fmul_rn(__fmul_rn(xr[i], scale), w[i]) : __fmul_rn(xr[i], scale);
 }
 
+/* SwiGLU of one element, silu(g) * u, as src/cpu computes it (IEEE division, expf, unfused): every
+ * kernel that applies it (the element-wise one, the one that also converts, the fused experts')
+ * calls this, so they agree to the bit. */
+__device__ __forceinline__ float swiglu_value(float g, float u) { return __fmul_rn(__fdiv_rn(g, 1.0f + expf(-g)), u); }
+
 #endif

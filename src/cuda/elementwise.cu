@@ -38,8 +38,7 @@ __global__ void swiglu_kernel(const float *gate, const float *up, float *out, in
     dep_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const float g = gate[i];
-    out[i] = __fmul_rn(__fdiv_rn(g, 1.0f + expf(-g)), up[i]);
+    out[i] = swiglu_value(gate[i], up[i]);
 }
 
 static unsigned blocks_for(int64_t n) { return (unsigned)ceil_div(n, 256); }

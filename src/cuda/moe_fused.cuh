@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(FUSED_THREADS) moe_gate_up_kernel(const moe_fu
         for (int t = 0; t < NT; t++) {
             const float gv = warp_sum(acc_g[t]), uv = warp_sum(acc_u[t]);
             if (lane == 0 && g + t < n_group)
-                a.h[(size_t)group[g + t] * a.n_ff + row] = __fmul_rn(__fdiv_rn(gv, 1.0f + expf(-gv)), uv);
+                a.h[(size_t)group[g + t] * a.n_ff + row] = swiglu_value(gv, uv);
         }
     }
 }

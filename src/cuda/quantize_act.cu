@@ -45,8 +45,7 @@ __global__ void __launch_bounds__(QA_THREADS) swiglu_act_kernel(const float *gat
     dep_enter();
     const int64_t b = (int64_t)blockIdx.x * QA_WARPS + threadIdx.x / 32, i = b * 32 + threadIdx.x % 32;
     if (b >= n_blocks) return;
-    const float g = gate[i];
-    qa_value32(q_out, __fmul_rn(__fdiv_rn(g, 1.0f + expf(-g)), up[i]), q, b, threadIdx.x % 32);
+    qa_value32(q_out, swiglu_value(gate[i], up[i]), q, b, threadIdx.x % 32);
 }
 
 __global__ void to_f16_kernel(const float *x, __half *out, int64_t n) {

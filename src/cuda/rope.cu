@@ -197,25 +197,30 @@ extern "C" pshard_status cuda_norm_rope(const struct rope_params *p, const float
                      nr_store{}, s);
 }
 
+/* q's and k's heads (normed or not) rotated, then k's and v's heads stored into the cache. */
+static pshard_status qk_store(const struct rope_params *p, const float *cs, const nr_part q, const nr_part k, float eps,
+                              int64_t n_tokens, int head_size, const struct cuda_kv_layer *kv, const float *v, int head_v,
+                              const int32_t *seq, const int32_t *pos, cuda_stream s) {
+    CUDA_ARG(kv->block_cells > 0 && head_v > 0, "rope+store: blocks of %d cells, heads of %d", kv->block_cells, head_v);
+    const nr_store st = {kv->k, kv->v, kv->blocks, kv->blocks_stride, kv->block_cells, v, head_v, seq, pos};
+    return norm_rope(p, cs, q, k, eps, n_tokens, head_size, st, s);
+}
+
 extern "C" pshard_status cuda_norm_rope_qk_store(const struct rope_params *p, const float *cs, float *q, const float *q_norm,
                                                  int n_head, float *k, const float *k_norm, int n_head_kv, float eps,
                                                  int64_t n_tokens, int head_size, const struct cuda_kv_layer *kv,
                                                  const float *v, int head_v, const int32_t *seq, const int32_t *pos,
                                                  cuda_stream s) {
-    CUDA_ARG(kv->block_cells > 0 && head_v > 0, "norm+rope+store: blocks of %d cells, heads of %d", kv->block_cells, head_v);
-    const nr_store st = {kv->k, kv->v, kv->blocks, kv->blocks_stride, kv->block_cells, v, head_v, seq, pos};
-    return norm_rope(p, cs, nr_part{q, q_norm, n_head, true}, nr_part{k, k_norm, n_head_kv, true}, eps, n_tokens,
-                     head_size, st, s);
+    return qk_store(p, cs, nr_part{q, q_norm, n_head, true}, nr_part{k, k_norm, n_head_kv, true}, eps, n_tokens, head_size,
+                    kv, v, head_v, seq, pos, s);
 }
 
 extern "C" pshard_status cuda_rope_qk_store(const struct rope_params *p, const float *cs, float *q, int n_head, float *k,
                                             int n_head_kv, int64_t n_tokens, int head_size, const struct cuda_kv_layer *kv,
                                             const float *v, int head_v, const int32_t *seq, const int32_t *pos,
                                             cuda_stream s) {
-    CUDA_ARG(kv->block_cells > 0 && head_v > 0, "rope+store: blocks of %d cells, heads of %d", kv->block_cells, head_v);
-    const nr_store st = {kv->k, kv->v, kv->blocks, kv->blocks_stride, kv->block_cells, v, head_v, seq, pos};
-    return norm_rope(p, cs, nr_part{q, NULL, n_head, false}, nr_part{k, NULL, n_head_kv, false}, 0.0f, n_tokens,
-                     head_size, st, s);
+    return qk_store(p, cs, nr_part{q, NULL, n_head, false}, nr_part{k, NULL, n_head_kv, false}, 0.0f, n_tokens, head_size,
+                    kv, v, head_v, seq, pos, s);
 }
 
 extern "C" pshard_status cuda_rope_table(const struct rope_params *p, const float *freq_factors, const int32_t *pos,
