@@ -371,6 +371,15 @@ int main(void) {
         test_matvec_passes(&d, QUANT_Q4_0, 67, 256, pass_tokens[n]);
         test_matvec_passes(&d, QUANT_Q4_K, 203, 2304, pass_tokens[n]);
     }
+    /* F16 and BF16: one token reads its rows straight from VRAM (each lane its own items), passes
+     * of 8 stage them: the same sums, bit for bit. Rows of 4,096 and 14,336 columns (llama8b's),
+     * and of 63 items (two chunks, the second one short). */
+    const enum quant_type halves[] = {QUANT_F16, QUANT_BF16};
+    for (size_t t = 0; t < 2; t++) {
+        test_matvec_passes(&d, halves[t], 96, 4096, 13);
+        test_matvec_passes(&d, halves[t], 41, 14336, 9);
+        test_matvec_passes(&d, halves[t], 67, 2016, 11);
+    }
     /* F32 through the tiled kernel: qwen235b's router (4,096 columns: eight chunks), and rows in
      * chunks of 15 items (1,920 columns) whose count is no multiple of a block's 64. */
     test_matvec_passes(&d, QUANT_F32, 128, 4096, 100);
