@@ -51,7 +51,6 @@ struct ad_args {
     int n_splits;
     float *part_o;  /* [token][head][split][head_v]: unnormalized outputs */
     float *part_ml; /* [token][head][split][2]: running max and sum (max -inf: an empty slice) */
-    bool prefetch;
 };
 
 /* The cells of one slice of a token with n_cells cells over n_splits slices. */
@@ -77,22 +76,17 @@ static int ad_heads_per_block(int group) {
     return hb;
 }
 
-/* A lane's pieces quarter, quarter + 4, ... of its cell's K row kr and V row vr (in global or
- * shared memory), zeros past the row or for a cell outside the slice. */
+/* One chunk of a warp's walk: the lane's pieces quarter, quarter + 4, ... of its cell's K row kr
+ * and V row vr (in global or shared memory; both loaded before any is used), its cell's score,
+ * the warp's running max and sum, and the lane's share of the output. */
 template <int KP, int VP>
-__device__ __forceinline__ void ad_load(const uint4 *kr, const uint4 *vr, bool valid, int quarter, int k_pieces, int v_pieces,
-                                        uint4 (&kraw)[KP], uint4 (&vraw)[VP]) {
+__device__ __forceinline__ void ad_chunk(const float (&q)[KP][8], const uint4 *kr, const uint4 *vr, bool valid, int quarter,
+                                         int k_pieces, int v_pieces, float scale, float &m, float &l, float (&acc)[VP][8]) {
+    uint4 kraw[KP], vraw[VP];
 #pragma unroll
     for (int i = 0; i < KP; i++) kraw[i] = valid && quarter + 4 * i < k_pieces ? kr[quarter + 4 * i] : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int i = 0; i < VP; i++) vraw[i] = valid && quarter + 4 * i < v_pieces ? vr[quarter + 4 * i] : make_uint4(0, 0, 0, 0);
-}
-
-/* One chunk of a warp's walk over loaded pieces (ad_load): its cell's score, the warp's running
- * max and sum, and the lane's share of the output. */
-template <int KP, int VP>
-__device__ __forceinline__ void ad_step(const float (&q)[KP][8], const uint4 (&kraw)[KP], const uint4 (&vraw)[VP], bool valid,
-                                        float scale, float &m, float &l, float (&acc)[VP][8]) {
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < KP; i++) {
@@ -127,15 +121,6 @@ __device__ __forceinline__ void ad_step(const float (&q)[KP][8], const uint4 (&k
     }
 }
 
-/* One chunk loaded and walked (both loaded before any is used). */
-template <int KP, int VP>
-__device__ __forceinline__ void ad_chunk(const float (&q)[KP][8], const uint4 *kr, const uint4 *vr, bool valid, int quarter,
-                                         int k_pieces, int v_pieces, float scale, float &m, float &l, float (&acc)[VP][8]) {
-    uint4 kraw[KP], vraw[VP];
-    ad_load<KP, VP>(kr, vr, valid, quarter, k_pieces, v_pieces, kraw, vraw);
-    ad_step<KP, VP>(q, kraw, vraw, valid, scale, m, l, acc);
-}
-
 /* STAGED: the bytes a cell takes in a tile in shared memory (its K row, a pad, its V row, a pad).
  * At heads of 64 and 128 the pitch is a multiple of 128 bytes, so the two cells of a quarter-warp's
  * 16-byte loads meet in the same banks (two ways); one pad a cell would part them (not measured). */
@@ -159,7 +144,6 @@ template <int KP, int VP, bool STAGED> __global__ void __launch_bounds__(32 * AD
         return;
     }
     const int k_pieces = a.head_k / 8, v_pieces = a.head_v / 8;
-    const bool ad_prefetch = a.prefetch;
     float q[KP][8];
     const float *qh = a.q + ((int64_t)t * a.n_head + h) * a.head_k;
 #pragma unroll
@@ -209,28 +193,6 @@ template <int KP, int VP, bool STAGED> __global__ void __launch_bounds__(32 * AD
                                  a.scale, m, l, acc);
             }
             __syncthreads(); /* (the next load writes over this tile's buffer) */
-        }
-    } else if (ad_prefetch) {
-        /* The next chunk's rows are loaded while this one is walked: a slice of a few chunks
-         * waits for its loads once, not once a chunk. */
-        uint4 kraw[KP], vraw[VP];
-        auto load = [&](int c0) {
-            const int c = c0 + cell_lane;
-            const bool valid = c < c_end;
-            const int64_t row = valid ? (int64_t)blocks[c / bc] * bc + c % bc : 0;
-            ad_load<KP, VP>((const uint4 *)(kb + row * k_width), (const uint4 *)(vb + row * v_width), valid, quarter, k_pieces,
-                            v_pieces, kraw, vraw);
-        };
-        int c0 = c_begin + r * AD_CHUNK;
-        if (c0 < c_end) load(c0);
-        for (; c0 < c_end; c0 += R * AD_CHUNK) {
-            uint4 kcur[KP], vcur[VP];
-#pragma unroll
-            for (int i = 0; i < KP; i++) kcur[i] = kraw[i];
-#pragma unroll
-            for (int i = 0; i < VP; i++) vcur[i] = vraw[i];
-            if (c0 + R * AD_CHUNK < c_end) load(c0 + R * AD_CHUNK);
-            ad_step<KP, VP>(q, kcur, vcur, c0 + cell_lane < c_end, a.scale, m, l, acc);
         }
     } else {
         for (int c0 = c_begin + r * AD_CHUNK; c0 < c_end; c0 += R * AD_CHUNK) {
@@ -301,7 +263,6 @@ template <int KP, int VP, bool STAGED> __global__ void __launch_bounds__(32 * AD
  * head's output is also written there for the product after it, a warp a block of 32, as
  * cuda_quantize would (q_out: a qa_out). */
 enum { AC_THREADS = 128, AC_WARPS = AC_THREADS / 32, AC_MAX_SPLITS = 512, AC_MAX_HEAD = 256 };
-template <int UNROLL>
 __global__ void __launch_bounds__(AC_THREADS) attn_combine_kernel(const float *part_o, const float *part_ml, int n_splits,
                                                                   int head_v, float *out, uint8_t *q, int q_out) {
     dep_enter();
@@ -344,7 +305,7 @@ __global__ void __launch_bounds__(AC_THREADS) attn_combine_kernel(const float *p
     const float4 *o4 = (const float4 *)part_o;
     for (int u = lane; u < units; u += 32) {
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll UNROLL
+#pragma unroll 4
         for (int s = warp; s < n_slices; s += AC_WARPS) {
             float f;
             if (cached) {
@@ -388,11 +349,7 @@ static pshard_status merge(const float *part_o, const float *part_ml, int n_spli
                            float *out, enum quant_type q_type, void *q_out, cuda_stream s) {
     CUDA_ARG(head_v % 4 == 0 && head_v <= AC_MAX_HEAD, "attention merge: heads of %d (a multiple of 4, at most %d)", head_v,
              (int)AC_MAX_HEAD);
-    if (getenv("PSHARD_AB_MERGE_WIDE")) /* AB-SWITCH */
-        CUDA_TRY(launch_dep(attn_combine_kernel<16>, dim3((unsigned)n_head, (unsigned)n_tokens), AC_THREADS, 0, raw_stream(s),
-                            part_o, part_ml, n_splits, head_v, out, (uint8_t *)q_out, qa_out_of(q_type)));
-    else
-    CUDA_TRY(launch_dep(attn_combine_kernel<4>, dim3((unsigned)n_head, (unsigned)n_tokens), AC_THREADS, 0, raw_stream(s),
+    CUDA_TRY(launch_dep(attn_combine_kernel, dim3((unsigned)n_head, (unsigned)n_tokens), AC_THREADS, 0, raw_stream(s),
                         part_o, part_ml, n_splits, head_v, out, (uint8_t *)q_out, qa_out_of(q_type)));
     return PSHARD_OK;
 }
@@ -434,7 +391,6 @@ extern "C" pshard_status cuda_attention_decode_quantized(const struct cuda_attn_
     p.group = a->n_head / a->n_head_kv;
     p.heads_per_block = ad_heads_per_block(p.group);
     p.scale = a->scale;
-    p.prefetch = getenv("PSHARD_AB_ATTN_PREFETCH") != NULL; /* AB-SWITCH */
     int slice_cells; /* (the kernel cuts each token's own slices: see ad_slice_cells) */
     cuda_decode_split(a, n_tokens, max_kv_len, &p.n_splits, &slice_cells);
     float *part = (float *)work;

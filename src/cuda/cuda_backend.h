@@ -190,8 +190,7 @@ pshard_status cuda_host_register_writable(void *ptr, size_t bytes, struct cuda_p
 pshard_status cuda_host_device_pointer(const void *host, const void **dev);
 /* Fresh pinned memory (cudaMallocHost). */
 pshard_status cuda_host_alloc(size_t bytes, struct cuda_pinned *out);
-/* n 32-bit words, zeroed (hand-off flags, cuda_flag_*; greedy picks, cuda_pick_greedy): pinned
- * memory and the address the GPU uses. */
+/* n hand-off flags (cuda_flag_*), lowered: pinned memory and the address the GPU uses. */
 pshard_status cuda_flags_alloc(size_t n, struct cuda_pinned *out, uint32_t **dev);
 /* n clock stamps for cuda_flag_raise/wait, zeroed: pinned memory and the address the GPU uses. */
 pshard_status cuda_stamps_alloc(size_t n, struct cuda_pinned *out, uint64_t **dev);
@@ -265,13 +264,6 @@ pshard_status cuda_dequantize_f16(const struct cuda_matrix *m, int64_t row0, int
 
 /* Embedding lookup: out[i] = row rows[i] of m, dequantized to f32 exactly as the CPU does. */
 pshard_status cuda_get_rows(const struct cuda_matrix *m, const int32_t *rows, int64_t n, float *out, cuda_stream s);
-
-/* The greedy pick of a one-token step (src/cuda/pick.cu): the first index of the largest of n
- * logits, as the sampler's argmax finds it, into *token (the next step's input) and into
- * host_dev[*pos & 1] (mapped memory, cuda_flags_alloc); *pos and the three rope positions (rope,
- * rows rope_stride apart; NULL: none) move on by one. */
-pshard_status cuda_pick_greedy(const float *logits, int64_t n, int32_t *token, int32_t *pos, int32_t *rope,
-                               int64_t rope_stride, uint32_t *host_dev, cuda_stream s);
 
 /* ---- Element-wise operators (f32 row-major activations) ---------------------------------- */
 

@@ -174,12 +174,6 @@ pshard_status cuda_get_rows(const struct cuda_matrix *m, const int32_t *rows, in
     return no_cuda();
 }
 
-pshard_status cuda_pick_greedy(const float *logits, int64_t n, int32_t *token, int32_t *pos, int32_t *rope,
-                               int64_t rope_stride, uint32_t *host_dev, cuda_stream s) {
-    (void)logits, (void)n, (void)token, (void)pos, (void)rope, (void)rope_stride, (void)host_dev, (void)s;
-    return no_cuda();
-}
-
 pshard_status cuda_rmsnorm(const float *x, const float *w, float *out, int64_t n_rows, int64_t n, float eps,
                            cuda_stream s) {
     (void)x, (void)w, (void)out, (void)n_rows, (void)n, (void)eps, (void)s;

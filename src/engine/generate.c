@@ -70,123 +70,52 @@ struct generation {
     pshard_gen_stats *stats;
 };
 
-/* What the decode steps cost, summed over the steps run, and when the first and the latest
- * tokens were taken. */
-struct decode_sums {
-    double t_start, t_first, t_last;
-    int32_t n_steps; /* decode steps run: one per token after the first, and one more that gave an end */
-    uint64_t bytes, streamed;
-    double host_compute, host_wait, between, handoff;
-    int64_t handoffs;
-};
-
-static void add_step(struct decode_sums *d, const struct exec_stats *s) {
-    d->bytes += s->weight_bytes_read;
-    d->streamed += s->streamed_bytes;
-    d->host_compute += s->host_compute_ms;
-    d->host_wait += s->host_wait_ms;
-    d->between += s->gpu_between_ms;
-    d->handoff += s->gpu_handoff_ms;
-    d->handoffs += s->handoffs;
-    d->n_steps++;
-}
-
-/* A chosen token: timed, checked for an end, recorded and streamed. False where the generation
- * ends with it: an end of turn, the caller, the token limit, or a context with no room to step it. */
-static bool take(struct generation *g, int32_t token, struct decode_sums *d, pshard_status *st) {
-    pshard_ctx *ctx = g->ctx;
-    if (g->stats->n_generated == 0) {
-        d->t_first = core_now_ms();
-        g->stats->ttft_ms = d->t_first - d->t_start;
-    }
-    if (!g->opts->ignore_eos && engine_is_end_of_turn(ctx->tok, token)) {
-        g->stats->stopped_by_eog = 1;
-        return false;
-    }
-    d->t_last = core_now_ms();
-    sampler_accept(g->sampler, token);
-    if (g->opts->out_tokens && g->stats->n_generated < g->opts->out_tokens_cap)
-        g->opts->out_tokens[g->stats->n_generated] = token;
-    g->stats->n_generated++;
-    const char *text;
-    size_t len;
-    if ((*st = tok_decoder_push(g->decoder, token, &text, &len)) != PSHARD_OK) return false;
-    if (len && g->on_text && g->on_text(g->user, text, len)) return false;
-    return !((g->opts->n_predict >= 0 && g->stats->n_generated >= g->opts->n_predict) || ctx->n_cached >= ctx->params.n_ctx);
-}
-
-/* Whether the sampler's choice is the GPU's pick (exec_chain_*): greedy, nothing that moves the
- * logits first, and the tokens' rope positions their cells' (no image in the prompt). */
-static bool greedy_on_gpu(const struct generation *g) {
-    const pshard_sampling *s = &g->opts->sampling;
-    int32_t rope[3];
-    return s->temperature <= 0.0f && s->repeat_penalty == 1.0f && s->presence_penalty == 0.0f &&
-           s->frequency_penalty == 0.0f && !engine_vision_decode_rope(g->ctx, g->ctx->n_cached, rope);
-}
-
-/* Greedy steps chained on the GPU from *token (taken, not yet stepped): each step's pick is the
- * next step's token there, and the next step is launched before the host takes the pick, where the
- * pick once taken could need it (a step it turns out not to need is cancelled: an end of turn, or
- * the caller's stop). Ends with *done, or, where the next step cannot be chained (a change of
- * plan at that context), with nothing in flight and *token the last pick taken, for a plain step. */
-static pshard_status chain(struct generation *g, int32_t *token, struct decode_sums *d, bool *done) {
-    pshard_ctx *ctx = g->ctx;
-    const int32_t seq = ctx->batch_seq[0], n_ctx = ctx->params.n_ctx, n_predict = g->opts->n_predict;
-    int32_t stepping = *token; /* the token of the oldest step in flight */
-    engine_budget_step(ctx);
-    CORE_TRY(exec_chain_launch(ctx->exec, seq, ctx->n_cached, stepping));
-    for (;;) {
-        const int32_t next = ctx->n_cached + 1; /* the pick's position */
-        engine_budget_step(ctx);
-        const bool ahead = (n_predict < 0 || g->stats->n_generated + 1 < n_predict) && next < n_ctx &&
-                           exec_chain_ready(ctx->exec, seq, next);
-        pshard_status st = ahead ? exec_chain_launch(ctx->exec, seq, next, -1) : PSHARD_OK;
-        int32_t pick = -1;
-        if (st == PSHARD_OK) st = exec_chain_wait(ctx->exec, &pick);
-        if (st != PSHARD_OK) {
-            exec_chain_cancel(ctx->exec);
-            return st;
-        }
-        add_step(d, exec_last_stats(ctx->exec));
-        ctx->cached[ctx->n_cached++] = stepping;
-        if (!take(g, pick, d, &st)) {
-            const pshard_status cancelled = exec_chain_cancel(ctx->exec);
-            *done = true;
-            return st != PSHARD_OK ? st : cancelled;
-        }
-        if (!ahead) {
-            *token = pick;
-            *done = false;
-            return PSHARD_OK;
-        }
-        stepping = pick;
-    }
-}
-
 /* Sample, stream and step until done. Ownership of sampler/decoder stays with the caller. */
 static pshard_status decode_loop(struct generation *g, double t_start) {
     pshard_ctx *ctx = g->ctx;
-    struct decode_sums d = {.t_start = t_start};
-    const bool greedy_gpu = greedy_on_gpu(g);
-    int32_t token = g->opts->n_predict != 0 ? sampler_sample(g->sampler, exec_logits(ctx->exec, 0)) : -1;
-    pshard_status st = PSHARD_OK;
-    while (token >= 0 && take(g, token, &d, &st)) {
-        if (greedy_gpu && exec_chain_ready(ctx->exec, ctx->batch_seq[0], ctx->n_cached)) {
-            bool done;
-            CORE_TRY(chain(g, &token, &d, &done));
-            if (done) break;
+    const int32_t n_ctx = ctx->params.n_ctx;
+    double t_first = 0, t_last = 0;
+    int32_t n_steps = 0; /* decode steps run: one per token after the first, and one more that gave an end */
+    uint64_t bytes = 0, streamed = 0;
+    double host_compute = 0, host_wait = 0, between = 0, handoff = 0;
+    int64_t handoffs = 0;
+    for (;;) {
+        if (g->opts->n_predict == 0) break; /* the prompt only: nothing is sampled */
+        const int32_t token = sampler_sample(g->sampler, exec_logits(ctx->exec, 0));
+        if (g->stats->n_generated == 0) {
+            t_first = core_now_ms();
+            g->stats->ttft_ms = t_first - t_start;
         }
+        if (!g->opts->ignore_eos && engine_is_end_of_turn(ctx->tok, token)) {
+            g->stats->stopped_by_eog = 1;
+            break;
+        }
+        t_last = core_now_ms();
+        sampler_accept(g->sampler, token);
+        if (g->opts->out_tokens && g->stats->n_generated < g->opts->out_tokens_cap)
+            g->opts->out_tokens[g->stats->n_generated] = token;
+        g->stats->n_generated++;
+        const char *text;
+        size_t len;
+        CORE_TRY(tok_decoder_push(g->decoder, token, &text, &len));
+        if (len && g->on_text && g->on_text(g->user, text, len)) break;
+        if ((g->opts->n_predict >= 0 && g->stats->n_generated >= g->opts->n_predict) || ctx->n_cached >= n_ctx) break;
         const int32_t pos = ctx->n_cached;
         struct exec_batch b = {1, &token, &pos, ctx->batch_seq, NULL};
         int32_t rope[3];
         const struct exec_media media = {engine_vision_decode_rope(ctx, pos, rope), NULL, 0, 0};
         engine_budget_step(ctx);
         CORE_TRY(exec_step_media(ctx->exec, &b, &media));
-        add_step(&d, exec_last_stats(ctx->exec));
+        bytes += exec_last_stats(ctx->exec)->weight_bytes_read;
+        streamed += exec_last_stats(ctx->exec)->streamed_bytes;
+        host_compute += exec_last_stats(ctx->exec)->host_compute_ms;
+        host_wait += exec_last_stats(ctx->exec)->host_wait_ms;
+        between += exec_last_stats(ctx->exec)->gpu_between_ms;
+        handoff += exec_last_stats(ctx->exec)->gpu_handoff_ms;
+        handoffs += exec_last_stats(ctx->exec)->handoffs;
         ctx->cached[ctx->n_cached++] = token;
-        token = sampler_sample(g->sampler, exec_logits(ctx->exec, 0));
+        n_steps++;
     }
-    CORE_TRY(st);
     /* A character the model left unfinished before its end is one U+FFFD; one cut by the token
      * limit, the context or the caller is dropped: its rest was never generated. */
     const char *text;
@@ -195,15 +124,15 @@ static pshard_status decode_loop(struct generation *g, double t_start) {
         g->on_text(g->user, text, len);
     /* Means per step, over every step run (a reply that ends at an end token ran one step more
      * than it shows tokens); decode_ms is the time of the tokens after the first. */
-    if (g->stats->n_generated > 1) g->stats->decode_ms = d.t_last - d.t_first;
-    if (d.n_steps > 0) {
-        g->stats->decode_weight_bytes = d.bytes / (uint64_t)d.n_steps;
-        g->stats->decode_streamed_bytes = d.streamed / (uint64_t)d.n_steps;
-        g->stats->decode_host_compute_ms = d.host_compute / d.n_steps;
-        g->stats->decode_host_wait_ms = d.host_wait / d.n_steps;
-        g->stats->decode_gpu_between_ms = d.between / d.n_steps;
-        g->stats->decode_gpu_handoff_ms = d.handoff / d.n_steps;
-        g->stats->decode_handoffs = (int32_t)(d.handoffs / d.n_steps);
+    if (g->stats->n_generated > 1) g->stats->decode_ms = t_last - t_first;
+    if (n_steps > 0) {
+        g->stats->decode_weight_bytes = bytes / (uint64_t)n_steps;
+        g->stats->decode_streamed_bytes = streamed / (uint64_t)n_steps;
+        g->stats->decode_host_compute_ms = host_compute / n_steps;
+        g->stats->decode_host_wait_ms = host_wait / n_steps;
+        g->stats->decode_gpu_between_ms = between / n_steps;
+        g->stats->decode_gpu_handoff_ms = handoff / n_steps;
+        g->stats->decode_handoffs = (int32_t)(handoffs / n_steps);
     }
     return PSHARD_OK;
 }

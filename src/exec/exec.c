@@ -317,8 +317,9 @@ static pshard_status reserve_cells(struct exec_ctx *ctx) {
     return PSHARD_OK;
 }
 
-/* A step's statistics zeroed and its outputs listed, before it runs. */
-static void start_stats(struct exec_ctx *ctx, const struct exec_batch *batch) {
+static pshard_status step(struct exec_ctx *ctx, const struct exec_batch *batch) {
+    CORE_TRY(validate(ctx, batch));
+    const struct model *model = ctx->model;
     ctx->stats.weight_bytes_read = ctx->stats.streamed_bytes = 0;
     ctx->stats.n_outputs = 0;
     ctx->stats.host_compute_ms = ctx->stats.host_wait_ms = 0;
@@ -327,32 +328,12 @@ static void start_stats(struct exec_ctx *ctx, const struct exec_batch *batch) {
     ctx->logits = ctx->s.logits;
     for (int32_t t = 0; t < batch->n_tokens; t++)
         if (batch->logits ? batch->logits[t] != 0 : t == batch->n_tokens - 1) ctx->s.out_rows[ctx->stats.n_outputs++] = t;
-}
-
-/* The plan a GPU step runs: by its tokens, and in a decode plan's bands by the cells it attends,
- * its own included. */
-static const struct plan *plan_of_step(const struct exec_ctx *ctx, const struct exec_batch *batch) {
-    int32_t cells = 0;
-    for (int32_t t = 0; ctx->plan.decode && t < batch->n_tokens; t++)
-        cells = batch->pos[t] + 1 > cells ? batch->pos[t] + 1 : cells;
-    return plan_for_step(&ctx->plan, batch->n_tokens, cells);
-}
-
-static void grow_seq_lens(struct exec_ctx *ctx, const struct exec_batch *batch) {
-    for (int32_t t = 0; t < batch->n_tokens; t++)
-        if (batch->pos[t] + 1 > ctx->kv.seq_len[batch->seq[t]]) ctx->kv.seq_len[batch->seq[t]] = batch->pos[t] + 1;
-}
-
-static pshard_status step(struct exec_ctx *ctx, const struct exec_batch *batch) {
-    if (ctx->chain_n)
-        return core_fail(PSHARD_ERR_INTERNAL, "a step while %d chained steps are in flight (exec_chain_wait them first)",
-                         ctx->chain_n);
-    CORE_TRY(validate(ctx, batch));
-    const struct model *model = ctx->model;
-    start_stats(ctx, batch);
 
     if (ctx->gpu) {
-        const struct plan *runs = plan_of_step(ctx, batch);
+        int32_t cells = 0; /* the cache the step attends, its own cells included (a decode plan's bands) */
+        for (int32_t t = 0; ctx->plan.decode && t < batch->n_tokens; t++)
+            cells = batch->pos[t] + 1 > cells ? batch->pos[t] + 1 : cells;
+        const struct plan *runs = plan_for_step(&ctx->plan, batch->n_tokens, cells);
         pshard_status st = runs != ctx->active ? exec_gpu_switch(ctx, runs) : PSHARD_OK;
         if (st != PSHARD_OK) return core_fail_context(st, "changing to the %s phase's plan", runs == &ctx->plan ? "prompt" : "decode");
         CORE_TRY(reserve_cells(ctx));
@@ -372,53 +353,9 @@ static pshard_status step(struct exec_ctx *ctx, const struct exec_batch *batch) 
             }
         }
     }
-    grow_seq_lens(ctx, batch);
+    for (int32_t t = 0; t < batch->n_tokens; t++)
+        if (batch->pos[t] + 1 > ctx->kv.seq_len[batch->seq[t]]) ctx->kv.seq_len[batch->seq[t]] = batch->pos[t] + 1;
     return PSHARD_OK;
-}
-
-bool exec_chain_ready(const struct exec_ctx *ctx, int32_t seq, int32_t pos) {
-    if (!ctx->gpu || ctx->params.options.no_chain || ctx->chain_n >= 2 || seq < 0 || seq >= ctx->params.n_seq || pos < 0 ||
-        pos >= ctx->params.n_ctx)
-        return false;
-    const int32_t token = 0;
-    const struct exec_batch b = {1, &token, &pos, &seq, NULL};
-    return exec_gpu_can_pick(ctx, plan_of_step(ctx, &b));
-}
-
-pshard_status exec_chain_launch(struct exec_ctx *ctx, int32_t seq, int32_t pos, int32_t token) {
-    const int32_t id = token < 0 ? 0 : token; /* (the pick on the GPU: any id passes the checks) */
-    const struct exec_batch b = {1, &id, &pos, &seq, NULL};
-    CORE_TRY(validate(ctx, &b));
-    if (token < 0 && (!ctx->chain_n || ctx->chain_seq[ctx->chain_n - 1] != seq || ctx->chain_pos[ctx->chain_n - 1] != pos - 1))
-        return core_fail(PSHARD_ERR_INVALID_ARG, "a chained step of sequence %d at %d takes the pick of a step in flight "
-                         "before it, and there is none", seq, pos);
-    if (!exec_chain_ready(ctx, seq, pos))
-        return core_fail(PSHARD_ERR_INVALID_ARG, "the step of sequence %d at %d cannot be chained on the GPU", seq, pos);
-    start_stats(ctx, &b);
-    CORE_TRY(reserve_cells(ctx));
-    pshard_status st = exec_gpu_launch_pick(ctx, &b, token < 0);
-    if (st != PSHARD_OK) return core_fail_context(st, "chained step on the GPU");
-    grow_seq_lens(ctx, &b);
-    ctx->logits = NULL; /* (they stay on the GPU) */
-    ctx->chain_seq[ctx->chain_n] = seq, ctx->chain_pos[ctx->chain_n] = pos;
-    ctx->chain_n++;
-    return PSHARD_OK;
-}
-
-pshard_status exec_chain_wait(struct exec_ctx *ctx, int32_t *token) {
-    if (!ctx->chain_n) return core_fail(PSHARD_ERR_INVALID_ARG, "no chained step in flight");
-    CORE_TRY(exec_gpu_wait_pick(ctx, ctx->chain_pos[0], token));
-    ctx->chain_seq[0] = ctx->chain_seq[1], ctx->chain_pos[0] = ctx->chain_pos[1];
-    ctx->chain_n--;
-    return PSHARD_OK;
-}
-
-pshard_status exec_chain_cancel(struct exec_ctx *ctx) {
-    if (!ctx->chain_n) return PSHARD_OK;
-    const pshard_status st = exec_gpu_drain_picks(ctx);
-    for (int32_t i = ctx->chain_n - 1; i >= 0; i--) kv_cache_truncate(&ctx->kv, ctx->chain_seq[i], ctx->chain_pos[i]);
-    ctx->chain_n = 0;
-    return st;
 }
 
 pshard_status exec_step_media(struct exec_ctx *ctx, const struct exec_batch *batch, const struct exec_media *media) {

@@ -88,27 +88,6 @@ pshard_status exec_step(struct exec_ctx *ctx, const struct exec_batch *batch);
 /* The same with rope positions and input embeddings for the batch's tokens (media NULL: none). */
 pshard_status exec_step_media(struct exec_ctx *ctx, const struct exec_batch *batch, const struct exec_media *media);
 
-/* Greedy decoding chained on the GPU. A chained step is a one-token decode step whose head picks
- * its token on the GPU (the first of the largest logits: the sampler's choice at temperature 0
- * without penalties) and leaves the pick there as the next step's token, with the next position,
- * so the next step can be launched before the host has seen the pick: the GPU goes from one step
- * to the next without waiting for the host. At most two are in flight; their logits never come
- * to the host.
- *
- * exec_chain_ready: whether a step of sequence seq at pos can be chained now: options.no_chain is
- * off, the step's plan is the one the GPU is carved for, and that plan's one-token step runs whole
- * on the GPU as a replayed graph (no shard or expert on the CPU, no ring, no carried cells).
- * exec_chain_launch: launch it, its token given (>= 0) or the pick of the step before it (-1, that
- * step launched by exec_chain_launch); checked and refused as exec_step would, and where the step
- * is not ready.
- * exec_chain_wait: wait for the oldest step in flight and give its pick. exec_chain_cancel: wait
- * for every step in flight and forget them, their cells cut from their sequence (a generation
- * that ended before its last launched step was needed). exec_step refuses while any is in flight. */
-bool exec_chain_ready(const struct exec_ctx *ctx, int32_t seq, int32_t pos);
-pshard_status exec_chain_launch(struct exec_ctx *ctx, int32_t seq, int32_t pos, int32_t token);
-pshard_status exec_chain_wait(struct exec_ctx *ctx, int32_t *token);
-pshard_status exec_chain_cancel(struct exec_ctx *ctx);
-
 /* Logits of the i-th output of the last step (outputs in batch order), n_vocab floats, valid
  * until the next step. */
 const float *exec_logits(const struct exec_ctx *ctx, int32_t i);

@@ -546,9 +546,7 @@ static pshard_status carve_plan(struct exec_gpu *g, struct exec_ctx *ctx) {
 /* The captured decode step let go: the next decode step captures it again. */
 static void drop_decode_graph(struct exec_gpu *g) {
     cuda_graph_destroy(g->decode_graph);
-    cuda_graph_destroy(g->pick_graph);
-    g->decode_graph = g->pick_graph = NULL;
-    g->picks_on_gpu = false;
+    g->decode_graph = NULL;
     g->decode_graph_bytes = g->decode_graph_streamed = 0;
 }
 
@@ -736,8 +734,6 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
     CORE_TRY(cuda_host_alloc(sizeof(int32_t) * B * GPU_BATCH_ROWS, &g->host_in));
     CORE_TRY(cuda_host_alloc(sizeof(int32_t) * (size_t)ctx->kv.n_seq * (size_t)ctx->kv.max_blocks, &g->host_table));
     CORE_TRY(cuda_host_alloc(sizeof(float) * B * hp->n_vocab, &g->host_logits));
-    CORE_TRY(cuda_flags_alloc(2, &g->host_pick, &g->pick_dev));
-    for (int i = 0; i < 2; i++) CORE_TRY(cuda_event_create(false, &g->picked[i]));
     CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_x)); /* activations crossing PCIe */
     CORE_TRY(handoff_buffers(g, ctx));
     CORE_TRY(map_file(g, ctx));
@@ -857,9 +853,6 @@ void exec_gpu_free(struct exec_gpu *g) {
     cuda_pinned_release(&g->host_in);
     cuda_pinned_release(&g->host_table);
     cuda_pinned_release(&g->host_logits);
-    cuda_pinned_release(&g->host_pick);
-    for (int i = 0; i < 2; i++)
-        if (g->picked[i]) cuda_event_destroy(g->picked[i]);
     cuda_pinned_release(&g->host_x);
     cuda_pinned_release(&g->host_xn);
     cuda_pinned_release(&g->host_moe);
@@ -873,7 +866,6 @@ void exec_gpu_free(struct exec_gpu *g) {
     }
     free(g->units);
     cuda_graph_destroy(g->decode_graph);
-    cuda_graph_destroy(g->pick_graph);
     unregister_file(g);
     cuda_pinned_release(&g->kv_host[0]);
     cuda_pinned_release(&g->kv_host[1]);

@@ -81,14 +81,4 @@ const struct gpu_memory_report *exec_gpu_report(const struct exec_gpu *gpu);
  * the GPU has the head, the pinned buffer they came down into). */
 pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *batch);
 
-/* Chained greedy steps (exec_chain_*, exec.h). can_pick: whether a one-token step whose plan is
- * `runs` can run as the picking graph now. launch_pick: the step launched as it (captured on first
- * use, as the decode step is), its token and position taken from the GPU where token_on_gpu (the
- * pick of the step launched before it), else from the batch; returns without waiting. wait_pick:
- * wait for the step at pos and read its pick. drain_picks: wait for every step launched. */
-bool exec_gpu_can_pick(const struct exec_ctx *ctx, const struct plan *runs);
-pshard_status exec_gpu_launch_pick(struct exec_ctx *ctx, const struct exec_batch *batch, bool token_on_gpu);
-pshard_status exec_gpu_wait_pick(struct exec_ctx *ctx, int32_t pos, int32_t *token);
-pshard_status exec_gpu_drain_picks(struct exec_ctx *ctx);
-
 #endif

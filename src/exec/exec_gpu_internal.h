@@ -105,16 +105,6 @@ struct exec_gpu {
      * reads in it, counted at capture. */
     cuda_graph decode_graph;
     uint64_t decode_graph_bytes, decode_graph_streamed;
-    /* The same step picking its token on the GPU (exec_chain_*): no batch uploaded (the inputs are
-     * where the last pick left them), the pick into the inputs and into host_pick, its slot the
-     * position's parity, instead of the logits down (picking: being captured). picked: after each
-     * launch, by the parity of its position. picks_on_gpu: the inputs hold the last launched
-     * pick's token and position (not after a plain step or a new carve). */
-    cuda_graph pick_graph;
-    bool picking, picks_on_gpu;
-    struct cuda_pinned host_pick;
-    uint32_t *pick_dev;
-    cuda_event picked[2];
     bool capturing; /* enqueueing into a graph: arguments must hold for every replay */
     bool rope_ready; /* the step's rotation table is made (by its first attention on the GPU) */
     /* Two phases (plan.decode) or cells carried in the ring (plan.kv_stream): the host's KV cache,

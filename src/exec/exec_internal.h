@@ -53,8 +53,6 @@ struct exec_ctx {
     int32_t *next_pos; /* [n_seq] validation scratch: the next position each sequence expects */
     struct exec_gpu *gpu; /* non-NULL: some shards run on the GPU */
     const struct exec_media *media; /* the step's rope positions and input embeddings, or NULL (exec_step_media) */
-    /* Chained steps in flight (exec_chain_*), oldest first: their sequence and position. */
-    int32_t chain_seq[2], chain_pos[2], chain_n;
 };
 
 /* The shards, CPU placement. Each reads ctx->s.x (the batch's activations) and updates it. */

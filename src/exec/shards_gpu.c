@@ -696,9 +696,6 @@ static pshard_status head_shard(struct exec_ctx *ctx, struct exec_gpu *g) {
     for (int64_t c = 0; c < n_out; c += chunk) {
         const int64_t count = n_out - c < chunk ? n_out - c : chunk;
         CORE_TRY(project(ctx, g, &g->output, g->xn + c * d, count, g->logits));
-        if (g->picking) /* (one output: the step's greedy pick stays on the GPU, not its logits) */
-            return cuda_pick_greedy(g->logits, hp->n_vocab, g->tokens, g->pos, rope_is_multi(&ctx->w.rope) ? g->rope_pos : NULL,
-                                    ctx->params.n_batch, g->pick_dev, g->stream);
         CORE_TRY(cuda_copy_d2h((float *)g->host_logits.ptr + c * (int64_t)hp->n_vocab, g->logits,
                                sizeof(float) * (size_t)count * hp->n_vocab, g->stream));
     }
@@ -796,17 +793,12 @@ static pshard_status x_to_host(struct exec_ctx *ctx, struct exec_gpu *g, int64_t
     return PSHARD_OK;
 }
 
-/* The batch's rows from host_in to their places on the GPU. */
-static pshard_status upload_inputs(struct exec_ctx *ctx, struct exec_gpu *g) {
-    return cuda_copy_h2d(g->tokens, g->host_in.ptr, GPU_BATCH_ROWS * (size_t)ctx->params.n_batch * sizeof(int32_t), g->stream);
-}
-
 /* Every shard where the tier puts it, the activations following; the logits of a GPU head are
  * copied down by the head itself. Returns without waiting for the stream. */
 static pshard_status enqueue_step(struct exec_ctx *ctx, struct exec_gpu *g, const struct plan_tier *tier,
                                   const struct exec_batch *b) {
     const struct model *model = ctx->model;
-    if (!g->picking) CORE_TRY(upload_inputs(ctx, g));
+    CORE_TRY(cuda_copy_h2d(g->tokens, g->host_in.ptr, GPU_BATCH_ROWS * (size_t)ctx->params.n_batch * sizeof(int32_t), g->stream));
     g->rope_ready = false;
     if (tier->ring) CORE_TRY(ring_start(ctx, g, tier));
     const bool embd = ctx->media && ctx->media->embd;
@@ -831,34 +823,27 @@ static pshard_status enqueue_step(struct exec_ctx *ctx, struct exec_gpu *g, cons
     return PSHARD_OK;
 }
 
-/* The step enqueued into a graph (its host part run as it is enqueued), and the weight bytes the
- * GPU reads in it counted once for every replay. */
-static pshard_status capture(struct exec_ctx *ctx, struct exec_gpu *g, const struct plan_tier *tier,
-                             const struct exec_batch *b, cuda_graph *out) {
-    const struct exec_stats before = ctx->stats;
-    g->capturing = true;
-    CORE_TRY(cuda_graph_capture_begin(g->stream));
-    pshard_status st = enqueue_step(ctx, g, tier, b);
-    cuda_graph end_graph = NULL;
-    pshard_status end = cuda_graph_capture_end(g->stream, &end_graph);
-    g->capturing = false;
-    if (st != PSHARD_OK) cuda_graph_destroy(end_graph);
-    CORE_TRY(st);
-    CORE_TRY(end);
-    *out = end_graph;
-    g->decode_graph_bytes = ctx->stats.weight_bytes_read - before.weight_bytes_read;
-    g->decode_graph_streamed = ctx->stats.streamed_bytes - before.streamed_bytes;
-    ctx->stats = before;
-    return PSHARD_OK;
-}
-
 /* A decode step of a tier with every shard on the GPU (one token, one output) is captured once
  * and replayed: the per-token inputs travel through the pinned buffer its first copy reads; the
  * CPU's experts of split MoE layers meet it at flags. */
 static pshard_status replay_decode(struct exec_ctx *ctx, struct exec_gpu *g, const struct plan_tier *tier,
                                    const struct exec_batch *b) {
     const bool fresh = !g->decode_graph; /* capturing ran the host's part of this step already */
-    if (fresh) CORE_TRY(capture(ctx, g, tier, b, &g->decode_graph));
+    if (fresh) {
+        const struct exec_stats before = ctx->stats;
+        g->capturing = true;
+        CORE_TRY(cuda_graph_capture_begin(g->stream));
+        pshard_status st = enqueue_step(ctx, g, tier, b);
+        cuda_graph end_graph = NULL;
+        pshard_status end = cuda_graph_capture_end(g->stream, &end_graph);
+        g->capturing = false;
+        CORE_TRY(st);
+        CORE_TRY(end);
+        g->decode_graph = end_graph;
+        g->decode_graph_bytes = ctx->stats.weight_bytes_read - before.weight_bytes_read;
+        g->decode_graph_streamed = ctx->stats.streamed_bytes - before.streamed_bytes;
+        ctx->stats = before;
+    }
     ctx->stats.weight_bytes_read += g->decode_graph_bytes;
     ctx->stats.streamed_bytes += g->decode_graph_streamed;
     if (!fresh) embed_for_replay(ctx, g, tier, b);
@@ -893,7 +878,6 @@ pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
     for (int32_t i = 0; i < g->n_step_seq; i++) g->seen[g->step_seq[i]] = false;
     CORE_TRY(upload_batch(ctx, g, b));
     CORE_TRY(table_up(ctx, g));
-    g->picks_on_gpu = false; /* (the batch's inputs go up over them) */
     if (!tier->ring && tier->any_gpu) CORE_TRY(ensure_lent(ctx, g));
     const bool replayed = plan_tier_replays(tier, b->n_tokens) && ctx->stats.n_outputs == 1 && !(ctx->media && ctx->media->embd);
     if (replayed)
@@ -905,62 +889,3 @@ pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
     if (tier->shard[ctx->model->n_shards - 1] != PLACE_CPU) ctx->logits = g->host_logits.ptr; /* read where they came down */
     return PSHARD_OK;
 }
-
-/* ---- chained greedy steps (exec_chain_*) */
-
-bool exec_gpu_can_pick(const struct exec_ctx *ctx, const struct plan *runs) {
-    const struct exec_gpu *g = ctx->gpu;
-    if (runs != ctx->active || g->broken || g->cells_down || g->lent_all || g->n_pending || runs->kv_stream) return false;
-    if (ctx->chain_n && !g->lent_ready) return false; /* (its slots would be filled under the step in flight) */
-    const struct plan_tier *tier = plan_tier_for(runs, 1);
-    if (!plan_tier_replays(tier, 1)) return false;
-    for (uint32_t i = 0; i < ctx->model->n_shards; i++)
-        if (tier->shard[i] == PLACE_CPU || hands_off(ctx, tier, i)) return false;
-    return true;
-}
-
-pshard_status exec_gpu_launch_pick(struct exec_ctx *ctx, const struct exec_batch *b, bool token_on_gpu) {
-    struct exec_gpu *g = ctx->gpu;
-    const struct plan_tier *tier = plan_tier_for(ctx->active, 1);
-    if (token_on_gpu && !g->picks_on_gpu) {
-        /* A change of plan or budget since the step before (its carve drained the stream): its
-         * pick is in host memory, and goes up as a given token. */
-        CORE_TRY(stream_done(ctx, g));
-        const int32_t token = (int32_t)((volatile uint32_t *)g->host_pick.ptr)[(b->pos[0] - 1) & 1];
-        const struct exec_batch given = {1, &token, b->pos, b->seq, NULL};
-        return exec_gpu_launch_pick(ctx, &given, false);
-    }
-    if (!token_on_gpu) { /* (nothing in flight: the host's buffers are free) */
-        CORE_TRY(upload_batch(ctx, g, b));
-        CORE_TRY(upload_inputs(ctx, g));
-        CORE_TRY(ensure_lent(ctx, g));
-    } else if (g->table_stale || g->table_version != ctx->kv.table_version) {
-        CORE_TRY(stream_done(ctx, g)); /* (the step in flight's table may still be on its way from the pinned buffer) */
-    }
-    CORE_TRY(table_up(ctx, g));
-    if (!g->pick_graph) {
-        g->picking = true;
-        const pshard_status st = capture(ctx, g, tier, b, &g->pick_graph);
-        g->picking = false;
-        CORE_TRY(st);
-    }
-    ctx->stats.weight_bytes_read += g->decode_graph_bytes;
-    ctx->stats.streamed_bytes += g->decode_graph_streamed;
-    CORE_TRY(cuda_graph_launch(g->pick_graph, g->stream));
-    CORE_TRY(cuda_event_record(g->picked[b->pos[0] & 1], g->stream));
-    g->picks_on_gpu = true;
-    return PSHARD_OK;
-}
-
-pshard_status exec_gpu_wait_pick(struct exec_ctx *ctx, int32_t pos, int32_t *token) {
-    struct exec_gpu *g = ctx->gpu;
-    const double t0 = core_now_ms();
-    CORE_TRY(timed_wait(ctx, cuda_event_sync(g->picked[pos & 1]), t0));
-    const uint32_t id = ((volatile uint32_t *)g->host_pick.ptr)[pos & 1];
-    if (id >= ctx->model->hp.n_vocab)
-        return core_fail(PSHARD_ERR_INTERNAL, "the GPU picked token %u of a vocabulary of %u", id, ctx->model->hp.n_vocab);
-    *token = (int32_t)id;
-    return PSHARD_OK;
-}
-
-pshard_status exec_gpu_drain_picks(struct exec_ctx *ctx) { return stream_done(ctx, ctx->gpu); }

@@ -100,8 +100,6 @@ struct plan_options {
     int routed_quota_count;
     bool trace_handoffs;     /* the executor stamps the GPU's clock at each hand-off of a replayed
                                 decode step (exec_step_stats.gpu_handoff_ms and the rest) */
-    bool no_chain;           /* greedy decode steps are not chained on the GPU (exec_chain_ready
-                                says no): each step's logits come down and the host picks */
 };
 
 struct plan_tier {

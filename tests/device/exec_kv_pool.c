@@ -14,7 +14,6 @@
 
 #include "cuda/cuda_backend.h"
 #include "exec/exec.h"
-#include "exec_test.h"
 
 enum { MAX_OUT = 32 };
 
@@ -23,6 +22,19 @@ struct run {
     int n_out;
     bool unchanged; /* the sequence sharing a prefix kept its logits while the other wrote */
 };
+
+static int failures, cases;
+
+static void check(bool ok, const char *what) {
+    cases++;
+    failures += !ok;
+    printf("%s %s\n", ok ? "PASS" : "FAIL", what);
+}
+
+static bool ok_status(pshard_status st, const char *what) {
+    if (st != PSHARD_OK) fprintf(stderr, "%s: %s\n", what, pshard_last_error());
+    return st == PSHARD_OK;
+}
 
 static int32_t token_of(int which, int32_t i) { return 1 + (int32_t)((i * 37 + which * 101 + (i * i) % 13) % 900); }
 

@@ -1,7 +1,6 @@
 #!/usr/bin/env python3
 """The VRAM budget changed while decoding, on the GPU (qwen30b's shape by default): one sequence
 (`pshard run --budget-file`, SIGUSR1) goes 8G -> 2G -> (1M, refused) -> 6G while it decodes, and
-40G -> 24G (all in VRAM at both: its greedy steps chained on the GPU, the arena carved anew under them), and
 several (`pshard serve`, POST /v1/pshard/budget) 8G -> 2G -> 6G -> 2G while they stream. Checks: the
 greedy tokens equal those of a run at a constant budget (where they part, only at a plan-level
 near-tie: a constant 2G or 6G run parts there too); the device memory sampled after a cut is no
@@ -122,18 +121,17 @@ def check_memory(label, sampler, base, budget_bytes, ctx_mib, since, until):
                                                                          len(after)))
 
 
-def run_with_changes(tmp, start, schedule, ref, refs_other):
-    """pshard run at budget `start`, then each (budget, accepted) of the schedule through its budget
-    file while it decodes."""
+def run_with_changes(tmp, ref, refs_other):
+    """pshard run 8G, then 2G, 1M (refused), 6G through its budget file while it decodes."""
     path, log = os.path.join(tmp, "budget"), os.path.join(tmp, "run.log")
     with open(path, "w") as f:
-        f.write(start + "\n")
+        f.write("8G\n")
     base = used_mib()
     sampler = Sampler()
     sampler.start()
     out = []
     with open(log, "w") as err:
-        proc = subprocess.Popen([eq.PSHARD, "run", "-m", MODEL, "--vram-budget", start, "--budget-file", path, *COMMON],
+        proc = subprocess.Popen([eq.PSHARD, "run", "-m", MODEL, "--vram-budget", "8G", "--budget-file", path, *COMMON],
                                 stdout=subprocess.PIPE, stderr=err, text=True)
     reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)
     reader.start()
@@ -141,7 +139,7 @@ def run_with_changes(tmp, start, schedule, ref, refs_other):
     ctx_mib = context_mib(text)
     time.sleep(1.0)  # decoding
     changes = 0
-    for budget, ok in schedule:
+    for budget, ok in (("2G", True), ("1M", False), ("6G", True)):
         with open(path, "w") as f:
             f.write(budget + "\n")
         sent = time.monotonic()
@@ -165,10 +163,8 @@ def run_with_changes(tmp, start, schedule, ref, refs_other):
     eq.check(proc.wait(timeout=600) == 0, "run with changes ends well")
     reader.join()
     sampler.stop = True
-    label = " -> ".join([start] + [b for b, ok in schedule if ok])
-    check_tokens("run " + label, ids_of(out[0] if out else ""), ref, refs_other)
-    eq.check(changes == sum(ok for _, ok in schedule),
-             "run %s: the decode lasted through every change (raise PSHARD_BUDGET_TOKENS if not)" % label)
+    check_tokens("run 8G -> 2G -> 6G", ids_of(out[0] if out else ""), ref, refs_other)
+    eq.check(changes == 2, "run: the decode lasted through both changes (raise PSHARD_BUDGET_TOKENS if not)")
 
 
 def serve_with_changes(tmp):
@@ -270,10 +266,7 @@ def main():
             return 0
         if not os.path.exists(MODEL):
             subprocess.run([os.path.join(eq.BUILD, "gguf-synth"), "--shape", "qwen30b", "-o", MODEL, "--quiet"], check=True)
-        run_with_changes(tmp, "8G", (("2G", True), ("1M", False), ("6G", True)), constant("8G"),
-                         lambda: [constant("2G"), constant("6G")])
-        # All in VRAM at both: greedy steps chained on the GPU while the arena is carved anew.
-        run_with_changes(tmp, "40G", (("24G", True),), constant("40G"), lambda: [constant("24G")])
+        run_with_changes(tmp, constant("8G"), lambda: [constant("2G"), constant("6G")])
         serve_with_changes(tmp)
         auto_start(tmp)
     print("%d failed" % len(eq.failures))

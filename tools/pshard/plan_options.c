@@ -54,7 +54,6 @@ pshard_status cli_plan_options(struct plan_options *o) {
         .no_kv_stream = turned_off("PSHARD_KV_STREAM"),
         .no_long_decode = turned_off("PSHARD_LONG_DECODE"),
         .trace_handoffs = getenv("PSHARD_TRACE_HANDOFFS") != NULL,
-        .no_chain = turned_off("PSHARD_CHAIN"),
     };
     CORE_TRY(decode_from(&o->decode_from));
     return routed_quota(o);
