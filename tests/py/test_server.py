@@ -248,8 +248,8 @@ def test_full_queue_is_503_with_retry_after(default_model, tmp_path):
     s = Server(default_model, "-c", "2048", "--parallel", "1", "--max-queue", "1", "--drain", "0", log_dir=tmp_path)
     try:
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
-        running = chat(client, "Write a long story.", max_tokens=400, stream=True)
-        next(iter(running))  # generating: the one sequence is taken
+        running = chat(client, "Write a long story.", max_tokens=1000, stream=True, extra_body={"ignore_eos": True})
+        next(iter(running))  # generating, until cancelled below: the one sequence is taken
         got = []
         waiting = threading.Thread(target=lambda: got.append(chat(client, "Hi", max_tokens=2)), daemon=True)
         waiting.start()  # queued behind it
