@@ -62,7 +62,7 @@ static pshard_status alloc_scratch(struct exec_ctx *ctx) {
     const struct model_hparams *hp = &ctx->model->hp;
     const int64_t B = ctx->params.n_batch, d = hp->n_embd;
     const int64_t q_width = (int64_t)hp->n_head * hp->head_dim_k, o_width = (int64_t)hp->n_head * hp->head_dim_v;
-    const int64_t ff = hp->n_ff > hp->n_ff_shared_expert ? hp->n_ff : hp->n_ff_shared_expert;
+    const int64_t ff = ctx->w.ffn_rows; /* (0 in a model of experts alone: its layers use no dense FFN buffers) */
     const int64_t widest = max3(max3(d, q_width, o_width), ff, hp->n_ff_expert);
     const struct cpu_attn_shape attn_shape = {(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v, 1};
     struct { void **ptr; size_t bytes; } parts[] = {

@@ -270,11 +270,11 @@ static size_t work_bytes_needed(const struct model *model, const struct model_we
 }
 
 /* One step's activations for n_batch tokens (the logits buffer separately). */
-static size_t activation_bytes(const struct model_hparams *hp, const struct exec_params *p, int64_t k_width,
-                               int64_t v_width, int rope_dims, size_t *logits) {
+static size_t activation_bytes(const struct model_hparams *hp, const struct model_weights *w, const struct exec_params *p,
+                               int64_t k_width, int64_t v_width, size_t *logits) {
     const size_t B = (size_t)p->n_batch, f = sizeof(float);
     const size_t q_width = (size_t)hp->n_head * hp->head_dim_k, o_width = (size_t)hp->n_head * hp->head_dim_v;
-    const size_t ff = hp->n_ff > hp->n_ff_shared_expert ? hp->n_ff : hp->n_ff_shared_expert;
+    const size_t ff = (size_t)w->ffn_rows, rope_dims = (size_t)w->rope.n_dims;
     const size_t k_used = hp->n_expert_used ? hp->n_expert_used : 1, n_exp = hp->n_expert ? hp->n_expert : 1;
     const size_t parts[] = {f * B * hp->n_embd * 3, f * B * q_width, f * B * (size_t)k_width, f * B * (size_t)v_width,
                             f * B * o_width, 2 * f * B * (ff ? ff : 1), f * B * n_exp, f * B * k_used,
@@ -289,8 +289,8 @@ pshard_status exec_gpu_costs(const struct model *model, const struct model_weigh
                              struct plan_gpu_costs *out) {
     const struct model_hparams *hp = &model->hp;
     size_t logits;
-    out->activations = activation_bytes(hp, p, (int64_t)hp->n_head_kv * hp->head_dim_k,
-                                        (int64_t)hp->n_head_kv * hp->head_dim_v, w->rope.n_dims, &logits);
+    out->activations = activation_bytes(hp, w, p, (int64_t)hp->n_head_kv * hp->head_dim_k,
+                                        (int64_t)hp->n_head_kv * hp->head_dim_v, &logits);
     out->logits = logits;
     out->buffers = out->activations;
     out->work = work_bytes_needed(model, w, p);
@@ -324,7 +324,7 @@ static pshard_status carve_activations(struct exec_gpu *g, const struct exec_ctx
     const struct model_hparams *hp = &ctx->model->hp;
     const size_t B = (size_t)ctx->params.n_batch, d = hp->n_embd, f = sizeof(float);
     const size_t q_width = (size_t)hp->n_head * hp->head_dim_k, o_width = (size_t)hp->n_head * hp->head_dim_v;
-    const size_t ff = hp->n_ff > hp->n_ff_shared_expert ? hp->n_ff : hp->n_ff_shared_expert;
+    const size_t ff = (size_t)ctx->w.ffn_rows; /* (0 in a model of experts alone) */
     const size_t k_used = hp->n_expert_used ? hp->n_expert_used : 1, n_exp = hp->n_expert ? hp->n_expert : 1;
     const size_t before = g->arena.used;
     CORE_TRY(carve(g, f * B * d, "activations", (void **)&g->x));

@@ -97,7 +97,16 @@ static pshard_status bind_ffn(const struct binder *b, int il, bool moe, struct l
     CORE_TRY(find(b, il, "ffn_gate_shexp", false, &l->gate_shexp));
     CORE_TRY(find(b, il, "ffn_up_shexp", l->gate_shexp != NULL, &l->up_shexp));
     CORE_TRY(find(b, il, "ffn_down_shexp", l->gate_shexp != NULL, &l->down_shexp));
-    return check_shape(b, l->gate_inp_shexp, d, 1, 1);
+    CORE_TRY(check_shape(b, l->gate_inp_shexp, d, 1, 1));
+    if (!l->gate_shexp) return PSHARD_OK;
+    /* A shared expert's width comes from the metadata, as the buffers it writes are sized. */
+    const int64_t sff = hp->n_ff_shared_expert;
+    if (sff == 0)
+        return core_fail(PSHARD_ERR_FORMAT, "%s: layer %d has a shared expert but the metadata lacks %s.expert_shared_feed_forward_length",
+                         b->path, il, hp->arch_name);
+    CORE_TRY(check_shape(b, l->gate_shexp, d, sff, 1));
+    CORE_TRY(check_shape(b, l->up_shexp, d, sff, 1));
+    return check_shape(b, l->down_shexp, sff, d, 1);
 }
 
 /* RoPE settings: ordering by architecture, scaling as the metadata declares. */
@@ -177,6 +186,8 @@ static pshard_status bind(const struct binder *b, struct model_weights *w) {
     for (uint32_t il = 0; il < hp->n_layers; il++) {
         CORE_TRY(bind_attn(b, (int)il, &w->layers[il]));
         CORE_TRY(bind_ffn(b, (int)il, w->moe, &w->layers[il]));
+        const int64_t ff = !w->moe ? hp->n_ff : w->layers[il].gate_shexp ? hp->n_ff_shared_expert : 0;
+        if (ff > w->ffn_rows) w->ffn_rows = ff;
     }
     return read_rope(b, w);
 }

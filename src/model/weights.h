@@ -26,6 +26,7 @@ struct model_weights {
     struct layer_weights *layers;
     bool moe;
     bool norm_expert_weights; /* renormalize the chosen experts' router weights to sum 1 */
+    int64_t ffn_rows;         /* the widest dense FFN or shared expert a layer runs (0: none, all experts) */
     struct rope_params rope;
 };
 

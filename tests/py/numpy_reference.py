@@ -154,6 +154,13 @@ def forward(m, tokens):
                     u = m.mm(h[t:t + 1], p + "ffn_up_exps.weight", e)[0]
                     y[t] += wgt * m.mm((silu(g) * u)[None], p + "ffn_down_exps.weight", e)[0]
             x = x + y
+            if m.w(p + "ffn_gate_shexp.weight") is not None:  # a shared expert every token takes
+                sh = m.mm(silu(m.mm(h, p + "ffn_gate_shexp.weight")) * m.mm(h, p + "ffn_up_shexp.weight"),
+                          p + "ffn_down_shexp.weight")
+                if m.w(p + "ffn_gate_inp_shexp.weight") is not None:  # scaled by a sigmoid gate
+                    logit = h.astype(np.float64) @ m.w(p + "ffn_gate_inp_shexp.weight").reshape(-1).astype(np.float64)
+                    sh = sh * (1.0 / (1.0 + np.exp(-logit)))[:, None].astype(np.float32)
+                x = x + sh
         else:
             g = m.mm(h, p + "ffn_gate.weight")
             u = m.mm(h, p + "ffn_up.weight")

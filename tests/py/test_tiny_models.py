@@ -4,6 +4,7 @@ on the gguf package's dequantization)."""
 import os
 import subprocess
 
+import gguf
 import numpy as np
 import pytest
 
@@ -71,3 +72,66 @@ def test_logits_match_numpy_reference(model_dir, shape, wtype):
             top2 = np.sort(ref, axis=1)[:, -2:]
             margin = (top2[:, 1] - top2[:, 0]) / spread[:, 0]
             assert (margin[disagree] < 0.2).all(), "top-1 differs where the reference is not near a tie"
+
+
+def with_shared_expert(src, dst, rows, metadata_rows, seed=7):
+    """src (an F32 qwen3moe file) with a shared expert of `rows` rows and its sigmoid gate in
+    every layer, written by the gguf package; metadata_rows is the width the metadata declares
+    (None: the key left out)."""
+    r = gguf.GGUFReader(src)
+    arch = r.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(dst, arch)
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(name, f.contents(), f.types[0], sub_type=f.types[-1])
+        else:
+            w.add_key_value(name, f.contents(), f.types[0])
+    if metadata_rows is not None:
+        w.add_uint32(arch + ".expert_shared_feed_forward_length", metadata_rows)
+    d = r.fields[arch + ".embedding_length"].contents()
+    rng = np.random.default_rng(seed)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_shape=[int(x) for x in reversed(t.shape.tolist())],
+                     raw_dtype=t.tensor_type)
+        if t.name.endswith("ffn_down_exps.weight"):
+            p = t.name[:-len("ffn_down_exps.weight")]
+            w.add_tensor(p + "ffn_gate_shexp.weight", rng.standard_normal((rows, d), dtype=np.float32) * 0.05)
+            w.add_tensor(p + "ffn_up_shexp.weight", rng.standard_normal((rows, d), dtype=np.float32) * 0.05)
+            w.add_tensor(p + "ffn_down_shexp.weight", rng.standard_normal((d, rows), dtype=np.float32) * 0.05)
+            w.add_tensor(p + "ffn_gate_inp_shexp.weight", rng.standard_normal(d, dtype=np.float32) * 0.1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def test_shared_expert_matches_numpy_reference(model_dir):
+    """A shared expert beside the routed ones, wider than the metadata's dense FFN length (the
+    buffers it writes are sized by the layers' own FFNs), against the numpy reference."""
+    path = with_shared_expert(synth(model_dir, "tiny-moe", "F32"), os.path.join(model_dir, "shexp.gguf"), 1024, 1024)
+    model = numpy_reference.Model(path, act_quant=True)
+    tokens = np.random.default_rng(6).integers(0, model.t["token_embd.weight"].shape[0], 96).tolist()
+    ref = numpy_reference.forward(model, tokens)
+    out = os.path.join(model_dir, "shexp-logits.f32")
+    run_pshard("eval", "-m", path, "--tokens", ",".join(map(str, tokens)), "-b", "32", "-o", out)
+    ours = np.fromfile(out, dtype=np.float32).reshape(len(tokens), -1)
+    rel = np.abs(ours - ref) / ref.std(axis=1, keepdims=True)
+    assert rel.max() < 5e-3, "largest error %.4f of a logit's spread" % rel.max()
+    assert (ours.argmax(1) != ref.argmax(1)).mean() <= 0.01
+
+
+@pytest.mark.parametrize("rows,metadata_rows,needle", [
+    (4096, 1024, "'blk.0.ffn_gate_shexp.weight' has shape"),
+    (1024, None, "expert_shared_feed_forward_length"),
+])
+def test_bad_shared_expert_refused(model_dir, rows, metadata_rows, needle):
+    """A shared expert whose width disagrees with the metadata, or whose width the metadata does
+    not give, is refused before anything runs (it once wrote past the buffers sized for it)."""
+    path = with_shared_expert(synth(model_dir, "tiny-moe", "F32"), os.path.join(model_dir, "bad-shexp.gguf"), rows,
+                              metadata_rows)
+    proc = run_pshard("run", "-m", path, "--raw", "-p", "hello " * 100, "-n", "2", check=False)
+    assert proc.returncode == 1 and needle in proc.stderr, proc.stderr
+    assert "Sanitizer" not in proc.stderr
