@@ -57,6 +57,30 @@ static void test_moe_layout(void **state) {
     assert_true(cuda_moe_tiled(&m8, 9) && !cuda_moe_tiled(&m8, 8));
 }
 
+/* A step past a slice takes a slice's work buffer, or the last, shorter slice's where that one
+ * (on the other kernel) needs more; up to a slice, the step's own. */
+static void test_moe_slices(void **state) {
+    (void)state;
+    struct cuda_moe m = qwen30b_moe();
+    const int64_t S = cuda_moe_slice_tokens(&m);
+    assert_int_equal(S, CUDA_MOE_SLICE_TOKENS);
+    assert_int_equal(cuda_moe_work_bytes(&m, S), cuda_moe_layout(&m, S).bytes);
+    assert_int_equal(cuda_moe_work_bytes(&m, 2 * S), cuda_moe_layout(&m, S).bytes);
+    assert_int_equal(cuda_moe_work_bytes(&m, 4 * S + 3), cuda_moe_layout(&m, S).bytes);
+    assert_true(cuda_moe_layout(&m, 2 * S).bytes > cuda_moe_layout(&m, S).bytes);
+    /* slices of 5: every step past 5 tokens takes the larger of 5 tokens' layout and its rest's */
+    m.slice_tokens = 5;
+    for (int64_t n = 1; n <= 40; n++) {
+        const size_t whole = cuda_moe_layout(&m, n < 5 ? n : 5).bytes, rest = cuda_moe_layout(&m, n % 5).bytes;
+        assert_int_equal(cuda_moe_work_bytes(&m, n), n <= 5 || whole >= rest ? whole : rest);
+    }
+    /* a tiled slice (bound + 1 tokens) with a last slice on the matrix-vector kernel */
+    const int64_t bound = cuda_moe_matvec_max_tokens(m.n_expert, m.k);
+    m.slice_tokens = (int)bound + 1;
+    const size_t tiled = cuda_moe_layout(&m, bound + 1).bytes, mv = cuda_moe_layout(&m, bound).bytes;
+    assert_int_equal(cuda_moe_work_bytes(&m, 2 * bound + 1), tiled > mv ? tiled : mv);
+}
+
 static void test_attention_slices(void **state) {
     (void)state;
     const struct cuda_attn_shape a = {.n_head = 32, .n_head_kv = 4, .head_k = 128, .head_v = 128};
@@ -97,6 +121,7 @@ static void test_matmul_work(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_moe_layout),
+        cmocka_unit_test(test_moe_slices),
         cmocka_unit_test(test_attention_slices),
         cmocka_unit_test(test_matmul_work),
     };

@@ -425,7 +425,15 @@ struct cuda_moe {
     /* Steps of up to this many tokens run the expert groups on the matrix-vector kernel, more
      * on the tiled GEMM (0: cuda_moe_matvec_max_tokens; benchmarks and tests set others). */
     int matvec_max_tokens;
+    /* A step of more tokens runs in slices of up to this many, one after another over the same
+     * work buffer, so the buffer is a slice's whatever the micro-batch (0: CUDA_MOE_SLICE_TOKENS;
+     * tests set others). Each slice reads its experts' weights again. */
+    int slice_tokens;
 };
+
+/* The default slice: 2,048 tokens, 16,384 pairs of a top-8 layer, past which the tiled GEMM's
+ * tiles are full and a larger step only grows the work buffer (qwen235b's: 512 MB a slice). */
+enum { CUDA_MOE_SLICE_TOKENS = 2048 };
 
 /* Steps of up to this many tokens on the matrix-vector kernel run the fused kernels (gate/up with
  * SwiGLU in one launch, down with the weighted sum in another) where the formats allow: gate and
@@ -447,8 +455,9 @@ static inline int64_t cuda_moe_matvec_max_tokens(int64_t n_expert, int64_t k) {
 
 /* out [n_tokens][n_embd] (=, or += with accumulate) sum_j w[t][j] * down_e(silu(gate_e(x)) *
  * up_e(x)), e = ids[t][j], over the experts computed here. Tokens are grouped by expert on the
- * GPU, so each chosen expert's weights are read once per step (small steps on the fused kernels:
- * gate and up once, down once per token that chose the expert). */
+ * GPU, so each chosen expert's weights are read once per step, or per slice of a step larger
+ * than a slice (small steps on the fused kernels: gate and up once, down once per token that
+ * chose the expert). */
 size_t cuda_moe_work_bytes(const struct cuda_moe *m, int64_t n_tokens);
 pshard_status cuda_moe_ffn(const struct cuda_moe *m, const float *x, const int32_t *ids, const float *weights,
                            int64_t n_tokens, float *out, bool accumulate, void *work, size_t work_bytes,

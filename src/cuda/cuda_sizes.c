@@ -116,4 +116,14 @@ struct cuda_moe_layout cuda_moe_layout(const struct cuda_moe *m, int64_t n_token
     return w;
 }
 
-size_t cuda_moe_work_bytes(const struct cuda_moe *m, int64_t n_tokens) { return cuda_moe_layout(m, n_tokens).bytes; }
+int64_t cuda_moe_slice_tokens(const struct cuda_moe *m) {
+    return m->slice_tokens > 0 ? m->slice_tokens : CUDA_MOE_SLICE_TOKENS;
+}
+
+/* The larger of a whole slice's layout and the last, shorter one's (which may take the other kernel). */
+size_t cuda_moe_work_bytes(const struct cuda_moe *m, int64_t n_tokens) {
+    const int64_t slice = cuda_moe_slice_tokens(m);
+    if (n_tokens <= slice) return cuda_moe_layout(m, n_tokens).bytes;
+    const size_t whole = cuda_moe_layout(m, slice).bytes, last = cuda_moe_layout(m, n_tokens % slice).bytes;
+    return whole > last ? whole : last;
+}

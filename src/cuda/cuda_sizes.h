@@ -42,6 +42,8 @@ struct cuda_moe_layout {
     size_t bytes;
 };
 struct cuda_moe_layout cuda_moe_layout(const struct cuda_moe *m, int64_t n_tokens);
+/* The most tokens one pass of cuda_moe_ffn takes (its slice). */
+int64_t cuda_moe_slice_tokens(const struct cuda_moe *m);
 
 #ifdef __cplusplus
 }

@@ -485,6 +485,16 @@ static pshard_status moe_ffn(const struct cuda_moe *m, const float *x, const uin
     CUDA_ARG(cuda_type_supported(m->gate.type) && cuda_type_supported(m->up.type) && cuda_type_supported(m->down.type),
              "MoE: no GPU kernel for %s/%s/%s", quant_type_name(m->gate.type), quant_type_name(m->up.type),
              quant_type_name(m->down.type));
+    const int64_t slice = cuda_moe_slice_tokens(m);
+    if (n_tokens > slice) { /* slices in turn over the one work buffer: each token's sums are its own */
+        const size_t x_act_row = cuda_act_row_bytes(cuda_act_type(m->gate.type), n_embd);
+        for (int64_t t = 0; t < n_tokens; t += slice) {
+            const int64_t n = n_tokens - t < slice ? n_tokens - t : slice;
+            CORE_TRY(moe_ffn(m, x + t * n_embd, x_act ? x_act + (size_t)t * x_act_row : NULL, ids + t * m->k,
+                             weights + t * m->k, n, out + t * n_embd, accumulate, work, work_bytes, s, may_fuse));
+        }
+        return PSHARD_OK;
+    }
     cudaStream_t st = raw_stream(s);
     const moe_work w = moe_layout(m, n_tokens, (uint8_t *)work);
     const bool gemm = cuda_moe_tiled(m, n_tokens);

@@ -253,7 +253,7 @@ static size_t work_bytes_needed(const struct model *model, const struct model_we
         }
         if (l->gate_exps) {
             struct cuda_moe moe = {shape_of(l->gate_exps), shape_of(l->up_exps), shape_of(l->down_exps),
-                                   (int)hp->n_expert, (int)hp->n_expert_used, NULL, NULL, NULL, NULL, 0};
+                                   (int)hp->n_expert, (int)hp->n_expert_used, NULL, NULL, NULL, NULL, 0, 0};
             const int64_t matvec = cuda_moe_matvec_max_tokens(moe.n_expert, moe.k); /* that kernel's largest step too */
             grow_work(&work, cuda_moe_work_bytes(&moe, B));
             grow_work(&work, cuda_moe_work_bytes(&moe, B < matvec ? B : matvec));

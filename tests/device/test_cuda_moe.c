@@ -135,11 +135,13 @@ static int n_fused; /* cases that ran on the fused kernels */
 
 /* fused: through cuda_moe_ffn (which fuses small steps), else cuda_moe_ffn_grouped. */
 static void test_ffn(struct dt *d, enum quant_type gate_type, enum quant_type down_type, int n_expert, int k,
-                     int64_t n_embd, int64_t n_ff, int64_t n_tokens, enum variant variant, int matvec_max, bool fused) {
+                     int64_t n_embd, int64_t n_ff, int64_t n_tokens, enum variant variant, int matvec_max, bool fused,
+                     int slice) {
     const size_t mark = cuda_arena_mark(&d->arena);
     struct experts e;
     experts_init(d, &e, gate_type, down_type, n_expert, k, n_embd, n_ff);
     e.dev.matvec_max_tokens = matvec_max;
+    e.dev.slice_tokens = slice; /* (the cases that slice cut their steps in equal slices: one kernel for all) */
     float *x = dt_malloc(4 * (size_t)(n_tokens * n_embd)), *w = dt_malloc(4 * (size_t)(n_tokens * k));
     int32_t *ids = dt_malloc(4 * (size_t)(n_tokens * k));
     dt_fill(x, n_tokens * n_embd, -1.0f, 1.0f);
@@ -151,7 +153,8 @@ static void test_ffn(struct dt *d, enum quant_type gate_type, enum quant_type do
     /* Reference: masked-out experts weigh 0 (their products are then exactly 0 in the sum). */
     float *wref = dt_malloc(4 * (size_t)(n_tokens * k));
     for (int64_t i = 0; i < n_tokens * k; i++) wref[i] = mask[ids[i]] ? w[i] : 0.0f;
-    const bool gemm = n_tokens > (matvec_max > 0 ? matvec_max : cuda_moe_matvec_max_tokens(n_expert, k));
+    const int64_t step = slice > 0 && slice < n_tokens ? slice : n_tokens;
+    const bool gemm = step > (matvec_max > 0 ? matvec_max : cuda_moe_matvec_max_tokens(n_expert, k));
     float *want = dt_malloc(4 * (size_t)(n_tokens * n_embd)), *got = dt_malloc(4 * (size_t)(n_tokens * n_embd));
     if (gemm) reference_f16(&e, x, ids, wref, n_tokens, want);
     else reference_cpu(&e, x, ids, wref, n_tokens, want);
@@ -212,10 +215,11 @@ static void test_ffn(struct dt *d, enum quant_type gate_type, enum quant_type do
     const bool fused_path = fused && cuda_moe_fuses(&e.dev, n_tokens);
     n_fused += fused_path;
     dt_case(d, err <= tol && same_quantized,
-            "moe %-4s/%-4s %3d experts top %d, %lld x %lld, %3lld tokens (%s%s)%s: max err %.2e of %.3g (tol %.0e)%s",
+            "moe %-4s/%-4s %3d experts top %d, %lld x %lld, %3lld tokens (%s%s%s)%s: max err %.2e of %.3g (tol %.0e)%s",
             quant_type_name(gate_type), quant_type_name(down_type), n_expert, k, (long long)n_embd, (long long)n_ff,
             (long long)n_tokens, gemm ? "gemm" : fused_path ? "fused" : "matvec", matvec_max ? ", forced" : "",
-            names[variant], err, scale, tol, same_quantized ? "" : "; x given quantized: other bits");
+            step < n_tokens ? ", in slices" : "", names[variant], err, scale, tol,
+            same_quantized ? "" : "; x given quantized: other bits");
     if (!(err <= tol))
         printf("    token %lld dim %lld: got %.7g want %.7g\n", (long long)(where / n_embd), (long long)(where % n_embd),
                got[where], want[where]);
@@ -291,11 +295,19 @@ int main(void) {
                 if (j >= 4 && tokens[i] > 8) continue; /* (the fused cases) */
                 const bool tiled = tokens[i] > cuda_moe_matvec_max_tokens(c[j].n_expert, c[j].k);
                 test_ffn(&d, c[j].gate, c[j].down, c[j].n_expert, c[j].k, c[j].n_embd, c[j].n_ff, tokens[i], c[j].v,
-                         !forced ? 0 : tiled ? 1 << 30 : 1, true);
+                         !forced ? 0 : tiled ? 1 << 30 : 1, true, 0);
                 if (!forced && tokens[i] <= CUDA_MOE_FUSED_MAX_TOKENS)
                     test_ffn(&d, c[j].gate, c[j].down, c[j].n_expert, c[j].k, c[j].n_embd, c[j].n_ff, tokens[i], c[j].v,
-                             0, false);
+                             0, false, 0);
             }
+    /* Steps past a slice, one slice after another over one work buffer: 70 tokens in two slices
+     * of 35 (the GEMM, or the matrix-vector kernel for 128 experts), 16 in two of 8 (the
+     * matrix-vector kernel, x given quantized too: its rows cut with the slices). */
+    const struct { int64_t n; int slice; } sliced[] = {{70, 35}, {16, 8}};
+    for (size_t i = 0; i < sizeof sliced / sizeof sliced[0]; i++)
+        for (int j = 0; j < 6; j++)
+            test_ffn(&d, c[j].gate, c[j].down, c[j].n_expert, c[j].k, c[j].n_embd, c[j].n_ff, sliced[i].n, c[j].v, 0,
+                     true, sliced[i].slice);
     /* Every small default case above fuses (rows of 16-, 8- and 4-byte multiples among them), and
      * so does qwen30b's layer (Q4_0, 128 experts top 8, 2048 x 768) up to the bound. */
     struct cuda_moe q30 = {.n_expert = 128, .k = 8};
