@@ -177,6 +177,9 @@ static pshard_status open_ctx(pshard_ctx *ctx) {
     CORE_TRY(gguf_open(p->model_path, &ctx->file));
     CORE_TRY(model_load(ctx->file, &ctx->model));
     CORE_TRY(tok_from_gguf(ctx->file, &ctx->tok));
+    if (tok_n_tokens(ctx->tok) > ctx->model.hp.n_vocab) /* (fewer is fine: rows no text reaches) */
+        return core_fail(PSHARD_ERR_FORMAT, "%s: the tokenizer has %u tokens but the model's embeddings only %u rows",
+                         p->model_path, tok_n_tokens(ctx->tok), ctx->model.hp.n_vocab);
     struct gguf_str tpl = {NULL, 0};
     if (gguf_find(ctx->file, "tokenizer.chat_template")) CORE_TRY(gguf_get_str(ctx->file, "tokenizer.chat_template", &tpl));
     chat_template_detect(tpl.data, tpl.len, &ctx->chat);
