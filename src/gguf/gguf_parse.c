@@ -167,9 +167,10 @@ static pshard_status read_alignment(struct gguf_image *img, const char *label) {
         const struct gguf_kv *kv = &img->kv[i];
         if (!gguf_str_eq(kv->key, "general.alignment")) continue;
         int64_t value;
-        if (kv->type != GGUF_TYPE_UINT32 || gguf_kv_i64(kv, &value) != PSHARD_OK || value == 0 ||
+        /* (the format asks a multiple of 8: less would leave F32 weights misaligned) */
+        if (kv->type != GGUF_TYPE_UINT32 || gguf_kv_i64(kv, &value) != PSHARD_OK || value < 8 ||
             value > GGUF_MAX_ALIGNMENT || (value & (value - 1)) != 0)
-            return core_fail(PSHARD_ERR_FORMAT, "%s: general.alignment must be a power of two uint32 up to %u",
+            return core_fail(PSHARD_ERR_FORMAT, "%s: general.alignment must be a power of two uint32 from 8 to %u",
                              label, GGUF_MAX_ALIGNMENT);
         img->alignment = (uint32_t)value;
     }

@@ -131,6 +131,7 @@ def malformed_files():
         "bad_block_row": (build(BASE_KVS, [("a.weight", [33], 2, 0, 18)]), "not a multiple of its block size"),
         "alignment_zero": (build(BASE_KVS + [("general.alignment", U32, 0)], []), "general.alignment"),
         "alignment_three": (build(BASE_KVS + [("general.alignment", U32, 3)], []), "general.alignment"),
+        "alignment_four": (build(BASE_KVS + [("general.alignment", U32, 4)], [], alignment=4), "general.alignment"),
         "alignment_wrong_type": (build(BASE_KVS + [("general.alignment", STR, "32")], []), "general.alignment"),
         "empty_tensor_name": (build(BASE_KVS, [f32_tensor("", 8, 0)]), "empty name"),
         "missing_part-00001-of-00002.gguf": (build(BASE_KVS + [("split.count", U16, 2)], []),
