@@ -1,4 +1,5 @@
 /* Hyperparameters from GGUF metadata ("{arch}.block_count", ...). */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -100,6 +101,13 @@ static pshard_status read_hparams(const struct gguf_file *f, struct model_hparam
     if (hp->n_expert_used > hp->n_expert)
         return core_fail(PSHARD_ERR_FORMAT, "%s: %s.expert_used_count (%u) exceeds expert_count (%u)", gguf_path(f), a,
                          hp->n_expert_used, hp->n_expert);
+    /* (a NaN or a non-positive value here turns every activation into NaN) */
+    if (!(isfinite(hp->rope_freq_base) && hp->rope_freq_base > 0.0f))
+        return core_fail(PSHARD_ERR_FORMAT, "%s: %s.rope.freq_base must be a positive number, not %g", gguf_path(f), a,
+                         (double)hp->rope_freq_base);
+    if (!(isfinite(hp->rms_eps) && hp->rms_eps > 0.0f))
+        return core_fail(PSHARD_ERR_FORMAT, "%s: %s.attention.layer_norm_rms_epsilon must be a positive number, not %g",
+                         gguf_path(f), a, (double)hp->rms_eps);
     if (hp->n_head && (hp->n_head_kv == 0 || hp->n_head % hp->n_head_kv != 0))
         return core_fail(PSHARD_ERR_FORMAT, "%s: head_count %u is not a multiple of head_count_kv %u", gguf_path(f),
                          hp->n_head, hp->n_head_kv);

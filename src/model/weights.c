@@ -3,6 +3,7 @@
 #include "model/weights.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,6 +78,8 @@ static pshard_status bind_ffn(const struct binder *b, int il, bool moe, struct l
     CORE_TRY(find(b, il, "ffn_norm", true, &l->ffn_norm));
     CORE_TRY(check_shape(b, l->ffn_norm, d, 1, 1));
     if (!moe) {
+        if (hp->n_ff == 0) /* (the FFN's buffers are sized by it) */
+            return core_fail(PSHARD_ERR_FORMAT, "%s: the metadata lacks %s.feed_forward_length", b->path, hp->arch_name);
         CORE_TRY(find(b, il, "ffn_gate", true, &l->ffn_gate));
         CORE_TRY(find(b, il, "ffn_up", true, &l->ffn_up));
         CORE_TRY(find(b, il, "ffn_down", true, &l->ffn_down));
@@ -132,7 +135,8 @@ static pshard_status read_rope(const struct binder *b, struct model_weights *w) 
     snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", hp->arch_name);
     uint32_t orig;
     if (gguf_find(f, key) && gguf_get_u32(f, key, &orig) == PSHARD_OK) r->n_ctx_orig = (int)orig;
-    if (factor <= 0.0f) return core_fail(PSHARD_ERR_FORMAT, "%s: rope scaling factor must be positive", b->path);
+    if (!(isfinite(factor) && factor > 0.0f))
+        return core_fail(PSHARD_ERR_FORMAT, "%s: rope scaling factor must be positive", b->path);
     if (gguf_str_eq(type, "linear")) {
         r->freq_scale = 1.0f / factor;
     } else if (gguf_str_eq(type, "yarn")) {

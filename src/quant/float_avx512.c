@@ -140,16 +140,20 @@ static inline __m512i round_16(const float *x, float id) {
     return _mm512_cvtps_epi32(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
+/* The sum of 16 quants as stored: saturated to int8, so a NaN or infinite input (which converts
+ * to INT_MIN) cannot overflow it; finite ones never saturate. */
+static inline int sum_16(__m128i q) { return _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(q)); }
+
 /* One block of 32 with scale amax / 127; returns the sum of the quants. */
 static inline int quantize_32(const float *x, int8_t *qs, float *d) {
     float amax =
         _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x)), _mm512_abs_ps(_mm512_loadu_ps(x + 16))));
     float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    __m512i lo = round_16(x, id), hi = round_16(x + 16, id);
-    _mm_storeu_si128((__m128i *)qs, _mm512_cvtsepi32_epi8(lo));
-    _mm_storeu_si128((__m128i *)(qs + 16), _mm512_cvtsepi32_epi8(hi));
+    const __m128i lo = _mm512_cvtsepi32_epi8(round_16(x, id)), hi = _mm512_cvtsepi32_epi8(round_16(x + 16, id));
+    _mm_storeu_si128((__m128i *)qs, lo);
+    _mm_storeu_si128((__m128i *)(qs + 16), hi);
     *d = amax / 127.0f;
-    return _mm512_reduce_add_epi32(_mm512_add_epi32(lo, hi));
+    return sum_16(lo) + sum_16(hi);
 }
 
 void quant_act_q8_0_avx512(const float *x, void *act, int64_t n) {
@@ -192,9 +196,9 @@ void quant_act_q8_K_avx512(const float *x, void *act, int64_t n) {
         }
         float iscale = -127.0f / max;
         for (int g = 0; g < QUANT_QK_K / 16; g++) {
-            __m512i v = round_16(x + 16 * g, iscale);
-            _mm_storeu_si128((__m128i *)(y[i].qs + 16 * g), _mm512_cvtsepi32_epi8(v));
-            y[i].bsums[g] = (int16_t)_mm512_reduce_add_epi32(v);
+            const __m128i q = _mm512_cvtsepi32_epi8(round_16(x + 16 * g, iscale));
+            _mm_storeu_si128((__m128i *)(y[i].qs + 16 * g), q);
+            y[i].bsums[g] = (int16_t)sum_16(q);
         }
         y[i].d = 1.0f / iscale;
     }

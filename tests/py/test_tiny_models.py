@@ -4,12 +4,12 @@ on the gguf package's dequantization)."""
 import os
 import subprocess
 
-import gguf
 import numpy as np
 import pytest
 
 import numpy_reference
 from conftest import BUILD, run_pshard
+from gguf_rewrite import with_shared_expert
 
 N_TOKENS = 256
 
@@ -74,53 +74,6 @@ def test_logits_match_numpy_reference(model_dir, shape, wtype):
             assert (margin[disagree] < 0.2).all(), "top-1 differs where the reference is not near a tie"
 
 
-def rewrite(src, dst, value=lambda name, v: v, add_keys=(), after=lambda name: ()):
-    """src written again to dst by the gguf package: each metadata value through value(name, v),
-    the (key, u32) pairs of add_keys added, and after each tensor those after(its name) gives as
-    (name, F32 array)."""
-    r = gguf.GGUFReader(src)
-    arch = r.fields["general.architecture"].contents()
-    w = gguf.GGUFWriter(dst, arch)
-    for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        if f.types[0] == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(name, value(name, f.contents()), f.types[0], sub_type=f.types[-1])
-        else:
-            w.add_key_value(name, value(name, f.contents()), f.types[0])
-    for key, v in add_keys:
-        w.add_uint32(key, v)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data), raw_shape=[int(x) for x in reversed(t.shape.tolist())],
-                     raw_dtype=t.tensor_type)
-        for name, data in after(t.name):
-            w.add_tensor(name, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
-
-
-def with_shared_expert(src, dst, rows, metadata_rows, seed=7):
-    """src (an F32 qwen3moe file) with a shared expert of `rows` rows and its sigmoid gate in
-    every layer; metadata_rows is the width the metadata declares (None: the key left out)."""
-    arch = gguf.GGUFReader(src).fields["general.architecture"].contents()
-    d = gguf.GGUFReader(src).fields[arch + ".embedding_length"].contents()
-    rng = np.random.default_rng(seed)
-
-    def shared(name):
-        if not name.endswith("ffn_down_exps.weight"):
-            return []
-        p = name[:-len("ffn_down_exps.weight")]
-        return [(p + "ffn_gate_shexp.weight", rng.standard_normal((rows, d), dtype=np.float32) * 0.05),
-                (p + "ffn_up_shexp.weight", rng.standard_normal((rows, d), dtype=np.float32) * 0.05),
-                (p + "ffn_down_shexp.weight", rng.standard_normal((d, rows), dtype=np.float32) * 0.05),
-                (p + "ffn_gate_inp_shexp.weight", rng.standard_normal(d, dtype=np.float32) * 0.1)]
-    keys = [] if metadata_rows is None else [(arch + ".expert_shared_feed_forward_length", metadata_rows)]
-    return rewrite(src, dst, add_keys=keys, after=shared)
-
-
 def test_shared_expert_matches_numpy_reference(model_dir):
     """A shared expert beside the routed ones, wider than the metadata's dense FFN length (the
     buffers it writes are sized by the layers' own FFNs), against the numpy reference."""
@@ -134,28 +87,3 @@ def test_shared_expert_matches_numpy_reference(model_dir):
     rel = np.abs(ours - ref) / ref.std(axis=1, keepdims=True)
     assert rel.max() < 5e-3, "largest error %.4f of a logit's spread" % rel.max()
     assert (ours.argmax(1) != ref.argmax(1)).mean() <= 0.01
-
-
-@pytest.mark.parametrize("rows,metadata_rows,needle", [
-    (4096, 1024, "'blk.0.ffn_gate_shexp.weight' has shape"),
-    (1024, None, "expert_shared_feed_forward_length"),
-])
-def test_bad_shared_expert_refused(model_dir, rows, metadata_rows, needle):
-    """A shared expert whose width disagrees with the metadata, or whose width the metadata does
-    not give, is refused before anything runs (it once wrote past the buffers sized for it)."""
-    path = with_shared_expert(synth(model_dir, "tiny-moe", "F32"), os.path.join(model_dir, "bad-shexp.gguf"), rows,
-                              metadata_rows)
-    proc = run_pshard("run", "-m", path, "--raw", "-p", "hello " * 100, "-n", "2", check=False)
-    assert proc.returncode == 1 and needle in proc.stderr, proc.stderr
-    assert "Sanitizer" not in proc.stderr
-
-
-def test_tokenizer_larger_than_model_refused(model_dir):
-    """A tokenizer with more tokens than the model has rows of embeddings is refused at load, naming
-    both counts, before any token could index past them; tokenizing alone still works."""
-    extra = {"tokenizer.ggml.tokens": "<|extra|>", "tokenizer.ggml.token_type": 3, "tokenizer.ggml.scores": 0.0}
-    path = rewrite(synth(model_dir, "tiny-llama", "F32"), os.path.join(model_dir, "big-vocab.gguf"),
-                   value=lambda name, v: list(v) + [extra[name]] if name in extra else v)
-    proc = run_pshard("run", "-m", path, "-p", "hi", "-n", "2", check=False)
-    assert proc.returncode == 1 and "1537 tokens" in proc.stderr and "1536" in proc.stderr, proc.stderr
-    assert run_pshard("tokenize", "-m", path, "-p", "hi <|extra|>").stdout.split()[-1] == "1536"
