@@ -32,6 +32,10 @@ __device__ void block_argmax(float v, int i, float *sv, int *si, float *out_v, i
 }
 
 /* One block per token. */
+/* What the top k compares: a probability, or -0.5 for a NaN one (logits gone NaN upstream), below
+ * every probability but still taken before none: the k experts chosen are always real ones. */
+__device__ __forceinline__ float route_key(float p) { return p == p ? p : -0.5f; }
+
 __global__ void __launch_bounds__(ROUTE_THREADS) route_kernel(const float *logits, int n_expert, int k, bool normalize,
                                                               int32_t *ids, float *weights, int32_t *mirror,
                                                               int64_t n_pairs) {
@@ -55,9 +59,12 @@ __global__ void __launch_bounds__(ROUTE_THREADS) route_kernel(const float *logit
     double total = 0.0;
     for (int w = 0; w < ROUTE_THREADS / 32; w++) total += sd[w];
     const float inv = (float)(1.0 / total);
-    for (int e = tid; e < n_expert; e += ROUTE_THREADS) pick[e] = probs[e] = probs[e] * inv;
+    for (int e = tid; e < n_expert; e += ROUTE_THREADS) {
+        probs[e] *= inv;
+        pick[e] = route_key(probs[e]);
+    }
     __syncthreads();
-    /* Top k by repeated argmax; probabilities are >= 0, so -1 marks a taken expert. */
+    /* Top k by repeated argmax; keys are >= -0.5, so -1 marks a taken expert. */
     for (int j = 0; j < k; j++) {
         float v = -2.0f;
         int i = 1 << 30;
@@ -125,8 +132,10 @@ __global__ void __launch_bounds__(ROUTE_THREADS) route_warp_kernel(const float *
         float v = -1.0f;
         int best = 1 << 30;
 #pragma unroll
-        for (int i = 0; i < PER_LANE; i++) /* (ascending experts: the first of equals stays) */
-            if (!(taken >> i & 1u) && lane + 32 * i < n_expert && p[i] > v) v = p[i], best = lane + 32 * i;
+        for (int i = 0; i < PER_LANE; i++) { /* (ascending experts: the first of equals stays) */
+            const float key = route_key(p[i]);
+            if (!(taken >> i & 1u) && lane + 32 * i < n_expert && key > v) v = key, best = lane + 32 * i;
+        }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
             const float v2 = __shfl_xor_sync(0xffffffffu, v, o);

@@ -129,6 +129,37 @@ static void test_route(struct dt *d, int64_t n_tokens, int n_expert, int k, bool
     free(logits), free(wt), free(wg), free(ids), free(ig);
 }
 
+/* Tokens whose logits went NaN (every token here, and one logit of a second step's tokens,
+ * which makes the whole softmax NaN): the k experts are still k distinct real ones, so nothing
+ * downstream indexes past the experts. */
+static void test_route_nan(struct dt *d, int64_t n_tokens, int n_expert, int k) {
+    const size_t mark = cuda_arena_mark(&d->arena);
+    float *logits = dt_malloc(4 * (size_t)(n_tokens * n_expert));
+    int32_t *ig = dt_malloc(4 * (size_t)(n_tokens * k));
+    bool ok = true;
+    for (int one = 0; one < 2; one++) {
+        dt_fill(logits, n_tokens * n_expert, -4.0f, 4.0f);
+        for (int64_t t = 0; t < n_tokens; t++)
+            for (int e = 0; e < n_expert; e++)
+                if (!one || e == (int)(t % n_expert)) logits[t * n_expert + e] = NAN;
+        float *dl = dt_upload(d, logits, 4 * (size_t)(n_tokens * n_expert));
+        int32_t *dids = dt_alloc(d, 4 * (size_t)(n_tokens * k));
+        float *dw = dt_alloc(d, 4 * (size_t)(n_tokens * k));
+        DT_CHECK(cuda_moe_route(dl, n_tokens, n_expert, k, true, dids, dw, d->s));
+        dt_download(d, ig, dids, 4 * (size_t)(n_tokens * k));
+        for (int64_t t = 0; t < n_tokens; t++)
+            for (int j = 0; j < k; j++) {
+                const int32_t id = ig[t * k + j];
+                ok = ok && id >= 0 && id < n_expert;
+                for (int i = 0; i < j; i++) ok = ok && ig[t * k + i] != id;
+            }
+    }
+    dt_case(d, ok, "route %lld tokens of NaN logits, top %d of %d: %d distinct experts in range", (long long)n_tokens, k,
+            n_expert, k);
+    cuda_arena_reset(&d->arena, mark);
+    free(logits), free(ig);
+}
+
 enum variant { PLAIN, MASKED, TABLES };
 
 static int n_fused; /* cases that ran on the fused kernels */
@@ -278,6 +309,8 @@ int main(void) {
     test_route(&d, 5, 8, 2, true);
     test_route(&d, 6, 160, 8, true);  /* a warp's 8 experts a lane */
     test_route(&d, 3, 512, 10, true); /* past a warp: the block kernel */
+    test_route_nan(&d, 5, 128, 8);
+    test_route_nan(&d, 3, 512, 10);
     test_routed_mask(&d, 128, 8, 200);
     test_routed_mask(&d, 8, 2, 50);
     const int64_t tokens[] = {1, 3, 8, 12, 20, 70};
