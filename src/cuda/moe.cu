@@ -31,11 +31,11 @@ __device__ void block_argmax(float v, int i, float *sv, int *si, float *out_v, i
     __syncthreads();
 }
 
-/* One block per token. */
 /* What the top k compares: a probability, or -0.5 for a NaN one (logits gone NaN upstream), below
  * every probability but still taken before none: the k experts chosen are always real ones. */
 __device__ __forceinline__ float route_key(float p) { return p == p ? p : -0.5f; }
 
+/* One block per token. */
 __global__ void __launch_bounds__(ROUTE_THREADS) route_kernel(const float *logits, int n_expert, int k, bool normalize,
                                                               int32_t *ids, float *weights, int32_t *mirror,
                                                               int64_t n_pairs) {
