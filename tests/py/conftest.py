@@ -45,3 +45,12 @@ def run_pshard(*args, check=True):
     if check and proc.returncode != 0:
         raise AssertionError("pshard %s failed (%d): %s" % (" ".join(args), proc.returncode, proc.stderr))
     return proc
+
+
+def synth(directory, shape, wtype, seed=3):
+    """gguf-synth's model of that shape and weight type in directory (written once)."""
+    path = os.path.join(str(directory), "%s-%s-%d.gguf" % (shape, wtype, seed))
+    if not os.path.exists(path):
+        subprocess.run([os.path.join(BUILD, "gguf-synth"), "--shape", shape, "--type", wtype, "--seed", str(seed),
+                        "-o", path, "--quiet"], check=True)
+    return path

@@ -36,8 +36,9 @@ def rewrite(src, dst, value=lambda name, v: v, add_keys=(), after=lambda name: (
 def with_shared_expert(src, dst, rows, metadata_rows, seed=7):
     """src (an F32 qwen3moe file) with a shared expert of `rows` rows and its sigmoid gate in
     every layer; metadata_rows is the width the metadata declares (None: the key left out)."""
-    arch = gguf.GGUFReader(src).fields["general.architecture"].contents()
-    d = gguf.GGUFReader(src).fields[arch + ".embedding_length"].contents()
+    fields = gguf.GGUFReader(src).fields
+    arch = fields["general.architecture"].contents()
+    d = fields[arch + ".embedding_length"].contents()
     rng = np.random.default_rng(seed)
 
     def shared(name):

@@ -3,25 +3,17 @@ clear error naming what is wrong, before anything runs: nothing crashes or reads
 (each case once did, or turned every activation into NaN). Written from gguf-synth's tiny
 models by the gguf package (gguf_rewrite.py)."""
 import math
-import os
-import subprocess
 
 import pytest
 
-from conftest import BUILD, run_pshard
+from conftest import run_pshard, synth
 from gguf_rewrite import rewrite, with_shared_expert
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     d = tmp_path_factory.mktemp("files")
-    out = {}
-    for shape in ("tiny-llama", "tiny-moe"):
-        out[shape] = str(d / (shape + ".gguf"))
-        subprocess.run([os.path.join(BUILD, "gguf-synth"), "--shape", shape, "--type", "F32", "--seed", "3", "-o",
-                        out[shape], "--quiet"], check=True)
-    out["dir"] = d
-    return out
+    return {"dir": d, **{shape: synth(d, shape, "F32") for shape in ("tiny-llama", "tiny-moe")}}
 
 
 def refused(path, needle):

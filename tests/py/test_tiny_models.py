@@ -2,13 +2,12 @@
 256-token sequence, against the independent numpy reference (tests/py/numpy_reference.py, built
 on the gguf package's dequantization)."""
 import os
-import subprocess
 
 import numpy as np
 import pytest
 
 import numpy_reference
-from conftest import BUILD, run_pshard
+from conftest import run_pshard, synth
 from gguf_rewrite import with_shared_expert
 
 N_TOKENS = 256
@@ -35,14 +34,6 @@ CASES = [
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("tiny")
-
-
-def synth(model_dir, shape, wtype):
-    path = os.path.join(model_dir, "%s-%s.gguf" % (shape, wtype))
-    if not os.path.exists(path):
-        subprocess.run([os.path.join(BUILD, "gguf-synth"), "--shape", shape, "--type", wtype, "--seed", "3",
-                        "-o", path, "--quiet"], check=True)
-    return path
 
 
 @pytest.mark.parametrize("shape,wtype", CASES)
