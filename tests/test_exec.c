@@ -94,6 +94,39 @@ static void test_mixed_batch_equals_separate(void **state) {
     free(alone_b);
 }
 
+/* A step that asks for every token's logits (more rows than the context's n_seq, so its logits
+ * buffer grows) gives each position what the prefix ending there gives alone; a one-output step
+ * after it reads its own logits from the grown buffer. */
+static void test_every_token_logits(void **state) {
+    struct fixture *f = *state;
+    const int32_t n_vocab = exec_n_vocab(f->ctx), n = 6;
+    float *alone = malloc(sizeof(float) * (size_t)n_vocab * n);
+    for (int32_t i = 0; i < n; i++) run_alone(f->ctx, 0, seq_a, i + 1, alone + (size_t)i * n_vocab);
+    int32_t pos[6], seq[6];
+    const int8_t every[6] = {1, 1, 1, 1, 1, 1};
+    for (int32_t i = 0; i < n; i++) pos[i] = i, seq[i] = 0;
+    exec_truncate_seq(f->ctx, 0, 0);
+    struct exec_batch b = {n, seq_a, pos, seq, every};
+    assert_int_equal(exec_step(f->ctx, &b), PSHARD_OK);
+    assert_int_equal(exec_last_stats(f->ctx)->n_outputs, n);
+    for (int32_t i = 0; i < n; i++) {
+        const float *l = exec_logits(f->ctx, i);
+        double worst = 0;
+        for (int32_t v = 0; v < n_vocab; v++) worst = fmax(worst, fabs(l[v] - alone[(size_t)i * n_vocab + v]));
+        assert_true(worst < 1e-3);
+    }
+    assert_null(exec_logits(f->ctx, n));
+    float *again = malloc(sizeof(float) * (size_t)n_vocab);
+    run_alone(f->ctx, 0, seq_a, 4, again);
+    assert_int_equal(exec_last_stats(f->ctx)->n_outputs, 1);
+    assert_null(exec_logits(f->ctx, 1));
+    double worst = 0;
+    for (int32_t v = 0; v < n_vocab; v++) worst = fmax(worst, fabs(again[v] - alone[(size_t)3 * n_vocab + v]));
+    assert_true(worst < 1e-3);
+    free(again);
+    free(alone);
+}
+
 /* A decode token over a long cache attends in runs of cells, merged after (cpu_attention_units):
  * its logits are those it gets in a step of two tokens of its sequence, whose attention reads the
  * cache whole (a tile), within rounding; and two sequences' tokens in one decode step each get
@@ -309,6 +342,7 @@ int main(void) {
         cmocka_unit_test(test_shapes_host_skew),
         cmocka_unit_test(test_ffn_rows_add_up),
         cmocka_unit_test(test_mixed_batch_equals_separate),
+        cmocka_unit_test(test_every_token_logits),
         cmocka_unit_test(test_long_cache_decode_in_runs),
         cmocka_unit_test(test_bad_batches_change_nothing),
         cmocka_unit_test(test_input_embeddings),

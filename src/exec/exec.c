@@ -82,7 +82,6 @@ static pshard_status alloc_scratch(struct exec_ctx *ctx) {
         /* F32 activations are the widest format (4 bytes per value); every other is smaller. */
         {(void **)&ctx->s.acts, sizeof(float) * B * widest + 64},
         {(void **)&ctx->s.rope, sizeof(float) * B * ctx->w.rope.n_dims},
-        {(void **)&ctx->s.logits, sizeof(float) * B * hp->n_vocab},
         {(void **)&ctx->s.out_rows, sizeof(int32_t) * B},
     };
     size_t total = 0;
@@ -259,6 +258,7 @@ void exec_free(struct exec_ctx *ctx) {
     threadpool_free(ctx->pool);
     free(ctx->scratch_mem);
     free(ctx->moe_mem);
+    free(ctx->s.logits);
     kv_cache_free(&ctx->kv);
     free(ctx->mats);
     model_weights_free(&ctx->w);
@@ -317,6 +317,18 @@ static pshard_status reserve_cells(struct exec_ctx *ctx) {
     return PSHARD_OK;
 }
 
+pshard_status exec_reserve_logits(struct exec_ctx *ctx, int32_t n) {
+    if (n <= ctx->logit_rows) return PSHARD_OK;
+    const int32_t rows = n > ctx->params.n_seq ? n : ctx->params.n_seq; /* (a decode step's outputs at least) */
+    const size_t bytes = sizeof(float) * (size_t)rows * ctx->model->hp.n_vocab;
+    float *logits = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!logits) return core_fail(PSHARD_ERR_NOMEM, "cannot allocate %.1f MB for the logits of %d tokens", bytes / 1e6, (int)n);
+    free(ctx->s.logits);
+    ctx->s.logits = logits;
+    ctx->logit_rows = rows;
+    return PSHARD_OK;
+}
+
 static pshard_status step(struct exec_ctx *ctx, const struct exec_batch *batch) {
     CORE_TRY(validate(ctx, batch));
     const struct model *model = ctx->model;
@@ -325,7 +337,7 @@ static pshard_status step(struct exec_ctx *ctx, const struct exec_batch *batch) 
     ctx->stats.host_compute_ms = ctx->stats.host_wait_ms = 0;
     ctx->stats.gpu_between_ms = ctx->stats.gpu_handoff_ms = 0;
     ctx->stats.handoffs = 0;
-    ctx->logits = ctx->s.logits;
+    ctx->logits = NULL; /* (set where the step's head wrote them) */
     for (int32_t t = 0; t < batch->n_tokens; t++)
         if (batch->logits ? batch->logits[t] != 0 : t == batch->n_tokens - 1) ctx->s.out_rows[ctx->stats.n_outputs++] = t;
 
@@ -340,6 +352,8 @@ static pshard_status step(struct exec_ctx *ctx, const struct exec_batch *batch) 
         st = exec_gpu_step(ctx, batch);
         if (st != PSHARD_OK) return core_fail_context(st, "step on the GPU");
     } else {
+        CORE_TRY(exec_reserve_logits(ctx, ctx->stats.n_outputs));
+        ctx->logits = ctx->s.logits;
         CORE_TRY(reserve_cells(ctx));
         for (uint32_t i = 0; i < model->n_shards; i++) {
             const struct shard *shard = &model->shards[i];
@@ -370,7 +384,7 @@ pshard_status exec_step(struct exec_ctx *ctx, const struct exec_batch *batch) { 
 struct threadpool *exec_threads(struct exec_ctx *ctx) { return ctx->pool; }
 
 const float *exec_logits(const struct exec_ctx *ctx, int32_t i) {
-    if (i < 0 || i >= ctx->stats.n_outputs) return NULL;
+    if (i < 0 || i >= ctx->stats.n_outputs || !ctx->logits) return NULL;
     return ctx->logits + (int64_t)i * ctx->model->hp.n_vocab;
 }
 

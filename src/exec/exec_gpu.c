@@ -550,6 +550,20 @@ static void drop_decode_graph(struct exec_gpu *g) {
     g->decode_graph_bytes = g->decode_graph_streamed = 0;
 }
 
+static pshard_status reserve_logits(struct exec_gpu *g, const struct exec_ctx *ctx, int32_t n) {
+    if (n <= g->host_logit_rows) return PSHARD_OK;
+    const int32_t rows = n > ctx->params.n_seq ? n : ctx->params.n_seq;
+    struct cuda_pinned grown;
+    CORE_TRY(cuda_host_alloc(sizeof(float) * (size_t)rows * ctx->model->hp.n_vocab, &grown));
+    drop_decode_graph(g);
+    cuda_pinned_release(&g->host_logits);
+    g->host_logits = grown;
+    g->host_logit_rows = rows;
+    return PSHARD_OK;
+}
+
+pshard_status exec_gpu_reserve_logits(struct exec_ctx *ctx, int32_t n) { return reserve_logits(ctx->gpu, ctx, n); }
+
 /* Forget what the arena holds under the active plan, to carve it for another (copies still on
  * their way up are waited for first: they write into it). */
 static void forget_plan(struct exec_gpu *g, const struct exec_ctx *ctx) {
@@ -733,7 +747,7 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
     CORE_TRY(cuda_host_alloc(UPLOAD_CHUNK_BYTES, &g->staging));
     CORE_TRY(cuda_host_alloc(sizeof(int32_t) * B * GPU_BATCH_ROWS, &g->host_in));
     CORE_TRY(cuda_host_alloc(sizeof(int32_t) * (size_t)ctx->kv.n_seq * (size_t)ctx->kv.max_blocks, &g->host_table));
-    CORE_TRY(cuda_host_alloc(sizeof(float) * B * hp->n_vocab, &g->host_logits));
+    CORE_TRY(reserve_logits(g, ctx, 1));
     CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_x)); /* activations crossing PCIe */
     CORE_TRY(handoff_buffers(g, ctx));
     CORE_TRY(map_file(g, ctx));

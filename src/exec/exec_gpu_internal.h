@@ -64,6 +64,7 @@ struct exec_gpu {
     /* pinned host buffers: uploads of the batch, the logits coming back, weight staging, the
      * residual stream crossing PCIe, and what the CPU's experts need and return */
     struct cuda_pinned host_in, host_logits, staging, host_x, host_xn, host_route, host_moe;
+    int32_t host_logit_rows; /* host_logits' rows (exec_gpu_reserve_logits) */
     /* ... the hand-offs' buffers as the GPU addresses them: its kernels write the input and the
      * routing there and read the CPU's sum from there in place, without copies */
     float *xn_to_host, *moe_from_host;
@@ -135,6 +136,11 @@ struct exec_gpu {
 /* At a step's start: a rise's resident matrices switched in where their copies are done (they are
  * read in place until then). */
 pshard_status exec_gpu_take_uploads(struct exec_ctx *ctx);
+
+/* host_logits with room for n tokens' logits, grown as exec_reserve_logits grows the CPU's (a
+ * captured decode graph, which copies into the old buffer, is let go), or NOMEM and nothing
+ * changed. Between steps only: the last step waited for its copies. */
+pshard_status exec_gpu_reserve_logits(struct exec_ctx *ctx, int32_t n);
 
 /* Between steps: both streams drained, the KV cells of the layers in VRAM copied to the host's
  * cache (which must exist; pinned first, once) and the plan the arena holds forgotten, its

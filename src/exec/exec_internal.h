@@ -30,7 +30,7 @@ struct exec_scratch {
     float *expert_weights;
     void *acts;      /* quantized activations, the widest any matrix needs */
     float *rope;     /* [n_batch][rope dims] cos/sin tables */
-    float *logits;   /* [n_batch][n_vocab] */
+    float *logits;   /* [logit_rows][n_vocab], apart from the rest: exec_reserve_logits */
     int32_t *out_rows; /* batch index of each output */
     struct moe_scratch moe;
 };
@@ -46,6 +46,7 @@ struct exec_ctx {
     struct exec_scratch s;
     void *scratch_mem;
     void *moe_mem;
+    int32_t logit_rows; /* s.logits' rows */
     struct exec_stats stats;
     const float *logits; /* the last step's logits: s.logits, or the GPU's pinned copy of them (no second copy) */
     struct plan plan;          /* as built: the prompt phase's, and plan.decode where decode steps run their own */
@@ -54,6 +55,12 @@ struct exec_ctx {
     struct exec_gpu *gpu; /* non-NULL: some shards run on the GPU */
     const struct exec_media *media; /* the step's rope positions and input embeddings, or NULL (exec_step_media) */
 };
+
+/* s.logits with room for n tokens' logits, or NOMEM and nothing changed. A step keeps logits for
+ * the tokens that ask (in generation the last of each sequence), so the rows grow on first need to
+ * the most any step asked for, at least n_seq: n_batch x n_vocab floats would be 2.5 GB at -b 4096
+ * with a 152K vocabulary, held by every context and used by a caller that asks for every token's. */
+pshard_status exec_reserve_logits(struct exec_ctx *ctx, int32_t n);
 
 /* The shards, CPU placement. Each reads ctx->s.x (the batch's activations) and updates it. */
 void shard_embed_cpu(struct exec_ctx *ctx, const struct exec_batch *batch);

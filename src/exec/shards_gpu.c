@@ -872,6 +872,8 @@ pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
     if (g->broken) return core_fail(PSHARD_ERR_INTERNAL, "the GPU's memory was left half carved by a failed change of plan");
     CORE_TRY(exec_gpu_take_uploads(ctx));
     const struct plan_tier *tier = plan_tier_for(ctx->active, b->n_tokens);
+    const bool head_on_gpu = tier->shard[ctx->model->n_shards - 1] != PLACE_CPU;
+    CORE_TRY(head_on_gpu ? exec_gpu_reserve_logits(ctx, ctx->stats.n_outputs) : exec_reserve_logits(ctx, ctx->stats.n_outputs));
     g->n_step_seq = 0;
     for (int32_t t = 0; ctx->active->kv_stream && t < b->n_tokens; t++)
         if (!g->seen[b->seq[t]]) g->seen[b->seq[t]] = true, g->step_seq[g->n_step_seq++] = b->seq[t];
@@ -886,6 +888,6 @@ pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
         CORE_TRY(enqueue_step(ctx, g, tier, b));
     CORE_TRY(stream_done(ctx, g));
     if (replayed && g->stamps_dev) read_stamps(ctx, g, tier);
-    if (tier->shard[ctx->model->n_shards - 1] != PLACE_CPU) ctx->logits = g->host_logits.ptr; /* read where they came down */
+    ctx->logits = head_on_gpu ? g->host_logits.ptr : ctx->s.logits; /* (read where they came down: no second copy) */
     return PSHARD_OK;
 }
