@@ -2,6 +2,7 @@
  * and device views of every tensor. The step and the shards are in shards_gpu.c. */
 #include "exec/exec_gpu.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -269,19 +270,48 @@ static size_t work_bytes_needed(const struct model *model, const struct model_we
     return align_up(work);
 }
 
-/* One step's activations for n_batch tokens (the logits buffer separately). */
+/* One step's activation buffers for n_batch tokens, the same shapes as the CPU scratch (the
+ * logits and the batch's indices apart): one list, summed for the planner and carved for the step,
+ * each part into the field of struct exec_gpu at `field`. */
+enum { ACT_PARTS = 13 };
+struct act_part {
+    size_t bytes, field;
+};
+static void activation_parts(const struct model_hparams *hp, const struct model_weights *w, size_t B, size_t k_width,
+                             size_t v_width, struct act_part out[ACT_PARTS]) {
+    const size_t f = sizeof(float), d = hp->n_embd;
+    const size_t q_width = (size_t)hp->n_head * hp->head_dim_k, o_width = (size_t)hp->n_head * hp->head_dim_v;
+    const size_t ff = w->ffn_rows ? (size_t)w->ffn_rows : 1; /* (0 in a model of experts alone: no dense FFN) */
+    const size_t k_used = hp->n_expert_used ? hp->n_expert_used : 1, n_exp = hp->n_expert ? hp->n_expert : 1;
+#define AT(name) offsetof(struct exec_gpu, name)
+    const struct act_part parts[ACT_PARTS] = {
+        {f * B * d, AT(x)},
+        {f * B * d, AT(xn)},
+        {f * B * d, AT(proj)},
+        {f * B * q_width, AT(q)},
+        {f * B * k_width, AT(k)},
+        {f * B * v_width, AT(v)},
+        {f * B * o_width, AT(attn)},
+        {f * B * ff, AT(gate)},
+        {f * B * ff, AT(up)},
+        {f * B * n_exp, AT(router)},
+        {f * B * k_used, AT(expert_weights)},
+        {sizeof(int32_t) * B * k_used, AT(expert_ids)},
+        {f * B * (size_t)w->rope.n_dims, AT(rope_cs)},
+    };
+#undef AT
+    memcpy(out, parts, sizeof parts);
+}
+
+/* The activations' bytes in the arena, as carve_activations takes them (the logits separately). */
 static size_t activation_bytes(const struct model_hparams *hp, const struct model_weights *w, const struct exec_params *p,
                                int64_t k_width, int64_t v_width, size_t *logits) {
-    const size_t B = (size_t)p->n_batch, f = sizeof(float);
-    const size_t q_width = (size_t)hp->n_head * hp->head_dim_k, o_width = (size_t)hp->n_head * hp->head_dim_v;
-    const size_t ff = (size_t)w->ffn_rows, rope_dims = (size_t)w->rope.n_dims;
-    const size_t k_used = hp->n_expert_used ? hp->n_expert_used : 1, n_exp = hp->n_expert ? hp->n_expert : 1;
-    const size_t parts[] = {f * B * hp->n_embd * 3, f * B * q_width, f * B * (size_t)k_width, f * B * (size_t)v_width,
-                            f * B * o_width, 2 * f * B * (ff ? ff : 1), f * B * n_exp, f * B * k_used,
-                            sizeof(int32_t) * B * k_used, f * B * (size_t)rope_dims, sizeof(int32_t) * B * GPU_BATCH_ROWS};
-    size_t total = 0;
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) total += align_up(parts[i]) + 2 * CUDA_ARENA_ALIGN;
-    *logits = align_up(f * gpu_logit_rows(p->n_batch) * hp->n_vocab);
+    const size_t B = (size_t)p->n_batch;
+    struct act_part parts[ACT_PARTS];
+    activation_parts(hp, w, B, (size_t)k_width, (size_t)v_width, parts);
+    size_t total = align_up(sizeof(int32_t) * B * GPU_BATCH_ROWS) + 2 * CUDA_ARENA_ALIGN;
+    for (int i = 0; i < ACT_PARTS; i++) total += align_up(parts[i].bytes) + 2 * CUDA_ARENA_ALIGN;
+    *logits = align_up(sizeof(float) * gpu_logit_rows(p->n_batch) * hp->n_vocab);
     return total;
 }
 
@@ -319,28 +349,17 @@ static pshard_status carve(struct exec_gpu *g, size_t bytes, const char *what, v
     return PSHARD_OK;
 }
 
-/* Activations of one step, for n_batch tokens; the same shapes as the CPU scratch. */
+/* Activations of one step, for n_batch tokens (activation_parts), the logits where the head is
+ * on the GPU, and the batch's indices. */
 static pshard_status carve_activations(struct exec_gpu *g, const struct exec_ctx *ctx, bool head_on_gpu) {
     const struct model_hparams *hp = &ctx->model->hp;
-    const size_t B = (size_t)ctx->params.n_batch, d = hp->n_embd, f = sizeof(float);
-    const size_t q_width = (size_t)hp->n_head * hp->head_dim_k, o_width = (size_t)hp->n_head * hp->head_dim_v;
-    const size_t ff = (size_t)ctx->w.ffn_rows; /* (0 in a model of experts alone) */
-    const size_t k_used = hp->n_expert_used ? hp->n_expert_used : 1, n_exp = hp->n_expert ? hp->n_expert : 1;
+    const size_t B = (size_t)ctx->params.n_batch;
     const size_t before = g->arena.used;
-    CORE_TRY(carve(g, f * B * d, "activations", (void **)&g->x));
-    CORE_TRY(carve(g, f * B * d, "activations", (void **)&g->xn));
-    CORE_TRY(carve(g, f * B * d, "activations", (void **)&g->proj));
-    CORE_TRY(carve(g, f * B * q_width, "activations", (void **)&g->q));
-    CORE_TRY(carve(g, f * B * (size_t)ctx->kv.k_width, "activations", (void **)&g->k));
-    CORE_TRY(carve(g, f * B * (size_t)ctx->kv.v_width, "activations", (void **)&g->v));
-    CORE_TRY(carve(g, f * B * o_width, "activations", (void **)&g->attn));
-    CORE_TRY(carve(g, f * B * (ff ? ff : 1), "activations", (void **)&g->gate));
-    CORE_TRY(carve(g, f * B * (ff ? ff : 1), "activations", (void **)&g->up));
-    CORE_TRY(carve(g, f * B * n_exp, "activations", (void **)&g->router));
-    CORE_TRY(carve(g, f * B * k_used, "activations", (void **)&g->expert_weights));
-    CORE_TRY(carve(g, sizeof(int32_t) * B * k_used, "activations", (void **)&g->expert_ids));
-    CORE_TRY(carve(g, f * B * (size_t)ctx->w.rope.n_dims, "activations", (void **)&g->rope_cs));
-    if (head_on_gpu) CORE_TRY(carve(g, f * gpu_logit_rows(ctx->params.n_batch) * hp->n_vocab, "logits", (void **)&g->logits));
+    struct act_part parts[ACT_PARTS];
+    activation_parts(hp, &ctx->w, B, (size_t)ctx->kv.k_width, (size_t)ctx->kv.v_width, parts);
+    for (int i = 0; i < ACT_PARTS; i++)
+        CORE_TRY(carve(g, parts[i].bytes, "activations", (void **)((char *)g + parts[i].field)));
+    if (head_on_gpu) CORE_TRY(carve(g, sizeof(float) * gpu_logit_rows(ctx->params.n_batch) * hp->n_vocab, "logits", (void **)&g->logits));
     CORE_TRY(carve(g, sizeof(int32_t) * B * GPU_BATCH_ROWS, "activations", (void **)&g->tokens));
     g->pos = g->tokens + B, g->seq = g->pos + B, g->out_rows = g->seq + B, g->rope_pos = g->out_rows + B;
     g->report.activation_bytes = g->arena.used - before;
