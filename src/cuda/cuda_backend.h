@@ -252,6 +252,12 @@ size_t cuda_matmul_work_bytes(const struct cuda_matrix *m, int64_t n_tokens);
 pshard_status cuda_matmul(struct cuda_ctx *ctx, const struct cuda_matrix *m, const float *x, int64_t n_tokens,
                           float *y, int64_t y_stride, void *work, size_t work_bytes, cuda_stream s);
 
+/* Whether cuda_matmul reads m's bytes once for all of n_tokens tokens (more than 8) on the fused
+ * kernel, as it does for a tall block-format matrix in VRAM (a head) and up to 64 tokens, rather
+ * than an f16 copy of them made for the call: its caller then need not cut the tokens into
+ * matrix-vector passes of 8, each reading the matrix. */
+bool cuda_matmul_reads_once(const struct cuda_ctx *ctx, const struct cuda_matrix *m, int64_t n_tokens);
+
 /* y [n_tokens][m->n_rows] += x . m^T (the residual stream takes a projection): up to 8 tokens the
  * matrix-vector kernel adds into y itself; above, cuda_matmul into tmp ([n_tokens][m->n_rows])
  * and an add, the same sums either way. */

@@ -272,6 +272,8 @@ template <int TYPE> __global__ void __launch_bounds__(G_THREADS, 2) gemm_raw_ker
     store_tile(a, acc, (float *)smem, o_rows, wm, wn);
 }
 
+bool gemm_reads_raw(enum quant_type type, int64_t n_cols) { return raw_type(type) && n_cols % RAW_K == 0; }
+
 /* The widest copy (16, 8 or 4 bytes) every raw stage of every row starts on; 0: none (the
  * register kernel runs). Expert tables (staging slots) start their matrices on 16 bytes. */
 static int raw_unit(enum quant_type type, const gemm_args &a) {

@@ -25,6 +25,11 @@ struct gemm_args {
     int act_div;            /* activation row of pair p is p / act_div */
 };
 
+/* Whether the fused GEMM copies this matrix's rows as raw bytes (gemm_raw_kernel: a block format
+ * with 4-byte-aligned blocks, rows of whole 256-element stages), rather than dequantizing them one
+ * thread a row. */
+bool gemm_reads_raw(enum quant_type type, int64_t n_cols);
+
 /* Launch over (n_rows / 128, grid_y) tiles: grid_y = token tiles (dense) or a bound on the
  * number of expert tiles. */
 pshard_status gemm_fused_run(enum quant_type type, const gemm_args &a, unsigned grid_y, cudaStream_t st);

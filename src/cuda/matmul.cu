@@ -9,10 +9,22 @@ enum { MIN_CHUNK_ROWS = CUDA_MATMUL_CHUNK_ROWS };
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
-/* AUTO: cuBLAS measured faster than the fused kernel for dense prefill of 512 tokens and more
- * (bench/cuda_kernels.md); the fused kernel needs no scratch. */
-static enum cuda_gemm_path pick_path(const struct cuda_ctx *ctx) {
-    return ctx->gemm_path == CUDA_GEMM_AUTO ? CUDA_GEMM_CUBLAS : ctx->gemm_path;
+/* AUTO: cuBLAS on f16 weights, measured faster than the fused kernel for dense prefill of 512
+ * tokens and more (bench/cuda_kernels.md); but the fused kernel for at most one tile of tokens
+ * (64) over a matrix in VRAM whose rows it copies raw and whose row tiles fill every SM twice (a
+ * vocabulary's head: 1,187 blocks at 151,936 rows): it reads the weights' bytes once, where
+ * the cuBLAS path writes and reads back an f16 copy of them (4 bytes an element against Q4_0's
+ * 0.56) at every call. The fused kernel needs no scratch. */
+static enum cuda_gemm_path pick_path(const struct cuda_ctx *ctx, const struct cuda_matrix *m, int64_t n_tokens) {
+    if (ctx->gemm_path != CUDA_GEMM_AUTO) return ctx->gemm_path;
+    const bool tall = m->n_rows >= (int64_t)GEMM_TILE_N * 2 * ctx->info.sm_count;
+    return n_tokens <= GEMM_TILE_M && tall && !m->in_place && gemm_reads_raw(m->type, m->n_cols) ? CUDA_GEMM_FUSED
+                                                                                                   : CUDA_GEMM_CUBLAS;
+}
+
+extern "C" bool cuda_matmul_reads_once(const struct cuda_ctx *ctx, const struct cuda_matrix *m, int64_t n_tokens) {
+    return n_tokens > CUDA_MATVEC_MAX_TOKENS && m->type != QUANT_F32 && m->type != QUANT_F16 && m->type != QUANT_BF16 &&
+           pick_path(ctx, m, n_tokens) == CUDA_GEMM_FUSED;
 }
 
 /* F16 weights read in place from host memory, above 8 tokens: cuBLAS reads them through the
@@ -68,11 +80,11 @@ extern "C" pshard_status cuda_matmul(struct cuda_ctx *ctx, const struct cuda_mat
     CORE_TRY(cuda_quantize(m->type == QUANT_BF16 ? QUANT_BF16 : QUANT_F16, x, m->n_cols, n_tokens, work, s));
     if (m->type == QUANT_BF16)
         return blas_gemm(ctx, CUDA_R_16BF, m->data, (int)(m->row_bytes / 2), work, rows, nt, cols, y, y_stride, st);
-    if (copy_first(m) && pick_path(ctx) == CUDA_GEMM_CUBLAS)
+    if (copy_first(m) && pick_path(ctx, m, n_tokens) == CUDA_GEMM_CUBLAS)
         return gemm_in_chunks(ctx, m, nt, work, work_bytes, x16_bytes, y, y_stride, s);
-    if (m->type == QUANT_F16 && pick_path(ctx) == CUDA_GEMM_CUBLAS)
+    if (m->type == QUANT_F16 && pick_path(ctx, m, n_tokens) == CUDA_GEMM_CUBLAS)
         return blas_gemm(ctx, CUDA_R_16F, m->data, (int)(m->row_bytes / 2), work, rows, nt, cols, y, y_stride, st);
-    if (pick_path(ctx) == CUDA_GEMM_FUSED || m->type == QUANT_F16) {
+    if (pick_path(ctx, m, n_tokens) == CUDA_GEMM_FUSED || m->type == QUANT_F16) {
         gemm_args a = {};
         a.w = (const uint8_t *)m->data;
         a.row_bytes = m->row_bytes;

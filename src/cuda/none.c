@@ -159,6 +159,10 @@ pshard_status cuda_matmul(struct cuda_ctx *ctx, const struct cuda_matrix *m, con
     (void)ctx, (void)m, (void)x, (void)n_tokens, (void)y, (void)y_stride, (void)work, (void)work_bytes, (void)s;
     return no_cuda();
 }
+bool cuda_matmul_reads_once(const struct cuda_ctx *ctx, const struct cuda_matrix *m, int64_t n_tokens) {
+    (void)ctx, (void)m, (void)n_tokens;
+    return false;
+}
 pshard_status cuda_matmul_add(struct cuda_ctx *ctx, const struct cuda_matrix *m, const float *x, int64_t n_tokens,
                               float *y, float *tmp, void *work, size_t work_bytes, cuda_stream s) {
     (void)ctx, (void)m, (void)x, (void)n_tokens, (void)y, (void)tmp, (void)work, (void)work_bytes, (void)s;

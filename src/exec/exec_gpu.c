@@ -311,7 +311,7 @@ static size_t activation_bytes(const struct model_hparams *hp, const struct mode
     activation_parts(hp, w, B, (size_t)k_width, (size_t)v_width, parts);
     size_t total = align_up(sizeof(int32_t) * B * GPU_BATCH_ROWS) + 2 * CUDA_ARENA_ALIGN;
     for (int i = 0; i < ACT_PARTS; i++) total += align_up(parts[i].bytes) + 2 * CUDA_ARENA_ALIGN;
-    *logits = align_up(sizeof(float) * gpu_logit_rows(p->n_batch) * hp->n_vocab);
+    *logits = align_up(sizeof(float) * (size_t)gpu_logit_rows(p->n_batch, p->n_seq) * hp->n_vocab);
     return total;
 }
 
@@ -359,7 +359,8 @@ static pshard_status carve_activations(struct exec_gpu *g, const struct exec_ctx
     activation_parts(hp, &ctx->w, B, (size_t)ctx->kv.k_width, (size_t)ctx->kv.v_width, parts);
     for (int i = 0; i < ACT_PARTS; i++)
         CORE_TRY(carve(g, parts[i].bytes, "activations", (void **)((char *)g + parts[i].field)));
-    if (head_on_gpu) CORE_TRY(carve(g, sizeof(float) * gpu_logit_rows(ctx->params.n_batch) * hp->n_vocab, "logits", (void **)&g->logits));
+    g->logit_rows = gpu_logit_rows(ctx->params.n_batch, ctx->params.n_seq);
+    if (head_on_gpu) CORE_TRY(carve(g, sizeof(float) * (size_t)g->logit_rows * hp->n_vocab, "logits", (void **)&g->logits));
     CORE_TRY(carve(g, sizeof(int32_t) * B * GPU_BATCH_ROWS, "activations", (void **)&g->tokens));
     g->pos = g->tokens + B, g->seq = g->pos + B, g->out_rows = g->seq + B, g->rope_pos = g->out_rows + B;
     g->report.activation_bytes = g->arena.used - before;

@@ -27,8 +27,14 @@ struct gpu_layer {
 enum { GPU_BATCH_ROWS = 7 };
 
 /* Rows of logits the head computes at a time (its device buffer holds this many). */
-enum { GPU_LOGIT_ROWS = 16 };
-static inline size_t gpu_logit_rows(int32_t n_batch) { return n_batch < GPU_LOGIT_ROWS ? (size_t)n_batch : GPU_LOGIT_ROWS; }
+/* The logits' rows in VRAM: a step's outputs come down in chunks of at most this many. 16, or one
+ * a sequence up to 64 where more sequences decode at once (a step of 64 decode tokens reads a
+ * head the fused kernel takes once, not four times); at most n_batch. */
+enum { GPU_LOGIT_ROWS = 16, GPU_LOGIT_ROWS_MAX = 64 };
+static inline int32_t gpu_logit_rows(int32_t n_batch, int32_t n_seq) {
+    const int32_t rows = n_seq < GPU_LOGIT_ROWS ? GPU_LOGIT_ROWS : n_seq < GPU_LOGIT_ROWS_MAX ? n_seq : GPU_LOGIT_ROWS_MAX;
+    return n_batch < rows ? n_batch : rows;
+}
 
 struct gpu_tensor {
     const struct gguf_tensor *tensor;
@@ -65,6 +71,7 @@ struct exec_gpu {
      * residual stream crossing PCIe, and what the CPU's experts need and return */
     struct cuda_pinned host_in, host_logits, staging, host_x, host_xn, host_route, host_moe;
     int32_t host_logit_rows; /* host_logits' rows (exec_gpu_reserve_logits) */
+    int32_t logit_rows;      /* logits' rows in VRAM (gpu_logit_rows) */
     /* ... the hand-offs' buffers as the GPU addresses them: its kernels write the input and the
      * routing there and read the CPU's sum from there in place, without copies */
     float *xn_to_host, *moe_from_host;

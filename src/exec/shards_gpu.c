@@ -678,17 +678,20 @@ static pshard_status moe_shard(struct exec_ctx *ctx, struct exec_gpu *g, uint32_
 }
 
 /* The head in chunks of outputs, each chunk's logits copied down as it is done: chunks of
- * CUDA_MATVEC_MAX_TOKENS for a quantized head in VRAM, so each chunk reads its weights once on the
- * matrix-vector kernel where more rows would dequantize the whole head to f16 for each chunk
- * (qwen30b's Q4_0 head at 64 outputs: 2.5 ms a step against 2.9, bench/cuda_kernels.md); else
- * GPU_LOGIT_ROWS (a float head goes to cuBLAS as it is; one read in place crosses PCIe once a
- * chunk, so the fewer chunks the better). */
+ * g->logit_rows where one product reads the head once for all of them (the fused kernel over a
+ * tall quantized head in VRAM, cuda_matmul_reads_once; a float head, which cuBLAS reads as it is;
+ * a head read in place, which crosses PCIe once a chunk); else, a quantized head in VRAM that
+ * cuBLAS would take as an f16 copy made for every chunk, chunks of CUDA_MATVEC_MAX_TOKENS on the
+ * matrix-vector kernel (qwen30b's Q4_0 head at 64 outputs: 2.5 ms a step against 2.9 in chunks of
+ * 16 through the f16 copy, bench/cuda_kernels.md). */
 static pshard_status head_shard(struct exec_ctx *ctx, struct exec_gpu *g) {
     const struct model_hparams *hp = &ctx->model->hp;
     const int64_t n_out = ctx->stats.n_outputs, d = hp->n_embd;
     const enum quant_type type = g->output.type;
     const bool float_head = type == QUANT_F16 || type == QUANT_BF16 || type == QUANT_F32;
-    const int64_t chunk = float_head || g->output.in_place ? GPU_LOGIT_ROWS : CUDA_MATVEC_MAX_TOKENS;
+    const int64_t first = n_out < g->logit_rows ? n_out : g->logit_rows; /* (the first chunk's outputs) */
+    const bool once = float_head || g->output.in_place || cuda_matmul_reads_once(g->cuda, &g->output, first);
+    const int64_t chunk = once ? g->logit_rows : CUDA_MATVEC_MAX_TOKENS;
     /* Gather the output rows of the residual stream (an F32 "matrix" of n_batch rows). */
     const struct cuda_matrix rows = {QUANT_F32, g->x, d, ctx->params.n_batch, 1, sizeof(float) * (size_t)d, false};
     CORE_TRY(cuda_get_rows(&rows, g->out_rows, n_out, g->proj, g->stream));

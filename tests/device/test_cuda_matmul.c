@@ -271,6 +271,25 @@ static void test_gemm(struct dt *d, enum quant_type type, int64_t n_rows, int64_
     problem_free(&p);
 }
 
+/* AUTO's choice for a head: a block-format matrix in VRAM whose row tiles fill every SM twice takes
+ * the fused kernel (read once) for 9 to 64 tokens, cuBLAS above and for a short matrix; the
+ * products are right either way. */
+static void test_auto_tall(struct dt *d, enum quant_type type, int64_t n_tokens) {
+    const size_t mark = cuda_arena_mark(&d->arena);
+    const int64_t tall = 128 * 2 * (int64_t)cuda_ctx_info(d->ctx)->sm_count + 5; /* (a last tile of 5 rows) */
+    struct problem p;
+    problem_init(d, &p, type, tall, 256, n_tokens);
+    const bool once = cuda_matmul_reads_once(d->ctx, &p.m, n_tokens);
+    struct cuda_matrix shorter = p.m;
+    shorter.n_rows = tall - 6;
+    dt_case(d, once == (n_tokens > CUDA_MATVEC_MAX_TOKENS && n_tokens <= 64) && !cuda_matmul_reads_once(d->ctx, &shorter, n_tokens),
+            "auto: %lld rows of %s at %lld tokens %s read once (%lld rows: not)", (long long)tall, quant_type_name(type),
+            (long long)n_tokens, once ? "are" : "are not", (long long)shorter.n_rows);
+    check_gemm(d, &p, once ? "auto, tall: fused" : "auto, tall");
+    cuda_arena_reset(&d->arena, mark);
+    problem_free(&p);
+}
+
 /* Weights read from pinned host memory `skew` bytes past a 128-byte boundary, as from a file
  * mapping: marked in place (F16 then copied into the work buffer in chunks) or not (cuBLAS
  * reads them through the mapping). */
@@ -406,6 +425,9 @@ int main(void) {
     test_gemm(&d, QUANT_Q4_K, 200, 768, 64, CUDA_GEMM_FUSED);
     test_gemm(&d, QUANT_Q4_0, 300, 1024, 130, CUDA_GEMM_FUSED);
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) test_view(&d, types[t], 300, 1024, 512);
+    const int64_t head_tokens[] = {16, 64, 65};
+    for (size_t n = 0; n < sizeof head_tokens / sizeof head_tokens[0]; n++) test_auto_tall(&d, QUANT_Q4_0, head_tokens[n]);
+    test_auto_tall(&d, QUANT_Q2_K, 37);
     /* 600 rows: three chunks of the least work buffer (256 rows). */
     const enum quant_type in_place[] = {QUANT_F16, QUANT_BF16, QUANT_Q4_K};
     for (size_t t = 0; t < sizeof in_place / sizeof in_place[0]; t++)
