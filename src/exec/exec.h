@@ -127,10 +127,10 @@ pshard_status exec_make_plan(const struct model *model, const struct exec_params
  * prompt's weights fewer times, while their activations and work buffers take VRAM from resident
  * weights. Of EXEC_BATCH_SIZES sizes, 512 and 1024 (up to the context, at least one token of every
  * sequence; not more: the typical request's prompt fills one step of 1024, so a larger size could
- * only lose there, while a longer prompt gains from one: -b 2048 or 4096 by hand), each priced by its plan's typical request (plan.predicted_ttft and n_decode steps of
- * predicted_decode), the largest within EXEC_BATCH_MARGIN of the soonest: the typical 1K-token
- * prompt does not show what a longer one gains. A larger size whose plan fails (its buffers do not
- * fit) is passed over; where the smallest fails, its error is returned (the least budget it names
+ * only lose there, while a longer prompt gains from one: -b 2048 or 4096 by hand), each priced by
+ * its plan's typical request (plan.predicted_ttft and n_decode steps of predicted_decode), the
+ * largest within EXEC_BATCH_MARGIN of the soonest: the typical 1K-token prompt does not show what
+ * a longer one gains. A larger size whose plan fails (its buffers do not fit) is passed over; where the smallest fails, its error is returned (the least budget it names
  * holds for every size). n_batch unchanged where the plan at the smallest size weighs nothing (the
  * model fits whole). */
 enum { EXEC_BATCH_SIZES = 2 };

@@ -26,7 +26,6 @@ struct gpu_layer {
  * the multimodal rope's time, row and column positions (the batch's, else its positions). */
 enum { GPU_BATCH_ROWS = 7 };
 
-/* Rows of logits the head computes at a time (its device buffer holds this many). */
 /* The logits' rows in VRAM: a step's outputs come down in chunks of at most this many. 16, or one
  * a sequence up to 64 where more sequences decode at once (a step of 64 decode tokens reads a
  * head the fused kernel takes once, not four times); at most n_batch. */
