@@ -319,7 +319,7 @@ static pshard_status reserve_cells(struct exec_ctx *ctx) {
 
 pshard_status exec_reserve_logits(struct exec_ctx *ctx, int32_t n) {
     if (n <= ctx->logit_rows) return PSHARD_OK;
-    const int32_t rows = n > ctx->params.n_seq ? n : ctx->params.n_seq; /* (a decode step's outputs at least) */
+    const int32_t rows = exec_logit_rows_for(ctx, n);
     const size_t bytes = sizeof(float) * (size_t)rows * ctx->model->hp.n_vocab;
     float *logits = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
     if (!logits) return core_fail(PSHARD_ERR_NOMEM, "cannot allocate %.1f MB for the logits of %d tokens", bytes / 1e6, (int)n);

@@ -572,7 +572,7 @@ static void drop_decode_graph(struct exec_gpu *g) {
 
 static pshard_status reserve_logits(struct exec_gpu *g, const struct exec_ctx *ctx, int32_t n) {
     if (n <= g->host_logit_rows) return PSHARD_OK;
-    const int32_t rows = n > ctx->params.n_seq ? n : ctx->params.n_seq;
+    const int32_t rows = exec_logit_rows_for(ctx, n);
     struct cuda_pinned grown;
     CORE_TRY(cuda_host_alloc(sizeof(float) * (size_t)rows * ctx->model->hp.n_vocab, &grown));
     drop_decode_graph(g);

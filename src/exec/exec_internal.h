@@ -61,6 +61,10 @@ struct exec_ctx {
  * the most any step asked for, at least n_seq: n_batch x n_vocab floats would be 2.5 GB at -b 4096
  * with a 152K vocabulary, held by every context and used by a caller that asks for every token's. */
 pshard_status exec_reserve_logits(struct exec_ctx *ctx, int32_t n);
+/* The rows a logits buffer grows to for n outputs (the host's and the GPU's pinned one alike). */
+static inline int32_t exec_logit_rows_for(const struct exec_ctx *ctx, int32_t n) {
+    return n > ctx->params.n_seq ? n : ctx->params.n_seq; /* (a decode step's outputs at least) */
+}
 
 /* The shards, CPU placement. Each reads ctx->s.x (the batch's activations) and updates it. */
 void shard_embed_cpu(struct exec_ctx *ctx, const struct exec_batch *batch);
