@@ -104,7 +104,9 @@ struct cuda_moe_layout cuda_moe_layout(const struct cuda_moe *m, int64_t n_token
     TAKE(up_out, 4 * (size_t)(pairs * n_ff));
     TAKE(down_out, 4 * (size_t)(pairs * m->down.n_rows));
     if (cuda_moe_tiled(m, n_tokens)) {
+        /* f16, or Q8_1 for the int8 kernel (smaller); up's own where its format differs */
         TAKE(x_act, 2 * (size_t)(n_tokens * n_embd));
+        if (m->up.type != m->gate.type) TAKE(x_act_up, 2 * (size_t)(n_tokens * n_embd));
         TAKE(h_act, 2 * (size_t)(pairs * n_ff));
     } else {
         TAKE(x_act, cuda_act_row_bytes(cuda_act_type(m->gate.type), n_embd) * (size_t)n_tokens);

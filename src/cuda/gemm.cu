@@ -32,28 +32,6 @@ constexpr size_t GEMM_SMEM = 2 * STAGE_HALVES * sizeof(__half) > GEMM_TILE_M * C
 /* A warp's 32 x 32 piece of the result. */
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc_tile[2][2];
 
-/* The block's weights (an expert's, or the matrix) and, a tile row each, the activation row it
- * reads and the output row it writes (-1: none); NULL where the block has no tile. */
-__device__ __forceinline__ const uint8_t *tile_rows(const gemm_args &a, int *a_rows, int *o_rows) {
-    const int tid = threadIdx.x;
-    if (!a.pairs) {
-        if (tid < GEMM_TILE_M) {
-            const int t = blockIdx.y * GEMM_TILE_M + tid;
-            a_rows[tid] = o_rows[tid] = t < a.n_tokens ? t : -1;
-        }
-        return a.w;
-    }
-    const int tile = blockIdx.y;
-    if (tile >= *a.n_tiles) return nullptr;
-    const int e = a.tile_expert[tile], start = a.tile_start[tile], end = a.expert_start[e + 1];
-    if (tid < GEMM_TILE_M) {
-        const int p = start + tid < end ? a.pairs[start + tid] : -1;
-        a_rows[tid] = p >= 0 ? p / a.act_div : -1;
-        o_rows[tid] = p;
-    }
-    return a.expert_ptrs ? (const uint8_t *)a.expert_ptrs[e] : a.w + (size_t)e * a.expert_stride;
-}
-
 /* One step: the warp's piece += its rows of the activation tile . its rows of the weight tile,
  * 16 elements at a time in order. */
 __device__ __forceinline__ void mma_step(acc_tile &acc, const __half *as, const __half *bs, int wm, int wn) {

@@ -23,7 +23,41 @@ struct gemm_args {
     const void *const *expert_ptrs;
     size_t expert_stride;
     int act_div;            /* activation row of pair p is p / act_div */
+    /* The int8 kernel (mmq.cu): Q8_1 activation rows act_row_bytes apart instead of x; the copy
+     * unit it found. */
+    const uint8_t *act;
+    size_t act_row_bytes;
+    int mq_unit;
 };
+
+/* The block's weights (an expert's, or the matrix) and, a tile row each, the activation row it
+ * reads and the output row it writes (-1: none); NULL where the block has no tile. */
+__device__ __forceinline__ const uint8_t *tile_rows(const gemm_args &a, int *a_rows, int *o_rows) {
+    const int tid = threadIdx.x;
+    if (!a.pairs) {
+        if (tid < GEMM_TILE_M) {
+            const int t = blockIdx.y * GEMM_TILE_M + tid;
+            a_rows[tid] = o_rows[tid] = t < a.n_tokens ? t : -1;
+        }
+        return a.w;
+    }
+    const int tile = blockIdx.y;
+    if (tile >= *a.n_tiles) return nullptr;
+    const int e = a.tile_expert[tile], start = a.tile_start[tile], end = a.expert_start[e + 1];
+    if (tid < GEMM_TILE_M) {
+        const int p = start + tid < end ? a.pairs[start + tid] : -1;
+        a_rows[tid] = p >= 0 ? p / a.act_div : -1;
+        o_rows[tid] = p;
+    }
+    return a.expert_ptrs ? (const uint8_t *)a.expert_ptrs[e] : a.w + (size_t)e * a.expert_stride;
+}
+
+/* Whether the int8 tensor-core kernel (mmq.cu) computes products of this weight format and row
+ * length on this device: Q4_0 rows of whole 256-element stages, sm_80 and later. */
+bool mmq_applies(enum quant_type type, int64_t n_cols);
+/* The fused GEMM's tiles (grid_y of them, rows of 128) on int8 tensor cores, activations a.act
+ * in Q8_1: y = x . W^T as the matrix-vector kernel's integers, summed block by block in f32. */
+pshard_status mmq_run(const gemm_args &a, unsigned grid_y, cudaStream_t st);
 
 /* Whether the fused GEMM copies this matrix's rows as raw bytes (gemm_raw_kernel: a block format
  * with 4-byte-aligned blocks, rows of whole 256-element stages), rather than dequantizing them one

@@ -343,6 +343,14 @@ static moe_work moe_layout(const struct cuda_moe *m, int64_t n_tokens, uint8_t *
     return w;
 }
 
+/* Whether the tiled path multiplies mat on int8 tensor cores (mmq.cu), its activations in Q8_1,
+ * rather than dequantized to f16 (gemm.cu). AB-SWITCH: PSHARD_AB_MMQ=0 keeps the f16 kernel. */
+static bool tiled_int8(const struct cuda_matrix *mat) {
+    static int off = -1;
+    if (off < 0) off = getenv("PSHARD_AB_MMQ") && !strcmp(getenv("PSHARD_AB_MMQ"), "0");
+    return !off && mmq_applies(mat->type, mat->n_cols);
+}
+
 /* One projection of every active expert: matrix mat (3-D, or the pointer table) over the
  * pairs, activations `act` (row = pair / act_div), into y [pairs][mat->n_rows]. */
 static pshard_status expert_matmul(const struct cuda_moe *m, const struct cuda_matrix *mat, const void *const *ptrs,
@@ -373,8 +381,9 @@ static pshard_status expert_matmul(const struct cuda_moe *m, const struct cuda_m
     a.row_bytes = mat->row_bytes;
     a.n_rows = (int)mat->n_rows;
     a.n_cols = (int)mat->n_cols;
-    a.x = (const __half *)act;
-    a.x_stride = mat->n_cols;
+    const bool int8 = tiled_int8(mat);
+    if (int8) a.act = act, a.act_row_bytes = cuda_act_row_bytes(QUANT_Q8_1, mat->n_cols);
+    else a.x = (const __half *)act, a.x_stride = mat->n_cols;
     a.y = y;
     a.y_stride = mat->n_rows;
     a.pairs = w.g.pairs, a.expert_start = w.g.expert_start, a.tile_expert = w.g.tile_expert;
@@ -383,7 +392,7 @@ static pshard_status expert_matmul(const struct cuda_moe *m, const struct cuda_m
     a.expert_stride = (size_t)mat->n_rows * mat->row_bytes;
     a.act_div = act_div;
     const int64_t tiles = ceil_div(pairs, GEMM_TILE_M) + (m->n_expert < pairs ? m->n_expert : pairs);
-    return gemm_fused_run(mat->type, a, (unsigned)tiles, st);
+    return int8 ? mmq_run(a, (unsigned)tiles, st) : gemm_fused_run(mat->type, a, (unsigned)tiles, st);
 }
 
 /* ---- the fused kernels of small steps */
@@ -514,9 +523,15 @@ static pshard_status moe_ffn(const struct cuda_moe *m, const float *x, const uin
     if (may_fuse && moe_fused(m, n_tokens)) return moe_ffn_fused(m, x_act, ids, weights, n_tokens, out, accumulate, w, s);
     CUDA_TRY(launch_dep(group_kernel, 1, GROUP_THREADS, 0, st, ids, m->expert_mask, (int)pairs, m->n_expert, w.g));
     if (gemm) {
-        CORE_TRY(cuda_quantize(QUANT_F16, x, n_embd, n_tokens, w.x_act, s));
+        /* (gate and up in one format: x converted once, to Q8_1 for the int8 kernel, else f16) */
+        CORE_TRY(cuda_quantize(tiled_int8(&m->gate) ? QUANT_Q8_1 : QUANT_F16, x, n_embd, n_tokens, w.x_act, s));
         CORE_TRY(expert_matmul(m, &m->gate, m->gate_ptrs, w, n_tokens, w.x_act, m->k, w.gate_out, st));
-        CORE_TRY(expert_matmul(m, &m->up, m->up_ptrs, w, n_tokens, w.x_act, m->k, w.up_out, st));
+        const uint8_t *up_act = w.x_act;
+        if (tiled_int8(&m->up) != tiled_int8(&m->gate)) {
+            CORE_TRY(cuda_quantize(tiled_int8(&m->up) ? QUANT_Q8_1 : QUANT_F16, x, n_embd, n_tokens, w.x_act_up, s));
+            up_act = w.x_act_up;
+        }
+        CORE_TRY(expert_matmul(m, &m->up, m->up_ptrs, w, n_tokens, up_act, m->k, w.up_out, st));
     } else {
         const uint8_t *up_act = x_act;
         if (cuda_act_type(m->up.type) != cuda_act_type(m->gate.type)) {
@@ -528,7 +543,8 @@ static pshard_status moe_ffn(const struct cuda_moe *m, const float *x, const uin
     }
     /* Rows of pairs not computed here hold stale values; nothing below reads them. */
     CORE_TRY(cuda_swiglu(w.gate_out, w.up_out, w.gate_out, pairs * n_ff, s));
-    CORE_TRY(cuda_quantize(gemm ? QUANT_F16 : cuda_act_type(m->down.type), w.gate_out, n_ff, pairs, w.h_act, s));
+    CORE_TRY(cuda_quantize(gemm ? (tiled_int8(&m->down) ? QUANT_Q8_1 : QUANT_F16) : cuda_act_type(m->down.type), w.gate_out,
+                           n_ff, pairs, w.h_act, s));
     CORE_TRY(expert_matmul(m, &m->down, m->down_ptrs, w, n_tokens, w.h_act, 1, w.down_out, st));
     CUDA_TRY(launch_dep(weighted_sum_kernel, (unsigned)ceil_div(n_tokens * n_embd, 256), 256, 0, st, w.down_out, ids,
                         weights, m->expert_mask, n_tokens, m->k, n_embd, out, accumulate));
