@@ -4,7 +4,7 @@
  * of the fused GEMM: one expert's pairs, gemm.cuh's tile_rows), through two stages of shared
  * memory, each 8 blocks of 32 elements of the block's rows (raw bytes) and of its pairs'
  * activation rows (Q8_1 blocks), copied by cp.async while the other stage is multiplied. Each
- * warp owns 16 rows and all 64 pairs (8 mma tiles of 8): per block of 32 elements, one mma a tile
+ * warp owns 16 rows and the tile's pairs (up to 8 mma tiles of 8): per block of 32 elements, one mma a tile
  * gives each (row, pair) its integer dot, which the thread scales as the matrix-vector kernel
  * does, (d_w * d_a) * dot, and adds to its f32 sums in the order of the blocks.
  *
@@ -53,14 +53,26 @@ __global__ void __launch_bounds__(MQ_THREADS, 2) mmq_q4_0_kernel(const gemm_args
     __shared__ int a_rows[MQ_PAIRS], o_rows[MQ_PAIRS];
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
     const int n0 = blockIdx.x * MQ_ROWS;
+    __shared__ int n_valid; /* the tile's pairs: rows [0, n_valid) (tile_rows fills them in order) */
     const uint8_t *w = tile_rows(a, a_rows, o_rows);
     if (!w) return;
     __syncthreads();
+    if (tid == 0) {
+        int n = 0;
+        while (n < MQ_PAIRS && a_rows[n] >= 0) n++;
+        n_valid = n;
+    }
+    __syncthreads();
+    /* Only the mma tiles of 8 pairs that hold a pair are multiplied: a decode step's expert has a
+     * few pairs, and its block reads the weights for them once. Columns past n_valid are left as
+     * they were in shared memory; a column of the product depends on its own pair alone, and
+     * those are not stored. */
+    const int tiles_used = (n_valid + 7) / 8;
 
     auto Ws = [&](int stage) { return smem + stage * (MQ_W_STAGE + MQ_A_STAGE); };
     auto As = [&](int stage) { return smem + stage * (MQ_W_STAGE + MQ_A_STAGE) + MQ_W_STAGE; };
     /* Stage s: blocks [8 s, +8) of every row (rows past n_rows copy the last row, not stored) and
-     * of every pair's activation row (zeros for tile rows without a pair). */
+     * of each of the tile's pairs' activation rows. */
     constexpr int W_RUN = MQ_BLOCKS * MQ_W_BYTES, A_RUN = MQ_BLOCKS * MQ_A_BYTES; /* 144 and 288 bytes */
     auto load = [&](int stage, int s) {
         uint8_t *ws = Ws(stage), *as = As(stage);
@@ -69,10 +81,9 @@ __global__ void __launch_bounds__(MQ_THREADS, 2) mmq_q4_0_kernel(const gemm_args
             const int row = n0 + r < a.n_rows ? n0 + r : a.n_rows - 1;
             copy_unit(ws + r * W_RUN + o, w + (size_t)row * a.row_bytes + (size_t)s * W_RUN + o, a.mq_unit);
         }
-        for (int i = tid; i < MQ_PAIRS * (A_RUN / 16); i += MQ_THREADS) {
+        for (int i = tid; i < n_valid * (A_RUN / 16); i += MQ_THREADS) {
             const int p = i / (A_RUN / 16), o = (i % (A_RUN / 16)) * 16;
-            if (a_rows[p] >= 0) copy_unit(as + p * A_RUN + o, a.act + (size_t)a_rows[p] * a.act_row_bytes + (size_t)s * A_RUN + o, 16);
-            else *(uint4 *)(as + p * A_RUN + o) = make_uint4(0, 0, 0, 0);
+            copy_unit(as + p * A_RUN + o, a.act + (size_t)a_rows[p] * a.act_row_bytes + (size_t)s * A_RUN + o, 16);
         }
         copy_commit();
     };
@@ -97,6 +108,7 @@ __global__ void __launch_bounds__(MQ_THREADS, 2) mmq_q4_0_kernel(const gemm_args
             const float d_lo = ld_half(wl), d_hi = ld_half(wh);
 #pragma unroll
             for (int j = 0; j < MQ_PAIRS / 8; j++) {
+                if (j >= tiles_used) break; /* (the same for the whole block) */
                 const uint8_t *ab = as + (j * 8 + g) * A_RUN + b * MQ_A_BYTES;
                 const int b0 = *(const int *)(ab + 4 + 4 * c), b1 = *(const int *)(ab + 20 + 4 * c);
                 int dot[4];
