@@ -350,6 +350,8 @@ int main(void) {
         for (int j = 0; j < 4; j++)
             test_ffn(&d, c[j].gate, c[j].down, c[j].n_expert, c[j].k, c[j].n_embd, c[j].n_ff, sliced[i].n, c[j].v, 0,
                      true, sliced[i].slice);
+    /* The int8 tiled product through pointer tables (a staging slot's experts), 20 tokens. */
+    test_ffn(&d, QUANT_Q4_0, QUANT_Q4_0, 8, 2, 256, 512, 20, TABLES, 1, true, 0);
     /* Every small default case above fuses (rows of 16-, 8- and 4-byte multiples among them), and
      * so does qwen30b's layer (Q4_0, 128 experts top 8, 2048 x 768) up to the bound. */
     struct cuda_moe q30 = {.n_expert = 128, .k = 8};
