@@ -24,8 +24,9 @@ enum {
     MQ_THREADS = 256,
     MQ_W_BYTES = 18,        /* a Q4_0 block */
     MQ_A_BYTES = 36,        /* a Q8_1 block: d, s (f16), 32 quants */
+    MQ_A_PITCH = MQ_BLOCKS * MQ_A_BYTES + 16, /* 76 words: the 8 pairs of an mma tile in 8 bank groups */
     MQ_W_STAGE = MQ_ROWS * MQ_BLOCKS * MQ_W_BYTES,
-    MQ_A_STAGE = MQ_PAIRS * MQ_BLOCKS * MQ_A_BYTES,
+    MQ_A_STAGE = MQ_PAIRS * MQ_A_PITCH,
 };
 constexpr size_t MQ_SMEM = 2 * (size_t)(MQ_W_STAGE + MQ_A_STAGE);
 
@@ -83,7 +84,7 @@ __global__ void __launch_bounds__(MQ_THREADS, 2) mmq_q4_0_kernel(const gemm_args
         }
         for (int i = tid; i < n_valid * (A_RUN / 16); i += MQ_THREADS) {
             const int p = i / (A_RUN / 16), o = (i % (A_RUN / 16)) * 16;
-            copy_unit(as + p * A_RUN + o, a.act + (size_t)a_rows[p] * a.act_row_bytes + (size_t)s * A_RUN + o, 16);
+            copy_unit(as + p * MQ_A_PITCH + o, a.act + (size_t)a_rows[p] * a.act_row_bytes + (size_t)s * A_RUN + o, 16);
         }
         copy_commit();
     };
@@ -109,12 +110,12 @@ __global__ void __launch_bounds__(MQ_THREADS, 2) mmq_q4_0_kernel(const gemm_args
 #pragma unroll
             for (int j = 0; j < MQ_PAIRS / 8; j++) {
                 if (j >= tiles_used) break; /* (the same for the whole block) */
-                const uint8_t *ab = as + (j * 8 + g) * A_RUN + b * MQ_A_BYTES;
+                const uint8_t *ab = as + (j * 8 + g) * MQ_A_PITCH + b * MQ_A_BYTES;
                 const int b0 = *(const int *)(ab + 4 + 4 * c), b1 = *(const int *)(ab + 20 + 4 * c);
                 int dot[4];
                 mma_s8(dot, a0, a1, a2, a3, b0, b1);
-                const float da0 = ld_half(as + (j * 8 + 2 * c) * A_RUN + b * MQ_A_BYTES);
-                const float da1 = ld_half(as + (j * 8 + 2 * c + 1) * A_RUN + b * MQ_A_BYTES);
+                const float da0 = ld_half(as + (j * 8 + 2 * c) * MQ_A_PITCH + b * MQ_A_BYTES);
+                const float da1 = ld_half(as + (j * 8 + 2 * c + 1) * MQ_A_PITCH + b * MQ_A_BYTES);
                 acc[j][0] += d_lo * da0 * (float)dot[0];
                 acc[j][1] += d_lo * da1 * (float)dot[1];
                 acc[j][2] += d_hi * da0 * (float)dot[2];
