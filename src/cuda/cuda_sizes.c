@@ -2,6 +2,8 @@
  * in a build without CUDA, where the planner still sizes GPU plans. */
 #include "cuda/cuda_sizes.h"
 
+#include <stdlib.h>
+
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
@@ -84,7 +86,11 @@ size_t cuda_attention_prefill_work_bytes(const struct cuda_attn_shape *a, int64_
 }
 
 bool cuda_moe_tiled(const struct cuda_moe *m, int64_t n_tokens) {
-    return n_tokens > (m->matvec_max_tokens > 0 ? m->matvec_max_tokens : cuda_moe_matvec_max_tokens(m->n_expert, m->k));
+    /* AB-SWITCH: PSHARD_AB_MOE_MATVEC_MAX=N sends steps of more than N tokens to the tiled kernel. */
+    static long long ab = -1;
+    if (ab < 0) ab = getenv("PSHARD_AB_MOE_MATVEC_MAX") ? atoll(getenv("PSHARD_AB_MOE_MATVEC_MAX")) : 0;
+    const int64_t bound = ab > 0 ? ab : cuda_moe_matvec_max_tokens(m->n_expert, m->k);
+    return n_tokens > (m->matvec_max_tokens > 0 ? m->matvec_max_tokens : bound);
 }
 
 struct cuda_moe_layout cuda_moe_layout(const struct cuda_moe *m, int64_t n_tokens) {
