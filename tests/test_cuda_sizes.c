@@ -39,7 +39,7 @@ static void moe_parts_in_order(const struct cuda_moe_layout *L) {
 static void test_moe_layout(void **state) {
     (void)state;
     const struct cuda_moe m = qwen30b_moe();
-    const int64_t bound = cuda_moe_matvec_max_tokens(m.n_expert, m.k);
+    const int64_t bound = cuda_moe_matvec_bound(&m);
     const struct cuda_moe_layout small = cuda_moe_layout(&m, 1), at = cuda_moe_layout(&m, bound),
                                  big = cuda_moe_layout(&m, bound + 1);
     moe_parts_in_order(&small), moe_parts_in_order(&at), moe_parts_in_order(&big);
@@ -51,10 +51,14 @@ static void test_moe_layout(void **state) {
     assert_int_equal(small.h_act - small.x_act_up >= cuda_act_row_bytes(QUANT_Q8_1, 2048), 1);
     assert_true(big.bytes > at.bytes);
     assert_int_equal(cuda_moe_work_bytes(&m, 7), cuda_moe_layout(&m, 7).bytes);
-    /* a caller's own bound moves the switch */
+    /* a caller's own bound moves the switch; experts read in place keep the matrix-vector
+     * kernel's bound whatever the device (the int8 kernel's lower one is for VRAM) */
     struct cuda_moe m8 = m;
     m8.matvec_max_tokens = 8;
     assert_true(cuda_moe_tiled(&m8, 9) && !cuda_moe_tiled(&m8, 8));
+    struct cuda_moe host = m;
+    host.gate.in_place = true;
+    assert_int_equal(cuda_moe_matvec_bound(&host), cuda_moe_matvec_max_tokens(m.n_expert, m.k));
 }
 
 /* A step past a slice takes a slice's work buffer, or the last, shorter slice's where that one
@@ -75,7 +79,7 @@ static void test_moe_slices(void **state) {
         assert_int_equal(cuda_moe_work_bytes(&m, n), n <= 5 || whole >= rest ? whole : rest);
     }
     /* a tiled slice (bound + 1 tokens) with a last slice on the matrix-vector kernel */
-    const int64_t bound = cuda_moe_matvec_max_tokens(m.n_expert, m.k);
+    const int64_t bound = cuda_moe_matvec_bound(&m);
     m.slice_tokens = (int)bound + 1;
     const size_t tiled = cuda_moe_layout(&m, bound + 1).bytes, mv = cuda_moe_layout(&m, bound).bytes;
     assert_int_equal(cuda_moe_work_bytes(&m, 2 * bound + 1), tiled > mv ? tiled : mv);

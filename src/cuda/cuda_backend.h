@@ -429,7 +429,7 @@ struct cuda_moe {
      * the others' contributions are left out (for the caller to add from elsewhere). */
     const uint8_t *expert_mask;
     /* Steps of up to this many tokens run the expert groups on the matrix-vector kernel, more
-     * on the tiled GEMM (0: cuda_moe_matvec_max_tokens; benchmarks and tests set others). */
+     * on the tiled GEMM (0: cuda_moe_matvec_bound's rule; benchmarks and tests set others). */
     int matvec_max_tokens;
     /* A step of more tokens runs in slices of up to this many, one after another over the same
      * work buffer, so the buffer is a slice's whatever the micro-batch (0: CUDA_MOE_SLICE_TOKENS;
@@ -458,6 +458,20 @@ static inline int64_t cuda_moe_matvec_max_tokens(int64_t n_expert, int64_t k) {
     const int64_t by_pairs = k > 0 ? CUDA_MOE_MATVEC_PAIRS * n_expert / k : 0;
     return by_pairs > CUDA_MATVEC_MAX_TOKENS ? by_pairs : CUDA_MATVEC_MAX_TOKENS;
 }
+
+/* Whether this device multiplies expert matrices of this format on int8 tensor cores in the tiled
+ * path (Q4_0 rows of whole 256-element stages, the kernel compiled for sm_80 or later), its
+ * activations in Q8_1, rather than dequantizing them to f16. */
+bool cuda_int8_products(enum quant_type type, int64_t n_cols);
+/* With that kernel, from VRAM, the tiled path is the faster from 9 tokens of qwen30b's layer on
+ * (bench/cuda_kernels.md: 113 against 118 us at 8 tokens, 149 against 176 at 16): steps of up to
+ * this many stay on the matrix-vector kernel. Experts read in place keep the bound above. */
+enum { CUDA_MOE_INT8_MATVEC_MAX = 8 };
+
+/* The most tokens a step of m runs its expert groups on the matrix-vector kernel for: the
+ * caller's matvec_max_tokens, else CUDA_MOE_INT8_MATVEC_MAX where the gate's experts are in VRAM
+ * and multiply on int8 tensor cores, else cuda_moe_matvec_max_tokens. */
+int64_t cuda_moe_matvec_bound(const struct cuda_moe *m);
 
 /* out [n_tokens][n_embd] (=, or += with accumulate) sum_j w[t][j] * down_e(silu(gate_e(x)) *
  * up_e(x)), e = ids[t][j], over the experts computed here. Tokens are grouped by expert on the

@@ -2,8 +2,6 @@
  * in a build without CUDA, where the planner still sizes GPU plans. */
 #include "cuda/cuda_sizes.h"
 
-#include <stdlib.h>
-
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
@@ -85,13 +83,13 @@ size_t cuda_attention_prefill_work_bytes(const struct cuda_attn_shape *a, int64_
     return most;
 }
 
-bool cuda_moe_tiled(const struct cuda_moe *m, int64_t n_tokens) {
-    /* AB-SWITCH: PSHARD_AB_MOE_MATVEC_MAX=N sends steps of more than N tokens to the tiled kernel. */
-    static long long ab = -1;
-    if (ab < 0) ab = getenv("PSHARD_AB_MOE_MATVEC_MAX") ? atoll(getenv("PSHARD_AB_MOE_MATVEC_MAX")) : 0;
-    const int64_t bound = ab > 0 ? ab : cuda_moe_matvec_max_tokens(m->n_expert, m->k);
-    return n_tokens > (m->matvec_max_tokens > 0 ? m->matvec_max_tokens : bound);
+int64_t cuda_moe_matvec_bound(const struct cuda_moe *m) {
+    if (m->matvec_max_tokens > 0) return m->matvec_max_tokens;
+    if (!m->gate.in_place && cuda_int8_products(m->gate.type, m->gate.n_cols)) return CUDA_MOE_INT8_MATVEC_MAX;
+    return cuda_moe_matvec_max_tokens(m->n_expert, m->k);
 }
+
+bool cuda_moe_tiled(const struct cuda_moe *m, int64_t n_tokens) { return n_tokens > cuda_moe_matvec_bound(m); }
 
 struct cuda_moe_layout cuda_moe_layout(const struct cuda_moe *m, int64_t n_tokens) {
     struct cuda_moe_layout w = {.x_act_up = CUDA_NO_PART};

@@ -52,9 +52,6 @@ __device__ __forceinline__ const uint8_t *tile_rows(const gemm_args &a, int *a_r
     return a.expert_ptrs ? (const uint8_t *)a.expert_ptrs[e] : a.w + (size_t)e * a.expert_stride;
 }
 
-/* Whether the int8 tensor-core kernel (mmq.cu) computes products of this weight format and row
- * length on this device: Q4_0 rows of whole 256-element stages, sm_80 and later. */
-bool mmq_applies(enum quant_type type, int64_t n_cols);
 /* The fused GEMM's tiles (grid_y of them, rows of 128) on int8 tensor cores, activations a.act
  * in Q8_1: y = x . W^T as the matrix-vector kernel's integers, summed block by block in f32. */
 pshard_status mmq_run(const gemm_args &a, unsigned grid_y, cudaStream_t st);

@@ -38,7 +38,7 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], int a0, int a1, int a2, int 
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
 #else
     (void)a0, (void)a1, (void)a2, (void)a3, (void)b0, (void)b1;
-    c[0] = c[1] = c[2] = c[3] = 0; /* (never launched from code compiled below sm_80: mmq_applies) */
+    c[0] = c[1] = c[2] = c[3] = 0; /* (never launched from code compiled below sm_80: cuda_int8_products) */
 #endif
 }
 
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(MQ_THREADS, 2) mmq_q4_0_kernel(const gemm_args
         }
 }
 
-bool mmq_applies(enum quant_type type, int64_t n_cols) {
+bool cuda_int8_products(enum quant_type type, int64_t n_cols) {
     /* The kernel as it will run was compiled for sm_80 or later (its PTX version): a device below
      * that, or one that JIT-compiles the build's compute_75 PTX, has no int8 mma in it. */
     static int compiled_for = -1; /* (one device a process) */

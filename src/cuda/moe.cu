@@ -344,11 +344,10 @@ static moe_work moe_layout(const struct cuda_moe *m, int64_t n_tokens, uint8_t *
 }
 
 /* Whether the tiled path multiplies mat on int8 tensor cores (mmq.cu), its activations in Q8_1,
- * rather than dequantized to f16 (gemm.cu). AB-SWITCH: PSHARD_AB_MMQ=0 keeps the f16 kernel. */
+ * rather than dequantized to f16 (gemm.cu): from VRAM; read in place over PCIe, the f16 kernel's
+ * loads keep more bytes in flight (bench/cuda_kernels.md). */
 static bool tiled_int8(const struct cuda_matrix *mat) {
-    static int off = -1;
-    if (off < 0) off = getenv("PSHARD_AB_MMQ") && !strcmp(getenv("PSHARD_AB_MMQ"), "0");
-    return !off && mmq_applies(mat->type, mat->n_cols);
+    return !mat->in_place && cuda_int8_products(mat->type, mat->n_cols);
 }
 
 /* One projection of every active expert: matrix mat (3-D, or the pointer table) over the

@@ -10,6 +10,7 @@ static pshard_status no_cuda(void) {
 }
 
 int cuda_device_count(void) { return 0; }
+bool cuda_int8_products(enum quant_type type, int64_t n_cols) { return (void)type, (void)n_cols, false; }
 
 pshard_status cuda_device_describe(int device, struct cuda_device_info *info) {
     (void)device;

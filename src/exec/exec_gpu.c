@@ -255,9 +255,16 @@ static size_t work_bytes_needed(const struct model *model, const struct model_we
         if (l->gate_exps) {
             struct cuda_moe moe = {shape_of(l->gate_exps), shape_of(l->up_exps), shape_of(l->down_exps),
                                    (int)hp->n_expert, (int)hp->n_expert_used, NULL, NULL, NULL, NULL, 0, 0};
-            const int64_t matvec = cuda_moe_matvec_max_tokens(moe.n_expert, moe.k); /* that kernel's largest step too */
-            grow_work(&work, cuda_moe_work_bytes(&moe, B));
-            grow_work(&work, cuda_moe_work_bytes(&moe, B < matvec ? B : matvec));
+            /* Experts in VRAM and read in place take the tiled path past different bounds: each
+             * way's largest step, and its matrix-vector kernel's largest. */
+            struct cuda_moe in_place = moe;
+            in_place.gate.in_place = in_place.up.in_place = in_place.down.in_place = true;
+            const struct cuda_moe *ways[] = {&moe, &in_place};
+            for (int i = 0; i < 2; i++) {
+                const int64_t matvec = cuda_moe_matvec_bound(ways[i]);
+                grow_work(&work, cuda_moe_work_bytes(ways[i], B));
+                grow_work(&work, cuda_moe_work_bytes(ways[i], B < matvec ? B : matvec));
+            }
         }
     }
     const struct cuda_matrix out = shape_of(w->output);
@@ -328,7 +335,10 @@ pshard_status exec_gpu_costs(const struct model *model, const struct model_weigh
     /* The kernels the steps run, by size, for the cost model: the rules the GPU code follows. */
     const struct cuda_attn_shape a = {(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v, 1};
     out->kernels.attention_prompt_from = cuda_attention_prefill_from(&a);
-    out->kernels.moe_matvec_max_tokens = cuda_moe_matvec_max_tokens(hp->n_expert, hp->n_expert_used);
+    /* (the experts' rule from VRAM, where the cost model prices the GPU's expert calls) */
+    struct cuda_moe moe = {.n_expert = (int)hp->n_expert, .k = (int)hp->n_expert_used};
+    for (uint32_t il = 0; il < hp->n_layers && !moe.gate.n_cols; il++) moe.gate = shape_of(w->layers[il].gate_exps);
+    out->kernels.moe_matvec_max_tokens = cuda_moe_matvec_bound(&moe);
     /* The KV block table, one row a sequence. */
     out->activations += align_up(sizeof(int32_t) * (size_t)p->n_seq * (size_t)((p->n_ctx + KV_BLOCK_CELLS - 1) / KV_BLOCK_CELLS));
     /* The driver maps registered host memory for the GPU with 8 bytes of page table per 4 KiB

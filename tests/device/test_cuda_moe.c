@@ -162,7 +162,8 @@ static void test_route_nan(struct dt *d, int64_t n_tokens, int n_expert, int k) 
 
 enum variant { PLAIN, MASKED, TABLES };
 
-static int n_fused; /* cases that ran on the fused kernels */
+static int n_fused;       /* cases that ran on the fused kernels */
+static bool int8_device; /* compute capability 8.0 or later: int8 tensor cores */
 
 /* fused: through cuda_moe_ffn (which fuses small steps), else cuda_moe_ffn_grouped. */
 static void test_ffn(struct dt *d, enum quant_type gate_type, enum quant_type down_type, int n_expert, int k,
@@ -185,13 +186,12 @@ static void test_ffn(struct dt *d, enum quant_type gate_type, enum quant_type do
     float *wref = dt_malloc(4 * (size_t)(n_tokens * k));
     for (int64_t i = 0; i < n_tokens * k; i++) wref[i] = mask[ids[i]] ? w[i] : 0.0f;
     const int64_t step = slice > 0 && slice < n_tokens ? slice : n_tokens;
-    const bool gemm = step > (matvec_max > 0 ? matvec_max : cuda_moe_matvec_max_tokens(n_expert, k));
-    /* The tiled path multiplies Q4_0 rows of whole 256-element stages on int8 tensor cores, with
-     * the matrix-vector kernel's quantized activations and integers: the CPU's function; other
-     * formats dequantized to f16 (PSHARD_AB_MMQ=0: all of them). */
-    const bool f16_only = getenv("PSHARD_AB_MMQ") && !strcmp(getenv("PSHARD_AB_MMQ"), "0");
-    const bool int8_gate = gemm && !f16_only && gate_type == QUANT_Q4_0 && n_embd % 256 == 0;
-    const bool int8_down = gemm && !f16_only && down_type == QUANT_Q4_0 && n_ff % 256 == 0;
+    const bool gemm = step > (matvec_max > 0 ? matvec_max : cuda_moe_matvec_bound(&e.dev));
+    /* The tiled path multiplies Q4_0 rows of whole 256-element stages on int8 tensor cores (sm_80
+     * and later), with the matrix-vector kernel's quantized activations and integers: the CPU's
+     * function; other formats dequantized to f16. */
+    const bool int8_gate = gemm && int8_device && gate_type == QUANT_Q4_0 && n_embd % 256 == 0;
+    const bool int8_down = gemm && int8_device && down_type == QUANT_Q4_0 && n_ff % 256 == 0;
     float *want = dt_malloc(4 * (size_t)(n_tokens * n_embd)), *got = dt_malloc(4 * (size_t)(n_tokens * n_embd));
     if (gemm && !int8_gate && !int8_down) reference_f16(&e, x, ids, wref, n_tokens, want);
     else reference_cpu(&e, x, ids, wref, n_tokens, want);
@@ -312,6 +312,8 @@ int main(void) {
     struct dt d;
     dt_init(&d, "test_cuda_moe", 1u << 30);
     dt_seed(5);
+    struct cuda_device_info info;
+    int8_device = cuda_device_describe(0, &info) == PSHARD_OK && info.compute_major >= 8;
     test_route(&d, 1, 128, 8, true);
     test_route(&d, 37, 64, 4, false);
     test_route(&d, 300, 128, 8, true);
@@ -335,7 +337,9 @@ int main(void) {
         for (int forced = 0; forced < (tokens[i] > 1 ? 2 : 1); forced++)
             for (int j = 0; j < 6; j++) {
                 if (j >= 4 && tokens[i] > 8) continue; /* (the fused cases) */
-                const bool tiled = tokens[i] > cuda_moe_matvec_max_tokens(c[j].n_expert, c[j].k);
+                const struct cuda_moe rule = {.gate = {.type = c[j].gate, .n_cols = c[j].n_embd},
+                                              .n_expert = c[j].n_expert, .k = c[j].k};
+                const bool tiled = tokens[i] > cuda_moe_matvec_bound(&rule);
                 test_ffn(&d, c[j].gate, c[j].down, c[j].n_expert, c[j].k, c[j].n_embd, c[j].n_ff, tokens[i], c[j].v,
                          !forced ? 0 : tiled ? 1 << 30 : 1, true, 0);
                 if (!forced && tokens[i] <= CUDA_MOE_FUSED_MAX_TOKENS)
@@ -364,5 +368,17 @@ int main(void) {
     dt_case(&d, small >= 12 && n_fused == small && q30_fuses,
             "fused kernels ran %d of the %d small default cases; qwen30b's layer fuses at 1-%d tokens, not above: %s", n_fused,
             small, (int)CUDA_MOE_FUSED_MAX_TOKENS, q30_fuses ? "yes" : "no");
+    /* The int8 kernel: Q4_0 rows of whole 256-element stages, from sm_80; where it runs, qwen30b's
+     * experts in VRAM take the tiled path past CUDA_MOE_INT8_MATVEC_MAX tokens, read in place past
+     * the matrix-vector kernel's own bound. */
+    const bool int8_rule = cuda_int8_products(QUANT_Q4_0, 2048) == int8_device && !cuda_int8_products(QUANT_Q4_K, 2048) &&
+                           !cuda_int8_products(QUANT_Q4_0, 2048 + 32);
+    struct cuda_moe q30_host = q30;
+    q30_host.gate.in_place = true;
+    const int64_t vram_bound = cuda_moe_matvec_bound(&q30), host_bound = cuda_moe_matvec_bound(&q30_host);
+    const int64_t own = cuda_moe_matvec_max_tokens(128, 8);
+    dt_case(&d, int8_rule && vram_bound == (int8_device ? CUDA_MOE_INT8_MATVEC_MAX : own) && host_bound == own,
+            "int8 expert products on this device: %s; qwen30b's experts tiled past %lld tokens in VRAM, %lld in place",
+            int8_device ? "yes" : "no", (long long)vram_bound, (long long)host_bound);
     return dt_finish(&d);
 }
