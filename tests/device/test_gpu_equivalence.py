@@ -29,9 +29,13 @@ failures = []
 # median 2-6%, top-1 74-93%, and in the MoE model up to a third of positions moved by routing
 # flips). Against the unrounded function (the numpy reference, where the gguf package is
 # importable) the prefill path is within 0.3% (measured: median 0.001-0.003, top-1 0.98-1.0).
-MEDIAN = {(t, k): m for t, m in (("F32", 0.005), ("F16", 0.01), ("Q8_0", 0.1), ("Q4_K", 0.1)) for k in ("decode", "prefill")}
+# Q4_0: tiny-moe's gate and up experts (rows of 256) take the int8 tensor-core product in a prompt,
+# the CPU's own integers; the rest as Q8_0.
+MEDIAN = {(t, k): m for t, m in (("F32", 0.005), ("F16", 0.01), ("Q8_0", 0.1), ("Q4_0", 0.1), ("Q4_K", 0.1))
+          for k in ("decode", "prefill")}
 TOP1 = {("F32", "decode"): 0.99, ("F32", "prefill"): 0.99, ("F16", "decode"): 0.99, ("F16", "prefill"): 0.99,
-        ("Q8_0", "decode"): 0.95, ("Q8_0", "prefill"): 0.85, ("Q4_K", "decode"): 0.9, ("Q4_K", "prefill"): 0.7}
+        ("Q8_0", "decode"): 0.95, ("Q8_0", "prefill"): 0.85, ("Q4_0", "decode"): 0.95, ("Q4_0", "prefill"): 0.85,
+        ("Q4_K", "decode"): 0.9, ("Q4_K", "prefill"): 0.7}
 
 
 def check(ok, what):
@@ -107,7 +111,7 @@ def hybrid_plans(tmp):
 def tiny_models(tmp):
     rng = np.random.default_rng(5)
     for shape in ("tiny-llama", "tiny-moe"):
-        for wtype in ("F32", "F16", "Q8_0", "Q4_K"):
+        for wtype in ("F32", "F16", "Q8_0", "Q4_0", "Q4_K"):
             path = os.path.join(tmp, "%s-%s.gguf" % (shape, wtype))
             subprocess.run([os.path.join(BUILD, "gguf-synth"), "--shape", shape, "--type", wtype, "--seed", "3", "-o",
                             path, "--quiet"], check=True)
@@ -124,7 +128,8 @@ def tiny_models(tmp):
                 max_flipped = 0.4 if (kernels == "prefill" and wtype not in ("F32", "F16")) else 0.1
                 check(np.isfinite(gpu).all() and agree >= TOP1[wtype, kernels] and np.median(rel) < MEDIAN[wtype, kernels]
                       and flipped <= max_flipped, "%s %s: GPU %s logits match the CPU" % (shape, wtype, kernels))
-                if kernels == "prefill":
+                # (tiny-moe Q4_0's int8 experts round their activations as the CPU does: the check above)
+                if kernels == "prefill" and (shape, wtype) != ("tiny-moe", "Q4_0"):
                     unrounded_reference(path, tokens, gpu, shape, wtype)
 
 
