@@ -79,7 +79,8 @@ static const struct plan_gpu_costs *costs_for(const struct model *m) {
     const struct model_hparams *hp = &m->hp;
     const struct cuda_attn_shape a = {(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v, 1};
     c.kernels.attention_prompt_from = cuda_attention_prefill_from(&a);
-    c.kernels.moe_matvec_max_tokens = cuda_moe_matvec_max_tokens(hp->n_expert, hp->n_expert_used);
+    c.kernels.moe_matvec_max_tokens = c.kernels.moe_matvec_max_tokens_in_place =
+        cuda_moe_matvec_max_tokens(hp->n_expert, hp->n_expert_used);
     return &c;
 }
 
@@ -1625,6 +1626,28 @@ static void test_routed_split(void **state) {
  * reads come after them, not hidden behind them: on the H200 they were not), and one of more than
  * 256 tokens (512) too; in a step of the tiled kernel (the first count past the matrix-vector
  * kernel's) half of it, the other half hidden behind the reads. */
+/* The GPU time a step of n tokens adds where the GPU's experts take twice as long (*resident:
+ * the resident experts' time at that size, summed over the layers). */
+static double slower_experts_add(struct profile *prof, const struct plan *p, const struct plan_tier *t, int32_t n,
+                                 double *resident) {
+    const uint32_t E = moe.hp.n_expert, k = moe.hp.n_expert_used;
+    *resident = 0;
+    for (uint32_t i = 0; i < moe.n_shards; i++) {
+        const struct shard *s = &moe.shards[i];
+        if (s->kind != SHARD_MOE) continue;
+        *resident += cost_touched(E / 2, E, k, n) * (double)s->expert_bytes *
+                     cost_expert_rate(prof->gpu_experts, shard_expert_type(s), E, k, n);
+    }
+    struct cost_step fast, slow;
+    cost_step(prof, &moe, p, t, n, 1000, &fast);
+    for (int f = 0; f < PROFILE_FORMATS; f++)
+        for (int i = 0; i < PROFILE_TOKENS; i++) prof->gpu_experts[f].s_per_byte[i] *= 2;
+    cost_step(prof, &moe, p, t, n, 1000, &slow);
+    for (int f = 0; f < PROFILE_FORMATS; f++)
+        for (int i = 0; i < PROFILE_TOKENS; i++) prof->gpu_experts[f].s_per_byte[i] /= 2;
+    return slow.gpu_s - fast.gpu_s;
+}
+
 static void test_cost_one_expert_call(void **state) {
     (void)state;
     struct profile prof;
@@ -1642,25 +1665,21 @@ static void test_cost_one_expert_call(void **state) {
     const int32_t matvec = (int32_t)cuda_moe_matvec_max_tokens(E, k);
     assert_true(matvec + 1 < 256);
     const int32_t tokens[3] = {matvec, matvec + 1, 512};
+    double resident;
     for (int n = 0; n < 3; n++) {
-        /* the resident experts' time at this step size, summed over the layers */
-        double resident = 0;
-        for (uint32_t i = 0; i < moe.n_shards; i++) {
-            const struct shard *s = &moe.shards[i];
-            if (s->kind != SHARD_MOE) continue;
-            resident += cost_touched(E / 2, E, k, tokens[n]) * (double)s->expert_bytes *
-                        cost_expert_rate(prof.gpu_experts, shard_expert_type(s), E, k, tokens[n]);
-        }
-        struct cost_step fast, slow;
-        cost_step(&prof, &moe, &p, t, tokens[n], 1000, &fast);
-        for (int f = 0; f < PROFILE_FORMATS; f++)
-            for (int i = 0; i < PROFILE_TOKENS; i++) prof.gpu_experts[f].s_per_byte[i] *= 2;
-        cost_step(&prof, &moe, &p, t, tokens[n], 1000, &slow);
-        for (int f = 0; f < PROFILE_FORMATS; f++)
-            for (int i = 0; i < PROFILE_TOKENS; i++) prof.gpu_experts[f].s_per_byte[i] /= 2;
+        const double added = slower_experts_add(&prof, &p, t, tokens[n], &resident);
         assert_true(resident > 0);
-        assert_true(fabs(slow.gpu_s - fast.gpu_s - (n == 1 ? resident / 2 : resident)) <= 1e-6 * resident);
+        assert_true(fabs(added - (n == 1 ? resident / 2 : resident)) <= 1e-6 * resident);
     }
+    /* The call reads experts in place, so the in-place rule decides its kernel: experts in VRAM
+     * tiled from fewer tokens (the int8 kernel's bound) leave a step of `matvec` tokens on the
+     * matrix-vector kernel, its resident experts' time added whole. */
+    p.kernels.moe_matvec_max_tokens = 1;
+    p.kernels.moe_matvec_max_tokens_in_place = matvec;
+    const double added = slower_experts_add(&prof, &p, t, matvec, &resident);
+    assert_true(fabs(added - resident) <= 1e-6 * resident);
+    p.kernels.moe_matvec_max_tokens_in_place = 1; /* and tiled there, half of it hidden */
+    assert_true(fabs(slower_experts_add(&prof, &p, t, matvec, &resident) - resident / 2) <= 1e-6 * resident);
     plan_free(&p);
 }
 

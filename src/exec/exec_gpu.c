@@ -335,10 +335,12 @@ pshard_status exec_gpu_costs(const struct model *model, const struct model_weigh
     /* The kernels the steps run, by size, for the cost model: the rules the GPU code follows. */
     const struct cuda_attn_shape a = {(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v, 1};
     out->kernels.attention_prompt_from = cuda_attention_prefill_from(&a);
-    /* (the experts' rule from VRAM, where the cost model prices the GPU's expert calls) */
+    /* (the experts' rule from VRAM, and for a call that reads some in place) */
     struct cuda_moe moe = {.n_expert = (int)hp->n_expert, .k = (int)hp->n_expert_used};
     for (uint32_t il = 0; il < hp->n_layers && !moe.gate.n_cols; il++) moe.gate = shape_of(w->layers[il].gate_exps);
     out->kernels.moe_matvec_max_tokens = cuda_moe_matvec_bound(&moe);
+    moe.gate.in_place = true;
+    out->kernels.moe_matvec_max_tokens_in_place = cuda_moe_matvec_bound(&moe);
     /* The KV block table, one row a sequence. */
     out->activations += align_up(sizeof(int32_t) * (size_t)p->n_seq * (size_t)((p->n_ctx + KV_BLOCK_CELLS - 1) / KV_BLOCK_CELLS));
     /* The driver maps registered host memory for the GPU with 8 bytes of page table per 4 KiB

@@ -368,9 +368,11 @@ static double expert_call_s(double touched, double E, double eb, double gpu_rate
 }
 
 /* Whether a step's expert calls run the tiled GEMM rather than the matrix-vector kernel
- * (plan_kernels). */
-static bool tiled_experts(const struct walk *w) {
-    return w->n > (double)w->p->kernels.moe_matvec_max_tokens;
+ * (plan_kernels), over experts in VRAM (a staging slot's among them) or a call that reads some in
+ * place. */
+static bool tiled_experts(const struct walk *w, bool in_place) {
+    const struct plan_kernels *k = &w->p->kernels;
+    return w->n > (double)(in_place ? k->moe_matvec_max_tokens_in_place : k->moe_matvec_max_tokens);
 }
 
 /* An MoE shard of a ring tier (its experts all run on the GPU): the router, shared and
@@ -387,7 +389,7 @@ static void staged_pieces(struct walk *w, const struct shard *s, double gpu, int
         const double in_piece = fmin(piece, E - e);
         const int slot = (int)((w->unit + j) % w->p->n_slots);
         copy_ahead(w, in_piece * eb, slot);
-        gpu_busy(w, expert_call_s(cost_touched(in_piece, E, k, w->n), E, eb, gpu_rate, tiled_experts(w)), 3,
+        gpu_busy(w, expert_call_s(cost_touched(in_piece, E, k, w->n), E, eb, gpu_rate, tiled_experts(w, false)), 3,
                  EXPERT_CALL_OPS);
         w->slot_free[slot] = w->out->seconds;
     }
@@ -431,7 +433,7 @@ enum { BESIDE_MAX_TOKENS = 256 };
 static double experts_and_reads(const struct walk *w, const struct shard *s, double resident, double compute,
                                 double reads, bool one) {
     const double apart = resident + fmax(compute, reads);
-    const bool beside = one && tiled_experts(w) && w->n <= BESIDE_MAX_TOKENS;
+    const bool beside = one && tiled_experts(w, true) && w->n <= BESIDE_MAX_TOKENS;
     return beside ? (apart + fmax(resident + compute, reads)) / 2 : apart;
 }
 

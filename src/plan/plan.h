@@ -155,12 +155,13 @@ struct plan_unit {
 
 /* Which GPU kernel a step runs where the choice depends on the step's size, so that the cost
  * model prices the kernel the executor runs. exec_gpu_costs fills it from the CUDA backend's own
- * rules (cuda_attention_prefill_from, cuda_moe_matvec_max_tokens). */
+ * rules (cuda_attention_prefill_from, cuda_moe_matvec_bound). */
 struct plan_kernels {
     int64_t attention_prompt_from; /* steps of one sequence of this many tokens or more attend on
                                       the prompt kernel, fewer on the split-KV one (0: never) */
-    int64_t moe_matvec_max_tokens; /* MoE steps of up to this many tokens run their experts on the
-                                      matrix-vector kernel, more on the tiled GEMM */
+    int64_t moe_matvec_max_tokens; /* MoE steps of up to this many tokens run their experts in VRAM
+                                      on the matrix-vector kernel, more on the tiled GEMM */
+    int64_t moe_matvec_max_tokens_in_place; /* the same for a call that reads experts in place */
 };
 
 struct plan {
