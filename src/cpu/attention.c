@@ -13,10 +13,11 @@
 enum { KEY_BLOCK = CPU_ATTN_KEY_BLOCK, MAX_HEAD = 512, PREFETCH_CELLS = 8, HEAD_CHUNK = 8 };
 
 /* A prompt's tokens of one sequence go through the cache a tile at a time: up to TILE_ROWS query
- * rows (tokens times the heads of a unit) score each block of keys while it is in L1, widened
- * to f32 once for all of them; heads wider than TILE_HEAD go token by token. A tile's queries,
- * outputs, widened block and scores take about 210 KB of the calling thread's stack. */
-enum { TILE_ROWS = CPU_ATTN_TILE_TOKENS, TILE_HEAD = 256 };
+ * rows (tokens times the heads of a unit) score each run of SUB_KEYS keys while it is in L1,
+ * widened to f32 once for all of them; a decode step's token does the same with the heads of a
+ * KV head. Heads wider than TILE_HEAD go head by head (attend_chunk). A tile's queries, outputs,
+ * widened run and scores take about 160 KB of the calling thread's stack. */
+enum { TILE_ROWS = CPU_ATTN_TILE_TOKENS, TILE_HEAD = 256, SUB_KEYS = 16 };
 
 /* A cell's row of one KV head is a few cache lines, and the next cell's is a whole row of KV
  * heads further (1-2 KB): too far apart for the hardware to follow across pages, so the rows
@@ -133,24 +134,28 @@ static void attend_chunk(const struct cpu_attn_shape *s, const float *q, const s
  * the next key block's from `next`) widened to f32 into `block`, a row after another; the rows
  * PREFETCH_CELLS ahead are asked for on the way (left: cells before `left` of the tile's end). */
 static void widen_block(void (*widen)(const void *, float *, int64_t), const uint16_t *rows, const uint16_t *next,
-                        int64_t stride, int width, int64_t n, int64_t left, float *block) {
-    for (int64_t j = 0; j < n; j++) {
+                        int64_t stride, int width, int64_t j0, int64_t n, int64_t left, float *block) {
+    for (int64_t j = j0; j < j0 + n; j++) {
         if (j + PREFETCH_CELLS < left) prefetch_row(ahead_row(rows, next, j, stride), width);
-        widen(rows + j * stride, block + j * width, width);
+        widen(rows + j * stride, block + (j - j0) * width, width);
     }
 }
 
-/* The same for a tile of tokens of one sequence, token i attending n_cells[i] cells: each block
- * of keys, then of values, is widened to f32 once and serves every (token, head) row of the
- * tile. A row's sums run in the same order, with the same operations, as attend_chunk's, so each
- * token's result is the one it gets alone, bit for bit; the cache is read once for the tile
- * rather than once for each token (a prompt step of n tokens would read it n times). */
+/* The same for a tile of tokens of one sequence, token i attending cells [c_begin, n_cells[i])
+ * (c_begin a multiple of KEY_BLOCK): each run of SUB_KEYS keys of a block, then of its values, is
+ * widened to f32 once, while it stays in L1, and serves every (token, head) row of the tile. A
+ * row's sums run in the same order, with the same operations, as attend_chunk's, so each token's
+ * result is the one it gets alone, bit for bit; the cache is read once for the tile rather than
+ * once for each token (a prompt step of n tokens would read it n times), and once for the heads
+ * of a KV head, widened once for all of them (a decode step's). partial (one token; not NULL):
+ * each head's maximum, sum and unnormalized output go there instead, as attend_chunk's. */
 static void attend_tile(const struct cpu_attn_shape *s, const float *q, const int64_t *n_cells, int n_tokens,
-                        const struct cpu_kv_view *kv, int kvh, int h0, int n_heads, float *out) {
+                        const struct cpu_kv_view *kv, int kvh, int h0, int n_heads, int64_t c_begin, float *out,
+                        float *partial, int64_t partial_stride) {
     const int64_t k_stride = (int64_t)s->n_head_kv * s->head_k, v_stride = (int64_t)s->n_head_kv * s->head_v;
     const int64_t q_width = (int64_t)s->n_head * s->head_k, o_width = (int64_t)s->n_head * s->head_v;
     const uint16_t *k_base = kv->k + (int64_t)kvh * s->head_k, *v_base = kv->v + (int64_t)kvh * s->head_v;
-    float qh[TILE_ROWS][TILE_HEAD], acc[TILE_ROWS][TILE_HEAD], block[KEY_BLOCK * TILE_HEAD], scores[TILE_ROWS][KEY_BLOCK];
+    float qh[TILE_ROWS][TILE_HEAD], acc[TILE_ROWS][TILE_HEAD], block[SUB_KEYS * TILE_HEAD], scores[TILE_ROWS][KEY_BLOCK];
     float max[TILE_ROWS], sum[TILE_ROWS], new_max[TILE_ROWS];
     const int simd = cpu_features()->avx2;
     void (*score)(const float *, const float *, int64_t, int, int, float, float *) = simd ? attn_scores_f32_avx2 : scores_f32_ref;
@@ -166,47 +171,66 @@ static void attend_tile(const struct cpu_attn_shape *s, const float *q, const in
         for (int i = 0; i < s->head_v; i++) acc[r][i] = 0.0f;
         max[r] = -INFINITY, sum[r] = 0.0f;
     }
-    const uint16_t *k_rows = longest > 0 ? head_rows(k_base, kv, 0, k_stride) : NULL;
-    const uint16_t *v_rows = longest > 0 ? head_rows(v_base, kv, 0, v_stride) : NULL;
-    for (int64_t c0 = 0; c0 < longest; c0 += KEY_BLOCK) {
+    const uint16_t *k_rows = longest > c_begin ? head_rows(k_base, kv, c_begin, k_stride) : NULL;
+    const uint16_t *v_rows = longest > c_begin ? head_rows(v_base, kv, c_begin, v_stride) : NULL;
+    for (int64_t c0 = c_begin; c0 < longest; c0 += KEY_BLOCK) {
         const int64_t n = longest - c0 < KEY_BLOCK ? longest - c0 : KEY_BLOCK;
         const bool more = c0 + KEY_BLOCK < longest;
         const uint16_t *k_next = more ? head_rows(k_base, kv, c0 + KEY_BLOCK, k_stride) : NULL;
         const uint16_t *v_next = more ? head_rows(v_base, kv, c0 + KEY_BLOCK, v_stride) : NULL;
         int64_t take[TILE_ROWS]; /* the block's cells each token attends */
         for (int i = 0; i < n_tokens; i++) take[i] = n_cells[i] - c0 < n ? n_cells[i] - c0 : n;
-        widen_block(widen, k_rows, k_next, k_stride, s->head_k, n, longest - c0, block);
+        /* Keys, then values, SUB_KEYS rows at a time: a run widened to f32 stays in L1 while
+         * every row of the tile reads it. Each score and each output's sums run as over the whole
+         * block at once (a key's dot alone, an output's adds in the order of the keys). */
+        for (int64_t j0 = 0; j0 < n; j0 += SUB_KEYS) {
+            const int64_t m = n - j0 < SUB_KEYS ? n - j0 : SUB_KEYS;
+            widen_block(widen, k_rows, k_next, k_stride, s->head_k, j0, m, longest - c0, block);
+            for (int r = 0; r < rows; r++) {
+                const int64_t nr = take[r / n_heads] - j0;
+                if (nr > 0) score(qh[r], block, s->head_k, (int)(nr < m ? nr : m), s->head_k, s->scale, scores[r] + j0);
+            }
+        }
         for (int r = 0; r < rows; r++) {
             const int64_t nr = take[r / n_heads];
             if (nr <= 0) continue;
-            score(qh[r], block, s->head_k, (int)nr, s->head_k, s->scale, scores[r]);
             float block_max = -INFINITY;
             for (int64_t j = 0; j < nr; j++) block_max = scores[r][j] > block_max ? scores[r][j] : block_max;
             new_max[r] = block_max > max[r] ? block_max : max[r];
             const float rescale = expf(max[r] - new_max[r]); /* 0 on the first block */
             sum[r] *= rescale;
             for (int i = 0; i < s->head_v; i++) acc[r][i] *= rescale;
-        }
-        widen_block(widen, v_rows, v_next, v_stride, s->head_v, n, longest - c0, block);
-        for (int r = 0; r < rows; r++) {
-            const int64_t nr = take[r / n_heads];
-            if (nr <= 0) continue;
-            float p[KEY_BLOCK];
             for (int64_t j = 0; j < nr; j++) {
-                p[j] = expf(scores[r][j] - new_max[r]);
-                sum[r] += p[j];
+                scores[r][j] = expf(scores[r][j] - new_max[r]); /* (the weights, in place) */
+                sum[r] += scores[r][j];
             }
-            accumulate(acc[r], p, block, s->head_v, (int)nr, s->head_v);
             max[r] = new_max[r];
+        }
+        for (int64_t j0 = 0; j0 < n; j0 += SUB_KEYS) {
+            const int64_t m = n - j0 < SUB_KEYS ? n - j0 : SUB_KEYS;
+            widen_block(widen, v_rows, v_next, v_stride, s->head_v, j0, m, longest - c0, block);
+            for (int r = 0; r < rows; r++) {
+                const int64_t nr = take[r / n_heads] - j0;
+                if (nr > 0) accumulate(acc[r], scores[r] + j0, block, s->head_v, (int)(nr < m ? nr : m), s->head_v);
+            }
         }
         k_rows = k_next, v_rows = v_next;
     }
     for (int r = 0; r < rows; r++) {
+        if (partial) {
+            float *pr = partial + r * partial_stride;
+            pr[0] = max[r], pr[1] = sum[r];
+            for (int i = 0; i < s->head_v; i++) pr[2 + i] = acc[r][i];
+            continue;
+        }
         const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
         float *o = out + (int64_t)(r / n_heads) * o_width + (int64_t)(h0 + r % n_heads) * s->head_v;
         for (int i = 0; i < s->head_v; i++) o[i] = acc[r][i] * inv;
     }
 }
+
+/* Whether heads this wide go through attend_tile (wider ones through attend_chunk). */
+static bool tiles(const struct cpu_attn_shape *s) { return s->head_k <= TILE_HEAD && s->head_v <= TILE_HEAD; }
 
 void cpu_attention_heads(const struct cpu_attn_shape *s, const float *q, const struct cpu_kv_view *kv, int64_t n_cells,
                          int head_begin, int head_end, float *out) {
@@ -215,7 +239,8 @@ void cpu_attention_heads(const struct cpu_attn_shape *s, const float *q, const s
         const int kvh = h / group, group_end = (kvh + 1) * group;
         const int end = head_end < group_end ? head_end : group_end;
         const int n = end - h < HEAD_CHUNK ? end - h : HEAD_CHUNK;
-        attend_chunk(s, q, kv, 0, n_cells, kvh, h, n, out, NULL, 0);
+        if (tiles(s)) attend_tile(s, q, &n_cells, 1, kv, kvh, h, n, 0, out, NULL, 0);
+        else attend_chunk(s, q, kv, 0, n_cells, kvh, h, n, out, NULL, 0);
         h += n;
     }
 }
@@ -224,7 +249,7 @@ void cpu_attention_tokens(const struct cpu_attn_shape *s, const float *q, const 
                           const int64_t *n_cells, int n_tokens, int head_begin, int head_end, float *out) {
     const int64_t q_width = (int64_t)s->n_head * s->head_k, o_width = (int64_t)s->n_head * s->head_v;
     const int group = s->n_head / s->n_head_kv;
-    if (n_tokens == 1 || s->head_k > TILE_HEAD || s->head_v > TILE_HEAD) {
+    if (n_tokens == 1 || !tiles(s)) {
         for (int i = 0; i < n_tokens; i++)
             cpu_attention_heads(s, q + i * q_width, kv, n_cells[i], head_begin, head_end, out + i * o_width);
         return;
@@ -234,8 +259,8 @@ void cpu_attention_tokens(const struct cpu_attn_shape *s, const float *q, const 
         const int end = head_end < group_end ? head_end : group_end;
         const int heads = end - h < HEAD_CHUNK ? end - h : HEAD_CHUNK, step = TILE_ROWS / heads;
         for (int t0 = 0; t0 < n_tokens; t0 += step)
-            attend_tile(s, q + t0 * q_width, n_cells + t0, n_tokens - t0 < step ? n_tokens - t0 : step, kv, kvh, h, heads,
-                        out + t0 * o_width);
+            attend_tile(s, q + t0 * q_width, n_cells + t0, n_tokens - t0 < step ? n_tokens - t0 : step, kv, kvh, h, heads, 0,
+                        out + t0 * o_width, NULL, 0);
         h += heads;
     }
 }
@@ -303,7 +328,8 @@ void cpu_attention_split(const struct cpu_attn_shape *s, const struct cpu_attn_u
             for (int g = 0; g < n; g++) p[g * stride] = -INFINITY, p[g * stride + 1] = 0.0f;
             continue;
         }
-        attend_chunk(s, q, kv, c0, end, kvh, h, n, NULL, p, stride);
+        if (tiles(s)) attend_tile(s, q, &end, 1, kv, kvh, h, n, c0, NULL, p, stride);
+        else attend_chunk(s, q, kv, c0, end, kvh, h, n, NULL, p, stride);
     }
 }
 
