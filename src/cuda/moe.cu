@@ -349,6 +349,8 @@ static moe_work moe_layout(const struct cuda_moe *m, int64_t n_tokens, uint8_t *
 static bool tiled_int8(const struct cuda_matrix *mat) {
     return !mat->in_place && cuda_int8_products(mat->type, mat->n_cols);
 }
+/* The activations' format the tiled path reads for mat. */
+static enum quant_type tiled_act(const struct cuda_matrix *mat) { return tiled_int8(mat) ? QUANT_Q8_1 : QUANT_F16; }
 
 /* One projection of every active expert: matrix mat (3-D, or the pointer table) over the
  * pairs, activations `act` (row = pair / act_div), into y [pairs][mat->n_rows]. */
@@ -523,11 +525,11 @@ static pshard_status moe_ffn(const struct cuda_moe *m, const float *x, const uin
     CUDA_TRY(launch_dep(group_kernel, 1, GROUP_THREADS, 0, st, ids, m->expert_mask, (int)pairs, m->n_expert, w.g));
     if (gemm) {
         /* (gate and up in one format: x converted once, to Q8_1 for the int8 kernel, else f16) */
-        CORE_TRY(cuda_quantize(tiled_int8(&m->gate) ? QUANT_Q8_1 : QUANT_F16, x, n_embd, n_tokens, w.x_act, s));
+        CORE_TRY(cuda_quantize(tiled_act(&m->gate), x, n_embd, n_tokens, w.x_act, s));
         CORE_TRY(expert_matmul(m, &m->gate, m->gate_ptrs, w, n_tokens, w.x_act, m->k, w.gate_out, st));
         const uint8_t *up_act = w.x_act;
-        if (tiled_int8(&m->up) != tiled_int8(&m->gate)) {
-            CORE_TRY(cuda_quantize(tiled_int8(&m->up) ? QUANT_Q8_1 : QUANT_F16, x, n_embd, n_tokens, w.x_act_up, s));
+        if (tiled_act(&m->up) != tiled_act(&m->gate)) {
+            CORE_TRY(cuda_quantize(tiled_act(&m->up), x, n_embd, n_tokens, w.x_act_up, s));
             up_act = w.x_act_up;
         }
         CORE_TRY(expert_matmul(m, &m->up, m->up_ptrs, w, n_tokens, up_act, m->k, w.up_out, st));
@@ -542,8 +544,7 @@ static pshard_status moe_ffn(const struct cuda_moe *m, const float *x, const uin
     }
     /* Rows of pairs not computed here hold stale values; nothing below reads them. */
     CORE_TRY(cuda_swiglu(w.gate_out, w.up_out, w.gate_out, pairs * n_ff, s));
-    CORE_TRY(cuda_quantize(gemm ? (tiled_int8(&m->down) ? QUANT_Q8_1 : QUANT_F16) : cuda_act_type(m->down.type), w.gate_out,
-                           n_ff, pairs, w.h_act, s));
+    CORE_TRY(cuda_quantize(gemm ? tiled_act(&m->down) : cuda_act_type(m->down.type), w.gate_out, n_ff, pairs, w.h_act, s));
     CORE_TRY(expert_matmul(m, &m->down, m->down_ptrs, w, n_tokens, w.h_act, 1, w.down_out, st));
     CUDA_TRY(launch_dep(weighted_sum_kernel, (unsigned)ceil_div(n_tokens * n_embd, 256), 256, 0, st, w.down_out, ids,
                         weights, m->expert_mask, n_tokens, m->k, n_embd, out, accumulate));
