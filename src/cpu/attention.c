@@ -37,17 +37,33 @@ static void axpy_f16_ref(float *acc, float a, const uint16_t *v, int n) {
     for (int i = 0; i < n; i++) acc[i] += a * half_to_f32(v[i]);
 }
 
-static void scores_f32_ref(const float *q, const float *k, int64_t k_stride, int n_keys, int n, float scale, float *out) {
-    for (int j = 0; j < n_keys; j++) {
-        float sum = 0.0f;
-        for (int i = 0; i < n; i++) sum += q[i] * k[j * k_stride + i];
-        out[j] = sum * scale;
-    }
+static void scores_tile_ref(const float *q, int64_t q_stride, int n_rows, const float *k, int64_t k_stride, int n_keys, int n,
+                            float scale, float *out, int64_t out_stride) {
+    for (int r = 0; r < n_rows; r++)
+        for (int j = 0; j < n_keys; j++) {
+            float sum = 0.0f;
+            for (int i = 0; i < n; i++) sum += q[r * q_stride + i] * k[j * k_stride + i];
+            out[r * out_stride + j] = sum * scale;
+        }
 }
 
-static void accumulate_f32_ref(float *acc, const float *p, const float *v, int64_t v_stride, int n_keys, int n) {
-    for (int j = 0; j < n_keys; j++)
-        for (int i = 0; i < n; i++) acc[i] += p[j] * v[j * v_stride + i];
+static float max_ref(const float *s, int n) {
+    float max = -INFINITY;
+    for (int j = 0; j < n; j++) max = s[j] > max ? s[j] : max;
+    return max;
+}
+
+static float exp_sum_ref(float *s, int n, float max) {
+    float sum = 0.0f;
+    for (int j = 0; j < n; j++) sum += s[j] = expf(s[j] - max);
+    return sum;
+}
+
+static void accumulate_tile_ref(float *acc, int64_t acc_stride, const float *p, int64_t p_stride, int n_rows, const float *v,
+                                int64_t v_stride, int n_keys, int n) {
+    for (int r = 0; r < n_rows; r++)
+        for (int j = 0; j < n_keys; j++)
+            for (int i = 0; i < n; i++) acc[r * acc_stride + i] += p[r * p_stride + j] * v[j * v_stride + i];
 }
 
 /* Rows of one KV head from cell c (a multiple of KEY_BLOCK: its key block lies in one block of
@@ -158,9 +174,12 @@ static void attend_tile(const struct cpu_attn_shape *s, const float *q, const in
     float qh[TILE_ROWS][TILE_HEAD], acc[TILE_ROWS][TILE_HEAD], block[SUB_KEYS * TILE_HEAD], scores[TILE_ROWS][KEY_BLOCK];
     float max[TILE_ROWS], sum[TILE_ROWS], new_max[TILE_ROWS];
     const int simd = cpu_features()->avx2;
-    void (*score)(const float *, const float *, int64_t, int, int, float, float *) = simd ? attn_scores_f32_avx2 : scores_f32_ref;
-    void (*accumulate)(float *, const float *, const float *, int64_t, int, int) =
-        simd ? attn_accumulate_f32_avx2 : accumulate_f32_ref;
+    void (*score)(const float *, int64_t, int, const float *, int64_t, int, int, float, float *, int64_t) =
+        simd ? attn_scores_tile_avx2 : scores_tile_ref;
+    float (*block_max)(const float *, int) = simd ? attn_max_avx2 : max_ref;
+    float (*exp_sum)(float *, int, float) = simd ? attn_exp_sum_avx2 : exp_sum_ref;
+    void (*accumulate)(float *, int64_t, const float *, int64_t, int, const float *, int64_t, int, int) =
+        simd ? attn_accumulate_tile_avx2 : accumulate_tile_ref;
     void (*widen)(const void *, float *, int64_t) = quant_kernels_get(QUANT_F16)->dequant_row;
     const int rows = n_tokens * n_heads;
     int64_t longest = 0;
@@ -186,32 +205,28 @@ static void attend_tile(const struct cpu_attn_shape *s, const float *q, const in
         for (int64_t j0 = 0; j0 < n; j0 += SUB_KEYS) {
             const int64_t m = n - j0 < SUB_KEYS ? n - j0 : SUB_KEYS;
             widen_block(widen, k_rows, k_next, k_stride, s->head_k, j0, m, longest - c0, block);
-            for (int r = 0; r < rows; r++) {
-                const int64_t nr = take[r / n_heads] - j0;
-                if (nr > 0) score(qh[r], block, s->head_k, (int)(nr < m ? nr : m), s->head_k, s->scale, scores[r] + j0);
-            }
+            /* (every row scores the run's m keys; those past a row's own cells go unread) */
+            score(qh[0], TILE_HEAD, rows, block, s->head_k, (int)m, s->head_k, s->scale, scores[0] + j0, KEY_BLOCK);
         }
         for (int r = 0; r < rows; r++) {
             const int64_t nr = take[r / n_heads];
             if (nr <= 0) continue;
-            float block_max = -INFINITY;
-            for (int64_t j = 0; j < nr; j++) block_max = scores[r][j] > block_max ? scores[r][j] : block_max;
-            new_max[r] = block_max > max[r] ? block_max : max[r];
+            const float m = block_max(scores[r], (int)nr);
+            new_max[r] = m > max[r] ? m : max[r];
             const float rescale = expf(max[r] - new_max[r]); /* 0 on the first block */
-            sum[r] *= rescale;
             for (int i = 0; i < s->head_v; i++) acc[r][i] *= rescale;
-            for (int64_t j = 0; j < nr; j++) {
-                scores[r][j] = expf(scores[r][j] - new_max[r]); /* (the weights, in place) */
-                sum[r] += scores[r][j];
-            }
+            sum[r] = sum[r] * rescale + exp_sum(scores[r], (int)nr, new_max[r]); /* (the weights, in place) */
             max[r] = new_max[r];
         }
         for (int64_t j0 = 0; j0 < n; j0 += SUB_KEYS) {
             const int64_t m = n - j0 < SUB_KEYS ? n - j0 : SUB_KEYS;
             widen_block(widen, v_rows, v_next, v_stride, s->head_v, j0, m, longest - c0, block);
-            for (int r = 0; r < rows; r++) {
+            for (int r = 0; r < rows;) { /* the rows of a token together: they take as many keys */
                 const int64_t nr = take[r / n_heads] - j0;
-                if (nr > 0) accumulate(acc[r], scores[r] + j0, block, s->head_v, (int)(nr < m ? nr : m), s->head_v);
+                if (nr > 0)
+                    accumulate(acc[r], TILE_HEAD, scores[r] + j0, KEY_BLOCK, n_heads, block, s->head_v, (int)(nr < m ? nr : m),
+                               s->head_v);
+                r += n_heads;
             }
         }
         k_rows = k_next, v_rows = v_next;
