@@ -386,6 +386,63 @@ static void test_lent_slots(void **state) {
     plan_free(&lent);
 }
 
+/* A tier's seconds per token at both its ends (its fewest tokens and its most), as the planner
+ * weighs a tier's placements. */
+static double tier_cost(const struct profile *prof, const struct plan_request *r, const struct plan *p,
+                        const struct plan_tier *tier, int t) {
+    const int32_t lo = plan_tier_tokens[t], top = t + 1 < PLAN_TIERS ? plan_tier_tokens[t + 1] - 1 : r->n_batch;
+    const int32_t hi = top < r->n_batch ? top : r->n_batch;
+    double sec = 0;
+    for (int32_t n = lo;; n = hi) {
+        struct cost_step cs;
+        cost_step(prof, &model, p, tier, n, r->n_ctx > n ? r->n_ctx - n : 0, &cs);
+        sec += cs.seconds / n;
+        if (n == hi) break;
+    }
+    return sec;
+}
+
+/* With the CPU's attention at rates from fast to slow, each ring tier that carries KV up runs
+ * the attention of as many of the host's layers on the GPU as the cost model finds fastest, the
+ * rest on the CPU: never slower than all of them either way (checked by placing the tier so),
+ * and at some rate a mix of both. */
+static void kv_stream_mixes(struct profile *prof, const struct plan_request *req) {
+    struct plan_request static_ring = *req; /* (static's tiers take the ring from one token: decode steps weigh it too) */
+    static_ring.family = PLAN_STATIC;
+    static_ring.stage_static = true;
+    const struct plan_request *r = &static_ring;
+    bool mixed = false;
+    for (double rate = 1e-13; rate < 1e-8; rate *= 1.4) {
+        for (int i = 0; i < PROFILE_TOKENS; i++) prof->cpu_attn[i] = rate;
+        struct plan p;
+        assert_int_equal(plan_build(&model, r, costs_for(&model), &p), PSHARD_OK);
+        for (int t = 0; t < PLAN_TIERS; t++) {
+            if (!p.tier[t].ring || !p.kv_stream) continue;
+            uint32_t up = 0, cpu = 0;
+            for (uint32_t i = 0; i < model.n_shards; i++) {
+                const struct shard *s = &model.shards[i];
+                if (s->kind != SHARD_ATTN || p.kv_gpu[s->layer]) continue;
+                up += p.tier[t].shard[i] == PLACE_STREAMED, cpu += p.tier[t].shard[i] == PLACE_CPU;
+            }
+            assert_int_equal(p.tier[t].kv_stream, up > 0);
+            mixed |= up > 0 && cpu > 0;
+            const double chosen = tier_cost(prof, r, &p, &p.tier[t], t);
+            for (int way = 0; way < 2; way++) {
+                struct plan_tier alike = p.tier[t];
+                for (uint32_t i = 0; i < model.n_shards; i++) {
+                    const struct shard *s = &model.shards[i];
+                    if (s->kind == SHARD_ATTN && !p.kv_gpu[s->layer]) alike.shard[i] = way ? PLACE_STREAMED : PLACE_CPU;
+                }
+                alike.kv_stream = way;
+                plan_tier_account(&model, &p, &alike);
+                assert_true(chosen <= tier_cost(prof, r, &p, &alike, t) * (1 + 1e-9));
+            }
+        }
+        plan_free(&p);
+    }
+    assert_true(mixed);
+}
+
 /* The KV cells of layers whose cache is on the host ride the ring (plan.kv_stream): ring tiers run
  * that attention on the GPU when the cost model finds it faster, the other tiers on the CPU; the
  * ring has a unit for each such layer, large enough for its cells, never lent; only the layers in
@@ -456,6 +513,7 @@ static void test_kv_stream(void **state) {
     assert_true(at1000.pcie_s - at0.pcie_s >= 0.99 * host_layers * 1000.0 * (double)(kv_layer / r.n_ctx) / (fastest * 1e9));
     free(units);
     plan_free(&p);
+    kv_stream_mixes(&prof, &r);
 
     /* Several sequences: a slot would hold a layer's cells of every sequence (the whole pool's),
      * so the ring carries them only where they fit in the slots it has without them -- the slots
@@ -495,15 +553,30 @@ static void test_kv_stream(void **state) {
     r.n_seq = 1;
     r.vram_budget = (int64_t)(fixed_streaming() + 40 * 1048576ull);
 
-    /* The CPU's attention made free and copies slow: the ring tiers leave it on the CPU, and pass
-     * over its units. */
+    /* The CPU's attention made free and copies slow: ring tiers leave it on the CPU (all of it,
+     * or for the prompt's largest steps, where the activations' hand-offs over the slow copies
+     * weigh too, some of it), and pass over the units of the layers it stays with. */
     for (int i = 0; i < PROFILE_TOKENS; i++) prof.cpu_attn[i] = 0;
     for (int f = 0; f < PROFILE_FORMATS; f++)
         for (int i = 0; i < PROFILE_TOKENS; i++) prof.cpu_matmul[f].s_per_byte[i] = 0;
     for (int i = 0; i < PROFILE_SIZES; i++) prof.h2d_gbps[i] = 0.05;
     assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
     assert_true(p.kv_stream);
-    for (int k = 0; k < PLAN_TIERS; k++) assert_false(p.tier[k].kv_stream);
+    units = malloc(sizeof *units * plan_ring_units_max(&p));
+    assert_non_null(units);
+    const uint32_t n_all = plan_ring_units(&p, &model, &p.tier[PLAN_TIERS - 1], units);
+    uint32_t on_cpu = 0;
+    for (int k = 0; k < PLAN_TIERS; k++) {
+        for (uint32_t j = 0; j < n_all; j++) {
+            const struct shard *s = &model.shards[units[j].shard];
+            if (s->kind != SHARD_ATTN || p.kv_gpu[s->layer] || p.tier[k].shard[units[j].shard] != PLACE_CPU) continue;
+            on_cpu++;
+            assert_false(plan_tier_stages(&model, &p.tier[k], &units[j]));
+        }
+        if (p.tier[k].min_tokens < 1024) assert_false(p.tier[k].kv_stream);
+    }
+    assert_true(on_cpu > 0);
+    free(units);
     plan_free(&p);
 
     /* Not asked for: no tier streams KV and the ring has no unit for that attention. */

@@ -55,12 +55,21 @@ static uint32_t split_rows(const struct model *m, float share) {
     return gpu >= 1 && gpu < (long)units ? (uint32_t)gpu * PLAN_SPLIT_ROWS : 0;
 }
 
+/* The layers whose KV cache is in host memory. */
+static uint32_t host_kv_layers(const struct plan *p) {
+    uint32_t n = 0;
+    for (uint32_t l = 0; l < p->n_layers; l++) n += !p->kv_gpu[l];
+    return n;
+}
+
 /* Every tier's places from the resident set and the tier's family. Dynamic streams a share of
  * what is not resident -- MoE experts by range, dense FFN shards by layer (the first ones) --
  * given, or else balanced so both sides finish together; ring tiers (staged copies) stream
- * everything. */
+ * everything. A ring tier runs the attention of kv_up of the layers whose KV is in host memory
+ * on the GPU, their cells carried up (spread evenly among those layers), and the others' on the
+ * CPU. */
 static void place_tier(const struct model *m, const struct plan_request *req, const struct profile *prof, struct plan *p,
-                       int ti, float share, bool staging, bool kv_stream) {
+                       int ti, float share, bool staging, uint32_t kv_up) {
     struct plan_tier *t = &p->tier[ti];
     /* Ring tiers stream everything not resident, so they all stage the same units. */
     const bool dynamic_ring = req->family != PLAN_AUTO && !req->dynamic_in_place;
@@ -71,7 +80,8 @@ static void place_tier(const struct model *m, const struct plan_request *req, co
     const bool balanced = share <= 0 && req->stream_share <= 0;
     if (share <= 0) share = req->stream_share > 0 ? req->stream_share : balanced_share(m, prof, t->min_tokens);
     if (share > 1) share = 1;
-    uint32_t n_ffn = 0, ffn_seen = 0;
+    uint32_t n_ffn = 0, ffn_seen = 0, host_kv_seen = 0;
+    const uint32_t n_host_kv = host_kv_layers(p);
     for (uint32_t i = 0; i < m->n_shards; i++)
         n_ffn += m->shards[i].kind == SHARD_FFN && t->shard[i] != PLACE_RESIDENT;
     t->ring = t->kv_stream = false;
@@ -92,7 +102,12 @@ static void place_tier(const struct model *m, const struct plan_request *req, co
             *place = r == E ? PLACE_RESIDENT : PLACE_STREAMED;
             t->ring |= ring_ok && g > r;
         } else if (s->kind == SHARD_ATTN) {
-            const bool streams_kv = !p->kv_gpu[s->layer] && ring_ok && kv_stream && p->kv_stream;
+            bool up = false;
+            if (!p->kv_gpu[s->layer]) { /* the j-th such layer goes up where floor(j * kv_up / n) steps */
+                const uint64_t j = host_kv_seen++;
+                up = (j + 1) * kv_up / n_host_kv > j * kv_up / n_host_kv;
+            }
+            const bool streams_kv = up && ring_ok && p->kv_stream;
             *place = p->kv_gpu[s->layer] || streams_kv ? PLACE_STREAMED : PLACE_CPU;
             t->ring |= ring_ok && *place == PLACE_STREAMED;
             t->kv_stream |= streams_kv;
@@ -158,6 +173,9 @@ static double tier_per_token(const struct profile *prof, const struct model *m, 
     return step_seconds(prof, m, req, p, t, lo) / lo + (hi > lo ? step_seconds(prof, m, req, p, t, hi) / hi : 0);
 }
 
+/* How finely a ring tier's count of layers carrying KV up is sought (set_tier). */
+enum { KV_UP_GRID = 8 };
+
 /* Set tier t to a family (and dynamic share) over the resident set, and account for it: the cost
  * model reads the tier's flags (any_gpu, shards_gpu), so each placement is accounted before it is
  * priced, here and by whoever prices the tier next (move_boundaries, the weighed sets). */
@@ -176,18 +194,30 @@ static void set_tier(const struct model *m, const struct plan_request *req, cons
         plan_tier_account(m, p, tier);
         return;
     }
-    place_tier(m, req, prof, p, t, share, p->n_slots > 0, true);
+    const uint32_t n_host_kv = host_kv_layers(p);
+    place_tier(m, req, prof, p, t, share, p->n_slots > 0, n_host_kv);
     plan_tier_account(m, p, tier);
     if (!tier->kv_stream) return;
-    /* A ring tier runs the attention of layers whose KV is on the host where it is the faster:
-     * on the GPU, its cells copied up and down, or on the CPU, beside the copies. */
-    const double streamed = tier_per_token(prof, m, req, p, t);
-    place_tier(m, req, prof, p, t, share, true, false);
-    plan_tier_account(m, p, tier);
-    if (streamed < tier_per_token(prof, m, req, p, t)) {
-        place_tier(m, req, prof, p, t, share, true, true);
-        plan_tier_account(m, p, tier);
+    /* A ring tier runs the attention of layers whose KV is on the host on the GPU, its cells
+     * copied up and down, or on the CPU, beside the copies of the others: as many of each as the
+     * cost model finds fastest. On a grid of KV_UP_GRID counts, then finer around the best. */
+    uint32_t best = n_host_kv;
+    double best_s = tier_per_token(prof, m, req, p, t);
+    const uint32_t coarse = n_host_kv / KV_UP_GRID > 1 ? n_host_kv / KV_UP_GRID : 1;
+    for (int pass = 0; pass < 2; pass++) {
+        const uint32_t from = pass ? (best > coarse ? best - coarse : 0) : 0;
+        const uint32_t to = pass ? (best + coarse < n_host_kv ? best + coarse : n_host_kv) : n_host_kv;
+        const uint32_t step = pass ? (coarse / KV_UP_GRID > 1 ? coarse / KV_UP_GRID : 1) : coarse;
+        for (uint32_t up = from; up <= to; up += step) {
+            if (up == best || (pass && up % coarse == 0)) continue; /* (weighed already) */
+            place_tier(m, req, prof, p, t, share, true, up);
+            plan_tier_account(m, p, tier);
+            const double sec = tier_per_token(prof, m, req, p, t);
+            if (sec < best_s) best_s = sec, best = up;
+        }
     }
+    place_tier(m, req, prof, p, t, share, true, best);
+    plan_tier_account(m, p, tier);
 }
 
 /* A step runs its tier's plan up to the next tier's fewest tokens. Where the next tier's plan is
