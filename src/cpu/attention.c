@@ -160,8 +160,8 @@ static void widen_block(void (*widen)(const void *, float *, int64_t), const uin
 /* The same for a tile of tokens of one sequence, token i attending cells [c_begin, n_cells[i])
  * (c_begin a multiple of KEY_BLOCK): each run of SUB_KEYS keys of a block, then of its values, is
  * widened to f32 once, while it stays in L1, and serves every (token, head) row of the tile. A
- * row's sums run in the same order, with the same operations, as attend_chunk's, so each token's
- * result is the one it gets alone, bit for bit; the cache is read once for the tile rather than
+ * row's operations do not depend on the other rows of its tile or on its place among them, so
+ * each token's result is the one it gets alone, bit for bit; the cache is read once for the tile rather than
  * once for each token (a prompt step of n tokens would read it n times), and once for the heads
  * of a KV head, widened once for all of them (a decode step's). partial (one token; not NULL):
  * each head's maximum, sum and unnormalized output go there instead, as attend_chunk's. */

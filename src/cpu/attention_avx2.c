@@ -1,6 +1,6 @@
-/* AVX2/F16C inner loops of attention over f16 keys and values, and over rows of them already
- * widened to f32 (a prompt tile's block): the same operations in the same order, so both give
- * the same sums bit for bit (widening f16 is exact). */
+/* AVX2/F16C inner loops of attention: over f16 keys and values a head at a time (heads wider than
+ * the tile's), and over a tile's run of them widened to f32, several rows and keys at a time, each
+ * (row, key) by the same operations wherever it sits in a call. */
 #include <immintrin.h>
 #include <math.h>
 

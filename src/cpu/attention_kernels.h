@@ -17,8 +17,8 @@ void attn_scores_tile_avx2(const float *q, int64_t q_stride, int n_rows, const f
                            int n, float scale, float *out, int64_t out_stride);
 /* the largest of s[0..n) */
 float attn_max_avx2(const float *s, int n);
-/* s[j] = e^(s[j] - max) in place for j < n (max at least each s[j]); returns their sum, by the
- * same operations for any n of the same tail */
+/* s[j] = e^(s[j] - max) in place for j < n (max at least each s[j]); returns their sum, added in
+ * an order that depends on n alone */
 float attn_exp_sum_avx2(float *s, int n, float max);
 /* acc[r * acc_stride + i] += p[r * p_stride + j] * v[j * v_stride + i] for rows r < n_rows, keys
  * j < n_keys in turn and i < n: each output the same FMAs in the same order in any tile */
