@@ -200,6 +200,14 @@ static void test_attention_matches_naive_softmax(void **state) {
     free(v);
 }
 
+/* A unit's heads: a run of at most 8 that share a KV head, or the whole groups of several KV
+ * heads. */
+static bool unit_heads(const struct cpu_attn_shape *s, int h0, int h1) {
+    const int group = s->n_head / s->n_head_kv;
+    if (!(0 <= h0 && h0 < h1 && h1 <= s->n_head)) return false;
+    return (h0 / group == (h1 - 1) / group && h1 - h0 <= 8) || (h0 % group == 0 && h1 % group == 0);
+}
+
 /* Heads that share a KV head read the cache together: every head's output is the same bit for
  * bit whatever range it came in (a group of 12 takes two chunks; ranges cross groups), and the
  * units a step is cut into cover every (token, head) once, within one KV head each. */
@@ -232,18 +240,17 @@ static void test_attention_heads_together_equal_alone(void **state) {
                 struct cpu_attn_units u;
                 cpu_attention_units(&s, n_tokens, n_cells, false, n_threads, &u);
                 int *seen = calloc((size_t)(n_tokens * s.n_head), sizeof(int));
-                const int group = s.n_head / s.n_head_kv;
                 for (int64_t i = 0; i < u.count; i++) {
                     int64_t t0, t1;
                     int h0, h1, split;
                     cpu_attention_unit(&s, &u, i, &t0, &t1, &h0, &h1, &split);
                     assert_int_equal(split, 0);
-                    assert_true(t0 >= 0 && t1 == t0 + 1 && t1 <= n_tokens && h0 < h1 && h1 - h0 <= 8);
-                    assert_int_equal(h0 / group, (h1 - 1) / group);
+                    assert_true(t0 >= 0 && t1 == t0 + 1 && t1 <= n_tokens && unit_heads(&s, h0, h1));
                     for (int h = h0; h < h1; h++) seen[t0 * s.n_head + h]++;
                 }
                 for (int64_t i = 0; i < n_tokens * s.n_head; i++) assert_int_equal(seen[i], 1);
                 if (n_tokens * s.n_head >= n_threads) assert_true(u.count >= n_threads || u.per == 1);
+                if (n_threads == 1) assert_int_equal(u.count, n_tokens); /* a token's unit takes every head */
                 free(seen);
             }
         free(k), free(v), free(q), free(alone), free(together);
@@ -303,7 +310,8 @@ static void test_attention_tiles_equal_tokens_alone(void **state) {
                     cpu_attention_unit(&s, &u, i, &t0, &t1, &h0, &h1, &split);
                     assert_int_equal(split, 0);
                     assert_true(t0 >= 0 && t0 < t1 && t1 <= n_tokens && t1 - t0 <= CPU_ATTN_TILE_TOKENS);
-                    assert_true(h0 < h1 && h1 - h0 <= 8 && h0 / group == (h1 - 1) / group);
+                    /* (a tile of tokens within one KV head; one token may take several) */
+                    assert_true(unit_heads(&s, h0, h1) && (t1 - t0 == 1 || (h1 - h0 <= 8 && h0 / group == (h1 - 1) / group)));
                     for (int64_t t = t0; t < t1; t++)
                         for (int h = h0; h < h1; h++) seen[t * s.n_head + h]++;
                     cpu_attention_tokens(&s, q + t0 * q_width, &kv, n_cells + t0, (int)(t1 - t0), h0, h1, tiled + t0 * o_width);
@@ -398,7 +406,6 @@ static void test_attention_split_equals_whole(void **state) {
         for (int64_t i = 0; i < cells[0] * vw; i++) v[i] = half_from_f32(frand(&seed));
         for (int64_t i = 0; i < n_tokens * q_width; i++) q[i] = frand(&seed);
         for (int t = 0; t < n_tokens; t++) cpu_attention_heads(&s, q + t * q_width, &kv, cells[t], 0, s.n_head, alone + t * o_width);
-        const int group = s.n_head / s.n_head_kv;
         for (int n_threads = 1; n_threads <= 64; n_threads *= 4) {
             struct cpu_attn_units u;
             cpu_attention_units(&s, n_tokens, cells[0], false, n_threads, &u);
@@ -411,7 +418,7 @@ static void test_attention_split_equals_whole(void **state) {
                 int h0, h1, split;
                 cpu_attention_unit(&s, &u, i, &t0, &t1, &h0, &h1, &split);
                 assert_true(t0 >= 0 && t1 == t0 + 1 && t1 <= n_tokens && split >= 0 && split < u.splits);
-                assert_true(h0 < h1 && h0 / group == (h1 - 1) / group);
+                assert_true(unit_heads(&s, h0, h1));
                 for (int h = h0; h < h1; h++) seen[(t0 * s.n_head + h) * u.splits + split]++;
                 cpu_attention_split(&s, &u, q + t0 * q_width, &kv, cells[t0], t0, h0, h1, split, partial);
             }

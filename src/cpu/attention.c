@@ -280,11 +280,14 @@ void cpu_attention_tokens(const struct cpu_attn_shape *s, const float *q, const 
     }
 }
 
-/* Units of a token's (or a tile's) heads sharing a KV head, each over a run of its cells; tiles
- * first shrink, then the heads a unit takes, until there is a unit for every thread. */
-static int64_t unit_count(const struct cpu_attn_shape *s, int64_t n_tokens, int tokens, int per, int splits) {
+/* Units of a token's (or a tile's) heads sharing a KV head, or of one token's heads of kv_per KV
+ * heads, each over a run of its cells; tiles first shrink, then the KV heads a unit takes, then
+ * the query heads, until there is a unit for every thread. */
+static int64_t unit_count(const struct cpu_attn_shape *s, int64_t n_tokens, int tokens, int per, int kv_per, int splits) {
     const int group = s->n_head / s->n_head_kv;
-    return (n_tokens + tokens - 1) / tokens * s->n_head_kv * ((group + per - 1) / per) * splits;
+    const int64_t tiles = (n_tokens + tokens - 1) / tokens;
+    if (kv_per > 1) return tiles * ((s->n_head_kv + kv_per - 1) / kv_per) * splits;
+    return tiles * s->n_head_kv * ((group + per - 1) / per) * splits;
 }
 
 void cpu_attention_units(const struct cpu_attn_shape *s, int64_t n_tokens, int64_t max_cells, bool one_sequence,
@@ -300,15 +303,21 @@ void cpu_attention_units(const struct cpu_attn_shape *s, int64_t n_tokens, int64
     }
     int tokens = splits == 1 && one_sequence && s->head_k <= TILE_HEAD && s->head_v <= TILE_HEAD ? TILE_ROWS / per : 1;
     if (tokens > n_tokens) tokens = (int)(n_tokens > 0 ? n_tokens : 1);
-    while (tokens > 1 && unit_count(s, n_tokens, tokens, per, splits) < n_threads) tokens = (tokens + 1) / 2;
-    while (per > 1 && unit_count(s, n_tokens, tokens, per, splits) < n_threads) per = (per + 1) / 2;
-    u->per = per;
-    u->slices = (group + per - 1) / per;
+    while (tokens > 1 && unit_count(s, n_tokens, tokens, per, 1, splits) < n_threads) tokens = (tokens + 1) / 2;
+    /* A token's unit reads its run of every KV head's cells one KV head after another: a cell's
+     * rows of all its KV heads lie side by side, and read so they come from memory markedly
+     * faster than each KV head's rows of the whole run alone (bench/RESULTS.md). */
+    int kv_per = tokens == 1 ? s->n_head_kv : 1;
+    while (kv_per > 1 && unit_count(s, n_tokens, tokens, per, kv_per, splits) < n_threads) kv_per = (kv_per + 1) / 2;
+    while (kv_per == 1 && per > 1 && unit_count(s, n_tokens, tokens, per, 1, splits) < n_threads) per = (per + 1) / 2;
+    u->per = kv_per > 1 ? group : per;
+    u->slices = kv_per > 1 ? 1 : (group + per - 1) / per;
+    u->kv_per = kv_per;
     u->tokens = tokens;
     u->splits = splits;
     u->split_cells = split_cells;
     u->n_tokens = n_tokens;
-    u->count = unit_count(s, n_tokens, tokens, per, splits);
+    u->count = unit_count(s, n_tokens, tokens, per, kv_per, splits);
 }
 
 void cpu_attention_unit(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, int64_t unit, int64_t *token_begin,
@@ -316,12 +325,19 @@ void cpu_attention_unit(const struct cpu_attn_shape *s, const struct cpu_attn_un
     const int group = s->n_head / s->n_head_kv;
     *split = (int)(unit % u->splits);
     unit /= u->splits;
-    const int64_t per_tile = (int64_t)s->n_head_kv * u->slices;
+    const int kv_units = (s->n_head_kv + u->kv_per - 1) / u->kv_per;
+    const int64_t per_tile = (int64_t)kv_units * u->slices;
     *token_begin = unit / per_tile * u->tokens;
     *token_end = *token_begin + u->tokens < u->n_tokens ? *token_begin + u->tokens : u->n_tokens;
-    const int kvh = (int)(unit % per_tile / u->slices), slice = (int)(unit % u->slices);
-    *head_begin = kvh * group + slice * u->per;
-    *head_end = *head_begin + u->per < (kvh + 1) * group ? *head_begin + u->per : (kvh + 1) * group;
+    const int kvu = (int)(unit % per_tile / u->slices), slice = (int)(unit % u->slices);
+    if (u->kv_per > 1) { /* whole groups of KV heads kvu * kv_per .. */
+        const int kv_end = (kvu + 1) * u->kv_per < s->n_head_kv ? (kvu + 1) * u->kv_per : s->n_head_kv;
+        *head_begin = kvu * u->kv_per * group;
+        *head_end = kv_end * group;
+        return;
+    }
+    *head_begin = kvu * group + slice * u->per;
+    *head_end = *head_begin + u->per < (kvu + 1) * group ? *head_begin + u->per : (kvu + 1) * group;
 }
 
 /* A run's partial sums of (token, head) in the step's buffer. */
@@ -333,18 +349,18 @@ static inline int64_t partial_at(const struct cpu_attn_shape *s, const struct cp
 void cpu_attention_split(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, const float *q,
                          const struct cpu_kv_view *kv, int64_t n_cells, int64_t token, int head_begin, int head_end, int split,
                          float *partial) {
-    const int group = s->n_head / s->n_head_kv, kvh = head_begin / group;
+    const int group = s->n_head / s->n_head_kv;
     const int64_t c0 = split * u->split_cells, end = c0 + u->split_cells < n_cells ? c0 + u->split_cells : n_cells;
     const int64_t stride = (int64_t)u->splits * (s->head_v + 2); /* from one head's run to the next head's */
-    for (int h = head_begin; h < head_end; h += HEAD_CHUNK) {
-        const int n = head_end - h < HEAD_CHUNK ? head_end - h : HEAD_CHUNK;
+    for (int h = head_begin; h < head_end;) {
+        const int kvh = h / group, group_end = (kvh + 1) * group < head_end ? (kvh + 1) * group : head_end;
+        const int n = group_end - h < HEAD_CHUNK ? group_end - h : HEAD_CHUNK;
         float *p = partial + partial_at(s, u, token, h, split);
-        if (end <= c0) { /* past the token's cells: nothing */
+        if (end <= c0) /* past the token's cells: nothing */
             for (int g = 0; g < n; g++) p[g * stride] = -INFINITY, p[g * stride + 1] = 0.0f;
-            continue;
-        }
-        if (tiles(s)) attend_tile(s, q, &end, 1, kv, kvh, h, n, c0, NULL, p, stride);
+        else if (tiles(s)) attend_tile(s, q, &end, 1, kv, kvh, h, n, c0, NULL, p, stride);
         else attend_chunk(s, q, kv, c0, end, kvh, h, n, NULL, p, stride);
+        h += n;
     }
 }
 

@@ -45,15 +45,17 @@ void cpu_attention_heads(const struct cpu_attn_shape *s, const float *q, const s
 void cpu_attention_tokens(const struct cpu_attn_shape *s, const float *q, const struct cpu_kv_view *kv,
                           const int64_t *n_cells, int n_tokens, int head_begin, int head_end, float *out);
 
-/* A step's attention as units of work for a thread pool: each a run of query heads that share a
- * KV head (the whole group, at most 8) for one token, or, where the step's tokens are all of one
- * sequence, for a tile of consecutive tokens (up to 64 query rows); tiles shrink, then the heads
- * a unit takes, until there is a unit for each of n_threads.
+/* A step's attention as units of work for a thread pool: each the query heads of several KV
+ * heads (their whole groups, all of them at first) for one token, or a run of query heads that
+ * share a KV head (the whole group, at most 8) for one token, or, where the step's tokens are all
+ * of one sequence, for a tile of consecutive tokens (up to 64 query rows); tiles shrink, then the
+ * KV heads a unit takes, then its query heads, until there is a unit for each of n_threads. A
+ * unit of several KV heads reads a cell's rows of all of them, which lie side by side.
  *
  * A step of at most CPU_ATTN_SPLIT_TOKENS tokens whose longest cache has 2 * CPU_ATTN_SPLIT_CELLS
  * cells or more also cuts each token's cells into runs (splits): CPU_ATTN_SPLIT_CELLS cells each,
  * more where the cache would make over CPU_ATTN_MAX_SPLITS of them. A unit then attends one run
- * of one token with a KV head's group, leaving partial sums (cpu_attention_split) that
+ * of one token with its heads, leaving partial sums (cpu_attention_split) that
  * cpu_attention_merge combines once every unit is done. Without runs, a decode step of qwen30b's
  * shape on 16 threads cut each KV head's group of 8 query heads into 4 units of 2, and each read
  * the whole cache of its KV head; and 3 KV heads on 2 threads left one idle a third of the time.
@@ -63,11 +65,12 @@ enum { CPU_ATTN_TILE_TOKENS = 64 }; /* the most tokens a unit takes */
 enum { CPU_ATTN_SPLIT_TOKENS = 4, CPU_ATTN_SPLIT_CELLS = 512, CPU_ATTN_MAX_SPLITS = 64 };
 struct cpu_attn_units {
     int per, slices;     /* heads a unit takes; units a KV head's group makes */
+    int kv_per;          /* KV heads a unit takes (more than 1: their whole groups, a token a unit) */
     int tokens;          /* tokens a unit takes (the last tile may take fewer) */
     int splits;          /* runs a token's cells are cut into (1: none) */
     int64_t split_cells; /* cells a run takes */
     int64_t n_tokens;    /* the step's */
-    int64_t count;       /* tiles * n_head_kv * slices * splits */
+    int64_t count;       /* tiles * ceil(n_head_kv / kv_per) * slices * splits */
 };
 /* max_cells: the most cells a token of the step attends. */
 void cpu_attention_units(const struct cpu_attn_shape *s, int64_t n_tokens, int64_t max_cells, bool one_sequence,
@@ -89,7 +92,7 @@ static inline int64_t cpu_attention_partial_floats_max(const struct cpu_attn_sha
 }
 
 /* Run `split` of token `token` (q: that token's queries, n_cells: the cells it attends) for heads
- * [head_begin, head_end) of one KV head: its partial sums into `partial` (the step's). */
+ * [head_begin, head_end), a KV head after another: its partial sums into `partial` (the step's). */
 void cpu_attention_split(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, const float *q,
                          const struct cpu_kv_view *kv, int64_t n_cells, int64_t token, int head_begin, int head_end, int split,
                          float *partial);
