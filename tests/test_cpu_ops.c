@@ -17,6 +17,7 @@
 
 #include "core/threadpool.h"
 #include "cpu/attention.h"
+#include "cpu/attention_kernels.h"
 #include "cpu/cpu_ops.h"
 #include "cpu/moe.h"
 #include "cpu/rope.h"
@@ -164,6 +165,42 @@ static void test_mrope_sections(void **state) {
         const double theta = pos[cpu_rope_axis(&p, i)] * pow(1e6, -2.0 * i / 128);
         assert_float_equal(multi[2 * i], cos(theta), 2e-4);
         assert_float_equal(multi[2 * i + 1], sin(theta), 2e-4);
+    }
+}
+
+/* The AVX2 weights of an attention block: e^(s - max) within 1 ulp of expf down to -87.29 (0
+ * below -87.3, where floats end; NaN stays NaN), their sum the sum of what it stored, at every
+ * tail length. Where the CPU has no AVX2 the kernel cannot run: nothing to check. */
+static void test_attention_exp_sum(void **state) {
+    (void)state;
+    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))) return;
+    int64_t worst = 0;
+    for (double x = -87.29; x <= 0.0; x += 3.3e-4) {
+        float s[8];
+        for (int i = 0; i < 8; i++) s[i] = (float)x + 0.5f; /* max 0.5: s - max = x */
+        attn_exp_sum_avx2(s, 8, 0.5f);
+        const float want = expf((float)x + 0.5f - 0.5f);
+        int32_t a, b;
+        memcpy(&a, &s[3], 4), memcpy(&b, &want, 4);
+        const int64_t ulps = a > b ? (int64_t)a - b : (int64_t)b - a;
+        worst = ulps > worst ? ulps : worst;
+    }
+    assert_true(worst <= 1);
+    float edge[8] = {NAN, -INFINITY, -100.0f, -87.5f, 0.0f, -1.0f, -2.0f, -3.0f};
+    attn_exp_sum_avx2(edge, 8, 0.0f);
+    assert_true(isnan(edge[0]));
+    assert_true(edge[1] == 0.0f && edge[2] == 0.0f && edge[3] == 0.0f && edge[4] == 1.0f);
+    for (int n = 1; n <= 19; n++) { /* tails: the lanes past n neither stored nor summed */
+        float s[24], guard = 1234.5f;
+        for (int i = 0; i < 24; i++) s[i] = i < n ? -0.25f * (float)i : guard;
+        const float sum = attn_exp_sum_avx2(s, n, 0.0f);
+        double stored = 0;
+        for (int i = 0; i < n; i++) {
+            assert_float_equal(s[i], expf(-0.25f * (float)i), 2e-7);
+            stored += s[i];
+        }
+        for (int i = n; i < 24; i++) assert_true(s[i] == guard);
+        assert_float_equal(sum, stored, 1e-5);
     }
 }
 
@@ -589,6 +626,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_threadpool_covers_every_index_once),
         cmocka_unit_test(test_threadpool_runs_without_its_workers), cmocka_unit_test(test_rope_matches_formula), cmocka_unit_test(test_mrope_sections),
+        cmocka_unit_test(test_attention_exp_sum),
         cmocka_unit_test(test_attention_matches_naive_softmax),
         cmocka_unit_test(test_attention_heads_together_equal_alone),
         cmocka_unit_test(test_attention_tiles_equal_tokens_alone),
