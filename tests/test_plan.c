@@ -386,22 +386,6 @@ static void test_lent_slots(void **state) {
     plan_free(&lent);
 }
 
-/* A tier's seconds per token at both its ends (its fewest tokens and its most), as the planner
- * weighs a tier's placements. */
-static double tier_cost(const struct profile *prof, const struct plan_request *r, const struct plan *p,
-                        const struct plan_tier *tier, int t) {
-    const int32_t lo = plan_tier_tokens[t], top = t + 1 < PLAN_TIERS ? plan_tier_tokens[t + 1] - 1 : r->n_batch;
-    const int32_t hi = top < r->n_batch ? top : r->n_batch;
-    double sec = 0;
-    for (int32_t n = lo;; n = hi) {
-        struct cost_step cs;
-        cost_step(prof, &model, p, tier, n, r->n_ctx > n ? r->n_ctx - n : 0, &cs);
-        sec += cs.seconds / n;
-        if (n == hi) break;
-    }
-    return sec;
-}
-
 /* With the CPU's attention at rates from fast to slow, each ring tier that carries KV up runs
  * the attention of as many of the host's layers on the GPU as the cost model finds fastest, the
  * rest on the CPU: never slower than all of them either way (checked by placing the tier so),
@@ -426,7 +410,7 @@ static void kv_stream_mixes(struct profile *prof, const struct plan_request *req
             }
             assert_int_equal(p.tier[t].kv_stream, up > 0);
             mixed |= up > 0 && cpu > 0;
-            const double chosen = tier_cost(prof, r, &p, &p.tier[t], t);
+            const double chosen = plan_tier_per_token(prof, &model, r, &p, &p.tier[t], t);
             for (int way = 0; way < 2; way++) {
                 struct plan_tier alike = p.tier[t];
                 for (uint32_t i = 0; i < model.n_shards; i++) {
@@ -435,7 +419,7 @@ static void kv_stream_mixes(struct profile *prof, const struct plan_request *req
                 }
                 alike.kv_stream = way;
                 plan_tier_account(&model, &p, &alike);
-                assert_true(chosen <= tier_cost(prof, r, &p, &alike, t) * (1 + 1e-9));
+                assert_true(chosen <= plan_tier_per_token(prof, &model, r, &p, &alike, t) * (1 + 1e-9));
             }
         }
         plan_free(&p);

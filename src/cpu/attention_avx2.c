@@ -40,11 +40,14 @@ static inline __m128 sum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
+/* The lanes below n (n < 8: a tail) */
+static inline __m256i lanes_below(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 /* Lanes below n of p (n < 8 a tail; the rest read as 0) */
 static inline __m256 load_head(const float *p, int n) {
-    if (n >= 8) return _mm256_loadu_ps(p);
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane));
+    return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lanes_below(n));
 }
 
 static inline void store_scores(float *out, __m128 s, int n) {
@@ -127,7 +130,7 @@ float attn_exp_sum_avx2(float *s, int n, float max) {
             _mm256_storeu_ps(s + j, e);
             sum = _mm256_add_ps(sum, e);
         } else { /* the tail's lanes past n add 0 */
-            const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            const __m256i mask = lanes_below(left);
             _mm256_maskstore_ps(s + j, mask, e);
             sum = _mm256_add_ps(sum, _mm256_and_ps(e, _mm256_castsi256_ps(mask)));
         }

@@ -151,12 +151,18 @@ static void place_tier(const struct model *m, const struct plan_request *req, co
     }
 }
 
-/* The predicted seconds of a step of n tokens in tier t, at the end of the context. */
+/* The predicted seconds of a step of n tokens placed as `tier`, at the end of the context. */
+static double tier_step_seconds(const struct profile *prof, const struct model *m, const struct plan_request *req,
+                                const struct plan *p, const struct plan_tier *tier, int32_t n) {
+    struct cost_step cs;
+    cost_step(prof, m, p, tier, n, req->n_ctx > n ? req->n_ctx - n : 0, &cs);
+    return cs.seconds;
+}
+
+/* The same for tier t of the plan. */
 static double step_seconds(const struct profile *prof, const struct model *m, const struct plan_request *req,
                            const struct plan *p, int t, int32_t n) {
-    struct cost_step cs;
-    cost_step(prof, m, p, &p->tier[t], n, req->n_ctx > n ? req->n_ctx - n : 0, &cs);
-    return cs.seconds;
+    return tier_step_seconds(prof, m, req, p, &p->tier[t], n);
 }
 
 /* Tier t's largest step (capped by the micro-batch). A prompt tier spans 4x in tokens, and a plan
@@ -166,11 +172,16 @@ static int32_t tier_top_tokens(const struct plan_request *req, int t) {
     return top < req->n_batch ? top : req->n_batch;
 }
 
-/* Seconds per token of tier t's steps at both its ends (its fewest tokens and its most). */
+double plan_tier_per_token(const struct profile *prof, const struct model *m, const struct plan_request *req,
+                           const struct plan *p, const struct plan_tier *tier, int t) {
+    const int32_t lo = plan_tier_tokens[t], hi = tier_top_tokens(req, t);
+    return tier_step_seconds(prof, m, req, p, tier, lo) / lo +
+           (hi > lo ? tier_step_seconds(prof, m, req, p, tier, hi) / hi : 0);
+}
+
 static double tier_per_token(const struct profile *prof, const struct model *m, const struct plan_request *req,
                              const struct plan *p, int t) {
-    const int32_t lo = plan_tier_tokens[t], hi = tier_top_tokens(req, t);
-    return step_seconds(prof, m, req, p, t, lo) / lo + (hi > lo ? step_seconds(prof, m, req, p, t, hi) / hi : 0);
+    return plan_tier_per_token(prof, m, req, p, &p->tier[t], t);
 }
 
 /* How finely a ring tier's count of layers carrying KV up is sought (set_tier). */

@@ -25,6 +25,11 @@ pshard_status plan_resident_set(const struct model *m, const struct plan_request
 /* Tier t's flags (any_gpu, all_gpu, shards_gpu) and per-token byte counts from its places: what
  * the cost model reads of a tier besides the places. */
 void plan_tier_account(const struct model *m, const struct plan *p, struct plan_tier *t);
+/* Seconds per token of steps placed as `tier` (tier t's or another placement of it) at both ends
+ * of tier t (its fewest tokens and its most), at the end of the context: how the planner weighs a
+ * tier's placements. */
+double plan_tier_per_token(const struct profile *prof, const struct model *m, const struct plan_request *req,
+                           const struct plan *p, const struct plan_tier *tier, int t);
 /* The budget's parts (resident weights and KV, the GPU's buffers, the file mapping) and every
  * tier's account. */
 void plan_account(const struct model *m, const struct plan_request *req, const struct plan_gpu_costs *costs, struct plan *p);
