@@ -204,6 +204,75 @@ static void test_attention_exp_sum(void **state) {
     }
 }
 
+/* The SIMD tile kernels this CPU can run (AVX2, AVX-512), called directly: every score is the
+ * (row, key) dot of its inputs times the scale within rounding, and the same bit for bit as that
+ * (row, key) alone (a call of one row and one key); the outputs of a tile the same as row by row,
+ * and the AVX-512 outputs the AVX2 ones bit for bit. Rows 1-9 and keys 1-19 cover every
+ * remainder of the kernels' 2 and 4 rows and 4 keys; widths cover whole vectors and tails. */
+static void test_attention_tile_kernels(void **state) {
+    (void)state;
+    typedef void (*score_fn)(const float *, int64_t, int, const float *, int64_t, int, int, float, float *, int64_t);
+    typedef void (*acc_fn)(float *, int64_t, const float *, int64_t, int, const float *, int64_t, int, int);
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
+    const struct {
+        bool can;
+        score_fn score;
+        acc_fn accumulate;
+    } sets[] = {{avx2, attn_scores_tile_avx2, attn_accumulate_tile_avx2},
+                {avx512, attn_scores_tile_avx512, attn_accumulate_tile_avx512}};
+    enum { ROWS = 9, KEYS = 19, W = 136, ST = 160 }; /* strides past the widths, as a tile's are */
+    static float q[ROWS * ST], k[KEYS * ST], v[KEYS * ST], p[ROWS * KEYS], out[ROWS * KEYS], one[1];
+    static float acc0[ROWS * ST], acc[ROWS * ST], acc2[ROWS * ST];
+    uint32_t seed = 41;
+    for (int i = 0; i < ROWS * ST; i++) q[i] = frand(&seed);
+    for (int i = 0; i < KEYS * ST; i++) k[i] = frand(&seed), v[i] = frand(&seed);
+    for (int i = 0; i < ROWS * KEYS; i++) p[i] = 0.5f + 0.5f * frand(&seed);
+    for (int i = 0; i < ROWS * ST; i++) acc0[i] = frand(&seed);
+    const int widths[] = {W, 128, 40, 24, 17, 3};
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+        if (!sets[si].can) continue;
+        for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+            const int n = widths[wi];
+            for (int rows = 1; rows <= ROWS; rows++)
+                for (int keys = 1; keys <= KEYS; keys += (keys < 6 ? 1 : 7)) {
+                    memset(out, 0, sizeof out);
+                    sets[si].score(q, ST, rows, k, ST, keys, n, 0.3f, out, KEYS);
+                    for (int r = 0; r < ROWS; r++)
+                        for (int j = 0; j < KEYS; j++) {
+                            if (r >= rows || j >= keys) { /* nothing past the tile written */
+                                assert_true(out[r * KEYS + j] == 0.0f);
+                                continue;
+                            }
+                            sets[si].score(q + r * ST, ST, 1, k + j * ST, ST, 1, n, 0.3f, one, 1);
+                            assert_memory_equal(&out[r * KEYS + j], one, sizeof one);
+                            double d = 0;
+                            for (int i = 0; i < n; i++) d += (double)q[r * ST + i] * k[j * ST + i];
+                            assert_float_equal(one[0], 0.3 * d, 1e-5 * (1 + n));
+                        }
+                    memcpy(acc, acc0, sizeof acc);
+                    sets[si].accumulate(acc, ST, p, KEYS, rows, v, ST, keys, n);
+                    for (int r = 0; r < ROWS; r++)
+                        for (int i = 0; i < ST; i++) {
+                            if (r >= rows || i >= n) { /* nothing past the tile written */
+                                assert_true(acc[r * ST + i] == acc0[r * ST + i]);
+                                continue;
+                            }
+                            float want = acc0[r * ST + i]; /* an output's FMAs over the keys in order */
+                            for (int j = 0; j < keys; j++) want = fmaf(p[r * KEYS + j], v[j * ST + i], want);
+                            assert_true(acc[r * ST + i] == want);
+                        }
+                    if (si > 0 && sets[0].can) { /* AVX-512's outputs: AVX2's */
+                        memcpy(acc2, acc0, sizeof acc2);
+                        sets[0].accumulate(acc2, ST, p, KEYS, rows, v, ST, keys, n);
+                        assert_memory_equal(acc, acc2, sizeof acc);
+                    }
+                }
+        }
+    }
+}
+
 static void test_attention_matches_naive_softmax(void **state) {
     (void)state;
     const struct cpu_attn_shape s = {4, 2, 32, 16, 1.0f / sqrtf(32.0f)};
@@ -627,6 +696,7 @@ int main(void) {
         cmocka_unit_test(test_threadpool_covers_every_index_once),
         cmocka_unit_test(test_threadpool_runs_without_its_workers), cmocka_unit_test(test_rope_matches_formula), cmocka_unit_test(test_mrope_sections),
         cmocka_unit_test(test_attention_exp_sum),
+        cmocka_unit_test(test_attention_tile_kernels),
         cmocka_unit_test(test_attention_matches_naive_softmax),
         cmocka_unit_test(test_attention_heads_together_equal_alone),
         cmocka_unit_test(test_attention_tiles_equal_tokens_alone),

@@ -173,13 +173,16 @@ static void attend_tile(const struct cpu_attn_shape *s, const float *q, const in
     const uint16_t *k_base = kv->k + (int64_t)kvh * s->head_k, *v_base = kv->v + (int64_t)kvh * s->head_v;
     float qh[TILE_ROWS][TILE_HEAD], acc[TILE_ROWS][TILE_HEAD], block[SUB_KEYS * TILE_HEAD], scores[TILE_ROWS][KEY_BLOCK];
     float max[TILE_ROWS], sum[TILE_ROWS], new_max[TILE_ROWS];
-    const int simd = cpu_features()->avx2;
+    const struct cpu_features *f = cpu_features();
+    const int simd = f->avx2;
+    /* AVX-512: the outputs wherever it runs (the AVX2 kernel's sums, faster even where 512-bit
+     * operations run as two halves), the scores where they run whole (bench/RESULTS.md) */
     void (*score)(const float *, int64_t, int, const float *, int64_t, int, int, float, float *, int64_t) =
-        simd ? attn_scores_tile_avx2 : scores_tile_ref;
+        f->avx512 && !f->avx512_half_rate ? attn_scores_tile_avx512 : simd ? attn_scores_tile_avx2 : scores_tile_ref;
     float (*block_max)(const float *, int) = simd ? attn_max_avx2 : max_ref;
     float (*exp_sum)(float *, int, float) = simd ? attn_exp_sum_avx2 : exp_sum_ref;
     void (*accumulate)(float *, int64_t, const float *, int64_t, int, const float *, int64_t, int, int) =
-        simd ? attn_accumulate_tile_avx2 : accumulate_tile_ref;
+        f->avx512 ? attn_accumulate_tile_avx512 : simd ? attn_accumulate_tile_avx2 : accumulate_tile_ref;
     void (*widen)(const void *, float *, int64_t) = quant_kernels_get(QUANT_F16)->dequant_row;
     const int rows = n_tokens * n_heads;
     int64_t longest = 0;
