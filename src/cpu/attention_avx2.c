@@ -139,59 +139,61 @@ float attn_exp_sum_avx2(float *s, int n, float max) {
     return _mm_cvtss_f32(sum4(sum, z, z, z));
 }
 
-/* acc rows r0 (and r1 where R is 2) += p[j] * v row j over the keys in turn, 32 outputs of each
- * row in registers at a time (a v load serving both rows), then 8, then one by one: an output's
- * FMAs are the same, in the same order, whether its row comes alone or in a pair. */
-static inline __attribute__((always_inline)) void accumulate_rows(int R, float *acc0, float *acc1, const float *p0,
-                                                                  const float *p1, const float *v, int64_t v_stride,
+/* acc rows += p[j] * v row j over the keys in turn for R rows (1 to 3), 32 outputs of each row in
+ * registers at a time (a v load serving every row; twelve sums in flight keep the FMAs busy), then
+ * 8, then one by one: an output's FMAs are the same, in the same order, whatever rows it comes
+ * with. */
+static inline __attribute__((always_inline)) void accumulate_rows(int R, float *acc, int64_t acc_stride, const float *p,
+                                                                  int64_t p_stride, const float *v, int64_t v_stride,
                                                                   int n_keys, int n) {
     int i = 0;
     for (; i + 32 <= n; i += 32) {
-        __m256 a[4], b[4];
+        __m256 a[3][4];
         #pragma GCC unroll 4
-        for (int t = 0; t < 4; t++) a[t] = _mm256_loadu_ps(acc0 + i + 8 * t);
-        if (R == 2)
+        for (int r = 0; r < R; r++)
             #pragma GCC unroll 4
-            for (int t = 0; t < 4; t++) b[t] = _mm256_loadu_ps(acc1 + i + 8 * t);
+            for (int t = 0; t < 4; t++) a[r][t] = _mm256_loadu_ps(acc + r * acc_stride + i + 8 * t);
         for (int j = 0; j < n_keys; j++) {
             const float *vj = v + j * v_stride + i;
-            const __m256 x = _mm256_set1_ps(p0[j]);
-            const __m256 y = R == 2 ? _mm256_set1_ps(p1[j]) : x;
+            __m256 x[3];
+            #pragma GCC unroll 4
+            for (int r = 0; r < R; r++) x[r] = _mm256_set1_ps(p[r * p_stride + j]);
             #pragma GCC unroll 4
             for (int t = 0; t < 4; t++) {
                 const __m256 w = _mm256_loadu_ps(vj + 8 * t);
-                a[t] = _mm256_fmadd_ps(x, w, a[t]);
-                if (R == 2) b[t] = _mm256_fmadd_ps(y, w, b[t]);
+                #pragma GCC unroll 4
+                for (int r = 0; r < R; r++) a[r][t] = _mm256_fmadd_ps(x[r], w, a[r][t]);
             }
         }
         #pragma GCC unroll 4
-        for (int t = 0; t < 4; t++) _mm256_storeu_ps(acc0 + i + 8 * t, a[t]);
-        if (R == 2)
+        for (int r = 0; r < R; r++)
             #pragma GCC unroll 4
-            for (int t = 0; t < 4; t++) _mm256_storeu_ps(acc1 + i + 8 * t, b[t]);
+            for (int t = 0; t < 4; t++) _mm256_storeu_ps(acc + r * acc_stride + i + 8 * t, a[r][t]);
     }
     for (; i + 8 <= n; i += 8) {
-        __m256 a = _mm256_loadu_ps(acc0 + i), b = R == 2 ? _mm256_loadu_ps(acc1 + i) : a;
+        __m256 a[3];
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; r++) a[r] = _mm256_loadu_ps(acc + r * acc_stride + i);
         for (int j = 0; j < n_keys; j++) {
             const __m256 w = _mm256_loadu_ps(v + j * v_stride + i);
-            a = _mm256_fmadd_ps(_mm256_set1_ps(p0[j]), w, a);
-            if (R == 2) b = _mm256_fmadd_ps(_mm256_set1_ps(p1[j]), w, b);
+            #pragma GCC unroll 4
+            for (int r = 0; r < R; r++) a[r] = _mm256_fmadd_ps(_mm256_set1_ps(p[r * p_stride + j]), w, a[r]);
         }
-        _mm256_storeu_ps(acc0 + i, a);
-        if (R == 2) _mm256_storeu_ps(acc1 + i, b);
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; r++) _mm256_storeu_ps(acc + r * acc_stride + i, a[r]);
     }
     for (; i < n; i++)
-        for (int j = 0; j < n_keys; j++) {
-            acc0[i] = fmaf(p0[j], v[j * v_stride + i], acc0[i]);
-            if (R == 2) acc1[i] = fmaf(p1[j], v[j * v_stride + i], acc1[i]);
-        }
+        for (int r = 0; r < R; r++)
+            for (int j = 0; j < n_keys; j++)
+                acc[r * acc_stride + i] = fmaf(p[r * p_stride + j], v[j * v_stride + i], acc[r * acc_stride + i]);
 }
 
 void attn_accumulate_tile_avx2(float *acc, int64_t acc_stride, const float *p, int64_t p_stride, int n_rows, const float *v,
                                int64_t v_stride, int n_keys, int n) {
     int r = 0;
+    for (; r + 3 <= n_rows; r += 3)
+        accumulate_rows(3, acc + r * acc_stride, acc_stride, p + r * p_stride, p_stride, v, v_stride, n_keys, n);
     for (; r + 2 <= n_rows; r += 2)
-        accumulate_rows(2, acc + r * acc_stride, acc + (r + 1) * acc_stride, p + r * p_stride, p + (r + 1) * p_stride, v,
-                        v_stride, n_keys, n);
-    if (r < n_rows) accumulate_rows(1, acc + r * acc_stride, NULL, p + r * p_stride, NULL, v, v_stride, n_keys, n);
+        accumulate_rows(2, acc + r * acc_stride, acc_stride, p + r * p_stride, p_stride, v, v_stride, n_keys, n);
+    if (r < n_rows) accumulate_rows(1, acc + r * acc_stride, acc_stride, p + r * p_stride, p_stride, v, v_stride, n_keys, n);
 }
