@@ -6,18 +6,24 @@
  *                in one call;
  *   threads > 1: wall time of the step as the executor runs it (its units over a thread pool,
  *                runs of a long cache merged), and the KV bytes read per second.
+ * `kernels`: the tile's inner loops in L1, one thread, for a decode token of qwen30b (the 8 query
+ * heads of a KV head, 128 wide): ns a cell for each part, in each version this CPU runs.
  *
  * Build (no CMake target needed):
  *   cc -O2 -Isrc -Iinclude bench/attn_bench.c -Lbuild -lpshard -Wl,-rpath,$PWD/build -lm -o build/attn_bench
- * Run: build/attn_bench [cells=4096] [copies=16] [threads=1] */
+ * Run: build/attn_bench [cells=4096] [copies=16] [threads=1]   or   build/attn_bench kernels */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "core/threadpool.h"
 #include "cpu/attention.h"
+#include "cpu/attention_kernels.h"
 #include "quant/half.h"
+#include "quant/quant.h"
 
 /* CPU time of this thread: on a shared machine, time spent descheduled must not count. */
 static double now_s(void) {
@@ -59,7 +65,60 @@ static void step_job(void *arg, int thread, int n_threads) {
     }
 }
 
+/* ns a cell of a decode token's tile parts: 8 rows (query heads), runs of 16 keys, 128 wide */
+static int kernels(void) {
+    enum { ROWS = 8, KEYS = 64, RUN = 16, W = 128, PITCH = 256, REPS = 100000 };
+    static float q[ROWS * PITCH], acc[ROWS * PITCH], block[RUN * W], scores[ROWS * KEYS];
+    static uint16_t cells[RUN * 4 * W]; /* a run of cells, four KV heads' rows each */
+    uint32_t seed = 3;
+    for (int i = 0; i < RUN * 4 * W; i++) cells[i] = half_from_f32(next_value(&seed));
+    for (int i = 0; i < ROWS * PITCH; i++) q[i] = next_value(&seed) / 8;
+    void (*widen)(const void *, float *, int64_t) = quant_kernels_get(QUANT_F16)->dequant_row;
+    double t = now_s();
+    for (int rep = 0; rep < REPS; rep++) {
+        for (int j = 0; j < RUN; j++) widen(cells + j * 4 * W, block + j * W, W);
+        __asm__ volatile("" ::"r"(block) : "memory");
+    }
+    printf("widen a K or V row to f32: %.1f ns\n", (now_s() - t) / REPS / RUN * 1e9);
+    const struct {
+        const char *name;
+        bool can;
+        void (*score)(const float *, int64_t, int, const float *, int64_t, int, int, float, float *, int64_t);
+        void (*accumulate)(float *, int64_t, const float *, int64_t, int, const float *, int64_t, int, int);
+    } sets[] = {{"AVX2", __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"), attn_scores_tile_avx2,
+                 attn_accumulate_tile_avx2},
+                {"AVX-512", __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"),
+                 attn_scores_tile_avx512, attn_accumulate_tile_avx512}};
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+        if (!sets[si].can) continue;
+        t = now_s();
+        for (int rep = 0; rep < REPS; rep++) {
+            sets[si].score(q, PITCH, ROWS, block, W, RUN, W, 0.088f, scores, KEYS);
+            __asm__ volatile("" ::"r"(scores) : "memory");
+        }
+        const double ts = (now_s() - t) / REPS / RUN;
+        for (int i = 0; i < ROWS * KEYS; i++) scores[i] = (float)(i % 5) * -0.1f;
+        t = now_s();
+        for (int rep = 0; rep < REPS / 4; rep++) {
+            for (int r = 0; r < ROWS; r++) attn_exp_sum_avx2(scores + r * KEYS, KEYS, attn_max_avx2(scores + r * KEYS, KEYS));
+            __asm__ volatile("" ::"r"(scores) : "memory");
+        }
+        const double te = (now_s() - t) / (REPS / 4) / KEYS;
+        t = now_s();
+        for (int rep = 0; rep < REPS; rep++) {
+            sets[si].accumulate(acc, PITCH, scores, KEYS, ROWS, block, W, RUN, W);
+            __asm__ volatile("" ::"r"(acc) : "memory");
+        }
+        const double ta = (now_s() - t) / REPS / RUN;
+        printf("%s: scores %.1f ns, max and weights %.1f ns, outputs %.1f ns a cell (8 rows)\n", sets[si].name, ts * 1e9,
+               te * 1e9, ta * 1e9);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "kernels")) return kernels();
     const int64_t cells = argc > 1 ? atoll(argv[1]) : 4096;
     const int copies = argc > 2 ? atoi(argv[2]) : 16;
     const int threads = argc > 3 ? atoi(argv[3]) : 1;
