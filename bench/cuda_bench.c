@@ -457,25 +457,26 @@ static double moe_layer_us(struct cuda_moe m, bool fused, size_t gate_layer, siz
 /* The qwen30b-shaped MoE layer by token count (each of `only`, else the table's), on the fused
  * kernels (up to CUDA_MOE_FUSED_MAX_TOKENS), its expert groups on the matrix-vector kernel and on
  * the tiled GEMM, with the experts in VRAM and read in place from pinned host memory. */
-static void bench_moe(const char *const *only, int n_only) {
-    printf("\n### MoE layer, qwen30b shape (128 experts, top 8, 2048 x 768, Q4_0): routing + FFN, us "
+static void bench_moe(enum quant_type type, const char *const *only, int n_only) {
+    printf("\n### MoE layer, qwen30b shape (128 experts, top 8, 2048 x 768, %s): routing + FFN, us "
            "(GB/s of the experts touched)\n\n| tokens | experts touched | VRAM, fused | VRAM, matrix-vector | VRAM, tiled | "
-           "host in place, fused | host in place, matrix-vector | host in place, tiled |\n|---|---|---|---|---|---|---|---|\n");
+           "host in place, fused | host in place, matrix-vector | host in place, tiled |\n|---|---|---|---|---|---|---|---|\n",
+           quant_type_name(type));
     const int n_expert = 128, k = 8, layers = 4;
     const int64_t d = 2048, ff = 768;
     const size_t mark = cuda_arena_mark(&D.arena);
-    const size_t gb = quant_row_bytes(QUANT_Q4_0, d), db = quant_row_bytes(QUANT_Q4_0, ff);
+    const size_t gb = quant_row_bytes(type, d), db = quant_row_bytes(type, ff);
     const size_t gate_layer = gb * (size_t)(ff * n_expert), down_layer = db * (size_t)(d * n_expert);
-    uint8_t *gate = random_weights(QUANT_Q4_0, ff * n_expert, d, layers), *up = random_weights(QUANT_Q4_0, ff * n_expert, d, layers);
-    uint8_t *down = random_weights(QUANT_Q4_0, d * n_expert, ff, layers);
+    uint8_t *gate = random_weights(type, ff * n_expert, d, layers), *up = random_weights(type, ff * n_expert, d, layers);
+    uint8_t *down = random_weights(type, d * n_expert, ff, layers);
     /* The same layers in pinned host memory. */
     struct cuda_pinned host = {0};
     const size_t layer_bytes = 2 * gate_layer + down_layer;
     DT_CHECK(cuda_host_alloc(layer_bytes * layers, &host));
     uint8_t *hp = host.ptr;
-    dt_random_weights(QUANT_Q4_0, hp, ff * n_expert, d);
-    dt_random_weights(QUANT_Q4_0, hp + gate_layer, ff * n_expert, d);
-    dt_random_weights(QUANT_Q4_0, hp + 2 * gate_layer, d * n_expert, ff);
+    dt_random_weights(type, hp, ff * n_expert, d);
+    dt_random_weights(type, hp + gate_layer, ff * n_expert, d);
+    dt_random_weights(type, hp + 2 * gate_layer, d * n_expert, ff);
     for (int l = 1; l < layers; l++) memcpy(hp + layer_bytes * (size_t)l, hp, layer_bytes);
     const uint8_t *hdev;
     DT_CHECK(cuda_host_device_pointer(hp, (const void **)&hdev));
@@ -504,9 +505,9 @@ static void bench_moe(const char *const *only, int n_only) {
         printf("| %lld | %.0f |", (long long)nt, touched);
         for (int h = 0; h < 2; h++) {
             struct cuda_moe m = {.n_expert = n_expert, .k = k};
-            m.gate = (struct cuda_matrix){QUANT_Q4_0, h ? hdev : gate, d, ff, n_expert, gb, h};
-            m.up = (struct cuda_matrix){QUANT_Q4_0, h ? hdev + gate_layer : up, d, ff, n_expert, gb, h};
-            m.down = (struct cuda_matrix){QUANT_Q4_0, h ? hdev + 2 * gate_layer : down, ff, d, n_expert, db, h};
+            m.gate = (struct cuda_matrix){type, h ? hdev : gate, d, ff, n_expert, gb, h};
+            m.up = (struct cuda_matrix){type, h ? hdev + gate_layer : up, d, ff, n_expert, gb, h};
+            m.down = (struct cuda_matrix){type, h ? hdev + 2 * gate_layer : down, ff, d, n_expert, db, h};
             const size_t gl = h ? layer_bytes : gate_layer, dl = h ? layer_bytes : down_layer;
             for (int kernel = 0; kernel < 3; kernel++) { /* fused, grouped matrix-vector, tiled */
                 const bool tiled = kernel == 2;
@@ -537,8 +538,19 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "attention")) { /* just the attention tables */
         bench_attention();
         bench_attention_crossover();
-    } else if (argc > 1 && !strcmp(argv[1], "moe")) {
-        bench_moe((const char *const *)argv + 2, argc - 2);
+    } else if (argc > 1 && !strcmp(argv[1], "moe")) { /* moe [--type T] [TOKENS...]: the experts' format, Q4_0 default */
+        enum quant_type type = QUANT_Q4_0;
+        int first = 2;
+        if (argc > 3 && !strcmp(argv[2], "--type")) {
+            first = 4;
+            for (uint32_t t = 0; t < 64; t++)
+                if (quant_type_name(t) && !strcmp(quant_type_name(t), argv[3])) type = (enum quant_type)t;
+            if (strcmp(quant_type_name(type), argv[3]) || !cuda_type_supported(type)) {
+                fprintf(stderr, "cuda_bench moe: --type %s: not a format the kernels compute\n", argv[3]);
+                return 2;
+            }
+        }
+        bench_moe(type, (const char *const *)argv + first, argc - first);
     } else if (argc > 1 && !strcmp(argv[1], "matvec")) { /* the ceiling and the matrix-vector table */
         bench_copy();
         bench_matvec();
@@ -553,7 +565,7 @@ int main(int argc, char **argv) {
         bench_attention_crossover();
         bench_in_place();
         bench_in_place_shapes();
-        bench_moe(NULL, 0);
+        bench_moe(QUANT_Q4_0, NULL, 0);
     }
     uint64_t free_b, total_b;
     DT_CHECK(cuda_device_memory(&free_b, &total_b));

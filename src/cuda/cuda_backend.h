@@ -460,8 +460,8 @@ static inline int64_t cuda_moe_matvec_max_tokens(int64_t n_expert, int64_t k) {
 }
 
 /* Whether this device multiplies expert matrices of this format on int8 tensor cores in the tiled
- * path (Q4_0 rows of whole 256-element stages, the kernel compiled for sm_80 or later), its
- * activations in Q8_1, rather than dequantizing them to f16. */
+ * path (Q4_0, Q2_K, Q4_K or Q5_K rows of whole 256-element stages, the kernel compiled for sm_80
+ * or later), its activations in cuda_act_type's format, rather than dequantizing them to f16. */
 bool cuda_int8_products(enum quant_type type, int64_t n_cols);
 /* With that kernel, from VRAM, the tiled path is the faster from 9 tokens of qwen30b's layer on
  * (bench/cuda_kernels.md: 113 against 118 us at 8 tokens, 149 against 176 at 16): steps of up to

@@ -23,11 +23,11 @@ struct gemm_args {
     const void *const *expert_ptrs;
     size_t expert_stride;
     int act_div;            /* activation row of pair p is p / act_div */
-    /* The int8 kernel (mmq.cu): Q8_1 activation rows act_row_bytes apart instead of x; the copy
-     * unit it found. */
+    /* The int8 kernel (mmq.cu): activation rows (cuda_act_type's format) act_row_bytes apart
+     * instead of x; the copy units it found for the weights and the activations. */
     const uint8_t *act;
     size_t act_row_bytes;
-    int mq_unit;
+    int mq_unit, mq_act_unit;
 };
 
 /* The block's weights (an expert's, or the matrix) and, a tile row each, the activation row it
@@ -52,9 +52,10 @@ __device__ __forceinline__ const uint8_t *tile_rows(const gemm_args &a, int *a_r
     return a.expert_ptrs ? (const uint8_t *)a.expert_ptrs[e] : a.w + (size_t)e * a.expert_stride;
 }
 
-/* The fused GEMM's tiles (grid_y of them, rows of 128) on int8 tensor cores, activations a.act
- * in Q8_1: y = x . W^T as the matrix-vector kernel's integers, summed block by block in f32. */
-pshard_status mmq_run(const gemm_args &a, unsigned grid_y, cudaStream_t st);
+/* The fused GEMM's tiles (grid_y of them, rows of 128) on int8 tensor cores, for the formats of
+ * cuda_int8_products, activations a.act in cuda_act_type(type): y = x . W^T as the matrix-vector
+ * kernel's integers, summed part by part in f32. */
+pshard_status mmq_run(enum quant_type type, const gemm_args &a, unsigned grid_y, cudaStream_t st);
 
 /* Whether the fused GEMM copies this matrix's rows as raw bytes (gemm_raw_kernel: a block format
  * with 4-byte-aligned blocks, rows of whole 256-element stages), rather than dequantizing them one

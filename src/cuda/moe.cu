@@ -350,7 +350,9 @@ static bool tiled_int8(const struct cuda_matrix *mat) {
     return !mat->in_place && cuda_int8_products(mat->type, mat->n_cols);
 }
 /* The activations' format the tiled path reads for mat. */
-static enum quant_type tiled_act(const struct cuda_matrix *mat) { return tiled_int8(mat) ? QUANT_Q8_1 : QUANT_F16; }
+static enum quant_type tiled_act(const struct cuda_matrix *mat) {
+    return tiled_int8(mat) ? cuda_act_type(mat->type) : QUANT_F16;
+}
 
 /* One projection of every active expert: matrix mat (3-D, or the pointer table) over the
  * pairs, activations `act` (row = pair / act_div), into y [pairs][mat->n_rows]. */
@@ -383,7 +385,7 @@ static pshard_status expert_matmul(const struct cuda_moe *m, const struct cuda_m
     a.n_rows = (int)mat->n_rows;
     a.n_cols = (int)mat->n_cols;
     const bool int8 = tiled_int8(mat);
-    if (int8) a.act = act, a.act_row_bytes = cuda_act_row_bytes(QUANT_Q8_1, mat->n_cols);
+    if (int8) a.act = act, a.act_row_bytes = cuda_act_row_bytes(cuda_act_type(mat->type), mat->n_cols);
     else a.x = (const __half *)act, a.x_stride = mat->n_cols;
     a.y = y;
     a.y_stride = mat->n_rows;
@@ -393,7 +395,7 @@ static pshard_status expert_matmul(const struct cuda_moe *m, const struct cuda_m
     a.expert_stride = (size_t)mat->n_rows * mat->row_bytes;
     a.act_div = act_div;
     const int64_t tiles = ceil_div(pairs, GEMM_TILE_M) + (m->n_expert < pairs ? m->n_expert : pairs);
-    return int8 ? mmq_run(a, (unsigned)tiles, st) : gemm_fused_run(mat->type, a, (unsigned)tiles, st);
+    return int8 ? mmq_run(mat->type, a, (unsigned)tiles, st) : gemm_fused_run(mat->type, a, (unsigned)tiles, st);
 }
 
 /* ---- the fused kernels of small steps */
@@ -524,7 +526,7 @@ static pshard_status moe_ffn(const struct cuda_moe *m, const float *x, const uin
     if (may_fuse && moe_fused(m, n_tokens)) return moe_ffn_fused(m, x_act, ids, weights, n_tokens, out, accumulate, w, s);
     CUDA_TRY(launch_dep(group_kernel, 1, GROUP_THREADS, 0, st, ids, m->expert_mask, (int)pairs, m->n_expert, w.g));
     if (gemm) {
-        /* (gate and up in one format: x converted once, to Q8_1 for the int8 kernel, else f16) */
+        /* (gate and up in one format: x converted once, quantized for the int8 kernel, else f16) */
         CORE_TRY(cuda_quantize(tiled_act(&m->gate), x, n_embd, n_tokens, w.x_act, s));
         CORE_TRY(expert_matmul(m, &m->gate, m->gate_ptrs, w, n_tokens, w.x_act, m->k, w.gate_out, st));
         const uint8_t *up_act = w.x_act;

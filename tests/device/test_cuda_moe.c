@@ -165,6 +165,10 @@ enum variant { PLAIN, MASKED, TABLES };
 static int n_fused;       /* cases that ran on the fused kernels */
 static bool int8_device; /* compute capability 8.0 or later: int8 tensor cores */
 
+static bool int8_format(enum quant_type t) {
+    return t == QUANT_Q4_0 || t == QUANT_Q2_K || t == QUANT_Q4_K || t == QUANT_Q5_K;
+}
+
 /* fused: through cuda_moe_ffn (which fuses small steps), else cuda_moe_ffn_grouped. */
 static void test_ffn(struct dt *d, enum quant_type gate_type, enum quant_type down_type, int n_expert, int k,
                      int64_t n_embd, int64_t n_ff, int64_t n_tokens, enum variant variant, int matvec_max, bool fused,
@@ -187,11 +191,11 @@ static void test_ffn(struct dt *d, enum quant_type gate_type, enum quant_type do
     for (int64_t i = 0; i < n_tokens * k; i++) wref[i] = mask[ids[i]] ? w[i] : 0.0f;
     const int64_t step = slice > 0 && slice < n_tokens ? slice : n_tokens;
     const bool gemm = step > (matvec_max > 0 ? matvec_max : cuda_moe_matvec_bound(&e.dev));
-    /* The tiled path multiplies Q4_0 rows of whole 256-element stages on int8 tensor cores (sm_80
-     * and later), with the matrix-vector kernel's quantized activations and integers: the CPU's
-     * function; other formats dequantized to f16. */
-    const bool int8_gate = gemm && int8_device && gate_type == QUANT_Q4_0 && n_embd % 256 == 0;
-    const bool int8_down = gemm && int8_device && down_type == QUANT_Q4_0 && n_ff % 256 == 0;
+    /* The tiled path multiplies Q4_0, Q2_K, Q4_K and Q5_K rows of whole 256-element stages on int8
+     * tensor cores (sm_80 and later), with the matrix-vector kernel's quantized activations and
+     * integers: the CPU's function; other formats dequantized to f16. */
+    const bool int8_gate = gemm && int8_device && int8_format(gate_type) && n_embd % 256 == 0;
+    const bool int8_down = gemm && int8_device && int8_format(down_type) && n_ff % 256 == 0;
     float *want = dt_malloc(4 * (size_t)(n_tokens * n_embd)), *got = dt_malloc(4 * (size_t)(n_tokens * n_embd));
     if (gemm && !int8_gate && !int8_down) reference_f16(&e, x, ids, wref, n_tokens, want);
     else reference_cpu(&e, x, ids, wref, n_tokens, want);
@@ -356,6 +360,11 @@ int main(void) {
                      true, sliced[i].slice);
     /* The int8 tiled product through pointer tables (a staging slot's experts), 20 tokens. */
     test_ffn(&d, QUANT_Q4_0, QUANT_Q4_0, 8, 2, 256, 512, 20, TABLES, 1, true, 0);
+    /* The K formats' int8 products (Q8_K activations, the minimums through the bsums): both
+     * halves, each variant; Q2_K's 16-element scales in the weights' words. */
+    test_ffn(&d, QUANT_Q4_K, QUANT_Q5_K, 16, 4, 512, 256, 70, PLAIN, 1, true, 0);
+    test_ffn(&d, QUANT_Q2_K, QUANT_Q4_K, 16, 4, 256, 512, 20, MASKED, 1, true, 0);
+    test_ffn(&d, QUANT_Q5_K, QUANT_Q2_K, 8, 2, 256, 256, 20, TABLES, 1, true, 0);
     /* Every small default case above fuses (rows of 16-, 8- and 4-byte multiples among them), and
      * so does qwen30b's layer (Q4_0, 128 experts top 8, 2048 x 768) up to the bound. */
     struct cuda_moe q30 = {.n_expert = 128, .k = 8};
@@ -368,11 +377,13 @@ int main(void) {
     dt_case(&d, small >= 12 && n_fused == small && q30_fuses,
             "fused kernels ran %d of the %d small default cases; qwen30b's layer fuses at 1-%d tokens, not above: %s", n_fused,
             small, (int)CUDA_MOE_FUSED_MAX_TOKENS, q30_fuses ? "yes" : "no");
-    /* The int8 kernel: Q4_0 rows of whole 256-element stages, from sm_80; where it runs, qwen30b's
+    /* The int8 kernel: rows of whole 256-element stages in its formats, from sm_80; where it runs, qwen30b's
      * experts in VRAM take the tiled path past CUDA_MOE_INT8_MATVEC_MAX tokens, read in place past
      * the matrix-vector kernel's own bound. */
-    const bool int8_rule = cuda_int8_products(QUANT_Q4_0, 2048) == int8_device && !cuda_int8_products(QUANT_Q4_K, 2048) &&
-                           !cuda_int8_products(QUANT_Q4_0, 2048 + 32);
+    bool int8_rule = !cuda_int8_products(QUANT_Q4_0, 2048 + 32);
+    for (uint32_t t = 0; t < 32; t++)
+        if (cuda_type_supported((enum quant_type)t))
+            int8_rule &= cuda_int8_products((enum quant_type)t, 2048) == (int8_device && int8_format((enum quant_type)t));
     struct cuda_moe q30_host = q30;
     q30_host.gate.in_place = true;
     const int64_t vram_bound = cuda_moe_matvec_bound(&q30), host_bound = cuda_moe_matvec_bound(&q30_host);
