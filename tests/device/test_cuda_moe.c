@@ -251,8 +251,11 @@ static void test_ffn(struct dt *d, enum quant_type gate_type, enum quant_type do
     /* Matvec path: the hidden activations are re-quantized to 8 bits after float sums that
      * differ in order, so an element can land one quant step apart: 1e-3 of the scale. */
     /* Int8 gate and up before an f16 down (or the reverse): each half the other's function, so
-     * against the CPU the error of 8-bit activations against 16-bit ones, about 1/128 of a value. */
-    const double tol = int8_gate != int8_down ? 1e-2 : gemm && !int8_gate ? 5e-4 : 1e-3;
+     * against the CPU the error of 8-bit activations against 16-bit ones, about 1/128 of a value,
+     * and more where the 8-bit half is a K format (Q8_K: one scale for 256 elements, not 32;
+     * measured up to 1.7e-2 of the scale on an H100). */
+    const bool k_half = (int8_gate && gate_type != QUANT_Q4_0) || (int8_down && down_type != QUANT_Q4_0);
+    const double tol = int8_gate != int8_down ? (k_half ? 3e-2 : 1e-2) : gemm && !int8_gate ? 5e-4 : 1e-3;
     const double err = dt_max_err(got, want, n_tokens * n_embd, scale, &where);
     static const char *names[] = {"", " masked+accumulate", " pointer tables"};
     const bool fused_path = fused && cuda_moe_fuses(&e.dev, n_tokens);
