@@ -87,9 +87,10 @@ static int kernels(void) {
         void (*accumulate)(float *, int64_t, const float *, int64_t, int, const float *, int64_t, int, int);
     } sets[] = {{"AVX2", __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"), attn_scores_tile_avx2,
                  attn_accumulate_tile_avx2},
-                {"AVX-512", __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-                                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"),
-                 attn_scores_tile_avx512, attn_accumulate_tile_avx512}};
+                {"AVX-512 (the outputs; the scores AVX2's)",
+                 __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                     __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"),
+                 attn_scores_tile_avx2, attn_accumulate_tile_avx512}};
     for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
         if (!sets[si].can) continue;
         t = now_s();

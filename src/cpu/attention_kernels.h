@@ -24,10 +24,7 @@ float attn_exp_sum_avx2(float *s, int n, float max);
  * j < n_keys in turn and i < n: each output the same FMAs in the same order in any tile */
 void attn_accumulate_tile_avx2(float *acc, int64_t acc_stride, const float *p, int64_t p_stride, int n_rows, const float *v,
                                int64_t v_stride, int n_keys, int n);
-/* AVX-512 versions of the two (attention_avx512.c): the outputs the same as the AVX2 kernel's bit
- * for bit, the scores within rounding of them */
-void attn_scores_tile_avx512(const float *q, int64_t q_stride, int n_rows, const float *k, int64_t k_stride, int n_keys,
-                             int n, float scale, float *out, int64_t out_stride);
+/* The AVX-512 version of the outputs (attention_avx512.c): the AVX2 kernel's sums, bit for bit */
 void attn_accumulate_tile_avx512(float *acc, int64_t acc_stride, const float *p, int64_t p_stride, int n_rows, const float *v,
                                  int64_t v_stride, int n_keys, int n);
 
