@@ -175,11 +175,11 @@ static void attend_tile(const struct cpu_attn_shape *s, const float *q, const in
     float max[TILE_ROWS], sum[TILE_ROWS], new_max[TILE_ROWS];
     const struct cpu_features *f = cpu_features();
     const int simd = f->avx2;
-    /* (the outputs on AVX-512 wherever it runs: the AVX2 kernel's sums, faster; bench/RESULTS.md) */
     void (*score)(const float *, int64_t, int, const float *, int64_t, int, int, float, float *, int64_t) =
         simd ? attn_scores_tile_avx2 : scores_tile_ref;
     float (*block_max)(const float *, int) = simd ? attn_max_avx2 : max_ref;
     float (*exp_sum)(float *, int, float) = simd ? attn_exp_sum_avx2 : exp_sum_ref;
+    /* (the outputs on AVX-512 wherever it runs: the AVX2 kernel's sums, faster; bench/RESULTS.md) */
     void (*accumulate)(float *, int64_t, const float *, int64_t, int, const float *, int64_t, int, int) =
         f->avx512 ? attn_accumulate_tile_avx512 : simd ? attn_accumulate_tile_avx2 : accumulate_tile_ref;
     void (*widen)(const void *, float *, int64_t) = quant_kernels_get(QUANT_F16)->dequant_row;
