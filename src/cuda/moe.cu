@@ -385,7 +385,7 @@ static pshard_status expert_matmul(const struct cuda_moe *m, const struct cuda_m
     a.n_rows = (int)mat->n_rows;
     a.n_cols = (int)mat->n_cols;
     const bool int8 = tiled_int8(mat);
-    if (int8) a.act = act, a.act_row_bytes = cuda_act_row_bytes(cuda_act_type(mat->type), mat->n_cols);
+    if (int8) a.act = act, a.act_row_bytes = cuda_act_row_bytes(tiled_act(mat), mat->n_cols);
     else a.x = (const __half *)act, a.x_stride = mat->n_cols;
     a.y = y;
     a.y_stride = mat->n_rows;
