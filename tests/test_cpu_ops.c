@@ -537,6 +537,56 @@ static void test_attention_split_equals_whole(void **state) {
             if (n_threads == 1) memcpy(first, merged, sizeof(float) * n_tokens * o_width);
             else assert_memory_equal(merged, first, sizeof(float) * n_tokens * o_width);
             free(seen);
+            /* Left as partial sums: the same output once divided by the sum, bit for bit. */
+            float *sums = malloc(sizeof(float) * n_tokens * s.n_head * (s.head_v + 2));
+            cpu_attention_merge_sums(&s, &u, partial, sums);
+            for (int64_t th = 0; th < n_tokens * s.n_head; th++) {
+                const float *r = sums + th * (s.head_v + 2), inv = 1.0f / r[1];
+                for (int i = 0; i < s.head_v; i++) assert_true(r[2 + i] * inv == merged[th * s.head_v + i]);
+            }
+            free(sums);
+        }
+        /* A token's cells cut at c: the sums of [0, c), merged by their maxima with those of
+         * [c, n) computed here (the maximum score, the sum of exponentials and the unnormalized
+         * output from it, in double; q rounded to f16 as the kernels do), as the GPU merges the
+         * CPU's with its own: what the token gets alone, within rounding. */
+        for (int64_t c = 1024; c <= 2048; c += 1024) {
+            struct cpu_attn_units u;
+            cpu_attention_units(&s, 1, c, true, 4, &u);
+            assert_true(u.splits > 1);
+            for (int64_t i = 0; i < u.count; i++) {
+                int64_t t0, t1;
+                int h0, h1, split;
+                cpu_attention_unit(&s, &u, i, &t0, &t1, &h0, &h1, &split);
+                cpu_attention_split(&s, &u, q, &kv, c, 0, h0, h1, split, partial);
+            }
+            float *sums = malloc(sizeof(float) * s.n_head * (s.head_v + 2)), *out = malloc(sizeof(float) * o_width);
+            double *rest = malloc(sizeof(double) * (s.head_v + 2)), *score = malloc(sizeof(double) * cells[0]);
+            cpu_attention_merge_sums(&s, &u, partial, sums);
+            for (int h = 0; h < s.n_head; h++) {
+                const int kvh = h / (s.n_head / s.n_head_kv);
+                double m = -INFINITY;
+                for (int64_t j = c; j < cells[0]; j++) {
+                    double d = 0;
+                    for (int i = 0; i < s.head_k; i++)
+                        d += (double)half_to_f32(half_from_f32(q[h * s.head_k + i])) * half_to_f32(k[j * kw + kvh * s.head_k + i]);
+                    score[j] = d * s.scale;
+                    m = score[j] > m ? score[j] : m;
+                }
+                for (int i = 0; i < s.head_v + 2; i++) rest[i] = 0;
+                rest[0] = m;
+                for (int64_t j = c; j < cells[0]; j++) {
+                    const double p = exp(score[j] - m);
+                    rest[1] += p;
+                    for (int i = 0; i < s.head_v; i++) rest[2 + i] += p * half_to_f32(v[j * vw + kvh * s.head_v + i]);
+                }
+                const float *a = sums + h * (s.head_v + 2);
+                const double top = fmax(a[0], rest[0]), fa = exp(a[0] - top), fb = exp(rest[0] - top);
+                for (int i = 0; i < s.head_v; i++)
+                    out[h * s.head_v + i] = (float)((a[2 + i] * fa + rest[2 + i] * fb) / (a[1] * fa + rest[1] * fb));
+            }
+            for (int64_t i = 0; i < o_width; i++) assert_true(fabsf(out[i] - alone[i]) <= 1e-5f + 1e-4f * fabsf(alone[i]));
+            free(sums), free(out), free(rest), free(score);
         }
         /* Below two runs' cells, or more tokens than CPU_ATTN_SPLIT_TOKENS: no runs. */
         struct cpu_attn_units u;

@@ -427,6 +427,66 @@ static void kv_stream_mixes(struct profile *prof, const struct plan_request *req
     assert_true(mixed);
 }
 
+/* One-token ring tiers that carry KV up may split each carried layer's attention with the CPU
+ * (kv_split), static tiers of a long context here: at CPU attention rates from fast to slow, the
+ * decode tier's choice is never slower than without the split (the plan built with kv_split off,
+ * which weighs the same counts at share 0), and at some rate faster with a share given the CPU,
+ * whose cells the ring then does not copy (the tier's copies priced less than the same tier's at
+ * share 0); only one-token tiers split; kv_split off, none does; a share the request fixes is the
+ * decode tier's. */
+static void test_kv_split(void **state) {
+    (void)state;
+    struct profile prof;
+    plan_profile(NULL, &prof);
+    struct plan_request r = base;
+    r.family = PLAN_STATIC;
+    r.stage_static = true;
+    r.staging = PLAN_SET_RING;
+    r.profile = &prof;
+    r.kv_stream = true;
+    r.n_ctx = 8192;
+    r.vram_budget = (int64_t)(fixed_streaming() + 40 * 1048576ull);
+    bool faster = false;
+    for (double rate = 1e-13; rate < 1e-8; rate *= 2) {
+        for (int i = 0; i < PROFILE_TOKENS; i++) prof.cpu_attn[i] = rate;
+        struct plan split, whole;
+        r.kv_split = true;
+        assert_int_equal(plan_build(&model, &r, costs_for(&model), &split), PSHARD_OK);
+        r.kv_split = false;
+        assert_int_equal(plan_build(&model, &r, costs_for(&model), &whole), PSHARD_OK);
+        assert_true(split.kv_stream && split.tier[0].ring);
+        for (int t = 0; t < PLAN_TIERS; t++) {
+            assert_true(whole.tier[t].kv_cpu_share == 0);
+            if (split.tier[t].min_tokens > 1) assert_true(split.tier[t].kv_cpu_share == 0);
+        }
+        const double with = plan_tier_per_token(&prof, &model, &r, &split, &split.tier[0], 0);
+        const double without = plan_tier_per_token(&prof, &model, &r, &whole, &whole.tier[0], 0);
+        assert_true(with <= without * (1 + 1e-9));
+        if (split.tier[0].kv_cpu_share > 0) {
+            assert_true(split.tier[0].kv_stream);
+            faster |= with < without * 0.99;
+            struct plan_tier unsplit = split.tier[0];
+            unsplit.kv_cpu_share = 0;
+            struct cost_step a, b;
+            cost_step(&prof, &model, &split, &split.tier[0], 1, r.n_ctx - 1, &a);
+            cost_step(&prof, &model, &split, &unsplit, 1, r.n_ctx - 1, &b);
+            assert_true(a.pcie_s < b.pcie_s && a.cpu_s > b.cpu_s);
+        }
+        plan_free(&split);
+        plan_free(&whole);
+    }
+    assert_true(faster);
+    r.kv_split = true;
+    r.kv_cpu_share = 0.3f;
+    struct plan p;
+    assert_int_equal(plan_build(&model, &r, costs_for(&model), &p), PSHARD_OK);
+    assert_true(p.tier[0].kv_stream);
+    assert_true(p.tier[0].kv_cpu_share == 0.3f);
+    assert_int_equal(plan_kv_cpu_cells(&p.tier[0], 8191), 2048); /* whole runs of 512 */
+    assert_int_equal(plan_kv_cpu_cells(&p.tier[0], 3000), 0);    /* 900: under two runs */
+    plan_free(&p);
+}
+
 /* The KV cells of layers whose cache is on the host ride the ring (plan.kv_stream): ring tiers run
  * that attention on the GPU when the cost model finds it faster, the other tiers on the CPU; the
  * ring has a unit for each such layer, large enough for its cells, never lent; only the layers in
@@ -1928,7 +1988,7 @@ int main(void) {
         cmocka_unit_test(test_routed_split), cmocka_unit_test(test_cost_cpu_attention_per_query_head),
         cmocka_unit_test(test_cost_one_expert_call),
         cmocka_unit_test(test_cost_small_expert_calls), cmocka_unit_test(test_cost_in_place_call_by_odds), cmocka_unit_test(test_cost_hand_off_on_gpu_side), cmocka_unit_test(test_soonest_set),
-        cmocka_unit_test(test_cost_expert_rate_by_pairs), cmocka_unit_test(test_kv_stream),
+        cmocka_unit_test(test_cost_expert_rate_by_pairs), cmocka_unit_test(test_kv_stream), cmocka_unit_test(test_kv_split),
         cmocka_unit_test(test_moe_routers_first), cmocka_unit_test(test_auto_phases), cmocka_unit_test(test_long_decode_band),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

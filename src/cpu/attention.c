@@ -377,21 +377,38 @@ void cpu_attention_run_unit(const struct cpu_attn_shape *s, const struct cpu_att
                              out + token_begin * s->n_head * s->head_v);
 }
 
+/* The runs of (token t, head h) summed: their largest maximum, and the sum and output scaled to
+ * it, into max, *sum and o. */
+static void merge_runs(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, const float *partial, int64_t t,
+                       int h, float *max, float *sum, float *o) {
+    const float *p = partial + partial_at(s, u, t, h, 0);
+    *max = -INFINITY, *sum = 0.0f;
+    for (int j = 0; j < u->splits; j++) *max = p[j * (s->head_v + 2)] > *max ? p[j * (s->head_v + 2)] : *max;
+    for (int i = 0; i < s->head_v; i++) o[i] = 0.0f;
+    for (int j = 0; j < u->splits; j++) {
+        const float *r = p + j * (s->head_v + 2);
+        if (!(r[1] > 0.0f)) continue; /* an empty run */
+        const float w = expf(r[0] - *max);
+        *sum += w * r[1];
+        for (int i = 0; i < s->head_v; i++) o[i] += w * r[2 + i];
+    }
+}
+
 void cpu_attention_merge(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, const float *partial, float *out) {
     for (int64_t t = 0; t < u->n_tokens; t++)
         for (int h = 0; h < s->n_head; h++) {
-            const float *p = partial + partial_at(s, u, t, h, 0);
-            float max = -INFINITY, sum = 0.0f, *o = out + (t * s->n_head + h) * s->head_v;
-            for (int j = 0; j < u->splits; j++) max = p[j * (s->head_v + 2)] > max ? p[j * (s->head_v + 2)] : max;
-            for (int i = 0; i < s->head_v; i++) o[i] = 0.0f;
-            for (int j = 0; j < u->splits; j++) {
-                const float *r = p + j * (s->head_v + 2);
-                if (!(r[1] > 0.0f)) continue; /* an empty run */
-                const float w = expf(r[0] - max);
-                sum += w * r[1];
-                for (int i = 0; i < s->head_v; i++) o[i] += w * r[2 + i];
-            }
+            float max, sum, *o = out + (t * s->n_head + h) * s->head_v;
+            merge_runs(s, u, partial, t, h, &max, &sum, o);
             const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
             for (int i = 0; i < s->head_v; i++) o[i] *= inv;
+        }
+}
+
+void cpu_attention_merge_sums(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, const float *partial,
+                              float *sums) {
+    for (int64_t t = 0; t < u->n_tokens; t++)
+        for (int h = 0; h < s->n_head; h++) {
+            float *r = sums + (t * s->n_head + h) * (s->head_v + 2);
+            merge_runs(s, u, partial, t, h, &r[0], &r[1], r + 2);
         }
 }

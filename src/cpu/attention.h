@@ -106,5 +106,10 @@ void cpu_attention_run_unit(const struct cpu_attn_shape *s, const struct cpu_att
 
 /* Every token's output, out [n_tokens][n_head * head_v], from the runs' partial sums. */
 void cpu_attention_merge(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, const float *partial, float *out);
+/* The same left as partial sums, the runs' together: for each token and query head its maximum
+ * score, its sum of exponentials and its unnormalized output (head_v + 2 floats), into sums
+ * [n_tokens][n_head][head_v + 2], for attention over more cells elsewhere to merge with. */
+void cpu_attention_merge_sums(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, const float *partial,
+                              float *sums);
 
 #endif

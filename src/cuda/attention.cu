@@ -48,6 +48,7 @@ struct ad_args {
     int n_head, n_head_kv, head_k, head_v, group;
     int heads_per_block; /* HB: a divisor of the group, at most AD_WARPS */
     float scale;
+    int first;      /* the cells below are attended elsewhere (the host: cuda_attention_decode_from) */
     int n_splits;
     float *part_o;  /* [token][head][split][head_v]: unnormalized outputs */
     float *part_ml; /* [token][head][split][2]: running max and sum (max -inf: an empty slice) */
@@ -136,8 +137,8 @@ template <int KP, int VP, bool STAGED> __global__ void __launch_bounds__(32 * AD
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, cell_lane = lane / 4, quarter = lane % 4;
     const int hb = warp % HB, r = warp / HB;
     const int h = kvh * a.group + blockIdx.y % blocks_per_kv * HB + hb; /* this warp's query head */
-    const int n_cells = a.pos[t] + 1, slice = ad_slice_cells(n_cells, a.n_splits);
-    const int c_begin = split * slice, c_end = min(n_cells, c_begin + slice);
+    const int n_cells = a.pos[t] + 1, slice = ad_slice_cells(n_cells - a.first, a.n_splits);
+    const int c_begin = a.first + split * slice, c_end = min(n_cells, c_begin + slice);
     const int64_t slot = ((int64_t)t * a.n_head + h) * a.n_splits + split;
     if (c_begin >= c_end) { /* an empty slice: the merge skips it */
         if (r == 0 && lane == 0) a.part_ml[slot * 2] = -INFINITY, a.part_ml[slot * 2 + 1] = 0.0f;
@@ -254,7 +255,9 @@ template <int KP, int VP, bool STAGED> __global__ void __launch_bounds__(32 * AD
 }
 
 /* Merge the slices of one (token, head): out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M).
- * Empty slices (max -inf: their outputs were never written) are skipped. With at most
+ * Empty slices (max -inf: their outputs were never written) are skipped. With host (not NULL),
+ * the host's partial sums of the cells before the slices ([token][head][head_v + 2]: max, sum,
+ * unnormalized output) are one more, added last. With at most
  * AC_MAX_SPLITS slices, their factors e^(m_s - M) are computed once into shared memory, the sum
  * in slice order, and the output's loop stops after the last slice with cells; more take them
  * from expf each time. The outputs are read as float4 (head_v a multiple of 4), warp w taking
@@ -264,7 +267,8 @@ template <int KP, int VP, bool STAGED> __global__ void __launch_bounds__(32 * AD
  * cuda_quantize would (q_out: a qa_out). */
 enum { AC_THREADS = 128, AC_WARPS = AC_THREADS / 32, AC_MAX_SPLITS = 512, AC_MAX_HEAD = 256 };
 __global__ void __launch_bounds__(AC_THREADS) attn_combine_kernel(const float *part_o, const float *part_ml, int n_splits,
-                                                                  int head_v, float *out, uint8_t *q, int q_out) {
+                                                                  int head_v, const float *host, float *out, uint8_t *q,
+                                                                  int q_out) {
     dep_enter();
     __shared__ float factor[AC_MAX_SPLITS], weighted[AC_MAX_SPLITS]; /* e^(m_s - M), l_s e^(m_s - M) */
     __shared__ __align__(16) float sums[AC_WARPS][AC_MAX_HEAD];
@@ -281,6 +285,9 @@ __global__ void __launch_bounds__(AC_THREADS) attn_combine_kernel(const float *p
     __syncthreads();
     mx = red[0];
     for (int w = 1; w < AC_WARPS; w++) mx = fmaxf(mx, red[w]);
+    const float *hs = host ? host + ((int64_t)t * n_head + h) * (head_v + 2) : NULL;
+    if (hs) mx = fmaxf(mx, hs[0]);
+    const float host_f = hs && hs[0] != -INFINITY ? expf(hs[0] - mx) : 0.0f;
     const bool cached = n_splits <= AC_MAX_SPLITS;
     float sum = 0.0f;
     if (cached) {
@@ -300,6 +307,7 @@ __global__ void __launch_bounds__(AC_THREADS) attn_combine_kernel(const float *p
             if (ms != -INFINITY) sum += part_ml[(slot0 + s) * 2 + 1] * expf(ms - mx);
         }
     }
+    if (host_f != 0.0f) sum += hs[1] * host_f;
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     const int units = head_v / 4, n_slices = cached ? last + 1 : n_splits;
     const float4 *o4 = (const float4 *)part_o;
@@ -327,6 +335,7 @@ __global__ void __launch_bounds__(AC_THREADS) attn_combine_kernel(const float *p
         float o = sums[0][d];
 #pragma unroll
         for (int w = 1; w < AC_WARPS; w++) o += sums[w][d];
+        if (host_f != 0.0f) o += hs[2 + d] * host_f;
         out[((int64_t)t * n_head + h) * head_v + d] = o * inv;
         if (d == threadIdx.x) mine = o * inv;
     }
@@ -346,11 +355,11 @@ template <int KP, int VP> static pshard_status ad_launch(bool staged, const ad_a
 }
 
 static pshard_status merge(const float *part_o, const float *part_ml, int n_splits, int n_head, int head_v, int64_t n_tokens,
-                           float *out, enum quant_type q_type, void *q_out, cuda_stream s) {
+                           const float *host, float *out, enum quant_type q_type, void *q_out, cuda_stream s) {
     CUDA_ARG(head_v % 4 == 0 && head_v <= AC_MAX_HEAD, "attention merge: heads of %d (a multiple of 4, at most %d)", head_v,
              (int)AC_MAX_HEAD);
     CUDA_TRY(launch_dep(attn_combine_kernel, dim3((unsigned)n_head, (unsigned)n_tokens), AC_THREADS, 0, raw_stream(s),
-                        part_o, part_ml, n_splits, head_v, out, (uint8_t *)q_out, qa_out_of(q_type)));
+                        part_o, part_ml, n_splits, head_v, host, out, (uint8_t *)q_out, qa_out_of(q_type)));
     return PSHARD_OK;
 }
 
@@ -366,22 +375,20 @@ extern "C" pshard_status cuda_attention_decode(const struct cuda_attn_shape *a, 
                                            s);
 }
 
-extern "C" pshard_status cuda_attention_decode_quantized(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv,
-                                                         const float *q, const int32_t *seq, const int32_t *pos,
-                                                         int64_t n_tokens, int32_t max_kv_len, float *out,
-                                                         enum quant_type q_type, void *q_out, void *work, size_t work_bytes,
-                                                         cuda_stream s) {
-    CUDA_ARG(!q_out || cuda_attention_decode_quantizes(a, q_type), "attention: no quantized output to %s for heads of %d",
-             quant_type_name(q_type), a->head_v);
+/* The decode kernel over cells [first, pos[t]] of each token, its slices' partial sums into work;
+ * their count into *n_splits. */
+static pshard_status decode_slices(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv, const float *q,
+                                   const int32_t *seq, const int32_t *pos, int64_t n_tokens, int32_t max_kv_len,
+                                   int32_t first, void *work, size_t work_bytes, int *n_splits, cuda_stream s) {
     CUDA_ARG(a->n_head_kv > 0 && a->n_head % a->n_head_kv == 0, "attention: %d query heads over %d KV heads",
              a->n_head, a->n_head_kv);
     CUDA_ARG(a->head_k % 8 == 0 && a->head_v % 8 == 0 && a->head_k <= 256 && a->head_v <= 256,
              "attention: head sizes %d/%d (multiples of 8, at most 256)", a->head_k, a->head_v);
-    CUDA_ARG(work_bytes >= cuda_attention_decode_work_bytes(a, n_tokens, max_kv_len),
+    CUDA_ARG(first >= 0 && first < max_kv_len, "attention: from cell %d of %d", first, max_kv_len);
+    CUDA_ARG(work_bytes >= cuda_attention_decode_work_bytes(a, n_tokens, max_kv_len - first),
              "attention: work buffer too small");
     CUDA_ARG(n_tokens < 65536, "attention: %lld tokens in one call", (long long)n_tokens);
     CUDA_ARG(kv->block_cells > 0, "attention: blocks of %d cells", kv->block_cells);
-    if (n_tokens == 0) return PSHARD_OK;
     ad_args p = {};
     p.q = q;
     p.k = kv->k, p.v = kv->v;
@@ -391,8 +398,11 @@ extern "C" pshard_status cuda_attention_decode_quantized(const struct cuda_attn_
     p.group = a->n_head / a->n_head_kv;
     p.heads_per_block = ad_heads_per_block(p.group);
     p.scale = a->scale;
+    p.first = first;
     int slice_cells; /* (the kernel cuts each token's own slices: see ad_slice_cells) */
-    cuda_decode_split(a, n_tokens, max_kv_len, &p.n_splits, &slice_cells);
+    cuda_decode_split(a, n_tokens, max_kv_len - first, &p.n_splits, &slice_cells);
+    *n_splits = p.n_splits;
+    if (n_tokens == 0) return PSHARD_OK;
     float *part = (float *)work;
     p.part_o = part;
     p.part_ml = part + (size_t)n_tokens * a->n_head * p.n_splits * a->head_v;
@@ -401,15 +411,59 @@ extern "C" pshard_status cuda_attention_decode_quantized(const struct cuda_attn_
     cudaStream_t st = raw_stream(s);
     const int widest = a->head_k > a->head_v ? a->head_k : a->head_v, R = AD_WARPS / hb;
     const bool staged = n_tokens > 1 && p.n_splits > 1 && AD_TILE_CHUNKS % R == 0; /* (see the head of the file) */
-    pshard_status launched;
-    if (widest <= 64) launched = ad_launch<2, 2>(staged, p, grid, threads, st);
-    else if (widest <= 128) launched = ad_launch<4, 4>(staged, p, grid, threads, st);
-    else launched = ad_launch<8, 8>(staged, p, grid, threads, st);
-    CORE_TRY(launched);
-    return merge(p.part_o, p.part_ml, p.n_splits, a->n_head, a->head_v, n_tokens, out, q_type, q_out, s);
+    if (widest <= 64) return ad_launch<2, 2>(staged, p, grid, threads, st);
+    if (widest <= 128) return ad_launch<4, 4>(staged, p, grid, threads, st);
+    return ad_launch<8, 8>(staged, p, grid, threads, st);
+}
+
+/* The slices' partial sums in work, of a call over cells [first, ...) with n_splits slices. */
+static void slice_sums(const struct cuda_attn_shape *a, int64_t n_tokens, int n_splits, void *work, float **part_o,
+                       float **part_ml) {
+    *part_o = (float *)work;
+    *part_ml = *part_o + (size_t)n_tokens * a->n_head * n_splits * a->head_v;
+}
+
+extern "C" pshard_status cuda_attention_decode_quantized(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv,
+                                                         const float *q, const int32_t *seq, const int32_t *pos,
+                                                         int64_t n_tokens, int32_t max_kv_len, float *out,
+                                                         enum quant_type q_type, void *q_out, void *work, size_t work_bytes,
+                                                         cuda_stream s) {
+    CUDA_ARG(!q_out || cuda_attention_decode_quantizes(a, q_type), "attention: no quantized output to %s for heads of %d",
+             quant_type_name(q_type), a->head_v);
+    int n_splits;
+    CORE_TRY(decode_slices(a, kv, q, seq, pos, n_tokens, max_kv_len > 0 ? max_kv_len : 1, 0, work, work_bytes, &n_splits, s));
+    if (n_tokens == 0) return PSHARD_OK;
+    float *part_o, *part_ml;
+    slice_sums(a, n_tokens, n_splits, work, &part_o, &part_ml);
+    return merge(part_o, part_ml, n_splits, a->n_head, a->head_v, n_tokens, NULL, out, q_type, q_out, s);
+}
+
+extern "C" pshard_status cuda_attention_decode_from(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv,
+                                                    const float *q, const int32_t *seq, const int32_t *pos, int64_t n_tokens,
+                                                    int32_t max_kv_len, int32_t first, void *work, size_t work_bytes,
+                                                    cuda_stream s) {
+    CUDA_ARG(work_bytes >= cuda_attention_split_work_bytes(a, n_tokens, max_kv_len, first),
+             "attention: work buffer too small for the host's sums");
+    int n_splits;
+    return decode_slices(a, kv, q, seq, pos, n_tokens, max_kv_len, first, work, work_bytes, &n_splits, s);
+}
+
+extern "C" pshard_status cuda_attention_merge_host(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len,
+                                                   int32_t first, float *out, enum quant_type q_type, void *q_out,
+                                                   void *work, cuda_stream s) {
+    CUDA_ARG(!q_out || cuda_attention_decode_quantizes(a, q_type), "attention: no quantized output to %s for heads of %d",
+             quant_type_name(q_type), a->head_v);
+    CUDA_ARG(first >= 0 && first < max_kv_len, "attention: from cell %d of %d", first, max_kv_len);
+    if (n_tokens == 0) return PSHARD_OK;
+    int n_splits, slice_cells;
+    cuda_decode_split(a, n_tokens, max_kv_len - first, &n_splits, &slice_cells);
+    float *part_o, *part_ml;
+    slice_sums(a, n_tokens, n_splits, work, &part_o, &part_ml);
+    return merge(part_o, part_ml, n_splits, a->n_head, a->head_v, n_tokens,
+                 cuda_attention_host_sums(a, n_tokens, max_kv_len, first, work), out, q_type, q_out, s);
 }
 
 pshard_status cuda_attention_merge(const float *part_o, const float *part_ml, int n_splits, int n_head, int head_v,
                                    int64_t n_tokens, float *out, cuda_stream s) {
-    return merge(part_o, part_ml, n_splits, n_head, head_v, n_tokens, out, QUANT_F32, NULL, s);
+    return merge(part_o, part_ml, n_splits, n_head, head_v, n_tokens, NULL, out, QUANT_F32, NULL, s);
 }

@@ -365,6 +365,23 @@ pshard_status cuda_attention_decode_quantized(const struct cuda_attn_shape *a, c
                                               int32_t max_kv_len, float *out, enum quant_type q_type, void *q_out,
                                               void *work, size_t work_bytes, cuda_stream s);
 
+/* A decode step's attention split with the host: here each token attends cells [first, pos[t]]
+ * only (first < max_kv_len; a token with no such cell leaves empty sums), and the host attends
+ * cells [0, first) and leaves its partial sums -- for each token and query head its maximum
+ * score, its sum of exponentials and its unnormalized output, [n_tokens][n_head][head_v + 2]
+ * floats (cpu_attention_merge_sums) -- at cuda_attention_host_sums in work; then
+ * cuda_attention_merge_host merges both into out (and q_out, as cuda_attention_decode_quantized).
+ * The three calls take the same step, bound and first; work holds
+ * cuda_attention_split_work_bytes. */
+size_t cuda_attention_split_work_bytes(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len, int32_t first);
+float *cuda_attention_host_sums(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len, int32_t first,
+                                void *work);
+pshard_status cuda_attention_decode_from(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv, const float *q,
+                                         const int32_t *seq, const int32_t *pos, int64_t n_tokens, int32_t max_kv_len,
+                                         int32_t first, void *work, size_t work_bytes, cuda_stream s);
+pshard_status cuda_attention_merge_host(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len, int32_t first,
+                                        float *out, enum quant_type q_type, void *q_out, void *work, cuda_stream s);
+
 /* The same for many tokens of one sequence (a prompt), on tensor cores: tiles of 64 queries x
  * 64 cells, f16 products with f32 accumulation and online softmax; head_k, head_v multiples of
  * 16 up to 128. Probabilities are rounded to f16 for the P.V product. Where a step's query

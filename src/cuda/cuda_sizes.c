@@ -53,6 +53,20 @@ size_t cuda_attention_decode_work_bytes(const struct cuda_attn_shape *a, int64_t
     return (size_t)n_tokens * (size_t)a->n_head * (size_t)n_splits * (size_t)(a->head_v + 2) * sizeof(float);
 }
 
+/* The host's partial sums follow the slices' in work, 256-byte aligned. */
+static size_t host_sums_offset(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len, int32_t first) {
+    return align256(cuda_attention_decode_work_bytes(a, n_tokens, max_kv_len - first));
+}
+
+size_t cuda_attention_split_work_bytes(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len, int32_t first) {
+    return host_sums_offset(a, n_tokens, max_kv_len, first) + sizeof(float) * (size_t)n_tokens * a->n_head * (a->head_v + 2);
+}
+
+float *cuda_attention_host_sums(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len, int32_t first,
+                                void *work) {
+    return (float *)((uint8_t *)work + host_sums_offset(a, n_tokens, max_kv_len, first));
+}
+
 void cuda_prefill_split(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len, int *n_splits,
                         int *split_len) {
     const int64_t blocks = ceil_div(n_tokens > 0 ? n_tokens : 1, CUDA_PREFILL_Q_ROWS) * a->n_head;

@@ -233,6 +233,18 @@ pshard_status cuda_attention_decode_quantized(const struct cuda_attn_shape *a, c
     (void)work, (void)work_bytes, (void)s;
     return no_cuda();
 }
+pshard_status cuda_attention_decode_from(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv, const float *q,
+                                         const int32_t *seq, const int32_t *pos, int64_t n_tokens, int32_t max_kv_len,
+                                         int32_t first, void *work, size_t work_bytes, cuda_stream s) {
+    (void)a, (void)kv, (void)q, (void)seq, (void)pos, (void)n_tokens, (void)max_kv_len, (void)first, (void)work;
+    (void)work_bytes, (void)s;
+    return no_cuda();
+}
+pshard_status cuda_attention_merge_host(const struct cuda_attn_shape *a, int64_t n_tokens, int32_t max_kv_len, int32_t first,
+                                        float *out, enum quant_type q_type, void *q_out, void *work, cuda_stream s) {
+    (void)a, (void)n_tokens, (void)max_kv_len, (void)first, (void)out, (void)q_type, (void)q_out, (void)work, (void)s;
+    return no_cuda();
+}
 pshard_status cuda_attention_decode(const struct cuda_attn_shape *a, const struct cuda_kv_layer *kv, const float *q,
                                     const int32_t *seq, const int32_t *pos, int64_t n_tokens, int32_t max_kv_len,
                                     float *out, void *work, size_t work_bytes, cuda_stream s) {

@@ -132,6 +132,8 @@ static struct plan_request request_for(const struct exec_params *p, bool gpu_wan
         .decode_set = p->decode_set,
         .n_decode = p->n_decode,
         .kv_stream = !o->no_kv_stream,
+        .kv_split = !o->no_kv_split,
+        .kv_cpu_share = o->kv_cpu_share,
         .long_decode = !o->no_long_decode,
         .decode_from = o->decode_from,
         .dynamic_in_place = p->dynamic_in_place,

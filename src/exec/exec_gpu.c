@@ -781,6 +781,8 @@ static pshard_status create(struct exec_gpu *g, struct exec_ctx *ctx) {
     CORE_TRY(cuda_host_alloc(sizeof(int32_t) * (size_t)ctx->kv.n_seq * (size_t)ctx->kv.max_blocks, &g->host_table));
     CORE_TRY(reserve_logits(g, ctx, 1));
     CORE_TRY(cuda_host_alloc(sizeof(float) * B * d, &g->host_x)); /* activations crossing PCIe */
+    CORE_TRY(cuda_host_alloc(sizeof(float) * (size_t)hp->n_head * (size_t)(hp->head_dim_k + hp->head_dim_v + 2), &g->host_attn));
+    CORE_TRY(cuda_event_create(false, &g->q_ready));
     CORE_TRY(handoff_buffers(g, ctx));
     CORE_TRY(map_file(g, ctx));
     /* moved at each change of phase, or carried in the ring */
@@ -904,6 +906,8 @@ void exec_gpu_free(struct exec_gpu *g) {
     cuda_pinned_release(&g->host_moe);
     cuda_pinned_release(&g->host_route);
     if (g->route_ready) cuda_event_destroy(g->route_ready);
+    cuda_pinned_release(&g->host_attn);
+    if (g->q_ready) cuda_event_destroy(g->q_ready);
     cuda_pinned_release(&g->flags);
     cuda_pinned_release(&g->stamps);
     for (int s = 0; s < PLAN_STAGING_SLOTS; s++) {

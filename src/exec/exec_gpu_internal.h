@@ -76,6 +76,14 @@ struct exec_gpu {
     float *xn_to_host, *moe_from_host;
     int32_t *route_to_host;
     cuda_event route_ready; /* the routing of the current MoE shard has reached host_route */
+    /* A one-token ring step's attention split with the CPU (plan_kv_cpu_cells): the cells
+     * [0, kv_cpu_cells) the CPU attends in each carried layer (0: none this step), the token's
+     * query coming down and the CPU's partial sums going up through host_attn ([n_head][head_k]
+     * floats, then [n_head][head_v + 2]), and q_ready once the query is down. */
+    int64_t kv_cpu_cells;
+    struct cuda_pinned host_attn;
+    cuda_event q_ready;
+    bool unit_released; /* the current ring unit's slot was freed before its shard's end */
     /* A replayed decode step that splits MoE layers with the CPU meets the host at flags in
      * pinned host memory, two per layer: ready (the routing is down) and go (the CPU's sum is
      * in host_moe). */

@@ -69,6 +69,11 @@ static inline int32_t exec_logit_rows_for(const struct exec_ctx *ctx, int32_t n)
 /* The shards, CPU placement. Each reads ctx->s.x (the batch's activations) and updates it. */
 void shard_embed_cpu(struct exec_ctx *ctx, const struct exec_batch *batch);
 void shard_attn_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *batch);
+/* One token's query q (its heads normed and rotated) over cells [0, n_cells) of sequence seq's
+ * cache in the layer, at least 2 * CPU_ATTN_SPLIT_CELLS of them: every head's partial sums
+ * (cpu_attention_merge_sums) into sums [n_head][head_v + 2]. */
+pshard_status shard_attn_cpu_sums(struct exec_ctx *ctx, int layer, int32_t seq, const float *q, int64_t n_cells,
+                                  float *sums);
 void shard_ffn_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *batch);
 void shard_moe_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *batch);
 void shard_head_cpu(struct exec_ctx *ctx, const struct exec_batch *batch);

@@ -4,6 +4,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "core/error.h"
 #include "cpu/attention.h"
 #include "cpu/rope.h"
 #include "exec/exec_internal.h"
@@ -78,6 +79,27 @@ static void attn_worker(void *p, int thread, int n_threads) {
     }
 }
 
+static struct cpu_attn_shape attn_shape(const struct model_hparams *hp) {
+    return (struct cpu_attn_shape){(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v,
+                                   1.0f / sqrtf((float)hp->head_dim_k)};
+}
+
+pshard_status shard_attn_cpu_sums(struct exec_ctx *ctx, int layer, int32_t seq, const float *q, int64_t n_cells,
+                                  float *sums) {
+    const struct model_hparams *hp = &ctx->model->hp;
+    const int32_t pos = (int32_t)(n_cells - 1);
+    const struct exec_batch one = {.n_tokens = 1, .pos = &pos, .seq = &seq};
+    struct attn_job job = {ctx, layer, &one, attn_shape(hp), {0}, ctx->s.attn_partial, 0};
+    cpu_attention_units(&job.shape, 1, n_cells, true, threadpool_size(ctx->pool), &job.units);
+    if (job.units.splits < 2) /* (no runs: the sums would come normalized) */
+        return core_fail(PSHARD_ERR_INTERNAL, "attention's partial sums over %lld cells, fewer than %d", (long long)n_cells,
+                         2 * CPU_ATTN_SPLIT_CELLS);
+    memcpy(ctx->s.q, q, sizeof(float) * (size_t)hp->n_head * hp->head_dim_k);
+    threadpool_run(ctx->pool, attn_worker, &job);
+    cpu_attention_merge_sums(&job.shape, &job.units, job.partial, sums);
+    return PSHARD_OK;
+}
+
 /* y_i = x · m_i^T for matrices that share their input x (q/k/v, gate/up): the input is
  * quantized once per activation format, and the products run as one parallel job when the
  * formats agree. */
@@ -135,9 +157,7 @@ void shard_attn_cpu(struct exec_ctx *ctx, int layer, const struct exec_batch *ba
         for (int64_t i = 0; i < k_width; i++) kc[i] = half_from_f32(s->k[t * k_width + i]);
         for (int64_t i = 0; i < v_width; i++) vc[i] = half_from_f32(s->v[t * v_width + i]);
     }
-    struct attn_job job = {ctx, layer, batch,
-                           {(int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim_k, (int)hp->head_dim_v,
-                            1.0f / sqrtf((float)hp->head_dim_k)}, {0}, ctx->s.attn_partial, 0};
+    struct attn_job job = {ctx, layer, batch, attn_shape(hp), {0}, ctx->s.attn_partial, 0};
     bool one_sequence = true;
     int64_t longest = 0;
     for (int64_t t = 0; t < n; t++) {

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "core/timer.h"
+#include "cpu/attention.h"
 #include "exec/exec_gpu_internal.h"
 
 /* A product's weight bytes in the step's statistics (a view's own columns). */
@@ -104,6 +105,9 @@ static pshard_status kv_cells_down(struct exec_ctx *ctx, struct exec_gpu *g, int
     return PSHARD_OK;
 }
 
+static pshard_status split_attention(struct exec_ctx *ctx, struct exec_gpu *g, int il, const struct gpu_layer *l,
+                                     const struct cuda_kv_layer *kv, const struct exec_batch *b);
+
 /* A layer's attention over `kv`: its cache in VRAM, or (plan.kv_stream) its cells carried in a
  * slot, whose new cells then go down to the host's cache. */
 static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il, const struct gpu_layer *l,
@@ -140,6 +144,7 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
         CORE_TRY(cuda_kv_store(kv, g->k, g->v, k_width, v_width, g->seq, g->pos, n, s));
     }
     if (kv != &g->kv[il]) CORE_TRY(kv_cells_down(ctx, g, il, kv, b));
+    if (kv != &g->kv[il] && g->kv_cpu_cells > 0) return split_attention(ctx, g, il, l, kv, b);
 
     /* A prompt of one sequence of a query tile or more goes to the tensor-core kernel; anything
      * else to the split-KV decode kernel, which takes any mix of sequences. */
@@ -257,13 +262,15 @@ static struct cuda_kv_layer slot_kv(const struct exec_ctx *ctx, const struct exe
 
 /* The blocks the step's sequences hold below their lengths, of a layer whose KV is on the host,
  * copied into the slot on the copy stream (the step adds its own cells there): each block once,
- * though sequences share it, a run of consecutive blocks a copy. */
+ * though sequences share it, a run of consecutive blocks a copy; but the blocks of the cells the
+ * CPU attends (g->kv_cpu_cells, a whole number of blocks). */
 static pshard_status kv_cells_up(struct exec_ctx *ctx, struct exec_gpu *g, int il, uint8_t *at) {
     const struct kv_cache *kv = &ctx->kv;
     const struct cuda_kv_layer l = slot_kv(ctx, g, at);
     for (int32_t i = 0; i < g->n_step_seq; i++) {
         const int32_t s = g->step_seq[i], *blocks = kv_cache_blocks(kv, s);
-        for (int32_t j = 0; j < (kv->seq_len[s] + KV_BLOCK_CELLS - 1) / KV_BLOCK_CELLS; j++) g->kv_marks[blocks[j]] = true;
+        for (int32_t j = (int32_t)(g->kv_cpu_cells / KV_BLOCK_CELLS); j < (kv->seq_len[s] + KV_BLOCK_CELLS - 1) / KV_BLOCK_CELLS; j++)
+            g->kv_marks[blocks[j]] = true;
     }
     for (int32_t b = 0, n; b < kv->n_blocks; b += n) {
         n = 1;
@@ -328,6 +335,7 @@ static pshard_status ring_start(struct exec_ctx *ctx, struct exec_gpu *g, const 
         g->slot_used[k] = true;
     }
     g->lent_ready = false;
+    g->unit_released = false;
     g->ring_tier = tier;
     g->ring_passed = false;
     g->next_use = 0;
@@ -383,6 +391,10 @@ static pshard_status staged_dense(struct exec_ctx *ctx, struct exec_gpu *g, uint
     uint8_t *slot;
     CORE_TRY(ring_acquire(ctx, g, index, 0, &slot));
     CORE_TRY(dense_in_slot(ctx, g, shard, slot, b));
+    if (g->unit_released) { /* (split_attention freed the slot already) */
+        g->unit_released = false;
+        return PSHARD_OK;
+    }
     return ring_release(ctx, g);
 }
 
@@ -459,6 +471,57 @@ static pshard_status timed_wait(struct exec_ctx *ctx, pshard_status st, double s
 static pshard_status stream_done(struct exec_ctx *ctx, struct exec_gpu *g) {
     const double t0 = core_now_ms();
     return timed_wait(ctx, cuda_stream_sync(g->stream), t0);
+}
+
+/* ---- attention split with the CPU (plan_kv_cpu_cells) */
+
+/* The attention of a one-token step over a carried layer, split with the CPU: the query goes
+ * down, the GPU attends cells [c, n] from the slot while the CPU attends [0, c) from the host's
+ * cache (c = g->kv_cpu_cells), and the CPU's partial sums come up to be merged with the GPU's.
+ * Meanwhile the slot is freed for the ring's next copy: the GPU's side has read its cells, and wo
+ * is copied out to `work` first (where the merge's output goes straight into wo's activations
+ * and work has room; else the slot is held to the end). */
+static pshard_status split_attention(struct exec_ctx *ctx, struct exec_gpu *g, int il, const struct gpu_layer *l,
+                                     const struct cuda_kv_layer *kv, const struct exec_batch *b) {
+    const struct model_hparams *hp = &ctx->model->hp;
+    const struct cuda_attn_shape *a = &g->attn_shape;
+    const int32_t n_cells = b->pos[0] + 1, c = (int32_t)g->kv_cpu_cells;
+    cuda_stream s = g->stream;
+    float *host_q = g->host_attn.ptr, *host_sums = host_q + (size_t)a->n_head * a->head_k;
+    CORE_TRY(cuda_copy_d2h(host_q, g->q, sizeof(float) * (size_t)a->n_head * a->head_k, s));
+    CORE_TRY(cuda_event_record(g->q_ready, s));
+    CORE_TRY(cuda_attention_decode_from(a, kv, g->q, g->seq, g->pos, 1, n_cells, c, g->work, g->work_bytes, s));
+    struct cuda_matrix wo = l->wo;
+    const enum quant_type at = cuda_act_type(wo.type);
+    const bool quantized = !l->bo && wo.n_cols % 32 == 0 && cuda_attention_decode_quantizes(a, at) &&
+                           cuda_act_row_bytes(at, wo.n_cols) <= sizeof(float) * (size_t)hp->n_embd;
+    const size_t at_spare = cuda_align(cuda_attention_split_work_bytes(a, 1, n_cells, c));
+    const size_t wo_bytes = (size_t)wo.n_rows * wo.row_bytes;
+    if (quantized && at_spare + wo_bytes <= g->work_bytes) {
+        CORE_TRY(cuda_copy_d2d((uint8_t *)g->work + at_spare, wo.data, wo_bytes, s));
+        wo.data = (uint8_t *)g->work + at_spare;
+        CORE_TRY(ring_release(ctx, g));
+        g->unit_released = true;
+    }
+    const double t0 = core_now_ms();
+    CORE_TRY(timed_wait(ctx, cuda_event_sync(g->q_ready), t0));
+    const double t1 = core_now_ms();
+    CORE_TRY(shard_attn_cpu_sums(ctx, il, b->seq[0], host_q, c, host_sums));
+    ctx->stats.host_compute_ms += core_now_ms() - t1;
+    CORE_TRY(cuda_copy_h2d(cuda_attention_host_sums(a, 1, n_cells, c, g->work), host_sums,
+                           sizeof(float) * (size_t)a->n_head * (size_t)(a->head_v + 2), s));
+    CORE_TRY(cuda_attention_merge_host(a, 1, n_cells, c, g->attn, quantized ? at : QUANT_F32, quantized ? g->proj : NULL,
+                                       g->work, s));
+    if (quantized) {
+        const struct cuda_matrix *wop = &wo;
+        float *x = g->x;
+        count_weights(ctx, &wo);
+        return cuda_matvec_each(&wop, 1, g->proj, 1, &x, true, s);
+    }
+    if (!l->bo) return project_add(ctx, g, &wo, g->attn, 1, g->x);
+    CORE_TRY(project(ctx, g, &wo, g->attn, 1, g->proj));
+    CORE_TRY(cuda_add_bias(g->proj, l->bo, 1, hp->n_embd, s));
+    return cuda_add(g->x, g->proj, hp->n_embd, s);
 }
 
 /* Whether a step of n tokens in the tier splits its experts by routing (plan_tier.routed), in
@@ -881,6 +944,9 @@ pshard_status exec_gpu_step(struct exec_ctx *ctx, const struct exec_batch *b) {
     for (int32_t t = 0; ctx->active->kv_stream && t < b->n_tokens; t++)
         if (!g->seen[b->seq[t]]) g->seen[b->seq[t]] = true, g->step_seq[g->n_step_seq++] = b->seq[t];
     for (int32_t i = 0; i < g->n_step_seq; i++) g->seen[g->step_seq[i]] = false;
+    /* PLAN_KV_CPU_RUN cells are whole blocks: the ring carries the rest of a block's run */
+    _Static_assert((int)PLAN_KV_CPU_RUN % (int)KV_BLOCK_CELLS == 0 && (int)PLAN_KV_CPU_RUN == (int)CPU_ATTN_SPLIT_CELLS, "the CPU's cells");
+    g->kv_cpu_cells = tier->ring && tier->kv_stream && b->n_tokens == 1 ? plan_kv_cpu_cells(tier, b->pos[0]) : 0;
     CORE_TRY(upload_batch(ctx, g, b));
     CORE_TRY(table_up(ctx, g));
     if (!tier->ring && tier->any_gpu) CORE_TRY(ensure_lent(ctx, g));

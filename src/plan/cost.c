@@ -145,12 +145,13 @@ static void side_by_side(const struct profile *pr, enum host_use use, double n, 
     *pcie_more = 1 / fmin(pcie_share > 0 ? pcie_share : 1, shared) - 1;
 }
 
-/* The CPU computes (reading `bytes` of host memory). In a ring tier the copies already
- * running ahead share host memory with it, and both take longer for it; copies scheduled later
- * into this time do the same (copy_ahead), from the span kept here. */
-static void cpu_busy(struct walk *w, double compute_s, int jobs, double bytes) {
+/* The CPU computes from `from` on (reading `bytes` of host memory): its time, longer where the
+ * copies of a ring tier already running ahead share host memory with it, which take longer for
+ * it too; copies scheduled later into this time do the same (copy_ahead), from the span kept
+ * here. */
+static double cpu_span(struct walk *w, double from, double compute_s, double bytes) {
     const struct profile *pr = w->prof;
-    const double ahead = w->copy_free - w->out->seconds;
+    const double ahead = w->copy_free - from;
     if (w->t->ring && ahead > 0 && compute_s > 0) {
         double cpu_more, copy_more;
         side_by_side(pr, HOST_COPIES, w->n, bytes / compute_s, profile_at_size(pr->h2d_gbps, (double)w->p->slot_bytes) * 1e9,
@@ -160,10 +161,17 @@ static void cpu_busy(struct walk *w, double compute_s, int jobs, double bytes) {
         compute_s += overlap * cpu_more;
     }
     if (w->t->ring && compute_s > 0 && w->n_cpu < COST_CPU_SPANS) {
-        w->cpu[w->n_cpu].from = w->out->seconds;
-        w->cpu[w->n_cpu].to = w->out->seconds + compute_s;
+        w->cpu[w->n_cpu].from = from;
+        w->cpu[w->n_cpu].to = from + compute_s;
         w->cpu[w->n_cpu++].bps = bytes / compute_s;
     }
+    return compute_s;
+}
+
+/* The CPU computes (reading `bytes` of host memory), the step waiting for it. */
+static void cpu_busy(struct walk *w, double compute_s, int jobs, double bytes) {
+    const struct profile *pr = w->prof;
+    compute_s = cpu_span(w, w->out->seconds, compute_s, bytes);
     const double busy = compute_s + jobs * pr->cpu_step_s;
     w->out->cpu_s += busy;
     w->out->overhead_s += jobs * pr->cpu_step_s;
@@ -187,14 +195,18 @@ static void move_to(struct walk *w, bool gpu) {
  * rate that depends on how long the cache is (profile_gpu_attn). On the GPU a step runs the
  * kernel the executor picks (plan_kernels): the split-KV kernel pays the call's fixed part
  * besides, and the prompt kernel costs a full tile of queries at fewer tokens. */
-static double attention_s(const struct walk *w, const struct shard *s, bool gpu) {
+static double attention_cells_s(const struct walk *w, const struct shard *s, bool gpu, double cells) {
     const double per_cell = (double)s->kv_bytes_per_token * (gpu ? 1 : cost_query_heads_per_kv(w->m));
-    if (!gpu) return w->n * w->ctx * per_cell * profile_at_tokens(w->prof->cpu_attn, w->n);
+    if (!gpu) return w->n * cells * per_cell * profile_at_tokens(w->prof->cpu_attn, w->n);
     const int64_t from = w->p->kernels.attention_prompt_from;
     const bool prompt = from > 0 && (int64_t)w->n >= from; /* a step of one sequence */
     const double n = prompt ? fmax(w->n, PROFILE_PROMPT_ATTN) : w->n;
     const double call = prompt ? 0 : w->prof->gpu_attn_call_s;
-    return call + n * w->ctx * per_cell * profile_gpu_attn(w->prof, n, w->ctx, prompt);
+    return call + n * cells * per_cell * profile_gpu_attn(w->prof, n, cells, prompt);
+}
+
+static double attention_s(const struct walk *w, const struct shard *s, bool gpu) {
+    return attention_cells_s(w, s, gpu, w->ctx);
 }
 
 /* A ring tier's unit copied into slot k as soon as the copy stream and the slot are free
@@ -310,6 +322,22 @@ static void split_ffn(struct walk *w, const struct shard *s) {
                 (double)bytes * (1 - gpu_part));
 }
 
+/* The CPU's side of a carried layer's attention split with it (plan_kv_cpu_cells): from `from`
+ * (once the GPU has q) to when its partial sums are up, the query's way down and theirs up
+ * included. */
+static double kv_split_cpu_s(struct walk *w, const struct shard *s, double from, double cpu_cells) {
+    const struct profile *pr = w->prof;
+    const struct model_hparams *hp = &w->m->hp;
+    const double q_bytes = 4.0 * hp->n_head * hp->head_dim_k, sums_bytes = 4.0 * hp->n_head * (hp->head_dim_v + 2);
+    const double moved = gbps_s(q_bytes, profile_at_size(pr->d2h_gbps, q_bytes)) +
+                         gbps_s(sums_bytes, profile_at_size(pr->h2d_gbps, sums_bytes));
+    const double cpu = cpu_span(w, from + pr->round_trip_s, attention_cells_s(w, s, false, cpu_cells),
+                                cpu_cells * (double)s->kv_bytes_per_token);
+    w->out->cpu_s += cpu + pr->cpu_step_s;
+    w->out->overhead_s += pr->round_trip_s + moved + pr->cpu_step_s;
+    return pr->round_trip_s + moved + pr->cpu_step_s + cpu;
+}
+
 static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
     const enum placement place = w->t->shard[i];
     const double n = s->kind == SHARD_HEAD ? w->n_out : w->n;
@@ -330,8 +358,10 @@ static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
     double sec = matrices_s(w, s, true, n, &bytes, &count);
     int slot = -1;
     /* Attention whose KV is on the host, in a ring tier (plan.kv_stream): the cached cells go up
-     * with the matrices, and the step's new cells come down on the compute stream. */
+     * with the matrices, but those the CPU attends in a step of one token (plan_kv_cpu_cells),
+     * and the step's new cells come down on the compute stream. */
     const bool kv_up = s->kind == SHARD_ATTN && !w->p->kv_gpu[s->layer];
+    const double cpu_cells = kv_up && w->n == 1 ? (double)plan_kv_cpu_cells(w->t, (int64_t)w->carried) : 0;
     if (kv_up) {
         const double down = w->n * (double)s->kv_bytes_per_token;
         sec += gbps_s(down, profile_at_size(w->prof->d2h_gbps, down));
@@ -340,7 +370,7 @@ static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
         const struct profile *pr = w->prof;
         if (w->t->ring && plan_shard_units(w->p, s, place)) {
             slot = (int)(w->unit % w->p->n_slots);
-            copy_ahead(w, (double)bytes + (kv_up ? w->carried * (double)s->kv_bytes_per_token : 0), slot);
+            copy_ahead(w, (double)bytes + (kv_up ? (w->carried - cpu_cells) * (double)s->kv_bytes_per_token : 0), slot);
         } else {
             const double *in_place = profile_in_place(pr, w->m->weights_skew, false);
             const double stream = w->t->ring ? gbps_s((double)bytes, profile_at_size(pr->h2d_gbps, (double)bytes))
@@ -350,9 +380,18 @@ static void dense_shard(struct walk *w, const struct shard *s, uint32_t i) {
             sec = sec > stream ? sec : stream;
         }
     }
-    if (s->kind == SHARD_ATTN) sec += attention_s(w, s, true);
-    gpu_busy(w, sec, extra_kernels[s->kind], extra_kernels[s->kind] + MATRIX_OPS * count);
+    double cpu_wait = 0;
+    if (cpu_cells > 0) {
+        const double gpu_attn = attention_cells_s(w, s, true, w->ctx - cpu_cells);
+        cpu_wait = kv_split_cpu_s(w, s, w->out->seconds + sec, cpu_cells) - gpu_attn;
+        sec += gpu_attn;
+    } else if (s->kind == SHARD_ATTN) {
+        sec += attention_s(w, s, true);
+    }
+    gpu_busy(w, sec, extra_kernels[s->kind] + (cpu_cells > 0), extra_kernels[s->kind] + MATRIX_OPS * count + (cpu_cells > 0 ? HAND_OFF_OPS : 0));
+    /* (split, the slot is free once the GPU's side has read it: wo is copied out first) */
     if (slot >= 0) w->slot_free[slot] = w->out->seconds;
+    if (cpu_wait > 0) w->out->seconds += cpu_wait;
 }
 
 /* An expert call on the tiled GEMM (tiled_experts) computing `touched` of a layer's E experts

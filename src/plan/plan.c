@@ -189,6 +189,7 @@ uint64_t plan_tier_key(const struct plan *p, int t) {
              (uint64_t)p->kv_gpu[l] << 40 ^
              (uint64_t)(plan_experts_vram(p, tier, l) - p->experts_resident[l]) << 48) * 1099511628211ull;
     h = (h ^ tier->ring) * 1099511628211ull;
+    h = (h ^ (uint64_t)lroundf(tier->kv_cpu_share * 65536)) * 1099511628211ull;
     if (tier->routed)
         for (int n = 0; n <= PLAN_MAX_ROUTED; n++) h = (h ^ (uint64_t)tier->routed_quota[n] << 8 ^ 1) * 1099511628211ull;
     return h;

@@ -91,6 +91,9 @@ struct plan_options {
     bool no_split_ffn;       /* dynamic tiers stream dense FFNs whole: split_ffn off */
     bool no_stage_static;    /* static tiers read streamed attention in place: stage_static off */
     bool no_kv_stream;       /* no KV up through the ring: kv_stream off */
+    bool no_kv_split;        /* carried layers' attention not split with the CPU: kv_split off */
+    float kv_cpu_share;      /* > 0: one-token ring tiers that carry KV split each carried layer so
+                                (plan_request.kv_cpu_share); 0: the cost model's share */
     bool no_long_decode;     /* decode over long caches keeps the short ones' set: long_decode off */
     int32_t decode_from;     /* with a decode set asked for, decode over it from this many cells on
                                 (plan_request.decode_from); 0: every cache */
@@ -125,6 +128,12 @@ struct plan_tier {
     /* A ring tier that runs the attention of the layers whose KV cache is in host memory on the
      * GPU, their cells carried in the slots (plan.kv_stream); other tiers run it on the CPU. */
     bool kv_stream;
+    /* A kv_stream tier's steps of one token split each carried layer's attention with the CPU:
+     * the CPU attends the first plan_kv_cpu_cells of the token's cached cells from the host's
+     * cache while only the rest go up in the slot for the GPU's attention, and the GPU merges the
+     * two sides' partial sums (max, sum, unnormalized output). The share of the cached cells the
+     * CPU takes (0: none). */
+    float kv_cpu_share;
     uint64_t host_bytes_per_token; /* weight bytes the CPU reads from host memory per decode token */
     uint64_t pcie_bytes_per_token; /* weight bytes streamed over PCIe per decode token */
     uint64_t gpu_bytes_per_token;  /* weight bytes the GPU reads from VRAM per decode token */
@@ -281,6 +290,15 @@ static inline const struct plan_tier *plan_step_tier(const struct plan *p, int32
  * one token, every shard on the GPU but perhaps the embedding, no ring. */
 static inline bool plan_tier_replays(const struct plan_tier *t, int32_t n_tokens) {
     return n_tokens == 1 && t->shards_gpu && !t->ring;
+}
+
+/* The cached cells [0, c) the CPU attends in a one-token step of tier t over n_cached cached
+ * cells (plan_tier.kv_cpu_share): whole runs of PLAN_KV_CPU_RUN cells (whole KV blocks, as the
+ * ring carries them), at least two, else none. */
+enum { PLAN_KV_CPU_RUN = 512 };
+static inline int64_t plan_kv_cpu_cells(const struct plan_tier *t, int64_t n_cached) {
+    const int64_t c = (int64_t)(t->kv_cpu_share * (double)n_cached) / PLAN_KV_CPU_RUN * PLAN_KV_CPU_RUN;
+    return c >= 2 * PLAN_KV_CPU_RUN && c <= n_cached ? c : 0;
 }
 
 /* Tokens of the step tier t is judged by and `pshard plan` shows: its fewest, capped by the

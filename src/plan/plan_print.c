@@ -267,6 +267,14 @@ static void print_shards(const struct plan *p, const struct plan *dp, const stru
     print_fold(&f, out);
 }
 
+/* A tier's ring, in the tiers line: whether it carries KV up, and the share of those cells its
+ * one-token steps leave to the CPU. */
+static const char *ring_tag(const struct plan_tier *t, char *buf, size_t size) {
+    if (t->kv_stream && t->kv_cpu_share > 0) snprintf(buf, size, " (ring, KV up, %.0f%% on the CPU)", 100.0 * t->kv_cpu_share);
+    else snprintf(buf, size, "%s", t->kv_stream ? " (ring, KV up)" : t->ring ? " (ring)" : "");
+    return buf;
+}
+
 void plan_print(const struct plan *p, const struct model *m, bool every_shard, FILE *out) {
     const int last = plan_prompt_tier(p);
     const int32_t typical = plan_typical_prompt(p->n_ctx) + 1; /* a typical request's first decode step */
@@ -279,8 +287,9 @@ void plan_print(const struct plan *p, const struct model *m, bool every_shard, F
         tier_label(p, t, label, sizeof label);
         const struct plan *runs = plan_for_step(p, plan_tier_tokens[t], typical);
         const struct plan_tier *rt = &runs->tier[t];
-        fprintf(out, " %s '%s'%s%s", label, plan_family_name(rt->family),
-                rt->kv_stream ? " (ring, KV up)" : rt->ring ? " (ring)" : "", runs != p ? " (decode set)" : "");
+        char tag[48];
+        fprintf(out, " %s '%s'%s%s", label, plan_family_name(rt->family), ring_tag(rt, tag, sizeof tag),
+                runs != p ? " (decode set)" : "");
     }
     fputc('\n', out);
     for (int t = 1; t <= last; t++)
@@ -318,9 +327,10 @@ void plan_print(const struct plan *p, const struct model *m, bool every_shard, F
                   "differ)");
     if (p->decode && dp != p->decode) {
         const struct plan_tier *lt = &p->decode->tier[PLAN_TIER_DECODE];
+        char tag[48];
         plan_note(out, "(decode steps over caches of %d cells or more: '%s'%s over a resident set of their own, carved when "
                   "the cache grows that long; the shard table shows shorter caches)", p->decode_from,
-                  plan_family_name(lt->family), lt->kv_stream ? " (ring, KV up)" : lt->ring ? " (ring)" : "");
+                  plan_family_name(lt->family), ring_tag(lt, tag, sizeof tag));
     }
     for (int t = 0; t <= last; t++)
         if (p->tier[t].kv_stream) {
@@ -328,6 +338,9 @@ void plan_print(const struct plan *p, const struct model *m, bool every_shard, F
                       "the GPU's attention with its matrices, and the step's new cells back down)");
             break;
         }
+    if (d->kv_cpu_share > 0 || (p->decode && p->decode->tier[PLAN_TIER_DECODE].kv_cpu_share > 0))
+        plan_note(out, "(KV up, N%% on the CPU: one-token steps attend the first N%% of each carried layer's cached cells on "
+                  "the CPU from host memory while the GPU attends the rest, whose cells alone go up; the GPU merges both)");
     if (plan_lends(p))
         plan_note(out, "(IN SLOT, and experts R+S: read from the staging slot where the ring's last step left it, "
                   "S experts past the R resident; copied there first when no prompt step has used the ring yet)");

@@ -85,6 +85,7 @@ static void place_tier(const struct model *m, const struct plan_request *req, co
     for (uint32_t i = 0; i < m->n_shards; i++)
         n_ffn += m->shards[i].kind == SHARD_FFN && t->shard[i] != PLACE_RESIDENT;
     t->ring = t->kv_stream = false;
+    t->kv_cpu_share = 0;
     for (uint32_t i = 0; i < m->n_shards; i++) {
         const struct shard *s = &m->shards[i];
         enum placement *place = &t->shard[i];
@@ -184,8 +185,63 @@ static double tier_per_token(const struct profile *prof, const struct model *m, 
     return plan_tier_per_token(prof, m, req, p, &p->tier[t], t);
 }
 
-/* How finely a ring tier's count of layers carrying KV up is sought (set_tier). */
-enum { KV_UP_GRID = 8 };
+/* How finely a ring tier's count of layers carrying KV up is sought, and the share of their cells
+ * the CPU attends (set_tier): a grid of KV_UP_GRID counts, then finer around the best; shares in
+ * steps of 1 / KV_SHARE_GRID up to KV_SHARE_MAX, then halfway to the neighbours of the best. */
+enum { KV_UP_GRID = 8, KV_SHARE_GRID = 16 };
+static const float KV_SHARE_MAX = 0.75f;
+
+/* A ring tier's placement of the attention of layers whose KV is in host memory: how many of
+ * them carry their cells up (the rest attend on the CPU), the share of those cells the CPU
+ * attends in one-token steps, and the seconds a token the tier takes so. */
+struct kv_choice {
+    uint32_t up;
+    float cpu_share;
+    double seconds;
+};
+
+static double place_kv(const struct model *m, const struct plan_request *req, const struct profile *prof, struct plan *p,
+                       int t, float share, struct kv_choice c) {
+    place_tier(m, req, prof, p, t, share, true, c.up);
+    p->tier[t].kv_cpu_share = c.cpu_share;
+    plan_tier_account(m, p, &p->tier[t]);
+    return tier_per_token(prof, m, req, p, t);
+}
+
+/* Weighs `c` changed to up, cpu_share, keeping the faster in *best. */
+static void weigh_kv(const struct model *m, const struct plan_request *req, const struct profile *prof, struct plan *p,
+                     int t, float share, uint32_t up, float cpu_share, struct kv_choice *best) {
+    const struct kv_choice c = {up, cpu_share, 0};
+    const double sec = place_kv(m, req, prof, p, t, share, c);
+    if (sec < best->seconds) *best = (struct kv_choice){up, cpu_share, sec};
+}
+
+static struct kv_choice best_kv_up(const struct model *m, const struct plan_request *req, const struct profile *prof,
+                                   struct plan *p, int t, float share, struct kv_choice best) {
+    const uint32_t n_host_kv = host_kv_layers(p), coarse = n_host_kv / KV_UP_GRID > 1 ? n_host_kv / KV_UP_GRID : 1;
+    const float cpu_share = best.cpu_share;
+    for (int pass = 0; pass < 2; pass++) {
+        const uint32_t from = pass ? (best.up > coarse ? best.up - coarse : 0) : 0;
+        const uint32_t to = pass ? (best.up + coarse < n_host_kv ? best.up + coarse : n_host_kv) : n_host_kv;
+        const uint32_t step = pass ? (coarse / KV_UP_GRID > 1 ? coarse / KV_UP_GRID : 1) : coarse;
+        for (uint32_t up = from; up <= to; up += step)
+            if (up != best.up && !(pass && up % coarse == 0)) /* (weighed already) */
+                weigh_kv(m, req, prof, p, t, share, up, cpu_share, &best);
+    }
+    return best;
+}
+
+static struct kv_choice best_kv_cpu_share(const struct model *m, const struct plan_request *req,
+                                          const struct profile *prof, struct plan *p, int t, float share,
+                                          struct kv_choice best) {
+    if (!best.up) return best;
+    for (int k = 1; k <= (int)(KV_SHARE_MAX * KV_SHARE_GRID); k++)
+        weigh_kv(m, req, prof, p, t, share, best.up, (float)k / KV_SHARE_GRID, &best);
+    const float at = best.cpu_share, half = 0.5f / KV_SHARE_GRID;
+    if (at > 0) weigh_kv(m, req, prof, p, t, share, best.up, at - half, &best);
+    if (at > 0 && at < KV_SHARE_MAX) weigh_kv(m, req, prof, p, t, share, best.up, at + half, &best);
+    return best;
+}
 
 /* Set tier t to a family (and dynamic share) over the resident set, and account for it: the cost
  * model reads the tier's flags (any_gpu, shards_gpu), so each placement is accounted before it is
@@ -211,24 +267,22 @@ static void set_tier(const struct model *m, const struct plan_request *req, cons
     if (!tier->kv_stream) return;
     /* A ring tier runs the attention of layers whose KV is on the host on the GPU, its cells
      * copied up and down, or on the CPU, beside the copies of the others: as many of each as the
-     * cost model finds fastest. On a grid of KV_UP_GRID counts, then finer around the best. */
-    uint32_t best = n_host_kv;
-    double best_s = tier_per_token(prof, m, req, p, t);
-    const uint32_t coarse = n_host_kv / KV_UP_GRID > 1 ? n_host_kv / KV_UP_GRID : 1;
-    for (int pass = 0; pass < 2; pass++) {
-        const uint32_t from = pass ? (best > coarse ? best - coarse : 0) : 0;
-        const uint32_t to = pass ? (best + coarse < n_host_kv ? best + coarse : n_host_kv) : n_host_kv;
-        const uint32_t step = pass ? (coarse / KV_UP_GRID > 1 ? coarse / KV_UP_GRID : 1) : coarse;
-        for (uint32_t up = from; up <= to; up += step) {
-            if (up == best || (pass && up % coarse == 0)) continue; /* (weighed already) */
-            place_tier(m, req, prof, p, t, share, true, up);
-            plan_tier_account(m, p, tier);
-            const double sec = tier_per_token(prof, m, req, p, t);
-            if (sec < best_s) best_s = sec, best = up;
+     * cost model finds fastest. A tier of one-token steps may also split each carried layer
+     * with the CPU (kv_split): the share of its cells the CPU attends is sought at the best
+     * count, and the count again at that share. */
+    struct kv_choice best = {n_host_kv, 0, tier_per_token(prof, m, req, p, t)};
+    best = best_kv_up(m, req, prof, p, t, share, best);
+    if (req->kv_split && tier->min_tokens == 1) {
+        const struct kv_choice counted = best;
+        if (req->kv_cpu_share > 0) {
+            best.cpu_share = req->kv_cpu_share > 1 ? 1 : req->kv_cpu_share;
+            best.seconds = place_kv(m, req, prof, p, t, share, best);
+        } else {
+            best = best_kv_cpu_share(m, req, prof, p, t, share, best);
         }
+        if (best.cpu_share != counted.cpu_share) best = best_kv_up(m, req, prof, p, t, share, best);
     }
-    place_tier(m, req, prof, p, t, share, true, best);
-    plan_tier_account(m, p, tier);
+    place_kv(m, req, prof, p, t, share, best);
 }
 
 /* A step runs its tier's plan up to the next tier's fewest tokens. Where the next tier's plan is

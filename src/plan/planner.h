@@ -42,6 +42,11 @@ struct plan_request {
                              memory on the GPU: the layer's cached cells travel up in its slot with
                              its matrices, the step's new cells come back down (plan.kv_stream;
                              with several sequences where the pool's cells fit the slots) */
+    bool kv_split;        /* ring tiers' one-token steps may split a carried layer's attention with
+                             the CPU: it attends the first cells from the host's cache beside the
+                             GPU's attention of the rest (plan_tier.kv_cpu_share) */
+    float kv_cpu_share;   /* kv_split: > 0 fixes the share (plan_options, for tests and comparison);
+                             0: the cost model's */
     bool long_decode;     /* phases: decode steps over long caches may run over another set than
                              short ones (plan.decode_from, decode_until) */
     int32_t decode_from;  /* with decode_set asked for: decode steps run over it only over caches of

@@ -276,6 +276,7 @@ void plan_reset_places(struct plan *p) {
     for (int t = 0; t < PLAN_TIERS; t++) {
         p->tier[t].family = PLAN_CPU;
         p->tier[t].routed = p->tier[t].ring = p->tier[t].kv_stream = false;
+        p->tier[t].kv_cpu_share = 0;
         p->tier[t].min_tokens = plan_tier_tokens[t];
         for (uint32_t i = 0; i < p->n_shards; i++) p->tier[t].shard[i] = PLACE_CPU;
         for (uint32_t l = 0; l < p->n_layers; l++) p->tier[t].experts_gpu[l] = p->tier[t].ffn_rows_gpu[l] = 0;

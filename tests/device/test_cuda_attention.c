@@ -141,6 +141,58 @@ static void decode_batch(struct dt *d, int n_head, int n_head_kv, int head_k, in
     run_case(d, &a, n_ctx, seq, pos, 7, DECODE_CAPTURED);
 }
 
+/* A decode step split with the host: the CPU's partial sums of cells [0, first) of each token
+ * (cpu_attention_merge_sums over the units a decode step cuts), placed in work, merged with the
+ * GPU's over [first, pos]: the whole attention, and its Q8_1 bytes those of quantizing it after. */
+static void split_with_host(struct dt *d, int n_head, int n_head_kv, int head, int64_t n_ctx, int32_t first,
+                            int64_t n_tokens) {
+    const struct cuda_attn_shape a = {n_head, n_head_kv, head, head, 1.0f / sqrtf((float)head)};
+    const struct cpu_attn_shape cs = {n_head, n_head_kv, head, head, a.scale};
+    const size_t mark = cuda_arena_mark(&d->arena);
+    struct cache c;
+    cache_init(d, &c, &a, 3, n_ctx);
+    const int32_t seq[] = {2, 0}, pos[] = {(int32_t)n_ctx - 1, (int32_t)n_ctx - 100};
+    const int64_t q_n = n_tokens * n_head * head, o_n = n_tokens * n_head * head, sums_n = n_tokens * n_head * (head + 2);
+    float *q = dt_malloc(4 * (size_t)q_n), *want = dt_malloc(4 * (size_t)o_n), *got = dt_malloc(4 * (size_t)o_n);
+    float *sums = dt_malloc(4 * (size_t)sums_n);
+    dt_fill(q, q_n, -2.0f, 2.0f);
+    reference(&a, &c, q, seq, pos, n_tokens, want);
+    float *partial = dt_malloc(sizeof(float) * (size_t)cpu_attention_partial_floats_max(&cs));
+    for (int64_t t = 0; t < n_tokens; t++) {
+        struct cpu_attn_units u;
+        cpu_attention_units(&cs, 1, first, true, 3, &u);
+        const struct cpu_kv_view kv = cpu_kv_contiguous(c.k + seq[t] * c.n_ctx * c.k_width, c.v + seq[t] * c.n_ctx * c.v_width);
+        const int64_t cells = first;
+        for (int64_t unit = 0; unit < u.count; unit++) {
+            int64_t t0, t1;
+            int h0, h1, split;
+            cpu_attention_unit(&cs, &u, unit, &t0, &t1, &h0, &h1, &split);
+            cpu_attention_run_unit(&cs, &u, t0, t1, h0, h1, split, q + t * q_n / n_tokens, &kv, &cells, partial, NULL);
+        }
+        cpu_attention_merge_sums(&cs, &u, partial, sums + t * sums_n / n_tokens);
+    }
+    float *dq = dt_upload(d, q, 4 * (size_t)q_n), *dout = dt_alloc(d, 4 * (size_t)o_n), *dout2 = dt_alloc(d, 4 * (size_t)o_n);
+    int32_t *dseq = dt_upload(d, seq, 4 * (size_t)n_tokens), *dpos = dt_upload(d, pos, 4 * (size_t)n_tokens);
+    const int32_t max_len = (int32_t)n_ctx;
+    const size_t wb = cuda_attention_split_work_bytes(&a, n_tokens, max_len, first), qb = quant_row_bytes(QUANT_Q8_1, o_n);
+    void *work = dt_alloc(d, wb), *dq8 = dt_alloc(d, qb), *dq8_ref = dt_alloc(d, qb);
+    DT_CHECK(cuda_attention_decode_from(&a, &c.dev, dq, dseq, dpos, n_tokens, max_len, first, work, wb, d->s));
+    DT_CHECK(cuda_copy_h2d(cuda_attention_host_sums(&a, n_tokens, max_len, first, work), sums, 4 * (size_t)sums_n, d->s));
+    DT_CHECK(cuda_attention_merge_host(&a, n_tokens, max_len, first, dout, QUANT_F32, NULL, work, d->s));
+    DT_CHECK(cuda_attention_merge_host(&a, n_tokens, max_len, first, dout2, QUANT_Q8_1, dq8, work, d->s));
+    DT_CHECK(cuda_quantize(QUANT_Q8_1, dout, (int64_t)n_head * head, n_tokens, dq8_ref, d->s));
+    dt_download(d, got, dout, 4 * (size_t)o_n);
+    int64_t where;
+    const double e = dt_max_err(got, want, o_n, 1.0, &where);
+    dt_case(d, e <= 1e-4, "attention decode heads %d/%d x %d, %lld tokens over %lld cells, the first %d attended by the CPU: "
+            "max err %.2e (tol 1e-4)", n_head, n_head_kv, head, (long long)n_tokens, (long long)n_ctx, first, e);
+    uint8_t *q1 = dt_malloc(qb), *q2 = dt_malloc(qb);
+    dt_download(d, q1, dq8_ref, qb), dt_download(d, q2, dq8, qb);
+    dt_case(d, memcmp(q1, q2, qb) == 0, "the same, its output quantized to Q8_1 in the merge: the bytes of quantizing it after");
+    cuda_arena_reset(&d->arena, mark);
+    free(c.k), free(c.v), free(q), free(want), free(got), free(sums), free(partial), free(q1), free(q2);
+}
+
 static void prefill(struct dt *d, int n_head, int n_head_kv, int head, int64_t n_tokens, int32_t first_pos) {
     const struct cuda_attn_shape a = {n_head, n_head_kv, head, head, 1.0f / sqrtf((float)head)};
     const int64_t n_ctx = first_pos + n_tokens + 5;
@@ -220,6 +272,9 @@ int main(void) {
     decode_batch(&d, 8, 2, 256, 256, 500);     /* head 256: eight dims a lane */
     decode_batch(&d, 12, 4, 80, 80, 300);      /* a group of 3, head 80: pieces not a multiple of the lanes' */
     decode_batch(&d, 40, 4, 128, 128, 600);    /* a group of 10: two blocks a KV head */
+    split_with_host(&d, 32, 4, 128, 5000, 2048, 1); /* qwen30b's heads */
+    split_with_host(&d, 32, 8, 128, 3000, 1024, 2);
+    split_with_host(&d, 8, 2, 64, 40000, 16384, 1);  /* runs of the CPU's longer than 512 cells */
     prefill(&d, 8, 2, 64, 100, 0);
     prefill(&d, 32, 8, 128, 300, 0);
     prefill(&d, 16, 4, 128, 77, 150);          /* continuing a prefix */

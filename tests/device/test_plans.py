@@ -20,7 +20,8 @@ long caches does), so decode steps change set in the middle of a run. At the lea
 budget where dynamic and auto carry the KV cells of layers whose cache is on the host through the
 ring to the GPU's attention (ring tiers, "KV up"; PSHARD_KV_STREAM=0 turns it off), their prompt
 steps write the new cells back to the host's cache, which the CPU's attention of later small steps
-reads.
+reads; and decode steps that split a carried layer's attention with the CPU (the CPU attending the
+first cells from the host's cache, the GPU the rest) agree with the CPU over a long sequence.
 Usage: tests/device/test_plans.py BUILD_DIR"""
 import os
 import re
@@ -167,6 +168,49 @@ def fits_alone(path, placement, text, budget, prompt):
     return fits(text, budget, greedy(path, prompt, placement)[1])
 
 
+def split_attention_agrees(tmp, rng):
+    """Decode steps that split each carried layer's attention with the CPU compute the CPU's
+    function: tiny-llama (8 layers) in a static plan over the ring's set at the least budget whose
+    one-token tier carries KV up, with PSHARD_KV_CPU_SHARE=0.5 (the CPU attends the first half of
+    each carried layer's cached cells, in whole runs of 512, so from 2,048 cells on), over a
+    2,600-token sequence one token a step."""
+    path = os.path.join(tmp, "split-llama.gguf")
+    subprocess.run([os.path.join(eq.BUILD, "gguf-synth"), "--shape", "tiny-llama", "--type", "Q8_0", "--seed", "4",
+                    "--layers", "8", "--context", "4096", "-o", path, "--quiet"], check=True)
+    env = dict(os.environ, PSHARD_KV_CPU_SHARE="0.5")
+    low = minimum_mb(path, "static")
+    budget = None
+    for mb in range(low, low + 64):
+        proc = subprocess.run([eq.PSHARD, "plan", "-m", path, "--vram-budget", "%dM" % mb, "--plan", "static", "--set",
+                               "ring", "-c", "4096", "--no-profile"], capture_output=True, text=True, env=env, timeout=600)
+        head = next((line for line in proc.stdout.splitlines() if line.startswith("plan ")), "")
+        if re.search(r"1-3 'static' \(ring, KV up, 50% on the CPU\)", head):
+            budget = "%dM" % mb
+            break
+    eq.check(budget is not None, "tiny-llama: a static plan over the ring's set whose decode steps split the KV with the CPU")
+    if budget is None:
+        return
+    tokens = rng.integers(0, 1000, 2600).tolist()
+    cpu = eq.logits(path, tokens, False, 64, os.path.join(tmp, "split-c.f32"))
+    out = os.path.join(tmp, "split-g.f32")
+    proc = subprocess.run([eq.PSHARD, "eval", "-m", path, "--tokens", ",".join(map(str, tokens)), "-b", "1", "-o", out,
+                           "--vram-budget", budget, "--plan", "static", "--set", "ring", "-c", "4096", "--no-profile"],
+                          capture_output=True, text=True, env=env, timeout=1200)
+    eq.check(proc.returncode == 0, "tiny-llama, KV split at %s: pshard eval ran (%s)" % (budget, proc.stderr[-300:]))
+    if proc.returncode != 0:
+        return
+    got = np.fromfile(out, dtype=np.float32).reshape(len(tokens), -1)
+    split = slice(2048, None)  # the steps whose carried layers split (the CPU's cells: 1,024)
+    rel = np.abs(got[split] - cpu[split]) / cpu[split].std(axis=1, keepdims=True)
+    top2 = np.sort(cpu[split], axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] >= eq.NEAR_TIE
+    same = got[split].argmax(1) == cpu[split].argmax(1)
+    eq.check(np.isfinite(got).all() and np.median(rel) < 0.1 and same[clear].mean() >= 0.95,
+             "tiny-llama, static at %s, the CPU attending half of each carried layer's cells: the CPU's function over "
+             "positions 2,048-2,599 (median %.2g, top-1 %.3f of %d clear positions)"
+             % (budget, np.median(rel), same[clear].mean(), clear.sum()))
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         probe_model = os.path.join(tmp, "probe.gguf")
@@ -228,6 +272,8 @@ def main():
                         eq.check(ok, text)
         for text, alone in again:
             eq.check(fits_alone(*alone, prompts[0]), text + ", measured alone")
+        if os.environ.get("PSHARD_KV_STREAM") != "0":
+            split_attention_agrees(tmp, rng)
     print("%d failed" % len(eq.failures))
     return 1 if eq.failures else 0
 

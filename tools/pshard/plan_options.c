@@ -27,6 +27,19 @@ static pshard_status decode_from(int32_t *out) {
     return PSHARD_OK;
 }
 
+/* PSHARD_KV_CPU_SHARE=S: one-token ring tiers that carry KV up give the CPU this share of each
+ * carried layer's cached cells, in place of the cost model's. */
+static pshard_status kv_cpu_share(float *out) {
+    const char *v = getenv("PSHARD_KV_CPU_SHARE");
+    if (!v || !*v) return PSHARD_OK;
+    char *end;
+    const double s = strtod(v, &end);
+    if (*end || !(s > 0 && s < 1))
+        return core_fail(PSHARD_ERR_INVALID_ARG, "PSHARD_KV_CPU_SHARE=%s: want a share between 0 and 1", v);
+    *out = (float)s;
+    return PSHARD_OK;
+}
+
 /* PSHARD_ROUTED_QUOTA=q1,q2,...,qk: routed tiers' GPU share of a token's experts, for 1..k of them
  * not resident, in place of the cost model's (plan_build checks it against the model). */
 static pshard_status routed_quota(struct plan_options *o) {
@@ -52,9 +65,11 @@ pshard_status cli_plan_options(struct plan_options *o) {
         .no_split_ffn = turned_off("PSHARD_SPLIT_FFN"),
         .no_stage_static = turned_off("PSHARD_STAGE_STATIC"),
         .no_kv_stream = turned_off("PSHARD_KV_STREAM"),
+        .no_kv_split = turned_off("PSHARD_KV_SPLIT"),
         .no_long_decode = turned_off("PSHARD_LONG_DECODE"),
         .trace_handoffs = getenv("PSHARD_TRACE_HANDOFFS") != NULL,
     };
     CORE_TRY(decode_from(&o->decode_from));
+    CORE_TRY(kv_cpu_share(&o->kv_cpu_share));
     return routed_quota(o);
 }
