@@ -435,6 +435,18 @@ static void test_attention_tiles_equal_tokens_alone(void **state) {
     }
 }
 
+/* One token's runs over `cells` cells of kv: every unit of u in turn, its partial sums into
+ * partial. */
+static void split_every_unit(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, const float *q,
+                             const struct cpu_kv_view *kv, int64_t cells, float *partial) {
+    for (int64_t i = 0; i < u->count; i++) {
+        int64_t t0, t1;
+        int h0, h1, split;
+        cpu_attention_unit(s, u, i, &t0, &t1, &h0, &h1, &split);
+        cpu_attention_split(s, u, q, kv, cells, t0, h0, h1, split, partial);
+    }
+}
+
 /* A cache in blocks of a pool, in any order (the executor's KV pool): every path of the attention
  * (one token's heads, a prompt's tiles, a long cache's runs) gives, bit for bit, what it gives
  * over the same cells laid out in order. */
@@ -477,13 +489,8 @@ static void test_attention_paged_equals_contiguous(void **state) {
     struct cpu_attn_units u;
     cpu_attention_units(&s, 1, cells, false, 4, &u);
     assert_true(u.splits > 1);
-    for (int64_t i = 0; i < u.count; i++) {
-        int64_t t0, t1;
-        int h0, h1, split;
-        cpu_attention_unit(&s, &u, i, &t0, &t1, &h0, &h1, &split);
-        cpu_attention_split(&s, &u, q, &flat, cells, t0, h0, h1, split, partial_want);
-        cpu_attention_split(&s, &u, q, &paged, cells, t0, h0, h1, split, partial);
-    }
+    split_every_unit(&s, &u, q, &flat, cells, partial_want);
+    split_every_unit(&s, &u, q, &paged, cells, partial);
     assert_memory_equal(partial, partial_want, sizeof(float) * (size_t)cpu_attention_partial_floats(&s, &u));
     free(k), free(v), free(pk), free(pv), free(q), free(want), free(got), free(partial), free(partial_want);
 }
@@ -554,12 +561,7 @@ static void test_attention_split_equals_whole(void **state) {
             struct cpu_attn_units u;
             cpu_attention_units(&s, 1, c, true, 4, &u);
             assert_true(u.splits > 1);
-            for (int64_t i = 0; i < u.count; i++) {
-                int64_t t0, t1;
-                int h0, h1, split;
-                cpu_attention_unit(&s, &u, i, &t0, &t1, &h0, &h1, &split);
-                cpu_attention_split(&s, &u, q, &kv, c, 0, h0, h1, split, partial);
-            }
+            split_every_unit(&s, &u, q, &kv, c, partial);
             float *sums = malloc(sizeof(float) * s.n_head * (s.head_v + 2)), *out = malloc(sizeof(float) * o_width);
             double *rest = malloc(sizeof(double) * (s.head_v + 2)), *score = malloc(sizeof(double) * cells[0]);
             cpu_attention_merge_sums(&s, &u, partial, sums);

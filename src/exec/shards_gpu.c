@@ -108,6 +108,34 @@ static pshard_status kv_cells_down(struct exec_ctx *ctx, struct exec_gpu *g, int
 static pshard_status split_attention(struct exec_ctx *ctx, struct exec_gpu *g, int il, const struct gpu_layer *l,
                                      const struct cuda_kv_layer *kv, const struct exec_batch *b);
 
+/* At matrix-vector sizes wo's input comes quantized from the attention's last launch, into
+ * g->proj (free until a step of more tokens): its format, QUANT_F32 where it does not. */
+static enum quant_type wo_input_type(const struct exec_ctx *ctx, const struct exec_gpu *g, const struct gpu_layer *l,
+                                     int64_t n) {
+    const enum quant_type at = cuda_act_type(l->wo.type);
+    const size_t q_bytes = (size_t)n * cuda_act_row_bytes(at, l->wo.n_cols);
+    const bool quantized = !l->bo && n <= CUDA_MATVEC_MAX_TOKENS && l->wo.n_cols % 32 == 0 &&
+                           cuda_attention_decode_quantizes(&g->attn_shape, at) &&
+                           q_bytes <= sizeof(float) * (size_t)n * (size_t)ctx->model->hp.n_embd;
+    return quantized ? at : QUANT_F32;
+}
+
+/* wo over the attention's output (g->attn, or quantized in g->proj), added into the residual
+ * stream (with bo where the layer has one). */
+static pshard_status attn_out(struct exec_ctx *ctx, struct exec_gpu *g, const struct cuda_matrix *wo, const float *bo,
+                              int64_t n, bool quantized) {
+    const int64_t d = ctx->model->hp.n_embd;
+    if (quantized) {
+        float *x = g->x;
+        count_weights(ctx, wo);
+        return cuda_matvec_each(&wo, 1, g->proj, (int)n, &x, true, g->stream);
+    }
+    if (!bo) return project_add(ctx, g, wo, g->attn, n, g->x);
+    CORE_TRY(project(ctx, g, wo, g->attn, n, g->proj));
+    CORE_TRY(cuda_add_bias(g->proj, bo, n, d, g->stream));
+    return cuda_add(g->x, g->proj, n * d, g->stream);
+}
+
 /* A layer's attention over `kv`: its cache in VRAM, or (plan.kv_stream) its cells carried in a
  * slot, whose new cells then go down to the host's cache. */
 static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il, const struct gpu_layer *l,
@@ -158,28 +186,13 @@ static pshard_status attn_shard(struct exec_ctx *ctx, struct exec_gpu *g, int il
     if (one_seq && cuda_attention_prefill_pays(&g->attn_shape, n)) {
         CORE_TRY(cuda_attention_prefill(&g->attn_shape, kv, g->q, b->seq[0], g->pos, n, max_len, g->attn, g->work,
                                         g->work_bytes, s));
-    } else {
-        /* At matrix-vector sizes, wo's input quantized by the attention's last launch, into g->proj
-         * (free until a step of more tokens), and wo adds into the residual stream from there. */
-        const enum quant_type at = cuda_act_type(l->wo.type);
-        const size_t q_bytes = (size_t)n * cuda_act_row_bytes(at, l->wo.n_cols);
-        const bool quantized = !l->bo && n <= CUDA_MATVEC_MAX_TOKENS && l->wo.n_cols % 32 == 0 &&
-                               cuda_attention_decode_quantizes(&g->attn_shape, at) &&
-                               q_bytes <= sizeof(float) * (size_t)n * (size_t)d;
-        CORE_TRY(cuda_attention_decode_quantized(&g->attn_shape, kv, g->q, g->seq, g->pos, n, max_len, g->attn,
-                                                 quantized ? at : QUANT_F32, quantized ? (void *)g->proj : NULL, g->work,
-                                                 g->work_bytes, s));
-        if (quantized) {
-            const struct cuda_matrix *wo = &l->wo;
-            float *x = g->x;
-            count_weights(ctx, wo);
-            return cuda_matvec_each(&wo, 1, g->proj, (int)n, &x, true, s);
-        }
+        return attn_out(ctx, g, &l->wo, l->bo, n, false);
     }
-    if (!l->bo) return project_add(ctx, g, &l->wo, g->attn, n, g->x);
-    CORE_TRY(project(ctx, g, &l->wo, g->attn, n, g->proj));
-    CORE_TRY(cuda_add_bias(g->proj, l->bo, n, d, s));
-    return cuda_add(g->x, g->proj, n * d, s);
+    const enum quant_type at = wo_input_type(ctx, g, l, n);
+    const bool wo_quantized = at != QUANT_F32;
+    CORE_TRY(cuda_attention_decode_quantized(&g->attn_shape, kv, g->q, g->seq, g->pos, n, max_len, g->attn, at,
+                                             wo_quantized ? (void *)g->proj : NULL, g->work, g->work_bytes, s));
+    return attn_out(ctx, g, &l->wo, l->bo, n, wo_quantized);
 }
 
 /* The FFN of g->xn added into the residual stream g->x (quantized: g->xn is in g->work already,
@@ -483,7 +496,6 @@ static pshard_status stream_done(struct exec_ctx *ctx, struct exec_gpu *g) {
  * and work has room; else the slot is held to the end). */
 static pshard_status split_attention(struct exec_ctx *ctx, struct exec_gpu *g, int il, const struct gpu_layer *l,
                                      const struct cuda_kv_layer *kv, const struct exec_batch *b) {
-    const struct model_hparams *hp = &ctx->model->hp;
     const struct cuda_attn_shape *a = &g->attn_shape;
     const int32_t n_cells = b->pos[0] + 1, c = (int32_t)g->kv_cpu_cells;
     cuda_stream s = g->stream;
@@ -492,9 +504,8 @@ static pshard_status split_attention(struct exec_ctx *ctx, struct exec_gpu *g, i
     CORE_TRY(cuda_event_record(g->q_ready, s));
     CORE_TRY(cuda_attention_decode_from(a, kv, g->q, g->seq, g->pos, 1, n_cells, c, g->work, g->work_bytes, s));
     struct cuda_matrix wo = l->wo;
-    const enum quant_type at = cuda_act_type(wo.type);
-    const bool quantized = !l->bo && wo.n_cols % 32 == 0 && cuda_attention_decode_quantizes(a, at) &&
-                           cuda_act_row_bytes(at, wo.n_cols) <= sizeof(float) * (size_t)hp->n_embd;
+    const enum quant_type at = wo_input_type(ctx, g, l, 1);
+    const bool quantized = at != QUANT_F32;
     const size_t at_spare = cuda_align(cuda_attention_split_work_bytes(a, 1, n_cells, c));
     const size_t wo_bytes = (size_t)wo.n_rows * wo.row_bytes;
     if (quantized && at_spare + wo_bytes <= g->work_bytes) {
@@ -510,18 +521,8 @@ static pshard_status split_attention(struct exec_ctx *ctx, struct exec_gpu *g, i
     ctx->stats.host_compute_ms += core_now_ms() - t1;
     CORE_TRY(cuda_copy_h2d(cuda_attention_host_sums(a, 1, n_cells, c, g->work), host_sums,
                            sizeof(float) * (size_t)a->n_head * (size_t)(a->head_v + 2), s));
-    CORE_TRY(cuda_attention_merge_host(a, 1, n_cells, c, g->attn, quantized ? at : QUANT_F32, quantized ? g->proj : NULL,
-                                       g->work, s));
-    if (quantized) {
-        const struct cuda_matrix *wop = &wo;
-        float *x = g->x;
-        count_weights(ctx, &wo);
-        return cuda_matvec_each(&wop, 1, g->proj, 1, &x, true, s);
-    }
-    if (!l->bo) return project_add(ctx, g, &wo, g->attn, 1, g->x);
-    CORE_TRY(project(ctx, g, &wo, g->attn, 1, g->proj));
-    CORE_TRY(cuda_add_bias(g->proj, l->bo, 1, hp->n_embd, s));
-    return cuda_add(g->x, g->proj, hp->n_embd, s);
+    CORE_TRY(cuda_attention_merge_host(a, 1, n_cells, c, g->attn, at, quantized ? g->proj : NULL, g->work, s));
+    return attn_out(ctx, g, &wo, l->bo, 1, quantized);
 }
 
 /* Whether a step of n tokens in the tier splits its experts by routing (plan_tier.routed), in

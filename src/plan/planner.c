@@ -275,7 +275,7 @@ static void set_tier(const struct model *m, const struct plan_request *req, cons
     if (req->kv_split && tier->min_tokens == 1) {
         const struct kv_choice counted = best;
         if (req->kv_cpu_share > 0) {
-            best.cpu_share = req->kv_cpu_share > 1 ? 1 : req->kv_cpu_share;
+            best.cpu_share = req->kv_cpu_share;
             best.seconds = place_kv(m, req, prof, p, t, share, best);
         } else {
             best = best_kv_cpu_share(m, req, prof, p, t, share, best);
