@@ -321,7 +321,9 @@ static bool unit_heads(const struct cpu_attn_shape *s, int h0, int h1) {
  * units a step is cut into cover every (token, head) once, within one KV head each. */
 static void test_attention_heads_together_equal_alone(void **state) {
     (void)state;
-    const struct cpu_attn_shape shapes[] = {{24, 2, 32, 16, 0.17f}, {8, 8, 16, 16, 0.25f}, {16, 2, 64, 32, 0.125f}};
+    /* (qwen30b's and llama8b's shapes: a token's tile takes 4 and 8 KV heads, runs of 16 and 8 keys) */
+    const struct cpu_attn_shape shapes[] = {{24, 2, 32, 16, 0.17f}, {8, 8, 16, 16, 0.25f}, {16, 2, 64, 32, 0.125f},
+                                            {32, 4, 128, 128, 0.088f}, {32, 8, 128, 128, 0.088f}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const struct cpu_attn_shape s = shapes[si];
         const int64_t n_cells = 200;

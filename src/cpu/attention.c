@@ -16,8 +16,8 @@ enum { KEY_BLOCK = CPU_ATTN_KEY_BLOCK, MAX_HEAD = 512, PREFETCH_CELLS = 8, HEAD_
  * rows (tokens times the heads of a unit) score each run of SUB_KEYS keys while it is in L1,
  * widened to f32 once for all of them; a decode step's token does the same with the heads of a
  * KV head. Heads wider than TILE_HEAD go head by head (attend_chunk). A tile's queries, outputs,
- * widened run and scores take about 160 KB of the calling thread's stack. */
-enum { TILE_ROWS = CPU_ATTN_TILE_TOKENS, TILE_HEAD = 256, SUB_KEYS = 16 };
+ * widened run and scores take about 180 KB of the calling thread's stack. */
+enum { TILE_ROWS = CPU_ATTN_TILE_TOKENS, TILE_HEAD = 256, SUB_KEYS = 16, WIDE_BLOCK = 2 * SUB_KEYS * TILE_HEAD };
 
 /* A cell's row of one KV head is a few cache lines, and the next cell's is a whole row of KV
  * heads further (1-2 KB): too far apart for the hardware to follow across pages, so the rows
@@ -158,20 +158,29 @@ static void widen_block(void (*widen)(const void *, float *, int64_t), const uin
 }
 
 /* The same for a tile of tokens of one sequence, token i attending cells [c_begin, n_cells[i])
- * (c_begin a multiple of KEY_BLOCK): each run of SUB_KEYS keys of a block, then of its values, is
- * widened to f32 once, while it stays in L1, and serves every (token, head) row of the tile. A
- * row's operations do not depend on the other rows of its tile or on its place among them, so
- * each token's result is the one it gets alone, bit for bit; the cache is read once for the tile rather than
- * once for each token (a prompt step of n tokens would read it n times), and once for the heads
- * of a KV head, widened once for all of them (a decode step's). partial (one token; not NULL):
- * each head's maximum, sum and unnormalized output go there instead, as attend_chunk's. */
+ * (c_begin a multiple of KEY_BLOCK): each run of keys of a block, then of its values, is widened
+ * to f32 once, while it stays in L1, and serves every (token, head) row of the tile. A row's
+ * operations do not depend on the other rows of its tile or on its place among them, so each
+ * token's result is the one it gets alone, bit for bit; the cache is read once for the tile rather
+ * than once for each token (a prompt step of n tokens would read it n times), and once for the
+ * heads of a KV head, widened once for all of them (a decode step's).
+ *
+ * One token may take kv_count > 1 KV heads (kvh onwards), n_heads / kv_count query heads each (their
+ * whole groups): a run's rows are then widened across all of them, a cell's rows of its KV heads
+ * being side by side, so the cache is read in one pass from its first cell to its last rather than
+ * once for each KV head, each pass taking a few lines of every cell's row (at 38K cells of qwen30b's
+ * shape on the H100 machine's Xeon, bench/RESULTS.md). partial (one token; not NULL): each head's
+ * maximum, sum and unnormalized output go there instead, as attend_chunk's. */
 static void attend_tile(const struct cpu_attn_shape *s, const float *q, const int64_t *n_cells, int n_tokens,
-                        const struct cpu_kv_view *kv, int kvh, int h0, int n_heads, int64_t c_begin, float *out,
-                        float *partial, int64_t partial_stride) {
+                        const struct cpu_kv_view *kv, int kvh, int kv_count, int h0, int n_heads, int64_t c_begin,
+                        float *out, float *partial, int64_t partial_stride) {
     const int64_t k_stride = (int64_t)s->n_head_kv * s->head_k, v_stride = (int64_t)s->n_head_kv * s->head_v;
     const int64_t q_width = (int64_t)s->n_head * s->head_k, o_width = (int64_t)s->n_head * s->head_v;
     const uint16_t *k_base = kv->k + (int64_t)kvh * s->head_k, *v_base = kv->v + (int64_t)kvh * s->head_v;
-    float qh[TILE_ROWS][TILE_HEAD], acc[TILE_ROWS][TILE_HEAD], block[SUB_KEYS * TILE_HEAD], scores[TILE_ROWS][KEY_BLOCK];
+    const int k_width = kv_count * s->head_k, v_width = kv_count * s->head_v, per = n_heads / kv_count;
+    const int widest = k_width > v_width ? k_width : v_width;
+    const int sub = widest <= TILE_HEAD ? SUB_KEYS : WIDE_BLOCK / widest; /* keys a run widens */
+    float qh[TILE_ROWS][TILE_HEAD], acc[TILE_ROWS][TILE_HEAD], block[WIDE_BLOCK], scores[TILE_ROWS][KEY_BLOCK];
     float max[TILE_ROWS], sum[TILE_ROWS], new_max[TILE_ROWS];
     const struct cpu_features *f = cpu_features();
     const int simd = f->avx2;
@@ -201,14 +210,19 @@ static void attend_tile(const struct cpu_attn_shape *s, const float *q, const in
         const uint16_t *v_next = more ? head_rows(v_base, kv, c0 + KEY_BLOCK, v_stride) : NULL;
         int64_t take[TILE_ROWS]; /* the block's cells each token attends */
         for (int i = 0; i < n_tokens; i++) take[i] = n_cells[i] - c0 < n ? n_cells[i] - c0 : n;
-        /* Keys, then values, SUB_KEYS rows at a time: a run widened to f32 stays in L1 while
-         * every row of the tile reads it. Each score and each output's sums run as over the whole
-         * block at once (a key's dot alone, an output's adds in the order of the keys). */
-        for (int64_t j0 = 0; j0 < n; j0 += SUB_KEYS) {
-            const int64_t m = n - j0 < SUB_KEYS ? n - j0 : SUB_KEYS;
-            widen_block(widen, k_rows, k_next, k_stride, s->head_k, j0, m, longest - c0, block);
+        /* Keys, then values, a run of rows at a time: a run widened to f32 stays in L1 while every
+         * row of the tile reads it. Each score and each output's sums run as over the whole block
+         * at once (a key's dot alone, an output's adds in the order of the keys). */
+        for (int64_t j0 = 0; j0 < n; j0 += sub) {
+            const int64_t m = n - j0 < sub ? n - j0 : sub;
+            widen_block(widen, k_rows, k_next, k_stride, k_width, j0, m, longest - c0, block);
             /* (every row scores the run's m keys; those past a row's own cells go unread) */
-            score(qh[0], TILE_HEAD, rows, block, s->head_k, (int)m, s->head_k, s->scale, scores[0] + j0, KEY_BLOCK);
+            if (kv_count == 1)
+                score(qh[0], TILE_HEAD, rows, block, k_width, (int)m, s->head_k, s->scale, scores[0] + j0, KEY_BLOCK);
+            else
+                for (int g = 0; g < kv_count; g++)
+                    score(qh[g * per], TILE_HEAD, per, block + g * s->head_k, k_width, (int)m, s->head_k, s->scale,
+                          scores[g * per] + j0, KEY_BLOCK);
         }
         for (int r = 0; r < rows; r++) {
             const int64_t nr = take[r / n_heads];
@@ -220,15 +234,15 @@ static void attend_tile(const struct cpu_attn_shape *s, const float *q, const in
             sum[r] = sum[r] * rescale + exp_sum(scores[r], (int)nr, new_max[r]); /* (the weights, in place) */
             max[r] = new_max[r];
         }
-        for (int64_t j0 = 0; j0 < n; j0 += SUB_KEYS) {
-            const int64_t m = n - j0 < SUB_KEYS ? n - j0 : SUB_KEYS;
-            widen_block(widen, v_rows, v_next, v_stride, s->head_v, j0, m, longest - c0, block);
-            for (int r = 0; r < rows;) { /* the rows of a token together: they take as many keys */
+        for (int64_t j0 = 0; j0 < n; j0 += sub) {
+            const int64_t m = n - j0 < sub ? n - j0 : sub;
+            widen_block(widen, v_rows, v_next, v_stride, v_width, j0, m, longest - c0, block);
+            for (int r = 0; r < rows;) { /* the rows of a token's KV head together: they take as many keys */
                 const int64_t nr = take[r / n_heads] - j0;
                 if (nr > 0)
-                    accumulate(acc[r], TILE_HEAD, scores[r] + j0, KEY_BLOCK, n_heads, block, s->head_v, (int)(nr < m ? nr : m),
-                               s->head_v);
-                r += n_heads;
+                    accumulate(acc[r], TILE_HEAD, scores[r] + j0, KEY_BLOCK, per, block + r % n_heads / per * s->head_v,
+                               v_width, (int)(nr < m ? nr : m), s->head_v);
+                r += per;
             }
         }
         k_rows = k_next, v_rows = v_next;
@@ -249,17 +263,38 @@ static void attend_tile(const struct cpu_attn_shape *s, const float *q, const in
 /* Whether heads this wide go through attend_tile (wider ones through attend_chunk). */
 static bool tiles(const struct cpu_attn_shape *s) { return s->head_k <= TILE_HEAD && s->head_v <= TILE_HEAD; }
 
-void cpu_attention_heads(const struct cpu_attn_shape *s, const float *q, const struct cpu_kv_view *kv, int64_t n_cells,
-                         int head_begin, int head_end, float *out) {
+/* The KV heads one token's tile takes from head h up to head_end: whole groups of at most
+ * HEAD_CHUNK heads, h the first of its group, as many as fill TILE_ROWS rows with a widened run of
+ * at least 4 keys; else 1 (the heads of one KV head, HEAD_CHUNK at most). */
+static int tile_kv_heads(const struct cpu_attn_shape *s, int h, int head_end) {
+    const int group = s->n_head / s->n_head_kv, widest = s->head_k > s->head_v ? s->head_k : s->head_v;
+    if (!tiles(s) || group > HEAD_CHUNK || h % group) return 1;
+    const int whole = (head_end - h) / group, most_rows = TILE_ROWS / group, most_wide = WIDE_BLOCK / 8 / widest;
+    const int most = most_rows < most_wide ? most_rows : most_wide;
+    return whole < 1 ? 1 : whole < most ? whole : most;
+}
+
+/* One token's heads [head_begin, head_end) over cells [c_begin, c_end) (c_begin a multiple of
+ * KEY_BLOCK), into out, or (partial not NULL) head h's sums at partial + h * partial_stride. */
+static void attend_heads(const struct cpu_attn_shape *s, const float *q, const struct cpu_kv_view *kv, int64_t c_begin,
+                         int64_t c_end, int head_begin, int head_end, float *out, float *partial, int64_t partial_stride) {
     const int group = s->n_head / s->n_head_kv;
     for (int h = head_begin; h < head_end;) {
-        const int kvh = h / group, group_end = (kvh + 1) * group;
-        const int end = head_end < group_end ? head_end : group_end;
-        const int n = end - h < HEAD_CHUNK ? end - h : HEAD_CHUNK;
-        if (tiles(s)) attend_tile(s, q, &n_cells, 1, kv, kvh, h, n, 0, out, NULL, 0);
-        else attend_chunk(s, q, kv, 0, n_cells, kvh, h, n, out, NULL, 0);
+        const int kvh = h / group, group_end = (kvh + 1) * group < head_end ? (kvh + 1) * group : head_end;
+        const int kv_count = tile_kv_heads(s, h, head_end);
+        const int n = kv_count > 1 ? kv_count * group : group_end - h < HEAD_CHUNK ? group_end - h : HEAD_CHUNK;
+        float *p = partial ? partial + h * partial_stride : NULL;
+        if (p && c_end <= c_begin) /* past the token's cells: nothing */
+            for (int g = 0; g < n; g++) p[g * partial_stride] = -INFINITY, p[g * partial_stride + 1] = 0.0f;
+        else if (tiles(s)) attend_tile(s, q, &c_end, 1, kv, kvh, kv_count, h, n, c_begin, out, p, partial_stride);
+        else attend_chunk(s, q, kv, c_begin, c_end, kvh, h, n, out, p, partial_stride);
         h += n;
     }
+}
+
+void cpu_attention_heads(const struct cpu_attn_shape *s, const float *q, const struct cpu_kv_view *kv, int64_t n_cells,
+                         int head_begin, int head_end, float *out) {
+    attend_heads(s, q, kv, 0, n_cells, head_begin, head_end, out, NULL, 0);
 }
 
 void cpu_attention_tokens(const struct cpu_attn_shape *s, const float *q, const struct cpu_kv_view *kv,
@@ -276,8 +311,8 @@ void cpu_attention_tokens(const struct cpu_attn_shape *s, const float *q, const 
         const int end = head_end < group_end ? head_end : group_end;
         const int heads = end - h < HEAD_CHUNK ? end - h : HEAD_CHUNK, step = TILE_ROWS / heads;
         for (int t0 = 0; t0 < n_tokens; t0 += step)
-            attend_tile(s, q + t0 * q_width, n_cells + t0, n_tokens - t0 < step ? n_tokens - t0 : step, kv, kvh, h, heads, 0,
-                        out + t0 * o_width, NULL, 0);
+            attend_tile(s, q + t0 * q_width, n_cells + t0, n_tokens - t0 < step ? n_tokens - t0 : step, kv, kvh, 1, h, heads,
+                        0, out + t0 * o_width, NULL, 0);
         h += heads;
     }
 }
@@ -290,6 +325,12 @@ static int64_t unit_count(const struct cpu_attn_shape *s, int64_t n_tokens, int 
     const int64_t tiles = (n_tokens + tokens - 1) / tokens;
     if (kv_per > 1) return tiles * ((s->n_head_kv + kv_per - 1) / kv_per) * splits;
     return tiles * s->n_head_kv * ((group + per - 1) / per) * splits;
+}
+
+/* The share of n_threads' places that `units` fill, their last round included. */
+static double fill(int64_t units, int n_threads) {
+    const int64_t rounds = (units + n_threads - 1) / n_threads;
+    return rounds > 0 ? (double)units / (double)(rounds * n_threads) : 1.0;
 }
 
 void cpu_attention_units(const struct cpu_attn_shape *s, int64_t n_tokens, int64_t max_cells, bool one_sequence,
@@ -306,11 +347,19 @@ void cpu_attention_units(const struct cpu_attn_shape *s, int64_t n_tokens, int64
     int tokens = splits == 1 && one_sequence && s->head_k <= TILE_HEAD && s->head_v <= TILE_HEAD ? TILE_ROWS / per : 1;
     if (tokens > n_tokens) tokens = (int)(n_tokens > 0 ? n_tokens : 1);
     while (tokens > 1 && unit_count(s, n_tokens, tokens, per, 1, splits) < n_threads) tokens = (tokens + 1) / 2;
-    /* A token's unit reads its run of every KV head's cells one KV head after another: a cell's
-     * rows of all its KV heads lie side by side, and read so they come from memory markedly
-     * faster than each KV head's rows of the whole run alone (bench/RESULTS.md). */
+    /* A token's unit reads its run of every KV head's cells in one pass, a cell's rows of all its
+     * KV heads side by side (attend_tile); so they come from memory markedly faster than each KV
+     * head's rows of the whole run alone (bench/RESULTS.md). Fewer KV heads a unit where there
+     * are fewer units than threads, or where halving them fills the threads' last round better
+     * (23 runs on 16 threads: 23 units leave 9 threads idle through the second round, 46 fill 46
+     * of 48 places); a head's sums are the same whichever KV heads its unit takes. */
     int kv_per = tokens == 1 ? s->n_head_kv : 1;
-    while (kv_per > 1 && unit_count(s, n_tokens, tokens, per, kv_per, splits) < n_threads) kv_per = (kv_per + 1) / 2;
+    while (kv_per > 1) {
+        const int64_t now = unit_count(s, n_tokens, tokens, per, kv_per, splits);
+        const int64_t halved = unit_count(s, n_tokens, tokens, per, (kv_per + 1) / 2, splits);
+        if (now >= n_threads && (fill(now, n_threads) >= 0.875 || fill(halved, n_threads) <= fill(now, n_threads))) break;
+        kv_per = (kv_per + 1) / 2;
+    }
     while (kv_per == 1 && per > 1 && unit_count(s, n_tokens, tokens, per, 1, splits) < n_threads) per = (per + 1) / 2;
     u->per = kv_per > 1 ? group : per;
     u->slices = kv_per > 1 ? 1 : (group + per - 1) / per;
@@ -351,19 +400,9 @@ static inline int64_t partial_at(const struct cpu_attn_shape *s, const struct cp
 void cpu_attention_split(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, const float *q,
                          const struct cpu_kv_view *kv, int64_t n_cells, int64_t token, int head_begin, int head_end, int split,
                          float *partial) {
-    const int group = s->n_head / s->n_head_kv;
     const int64_t c0 = split * u->split_cells, end = c0 + u->split_cells < n_cells ? c0 + u->split_cells : n_cells;
     const int64_t stride = (int64_t)u->splits * (s->head_v + 2); /* from one head's run to the next head's */
-    for (int h = head_begin; h < head_end;) {
-        const int kvh = h / group, group_end = (kvh + 1) * group < head_end ? (kvh + 1) * group : head_end;
-        const int n = group_end - h < HEAD_CHUNK ? group_end - h : HEAD_CHUNK;
-        float *p = partial + partial_at(s, u, token, h, split);
-        if (end <= c0) /* past the token's cells: nothing */
-            for (int g = 0; g < n; g++) p[g * stride] = -INFINITY, p[g * stride + 1] = 0.0f;
-        else if (tiles(s)) attend_tile(s, q, &end, 1, kv, kvh, h, n, c0, NULL, p, stride);
-        else attend_chunk(s, q, kv, c0, end, kvh, h, n, NULL, p, stride);
-        h += n;
-    }
+    attend_heads(s, q, kv, c0, end, head_begin, head_end, NULL, partial + partial_at(s, u, token, 0, split), stride);
 }
 
 void cpu_attention_run_unit(const struct cpu_attn_shape *s, const struct cpu_attn_units *u, int64_t token_begin,
