@@ -14,15 +14,18 @@ enum { KEY_BLOCK = CPU_ATTN_KEY_BLOCK, MAX_HEAD = 512, PREFETCH_CELLS = 8, HEAD_
 
 /* A prompt's tokens of one sequence go through the cache a tile at a time: up to TILE_ROWS query
  * rows (tokens times the heads of a unit) score each run of SUB_KEYS keys while it is in L1,
- * widened to f32 once for all of them; a decode step's token does the same with the heads of a
- * KV head. Heads wider than TILE_HEAD go head by head (attend_chunk). A tile's queries, outputs,
+ * widened to f32 once for all of them; a decode step's token does the same with the heads of its
+ * unit's KV heads, a run of fewer keys where their rows are wider than TILE_HEAD (WIDE_BLOCK
+ * values at most). Heads wider than TILE_HEAD go head by head (attend_chunk). A tile's queries, outputs,
  * widened run and scores take about 180 KB of the calling thread's stack. */
 enum { TILE_ROWS = CPU_ATTN_TILE_TOKENS, TILE_HEAD = 256, SUB_KEYS = 16, WIDE_BLOCK = 2 * SUB_KEYS * TILE_HEAD };
 
 /* A cell's row of one KV head is a few cache lines, and the next cell's is a whole row of KV
- * heads further (1-2 KB): too far apart for the hardware to follow across pages, so the rows
- * PREFETCH_CELLS cells ahead are asked for by hand, which reads the cache markedly faster
- * (bench/RESULTS.md). The sums are the same, bit for bit. */
+ * heads further (1-2 KB): too far apart for the hardware to follow across pages, so where a tile
+ * reads part of each row, the rows PREFETCH_CELLS cells ahead are asked for by hand, which reads
+ * the cache markedly faster (bench/RESULTS.md). Whole rows, one after another, the hardware
+ * follows, and asking for them as well reads them slower (bench/kv_read_probe.c). The sums are the
+ * same, bit for bit. */
 static inline void prefetch_row(const uint16_t *row, int n) {
     for (int i = 0; i < n; i += 32) __builtin_prefetch(row + i);
 }
@@ -146,13 +149,14 @@ static void attend_chunk(const struct cpu_attn_shape *s, const float *q, const s
     }
 }
 
-/* The n cells of a key block of one KV head (rows `width` values, `stride` apart, from `rows`;
- * the next key block's from `next`) widened to f32 into `block`, a row after another; the rows
- * PREFETCH_CELLS ahead are asked for on the way (left: cells before `left` of the tile's end). */
+/* The n cells of a key block of a tile's KV heads (rows `width` values, `stride` apart, from
+ * `rows`; the next key block's from `next`) widened to f32 into `block`, a row after another; the
+ * rows PREFETCH_CELLS ahead are asked for on the way where they are part of each cell's (left:
+ * cells before `left` of the tile's end). */
 static void widen_block(void (*widen)(const void *, float *, int64_t), const uint16_t *rows, const uint16_t *next,
                         int64_t stride, int width, int64_t j0, int64_t n, int64_t left, float *block) {
     for (int64_t j = j0; j < j0 + n; j++) {
-        if (j + PREFETCH_CELLS < left) prefetch_row(ahead_row(rows, next, j, stride), width);
+        if (width < stride && j + PREFETCH_CELLS < left) prefetch_row(ahead_row(rows, next, j, stride), width);
         widen(rows + j * stride, block + (j - j0) * width, width);
     }
 }
@@ -168,8 +172,7 @@ static void widen_block(void (*widen)(const void *, float *, int64_t), const uin
  * One token may take kv_count > 1 KV heads (kvh onwards), n_heads / kv_count query heads each (their
  * whole groups): a run's rows are then widened across all of them, a cell's rows of its KV heads
  * being side by side, so the cache is read in one pass from its first cell to its last rather than
- * once for each KV head, each pass taking a few lines of every cell's row (at 38K cells of qwen30b's
- * shape on the H100 machine's Xeon, bench/RESULTS.md). partial (one token; not NULL): each head's
+ * once for each KV head, each pass taking a few lines of every cell's row. partial (one token; not NULL): each head's
  * maximum, sum and unnormalized output go there instead, as attend_chunk's. */
 static void attend_tile(const struct cpu_attn_shape *s, const float *q, const int64_t *n_cells, int n_tokens,
                         const struct cpu_kv_view *kv, int kvh, int kv_count, int h0, int n_heads, int64_t c_begin,
@@ -327,12 +330,6 @@ static int64_t unit_count(const struct cpu_attn_shape *s, int64_t n_tokens, int 
     return tiles * s->n_head_kv * ((group + per - 1) / per) * splits;
 }
 
-/* The share of n_threads' places that `units` fill, their last round included. */
-static double fill(int64_t units, int n_threads) {
-    const int64_t rounds = (units + n_threads - 1) / n_threads;
-    return rounds > 0 ? (double)units / (double)(rounds * n_threads) : 1.0;
-}
-
 void cpu_attention_units(const struct cpu_attn_shape *s, int64_t n_tokens, int64_t max_cells, bool one_sequence,
                          int n_threads, struct cpu_attn_units *u) {
     const int group = s->n_head / s->n_head_kv;
@@ -347,19 +344,12 @@ void cpu_attention_units(const struct cpu_attn_shape *s, int64_t n_tokens, int64
     int tokens = splits == 1 && one_sequence && s->head_k <= TILE_HEAD && s->head_v <= TILE_HEAD ? TILE_ROWS / per : 1;
     if (tokens > n_tokens) tokens = (int)(n_tokens > 0 ? n_tokens : 1);
     while (tokens > 1 && unit_count(s, n_tokens, tokens, per, 1, splits) < n_threads) tokens = (tokens + 1) / 2;
-    /* A token's unit reads its run of every KV head's cells in one pass, a cell's rows of all its
-     * KV heads side by side (attend_tile); so they come from memory markedly faster than each KV
-     * head's rows of the whole run alone (bench/RESULTS.md). Fewer KV heads a unit where there
-     * are fewer units than threads, or where halving them fills the threads' last round better
-     * (23 runs on 16 threads: 23 units leave 9 threads idle through the second round, 46 fill 46
-     * of 48 places); a head's sums are the same whichever KV heads its unit takes. */
+    /* A token's unit takes every KV head of its run of cells and reads it in one pass, a cell's
+     * rows of all of them side by side (attend_tile): one thread reads such a run about three times
+     * as fast as in a pass for each KV head, or in parts of each row (bench/RESULTS.md). Fewer KV
+     * heads a unit only where there are fewer units than threads. */
     int kv_per = tokens == 1 ? s->n_head_kv : 1;
-    while (kv_per > 1) {
-        const int64_t now = unit_count(s, n_tokens, tokens, per, kv_per, splits);
-        const int64_t halved = unit_count(s, n_tokens, tokens, per, (kv_per + 1) / 2, splits);
-        if (now >= n_threads && (fill(now, n_threads) >= 0.875 || fill(halved, n_threads) <= fill(now, n_threads))) break;
-        kv_per = (kv_per + 1) / 2;
-    }
+    while (kv_per > 1 && unit_count(s, n_tokens, tokens, per, kv_per, splits) < n_threads) kv_per = (kv_per + 1) / 2;
     while (kv_per == 1 && per > 1 && unit_count(s, n_tokens, tokens, per, 1, splits) < n_threads) per = (per + 1) / 2;
     u->per = kv_per > 1 ? group : per;
     u->slices = kv_per > 1 ? 1 : (group + per - 1) / per;
