@@ -16,8 +16,8 @@ enum { KEY_BLOCK = CPU_ATTN_KEY_BLOCK, MAX_HEAD = 512, PREFETCH_CELLS = 8, HEAD_
  * rows (tokens times the heads of a unit) score each run of SUB_KEYS keys while it is in L1,
  * widened to f32 once for all of them; a decode step's token does the same with the heads of its
  * unit's KV heads, a run of fewer keys where their rows are wider than TILE_HEAD (WIDE_BLOCK
- * values at most). Heads wider than TILE_HEAD go head by head (attend_chunk). A tile's queries, outputs,
- * widened run and scores take about 180 KB of the calling thread's stack. */
+ * values at most). Heads wider than TILE_HEAD go head by head (attend_chunk). A tile's queries,
+ * outputs, widened run and scores take about 180 KB of the calling thread's stack. */
 enum { TILE_ROWS = CPU_ATTN_TILE_TOKENS, TILE_HEAD = 256, SUB_KEYS = 16, WIDE_BLOCK = 2 * SUB_KEYS * TILE_HEAD };
 
 /* A cell's row of one KV head is a few cache lines, and the next cell's is a whole row of KV
@@ -169,11 +169,12 @@ static void widen_block(void (*widen)(const void *, float *, int64_t), const uin
  * than once for each token (a prompt step of n tokens would read it n times), and once for the
  * heads of a KV head, widened once for all of them (a decode step's).
  *
- * One token may take kv_count > 1 KV heads (kvh onwards), n_heads / kv_count query heads each (their
- * whole groups): a run's rows are then widened across all of them, a cell's rows of its KV heads
- * being side by side, so the cache is read in one pass from its first cell to its last rather than
- * once for each KV head, each pass taking a few lines of every cell's row. partial (one token; not NULL): each head's
- * maximum, sum and unnormalized output go there instead, as attend_chunk's. */
+ * One token (n_tokens 1) may take kv_count > 1 KV heads, kvh onwards, n_heads / kv_count query
+ * heads each (their whole groups): a run's rows are then widened across all of them, a cell's
+ * rows of its KV heads being side by side, so the cache is read in one pass from its first cell to
+ * its last rather than once for each KV head, each pass taking a few lines of every cell's row.
+ * partial (one token; not NULL): each head's maximum, sum and unnormalized output go there
+ * instead, as attend_chunk's. */
 static void attend_tile(const struct cpu_attn_shape *s, const float *q, const int64_t *n_cells, int n_tokens,
                         const struct cpu_kv_view *kv, int kvh, int kv_count, int h0, int n_heads, int64_t c_begin,
                         float *out, float *partial, int64_t partial_stride) {
@@ -240,7 +241,7 @@ static void attend_tile(const struct cpu_attn_shape *s, const float *q, const in
         for (int64_t j0 = 0; j0 < n; j0 += sub) {
             const int64_t m = n - j0 < sub ? n - j0 : sub;
             widen_block(widen, v_rows, v_next, v_stride, v_width, j0, m, longest - c0, block);
-            for (int r = 0; r < rows;) { /* the rows of a token's KV head together: they take as many keys */
+            for (int r = 0; r < rows;) { /* a token's rows of one KV head together: as many keys */
                 const int64_t nr = take[r / n_heads] - j0;
                 if (nr > 0)
                     accumulate(acc[r], TILE_HEAD, scores[r] + j0, KEY_BLOCK, per, block + r % n_heads / per * s->head_v,
@@ -267,8 +268,8 @@ static void attend_tile(const struct cpu_attn_shape *s, const float *q, const in
 static bool tiles(const struct cpu_attn_shape *s) { return s->head_k <= TILE_HEAD && s->head_v <= TILE_HEAD; }
 
 /* The KV heads one token's tile takes from head h up to head_end: whole groups of at most
- * HEAD_CHUNK heads, h the first of its group, as many as fill TILE_ROWS rows with a widened run of
- * at least 4 keys; else 1 (the heads of one KV head, HEAD_CHUNK at most). */
+ * HEAD_CHUNK heads, h the first of its group, as many as fit TILE_ROWS rows and a widened run of
+ * at least 8 keys; else 1 (the heads of one KV head, HEAD_CHUNK at most). */
 static int tile_kv_heads(const struct cpu_attn_shape *s, int h, int head_end) {
     const int group = s->n_head / s->n_head_kv, widest = s->head_k > s->head_v ? s->head_k : s->head_v;
     if (!tiles(s) || group > HEAD_CHUNK || h % group) return 1;
