@@ -221,12 +221,9 @@ static void attend_tile(const struct cpu_attn_shape *s, const float *q, const in
             const int64_t m = n - j0 < sub ? n - j0 : sub;
             widen_block(widen, k_rows, k_next, k_stride, k_width, j0, m, longest - c0, block);
             /* (every row scores the run's m keys; those past a row's own cells go unread) */
-            if (kv_count == 1)
-                score(qh[0], TILE_HEAD, rows, block, k_width, (int)m, s->head_k, s->scale, scores[0] + j0, KEY_BLOCK);
-            else
-                for (int g = 0; g < kv_count; g++)
-                    score(qh[g * per], TILE_HEAD, per, block + g * s->head_k, k_width, (int)m, s->head_k, s->scale,
-                          scores[g * per] + j0, KEY_BLOCK);
+            for (int g = 0; g < kv_count; g++) /* (one KV head: every token's rows in one call) */
+                score(qh[g * per], TILE_HEAD, kv_count == 1 ? rows : per, block + g * s->head_k, k_width, (int)m, s->head_k,
+                      s->scale, scores[g * per] + j0, KEY_BLOCK);
         }
         for (int r = 0; r < rows; r++) {
             const int64_t nr = take[r / n_heads];

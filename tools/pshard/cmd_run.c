@@ -244,8 +244,8 @@ void run_print_stats(const pshard_ctx *ctx, const pshard_gen_stats *s, int32_t n
             fprintf(stderr, ", %s of them over PCIe", pshard_format_bytes(s->decode_streamed_bytes, streamed, sizeof streamed));
         fputc('\n', stderr);
         if (s->decode_host_wait_ms > 0)
-            fprintf(stderr, "decode step: %.2f ms, of which the host computed its shards, experts and shares of attention %.2f ms and waited "
-                            "for the GPU %.2f ms\n",
+            fprintf(stderr, "decode step: %.2f ms, of which the host computed its shards, experts and shares of "
+                            "attention %.2f ms and waited for the GPU %.2f ms\n",
                     s->decode_ms / (s->n_generated - 1), s->decode_host_compute_ms, s->decode_host_wait_ms);
         if (s->decode_handoffs > 0)
             fprintf(stderr, "hand-offs (GPU clock, per decode step): %d, taking %.2f ms from each layer's input going "
