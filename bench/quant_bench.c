@@ -5,7 +5,9 @@
  * Build (no CMake target needed):
  *   cc -O2 -march=native -Isrc -Iinclude bench/quant_bench.c -Lbuild -lpshard \
  *      -Wl,-rpath,$PWD/build -lm -o build/quant_bench
- * Run: build/quant_bench [dram_mib=256] [n=4096]   (PSHARD_CPU_DISABLE=avx512 etc. work too) */
+ * Run: build/quant_bench [dram_mib=256] [n=4096] [TYPE...]   (TYPE: e.g. Q4_0 Q4_K, the formats
+ *      to measure, all by default; PSHARD_CPU_DISABLE=avx512 etc. work too) */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,6 +109,9 @@ int main(int argc, char **argv) {
     printf("%-5s %-6s %9.1f %9.1f %9.1f\n", "read", "plain", read_gbps(w, l1_bytes, 0.05), read_gbps(w, l2_bytes, 0.05),
            read_gbps(w, dram_bytes, 0.2));
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        bool wanted = argc <= 3;
+        for (int i = 3; i < argc; i++) wanted |= strcmp(argv[i], quant_type_name(types[t])) == 0;
+        if (!wanted) continue;
         size_t row_bytes = quant_row_bytes(types[t], n);
         int64_t rows_dram = (int64_t)(dram_bytes / row_bytes), rows_l2 = (int64_t)(l2_bytes / row_bytes);
         int64_t rows_l1 = (int64_t)(l1_bytes / row_bytes);

@@ -11,13 +11,15 @@ static inline __m512i pair_512(const void *lo, const void *hi) {
                               _mm256_loadu_si256((const __m256i *)hi), 1);
 }
 
-/* Two blocks of 16 packed nibble bytes -> 64 bytes 0..15 in element order, block by block. */
+/* Two blocks of 16 packed nibble bytes -> 64 bytes 0..15 in element order, block by block: each
+ * block's bytes loaded into two 128-bit lanes (one shuffle joins the blocks), the second lane of
+ * each shifted by 4, all masked. */
 static inline __m512i nibbles_pair_512(const uint8_t *lo, const uint8_t *hi) {
-    __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)lo)),
-                                        _mm_loadu_si128((const __m128i *)hi), 1);
-    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
-    z = _mm512_and_si512(z, _mm512_set1_epi8(0x0f)); /* 128-bit lanes: lo0 lo1 hi0 hi1 */
-    return _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
+    __m256i l = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lo));
+    __m256i h = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)hi));
+    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(l), h, 1);
+    z = _mm512_srlv_epi64(z, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4));
+    return _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
 }
 
 /* int32 sums of code * act over each group of 4, minus offset * act. */

@@ -30,10 +30,11 @@ static inline int hsum_epi32_256(__m256i v) {
     return hsum_epi32_128(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
 }
 
-/* 16 packed bytes -> 32 bytes: low nibbles first (elements 0..15), then high (16..31). */
+/* 16 packed bytes -> 32 bytes: low nibbles first (elements 0..15), then high (16..31). The bytes
+ * are loaded into both halves (a load, no shuffle), the upper half shifted by 4 and both masked. */
 static inline __m256i nibbles_32(const uint8_t *p) {
-    __m128i q = _mm_loadu_si128((const __m128i *)p);
-    __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+    __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    both = _mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4));
     return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
 }
 
