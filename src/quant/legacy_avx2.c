@@ -24,23 +24,39 @@ static inline __m256i q5_0_bytes(const struct block_q5_0 *b) {
     return _mm256_or_si256(nibbles_32(b->qs), _mm256_andnot_si256(high, _mm256_set1_epi8((char)0xf0)));
 }
 
-static inline __m256i q5_1_bytes(const struct block_q5_1 *b) {
-    __m256i high = bits_to_bytes_32(b->qh);
-    return _mm256_or_si256(nibbles_32(b->qs), _mm256_and_si256(high, _mm256_set1_epi8(0x10)));
+/* Q5 codes 0..31 from a block's fifth bits and nibbles. */
+static inline __m256i q5_codes(const uint8_t *qh, const uint8_t *qs) {
+    return _mm256_or_si256(nibbles_32(qs), _mm256_and_si256(bits_to_bytes_32(qh), _mm256_set1_epi8(0x10)));
 }
+
+static inline __m256i q5_1_bytes(const struct block_q5_1 *b) { return q5_codes(b->qh, b->qs); }
 
 static inline __m256i act_bytes(const int8_t *qs) { return _mm256_loadu_si256((const __m256i *)qs); }
 
-/* A Q4_0 block's int32 dot with 32 activation quants. With VNNI the codes 0..15 go in unsigned
- * and 8 * sum(activations) comes off (two vpdpbusd, one subtraction); without, the centred codes
- * through the sign trick. The same integers either way. */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+/* sum(codes * act) - offset * sum(act), in int32 lanes. */
+static inline __m256i offset_dot(__m256i codes, __m256i act, char offset) {
+    return _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), codes, act),
+                            _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(offset), act));
+}
+#endif
+
+/* A Q4_0 or Q5_0 block's int32 dot with 32 activation quants. With VNNI the codes (0..15, 0..31)
+ * go in unsigned and their offset (8, 16) times sum(activations) comes off: two vpdpbusd and a
+ * subtraction. Without, the centred codes through the sign trick. The same integers either way. */
 static inline __m256i q4_0_dot(const struct block_q4_0 *b, const int8_t *qs) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    const __m256i act = act_bytes(qs);
-    return _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), nibbles_32(b->qs), act),
-                            _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(8), act));
+    return offset_dot(nibbles_32(b->qs), act_bytes(qs), 8);
 #else
     return dot_i8_avx2(q4_0_bytes(b), act_bytes(qs));
+#endif
+}
+
+static inline __m256i q5_0_dot(const struct block_q5_0 *b, const int8_t *qs) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return offset_dot(q5_codes(b->qh, b->qs), act_bytes(qs), 16);
+#else
+    return dot_i8_avx2(q5_0_bytes(b), act_bytes(qs));
 #endif
 }
 
@@ -96,7 +112,7 @@ float LEGACY_DOT_NAME(q4_1)(int64_t n, const void *w, const void *act) {
 float LEGACY_DOT_NAME(q5_0)(int64_t n, const void *w, const void *act) {
     const struct block_q5_0 *b = w;
     const struct block_q8_0 *a = act;
-#define BODY(i) dot_i8_avx2(q5_0_bytes(&b[i]), act_bytes(a[i].qs))
+#define BODY(i) q5_0_dot(&b[i], a[i].qs)
     LEGACY_DOT_AVX2(BODY, NO_OFFSET)
 #undef BODY
 }
