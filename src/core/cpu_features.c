@@ -17,7 +17,10 @@ static uint64_t read_xcr0(void) {
 static void probe(struct cpu_features *f) {
     unsigned a, b, c, d;
     if (!__get_cpuid(0, &a, &b, &c, &d)) return;
+    const bool amd = b == 0x68747541; /* "Auth"enticAMD */
     if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+    const unsigned family = ((a >> 8) & 0xf) == 0xf ? 0xf + ((a >> 20) & 0xff) : (a >> 8) & 0xf;
+    f->avx512_half_rate = amd && family == 0x19;
     bool osxsave = c & (1u << 27), fma = c & (1u << 12), f16c = c & (1u << 29);
     if (!osxsave) return;
     uint64_t xcr0 = read_xcr0();

@@ -11,6 +11,7 @@ struct cpu_features {
     bool avx512_bf16;
     bool amx_int8;
     bool amx_bf16;
+    bool avx512_half_rate; /* 512-bit ops run as two 256-bit halves (AMD Zen 4) */
     char brand[64];
 };
 

@@ -64,13 +64,17 @@ static const struct quant_kernels avx2_table[QUANT_TYPE_LIMIT] = {
     ENTRY4(Q6_K, q6_K, 256, Q8_K, q8_K, avx2, ref),
 };
 
-/* The 32-element formats have no 512-bit kernels: the 256-bit VNNI ones below serve AVX-512
- * machines. The K formats and offset formats dequantize with the reference everywhere: see
- * legacy_avx2.c. */
+/* AVX-512 machines run the AVX2 dequantizers of the legacy formats (store-bound anyway). The
+ * K formats and offset formats dequantize with the reference everywhere: see legacy_avx2.c. */
 static const struct quant_kernels avx512_table[QUANT_TYPE_LIMIT] = {
     ENTRYT(F32, f32, 1, F32, f32, avx512, ref),
     ENTRYT(F16, f16, 1, F16, f16, avx512, avx512),
     ENTRYT(BF16, bf16, 1, BF16, bf16, avx512, avx512),
+    ENTRY(Q4_0, q4_0, 32, Q8_0, q8_0, avx512, avx2),
+    ENTRY(Q4_1, q4_1, 32, Q8_1, q8_1, avx512, ref),
+    ENTRY(Q5_0, q5_0, 32, Q8_0, q8_0, avx512, avx2),
+    ENTRY(Q5_1, q5_1, 32, Q8_1, q8_1, avx512, ref),
+    ENTRY(Q8_0, q8_0, 32, Q8_0, q8_0, avx512, avx2),
     ENTRY4(Q2_K, q2_K, 256, Q8_K, q8_K, avx512, ref),
     ENTRY4(Q3_K, q3_K, 256, Q8_K, q8_K, avx512, ref),
     ENTRY4(Q4_K, q4_K, 256, Q8_K, q8_K, avx512, ref),
@@ -90,10 +94,8 @@ const char *quant_impl_name(enum quant_impl impl) {
     }
 }
 
-/* The 32-element formats on AVX-512 machines: one block per 256-bit VNNI instruction, and the
- * AVX-512 activation quantizers (same bytes as every variant). Measured faster than two blocks per
- * 512-bit vector on Intel (Emerald Rapids) as on AMD Zen 4, where 512-bit ops run at half rate, and
- * they have the four-token kernels prompts take (bench/RESULTS.md). */
+/* For CPUs that run 512-bit ops at half rate: the legacy formats at 256 bits with VNNI, and the
+ * AVX-512 activation quantizers (same bytes as every variant). */
 #define IMPL_vnni256 QUANT_IMPL_VNNI256
 #define quant_act_q8_0_vnni256 quant_act_q8_0_avx512
 #define quant_act_q8_1_vnni256 quant_act_q8_1_avx512
@@ -134,8 +136,12 @@ const struct quant_kernels *quant_kernels_variant(enum quant_type type, enum qua
 }
 
 const struct quant_kernels *quant_kernels_get(enum quant_type type) {
+    /* Where 512-bit ops run at half rate, one block per 256-bit VNNI instruction beats the
+     * two-blocks-per-vector kernels (measured on Zen 4: prefill 0.88x -> see bench/RESULTS.md).
+     * Intel stays on the pairs: one Xeon ran the 256-bit kernels faster, the benchmark machine's
+     * ran Q4_1 and Q8_0 slower (bench/RESULTS.md, the 32-element formats on Intel). */
     const struct quant_kernels *narrow = quant_kernels_variant(type, QUANT_IMPL_VNNI256);
-    if (narrow) return narrow;
+    if (narrow && cpu_features()->avx512_half_rate) return narrow;
     for (int impl = QUANT_IMPL_AVX512; impl >= 0; impl--) {
         const struct quant_kernels *k = quant_kernels_variant(type, (enum quant_impl)impl);
         if (k) return k;

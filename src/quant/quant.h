@@ -22,8 +22,8 @@ enum quant_impl {
     QUANT_IMPL_REF,    /* portable C; the definition the others are tested against */
     QUANT_IMPL_AVX2,   /* AVX2 + FMA + F16C */
     QUANT_IMPL_AVX512, /* AVX-512 F/BW/VL/DQ + VNNI */
-    QUANT_IMPL_VNNI256, /* 32-element formats at 256 bits with VNNI, on AVX-512 machines (where
-                           they beat two blocks per 512-bit vector); other types have none */
+    QUANT_IMPL_VNNI256, /* 32-element formats at 256 bits with VNNI: preferred where 512-bit ops
+                           run at half rate (AMD Zen 4); other types have none */
     QUANT_IMPL_COUNT,
 };
 

@@ -130,11 +130,15 @@ static inline void quant_q3_K_scales(const uint8_t s[12], int8_t out[16]) {
     void quant_dequant_##t##_##impl(const void *w, float *y, int64_t n);                                               \
     float quant_dot_##t##_##impl(int64_t n, const void *w, const void *act);
 
-/* Every type but the 32-element formats, and the activation quantizers. */
-#define QUANT_DECLARE_FLOAT_K(impl)                                                                                    \
+#define QUANT_DECLARE_ALL(impl)                                                                                        \
     QUANT_DECLARE(f32, impl)                                                                                           \
     QUANT_DECLARE(f16, impl)                                                                                           \
     QUANT_DECLARE(bf16, impl)                                                                                          \
+    QUANT_DECLARE(q4_0, impl)                                                                                          \
+    QUANT_DECLARE(q4_1, impl)                                                                                          \
+    QUANT_DECLARE(q5_0, impl)                                                                                          \
+    QUANT_DECLARE(q5_1, impl)                                                                                          \
+    QUANT_DECLARE(q8_0, impl)                                                                                          \
     QUANT_DECLARE(q2_K, impl)                                                                                          \
     QUANT_DECLARE(q3_K, impl)                                                                                          \
     QUANT_DECLARE(q4_K, impl)                                                                                          \
@@ -147,14 +151,6 @@ static inline void quant_q3_K_scales(const uint8_t s[12], int8_t out[16]) {
     void quant_act_q8_1_##impl(const float *x, void *act, int64_t n);                                                  \
     void quant_act_q8_K_##impl(const float *x, void *act, int64_t n);
 
-#define QUANT_DECLARE_ALL(impl)                                                                                        \
-    QUANT_DECLARE_FLOAT_K(impl)                                                                                        \
-    QUANT_DECLARE(q4_0, impl)                                                                                          \
-    QUANT_DECLARE(q4_1, impl)                                                                                          \
-    QUANT_DECLARE(q5_0, impl)                                                                                          \
-    QUANT_DECLARE(q5_1, impl)                                                                                          \
-    QUANT_DECLARE(q8_0, impl)
-
 QUANT_DECLARE_ALL(ref)
 QUANT_DECLARE_ALL(avx2)
 
@@ -165,8 +161,7 @@ float quant_dot_q5_0_vnni256(int64_t n, const void *w, const void *act);
 float quant_dot_q5_1_vnni256(int64_t n, const void *w, const void *act);
 float quant_dot_q8_0_vnni256(int64_t n, const void *w, const void *act);
 
-/* AVX-512: the 32-element formats take the 256-bit VNNI kernels above. */
-QUANT_DECLARE_FLOAT_K(avx512)
+QUANT_DECLARE_ALL(avx512)
 
 /* Four-token versions: the 32-element formats (legacy_avx2.c, built twice) and the K formats
  * (kquants_*.c). */

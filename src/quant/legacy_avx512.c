@@ -1,0 +1,108 @@
+/* AVX-512 (VNNI) dot products of the 32-element formats: two blocks per 512-bit vector,
+ * vpdpbusd multiplies the unsigned weight codes with the signed activations, and the formats'
+ * offsets (Q4_0: 8, Q5_0: 16, Q8_0: the +128 bias that makes its codes unsigned) come back
+ * out as offset * sum(activations), from a second vpdpbusd. */
+#include "quant/quant_internal.h"
+#include "quant/simd_x86.h"
+
+/* Two 32-byte block payloads side by side in one 512-bit vector. */
+static inline __m512i pair_512(const void *lo, const void *hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)lo)),
+                              _mm256_loadu_si256((const __m256i *)hi), 1);
+}
+
+/* Two blocks of 16 packed nibble bytes -> 64 bytes 0..15 in element order, block by block: each
+ * block's bytes loaded into two 128-bit lanes (one shuffle joins the blocks), the second lane of
+ * each shifted by 4, all masked. */
+static inline __m512i nibbles_pair_512(const uint8_t *lo, const uint8_t *hi) {
+    __m256i l = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lo));
+    __m256i h = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)hi));
+    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(l), h, 1);
+    z = _mm512_srlv_epi64(z, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4));
+    return _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
+}
+
+/* int32 sums of code * act over each group of 4, minus offset * act. */
+static inline __m512i dot_offset(__m512i codes, __m512i act, char offset) {
+    __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, act);
+    if (offset == 0) return sum;
+    return _mm512_sub_epi32(sum, _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(offset), act));
+}
+
+/* Q5: the fifth bits of two blocks as one 64-bit mask, element order. */
+static inline __m512i add_fifth_bits(__m512i codes, const uint8_t *qh_lo, const uint8_t *qh_hi) {
+    __mmask64 bits = (__mmask64)quant_load_u32(qh_lo) | ((__mmask64)quant_load_u32(qh_hi) << 32);
+    return _mm512_mask_add_epi8(codes, bits, codes, _mm512_set1_epi8(16));
+}
+
+/* The loop shared by all five: groups of 8 blocks, whose scales dw * da are converted
+ * together (halves8) and spread two per vector with vpermps; two blocks per vpdpbusd step, two
+ * accumulators. OFFSET(i) adds the Q8_1 term m * s of blocks i..i+7, or nothing. The last
+ * 0..7 blocks go to the AVX2 kernel. CODES(i) gives the codes of blocks i, i + 1. */
+#define PAIR_DOT_LOOP(CODES, ZERO_POINT, OFFSET, avx2_dot)                                                          \
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();                                                  \
+    __m256 acc_m = _mm256_setzero_ps();                                                                             \
+    int64_t nb = n / 32, i = 0;                                                                                     \
+    for (; i + 8 <= nb; i += 8) {                                                                                   \
+        __m512 scales =                                                                                             \
+            _mm512_castps256_ps512(_mm256_mul_ps(halves8(&b[i].d, sizeof *b), halves8(&a[i].d, sizeof *a)));        \
+        _Pragma("GCC unroll 2") for (int p = 0; p < 4; p += 2) {                                                    \
+            __m512i s0 = dot_offset(CODES(i + 2 * p), pair_512(a[i + 2 * p].qs, a[i + 2 * p + 1].qs), ZERO_POINT);  \
+            __m512i s1 =                                                                                            \
+                dot_offset(CODES(i + 2 * p + 2), pair_512(a[i + 2 * p + 2].qs, a[i + 2 * p + 3].qs), ZERO_POINT);   \
+            acc0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair_index(p), scales), _mm512_cvtepi32_ps(s0), acc0);     \
+            acc1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair_index(p + 1), scales), _mm512_cvtepi32_ps(s1), acc1); \
+        }                                                                                                           \
+        OFFSET(i);                                                                                                  \
+    }                                                                                                               \
+    float tail = i < nb ? avx2_dot((nb - i) * 32, &b[i], &a[i]) : 0.0f;                                             \
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + hsum_ps256(acc_m) + tail;
+
+/* vpermps indices putting scale 2p in lanes 0..7 and 2p + 1 in lanes 8..15. */
+static inline __m512i pair_index(int p) {
+    return _mm512_set_epi32(2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1,
+                            2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p);
+}
+
+#define NO_OFFSET(i) ((void)0)
+#define Q8_1_OFFSET(i) (acc_m = _mm256_fmadd_ps(halves8(&b[i].m, sizeof *b), halves8(&a[i].s, sizeof *a), acc_m))
+
+float quant_dot_q4_0_avx512(int64_t n, const void *w, const void *act) {
+    const struct block_q4_0 *b = w;
+    const struct block_q8_0 *a = act;
+#define CODES(i) nibbles_pair_512(b[i].qs, b[(i) + 1].qs)
+    PAIR_DOT_LOOP(CODES, 8, NO_OFFSET, quant_dot_q4_0_avx2)
+#undef CODES
+}
+
+float quant_dot_q4_1_avx512(int64_t n, const void *w, const void *act) {
+    const struct block_q4_1 *b = w;
+    const struct block_q8_1 *a = act;
+#define CODES(i) nibbles_pair_512(b[i].qs, b[(i) + 1].qs)
+    PAIR_DOT_LOOP(CODES, 0, Q8_1_OFFSET, quant_dot_q4_1_avx2)
+#undef CODES
+}
+
+float quant_dot_q5_0_avx512(int64_t n, const void *w, const void *act) {
+    const struct block_q5_0 *b = w;
+    const struct block_q8_0 *a = act;
+#define CODES(i) add_fifth_bits(nibbles_pair_512(b[i].qs, b[(i) + 1].qs), b[i].qh, b[(i) + 1].qh)
+    PAIR_DOT_LOOP(CODES, 16, NO_OFFSET, quant_dot_q5_0_avx2)
+#undef CODES
+}
+
+float quant_dot_q5_1_avx512(int64_t n, const void *w, const void *act) {
+    const struct block_q5_1 *b = w;
+    const struct block_q8_1 *a = act;
+#define CODES(i) add_fifth_bits(nibbles_pair_512(b[i].qs, b[(i) + 1].qs), b[i].qh, b[(i) + 1].qh)
+    PAIR_DOT_LOOP(CODES, 0, Q8_1_OFFSET, quant_dot_q5_1_avx2)
+#undef CODES
+}
+
+float quant_dot_q8_0_avx512(int64_t n, const void *w, const void *act) {
+    const struct block_q8_0 *b = w;
+    const struct block_q8_0 *a = act;
+#define CODES(i) _mm512_xor_si512(pair_512(b[i].qs, b[(i) + 1].qs), _mm512_set1_epi8((char)0x80))
+    PAIR_DOT_LOOP(CODES, (char)0x80, NO_OFFSET, quant_dot_q8_0_avx2)
+#undef CODES
+}
