@@ -106,3 +106,69 @@ float quant_dot_q8_0_avx512(int64_t n, const void *w, const void *act) {
     PAIR_DOT_LOOP(CODES, (char)0x80, NO_OFFSET, quant_dot_q8_0_avx2)
 #undef CODES
 }
+
+/* Four tokens at once (prompts): each pair of weight blocks is unpacked once for four activation
+ * rows, and every token's steps are PAIR_DOT_LOOP's in the same order (its last blocks through the
+ * AVX2 four-token kernel, which is the AVX2 kernel's bit for bit), so a token's result does not
+ * depend on its batch. */
+#define PAIR_DOT4_LOOP(CODES, ZERO_POINT, OFFSET4, avx2_dot4)                                                        \
+    const struct ACT_BLOCK *a4[4];                                                                                   \
+    __m512 acc0[4], acc1[4];                                                                                         \
+    __m256 acc_m[4];                                                                                                 \
+    for (int j = 0; j < 4; j++) {                                                                                    \
+        a4[j] = (const struct ACT_BLOCK *)((const uint8_t *)act + (size_t)j * act_stride);                            \
+        acc0[j] = acc1[j] = _mm512_setzero_ps();                                                                     \
+        acc_m[j] = _mm256_setzero_ps();                                                                              \
+    }                                                                                                                \
+    int64_t nb = n / 32, i = 0;                                                                                      \
+    for (; i + 8 <= nb; i += 8) {                                                                                    \
+        const __m256 wd = halves8(&b[i].d, sizeof *b);                                                               \
+        __m512 scales[4];                                                                                            \
+        for (int j = 0; j < 4; j++) scales[j] = _mm512_castps256_ps512(_mm256_mul_ps(wd, halves8(&a4[j][i].d, sizeof *a4[j]))); \
+        _Pragma("GCC unroll 2") for (int p = 0; p < 4; p += 2) {                                                     \
+            const __m512i c0 = CODES(i + 2 * p), c1 = CODES(i + 2 * p + 2);                                          \
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                                                    \
+                const struct ACT_BLOCK *a = a4[j];                                                                   \
+                __m512i s0 = dot_offset(c0, pair_512(a[i + 2 * p].qs, a[i + 2 * p + 1].qs), ZERO_POINT);             \
+                __m512i s1 = dot_offset(c1, pair_512(a[i + 2 * p + 2].qs, a[i + 2 * p + 3].qs), ZERO_POINT);         \
+                acc0[j] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair_index(p), scales[j]), _mm512_cvtepi32_ps(s0), acc0[j]); \
+                acc1[j] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair_index(p + 1), scales[j]), _mm512_cvtepi32_ps(s1), acc1[j]); \
+            }                                                                                                        \
+        }                                                                                                            \
+        for (int j = 0; j < 4; j++) OFFSET4(i, j);                                                                   \
+    }                                                                                                                \
+    float tail[4] = {0, 0, 0, 0};                                                                                    \
+    if (i < nb) avx2_dot4((nb - i) * 32, &b[i], &a4[0][i], act_stride, tail);                                        \
+    for (int j = 0; j < 4; j++)                                                                                      \
+        out[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[j], acc1[j])) + hsum_ps256(acc_m[j]) + tail[j];
+
+#define Q8_1_OFFSET4(i, j) \
+    (acc_m[j] = _mm256_fmadd_ps(halves8(&b[i].m, sizeof *b), halves8(&a4[j][i].s, sizeof *a4[j]), acc_m[j]))
+#define NO_OFFSET4(i, j) ((void)0)
+
+void quant_dot4_q4_0_avx512(int64_t n, const void *w, const void *act, size_t act_stride, float *out) {
+    const struct block_q4_0 *b = w;
+#define ACT_BLOCK block_q8_0
+#define CODES(i) nibbles_pair_512(b[i].qs, b[(i) + 1].qs)
+    PAIR_DOT4_LOOP(CODES, 8, NO_OFFSET4, quant_dot4_q4_0_avx2)
+#undef CODES
+#undef ACT_BLOCK
+}
+
+void quant_dot4_q4_1_avx512(int64_t n, const void *w, const void *act, size_t act_stride, float *out) {
+    const struct block_q4_1 *b = w;
+#define ACT_BLOCK block_q8_1
+#define CODES(i) nibbles_pair_512(b[i].qs, b[(i) + 1].qs)
+    PAIR_DOT4_LOOP(CODES, 0, Q8_1_OFFSET4, quant_dot4_q4_1_avx2)
+#undef CODES
+#undef ACT_BLOCK
+}
+
+void quant_dot4_q8_0_avx512(int64_t n, const void *w, const void *act, size_t act_stride, float *out) {
+    const struct block_q8_0 *b = w;
+#define ACT_BLOCK block_q8_0
+#define CODES(i) _mm512_xor_si512(pair_512(b[i].qs, b[(i) + 1].qs), _mm512_set1_epi8((char)0x80))
+    PAIR_DOT4_LOOP(CODES, (char)0x80, NO_OFFSET4, quant_dot4_q8_0_avx2)
+#undef CODES
+#undef ACT_BLOCK
+}
