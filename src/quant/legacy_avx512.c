@@ -124,15 +124,18 @@ float quant_dot_q8_0_avx512(int64_t n, const void *w, const void *act) {
     for (; i + 8 <= nb; i += 8) {                                                                                    \
         const __m256 wd = halves8(&b[i].d, sizeof *b);                                                               \
         __m512 scales[4];                                                                                            \
-        for (int j = 0; j < 4; j++) scales[j] = _mm512_castps256_ps512(_mm256_mul_ps(wd, halves8(&a4[j][i].d, sizeof *a4[j]))); \
+        for (int j = 0; j < 4; j++)                                                                                  \
+            scales[j] = _mm512_castps256_ps512(_mm256_mul_ps(wd, halves8(&a4[j][i].d, sizeof *a4[j])));              \
         _Pragma("GCC unroll 2") for (int p = 0; p < 4; p += 2) {                                                     \
             const __m512i c0 = CODES(i + 2 * p), c1 = CODES(i + 2 * p + 2);                                          \
             _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                                                    \
                 const struct ACT_BLOCK *a = a4[j];                                                                   \
                 __m512i s0 = dot_offset(c0, pair_512(a[i + 2 * p].qs, a[i + 2 * p + 1].qs), ZERO_POINT);             \
                 __m512i s1 = dot_offset(c1, pair_512(a[i + 2 * p + 2].qs, a[i + 2 * p + 3].qs), ZERO_POINT);         \
-                acc0[j] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair_index(p), scales[j]), _mm512_cvtepi32_ps(s0), acc0[j]); \
-                acc1[j] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair_index(p + 1), scales[j]), _mm512_cvtepi32_ps(s1), acc1[j]); \
+                const __m512 v0 = _mm512_permutexvar_ps(pair_index(p), scales[j]);                                   \
+                const __m512 v1 = _mm512_permutexvar_ps(pair_index(p + 1), scales[j]);                               \
+                acc0[j] = _mm512_fmadd_ps(v0, _mm512_cvtepi32_ps(s0), acc0[j]);                                      \
+                acc1[j] = _mm512_fmadd_ps(v1, _mm512_cvtepi32_ps(s1), acc1[j]);                                      \
             }                                                                                                        \
         }                                                                                                            \
         for (int j = 0; j < 4; j++) OFFSET4(i, j);                                                                   \
