@@ -35,7 +35,7 @@ static inline __m256i act_bytes(const int8_t *qs) { return _mm256_loadu_si256((c
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 /* sum(codes * act) - offset * sum(act), in int32 lanes. */
-static inline __m256i offset_dot(__m256i codes, __m256i act, char offset) {
+static inline __m256i dot_offset(__m256i codes, __m256i act, char offset) {
     return _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), codes, act),
                             _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(offset), act));
 }
@@ -46,7 +46,7 @@ static inline __m256i offset_dot(__m256i codes, __m256i act, char offset) {
  * subtraction. Without, the centred codes through the sign trick. The same integers either way. */
 static inline __m256i q4_0_dot(const struct block_q4_0 *b, const int8_t *qs) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return offset_dot(nibbles_32(b->qs), act_bytes(qs), 8);
+    return dot_offset(nibbles_32(b->qs), act_bytes(qs), 8);
 #else
     return dot_i8_avx2(q4_0_bytes(b), act_bytes(qs));
 #endif
@@ -54,7 +54,7 @@ static inline __m256i q4_0_dot(const struct block_q4_0 *b, const int8_t *qs) {
 
 static inline __m256i q5_0_dot(const struct block_q5_0 *b, const int8_t *qs) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return offset_dot(q5_codes(b->qh, b->qs), act_bytes(qs), 16);
+    return dot_offset(q5_codes(b->qh, b->qs), act_bytes(qs), 16);
 #else
     return dot_i8_avx2(q5_0_bytes(b), act_bytes(qs));
 #endif

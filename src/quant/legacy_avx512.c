@@ -64,59 +64,54 @@ static inline __m512i pair_index(int p) {
                             2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p);
 }
 
+/* Blocks i and i + 1's codes: Q4 nibbles, Q5 with their fifth bits, Q8_0 made unsigned by +128. */
+#define NIBBLE_CODES(i) nibbles_pair_512(b[i].qs, b[(i) + 1].qs)
+#define FIFTH_BIT_CODES(i) add_fifth_bits(NIBBLE_CODES(i), b[i].qh, b[(i) + 1].qh)
+#define BIASED_CODES(i) _mm512_xor_si512(pair_512(b[i].qs, b[(i) + 1].qs), _mm512_set1_epi8((char)0x80))
+
 #define NO_OFFSET(i) ((void)0)
 #define Q8_1_OFFSET(i) (acc_m = _mm256_fmadd_ps(halves8(&b[i].m, sizeof *b), halves8(&a[i].s, sizeof *a), acc_m))
 
 float quant_dot_q4_0_avx512(int64_t n, const void *w, const void *act) {
     const struct block_q4_0 *b = w;
     const struct block_q8_0 *a = act;
-#define CODES(i) nibbles_pair_512(b[i].qs, b[(i) + 1].qs)
-    PAIR_DOT_LOOP(CODES, 8, NO_OFFSET, quant_dot_q4_0_avx2)
-#undef CODES
+    PAIR_DOT_LOOP(NIBBLE_CODES, 8, NO_OFFSET, quant_dot_q4_0_avx2)
 }
 
 float quant_dot_q4_1_avx512(int64_t n, const void *w, const void *act) {
     const struct block_q4_1 *b = w;
     const struct block_q8_1 *a = act;
-#define CODES(i) nibbles_pair_512(b[i].qs, b[(i) + 1].qs)
-    PAIR_DOT_LOOP(CODES, 0, Q8_1_OFFSET, quant_dot_q4_1_avx2)
-#undef CODES
+    PAIR_DOT_LOOP(NIBBLE_CODES, 0, Q8_1_OFFSET, quant_dot_q4_1_avx2)
 }
 
 float quant_dot_q5_0_avx512(int64_t n, const void *w, const void *act) {
     const struct block_q5_0 *b = w;
     const struct block_q8_0 *a = act;
-#define CODES(i) add_fifth_bits(nibbles_pair_512(b[i].qs, b[(i) + 1].qs), b[i].qh, b[(i) + 1].qh)
-    PAIR_DOT_LOOP(CODES, 16, NO_OFFSET, quant_dot_q5_0_avx2)
-#undef CODES
+    PAIR_DOT_LOOP(FIFTH_BIT_CODES, 16, NO_OFFSET, quant_dot_q5_0_avx2)
 }
 
 float quant_dot_q5_1_avx512(int64_t n, const void *w, const void *act) {
     const struct block_q5_1 *b = w;
     const struct block_q8_1 *a = act;
-#define CODES(i) add_fifth_bits(nibbles_pair_512(b[i].qs, b[(i) + 1].qs), b[i].qh, b[(i) + 1].qh)
-    PAIR_DOT_LOOP(CODES, 0, Q8_1_OFFSET, quant_dot_q5_1_avx2)
-#undef CODES
+    PAIR_DOT_LOOP(FIFTH_BIT_CODES, 0, Q8_1_OFFSET, quant_dot_q5_1_avx2)
 }
 
 float quant_dot_q8_0_avx512(int64_t n, const void *w, const void *act) {
     const struct block_q8_0 *b = w;
     const struct block_q8_0 *a = act;
-#define CODES(i) _mm512_xor_si512(pair_512(b[i].qs, b[(i) + 1].qs), _mm512_set1_epi8((char)0x80))
-    PAIR_DOT_LOOP(CODES, (char)0x80, NO_OFFSET, quant_dot_q8_0_avx2)
-#undef CODES
+    PAIR_DOT_LOOP(BIASED_CODES, (char)0x80, NO_OFFSET, quant_dot_q8_0_avx2)
 }
 
 /* Four tokens at once (prompts): each pair of weight blocks is unpacked once for four activation
  * rows, and every token's steps are PAIR_DOT_LOOP's in the same order (its last blocks through the
  * AVX2 four-token kernel, which is the AVX2 kernel's bit for bit), so a token's result does not
  * depend on its batch. */
-#define PAIR_DOT4_LOOP(CODES, ZERO_POINT, OFFSET4, avx2_dot4)                                                        \
-    const struct ACT_BLOCK *a4[4];                                                                                   \
+#define PAIR_DOT4_LOOP(ACT, CODES, ZERO_POINT, OFFSET4, avx2_dot4)                                                   \
+    const struct ACT *a4[4];                                                                                         \
     __m512 acc0[4], acc1[4];                                                                                         \
     __m256 acc_m[4];                                                                                                 \
     for (int j = 0; j < 4; j++) {                                                                                    \
-        a4[j] = (const struct ACT_BLOCK *)((const uint8_t *)act + (size_t)j * act_stride);                            \
+        a4[j] = (const struct ACT *)((const uint8_t *)act + (size_t)j * act_stride);                                 \
         acc0[j] = acc1[j] = _mm512_setzero_ps();                                                                     \
         acc_m[j] = _mm256_setzero_ps();                                                                              \
     }                                                                                                                \
@@ -129,7 +124,7 @@ float quant_dot_q8_0_avx512(int64_t n, const void *w, const void *act) {
         _Pragma("GCC unroll 2") for (int p = 0; p < 4; p += 2) {                                                     \
             const __m512i c0 = CODES(i + 2 * p), c1 = CODES(i + 2 * p + 2);                                          \
             _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                                                    \
-                const struct ACT_BLOCK *a = a4[j];                                                                   \
+                const struct ACT *a = a4[j];                                                                         \
                 __m512i s0 = dot_offset(c0, pair_512(a[i + 2 * p].qs, a[i + 2 * p + 1].qs), ZERO_POINT);             \
                 __m512i s1 = dot_offset(c1, pair_512(a[i + 2 * p + 2].qs, a[i + 2 * p + 3].qs), ZERO_POINT);         \
                 const __m512 v0 = _mm512_permutexvar_ps(pair_index(p), scales[j]);                                   \
@@ -151,27 +146,15 @@ float quant_dot_q8_0_avx512(int64_t n, const void *w, const void *act) {
 
 void quant_dot4_q4_0_avx512(int64_t n, const void *w, const void *act, size_t act_stride, float *out) {
     const struct block_q4_0 *b = w;
-#define ACT_BLOCK block_q8_0
-#define CODES(i) nibbles_pair_512(b[i].qs, b[(i) + 1].qs)
-    PAIR_DOT4_LOOP(CODES, 8, NO_OFFSET4, quant_dot4_q4_0_avx2)
-#undef CODES
-#undef ACT_BLOCK
+    PAIR_DOT4_LOOP(block_q8_0, NIBBLE_CODES, 8, NO_OFFSET4, quant_dot4_q4_0_avx2)
 }
 
 void quant_dot4_q4_1_avx512(int64_t n, const void *w, const void *act, size_t act_stride, float *out) {
     const struct block_q4_1 *b = w;
-#define ACT_BLOCK block_q8_1
-#define CODES(i) nibbles_pair_512(b[i].qs, b[(i) + 1].qs)
-    PAIR_DOT4_LOOP(CODES, 0, Q8_1_OFFSET4, quant_dot4_q4_1_avx2)
-#undef CODES
-#undef ACT_BLOCK
+    PAIR_DOT4_LOOP(block_q8_1, NIBBLE_CODES, 0, Q8_1_OFFSET4, quant_dot4_q4_1_avx2)
 }
 
 void quant_dot4_q8_0_avx512(int64_t n, const void *w, const void *act, size_t act_stride, float *out) {
     const struct block_q8_0 *b = w;
-#define ACT_BLOCK block_q8_0
-#define CODES(i) _mm512_xor_si512(pair_512(b[i].qs, b[(i) + 1].qs), _mm512_set1_epi8((char)0x80))
-    PAIR_DOT4_LOOP(CODES, (char)0x80, NO_OFFSET4, quant_dot4_q8_0_avx2)
-#undef CODES
-#undef ACT_BLOCK
+    PAIR_DOT4_LOOP(block_q8_0, BIASED_CODES, (char)0x80, NO_OFFSET4, quant_dot4_q8_0_avx2)
 }
