@@ -1,6 +1,7 @@
 /* Single-thread throughput of the quant vec_dot kernels: GB/s of weights streamed through
  * one dot product per row, for a matrix that fits in L2 and one far larger than the caches
- * (the decode GEMV case), next to a plain read of the same bytes (the speed of light).
+ * (the decode GEMV case), next to a plain read of the same bytes (the speed of light); and,
+ * where the format has one, the four-token kernel (vec_dot4, a prompt's) on the L2-sized matrix.
  *
  * Build (no CMake target needed):
  *   cc -O2 -march=native -Isrc -Iinclude bench/quant_bench.c -Lbuild -lpshard \
@@ -65,9 +66,11 @@ static double read_gbps(const uint8_t *p, size_t bytes, double trial_s) {
     return best;
 }
 
-/* Dot every row of a rows x n matrix with one activation row. */
+/* Dot every row of a rows x n matrix with one activation row (act_stride 0: vec_dot) or with four
+ * activation rows act_stride bytes apart at once (vec_dot4, a prompt's kernel): GB/s of weights,
+ * each row read once per call. */
 static double dot_gbps(const struct quant_kernels *k, const uint8_t *w, size_t row_bytes, int64_t rows, int64_t n,
-                       const void *act, double trial_s) {
+                       const void *act, size_t act_stride, double trial_s) {
     volatile float sink = 0;
     double best = 0;
     for (int t = 0; t < TRIALS; t++) {
@@ -75,8 +78,15 @@ static double dot_gbps(const struct quant_kernels *k, const uint8_t *w, size_t r
         int reps = 0, batch = (int)(4e6 / ((double)row_bytes * (double)rows)) + 1;
         do {
             for (int rep = 0; rep < batch; rep++) {
-                float s = 0;
-                for (int64_t r = 0; r < rows; r++) s += k->vec_dot(n, w + r * row_bytes, act);
+                float s = 0, out[4];
+                for (int64_t r = 0; r < rows; r++) {
+                    if (!act_stride) {
+                        s += k->vec_dot(n, w + r * row_bytes, act);
+                    } else {
+                        k->vec_dot4(n, w + r * row_bytes, act, act_stride, out);
+                        s += out[0] + out[3];
+                    }
+                }
                 sink += s;
                 reps++;
             }
@@ -99,13 +109,14 @@ int main(int argc, char **argv) {
 
     uint8_t *w = malloc(dram_bytes + 4096);
     float *x = malloc((size_t)n * sizeof *x), *row = malloc((size_t)n * sizeof *row);
-    void *act = malloc((size_t)n * 4 + 4096);
+    void *act = malloc(4 * ((size_t)n * 4 + 4096));
     if (!w || !x || !row || !act) return 1;
     for (int64_t i = 0; i < n; i++) x[i] = (float)((int64_t)(next() % 2001) - 1000) / 1000.0f;
 
     memset(w, 1, dram_bytes);
     printf("n = %lld, single thread, best of %d trials\n", (long long)n, TRIALS);
-    printf("%-5s %-6s %9s %9s %9s  (GB/s of weights)\n", "type", "impl", "L1", "L2", "DRAM");
+    printf("%-5s %-6s %9s %9s %9s %9s  (GB/s of weights; L2x4: four tokens a row, vec_dot4)\n", "type", "impl", "L1",
+           "L2", "DRAM", "L2x4");
     printf("%-5s %-6s %9.1f %9.1f %9.1f\n", "read", "plain", read_gbps(w, l1_bytes, 0.05), read_gbps(w, l2_bytes, 0.05),
            read_gbps(w, dram_bytes, 0.2));
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
@@ -128,11 +139,14 @@ int main(int argc, char **argv) {
         for (int impl = 0; impl < QUANT_IMPL_COUNT; impl++) {
             const struct quant_kernels *k = quant_kernels_variant(types[t], (enum quant_impl)impl);
             if (!k) continue;
-            k->quantize_act(x, act, n);
-            double l1 = dot_gbps(k, w, row_bytes, rows_l1, n, act, 0.05);
-            double l2 = dot_gbps(k, w, row_bytes, rows_l2, n, act, 0.05);
-            double dram = dot_gbps(k, w, row_bytes, rows_dram, n, act, 0.2);
-            printf("%-5s %-6s %9.1f %9.1f %9.1f\n", quant_type_name(types[t]), quant_impl_name(k->impl), l1, l2, dram);
+            const size_t act_stride = quant_act_row_bytes(k, n);
+            for (int j = 0; j < 4; j++) k->quantize_act(x, (uint8_t *)act + j * act_stride, n);
+            double l1 = dot_gbps(k, w, row_bytes, rows_l1, n, act, 0, 0.05);
+            double l2 = dot_gbps(k, w, row_bytes, rows_l2, n, act, 0, 0.05);
+            double dram = dot_gbps(k, w, row_bytes, rows_dram, n, act, 0, 0.2);
+            printf("%-5s %-6s %9.1f %9.1f %9.1f", quant_type_name(types[t]), quant_impl_name(k->impl), l1, l2, dram);
+            if (k->vec_dot4) printf(" %9.1f", dot_gbps(k, w, row_bytes, rows_l2, n, act, act_stride, 0.05));
+            printf("\n");
         }
     }
     free(act);
