@@ -18,7 +18,7 @@
 
 /* Changes with the points measured, how one is measured, or the kernels timed: a profile of
  * another version holds rates of other kernels or other probes, so it is measured again. */
-#define PROFILE_VERSION 33
+#define PROFILE_VERSION 34
 enum {
     PROFILE_TOKENS = 6,   /* token counts: 1, 4, 16, 64, 256, 1024 */
     PROFILE_SIZES = 5,    /* transfer sizes: 64 KiB, 512 KiB, 4 MiB, 32 MiB, 128 MiB */
