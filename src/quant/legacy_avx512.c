@@ -165,7 +165,7 @@ float quant_dot_q8_0_avx512(int64_t n, const void *w, const void *act) {
     const __m256 wd = halves8(&b[i].d, sizeof *b);                                                     \
     __m512 scales[4];                                                                                  \
     for (int j = 0; j < 4; j++)                                                                        \
-    scales[j] = _mm512_castps256_ps512(_mm256_mul_ps(wd, halves8(&a4[j][i].d, sizeof *a4[j])))
+        scales[j] = _mm512_castps256_ps512(_mm256_mul_ps(wd, halves8(&a4[j][i].d, sizeof *a4[j])))
 #define DM_HALVES4(i)                                                                                  \
     __m256 wd, wm, as[4];                                                                              \
     __m512 scales[4];                                                                                  \
