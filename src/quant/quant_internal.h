@@ -163,7 +163,7 @@ float quant_dot_q8_0_vnni256(int64_t n, const void *w, const void *act);
 
 QUANT_DECLARE_ALL(avx512)
 
-/* Four-token versions: the 32-element formats (legacy_avx2.c, built twice) and the K formats
+/* Four-token versions: the 32-element formats (legacy_avx2.c, built twice; legacy_avx512.c) and the K formats
  * (kquants_*.c). */
 #define QUANT_DECLARE_DOT4(t, impl)                                                                                    \
     void quant_dot4_##t##_##impl(int64_t n, const void *w, const void *act, size_t act_stride, float *out);
